@@ -1,0 +1,184 @@
+"""Shared command-line options, declared once so every command spells them the same way.
+
+Use them as parameter annotations; the default goes in the signature, e.g.
+
+    def run(model: ModelArg = None, temperature: Temperature = None, think: Think = None, ...):
+        overrides = sampling_overrides(temperature=temperature, top_k=top_k, ...)
+
+`None` everywhere means "not given": the model's own preset (which may depend on the reasoning mode)
+applies, so commands pass only what the user set. Only typer and the standard library are imported.
+"""
+from __future__ import annotations
+
+import enum
+from typing import Annotated, Optional
+
+import typer
+
+SAMPLING = "Sampling"
+REASONING = "Reasoning"
+RUNTIME = "Runtime"
+
+
+class ReasoningEffort(str, enum.Enum):
+    """`--reasoning-effort`: off disables thinking; high maps to the template's top level."""
+
+    off = "off"
+    low = "low"
+    medium = "medium"
+    high = "high"
+
+
+class Device(str, enum.Enum):
+    """`--device`: auto picks the GPU when CuPy sees one."""
+
+    auto = "auto"
+    cpu = "cpu"
+    gpu = "gpu"
+
+
+def complete_model(incomplete: str) -> list[str]:
+    """Shell completion for model names: installed `name:tag`s, no manifest parsing, no heavy imports."""
+    from ninfer_cli.store import Store  # noqa: PLC0415
+
+    try:
+        refs = Store().refs()
+    except Exception:  # completion must never print a traceback into the shell
+        return []
+    names = {r.split(":")[0] for r in refs} | set(refs)
+    return sorted(n for n in names if n.startswith(incomplete.lower()))
+
+
+def parse_ctx(value: str | int | None) -> int | None:
+    """`--ctx` value: `auto` (None: fit to memory), or a token count such as 32768, 32k, 128K (k = 1024)."""
+    if value is None or isinstance(value, int):
+        return value
+    text = str(value).strip().lower()
+    if text in ("", "auto", "0"):
+        return None
+    mult = 1024 if text.endswith("k") else 1
+    try:
+        n = int(float(text.rstrip("k")) * mult)
+    except ValueError:
+        raise typer.BadParameter(f"{value!r} is not a context size: use auto, 32768 or 32k") from None
+    if n < 16:
+        raise typer.BadParameter(f"context {n} is too small (at least 16 tokens)")
+    return n
+
+
+# ---- model
+
+ModelArg = Annotated[
+    Optional[str],
+    typer.Argument(
+        help="Model: a name from `ninfer ls` (name[:tag]) or a path to a .ninfer file.",
+        autocompletion=complete_model,
+        show_default=False,
+    ),
+]
+ModelRequired = Annotated[
+    str,
+    typer.Argument(help="Model: name[:tag] from `ninfer ls`, or a path to a .ninfer file.", autocompletion=complete_model),
+]
+ModelOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--model", "-m", help="Model: name[:tag] from `ninfer ls`, or a path to a .ninfer file.",
+        autocompletion=complete_model, show_default=False,
+    ),
+]
+
+# ---- sampling
+
+Temperature = Annotated[
+    Optional[float],
+    typer.Option("--temperature", "--temp", min=0.0, rich_help_panel=SAMPLING,
+                 help="Sampling temperature; 0 is greedy. Default: the model's preset.", show_default=False),
+]
+TopK = Annotated[
+    Optional[int],
+    typer.Option("--top-k", min=0, rich_help_panel=SAMPLING, help="Keep the k most likely tokens (0 = all).",
+                 show_default=False),
+]
+TopP = Annotated[
+    Optional[float],
+    typer.Option("--top-p", min=0.0, max=1.0, rich_help_panel=SAMPLING, help="Nucleus sampling mass (1 = off).",
+                 show_default=False),
+]
+MinP = Annotated[
+    Optional[float],
+    typer.Option("--min-p", min=0.0, max=1.0, rich_help_panel=SAMPLING,
+                 help="Drop tokens below min-p times the top probability (0 = off).", show_default=False),
+]
+PresencePenalty = Annotated[
+    Optional[float],
+    typer.Option("--presence-penalty", min=-2.0, max=2.0, rich_help_panel=SAMPLING,
+                 help="Penalty for any token already generated.", show_default=False),
+]
+FrequencyPenalty = Annotated[
+    Optional[float],
+    typer.Option("--frequency-penalty", min=-2.0, max=2.0, rich_help_panel=SAMPLING,
+                 help="Penalty growing with how often a token was generated.", show_default=False),
+]
+Seed = Annotated[
+    Optional[int],
+    typer.Option("--seed", rich_help_panel=SAMPLING, help="Random seed, for repeatable sampling.", show_default=False),
+]
+MaxTokens = Annotated[
+    Optional[int],
+    typer.Option("--max-tokens", "-n", min=1, rich_help_panel=SAMPLING,
+                 help="Stop after this many generated tokens.", show_default=False),
+]
+
+# ---- reasoning
+
+Effort = Annotated[
+    Optional[ReasoningEffort],
+    typer.Option("--reasoning-effort", "-r", case_sensitive=False, rich_help_panel=REASONING,
+                 help="How much the model thinks before answering (off disables thinking).", show_default=False),
+]
+Think = Annotated[
+    Optional[bool],
+    typer.Option("--think/--no-think", rich_help_panel=REASONING,
+                 help="Turn thinking on or off. Default: the model's default.", show_default=False),
+]
+ThinkingBudget = Annotated[
+    Optional[int],
+    typer.Option("--thinking-budget", min=0, rich_help_panel=REASONING,
+                 help="Most thinking tokens before the answer is forced (unlimited if unset).", show_default=False),
+]
+
+# ---- runtime
+
+Ctx = Annotated[
+    Optional[int],
+    typer.Option("--ctx", "-c", parser=parse_ctx, metavar="auto|N", rich_help_panel=RUNTIME,
+                 help="Context length in tokens (32768, 32k), or auto to fit free memory.", show_default=False),
+]
+DeviceOpt = Annotated[
+    Device,
+    typer.Option("--device", case_sensitive=False, rich_help_panel=RUNTIME, envvar="NINFER_DEVICE",
+                 help="Where to run: auto (GPU when available), cpu (NumPy) or gpu (CuPy)."),
+]
+JsonOut = Annotated[bool, typer.Option("--json", help="Print JSON on stdout instead of a table.")]
+Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+
+
+def sampling_overrides(**flags) -> dict:
+    """Keep only the flags the user gave (not None), e.g. to update a `GenerationConfig` preset."""
+    return {k: v for k, v in flags.items() if v is not None}
+
+
+def reasoning_choice(effort: ReasoningEffort | None, think: bool | None) -> ReasoningEffort | None:
+    """Combine `--reasoning-effort` and `--think/--no-think` into one effort (None = model default).
+
+    `--no-think` means off; `--think` without an effort means the model's default level (None is kept
+    unless the effort says otherwise); a contradiction (`--no-think -r high`) is a usage error.
+    """
+    if think is False:
+        if effort not in (None, ReasoningEffort.off):
+            raise typer.BadParameter("--no-think contradicts --reasoning-effort " + effort.value)
+        return ReasoningEffort.off
+    if think is True and effort is ReasoningEffort.off:
+        raise typer.BadParameter("--think contradicts --reasoning-effort off")
+    return effort
