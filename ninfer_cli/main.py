@@ -7,16 +7,67 @@ Command modules import heavy things (engine, numpy, cupy, textual) inside their 
 from __future__ import annotations
 
 import importlib
+import os
+import sys
+from typing import Annotated, Optional
 
 import typer
+from typer.core import TyperGroup
+
+from engine.errors import NinferError
 
 # (command name, "module:function", help panel). Register a command only once it works.
 COMMANDS: list[tuple[str, str, str]] = [
+    ("ls", "ninfer_cli.commands.ls:ls", "Models"),
+    ("show", "ninfer_cli.commands.show:show", "Models"),
+    ("rm", "ninfer_cli.commands.rm:rm", "Models"),
+    ("env", "ninfer_cli.commands.env:env", "Utils"),
 ]
+
+PANELS = ("Models", "Run", "Benchmark", "Utils")
+_PASS_THROUGH = (typer.TyperException, typer.Exit, typer.Abort, EOFError)
+
+
+def _debug() -> bool:
+    return os.environ.get("NINFER_DEBUG", "") not in ("", "0")
+
+
+def report_error(exc: BaseException) -> int:
+    """Print one error the funnel way (stderr) and return its exit code."""
+    from ninfer_cli import output  # noqa: PLC0415
+
+    if isinstance(exc, NinferError):
+        output.error(exc.message, exc.next_action)
+        return 1
+    detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    sys.stderr.write(f"internal error: {detail} (set NINFER_DEBUG=1 for the traceback)\n")
+    return 1
+
+
+class FunnelGroup(TyperGroup):
+    """The root group: turns NinferError and unexpected exceptions into one line and exit 1.
+
+    Doing it here (not only in `main`) means `CliRunner` tests see exactly what users see.
+    """
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except _PASS_THROUGH:
+            raise
+        except BrokenPipeError:
+            raise  # typer quiets EPIPE itself (`ninfer ls | head`)
+        except Exception as exc:
+            if _debug():
+                raise
+            raise typer.Exit(report_error(exc)) from exc
+
 
 app = typer.Typer(
     name="ninfer",
+    cls=FunnelGroup,
     help="Run Qwen hybrid models fast on one NVIDIA GPU (NumPy fallback without one).",
+    epilog="Set NINFER_HOME to move the model store; NINFER_DEBUG=1 shows tracebacks.",
     context_settings={"help_option_names": ["-h", "--help"]},
     rich_markup_mode="rich",
     no_args_is_help=True,
@@ -25,8 +76,40 @@ app = typer.Typer(
 )
 
 
+def package_version() -> str:
+    """The installed distribution's version, or the checkout's pyproject version."""
+    from importlib import metadata  # noqa: PLC0415
+
+    try:
+        return metadata.version("ninfer")
+    except metadata.PackageNotFoundError:
+        import re  # noqa: PLC0415
+        from pathlib import Path  # noqa: PLC0415
+
+        pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+        m = re.search(r'^version\s*=\s*"([^"]+)"', pyproject.read_text(), re.M) if pyproject.is_file() else None
+        return m.group(1) + "+checkout" if m else "unknown"
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"ninfer {package_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        Optional[bool],
+        typer.Option("--version", "-v", callback=_show_version, is_eager=True, help="Print the version and exit."),
+    ] = None,
+) -> None:
+    """Run Qwen hybrid models fast on one NVIDIA GPU (NumPy fallback without one)."""
+
+
 def _register() -> None:
-    for name, target, panel in COMMANDS:
+    order = {p: i for i, p in enumerate(PANELS)}
+    for name, target, panel in sorted(COMMANDS, key=lambda c: order.get(c[2], len(PANELS))):
         module_name, func_name = target.split(":")
         module = importlib.import_module(module_name)
         app.command(name=name, rich_help_panel=panel)(getattr(module, func_name))
@@ -36,7 +119,19 @@ _register()
 
 
 def main() -> None:
-    app()
+    """Console entry point: the app, plus a last funnel for errors raised outside any command."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except NinferError as exc:
+        if _debug():
+            raise
+        sys.exit(report_error(exc))
+    except Exception as exc:  # noqa: BLE001  (e.g. raised while building the command tree)
+        if _debug():
+            raise
+        sys.exit(report_error(exc))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,150 @@
+"""`ninfer env`: what this machine offers ninfer (Python, NumPy, CuPy/CUDA, GPU, kernels, store)."""
+from __future__ import annotations
+
+from ninfer_cli.options import JsonOut
+
+
+def _cuda_version(v: int) -> str:
+    return f"{v // 1000}.{(v % 1000) // 10}"
+
+
+def _nvidia_driver() -> str | None:
+    """The kernel driver version (e.g. 570.86.15) from /proc, when the NVIDIA module is loaded."""
+    import re  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    try:
+        text = Path("/proc/driver/nvidia/version").read_text()
+    except OSError:
+        return None
+    m = re.search(r"Kernel Module\s+(?:for \S+\s+)?([\d.]+)", text)
+    return m.group(1) if m else None
+
+
+def gpu_facts() -> dict:
+    """CuPy and GPU facts; every CuPy call is guarded so a broken install reports instead of crashing."""
+    facts: dict = {"cupy": None, "cuda_runtime": None, "cuda_driver": None, "driver": _nvidia_driver(), "gpus": []}
+    try:
+        import cupy  # noqa: PLC0415
+    except Exception as e:  # ImportError, or a CuPy wheel for another CUDA
+        facts["cupy_error"] = f"{type(e).__name__}: {e}" if not isinstance(e, ImportError) else "not installed"
+        return facts
+    facts["cupy"] = cupy.__version__
+    rt = cupy.cuda.runtime
+    for key, call in (("cuda_runtime", rt.runtimeGetVersion), ("cuda_driver", rt.driverGetVersion)):
+        try:
+            facts[key] = _cuda_version(call())
+        except Exception as e:
+            facts[key + "_error"] = str(e)
+    try:
+        count = rt.getDeviceCount()
+    except Exception as e:
+        facts["cupy_error"] = f"no usable GPU: {e}"
+        return facts
+    for i in range(count):
+        gpu: dict = {"index": i}
+        try:
+            props = rt.getDeviceProperties(i)
+            name = props["name"]
+            gpu["name"] = name.decode() if isinstance(name, bytes) else str(name)
+            gpu["compute_capability"] = f"{props['major']}.{props['minor']}"
+            with cupy.cuda.Device(i):
+                free, total = rt.memGetInfo()
+            gpu["vram_free"], gpu["vram_total"] = int(free), int(total)
+        except Exception as e:
+            gpu["error"] = str(e)
+        facts["gpus"].append(gpu)
+    return facts
+
+
+def kernel_path() -> str:
+    """What `engine.ops.dispatch` chose, or the NumPy reference while that module does not exist."""
+    try:
+        from engine.ops import dispatch  # noqa: PLC0415
+    except ImportError:
+        return "numpy reference (engine.ops.dispatch not present)"
+    try:
+        described = dispatch.describe()
+    except Exception as e:
+        return f"unknown (dispatch.describe() failed: {type(e).__name__}: {e})"
+    if isinstance(described, dict):
+        return ", ".join(f"{k}={v}" for k, v in described.items())
+    return str(described)
+
+
+def collect() -> dict:
+    """Everything `ninfer env` prints, as one JSON-ready dict."""
+    import platform  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    from ninfer_cli.main import package_version  # noqa: PLC0415
+    from ninfer_cli.store import Store  # noqa: PLC0415
+
+    facts: dict = {
+        "ninfer": package_version(),
+        "python": platform.python_version(),
+        "python_executable": sys.executable,
+        "os": platform.platform(),
+        "machine": platform.machine(),
+    }
+    try:
+        import numpy  # noqa: PLC0415
+
+        facts["numpy"] = numpy.__version__
+    except ImportError:
+        facts["numpy"] = None
+    facts.update(gpu_facts())
+    try:
+        from engine.backend import resolve_device  # noqa: PLC0415
+
+        facts["device_auto"] = resolve_device("auto")
+    except Exception as e:
+        facts["device_auto"] = f"error: {e}"
+    facts["kernels"] = kernel_path()
+    store = Store()
+    facts["store"] = str(store.root)
+    try:
+        facts["store_free_bytes"] = store.free_bytes()
+        facts["store_models"] = len(store.refs())
+    except OSError as e:
+        facts["store_free_bytes"] = None
+        facts["store_error"] = str(e)
+    return facts
+
+
+def env(json_out: JsonOut = False) -> None:
+    """Show Python, OS, NumPy, CuPy/CUDA versions, the GPU and its free VRAM, kernels and the model store."""
+    from ninfer_cli import output  # noqa: PLC0415
+
+    facts = collect()
+    if json_out:
+        output.print_json(facts)
+        return
+    pairs = [
+        ("ninfer", facts["ninfer"]),
+        ("python", f"{facts['python']} ({facts['python_executable']})"),
+        ("os", f"{facts['os']} {facts['machine']}"),
+        ("numpy", facts["numpy"] or "not installed"),
+        ("cupy", facts["cupy"] or facts.get("cupy_error", "not installed")),
+    ]
+    if facts["cupy"]:
+        pairs.append(("cuda runtime", facts["cuda_runtime"] or facts.get("cuda_runtime_error", "?")))
+        pairs.append(("cuda driver", facts["cuda_driver"] or facts.get("cuda_driver_error", "?")))
+    if facts["driver"]:
+        pairs.append(("nvidia driver", facts["driver"]))
+    for gpu in facts["gpus"]:
+        if "error" in gpu:
+            pairs.append((f"gpu {gpu['index']}", f"error: {gpu['error']}"))
+        else:
+            vram = f"{output.human_gib(gpu['vram_free'])} free of {output.human_gib(gpu['vram_total'])}"
+            pairs.append((f"gpu {gpu['index']}", f"{gpu['name']} (sm {gpu['compute_capability']}), {vram}"))
+    if not facts["gpus"]:
+        pairs.append(("gpu", "no GPU: NumPy backend"))
+    pairs += [
+        ("device (auto)", facts["device_auto"]),
+        ("kernels", facts["kernels"]),
+        ("model store", facts["store"]),
+        ("store free disk", output.human_bytes(facts["store_free_bytes"])
+         if facts["store_free_bytes"] is not None else facts.get("store_error")),
+    ]
+    output.key_values(pairs)
