@@ -1,0 +1,346 @@
+"""Qwen3.5 hybrid text model (dense and MoE) with its MTP head, on NumPy or CuPy arrays.
+
+Contract (mlx-lm style): `ModelArgs`, `Model(args)`, `Model.load(weights)`, `Model.make_cache()`,
+`Model(tokens, cache) -> logits [T, vocab]`. Weights are keyed by the logical names of
+spec/container.md §2.3; `hf_to_logical` maps Hugging Face checkpoint tensors onto them (all
+checkpoint quirks live there). Math: spec/model.md §1.2-1.6; where it and transformers differ,
+transformers wins.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+import numpy as np
+
+from engine.cache import Cache, KVCache
+from engine.config import LINEAR, ModelArgs
+from engine.models.gdn import GatedDeltaNet
+from engine.ops import ref
+
+__all__ = ["ModelArgs", "Model", "hf_to_logical"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Hugging Face names -> logical names
+
+_BLOCK_RENAMES = {
+    "input_layernorm.weight": "input_norm",
+    "post_attention_layernorm.weight": "post_attention_norm",
+    "self_attn.k_proj.weight": "attention/key",
+    "self_attn.v_proj.weight": "attention/value",
+    "self_attn.o_proj.weight": "attention/output",
+    "self_attn.q_norm.weight": "attention/query_norm",
+    "self_attn.k_norm.weight": "attention/key_norm",
+    "linear_attn.in_proj_z.weight": "gdn/z",
+    "linear_attn.in_proj_a.weight": "gdn/a_projection",
+    "linear_attn.in_proj_b.weight": "gdn/b_projection",
+    "linear_attn.A_log": "gdn/a_log",
+    "linear_attn.dt_bias": "gdn/dt_bias",
+    "linear_attn.norm.weight": "gdn/norm",
+    "linear_attn.out_proj.weight": "gdn/output",
+    "mlp.gate_proj.weight": "mlp/gate",
+    "mlp.up_proj.weight": "mlp/up",
+    "mlp.down_proj.weight": "mlp/down",
+    "mlp.gate.weight": "moe/router",
+    "mlp.shared_expert_gate.weight": "moe/shared_score",
+    "mlp.shared_expert.gate_proj.weight": "moe/shared/gate",
+    "mlp.shared_expert.up_proj.weight": "moe/shared/up",
+    "mlp.shared_expert.down_proj.weight": "moe/shared/down",
+}
+_TOP_RENAMES = {
+    "lm_head.weight": "text/output_head",
+    "mtp.fc.weight": "mtp/input_projection",
+    "mtp.pre_fc_norm_embedding.weight": "mtp/embedding_norm",
+    "mtp.pre_fc_norm_hidden.weight": "mtp/hidden_norm",
+    "mtp.norm.weight": "mtp/final_norm",
+}
+_TEXT_PREFIXES = ("model.language_model.", "model.")
+_IGNORED_PREFIXES = ("model.visual.", "visual.")
+_PER_EXPERT = re.compile(r"mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight")
+
+
+def _geometry(config) -> ModelArgs:
+    return config if isinstance(config, ModelArgs) else ModelArgs.from_config(config)
+
+
+def hf_to_logical(hf_name: str, array, config: Mapping[str, Any] | ModelArgs) -> list[tuple[str, Any]]:
+    """Map one Hugging Face Qwen3.5 tensor onto (logical_name, array) pairs (spec/container.md §2.3).
+
+    Handles both `Qwen3_5ForCausalLM` (`model.layers...`) and `...ForConditionalGeneration`
+    (`model.language_model.layers...`) names, and the quirks: q_proj rows interleaved per head
+    [query | gate] are split into attention/query and attention/gate; in_proj_qkv is split into
+    gdn/query, key, value; conv1d [C, 1, K] becomes gdn/convolution [K, C] (tap-major); fused MoE
+    experts (`gate_up_proj [E, 2I, H]`, `down_proj [E, H, I]`) and per-expert tensors become
+    moe/experts/{e}/{gate,up,down}. Vision tensors return []; unknown names raise ValueError.
+    Arrays keep their dtype (only reshaped and sliced).
+    """
+    if hf_name in _TOP_RENAMES:
+        return [(_TOP_RENAMES[hf_name], array)]
+    if hf_name.startswith(_IGNORED_PREFIXES):
+        return []
+    m = re.match(r"mtp\.layers\.(\d+)\.(.+)$", hf_name)
+    if m:
+        return _block_to_logical(f"mtp/layers/{m.group(1)}/", m.group(2), array, _geometry(config))
+    for prefix in _TEXT_PREFIXES:
+        if hf_name.startswith(prefix):
+            rest = hf_name[len(prefix) :]
+            break
+    else:
+        raise ValueError(f"not a Qwen3.5 text tensor: {hf_name}")
+    if rest == "embed_tokens.weight":
+        return [("text/token_embedding", array)]
+    if rest == "norm.weight":
+        return [("text/final_norm", array)]
+    m = re.match(r"layers\.(\d+)\.(.+)$", rest)
+    if not m:
+        raise ValueError(f"not a Qwen3.5 text tensor: {hf_name}")
+    return _block_to_logical(f"text/layers/{m.group(1)}/", m.group(2), array, _geometry(config))
+
+
+def _block_to_logical(blk: str, name: str, a, args: ModelArgs) -> list[tuple[str, Any]]:
+    if name in _BLOCK_RENAMES:
+        return [(blk + _BLOCK_RENAMES[name], a)]
+    if name == "self_attn.q_proj.weight":
+        heads, hd = args.num_attention_heads, args.head_dim
+        per_head = a.reshape(heads, 2 * hd, a.shape[-1])  # rows per head: [query_hd | gate_hd]
+        q = np.ascontiguousarray(per_head[:, :hd].reshape(heads * hd, -1))
+        g = np.ascontiguousarray(per_head[:, hd:].reshape(heads * hd, -1))
+        return [(blk + "attention/query", q), (blk + "attention/gate", g)]
+    if name == "linear_attn.in_proj_qkv.weight":
+        kd = args.linear_num_key_heads * args.linear_key_head_dim
+        return [
+            (blk + "gdn/query", a[:kd]),
+            (blk + "gdn/key", a[kd : 2 * kd]),
+            (blk + "gdn/value", a[2 * kd :]),
+        ]
+    if name == "linear_attn.conv1d.weight":
+        return [(blk + "gdn/convolution", np.ascontiguousarray(a.reshape(a.shape[0], a.shape[-1]).T))]
+    if name == "mlp.experts.gate_up_proj":
+        inter = a.shape[1] // 2
+        out = []
+        for e in range(a.shape[0]):
+            out += [(blk + f"moe/experts/{e}/gate", a[e, :inter]), (blk + f"moe/experts/{e}/up", a[e, inter:])]
+        return out
+    if name == "mlp.experts.down_proj":
+        return [(blk + f"moe/experts/{e}/down", a[e]) for e in range(a.shape[0])]
+    m = _PER_EXPERT.fullmatch(name)
+    if m:
+        return [(blk + f"moe/experts/{m.group(1)}/{m.group(2)}", a)]
+    raise ValueError(f"unknown Qwen3.5 block tensor: {blk}{name}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Blocks
+
+
+class GatedAttention:
+    """Full attention with (1+w) q/k norms, partial NeoX RoPE, GQA and a sigmoid output gate (§1.3)."""
+
+    def __init__(self, args: ModelArgs, weights, prefix: str, xp=np):
+        self.args, self.xp = args, xp
+        f32 = lambda n: xp.ascontiguousarray(xp.asarray(weights[prefix + n], dtype=np.float32))  # noqa: E731
+        self.hq, self.hkv, self.hd = args.num_attention_heads, args.num_key_value_heads, args.head_dim
+        q = self.hq * self.hd
+        kv = self.hkv * self.hd
+        self.cuts = (q, 2 * q, 2 * q + kv)
+        self.w_in = xp.concatenate([f32("query"), f32("gate"), f32("key"), f32("value")], axis=0)
+        self.q_norm, self.k_norm = f32("query_norm"), f32("key_norm")
+        self.w_out = f32("output")
+
+    def make_state(self, max_len=None) -> KVCache:
+        return KVCache(self.hkv, self.hd, max_len, xp=self.xp)
+
+    def __call__(self, h, kv: KVCache | None, pos0: int):
+        """h [T, H] (input-normed) at positions pos0.. -> [T, H]; appends to `kv` when given."""
+        t = h.shape[0]
+        a = self.args
+        out = h @ self.w_in.T
+        c1, c2, c3 = self.cuts
+        q = ref.rmsnorm(out[:, :c1].reshape(t, self.hq, self.hd), self.q_norm, a.rms_norm_eps)
+        gate = out[:, c1:c2]
+        k = ref.rmsnorm(out[:, c2:c3].reshape(t, self.hkv, self.hd), self.k_norm, a.rms_norm_eps)
+        v = out[:, c3:].reshape(t, self.hkv, self.hd)
+        pos = np.arange(pos0, pos0 + t)
+        q = ref.rope(q, pos, a.rotary_dim, a.rope_theta)
+        k = ref.rope(k, pos, a.rotary_dim, a.rope_theta)
+        if kv is not None:
+            k, v = kv.update(k, v)
+        o = ref.attention(q, k, v, 1.0 / np.sqrt(self.hd), q_start=pos0 if kv is not None else 0)
+        return (o.reshape(t, -1) * ref.sigmoid(gate)) @ self.w_out.T
+
+
+class DenseMLP:
+    """down(silu(gate h) * up h) (§1.5)."""
+
+    def __init__(self, weights, prefix: str, xp=np):
+        f32 = lambda n: xp.asarray(weights[prefix + n], dtype=np.float32)  # noqa: E731
+        gate = f32("gate")
+        self.inter = gate.shape[0]
+        self.w_gu = xp.ascontiguousarray(xp.concatenate([gate, f32("up")], axis=0))
+        self.w_down = xp.ascontiguousarray(f32("down"))
+
+    def __call__(self, h):
+        gu = h @ self.w_gu.T
+        return ref.swiglu(gu[:, : self.inter], gu[:, self.inter :]) @ self.w_down.T
+
+
+class SparseMoE:
+    """Softmax router, top-k renormalized experts, plus a shared expert behind a sigmoid score (§1.5)."""
+
+    def __init__(self, args: ModelArgs, weights, prefix: str, xp=np):
+        self.xp, self.top_k, self.n_exp = xp, args.num_experts_per_tok, args.num_experts
+        f32 = lambda n: xp.asarray(weights[prefix + n], dtype=np.float32)  # noqa: E731
+        sg = f32("shared/gate")
+        self.shared_inter = sg.shape[0]
+        # router | shared score | shared gate | shared up all read the same input: one matmul
+        self.w_in = xp.ascontiguousarray(
+            xp.concatenate([f32("router"), f32("shared_score").reshape(1, -1), sg, f32("shared/up")], axis=0)
+        )
+        self.w_shared_down = xp.ascontiguousarray(f32("shared/down"))
+        gates = [f32(f"experts/{e}/gate") for e in range(self.n_exp)]
+        self.inter = gates[0].shape[0]
+        self.w_gu = xp.ascontiguousarray(
+            xp.stack([xp.concatenate([g, f32(f"experts/{e}/up")], axis=0) for e, g in enumerate(gates)])
+        )  # [E, 2I, H]
+        self.w_down = xp.ascontiguousarray(xp.stack([f32(f"experts/{e}/down") for e in range(self.n_exp)]))
+
+    def __call__(self, h):
+        xp, e, si = self.xp, self.n_exp, self.shared_inter
+        r = h @ self.w_in.T
+        shared = ref.swiglu(r[:, e + 1 : e + 1 + si], r[:, e + 1 + si :]) @ self.w_shared_down.T
+        out = shared * ref.sigmoid(r[:, e : e + 1])
+        idx, w = ref.moe_route(r[:, :e], self.top_k)  # [T, k]
+        idx_host = idx.get() if hasattr(idx, "get") else idx
+        for ex in np.unique(idx_host):
+            tok, slot = np.nonzero(idx_host == ex)  # a token picks an expert at most once
+            gu = h[tok] @ self.w_gu[ex].T
+            y = ref.swiglu(gu[:, : self.inter], gu[:, self.inter :]) @ self.w_down[ex].T
+            out[tok] += y * w[tok, slot][:, None]
+        return out
+
+
+class DecoderLayer:
+    """x += mixer(norm(x)); x += ffn(norm(x)) with (1+w) RMSNorms (§1.2)."""
+
+    def __init__(self, args: ModelArgs, weights, prefix: str, kind: str, xp=np, gdn_mode="chunked"):
+        self.args, self.kind = args, kind
+        f32 = lambda n: xp.asarray(weights[prefix + n], dtype=np.float32)  # noqa: E731
+        self.in_norm, self.post_norm = f32("input_norm"), f32("post_attention_norm")
+        if kind == LINEAR:
+            self.mixer = GatedDeltaNet(args, weights, prefix + "gdn/", xp=xp, mode=gdn_mode)
+        else:
+            self.mixer = GatedAttention(args, weights, prefix + "attention/", xp=xp)
+        self.ffn = SparseMoE(args, weights, prefix + "moe/", xp) if args.is_moe else DenseMLP(weights, prefix + "mlp/", xp)
+
+    def make_state(self, max_len=None):
+        return self.mixer.make_state() if self.kind == LINEAR else self.mixer.make_state(max_len)
+
+    def __call__(self, x, state, pos0: int):
+        eps = self.args.rms_norm_eps
+        h = ref.rmsnorm(x, self.in_norm, eps)
+        x = x + (self.mixer(h, state) if self.kind == LINEAR else self.mixer(h, state, pos0))
+        return x + self.ffn(ref.rmsnorm(x, self.post_norm, eps))
+
+
+# ---------------------------------------------------------------------------------------------
+# Model
+
+
+class Model:
+    """Qwen3.5 text model; `Model(args).load(weights)` then `model(tokens, cache)`.
+
+    `xp` is numpy or cupy (weights are moved there at load); `gdn_mode` "chunked" or "recurrent"
+    selects the prefill form of the delta rule.
+    """
+
+    def __init__(self, args: ModelArgs, xp=np, gdn_mode: str = "chunked"):
+        self.args, self.xp, self.gdn_mode = args, xp, gdn_mode
+        self.layers: list[DecoderLayer] = []
+        self.mtp_layer: DecoderLayer | None = None
+
+    def load(self, weights: Mapping[str, Any]) -> "Model":
+        """Take weights by logical name (arrays of any float dtype); keeps float32 copies on `xp`."""
+        xp, a = self.xp, self.args
+        f32 = lambda n: xp.ascontiguousarray(xp.asarray(weights[n], dtype=np.float32))  # noqa: E731
+        self.embed = f32("text/token_embedding")
+        self.final_norm = f32("text/final_norm")
+        self.head = self.embed if (a.tie_word_embeddings or "text/output_head" not in weights) else f32("text/output_head")
+        self.layers = [
+            DecoderLayer(a, weights, f"text/layers/{i}/", kind, xp, self.gdn_mode) for i, kind in enumerate(a.layer_types)
+        ]
+        if a.mtp_num_hidden_layers and "mtp/input_projection" in weights:
+            self.mtp_fc = f32("mtp/input_projection")
+            self.mtp_norms = tuple(f32(f"mtp/{n}") for n in ("embedding_norm", "hidden_norm", "final_norm"))
+            self.mtp_layer = DecoderLayer(a, weights, "mtp/layers/0/", "full_attention", xp, self.gdn_mode)
+        return self
+
+    def make_cache(self, max_len: int | None = None) -> Cache:
+        """Fresh per-sequence cache: KV per attention layer, (conv, recurrent) state per GDN layer."""
+        return Cache([layer.make_state(max_len) for layer in self.layers])
+
+    def __call__(self, tokens, cache: Cache | None = None, *, last_only: bool = False):
+        """tokens int[T] -> logits [T, vocab] (or [1, vocab] with last_only); advances `cache`."""
+        logits, _ = self.forward(tokens, cache, last_only=last_only)
+        return logits
+
+    def forward(self, tokens, cache: Cache | None = None, *, last_only: bool = False):
+        """Like `__call__` but returns (logits, final-normed hidden [T, H]) for the MTP head."""
+        xp = self.xp
+        tok = np.asarray(tokens.get() if hasattr(tokens, "get") else tokens, dtype=np.int64).reshape(-1)
+        pos0 = cache.position if cache is not None else 0
+        x = self.embed[xp.asarray(tok)]
+        for i, layer in enumerate(self.layers):
+            x = layer(x, None if cache is None else cache[i], pos0)
+        if cache is not None:
+            cache.position += len(tok)
+        h = ref.rmsnorm(x, self.final_norm, self.args.rms_norm_eps)
+        return (h[-1:] if last_only else h) @ self.head.T, h
+
+    # --- MTP head (§1.6) -----------------------------------------------------------------------
+
+    def make_mtp_cache(self, max_len: int | None = None) -> Cache:
+        """One-layer KV cache of the MTP head."""
+        if self.mtp_layer is None:
+            raise ValueError("this model has no MTP weights")
+        return Cache([self.mtp_layer.make_state(max_len)])
+
+    def mtp(self, hidden, next_tokens, cache: Cache | None = None):
+        """Draft logits from target hidden states and the tokens that follow them.
+
+        hidden [T, H] final-normed target states h_0..h_{T-1} (positions cache.position..),
+        next_tokens int[T] = x_1..x_T. Returns (draft logits [T, vocab], draft hidden [T, H]); the
+        draft hidden (after mtp/final_norm) is what a further draft step feeds back as `hidden`.
+        """
+        xp, eps = self.xp, self.args.rms_norm_eps
+        if self.mtp_layer is None:
+            raise ValueError("this model has no MTP weights")
+        tok = np.asarray(next_tokens, dtype=np.int64).reshape(-1)
+        e_norm, h_norm, f_norm = self.mtp_norms
+        e = ref.rmsnorm(self.embed[xp.asarray(tok)], e_norm, eps)
+        h = ref.rmsnorm(xp.asarray(hidden, dtype=np.float32), h_norm, eps)
+        u = xp.concatenate([e, h], axis=1) @ self.mtp_fc.T  # embedding columns first
+        pos0 = cache.position if cache is not None else 0
+        u = self.mtp_layer(u, None if cache is None else cache[0], pos0)
+        if cache is not None:
+            cache.position += len(tok)
+        d = ref.rmsnorm(u, f_norm, eps)
+        return d @ self.head.T, d
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the float32 weights held (fused copies counted once)."""
+        seen, total = set(), 0
+        stack = [self.__dict__]
+        while stack:
+            d = stack.pop()
+            for v in d.values():
+                if hasattr(v, "nbytes") and hasattr(v, "dtype"):
+                    if id(v) not in seen:
+                        seen.add(id(v))
+                        total += int(v.nbytes)
+                elif isinstance(v, (list, tuple)):
+                    stack.append({i: x for i, x in enumerate(v)})
+                elif hasattr(v, "__dict__") and not isinstance(v, (ModelArgs, type(np))):
+                    stack.append(v.__dict__)
+        return total
