@@ -1,0 +1,1 @@
+"""The Textual chat app of `ninfer chat`. Import only when launching it (textual is slow to load)."""

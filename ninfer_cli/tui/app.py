@@ -1,0 +1,344 @@
+"""`ninfer chat`'s Textual app: a chat log, an input box, a status bar and a footer of keys.
+
+The model runs in thread workers (`_load`, `_generate`) that only fill a `TurnBuffer` and post
+messages; every widget is touched from the main thread, in the message handlers below. One lock
+keeps the model to one turn at a time, so a new turn waits for a stopped one to let go.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+import traceback
+
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.widgets import Footer
+
+from engine.errors import NinferError
+from ninfer_cli.tui import slash
+from ninfer_cli.tui.actions import SlashHandler
+from ninfer_cli.tui.conversations import Conversation, ConversationStore
+from ninfer_cli.tui.messages import Arrived, ModelFailed, ModelLoaded, TurnBuffer, TurnDone, TurnFailed, TurnStats
+from ninfer_cli.tui.session import EFFORTS, ChatSession, ChatSettings
+from ninfer_cli.tui.widgets import AssistantMessage, NoteMessage, PromptInput, SlashHints, StatusBar, UserMessage
+
+RATE_REFRESH_S = 0.2  # live tok/s redraws 5 times a second (the issue asks for at least 4)
+
+
+def error_text(exc: BaseException) -> str:
+    """One line for the chat: the message and, for NinferError, what to do next."""
+    if isinstance(exc, NinferError):
+        return exc.message + (f" → {exc.next_action}" if exc.next_action else "")
+    if isinstance(exc, MemoryError):
+        return "out of memory → lower --ctx or --max-tokens, or close other programs"
+    return f"{type(exc).__name__}: {exc}"
+
+
+class ChatApp(App):
+    """The chat TUI over any `ChatSession` (the engine, or a fake in tests)."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "ninfer chat"
+    BINDINGS = [
+        Binding("escape", "stop", "stop", priority=True),
+        Binding("ctrl+t", "cycle_effort", "think", priority=True),
+        Binding("ctrl+y", "copy", "copy", priority=True),
+        Binding("ctrl+q", "quit", "quit", priority=True),
+    ]
+
+    def __init__(self, session: ChatSession, *, settings: ChatSettings | None = None,
+                 store: ConversationStore | None = None, conversation: Conversation | None = None,
+                 autosave: bool = True) -> None:
+        super().__init__()
+        self.session = session
+        self.store = store if store is not None else ConversationStore()
+        self.autosave = autosave
+        self.conversation = conversation or Conversation(model=session.info.name)
+        if settings is None:
+            settings = ChatSettings.from_dict(self.conversation.settings)
+        self.settings = settings
+        self.loaded = False
+        self.load_error: str | None = None
+        self.last_stats: TurnStats | None = None
+        self.context_used = 0
+        self.buffer: TurnBuffer | None = None
+        self.cancel: threading.Event | None = None
+        self.stopped_turn: int | None = None
+        self.stop_requested_at: float | None = None
+        self.stop_latency: float | None = None
+        self._turn = 0
+        self._current: AssistantMessage | None = None
+        self._engine_lock = threading.Lock()
+        self._slash = SlashHandler(self)
+
+    # ---------------------------------------------------------------- layout
+
+    def compose(self) -> ComposeResult:
+        yield VerticalScroll(id="chat")
+        yield SlashHints(id="hints")
+        yield PromptInput(id="prompt")
+        yield StatusBar(id="status")
+        yield Footer()
+
+    async def on_mount(self) -> None:
+        self.query_one("#hints").display = False
+        self.chat.anchor()
+        self.status.show_model(self.session.info, "[dim]loading…[/dim]")
+        self.status.show_effort(self.settings.effort)
+        self.status.show_context(0, self.session.info.context_max)
+        self.status.show_rate(None)
+        self.status.show_last(None)
+        self.refresh_memory()
+        self.set_interval(RATE_REFRESH_S, self.refresh_rate)
+        self.set_interval(1.0, self.refresh_memory)
+        await self.show_conversation()
+        self.query_one(PromptInput).focus()
+        self._load()
+
+    @property
+    def chat(self) -> VerticalScroll:
+        return self.query_one("#chat", VerticalScroll)
+
+    @property
+    def status(self) -> StatusBar:
+        return self.query_one(StatusBar)
+
+    @property
+    def generating(self) -> bool:
+        return self.buffer is not None
+
+    async def show_conversation(self) -> None:
+        """Render the whole conversation (after resume, /load, /clear)."""
+        await self.chat.remove_children()
+        widgets = []
+        for m in self.conversation.messages:
+            if m["role"] == "user":
+                widgets.append(UserMessage(m["content"], classes="user"))
+            elif m["role"] == "assistant":
+                stats = TurnStats(**m["stats"]) if m.get("stats") else None
+                widgets.append(AssistantMessage(m["content"], m.get("reasoning", ""), stats))
+        if widgets:
+            await self.chat.mount_all(widgets)
+        last = next((m for m in reversed(self.conversation.messages) if m.get("stats")), None)
+        self.context_used = last["stats"]["prompt_tokens"] + last["stats"]["generation_tokens"] if last else 0
+        self.status.show_context(self.context_used, self.session.info.context_max)
+
+    async def note(self, text: str, *, error: bool = False) -> None:
+        """Show app text (help, stats, errors) in the chat log."""
+        await self.chat.mount(NoteMessage(text, classes="note error" if error else "note"))
+
+    def refresh_rate(self) -> None:
+        buf = self.buffer
+        if buf is None:
+            self.status.show_rate(None)
+        else:
+            self.status.show_rate(buf.live_rate())
+
+    def refresh_memory(self) -> None:
+        try:
+            self.status.show_memory(self.session.memory())
+        except Exception:  # a gauge must never take the app down
+            pass
+
+    # ---------------------------------------------------------------- model loading
+
+    @work(thread=True, group="load")
+    def _load(self) -> None:
+        with self._engine_lock:
+            try:
+                self.session.load()
+            except BaseException as exc:  # shown in the app, never as a traceback
+                self._debug_log(exc)
+                self.post_message(ModelFailed(error_text(exc)))
+                return
+        self.post_message(ModelLoaded())
+
+    async def on_model_loaded(self, _: ModelLoaded) -> None:
+        self.loaded = True
+        self.status.show_model(self.session.info)
+        self.status.show_context(self.context_used, self.session.info.context_max)
+        if not self.conversation.model:
+            self.conversation.model = self.session.info.name
+
+    async def on_model_failed(self, message: ModelFailed) -> None:
+        self.load_error = message.text
+        self.status.show_model(self.session.info, "[red]failed[/red]")
+        await self.note(f"**Model failed to load:** {message.text}", error=True)
+
+    # ---------------------------------------------------------------- input
+
+    @on(PromptInput.Changed)
+    def _typing(self, event: PromptInput.Changed) -> None:
+        self.query_one(SlashHints).show_for(event.text_area.text)
+
+    async def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:
+        self.query_one(SlashHints).display = False
+        text = event.text.strip()
+        parsed = slash.parse(text)
+        if parsed is not None:
+            await self._slash.run(*parsed)
+            return
+        if text.startswith("//"):
+            text = text[1:]
+        await self.send(text)
+
+    async def send(self, text: str) -> None:
+        """Add a user message and answer it."""
+        if self.generating:
+            await self.note("Still answering: press Esc to stop it first.")
+            return
+        self.conversation.messages.append({"role": "user", "content": text})
+        await self.chat.mount(UserMessage(text, classes="user"))
+        await self.start_turn()
+
+    def prompt_messages(self) -> list[dict]:
+        """What the model sees: the system prompt, then user/assistant turns (reasoning kept aside)."""
+        out = [{"role": "system", "content": self.settings.system}] if self.settings.system else []
+        for m in self.conversation.messages:
+            item = {"role": m["role"], "content": m["content"]}
+            if m.get("reasoning"):
+                item["reasoning_content"] = m["reasoning"]
+            out.append(item)
+        return out
+
+    async def start_turn(self) -> None:
+        """Stream an answer to the conversation as it stands (its last message is the user's)."""
+        if self.load_error is not None:
+            await self.note(f"No model to answer with: {self.load_error}", error=True)
+            return
+        self._turn += 1
+        self._current = AssistantMessage()
+        await self.chat.mount(self._current)
+        self.buffer = TurnBuffer(self._turn)
+        self.cancel = threading.Event()
+        self.stopped_turn = None
+        self.status.show_rate(0.0)
+        settings = ChatSettings.from_dict(self.settings.to_dict())
+        self._generate(self.buffer, self.prompt_messages(), settings, self.cancel)
+
+    @work(thread=True, group="generate")
+    def _generate(self, buf: TurnBuffer, messages: list[dict], settings: ChatSettings,
+                  cancel: threading.Event) -> None:
+        final = None
+        with self._engine_lock:
+            try:
+                for r in self.session.send(messages, settings, cancel):
+                    reasoning, text = getattr(r, "reasoning", "") or "", r.text or ""
+                    tokens = r.generation_tokens or (buf.tokens + 1 if (reasoning or text) else buf.tokens)
+                    if buf.push(reasoning, text, tokens):
+                        self.post_message(Arrived(buf.turn))
+                    if r.finish_reason is not None:
+                        final = r
+            except BaseException as exc:
+                self._debug_log(exc)
+                self.post_message(TurnFailed(buf.turn, error_text(exc)))
+                return
+        self.post_message(TurnDone(buf.turn, self._stats(buf, final, cancel)))
+
+    @staticmethod
+    def _stats(buf: TurnBuffer, final, cancel: threading.Event) -> TurnStats:
+        first, last = buf.first_token_at, buf.last_token_at
+        rate = getattr(final, "generation_tps", 0.0) if final is not None else 0.0
+        if not rate and first is not None and last is not None and buf.tokens > 1:
+            rate = (buf.tokens - 1) / max(last - first, 1e-6)
+        reason = getattr(final, "finish_reason", None) or ("cancelled" if cancel.is_set() else "stop")
+        return TurnStats(prompt_tokens=getattr(final, "prompt_tokens", 0) or 0,
+                         generation_tokens=buf.tokens,
+                         ttft=(first - buf.started) if first is not None else 0.0,
+                         tokens_per_second=rate, prompt_tps=getattr(final, "prompt_tps", 0.0) or 0.0,
+                         seconds=time.perf_counter() - buf.started, finish_reason=reason)
+
+    async def on_arrived(self, message: Arrived) -> None:
+        buf = self.buffer
+        if buf is None or message.turn != buf.turn or self.stopped_turn == buf.turn:
+            return
+        await self._show_pending(buf)
+
+    async def _show_pending(self, buf: TurnBuffer) -> None:
+        reasoning, text = buf.drain()
+        if reasoning:
+            await self._current.add_reasoning(reasoning)
+        if text:
+            await self._current.add_text(text)
+
+    async def on_turn_done(self, message: TurnDone) -> None:
+        buf = self.buffer
+        if buf is None or message.turn != buf.turn:
+            return
+        if self.stopped_turn != buf.turn:
+            await self._show_pending(buf)
+        else:
+            self.stop_latency = time.perf_counter() - (self.stop_requested_at or time.perf_counter())
+        stats = message.stats
+        msg = self._current
+        await msg.finish(stats)
+        self.buffer, self.cancel = None, None
+        entry = {"role": "assistant", "content": msg.content, "stats": stats.to_dict()}
+        if msg.reasoning:
+            entry["reasoning"] = msg.reasoning
+        self.conversation.messages.append(entry)
+        self.last_stats = stats
+        self.context_used = stats.prompt_tokens + stats.generation_tokens
+        self.status.show_last(stats)
+        self.status.show_rate(None)
+        self.status.show_context(self.context_used, self.session.info.context_max)
+        self.save()
+
+    async def on_turn_failed(self, message: TurnFailed) -> None:
+        buf = self.buffer
+        if buf is None or message.turn != buf.turn:
+            return
+        await self._current.finish(None, note=f"[red]error:[/red] {message.text}")
+        self.buffer, self.cancel = None, None
+        self.status.show_rate(None)
+        await self.note(f"**Error:** {message.text} (/regen tries again)", error=True)
+        self.save()
+
+    def save(self) -> None:
+        """Autosave the conversation (errors become a notification, never a crash)."""
+        if not self.autosave or not self.conversation.messages:
+            return
+        self.conversation.settings = self.settings.to_dict()
+        try:
+            self.store.save(self.conversation)
+        except OSError as exc:
+            self.notify(f"could not save the conversation: {exc}", severity="error")
+
+    # ---------------------------------------------------------------- actions
+
+    def action_stop(self) -> None:
+        """Esc: stop the answer now (the screen freezes at once; the worker ends at its next token)."""
+        if self.query_one(SlashHints).display:
+            self.query_one(SlashHints).display = False
+            return
+        if self.buffer is None or self.cancel is None or self.stopped_turn == self.buffer.turn:
+            return
+        self.stop_requested_at = time.perf_counter()
+        self.cancel.set()
+        self.stopped_turn = self.buffer.turn
+        self.status.show_rate(None)
+
+    def action_cycle_effort(self) -> None:
+        """Ctrl+T: off -> low -> medium -> high -> off."""
+        self.set_effort(EFFORTS[(EFFORTS.index(self.settings.effort) + 1) % len(EFFORTS)])
+        self.notify(f"reasoning effort: {self.settings.effort}", timeout=1.5)
+
+    def set_effort(self, effort: str) -> None:
+        self.settings.effort = effort
+        self.status.show_effort(effort)
+
+    async def action_copy(self) -> None:
+        await self._slash.run("/copy", [])
+
+    async def action_quit(self) -> None:
+        if self.cancel is not None:
+            self.cancel.set()
+        self.save()
+        self.exit()
+
+    def _debug_log(self, exc: BaseException) -> None:
+        if os.environ.get("NINFER_DEBUG") == "1":
+            self.log.error("".join(traceback.format_exception(exc)))

@@ -1,0 +1,82 @@
+"""Slash commands of the chat box: the table, parsing, and completion (no textual here)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ninfer_cli.tui.session import EFFORTS, SETTABLE
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    args: str
+    help: str
+    choices: tuple[str, ...] = ()
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command("/help", "", "show commands and keys"),
+    Command("/clear", "", "start a new conversation"),
+    Command("/regen", "", "answer the last message again"),
+    Command("/think", "[off|low|medium|high]", "set reasoning effort", EFFORTS),
+    Command("/system", "[text]", "show or set the system prompt"),
+    Command("/set", "<param> <value>", "set a sampling parameter", tuple(SETTABLE)),
+    Command("/stats", "", "timings of the last answer"),
+    Command("/save", "[title]", "save now (conversations save themselves)"),
+    Command("/load", "[id]", "open a saved conversation"),
+    Command("/export", "md|json [path]", "write the conversation to a file", ("md", "json")),
+    Command("/copy", "[code]", "copy the last answer (or its last code block)", ("code",)),
+    Command("/bye", "", "quit"),
+)
+ALIASES = {"/exit": "/bye", "/quit": "/bye", "/?": "/help", "/nothink": "/think off"}
+BY_NAME = {c.name: c for c in COMMANDS}
+
+
+def parse(text: str) -> tuple[str, list[str]] | None:
+    """`"/set top_p 0.9"` -> `("/set", ["top_p", "0.9"])`; None when `text` is not a command.
+
+    `/system` keeps its argument whole (a prompt may contain spaces and newlines)."""
+    text = text.strip()
+    if not text.startswith("/") or text.startswith("//"):
+        return None
+    head, _, rest = text.partition(" ")
+    head = head.lower()
+    if head in ALIASES:
+        alias_head, _, alias_rest = ALIASES[head].partition(" ")
+        head, rest = alias_head, (alias_rest + " " + rest).strip()
+    if head in ("/system", "/save"):
+        return head, [rest.strip()] if rest.strip() else []
+    return head, rest.split()
+
+
+def complete(text: str) -> list[str]:
+    """Full-text completions for what is typed so far (commands, then their fixed choices)."""
+    if not text.startswith("/") or "\n" in text:
+        return []
+    if " " not in text:
+        low = text.lower()
+        return [c.name for c in COMMANDS if c.name.startswith(low)]
+    head, _, rest = text.partition(" ")
+    cmd = BY_NAME.get(head.lower())
+    if cmd is None or not cmd.choices or " " in rest:
+        return []
+    return [f"{cmd.name} {c}" for c in cmd.choices if c.startswith(rest.lower())]
+
+
+def hints(text: str) -> list[Command]:
+    """Commands whose name matches what is typed, for the hint line above the input."""
+    if not text.startswith("/") or "\n" in text:
+        return []
+    head = text.split(" ", 1)[0].lower()
+    if " " in text:
+        return [c for c in COMMANDS if c.name == head]
+    return [c for c in COMMANDS if c.name.startswith(head)]
+
+
+def help_text() -> str:
+    """Markdown help for `/help`."""
+    rows = [f"| `{(c.name + ' ' + c.args).strip()}` | {c.help} |" for c in COMMANDS]
+    keys = ("| key | action |\n|---|---|\n| Enter | send |\n| Shift+Enter, Ctrl+J | new line |\n"
+            "| Tab | complete a command |\n| Esc | stop the answer |\n| Ctrl+T | cycle reasoning effort |\n"
+            "| Ctrl+Y | copy the last answer |\n| Ctrl+Q | quit |")
+    return "| command | what it does |\n|---|---|\n" + "\n".join(rows) + "\n\n" + keys

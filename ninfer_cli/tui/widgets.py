@@ -1,0 +1,208 @@
+"""The chat screen's widgets, one concern each. All methods run on the app's main thread."""
+from __future__ import annotations
+
+from textual import events
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.widgets import Collapsible, Markdown, Static, TextArea
+
+from ninfer_cli.tui import slash
+from ninfer_cli.tui.messages import TurnStats
+from ninfer_cli.tui.session import Memory, ModelInfo
+
+
+def human_tokens(n: int) -> str:
+    """1234 -> '1.2k', 32768 -> '32k'."""
+    if n < 1000:
+        return str(n)
+    if n % 1024 == 0:
+        return f"{n // 1024}k"
+    k = n / 1000
+    return f"{k:.1f}k" if k < 10 else f"{k:.0f}k"
+
+
+def gauge(used: float, total: float, width: int = 8) -> str:
+    """A text gauge, e.g. '▰▰▰▱▱▱▱▱' for 3/8 full."""
+    frac = 0.0 if total <= 0 else min(max(used / total, 0.0), 1.0)
+    full = round(frac * width)
+    return "▰" * full + "▱" * (width - full)
+
+
+class PromptInput(TextArea):
+    """The message box: Enter sends, Shift+Enter or Ctrl+J adds a line, Tab completes a command."""
+
+    class Submitted(Message):
+        def __init__(self, text: str) -> None:
+            super().__init__()
+            self.text = text
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(soft_wrap=True, show_line_numbers=False,
+                         highlight_cursor_line=False, placeholder="Send a message (/help for commands)",
+                         **kwargs)
+
+    async def _on_key(self, event: events.Key) -> None:
+        if event.key == "enter":
+            event.stop()
+            event.prevent_default()
+            text = self.text
+            if text.strip():
+                self.clear()
+                self.post_message(self.Submitted(text))
+            return
+        if event.key in ("shift+enter", "ctrl+j", "alt+enter"):
+            event.stop()
+            event.prevent_default()
+            self.insert("\n")
+            return
+        if event.key == "tab" and self.suggestion:
+            event.stop()
+            event.prevent_default()
+            self.insert(self.suggestion)
+            return
+        await super()._on_key(event)
+
+    def update_suggestion(self) -> None:
+        text = self.text
+        at_end = self.cursor_location == self.document.end
+        options = slash.complete(text) if at_end else []
+        self.suggestion = options[0][len(text):] if options else ""
+
+
+class SlashHints(Static):
+    """The commands matching what is typed, shown above the input while typing a command."""
+
+    def show_for(self, text: str) -> None:
+        found = slash.hints(text)
+        self.display = bool(found)
+        if found:
+            self.update("   ".join(f"[b]{c.name}[/b] [dim]{_esc(c.args)}  {c.help}[/dim]" for c in found[:6]))
+
+
+def _esc(text: str) -> str:
+    return text.replace("[", r"\[")
+
+
+class UserMessage(Markdown):
+    """A message the user sent."""
+
+
+class NoteMessage(Markdown):
+    """Help, stats and notices from the app itself (class `error` for failures)."""
+
+
+class AssistantMessage(Vertical):
+    """One answer: thinking in a collapsible block, the answer as streamed markdown, a stats line."""
+
+    def __init__(self, content: str = "", reasoning: str = "", stats: TurnStats | None = None) -> None:
+        super().__init__()
+        self.content = content
+        self.reasoning = reasoning
+        self.stats = stats
+        self._thinking: Collapsible | None = None
+        self._thinking_md: Markdown | None = None
+        self._answer = Markdown(content, classes="answer")
+        self._footer = Static("", classes="turn-stats")
+        self._reasoning_stream = None
+        self._answer_stream = None
+
+    def compose(self):
+        if self.reasoning:
+            yield self._make_thinking(self.reasoning, collapsed=True, title="Thoughts")
+        yield self._answer
+        yield self._footer
+
+    def on_mount(self) -> None:
+        if self.stats is not None:
+            self._footer.update(stats_line(self.stats))
+
+    def _make_thinking(self, text: str, collapsed: bool, title: str) -> Collapsible:
+        self._thinking_md = Markdown(text, classes="thinking-text")
+        self._thinking = Collapsible(self._thinking_md, title=title, collapsed=collapsed, classes="thinking")
+        return self._thinking
+
+    @property
+    def thinking(self) -> Collapsible | None:
+        return self._thinking
+
+    @property
+    def answer(self) -> Markdown:
+        return self._answer
+
+    async def add_reasoning(self, text: str) -> None:
+        self.reasoning += text
+        if self._thinking is None:
+            await self.mount(self._make_thinking("", collapsed=False, title="Thinking…"), before=self._answer)
+        if self._reasoning_stream is None:
+            self._reasoning_stream = Markdown.get_stream(self._thinking_md)
+        await self._reasoning_stream.write(text)
+
+    async def _close_thinking(self, title: str) -> None:
+        if self._reasoning_stream is not None:
+            await self._reasoning_stream.stop()
+            self._reasoning_stream = None
+            # Incremental appends can misplace text after a fence closes; one full render fixes it.
+            await self._thinking_md.update(self.reasoning)
+        if self._thinking is not None:
+            self._thinking.title = title
+            self._thinking.collapsed = True
+
+    async def add_text(self, text: str) -> None:
+        if self._answer_stream is None:
+            await self._close_thinking("Thoughts")
+            self._answer_stream = Markdown.get_stream(self._answer)
+        self.content += text
+        await self._answer_stream.write(text)
+
+    async def finish(self, stats: TurnStats | None, note: str = "") -> None:
+        """Stop streaming, render the final text once, collapse thinking, show the stats line."""
+        await self._close_thinking("Thoughts")
+        if self._answer_stream is not None:
+            await self._answer_stream.stop()
+            self._answer_stream = None
+        await self._answer.update(self.content)
+        self.stats = stats
+        line = stats_line(stats) if stats else ""
+        self._footer.update(" · ".join(p for p in (line, note) if p))
+
+
+def stats_line(s: TurnStats) -> str:
+    """'42 tokens · 31.5 tok/s · TTFT 0.21 s' (+ why it stopped when it did not finish)."""
+    parts = [f"{s.generation_tokens} tokens", f"{s.tokens_per_second:.1f} tok/s", f"TTFT {s.ttft:.2f} s"]
+    if s.finish_reason == "length":
+        parts.append("cut at max tokens")
+    elif s.finish_reason == "cancelled":
+        parts.append("stopped")
+    return " · ".join(parts)
+
+
+class StatusBar(Horizontal):
+    """Model · effort · context gauge · live tok/s · last TTFT and tok/s · memory gauge."""
+
+    def compose(self):
+        for name in ("model", "effort", "ctx", "rate", "last", "mem"):
+            yield Static("", id=f"st-{name}", classes="status-item")
+
+    def _set(self, name: str, text: str) -> None:
+        self.query_one(f"#st-{name}", Static).update(text)
+
+    def show_model(self, info: ModelInfo, state: str = "") -> None:
+        self._set("model", f"[b]{_esc(info.name)}[/b] [dim]{info.device}[/dim]" + (f" {state}" if state else ""))
+
+    def show_effort(self, effort: str) -> None:
+        self._set("effort", f"think:[b]{effort}[/b]")
+
+    def show_context(self, used: int, total: int) -> None:
+        total_text = human_tokens(total) if total else "?"
+        self._set("ctx", f"ctx {gauge(used, total)} {human_tokens(used)}/{total_text}")
+
+    def show_rate(self, rate: float | None) -> None:
+        self._set("rate", "" if rate is None else f"[b]{rate:5.1f}[/b] tok/s")
+
+    def show_last(self, stats: TurnStats | None) -> None:
+        self._set("last", "" if stats is None else
+                  f"last: TTFT {stats.ttft:.2f} s · {stats.tokens_per_second:.1f} tok/s")
+
+    def show_memory(self, mem: Memory) -> None:
+        gib = 1 << 30
+        self._set("mem", f"{mem.label} {gauge(mem.used, mem.total)} {mem.used / gib:.1f}/{mem.total / gib:.1f} GiB")
