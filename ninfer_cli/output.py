@@ -11,10 +11,12 @@ from typing import Any, Iterable, Sequence
 
 
 def stdout():
-    """A rich Console on the current stdout (data, answers, tables)."""
+    """A rich Console on the current stdout (data, answers, tables); unlimited width when piped."""
     from rich.console import Console  # noqa: PLC0415
 
-    return Console(file=sys.stdout, highlight=False, soft_wrap=True)
+    # A pipe or file has no width: truncating there would corrupt what scripts read.
+    width = None if sys.stdout.isatty() else 100_000
+    return Console(file=sys.stdout, highlight=False, soft_wrap=True, width=width)
 
 
 def stderr():
@@ -59,8 +61,11 @@ def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], *, right: Seque
     from rich.table import Table  # noqa: PLC0415
 
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold")
-    for col in columns:
-        t.add_column(col, justify="right" if col in right else "left", no_wrap=True)
+    for i, col in enumerate(columns):
+        # The first column (names) and numbers never shrink; wider free text gives way first.
+        fixed = i == 0 or col in right
+        t.add_column(col, justify="right" if col in right else "left", no_wrap=fixed, min_width=len(col),
+                     overflow="fold" if fixed else "ellipsis")
     for row in rows:
         t.add_row(*("" if v is None else str(v) for v in row))
     stdout().print(t)

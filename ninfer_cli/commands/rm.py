@@ -17,13 +17,14 @@ def rm(
     from ninfer_cli.store import Store, parse_ref, read_manifest  # noqa: PLC0415
 
     store = Store()
+    typed = {":".join(parse_ref(n)): n for n in reversed(names)}  # ref -> what the user typed
     refs = list(dict.fromkeys(":".join(parse_ref(n)) for n in names))
     partial = set(store.partial_refs())
     sizes = {}
     for ref in refs:
         folder = store.model_dir(ref)
         if not folder.is_dir() and ref not in partial:
-            raise store.unknown(ref)
+            raise store.unknown(typed[ref])
         try:
             sizes[ref] = output.human_bytes(read_manifest(folder).bytes) if folder.is_dir() else "partial download"
         except Exception:  # a broken manifest must not stop its own removal

@@ -1,0 +1,52 @@
+"""`ninfer env` on a machine without a GPU (the GPU variant runs in tests/gpu)."""
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from ninfer_cli.commands import env as env_cmd
+from ninfer_cli.main import app
+
+runner = CliRunner()
+
+
+def test_env_text_without_gpu(monkeypatch, tmp_path):
+    monkeypatch.setenv("NINFER_HOME", str(tmp_path))
+    monkeypatch.setattr(env_cmd, "gpu_facts", lambda: {"cupy": None, "cupy_error": "not installed", "cuda_runtime": None,
+                                                       "cuda_driver": None, "driver": None, "gpus": []})
+    r = runner.invoke(app, ["env"], prog_name="ninfer")
+    assert r.exit_code == 0, r.output
+    out = dict(line.split(None, 1) if " " in line else (line, "") for line in r.stdout.replace("model store", "model_store")
+               .replace("store free disk", "store_free").replace("device (auto)", "device").splitlines())
+    assert out["gpu"] == "no GPU: NumPy backend"
+    assert out["cupy"] == "not installed"
+    assert out["model_store"] == str(tmp_path)
+    assert out["store_free"].endswith("B") and out["numpy"][0].isdigit()
+    assert out["kernels"]
+
+
+def test_env_json_with_a_fake_gpu(monkeypatch, tmp_path):
+    monkeypatch.setenv("NINFER_HOME", str(tmp_path))
+    gpu = {"index": 0, "name": "NVIDIA H200", "compute_capability": "9.0", "vram_free": 140 * 2**30, "vram_total": 141 * 2**30}
+    monkeypatch.setattr(env_cmd, "gpu_facts", lambda: {"cupy": "14.2.0", "cuda_runtime": "13.0", "cuda_driver": "13.0",
+                                                       "driver": "580.1", "gpus": [gpu]})
+    data = json.loads(runner.invoke(app, ["env", "--json"]).stdout)
+    assert data["gpus"][0]["name"] == "NVIDIA H200" and data["store"] == str(tmp_path)
+    assert isinstance(data["store_free_bytes"], int) and data["store_free_bytes"] > 0
+    text = runner.invoke(app, ["env"]).stdout
+    assert "NVIDIA H200 (sm 9.0), 140.00 GiB free of 141.00 GiB" in text and "no GPU" not in text
+
+
+def test_gpu_facts_never_raises():
+    facts = env_cmd.gpu_facts()
+    assert isinstance(facts["gpus"], list)
+    assert facts["cupy"] is not None or "cupy_error" in facts
+
+
+def test_kernel_path_is_named():
+    assert env_cmd.kernel_path()
+
+
+def test_cuda_version_format():
+    assert env_cmd._cuda_version(12080) == "12.8" and env_cmd._cuda_version(13000) == "13.0"
