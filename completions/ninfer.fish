@@ -1,0 +1,1 @@
+complete --command ninfer --no-files --arguments "(env _NINFER_COMPLETE=complete_fish _TYPER_COMPLETE_FISH_ACTION=get-args _TYPER_COMPLETE_ARGS=(commandline -cp) ninfer)" --condition "env _NINFER_COMPLETE=complete_fish _TYPER_COMPLETE_FISH_ACTION=is-args _TYPER_COMPLETE_ARGS=(commandline -cp) ninfer"
