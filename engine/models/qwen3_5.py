@@ -130,6 +130,69 @@ def _block_to_logical(blk: str, name: str, a, args: ModelArgs) -> list[tuple[str
     raise ValueError(f"unknown Qwen3.5 block tensor: {blk}{name}")
 
 
+def logical_shapes(args: ModelArgs, mtp: bool | None = None) -> dict[str, tuple[int, ...]]:
+    """Every logical parameter of a Qwen3.5 text model (and its MTP head when `mtp`) with its shape."""
+    h, shapes = args.hidden_size, {}
+    mtp = bool(args.mtp_num_hidden_layers) if mtp is None else mtp
+
+    def block(p: str, kind: str) -> None:
+        shapes[p + "input_norm"] = shapes[p + "post_attention_norm"] = (h,)
+        if kind == LINEAR:
+            kd, vd, hv = args.linear_num_key_heads * args.linear_key_head_dim, args.linear_value_dim, args.linear_num_value_heads
+            shapes.update({p + "gdn/query": (kd, h), p + "gdn/key": (kd, h), p + "gdn/value": (vd, h),
+                           p + "gdn/z": (vd, h), p + "gdn/a_projection": (hv, h), p + "gdn/b_projection": (hv, h),
+                           p + "gdn/a_log": (hv,), p + "gdn/dt_bias": (hv,),
+                           p + "gdn/convolution": (args.linear_conv_kernel_dim, args.gdn_conv_channels),
+                           p + "gdn/norm": (args.linear_value_head_dim,), p + "gdn/output": (h, vd)})
+        else:
+            q, kv = args.num_attention_heads * args.head_dim, args.num_key_value_heads * args.head_dim
+            shapes.update({p + "attention/query": (q, h), p + "attention/gate": (q, h), p + "attention/key": (kv, h),
+                           p + "attention/value": (kv, h), p + "attention/query_norm": (args.head_dim,),
+                           p + "attention/key_norm": (args.head_dim,), p + "attention/output": (h, q)})
+        if args.is_moe:
+            i, si = args.moe_intermediate_size, args.shared_expert_intermediate_size
+            shapes.update({p + "moe/router": (args.num_experts, h), p + "moe/shared_score": (1, h),
+                           p + "moe/shared/gate": (si, h), p + "moe/shared/up": (si, h), p + "moe/shared/down": (h, si)})
+            for e in range(args.num_experts):
+                shapes.update({p + f"moe/experts/{e}/gate": (i, h), p + f"moe/experts/{e}/up": (i, h),
+                               p + f"moe/experts/{e}/down": (h, i)})
+        else:
+            i = args.intermediate_size
+            shapes.update({p + "mlp/gate": (i, h), p + "mlp/up": (i, h), p + "mlp/down": (h, i)})
+
+    shapes["text/token_embedding"] = (args.vocab_size, h)
+    for li, kind in enumerate(args.layer_types):
+        block(f"text/layers/{li}/", kind)
+    shapes["text/final_norm"] = (h,)
+    if not args.tie_word_embeddings:
+        shapes["text/output_head"] = (args.vocab_size, h)
+    if mtp:
+        shapes.update({"mtp/input_projection": (h, 2 * h), "mtp/embedding_norm": (h,), "mtp/hidden_norm": (h,),
+                       "mtp/final_norm": (h,)})
+        block("mtp/layers/0/", "full_attention")
+    return shapes
+
+
+def random_weights(args: ModelArgs, seed: int = 0, mtp: bool | None = None) -> dict[str, np.ndarray]:
+    """Synthetic float32 weights with sane scales, for tests and benchmarks without a checkpoint."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, shape in logical_shapes(args, mtp).items():
+        leaf = name.rsplit("/", 1)[-1]
+        if leaf == "a_log":
+            a = np.log(rng.uniform(1.0, 16.0, shape))
+        elif leaf == "dt_bias":
+            a = rng.standard_normal(shape)
+        elif len(shape) == 1:  # (1+w) norms near w = 0; the plain GDN norm near w = 1
+            a = 0.1 * rng.standard_normal(shape) + (1.0 if name.endswith("gdn/norm") else 0.0)
+        elif leaf == "convolution":
+            a = rng.standard_normal(shape) / np.sqrt(shape[0])
+        else:
+            a = rng.standard_normal(shape) / np.sqrt(shape[-1])
+        out[name] = a.astype(np.float32)
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # Blocks
 
