@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from textual import events
+from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.widgets import Collapsible, Markdown, Static, TextArea
@@ -41,19 +42,30 @@ class PromptInput(TextArea):
                          highlight_cursor_line=False, placeholder="Send a message (/help for commands)",
                          **kwargs)
 
+    BINDINGS = [
+        Binding("enter", "submit", "send"),
+        Binding("ctrl+j", "newline", "new line", key_display="⇧⏎/^j"),
+    ]
+
+    def action_submit(self) -> None:
+        text = self.text
+        if text.strip():
+            self.clear()
+            self.post_message(self.Submitted(text))
+
+    def action_newline(self) -> None:
+        self.insert("\n")
+
     async def _on_key(self, event: events.Key) -> None:
         if event.key == "enter":
             event.stop()
             event.prevent_default()
-            text = self.text
-            if text.strip():
-                self.clear()
-                self.post_message(self.Submitted(text))
+            self.action_submit()
             return
         if event.key in ("shift+enter", "ctrl+j", "alt+enter"):
             event.stop()
             event.prevent_default()
-            self.insert("\n")
+            self.action_newline()
             return
         if event.key == "tab" and self.suggestion:
             event.stop()
@@ -84,7 +96,11 @@ def _esc(text: str) -> str:
 
 
 class UserMessage(Markdown):
-    """A message the user sent."""
+    """A message the user sent (its line breaks kept as typed)."""
+
+    def __init__(self, text: str, **kwargs) -> None:
+        super().__init__(text.replace("\n", "  \n"), **kwargs)
+        self.message_text = text
 
 
 class NoteMessage(Markdown):

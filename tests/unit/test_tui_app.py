@@ -1,0 +1,207 @@
+"""The chat app driven by Pilot on a fake session: send, stream, stop, regen, effort, errors."""
+from __future__ import annotations
+
+import json
+import time
+
+from engine.errors import NinferError
+from ninfer_cli.tui.session import DEFAULT_REPLY, FakeSession, split_tokens
+from ninfer_cli.tui.widgets import AssistantMessage, NoteMessage, PromptInput, UserMessage
+
+from tui_helpers import make_app, run, send, type_text, wait_for
+
+
+def status_text(app, name: str) -> str:
+    return str(app.query_one(f"#st-{name}").render())
+
+
+def test_send_streams_answer_with_collapsed_thinking_and_autosaves(tmp_path):
+    async def body():
+        app = make_app(tmp_path, FakeSession(tokens_per_second=400))
+        async with app.run_test(size=(100, 40)) as pilot:
+            await wait_for(pilot, lambda: app.loaded)
+            await send(pilot, "What is 2+2?")
+            reply = DEFAULT_REPLY.format(q="What is 2+2?")
+            user, answer = app.conversation.messages
+            assert user == {"role": "user", "content": "What is 2+2?"}
+            assert answer["content"] == reply
+            assert answer["reasoning"].startswith("The user asks about What is 2+2?")
+            msg = app.query_one(AssistantMessage)
+            assert msg.answer.source == reply
+            assert msg.thinking is not None and msg.thinking.collapsed
+            assert answer["stats"]["finish_reason"] == "stop"
+            assert answer["stats"]["generation_tokens"] == len(split_tokens(reply)) + len(
+                split_tokens(answer["reasoning"]))
+            assert "tok/s" in status_text(app, "last") and "TTFT" in status_text(app, "last")
+            assert f"/{4096 // 1024}k" in status_text(app, "ctx")
+            saved = json.loads((tmp_path / "chats" / f"{app.conversation.id}.json").read_text())
+            assert saved["messages"][1]["content"] == reply
+            assert saved["title"] == "What is 2+2?"
+    run(body())
+
+
+def test_effort_off_has_no_thinking_and_ctrl_t_cycles(tmp_path):
+    async def body():
+        session = FakeSession()
+        app = make_app(tmp_path, session)
+        async with app.run_test() as pilot:
+            assert app.settings.effort == "high"
+            await pilot.press("ctrl+t")
+            assert app.settings.effort == "off"
+            assert "off" in status_text(app, "effort")
+            await send(pilot, "hi")
+            assert app.query_one(AssistantMessage).thinking is None
+            assert "reasoning" not in app.conversation.messages[-1]
+            assert session.calls[-1][1].effort == "off"
+            await pilot.press("ctrl+t", "ctrl+t")
+            assert app.settings.effort == "medium"
+    run(body())
+
+
+def test_enter_sends_and_ctrl_j_adds_a_line(tmp_path):
+    async def body():
+        session = FakeSession()
+        app = make_app(tmp_path, session)
+        async with app.run_test() as pilot:
+            await type_text(pilot, "line one")
+            await pilot.press("ctrl+j")
+            await type_text(pilot, "line two")
+            assert app.query_one(PromptInput).text == "line one\nline two"
+            assert not app.conversation.messages
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: len(app.conversation.messages) == 2)
+            assert app.conversation.messages[0]["content"] == "line one\nline two"
+            assert app.query_one(PromptInput).text == ""
+            assert session.calls[0][0][-1]["content"] == "line one\nline two"
+    run(body())
+
+
+def test_escape_stops_within_100_ms_and_keeps_what_was_shown(tmp_path):
+    async def body():
+        app = make_app(tmp_path, FakeSession(tokens_per_second=20))
+        async with app.run_test() as pilot:
+            await wait_for(pilot, lambda: app.loaded)
+            await type_text(pilot, "tell me")
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: app.buffer is not None and app.buffer.tokens >= 4)
+            pressed = time.perf_counter()
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: not app.generating, timeout=2)
+            elapsed = time.perf_counter() - pressed
+            assert app.stop_latency is not None and app.stop_latency < 0.1, app.stop_latency
+            assert elapsed < 0.3
+            answer = app.conversation.messages[-1]
+            assert answer["stats"]["finish_reason"] == "cancelled"
+            assert answer["stats"]["generation_tokens"] < 20
+            shown = app.query_one(AssistantMessage)
+            assert shown.content == answer["content"]
+            assert "stopped" in str(shown.query_one(".turn-stats").render())
+            # The model is free again: the next turn runs to the end.
+            app.session.tokens_per_second = 0
+            await send(pilot, "again")
+            assert app.conversation.messages[-1]["stats"]["finish_reason"] == "stop"
+    run(body())
+
+
+def test_regen_replaces_the_last_answer(tmp_path):
+    async def body():
+        session = FakeSession()
+        app = make_app(tmp_path, session)
+        async with app.run_test() as pilot:
+            await send(pilot, "first")
+            await type_text(pilot, "/regen")
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: len(session.calls) == 2 and not app.generating)
+            await pilot.pause()
+            assert [m["role"] for m in app.conversation.messages] == ["user", "assistant"]
+            assert len(app.query(AssistantMessage)) == 1
+            assert session.calls[1][0] == session.calls[0][0]
+    run(body())
+
+
+def test_history_and_system_prompt_reach_the_session(tmp_path):
+    async def body():
+        session = FakeSession()
+        app = make_app(tmp_path, session)
+        async with app.run_test() as pilot:
+            await type_text(pilot, "/system You are terse.")
+            await pilot.press("enter")
+            await send(pilot, "one")
+            await send(pilot, "two")
+            sent = session.calls[-1][0]
+            assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
+            assert sent[0]["content"] == "You are terse."
+            assert sent[2]["content"] == DEFAULT_REPLY.format(q="one")
+            assert sent[2]["reasoning_content"].startswith("The user asks")
+    run(body())
+
+
+def test_load_failure_is_shown_in_the_app(tmp_path):
+    async def body():
+        session = FakeSession(load_error=NinferError("not enough VRAM: need 20 GiB, have 8", "lower --ctx"))
+        app = make_app(tmp_path, session)
+        async with app.run_test() as pilot:
+            await wait_for(pilot, lambda: app.load_error is not None)
+            await pilot.pause()
+            notes = [n.source for n in app.query(NoteMessage)]
+            assert any("not enough VRAM" in n and "lower --ctx" in n for n in notes)
+            assert "failed" in status_text(app, "model")
+            await type_text(pilot, "hello")
+            await pilot.press("enter")
+            await pilot.pause()
+            assert not app.generating
+            assert "No model to answer with" in app.query(NoteMessage).last().source
+    run(body())
+
+
+def test_generation_error_is_shown_and_app_keeps_running(tmp_path):
+    async def body():
+        session = FakeSession(send_error=MemoryError())
+        app = make_app(tmp_path, session)
+        async with app.run_test() as pilot:
+            await type_text(pilot, "hello")
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: app.query(NoteMessage))
+            await wait_for(pilot, lambda: not app.generating)
+            assert "out of memory" in app.query(NoteMessage).last().source
+            session.send_error = None
+            await type_text(pilot, "/regen")
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: app.conversation.messages[-1]["role"] == "assistant")
+            assert app.is_running
+    run(body())
+
+
+def test_live_rate_redraws_at_least_four_times_a_second(tmp_path):
+    async def body():
+        app = make_app(tmp_path, FakeSession(tokens_per_second=20))
+        async with app.run_test() as pilot:
+            await wait_for(pilot, lambda: app.loaded)
+            seen = []
+            original = app.status.show_rate
+
+            def spy(rate):
+                seen.append((time.perf_counter(), rate))
+                original(rate)
+
+            app.status.show_rate = spy
+            await type_text(pilot, "count")
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: app.buffer is not None and app.buffer.tokens > 3)
+            start = time.perf_counter()
+            await pilot.pause(1.05)
+            window = [r for t, r in seen if start <= t <= start + 1.0 and r]
+            assert len(window) >= 4, window
+            assert 10 < window[-1] < 30  # about the 20 tok/s the fake streams at
+            assert "tok/s" in status_text(app, "rate")
+            await pilot.press("escape")
+    run(body())
+
+
+def test_user_message_keeps_line_breaks(tmp_path):
+    async def body():
+        app = make_app(tmp_path)
+        async with app.run_test() as pilot:
+            await send(pilot, "a")
+            assert app.query_one(UserMessage).message_text == "a"
+    run(body())

@@ -1,0 +1,47 @@
+"""Shared helpers for the TUI tests: a fresh app on a fake session and waiting on conditions."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from ninfer_cli.tui.app import ChatApp
+from ninfer_cli.tui.conversations import ConversationStore
+from ninfer_cli.tui.session import ChatSettings, FakeSession
+
+
+def make_app(tmp_path, session=None, **kwargs) -> ChatApp:
+    session = session or FakeSession()
+    return ChatApp(session, store=ConversationStore(tmp_path / "chats"), **kwargs)
+
+
+def run(coro):
+    """Run an async test body (no pytest-asyncio configuration needed)."""
+    return asyncio.run(coro)
+
+
+async def wait_for(pilot, cond, timeout: float = 10.0, step: float = 0.01) -> float:
+    """Pause until `cond()` holds; returns the seconds waited, fails after `timeout`."""
+    start = time.perf_counter()
+    while not cond():
+        if time.perf_counter() - start > timeout:
+            raise AssertionError(f"condition not met within {timeout} s")
+        await pilot.pause(step)
+    return time.perf_counter() - start
+
+
+async def type_text(pilot, text: str) -> None:
+    for ch in text:
+        await pilot.press({" ": "space", "/": "slash"}.get(ch, ch))
+
+
+async def send(pilot, text: str) -> None:
+    """Type `text`, press Enter, and wait for the answer to finish."""
+    app = pilot.app
+    before = len(app.conversation.messages)
+    await type_text(pilot, text)
+    await pilot.press("enter")
+    await wait_for(pilot, lambda: not app.generating and len(app.conversation.messages) > before)
+    await pilot.pause()
+
+
+__all__ = ["ChatSettings", "FakeSession", "make_app", "run", "send", "type_text", "wait_for"]
