@@ -1,0 +1,150 @@
+"""Token sampling (spec/runtime.md §3.7): greedy, temperature, top-k, top-p, min-p, penalties.
+
+Randomness is counter-based: the uniform number that draws the token at a sequence position is a pure
+function of (seed, position, purpose), so the same seed gives the same tokens whatever ran before, and a
+GPU sampler can reproduce it exactly. Ids at or above the token domain (Qwen's reserved head rows) are
+never produced.
+"""
+from __future__ import annotations
+
+import secrets
+from collections import Counter
+
+import numpy as np
+
+PURPOSE_PREFILL, PURPOSE_DECODE, PURPOSE_ACCEPT, PURPOSE_CORRECTION, PURPOSE_BONUS = range(5)
+_M64 = (1 << 64) - 1
+
+
+def _splitmix64(z: int) -> int:
+    z = (z + 0x9E3779B97F4A7C15) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def counter_uniform(seed: int, position: int, purpose: int = PURPOSE_DECODE) -> float:
+    """Uniform in [0, 1) from (seed, position, purpose): splitmix64 chained over the three, top 53 bits."""
+    z = _splitmix64(_splitmix64(_splitmix64(seed & _M64) ^ (position & _M64)) ^ (purpose & _M64))
+    return (z >> 11) * (1.0 / (1 << 53))
+
+
+def greedy(logits, domain: int | None = None) -> int:
+    """argmax over ids < domain; the lowest id wins ties."""
+    x = np.asarray(logits).reshape(-1)
+    return int(np.argmax(x[:domain] if domain else x))
+
+
+def apply_penalties(logits, counts: Counter | dict, presence: float, frequency: float) -> np.ndarray:
+    """logit - presence * (count > 0) - frequency * count, over the ids in `counts`; returns a float64 copy."""
+    x = np.array(logits, dtype=np.float64).reshape(-1)
+    if counts and (presence or frequency):
+        ids = np.fromiter((i for i in counts if 0 <= i < x.size), dtype=np.int64)
+        c = np.fromiter((counts[i] for i in ids), dtype=np.float64, count=ids.size)
+        x[ids] -= presence * (c > 0) + frequency * c
+    return x
+
+
+def candidates(
+    logits,
+    *,
+    temperature: float,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    counts=None,
+    presence_penalty: float = 0.0,
+    frequency_penalty: float = 0.0,
+    domain: int | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The filtered distribution a sampling step draws from: (ids, probs), ids sorted by score (desc, lower id first).
+
+    Order of operations (runtime.md §3.7): penalties -> sort -> top_k -> weights exp((x - max) / T) ->
+    min_p drops weights below min_p * max -> top_p keeps the shortest prefix whose normalized mass
+    reaches top_p -> renormalize. top_k <= 0 keeps all; temperature must be > 0.
+    """
+    x = apply_penalties(logits, counts or {}, presence_penalty, frequency_penalty)
+    if domain:
+        x = x[:domain]
+    n = x.size
+    if 0 < top_k < n:
+        kth = np.partition(-x, top_k - 1)[top_k - 1]
+        pool = np.flatnonzero(-x <= kth)  # ascending ids, includes every tie at the boundary
+        pool = pool[np.lexsort((pool, -x[pool]))][:top_k]
+    else:
+        pool = np.lexsort((np.arange(n), -x))
+    w = np.exp((x[pool] - x[pool[0]]) / float(temperature))
+    keep = w.size
+    if min_p > 0.0:
+        keep = int(np.count_nonzero(w >= min_p * w[0]))  # w is non-increasing, so this is a prefix
+    if top_p < 1.0:
+        cum = np.cumsum(w[:keep]) / w[:keep].sum()
+        keep = min(keep, int(np.searchsorted(cum, top_p, side="left")) + 1)
+    keep = max(keep, 1)
+    w = w[:keep]
+    return pool[:keep], w / w.sum()
+
+
+class Sampler:
+    """Stateful sampler of one sequence: remembers generated-token counts for the penalties.
+
+    `sampler(logits, position)` returns the next id; call `accept(token)` for every token that becomes
+    part of the generation (the generate loop does). temperature <= 0 is greedy without penalties.
+    `top_k_cap` reproduces the upstream GPU sampler (top_k clamped to <= 20, 0 meaning 20) when set.
+    """
+
+    def __init__(
+        self,
+        temperature: float = 0.7,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        min_p: float = 0.0,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        seed: int | None = None,
+        domain: int | None = None,
+        top_k_cap: int | None = None,
+    ):
+        self.temperature, self.top_p, self.min_p = float(temperature), float(top_p), float(min_p)
+        self.top_k = int(top_k or 0)
+        if top_k_cap:
+            self.top_k = top_k_cap if self.top_k <= 0 else min(self.top_k, top_k_cap)
+        self.presence, self.frequency = float(presence_penalty), float(frequency_penalty)
+        self.seed = secrets.randbits(63) if seed is None else int(seed)
+        self.domain = domain
+        self.counts: Counter = Counter()
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    def __call__(self, logits, position: int, purpose: int = PURPOSE_DECODE) -> int:
+        if self.is_greedy:
+            return greedy(logits, self.domain)
+        ids, probs = self.distribution(logits)
+        u = counter_uniform(self.seed, position, purpose)
+        i = int(np.searchsorted(np.cumsum(probs), u, side="right"))
+        return int(ids[min(i, ids.size - 1)])
+
+    def distribution(self, logits) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, probs) this sampler would draw from for `logits`, given the counts so far."""
+        return candidates(
+            logits, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
+            counts=self.counts, presence_penalty=self.presence, frequency_penalty=self.frequency, domain=self.domain,
+        )
+
+    def accept(self, token: int) -> None:
+        """Count a generated token (presence/frequency penalties read these counts)."""
+        self.counts[int(token)] += 1
+
+    def reset(self) -> None:
+        self.counts.clear()
+
+
+def make_sampler(config=None, *, domain: int | None = None, **overrides) -> Sampler:
+    """A Sampler from a GenerationConfig-like object (fields temperature, top_k, top_p, min_p,
+    presence_penalty, frequency_penalty, seed) and/or keyword overrides."""
+    names = ("temperature", "top_k", "top_p", "min_p", "presence_penalty", "frequency_penalty", "seed", "top_k_cap")
+    kw = {n: getattr(config, n) for n in names if config is not None and hasattr(config, n)}
+    kw.update(overrides)
+    return Sampler(domain=domain, **kw)
