@@ -1,0 +1,303 @@
+"""What `ninfer bench` measures: engines for a stored model, a full-size synthetic model (GPU), or the
+small random `tiny` Qwen3.5 (NumPy), and the cost model (bytes and flops per token) of a geometry.
+"""
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+from engine.bench import Costs, Instance
+from engine.errors import NinferError
+
+_27B = {
+    "model_type": "qwen3_5_text",
+    "architectures": ["Qwen3_5ForCausalLM"],
+    "hidden_size": 5120,
+    "num_hidden_layers": 64,
+    "full_attention_interval": 4,
+    "intermediate_size": 17408,
+    "num_attention_heads": 24,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "linear_num_key_heads": 16,
+    "linear_key_head_dim": 128,
+    "linear_num_value_heads": 48,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+    "vocab_size": 248320,
+    "tie_word_embeddings": False,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 262144,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25},
+}
+_35B_A3B = {
+    **{k: v for k, v in _27B.items() if k != "intermediate_size"},
+    "model_type": "qwen3_5_moe_text",
+    "architectures": ["Qwen3_5MoeForCausalLM"],
+    "hidden_size": 2048,
+    "num_hidden_layers": 40,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 2,
+    "linear_num_value_heads": 32,
+    "num_experts": 256,
+    "num_experts_per_tok": 8,
+    "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 512,
+}
+TINY = {
+    **{k: v for k, v in _27B.items() if k not in ("max_position_embeddings",)},
+    "hidden_size": 128,
+    "num_hidden_layers": 4,
+    "intermediate_size": 256,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "linear_num_key_heads": 2,
+    "linear_key_head_dim": 32,
+    "linear_num_value_heads": 4,
+    "linear_value_head_dim": 32,
+    "vocab_size": 2048,
+    "max_position_embeddings": 65536,
+}
+# HF-style text configs of the full-size geometries (model.md §1.1); Qwen3.8-27B is the 3.6-27B geometry
+GEOMETRIES = {"qwen3.8-27b": _27B, "qwen3.6-27b": _27B, "qwen3.6-35b-a3b": _35B_A3B, "tiny": TINY}
+RECIPES = ("groupwise-int", "nvfp4", "bf16")
+
+
+# ---------------------------------------------------------------------------------- cost model
+def geometry_costs(args, *, weight_bytes_per_param: float, kv_bytes_per_elem: float,
+                   state_bytes_per_elem: int = 4) -> tuple[Costs, int]:
+    """Per-token bytes and flops of a geometry (ModelArgs); returns (costs, resident parameter count).
+
+    Counts every matrix a decoded token multiplies by (the embedding is a row gather, so excluded from the
+    per-token read; a MoE layer reads only its routed and shared experts).
+    """
+    h = args.hidden_size
+    full = [i for i, t in enumerate(args.layer_types) if t == "full_attention"]
+    n_full, n_gdn = len(full), args.num_hidden_layers - len(full)
+    hq, hkv, d = args.num_attention_heads, args.num_key_value_heads, args.head_dim
+    q_width = hq * d * (2 if args.attention_gated else 1)
+    attn = h * q_width + 2 * h * hkv * d + hq * d * h
+    kdim = args.linear_num_key_heads * args.linear_key_head_dim
+    vdim = args.linear_value_dim
+    conv_ch = 2 * kdim + vdim
+    gdn = h * conv_ch + h * vdim + 2 * h * args.linear_num_value_heads + vdim * h + conv_ch * args.linear_conv_kernel_dim
+    if args.is_moe:
+        expert = 3 * h * args.moe_intermediate_size
+        shared = 3 * h * args.shared_expert_intermediate_size + h
+        ffn_active = h * args.num_experts + args.num_experts_per_tok * expert + shared
+        ffn_resident = h * args.num_experts + args.num_experts * expert + shared
+    else:
+        ffn_active = ffn_resident = 3 * h * args.intermediate_size
+    head = args.vocab_size * h
+    per_token = n_full * attn + n_gdn * gdn + args.num_hidden_layers * ffn_active + head
+    resident = n_full * attn + n_gdn * gdn + args.num_hidden_layers * ffn_resident + head
+    if not args.tie_word_embeddings:
+        resident += args.vocab_size * h
+    state = n_gdn * (args.linear_num_value_heads * args.linear_value_head_dim * args.linear_key_head_dim
+                     * state_bytes_per_elem + (args.linear_conv_kernel_dim - 1) * conv_ch * state_bytes_per_elem)
+    costs = Costs(
+        weight_bytes=int(resident * weight_bytes_per_param),
+        weight_bytes_per_token=int(per_token * weight_bytes_per_param),
+        state_bytes=int(state),
+        kv_bytes_per_token=int(n_full * 2 * hkv * d * kv_bytes_per_elem),
+        params_per_token=int(per_token),
+        attn_flops_per_ctx=4 * n_full * hq * d,
+    )
+    return costs, int(resident)
+
+
+def engine_costs(engine, info: dict) -> tuple[Costs, dict]:
+    """Costs from `info()`, with what the engine leaves out estimated from its geometry."""
+    from engine.bench import costs_from_info  # noqa: PLC0415
+
+    costs = costs_from_info(info)
+    source = {"weight_bytes_per_token": "engine" if "weight_bytes_per_token" in info else None}
+    args = getattr(engine, "args", None)
+    if args is None or not getattr(args, "layer_types", None):
+        return costs, source
+    per_param = 4.0
+    est, resident = geometry_costs(args, weight_bytes_per_param=1.0, kv_bytes_per_elem=4)
+    if costs.weight_bytes:
+        per_param = costs.weight_bytes / resident
+    else:
+        costs.weight_bytes = int(resident * per_param)
+        source["weight_bytes"] = "estimated from geometry (float32)"
+    if "weight_bytes_per_token" not in info:
+        costs.weight_bytes_per_token = int(est.params_per_token * per_param)
+        source["weight_bytes_per_token"] = "estimated from geometry"
+    if "state_bytes" not in info:
+        costs.state_bytes = est.state_bytes
+    if "kv_bytes_per_token" not in info:
+        costs.kv_bytes_per_token = est.kv_bytes_per_token
+    if costs.params_per_token is None:
+        costs.params_per_token = est.params_per_token
+    if not costs.attn_flops_per_ctx:
+        costs.attn_flops_per_ctx = est.attn_flops_per_ctx
+    return costs, source
+
+
+# ---------------------------------------------------------------------------------- engines
+def _call_with_options(factory, what: str, *args, **opts):
+    """Call an engine factory with the settings it declares; a setting it lacks is a user error."""
+    try:
+        params = inspect.signature(factory).parameters
+        takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    except (TypeError, ValueError):
+        params, takes_kwargs = {}, True
+    for key, value in list(opts.items()):
+        if key in params or takes_kwargs:
+            continue
+        if value is None or (key, value) in (("lanes", 1), ("spec", "off")):
+            opts.pop(key)
+            continue
+        flag = {"kv": "--kv", "lanes": "--lanes", "spec": "--spec"}.get(key, key)
+        raise NinferError(f"{what} does not support {flag} {value}", f"leave {flag} out")
+    return factory(*args, **opts)
+
+
+def instance_options(instance: Instance) -> dict:
+    opts = {}
+    if instance.kv is not None:
+        opts["kv"] = instance.kv
+    if instance.lanes != 1:
+        opts["lanes"] = instance.lanes
+    if instance.spec != "off":
+        opts["spec"] = instance.spec
+    return opts
+
+
+def build_tiny(device: str, max_context: int, instance: Instance):
+    """The `tiny` synthetic model: a small random Qwen3.5 hybrid run by the NumPy engine."""
+    import numpy as np  # noqa: PLC0415
+
+    from engine.config import ModelArgs  # noqa: PLC0415
+
+    args = ModelArgs.from_config(TINY)
+    weights = tiny_weights(args, np.random.default_rng(0))
+    try:
+        from engine.api import load  # noqa: PLC0415
+    except ImportError:
+        load = None
+    if load is None:
+        return _call_with_options(_ModelEngine, "the NumPy engine", args, weights, device=device,
+                                  max_context=max_context, **instance_options(instance))
+    return _call_with_options(load, "the NumPy engine", {"config": dict(TINY), "weights": weights},
+                              device=device, max_context=max_context, **instance_options(instance))
+
+
+class _ModelEngine:
+    """The benchmark protocol straight over `models.qwen3_5.Model` (used until `engine.api` exists)."""
+
+    def __init__(self, args, weights, *, device: str, max_context: int):
+        from engine.backend import xp_for  # noqa: PLC0415
+        from engine.models.qwen3_5 import Model  # noqa: PLC0415
+
+        self.args, self.device, self.max_context = args, device, max_context
+        self.model = Model(args, xp=xp_for(device)).load(weights)
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = self.model.make_cache(self.max_context)
+
+    @property
+    def position(self) -> int:
+        return self.cache.position
+
+    def prefill(self, token_ids):
+        import numpy as np  # noqa: PLC0415
+
+        out = self.model(np.asarray(token_ids, dtype=np.int64), self.cache, last_only=True)[0]
+        return out.get() if hasattr(out, "get") else out
+
+    def decode_step(self, token_id: int):
+        return self.prefill([token_id])
+
+    def decode_greedy(self, first_token: int, n: int) -> list[int]:
+        out, tok = [], first_token
+        for _ in range(n):
+            tok = int(self.decode_step(tok).argmax())
+            out.append(tok)
+        return out
+
+    def info(self) -> dict:
+        return {"backend": "numpy" if self.device == "cpu" else "cupy", "weight_bytes": self.model.weight_bytes}
+
+
+def tiny_weights(args, rng) -> dict:
+    """Random weights of a Qwen3.5 geometry under the v3 logical names (container.md §2.3)."""
+    import numpy as np  # noqa: PLC0415
+
+    h, f32 = args.hidden_size, np.float32
+
+    def mat(n, k):
+        return (rng.standard_normal((n, k)) / np.sqrt(k)).astype(f32)
+
+    def vec(n, scale=0.1):
+        return (scale * rng.standard_normal(n)).astype(f32)
+
+    w = {"text/token_embedding": mat(args.vocab_size, h), "text/final_norm": vec(h)}
+    if not args.tie_word_embeddings:
+        w["text/output_head"] = mat(args.vocab_size, h)
+    hq, hkv, d = args.num_attention_heads, args.num_key_value_heads, args.head_dim
+    kdim = args.linear_num_key_heads * args.linear_key_head_dim
+    vdim, hv = args.linear_value_dim, args.linear_num_value_heads
+    for i, kind in enumerate(args.layer_types):
+        p = f"text/layers/{i}/"
+        w[p + "input_norm"], w[p + "post_attention_norm"] = vec(h), vec(h)
+        if kind == "full_attention":
+            w |= {p + "attention/query": mat(hq * d, h), p + "attention/gate": mat(hq * d, h),
+                  p + "attention/key": mat(hkv * d, h), p + "attention/value": mat(hkv * d, h),
+                  p + "attention/query_norm": vec(d), p + "attention/key_norm": vec(d),
+                  p + "attention/output": mat(h, hq * d)}
+        else:
+            w |= {p + "gdn/query": mat(kdim, h), p + "gdn/key": mat(kdim, h), p + "gdn/value": mat(vdim, h),
+                  p + "gdn/z": mat(vdim, h), p + "gdn/a_projection": mat(hv, h),
+                  p + "gdn/b_projection": mat(hv, h), p + "gdn/a_log": vec(hv, 0.5),
+                  p + "gdn/dt_bias": vec(hv, 0.5),
+                  p + "gdn/convolution": mat(args.linear_conv_kernel_dim, 2 * kdim + vdim),
+                  p + "gdn/norm": 1 + vec(args.linear_value_head_dim), p + "gdn/output": mat(h, vdim)}
+        w |= {p + "mlp/gate": mat(args.intermediate_size, h), p + "mlp/up": mat(args.intermediate_size, h),
+              p + "mlp/down": mat(h, args.intermediate_size)}
+    return w
+
+
+def build_synthetic(geometry: str, *, recipe: str, device: str, max_context: int, instance: Instance):
+    """A full-size synthetic engine (random packed weights in device memory); needs a CUDA GPU."""
+    if geometry not in GEOMETRIES:
+        raise NinferError(f"unknown synthetic geometry {geometry!r}", f"pick one of {', '.join(GEOMETRIES)}")
+    if geometry == "tiny":
+        return build_tiny(device, max_context, instance)
+    if recipe not in RECIPES:
+        raise NinferError(f"unknown recipe {recipe!r}", f"pick one of {', '.join(RECIPES)}")
+    if device != "gpu":
+        raise NinferError(
+            f"--synthetic {geometry} builds its weights in GPU memory and needs a CUDA GPU with CuPy",
+            "run it on a machine with an NVIDIA GPU (pip install 'ninfer[cuda13]'), or use --synthetic tiny here",
+        )
+    try:
+        from engine.synthetic import build_engine  # noqa: PLC0415
+    except ImportError as e:
+        raise NinferError(f"this build has no synthetic GPU engine ({e})", "update ninfer") from None
+    opts = instance_options(instance)
+    opts.setdefault("kv", "bf16")
+    return _call_with_options(build_engine, "the synthetic GPU engine", geometry, recipe=recipe, device="gpu",
+                              max_context=max_context, **opts)
+
+
+def build_model(path: Path, *, device: str, max_context: int, instance: Instance):
+    """Load a stored artifact with the engine settings of `instance`."""
+    import engine  # noqa: PLC0415
+
+    return _call_with_options(engine.load, "this engine", str(path), device=device, max_context=max_context,
+                              **instance_options(instance))
+
+
+def hf_config_of(model_path: Path | None, geometry: str | None) -> dict:
+    """The HF-style text config a baseline model is built from."""
+    if geometry:
+        return dict(GEOMETRIES[geometry])
+    from engine.artifact.container import open_artifact  # noqa: PLC0415
+
+    art = open_artifact(model_path)
+    return dict(art.components["text"]["config"])

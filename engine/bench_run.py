@@ -1,0 +1,131 @@
+"""One `ninfer bench` session: build each engine instance, run the matrix, then the baseline, report."""
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+from typing import Callable
+
+from engine import bench_device
+from engine.bench import (
+    TOKEN_SEED, Instance, Result, Test, bench_tokens, memory_probe, run_test,
+)
+from engine.bench_models import build_model, build_synthetic, engine_costs, geometry_costs, hf_config_of
+from engine.bench_report import build_report
+
+
+def _release(device: str) -> None:
+    gc.collect()
+    if device == "gpu":
+        from engine.backend import cupy_or_none  # noqa: PLC0415
+
+        cp = cupy_or_none()
+        if cp is not None:
+            cp.get_default_memory_pool().free_all_blocks()
+
+
+def _domain(engine, info: dict) -> int:
+    args = getattr(engine, "args", None)
+    if args is not None and hasattr(args, "domain"):
+        return int(args.domain)
+    return int(info.get("token_domain") or info.get("vocab_size") or 32000)
+
+
+def _line(r: Result, who: str = "") -> str:
+    parts = [f"{who}{r.test.name}", f"{r.tps.fmt()} tok/s"]
+    if r.instance != Instance():
+        parts.insert(0, f"[kv={r.instance.kv} lanes={r.instance.lanes} spec={r.instance.spec}]")
+    if r.gbps is not None:
+        parts.append(f"{r.gbps:.4g} GB/s" + (f" ({r.pct_copy:.1f}% of copy)" if r.pct_copy is not None else ""))
+    if r.tflops is not None:
+        parts.append(f"{r.tflops:.3g} TFLOP/s" + (f" ({r.pct_matmul:.1f}% of matmul)" if r.pct_matmul else ""))
+    return "  ".join(parts)
+
+
+def run_bench(
+    *,
+    model: str | None,
+    model_path: Path | None,
+    synthetic: str | None,
+    recipe: str,
+    tests: list[Test],
+    instances: list[Instance],
+    repetitions: int,
+    warmup: int,
+    device: str,
+    env: dict,
+    remeasure: bool = False,
+    baseline: bool = False,
+    progress: Callable[[str], None] | None = None,
+    command: str = "",
+) -> dict:
+    """Run every test on every instance (one engine each), then the baseline; return the report dict."""
+    say = progress or (lambda _text: None)
+    roof, measured = bench_device.roofline(env, remeasure=remeasure)
+    if measured:
+        say(f"roofline measured: copy {roof['copy_gbps']:.1f} GB/s, {roof['matmul_dtype']} matmul "
+            f"{roof['matmul_tflops']:.2f} TFLOP/s (stored in {bench_device.cache_dir()})")
+    max_context = max(t.context_needed for t in tests) + 16
+    memory = memory_probe(device)
+    results: list[Result] = []
+    meta: dict = {"model": model, "synthetic": synthetic,
+                  "recipe": None if not synthetic else "float32" if synthetic == "tiny" else recipe}
+    for inst in instances:
+        if synthetic:
+            eng = build_synthetic(synthetic, recipe=recipe, device=device, max_context=max_context, instance=inst)
+        else:
+            eng = build_model(model_path, device=device, max_context=max_context, instance=inst)
+        info = dict(eng.info()) if hasattr(eng, "info") else {}
+        costs, sources = engine_costs(eng, info)
+        env["backend"] = info.get("backend", env["backend"])
+        meta |= {
+            "weight_bytes": costs.weight_bytes,
+            "weight_bytes_per_token": costs.weight_bytes_per_token,
+            "state_bytes": costs.state_bytes,
+            "kv_bytes_per_token": costs.kv_bytes_per_token,
+            "params_per_token": costs.params_per_token,
+            "cost_sources": {k: v for k, v in sources.items() if v},
+            "engine_info": {k: v for k, v in info.items() if isinstance(v, (str, int, float, bool, type(None)))},
+        }
+        tokens = bench_tokens(max_context, _domain(eng, info))
+        for t in tests:
+            r = run_test(eng, t, inst, repetitions=repetitions, warmup=warmup, tokens=tokens, costs=costs,
+                         roofline=roof, memory=memory)
+            results.append(r)
+            say(_line(r))
+        del eng
+        _release(device)
+    base_meta, base_results = None, None
+    if baseline:
+        base_meta, base_results = _run_baseline(model_path, synthetic, tests, repetitions, warmup, device,
+                                                tokens, roof, say)
+    settings = {"repetitions": repetitions, "warmup": warmup, "device": device, "max_context": max_context,
+                "prompt_tokens": f"PCG64 seed {TOKEN_SEED:#x}", "stops": "off", "prefix_reuse": "off"}
+    return build_report(command=command, env=env, roofline=roof, model=meta, settings=settings,
+                        results=results, baseline=base_meta, baseline_results=base_results)
+
+
+def _run_baseline(model_path, synthetic, tests, repetitions, warmup, device, tokens, roof, say):
+    from engine.bench_baseline import build_baseline  # noqa: PLC0415
+    from engine.config import ModelArgs  # noqa: PLC0415
+
+    cfg = hf_config_of(model_path, synthetic)
+    say("baseline: building a random-init transformers model of the same geometry")
+    eng = build_baseline(cfg, device=device)
+    width = 2 if eng.dtype == "bfloat16" else 4
+    costs, _ = geometry_costs(ModelArgs.from_config(cfg), weight_bytes_per_param=width, kv_bytes_per_elem=width)
+    info = eng.info()
+    costs.weight_bytes = info["weight_bytes"]
+    # the roofline belongs to the device: a CPU baseline beside a GPU run gets no bound columns
+    same_device = (device == "gpu") == eng.device.startswith("cuda")
+    results = []
+    for t in tests:
+        r = run_test(eng, t, Instance(), repetitions=repetitions, warmup=warmup, tokens=tokens, costs=costs,
+                     roofline=roof if same_device else None, memory=eng.memory_probe())
+        results.append(r)
+        say(_line(r, "transformers "))
+    meta = {"name": "transformers", "version": eng.version, "dtype": eng.dtype, "device": eng.device,
+            "weight_bytes": info["weight_bytes"], "note": eng.note,
+            "weights": "random init of the same geometry (speed does not depend on values with stops off)"}
+    del eng
+    _release(device)
+    return meta, results

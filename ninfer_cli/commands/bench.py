@@ -1,0 +1,207 @@
+"""`ninfer bench`: reproducible pp/tg numbers with the bandwidth bound beside them (llama-bench style)."""
+from __future__ import annotations
+
+import enum
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ninfer_cli.options import Device, DeviceOpt, ModelArg
+
+TESTS, ENGINE, OUTPUT = "Tests", "Engine", "Output"
+
+
+class OutFormat(str, enum.Enum):
+    md = "md"
+    json = "json"
+    jsonl = "jsonl"
+    csv = "csv"
+
+
+class Baseline(str, enum.Enum):
+    transformers = "transformers"
+
+
+EPILOG = (
+    "Examples: [b]ninfer bench smollm2-135m -p 64 -n 32 -r 3[/b] · "
+    "[b]ninfer bench --synthetic qwen3.8-27b -p 512 -n 128 --baseline transformers -o json --out r.json[/b] · "
+    "[b]ninfer bench --roofline[/b] (measure and store copy bandwidth and matmul rate)"
+)
+
+
+def _ints(values, flag, default):
+    from engine.bench import parse_int_list  # noqa: PLC0415
+    from engine.errors import NinferError  # noqa: PLC0415
+
+    try:
+        out = parse_int_list(values, flag) if values else list(default)
+    except NinferError as e:
+        raise typer.BadParameter(f"{e.message} ({e.next_action})", param_hint=flag) from None
+    return out
+
+
+def _words(values, allowed, flag):
+    words = [w.strip() for v in values or [] for w in v.split(",") if w.strip()]
+    bad = [w for w in words if allowed and w not in allowed]
+    if bad:
+        raise typer.BadParameter(f"{bad[0]!r} is not one of {', '.join(allowed)}", param_hint=flag)
+    return list(dict.fromkeys(words))
+
+
+def _command_line(ctx: typer.Context) -> str:
+    """The command as typed (flags the user gave, long spellings), for the report's provenance."""
+    from click.core import ParameterSource  # noqa: PLC0415
+
+    parts = ["ninfer", "bench"]
+    for p in ctx.command.params:
+        v = ctx.params.get(p.name)
+        if ctx.get_parameter_source(p.name) not in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT):
+            continue
+        v = v.value if isinstance(v, enum.Enum) else v
+        if not p.opts or not p.opts[0].startswith("-"):
+            parts.append(str(v))
+            continue
+        flag = max(p.opts, key=len)
+        if isinstance(v, bool):
+            parts.append(flag if v else (max(p.secondary_opts, key=len) if p.secondary_opts else ""))
+        elif isinstance(v, (list, tuple)):
+            for item in v:
+                parts += [flag, str(item)]
+        else:
+            parts += [flag, str(v)]
+    return shlex.join([x for x in parts if x])
+
+
+def _model_path(model: str) -> Path:
+    """A path to an artifact, or the artifact of a name in the local model store."""
+    p = Path(model).expanduser()
+    if p.exists():
+        return p
+    from ninfer_cli.store import Store  # noqa: PLC0415
+
+    return Store().get(model).artifact_path
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def bench(
+    ctx: typer.Context,
+    model: ModelArg = None,
+    synthetic: Annotated[Optional[str], typer.Option(
+        "--synthetic", metavar="GEOMETRY", rich_help_panel=ENGINE, show_default=False,
+        help="Random weights of a real geometry instead of a model: qwen3.8-27b, qwen3.6-27b, qwen3.6-35b-a3b "
+             "(GPU only), or tiny (a small Qwen3.5 on NumPy).")] = None,
+    recipe: Annotated[str, typer.Option("--recipe", rich_help_panel=ENGINE,
+                                        help="Weight format recipe of a synthetic model.")] = "groupwise-int",
+    n_prompt: Annotated[Optional[list[str]], typer.Option(
+        "-p", "--n-prompt", metavar="LIST", rich_help_panel=TESTS, show_default=False,
+        help="Prompt sizes for ppN tests: 512,8192 or first-last+step. Default 512; 0 skips pp.")] = None,
+    n_gen: Annotated[Optional[list[str]], typer.Option(
+        "-n", "--n-gen", metavar="LIST", rich_help_panel=TESTS, show_default=False,
+        help="Generated tokens for tgN tests. Default 128; 0 skips tg.")] = None,
+    prompt_gen: Annotated[Optional[list[str]], typer.Option(
+        "-pg", "--prompt-gen", metavar="P,G", rich_help_panel=TESTS, show_default=False,
+        help="ppP+tgG tests (repeat the flag, or P,G;P,G).")] = None,
+    n_depth: Annotated[Optional[list[str]], typer.Option(
+        "-d", "--n-depth", metavar="LIST", rich_help_panel=TESTS, show_default=False,
+        help="Context depths filled (untimed) before each test. Default 0.")] = None,
+    repetitions: Annotated[int, typer.Option("-r", "--repetitions", min=1, rich_help_panel=TESTS,
+                                             help="Timed repetitions per test.")] = 5,
+    warmup: Annotated[int, typer.Option("--warmup", min=0, rich_help_panel=TESTS,
+                                        help="Untimed runs before the timed ones.")] = 1,
+    kv: Annotated[Optional[list[str]], typer.Option(
+        "--kv", metavar="bf16|int8", rich_help_panel=ENGINE, show_default=False,
+        help="KV cache formats to compare (default: the engine's).")] = None,
+    spec: Annotated[Optional[list[str]], typer.Option(
+        "--spec", metavar="LIST", rich_help_panel=ENGINE, show_default=False,
+        help="Speculative decoding modes to compare, e.g. off,mtp3 (default off).")] = None,
+    lanes: Annotated[Optional[list[str]], typer.Option(
+        "--lanes", metavar="LIST", rich_help_panel=ENGINE, show_default=False,
+        help="Concurrent sequences, e.g. 1,2,4,8 (aggregate tok/s). Default 1.")] = None,
+    device: DeviceOpt = Device.auto,
+    output_format: Annotated[OutFormat, typer.Option("-o", "--output", rich_help_panel=OUTPUT,
+                                                     help="Format of the report.")] = OutFormat.md,
+    out: Annotated[Optional[Path], typer.Option(
+        "--out", metavar="FILE", rich_help_panel=OUTPUT, show_default=False,
+        help="Write the report to FILE (the table still goes to stdout).")] = None,
+    baseline: Annotated[Optional[Baseline], typer.Option(
+        "--baseline", rich_help_panel=ENGINE, show_default=False,
+        help="Also run the tests through Hugging Face transformers on the same geometry; adds ours/theirs.")] = None,
+    roofline: Annotated[bool, typer.Option(
+        "--roofline", rich_help_panel=OUTPUT,
+        help="Measure (again) and store this device's copy bandwidth and matmul rate.")] = False,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", rich_help_panel=OUTPUT,
+                                           help="One line per finished test on stderr.")] = True,
+) -> None:
+    """Benchmark prefill (ppN), decode (tgN), both (ppN+tgM) at context depths (@ dD), llama-bench style.
+
+    Every combination of the lists runs; prompts are a fixed token sequence, stops and prefix reuse
+    are off, warmups are dropped, and each test reports mean ± standard deviation with its samples,
+    achieved GB/s against the measured copy bandwidth, and TFLOP/s against the matmul rate.
+    """
+    from engine.bench import expand_instances, expand_matrix, parse_pairs  # noqa: PLC0415
+    from engine.errors import NinferError  # noqa: PLC0415
+
+    prompts = _ints(n_prompt, "-p", [512])
+    gens = _ints(n_gen, "-n", [128])
+    depths = _ints(n_depth, "-d", [0])
+    lane_list = _ints(lanes, "--lanes", [1])
+    if any(n < 1 for n in lane_list):
+        raise typer.BadParameter("lanes must be at least 1", param_hint="--lanes")
+    try:
+        pairs = parse_pairs(prompt_gen)
+    except NinferError as e:
+        raise typer.BadParameter(f"{e.message} ({e.next_action})", param_hint="-pg") from None
+    kvs = _words(kv, ("bf16", "int8"), "--kv") or [None]
+    specs = _words(spec, (), "--spec") or ["off"]
+    if model and synthetic:
+        raise typer.BadParameter("give a MODEL or --synthetic GEOMETRY, not both", param_hint="MODEL")
+    tests = expand_matrix(prompts, gens, pairs, depths)
+    if (model or synthetic) and not tests:
+        raise typer.BadParameter("every test size is 0: nothing to run", param_hint="-p/-n/-pg")
+
+    from engine import bench_device  # noqa: PLC0415
+    from engine.backend import resolve_device  # noqa: PLC0415
+    from ninfer_cli import output  # noqa: PLC0415
+
+    try:
+        dev = resolve_device(device.value if isinstance(device, enum.Enum) else device)
+    except (RuntimeError, ValueError) as e:
+        raise NinferError(str(e).split(":")[0], "use --device cpu, or install CuPy for your CUDA") from None
+    env = bench_device.environment(dev)
+    if not (model or synthetic):
+        if not roofline:
+            raise NinferError("nothing to benchmark", "give a MODEL, --synthetic tiny, or --roofline")
+        roof, _ = bench_device.roofline(env, remeasure=True)
+        output.line(f"{bench_device.device_key(env)}: copy {roof['copy_gbps']:.1f} GB/s (read + written), "
+                    f"{roof['matmul_dtype']} matmul {roof['matmul_tflops']:.2f} TFLOP/s")
+        output.line(f"stored in {bench_device.cache_dir() / bench_device.ROOFLINE_FILE}")
+        return
+
+    from engine.bench_run import run_bench  # noqa: PLC0415
+
+    report = run_bench(
+        model=model, model_path=_model_path(model) if model else None, synthetic=synthetic, recipe=recipe, tests=tests,
+        instances=expand_instances(kvs, lane_list, specs), repetitions=repetitions, warmup=warmup,
+        device=dev, env=env, remeasure=roofline, baseline=baseline is not None,
+        progress=(lambda text: output.stderr().print(text, markup=False, highlight=False)) if progress else None,
+        command=_command_line(ctx),
+    )
+    from engine.bench_report import render  # noqa: PLC0415
+
+    fmt = output_format.value
+    if out is not None:
+        _write(out, render(report, fmt))
+        sys.stdout.write(render(report, "md"))
+        output.stderr().print(f"wrote {out}", markup=False, highlight=False)
+    else:
+        sys.stdout.write(render(report, fmt))
