@@ -267,6 +267,8 @@ def decode_codes(geo: RowSplit, base: np.ndarray, high: np.ndarray) -> np.ndarra
 
 
 def _check_buf(fmt: str, layout: str, shape, buf: np.ndarray) -> np.ndarray:
+    if isinstance(buf, (bytes, bytearray, memoryview)):
+        buf = np.frombuffer(buf, dtype=np.uint8)
     buf = np.asarray(buf)
     if buf.dtype != np.uint8:
         buf = buf.view(np.uint8)
