@@ -58,35 +58,48 @@ class ModelArgs:
 
 
 class KVCache:
-    """Preallocated per-layer K/V, `[layers, Hkv, max_len, D]`; `offset` is the next position."""
+    """Preallocated per-layer K/V, `[layers, Hkv, max_len, D]`; `position` is the next position."""
 
-    def __init__(self, args: ModelArgs, max_len: int):
+    def __init__(self, args: ModelArgs, max_len: int, xp=np):
         shape = (args.num_hidden_layers, args.num_key_value_heads, max_len, args.head_dim)
-        # np.zeros is lazily backed by the OS, so a long max_len costs only what is written.
-        self.k = np.zeros(shape, F32)
-        self.v = np.zeros(shape, F32)
+        # zeros are lazily backed by the OS, so a long max_len costs only what is written.
+        self.k = xp.zeros(shape, F32)
+        self.v = xp.zeros(shape, F32)
         self.max_len = max_len
-        self.offset = 0
+        self.position = 0
 
     def reset(self) -> None:
         """Forget every position (the buffers are reused)."""
-        self.offset = 0
+        self.position = 0
 
-    def trim(self, n: int) -> None:
-        """Drop the last `n` positions."""
-        self.offset = max(0, self.offset - n)
+    def trim(self, length: int) -> None:
+        """Keep only the first `length` positions."""
+        self.position = min(self.position, max(0, length))
 
     @property
-    def nbytes_per_token(self) -> int:
+    def kv_bytes_per_token(self) -> int:
         """KV bytes one position takes, all layers."""
         return 2 * self.k.shape[0] * self.k.shape[1] * self.k.shape[3] * 4
+
+    @property
+    def kv_bytes(self) -> int:
+        """KV bytes in use."""
+        return self.position * self.kv_bytes_per_token
+
+    state_bytes = 0
+
+    @property
+    def nbytes(self) -> int:
+        """KV bytes in use (the reserved buffers are touched only as far as they are used)."""
+        return self.kv_bytes
 
 
 class Model:
     """A Llama decoder on NumPy."""
 
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, xp=np):
         self.args = args
+        self.xp = xp
         self.layers: list[dict[str, np.ndarray]] = []
         self.embedding: np.ndarray | None = None
         self.head: np.ndarray | None = None
@@ -100,8 +113,10 @@ class Model:
         """Take logical parameters (`text/...`) as float32 arrays; fuse q|k|v and gate|up."""
         a = self.args
 
+        xp = self.xp
+
         def get(name):
-            return np.ascontiguousarray(weights[name], dtype=F32)
+            return xp.ascontiguousarray(xp.asarray(weights[name], dtype=F32))
 
         self.embedding = get("text/token_embedding")
         self.final_norm = get("text/final_norm")
@@ -112,17 +127,17 @@ class Model:
             self.layers.append({
                 "input_norm": get(p + "input_norm"),
                 "post_norm": get(p + "post_attention_norm"),
-                "qkv": np.concatenate([get(p + "attention/query"), get(p + "attention/key"),
+                "qkv": xp.concatenate([get(p + "attention/query"), get(p + "attention/key"),
                                        get(p + "attention/value")]),
                 "o": get(p + "attention/output"),
-                "gate_up": np.concatenate([get(p + "mlp/gate"), get(p + "mlp/up")]),
+                "gate_up": xp.concatenate([get(p + "mlp/gate"), get(p + "mlp/up")]),
                 "down": get(p + "mlp/down"),
             })
         return self
 
     def make_cache(self, max_len: int | None = None) -> KVCache:
         """A fresh KV cache for up to `max_len` positions (default: the model's context)."""
-        return KVCache(self.args, int(max_len or self.args.max_position_embeddings))
+        return KVCache(self.args, int(max_len or self.args.max_position_embeddings), self.xp)
 
     @property
     def weight_bytes(self) -> int:
@@ -135,16 +150,18 @@ class Model:
         if end > self._rope_len:
             n = max(end, 2 * self._rope_len, 256)
             ang = np.arange(n, dtype=np.float64)[:, None] * self._inv_freq[None, :]
-            self._cos, self._sin = np.cos(ang).astype(F32), np.sin(ang).astype(F32)
+            self._cos = self.xp.asarray(np.cos(ang).astype(F32))
+            self._sin = self.xp.asarray(np.sin(ang).astype(F32))
             self._rope_len = n
         return self._cos, self._sin
 
-    def __call__(self, tokens, cache: KVCache, last_only: bool = False) -> np.ndarray:
+    def __call__(self, tokens, cache: KVCache | None = None, *, last_only: bool = False):
         """Logits `[T, vocab]` (or `[1, vocab]` with `last_only`) for `tokens` at the cache's positions."""
-        a = self.args
-        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        a, xp = self.args, self.xp
+        tokens = np.asarray(tokens.get() if hasattr(tokens, "get") else tokens, dtype=np.int64).reshape(-1)
         t = tokens.shape[0]
-        start = cache.offset
+        cache = cache if cache is not None else self.make_cache(t)
+        start = cache.position
         if start + t > cache.max_len:
             from engine.errors import NinferError
 
@@ -154,36 +171,36 @@ class Model:
         cos_t, sin_t = self._rope_table(start + t)
         cos, sin = cos_t[start:start + t, None, :], sin_t[start:start + t, None, :]
         scale = F32(1.0 / np.sqrt(d))
-        x = self.embedding[tokens]  # [T, H]
+        x = self.embedding[xp.asarray(tokens)]  # [T, H]
         for li, layer in enumerate(self.layers):
             h = ref.rmsnorm(x, layer["input_norm"], a.rms_norm_eps, offset=False)
             qkv = h @ layer["qkv"].T  # [T, (Hq + 2 Hkv) D]
-            q = _rope(qkv[:, :hq * d].reshape(t, hq, d), cos, sin)
-            k = _rope(qkv[:, hq * d:(hq + hkv) * d].reshape(t, hkv, d), cos, sin)
+            q = _rope(xp, qkv[:, :hq * d].reshape(t, hq, d), cos, sin)
+            k = _rope(xp, qkv[:, hq * d:(hq + hkv) * d].reshape(t, hkv, d), cos, sin)
             v = qkv[:, (hq + hkv) * d:].reshape(t, hkv, d)
             cache.k[li, :, start:start + t] = k.transpose(1, 0, 2)
             cache.v[li, :, start:start + t] = v.transpose(1, 0, 2)
-            o = _attend(q, cache.k[li, :, :start + t], cache.v[li, :, :start + t], scale, start)
+            o = _attend(xp, q, cache.k[li, :, :start + t], cache.v[li, :, :start + t], scale, start)
             x = x + o.reshape(t, hq * d) @ layer["o"].T
             h = ref.rmsnorm(x, layer["post_norm"], a.rms_norm_eps, offset=False)
             gu = h @ layer["gate_up"].T
             m = a.intermediate_size
             x = x + ref.swiglu(gu[:, :m], gu[:, m:]) @ layer["down"].T
-        cache.offset = start + t
+        cache.position = start + t
         if last_only:
             x = x[-1:]
         x = ref.rmsnorm(x, self.final_norm, a.rms_norm_eps, offset=False)
         return x @ self.head.T
 
 
-def _rope(x, cos, sin):
+def _rope(xp, x, cos, sin):
     """NeoX split-half RoPE on x[T, H, D] with cos/sin [T, 1, D/2] (same math as `ref.rope`)."""
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
-    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return xp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
-def _attend(q, k, v, scale, start):
+def _attend(xp, q, k, v, scale, start):
     """Causal GQA: q[T, Hq, D], k/v[Hkv, S, D] (cache layout), query t at position start + t -> [T, Hq, D]."""
     t, hq, d = q.shape
     hkv, s, _ = k.shape
@@ -191,10 +208,10 @@ def _attend(q, k, v, scale, start):
     qg = q.reshape(t, hkv, g, d).transpose(1, 2, 0, 3).reshape(hkv, g * t, d)
     scores = (qg @ k.transpose(0, 2, 1)) * scale  # [Hkv, G*T, S]
     if t > 1:
-        allowed = np.arange(s)[None, :] <= (start + np.arange(t))[:, None]  # [T, S]
-        scores = np.where(np.tile(allowed, (g, 1))[None], scores, F32(-np.inf))
+        allowed = xp.arange(s)[None, :] <= (start + xp.arange(t))[:, None]  # [T, S]
+        scores = xp.where(xp.tile(allowed, (g, 1))[None], scores, F32(-np.inf))
     scores -= scores.max(axis=-1, keepdims=True)
-    np.exp(scores, out=scores)
+    xp.exp(scores, out=scores)
     scores /= scores.sum(axis=-1, keepdims=True)
     out = scores @ v  # [Hkv, G*T, D]
     return out.reshape(hkv, g, t, d).transpose(2, 0, 1, 3).reshape(t, hq, d)
@@ -261,11 +278,24 @@ def weights_from_gguf(reader):
                 yield f"text/layers/{idx}/{_GGUF_NAMES[kind]}", w
 
 
-def load_gguf(path) -> tuple[Model, dict]:
+def load_gguf(path, xp=np) -> tuple[Model, dict]:
     """A ready `Model` and its config straight from a llama GGUF file (tests, dev tools)."""
     import gguf
 
     reader = gguf.GGUFReader(str(path))
     config = config_from_gguf(reader)
-    model = Model(ModelArgs.from_config(config)).load(dict(weights_from_gguf(reader)))
+    model = Model(ModelArgs.from_config(config), xp).load(dict(weights_from_gguf(reader)))
     return model, config
+
+
+def from_artifact(artifact, xp=np) -> Model:
+    """A ready `Model` from an opened v3 artifact whose text config is a Llama."""
+    args = ModelArgs.from_config(artifact.components["text"]["config"])
+    names = [n for n in artifact.bindings if n.startswith("text/")]
+    return Model(args, xp).load({n: artifact.parameter(n) for n in names})
+
+
+def is_llama(config: Mapping) -> bool:
+    """Whether an HF-style config describes a Llama (what `engine.load` dispatches on)."""
+    archs = config.get("architectures") or []
+    return config.get("model_type") == "llama" or "LlamaForCausalLM" in archs
