@@ -28,6 +28,7 @@ FIRST_TOKEN = 1000  # stay clear of the low ids some vocabularies reserve for co
 class Test:
     """One row of the matrix: prompt tokens, generated tokens, context depth filled first."""
 
+    __test__ = False  # not a pytest class, despite the name
     n_prompt: int
     n_gen: int
     depth: int = 0

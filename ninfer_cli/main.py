@@ -22,6 +22,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("show", "ninfer_cli.commands.show:show", "Models"),
     ("rm", "ninfer_cli.commands.rm:rm", "Models"),
     ("env", "ninfer_cli.commands.env:env", "Utils"),
+    ("bench", "ninfer_cli.commands.bench:bench", "Benchmark"),
 ]
 
 PANELS = ("Models", "Run", "Benchmark", "Utils")

@@ -54,12 +54,11 @@ def _words(values, allowed, flag):
 
 def _command_line(ctx: typer.Context) -> str:
     """The command as typed (flags the user gave, long spellings), for the report's provenance."""
-    from click.core import ParameterSource  # noqa: PLC0415
-
     parts = ["ninfer", "bench"]
     for p in ctx.command.params:
         v = ctx.params.get(p.name)
-        if ctx.get_parameter_source(p.name) not in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT):
+        source = getattr(ctx.get_parameter_source(p.name), "name", "")
+        if source not in ("COMMANDLINE", "ENVIRONMENT"):  # by name: typer may vendor its own click
             continue
         v = v.value if isinstance(v, enum.Enum) else v
         if not p.opts or not p.opts[0].startswith("-"):

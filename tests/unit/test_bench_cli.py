@@ -1,0 +1,124 @@
+"""`ninfer bench` through CliRunner: bad flags, the roofline store, and an end-to-end tiny run."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from engine import bench_device
+from ninfer_cli import main as cli
+
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(cli.app, ["bench", *args], prog_name="ninfer")
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    """A private NINFER_HOME with a stored CPU roofline, so no test pays for measuring one."""
+    monkeypatch.setenv("NINFER_HOME", str(tmp_path))
+    monkeypatch.setenv("NINFER_DEVICE", "cpu")
+    env = bench_device.environment("cpu")
+    bench_device.store_roofline(env, {"copy_gbps": 10.0, "matmul_tflops": 0.1, "matmul_dtype": "float32",
+                                      "measured_at": "test"})
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--synthetic", "tiny", "-p", "abc"], "-p"),
+        (["--synthetic", "tiny", "-n", "5-1"], "-n"),
+        (["--synthetic", "tiny", "-pg", "512"], "PROMPT,GEN"),
+        (["--synthetic", "tiny", "--kv", "fp8"], "bf16, int8"),
+        (["--synthetic", "tiny", "--lanes", "0"], "at least 1"),
+        (["--synthetic", "tiny", "-r", "0"], "-r"),
+        (["--synthetic", "tiny", "-o", "xml"], "xml"),
+        (["--synthetic", "tiny", "-p", "0", "-n", "0"], "nothing to run"),
+        (["model.ninfer", "--synthetic", "tiny"], "not both"),
+        (["--synthetic", "tiny", "--baseline", "vllm"], "vllm"),
+    ],
+)
+def test_usage_errors_exit_2_and_name_the_flag(args, needle):
+    r = invoke(*args)
+    assert r.exit_code == 2, r.output
+    assert needle in r.output
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        ([], "nothing to benchmark"),
+        (["--synthetic", "qwen3.8-27b"], "needs a CUDA GPU"),
+        (["--synthetic", "qwen3.6-35b-a3b", "--device", "cpu"], "needs a CUDA GPU"),
+        (["--synthetic", "llama-7b"], "unknown synthetic geometry"),
+        (["--synthetic", "tiny", "--lanes", "2", "-p", "8", "-n", "0", "-r", "1"], "--lanes 2"),
+        (["--synthetic", "tiny", "--spec", "mtp3", "-p", "8", "-n", "0", "-r", "1"], "--spec mtp3"),
+        (["no-such-model", "-p", "8", "-n", "0"], "no-such-model"),
+    ],
+)
+def test_user_errors_exit_1_with_one_line(args, needle):
+    r = invoke(*args)
+    assert r.exit_code == 1, r.output
+    assert needle in r.output and "Traceback" not in r.output
+    assert r.output.startswith("error: ")
+
+
+def test_synthetic_tiny_end_to_end_table():
+    r = invoke("--synthetic", "tiny", "-p", "16", "-n", "8", "-r", "2")
+    assert r.exit_code == 0, r.output
+    table = [line for line in r.stdout.splitlines() if line.startswith("|")]
+    head = [c.strip() for c in table[0].strip("|").split("|")]
+    rows = [dict(zip(head, [c.strip() for c in line.strip("|").split("|")])) for line in table[2:]]
+    assert [row["test"] for row in rows] == ["pp16", "tg8"]
+    for row in rows:
+        mean = float(row["t/s"].split(" ± ")[0])
+        assert mean > 0 and row["backend"] == "numpy" and row["model"] == "synthetic tiny float32"
+    assert rows[1]["GB/s"] != "-" and rows[1]["% copy BW"] != "-"  # bound columns use the stored roofline
+    assert rows[0]["TTFT ms"] != "-" and rows[0]["TFLOP/s"] != "-"
+    assert "copy 10.0 GB/s" in r.stdout
+
+
+def test_json_out_file_keeps_samples_and_command(home):
+    path = home / "r" / "tiny.json"
+    r = invoke("--synthetic", "tiny", "-p", "8", "-n", "4", "-pg", "8,4", "-d", "0,8", "-r", "2",
+               "--warmup", "0", "-o", "json", "--out", str(path), "--no-progress")
+    assert r.exit_code == 0, r.output
+    assert any(line.startswith("| synthetic tiny") for line in r.stdout.splitlines())  # the table still prints
+    data = json.loads(path.read_text())
+    assert data["schema"] == "ninfer.bench" and data["schema_version"] == 1
+    assert [x["test"] for x in data["results"]] == ["pp8", "tg4", "pp8+tg4", "pp8 @ d8", "tg4 @ d8", "pp8+tg4 @ d8"]
+    assert all(len(x["samples_ts"]) == 2 for x in data["results"])
+    assert data["command"].startswith("ninfer bench --synthetic tiny --n-prompt 8")
+    assert data["model"]["weight_bytes"] > 0 and data["settings"]["repetitions"] == 2
+
+
+def test_roofline_alone_measures_and_stores(home, monkeypatch):
+    calls = []
+
+    def fake_measure():
+        calls.append(1)
+        return {"copy_gbps": 12.5, "matmul_tflops": 0.25, "matmul_dtype": "float32"}
+
+    monkeypatch.setattr(bench_device, "measure_cpu", fake_measure)
+    r = invoke("--roofline")
+    assert r.exit_code == 0, r.output
+    assert "copy 12.5 GB/s" in r.stdout and calls == [1]
+    stored = json.loads((home / "cache" / "roofline.json").read_text())
+    (entry,) = stored.values()
+    assert entry["copy_gbps"] == 12.5 and entry["measured_at"]
+    roof, measured = bench_device.roofline(bench_device.environment("cpu"))
+    assert roof["copy_gbps"] == 12.5 and not measured and calls == [1]  # used from the store, not remeasured
+
+
+def test_measure_cpu_small():
+    roof = bench_device.measure_cpu(copy_mib=8, n=128, reps=2)
+    assert roof["copy_gbps"] > 0.1 and roof["matmul_tflops"] > 1e-5 and roof["matmul_dtype"] == "float32"
+
+
+def test_bench_is_in_the_benchmark_panel():
+    r = runner.invoke(cli.app, ["--help"], prog_name="ninfer")
+    assert "Benchmark" in r.stdout and " bench " in r.stdout
