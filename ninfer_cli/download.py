@@ -1,0 +1,383 @@
+"""Resumable, verified downloads of pinned Hub files.
+
+Why not `hf_hub_download`: since huggingface_hub 1.18 it writes each attempt to a process-unique
+`.incomplete` file and deletes it on failure, so a killed or interrupted run starts again from zero
+(ux.md §1.7). Here huggingface_hub still does the Hub side (endpoint, token, metadata HEAD, error
+types, its shared HTTP session), and this module owns the bytes:
+
+    <partial dir>/<file>.<rev12>.part        the growing file; survives a killed process
+    <partial dir>/<file>.<rev12>.part.json   what it is (repo, revision, etag, size) so a resume never
+                                             splices bytes of another file onto it
+    <partial dir>/<file>                     complete and verified, ready to move into the store
+    <partial dir>/<file>.<rev12>.rejected    complete but the wrong size or SHA-256 (kept aside)
+
+A rerun asks for the rest with `Range: bytes=<have>-` and re-hashes the bytes it already has.
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.errors import NinferError
+from ninfer_cli.catalog import HubFile
+from ninfer_cli.output import human_bytes
+
+CHUNK = 1 << 20
+_RETRIES = 3
+_TRUE = {"1", "true", "yes", "on"}
+
+
+class DownloadInterrupted(NinferError):
+    """Ctrl+C during a transfer; the partial file is kept. The CLI exits 130 on it."""
+
+
+@dataclass(frozen=True)
+class Remote:
+    """What the metadata HEAD told us about a file."""
+
+    url: str
+    size: int | None
+    etag: str | None
+    commit: str | None
+
+
+def endpoint() -> str:
+    """The Hub base URL: `$HF_ENDPOINT` read now (huggingface_hub reads it once, at import)."""
+    from huggingface_hub import constants  # noqa: PLC0415
+
+    return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+
+
+def offline() -> bool:
+    """True when `HF_HUB_OFFLINE` or `NINFER_OFFLINE` asks for no network (read now, not at import)."""
+    from huggingface_hub import constants  # noqa: PLC0415
+
+    env = any(os.environ.get(v, "").strip().lower() in _TRUE for v in ("HF_HUB_OFFLINE", "NINFER_OFFLINE"))
+    return env or bool(constants.HF_HUB_OFFLINE)
+
+
+def _hub_error(e: Exception, f: HubFile, ref: str) -> NinferError:
+    """One line with the next action for whatever the Hub or the network answered."""
+    from huggingface_hub import errors as hf  # noqa: PLC0415
+
+    where = f"{f.repo}@{f.revision[:12]}"
+    if isinstance(e, hf.OfflineModeIsEnabled):
+        return _offline_error(ref)
+    if isinstance(e, hf.GatedRepoError):
+        return NinferError(
+            f"{f.repo} is a gated repository and this token has no access",
+            f"accept its terms at {endpoint()}/{f.repo}, then set HF_TOKEN (or run `hf auth login`) and pull again",
+        )
+    if isinstance(e, hf.RepositoryNotFoundError):
+        status = getattr(getattr(e, "response", None), "status_code", None)
+        if status in (401, 403):
+            return NinferError(
+                f"the Hub refused access to {f.repo} (HTTP {status})",
+                "set HF_TOKEN to a token that can read it (or run `hf auth login`); a private or gated "
+                "repository also needs its access granted on the website",
+            )
+        return NinferError(f"repository {f.repo} not found on {endpoint()}", "check HF_ENDPOINT; the pin may be stale")
+    if isinstance(e, hf.RevisionNotFoundError):
+        return NinferError(f"revision {f.revision[:12]} of {f.repo} not found", "the catalog pin is stale: update ninfer")
+    if isinstance(e, hf.EntryNotFoundError):
+        return NinferError(f"{f.filename} not found in {where}", "the catalog pin is stale: update ninfer")
+    if isinstance(e, hf.HfHubHTTPError):
+        status = getattr(getattr(e, "response", None), "status_code", "?")
+        if status in (401, 403):
+            return NinferError(
+                f"the Hub refused {f.filename} from {where} (HTTP {status})",
+                "set HF_TOKEN to a token with read access (or run `hf auth login`) and pull again",
+            )
+        return NinferError(f"the Hub answered HTTP {status} for {f.filename} from {where}", "try again later")
+    return NinferError(
+        f"cannot reach {endpoint()}: {type(e).__name__}: {e}".rstrip(": "),
+        f"check the network (or HF_ENDPOINT), then run `ninfer pull {ref}` again; partial files are kept",
+    )
+
+
+def _offline_error(ref: str) -> NinferError:
+    return NinferError(
+        f"offline mode is on (HF_HUB_OFFLINE or NINFER_OFFLINE): cannot download {ref}",
+        "unset HF_HUB_OFFLINE/NINFER_OFFLINE, or register a local file with `ninfer pull --from PATH`",
+    )
+
+
+def resolve(f: HubFile, ref: str, token: str | bool | None = None) -> Remote:
+    """HEAD the pinned file on the Hub: size, etag, commit. Raises NinferError with the next action."""
+    if offline():
+        raise _offline_error(ref)
+    import httpx2  # noqa: PLC0415  (huggingface_hub's HTTP client)
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url  # noqa: PLC0415
+    from huggingface_hub import errors as hf  # noqa: PLC0415
+
+    url = hf_hub_url(f.repo, f.filename, revision=f.revision, endpoint=endpoint())
+    try:
+        meta = get_hf_file_metadata(url, token=token, endpoint=endpoint())
+    except (hf.HfHubHTTPError, hf.OfflineModeIsEnabled, httpx2.TransportError, OSError) as e:
+        raise _hub_error(e, f, ref) from None
+    return Remote(url=url, size=meta.size, etag=meta.etag, commit=meta.commit_hash)
+
+
+class Partial:
+    """The on-disk state of one file's download inside a model's partial folder."""
+
+    def __init__(self, folder: Path, f: HubFile):
+        self.file = f
+        stem = f"{f.filename}.{f.revision[:12]}"
+        self.part = folder / f"{stem}.part"
+        self.info = folder / f"{stem}.part.json"
+        self.rejected = folder / f"{stem}.rejected"
+        self.done = folder / f.filename
+
+    def have(self) -> int:
+        """Bytes already on disk for this file (0 when no partial exists)."""
+        try:
+            return self.part.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def discard(self) -> None:
+        """Forget the partial (used by --force and when the remote file changed)."""
+        for p in (self.part, self.info):
+            p.unlink(missing_ok=True)
+
+    def matches(self, remote: Remote) -> bool:
+        """Whether the partial on disk belongs to this exact remote file."""
+        try:
+            saved = json.loads(self.info.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return False
+        f = self.file
+        return saved == _identity(f, remote)
+
+    def claim(self, remote: Remote) -> None:
+        """Record which remote file the partial holds, before the first byte is written."""
+        self.info.write_text(json.dumps(_identity(self.file, remote)), encoding="utf-8")
+
+
+def _identity(f: HubFile, remote: Remote) -> dict:
+    return {"repo": f.repo, "revision": f.revision, "filename": f.filename, "etag": remote.etag, "size": remote.size}
+
+
+def _open_part(path: Path):
+    """Open the partial for appending (a seam the tests use to simulate a full disk)."""
+    return open(path, "ab")
+
+
+def _hash_prefix(path: Path, n: int, on_bytes) -> "hashlib._Hash":
+    h = hashlib.sha256()
+    with open(path, "rb") as src:
+        left = n
+        while left:
+            block = src.read(min(CHUNK * 8, left))
+            if not block:
+                break
+            h.update(block)
+            left -= len(block)
+            on_bytes(len(block))
+    return h
+
+
+def fetch(
+    f: HubFile,
+    folder: Path,
+    ref: str,
+    *,
+    progress=None,
+    token: str | bool | None = None,
+    force: bool = False,
+    remote: Remote | None = None,
+) -> Path:
+    """Download `f` into `folder` (resuming a partial), verify size and SHA-256, return the complete file.
+
+    `progress` is a rich `Progress` (or None for silence); `remote` is `resolve`'s answer when the
+    caller already asked. The returned file sits in `folder`, ready
+    for `Store.add(move=True)`. A wrong file is renamed `*.rejected` and raises NinferError; a full
+    disk, a network failure or Ctrl+C keep the partial and raise NinferError / DownloadInterrupted.
+    """
+    state = Partial(folder, f)
+    if force:
+        state.discard()
+        state.done.unlink(missing_ok=True)
+    remote = remote or resolve(f, ref, token)
+    expected = f.size if f.size is not None else remote.size
+    if f.size is not None and remote.size is not None and remote.size != f.size:
+        raise NinferError(
+            f"the Hub serves {f.filename} as {remote.size:,} bytes, the catalog pins {f.size:,}",
+            "nothing was downloaded; update ninfer (the pin may be stale)",
+        )
+    if f.sha256 and remote.etag and len(remote.etag) == 64 and remote.etag.lower() != f.sha256.lower():
+        raise NinferError(
+            f"the Hub's SHA-256 of {f.filename} ({remote.etag[:12]}…) differs from the pinned {f.sha256[:12]}…",
+            "nothing was downloaded; update ninfer (the pin may be stale)",
+        )
+    if state.have() and not state.matches(remote):
+        state.discard()
+    if not state.info.exists():
+        state.claim(remote)
+    task = None
+    if progress is not None:
+        task = progress.add_task(f.filename, total=expected, completed=0)
+
+    def advance(n: int) -> None:
+        if task is not None:
+            progress.update(task, advance=n)
+
+    have = state.have()
+    if expected is not None and have > expected:
+        state.part.unlink()
+        have = 0
+    digest = _hash_prefix(state.part, have, advance) if have else hashlib.sha256()
+    if task is not None and have:
+        progress.reset(task, total=expected, completed=have)  # restart the speed clock after re-hashing
+    if expected is None or have < expected:
+        digest = _transfer(state, remote, expected, digest, advance, ref)
+    return _verify(state, digest.hexdigest(), ref)
+
+
+def _transfer(state: Partial, remote: Remote, expected: int | None, digest, advance, ref: str):
+    """Append the missing bytes (Range from what is on disk), retrying transient network errors."""
+    import httpx2  # noqa: PLC0415
+    from huggingface_hub import constants  # noqa: PLC0415
+    from huggingface_hub.utils import build_hf_headers, get_session  # noqa: PLC0415
+
+    headers = build_hf_headers()
+    headers["Accept-Encoding"] = "identity"
+    retries = _RETRIES
+    while True:
+        have = state.have()
+        if expected is not None and have >= expected:
+            return digest
+        if have:
+            headers["Range"] = f"bytes={have}-"
+        else:
+            headers.pop("Range", None)
+        try:
+            with get_session().stream(
+                "GET", remote.url, headers=headers, follow_redirects=True, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT
+            ) as response:
+                if response.status_code == 416 and have:
+                    state.discard()  # the server says our bytes reach past its file: start over
+                    digest = hashlib.sha256()
+                    state.claim(remote)
+                    continue
+                if response.status_code >= 400:
+                    from huggingface_hub.utils import hf_raise_for_status  # noqa: PLC0415
+
+                    response.read()
+                    hf_raise_for_status(response)
+                if have and response.status_code != 206:
+                    # The server ignored Range and sends the whole file: drop ours rather than splice.
+                    state.part.unlink(missing_ok=True)
+                    digest = hashlib.sha256()
+                    advance(-have)
+                    have = 0
+                _stream_into(state, response, digest, advance, expected, have, ref)
+                retries = _RETRIES
+            if expected is None:
+                return digest
+        except KeyboardInterrupt:
+            got = state.have()
+            raise DownloadInterrupted(
+                f"interrupted: {human_bytes(got)} of {human_bytes(expected)} of {state.file.filename} kept",
+                f"run `ninfer pull {ref}` again to resume",
+            ) from None
+        except (httpx2.TransportError, httpx2.StreamError) as e:
+            retries -= 1
+            if retries < 0:
+                raise _hub_error(e, state.file, ref) from None
+        except Exception as e:
+            from huggingface_hub import errors as hf  # noqa: PLC0415
+
+            if isinstance(e, (hf.HfHubHTTPError, hf.OfflineModeIsEnabled)):
+                raise _hub_error(e, state.file, ref) from None
+            raise
+
+
+def _stream_into(state: Partial, response, digest, advance, expected, have, ref) -> None:
+    written = have
+    with _open_part(state.part) as out:
+        try:
+            for chunk in response.iter_bytes(CHUNK):
+                if expected is not None and written + len(chunk) > expected:
+                    chunk = chunk[: expected - written]
+                out.write(chunk)
+                digest.update(chunk)
+                written += len(chunk)
+                advance(len(chunk))
+                if expected is not None and written >= expected:
+                    break
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+                _flush_quietly(out)
+                kept = state.have()
+                raise NinferError(
+                    f"disk full after {human_bytes(kept)} of {human_bytes(expected)} of {state.file.filename}; "
+                    f"the partial file is kept in {state.part.parent}",
+                    f"free at least {human_bytes((expected or 0) - kept)} there, then run `ninfer pull {ref}` "
+                    "again to resume",
+                ) from None
+            raise
+
+
+def _flush_quietly(out) -> None:
+    try:
+        out.flush()
+    except OSError:
+        pass
+
+
+def _verify(state: Partial, sha: str, ref: str) -> Path:
+    """Check size and SHA-256; promote to the final name, or set the file aside and raise."""
+    f = state.file
+    size = state.have()
+    bad = None
+    if f.size is not None and size != f.size:
+        bad = f"{f.filename} is {size:,} bytes, expected {f.size:,}"
+    elif f.sha256 and sha.lower() != f.sha256.lower():
+        bad = f"SHA-256 mismatch for {f.filename}: got {sha[:16]}…, expected {f.sha256[:16]}…"
+    if bad:
+        os.replace(state.part, state.rejected)
+        state.info.unlink(missing_ok=True)
+        raise NinferError(
+            f"{bad}; the file was kept aside as {state.rejected} and not added to the store",
+            f"run `ninfer pull {ref} --force` to download it again (delete the .rejected file to free the space)",
+        )
+    os.replace(state.part, state.done)
+    state.info.unlink(missing_ok=True)
+    return state.done
+
+
+def sha256_file(path: Path, progress=None, label: str | None = None) -> str:
+    """SHA-256 of a local file, with an optional progress row."""
+    size = path.stat().st_size
+    task = progress.add_task(label or f"checking {path.name}", total=size) if progress is not None else None
+    h = _hash_prefix(path, size, (lambda n: progress.update(task, advance=n)) if task is not None else (lambda n: None))
+    return h.hexdigest()
+
+
+def make_progress(console=None):
+    """A rich Progress with one row per file: name, bar, done/total, speed, ETA (stderr)."""
+    from rich.console import Console  # noqa: PLC0415
+    from rich.progress import (  # noqa: PLC0415
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=console or Console(stderr=True),
+        transient=False,
+    )

@@ -1,0 +1,154 @@
+"""`ninfer pull --from PATH`: register a local `.ninfer`, GGUF file or Hugging Face checkpoint folder.
+
+A v3 `.ninfer` is hashed and copied (or moved) into the store as is; anything else is converted to v3
+first through `engine.artifact` (`upgrade` for v1/v2, `from_gguf`, `from_hf`), into the model's partial
+folder, then moved into the store, so nothing half-written ever appears there.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import re
+from pathlib import Path
+
+from engine.errors import NinferError
+
+_MAGIC_NINFER = b"NINFER\x00"
+_MAGIC_GGUF = b"GGUF"
+# Function names tried, in order, in each converter module (the first that exists is called as f(src, dst)).
+_CONVERTERS = {
+    "upgrade": ("engine.artifact.upgrade", ("upgrade", "upgrade_file", "convert")),
+    "gguf": ("engine.artifact.from_gguf", ("from_gguf", "convert", "convert_gguf")),
+    "hf": ("engine.artifact.from_hf", ("from_hf", "convert", "convert_checkpoint")),
+}
+
+
+def container_version(path: Path) -> int | None:
+    """The `.ninfer` container version from the file's magic (1, 2, 3), or None for anything else."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError:
+        return None
+    if len(head) == 8 and head.startswith(_MAGIC_NINFER):
+        return head[7]
+    return None
+
+
+def legacy_locations(filename: str) -> list[Path]:
+    """Where the upstream download scripts left artifacts: `$NINFER_MODEL_DIR` and `./models`."""
+    dirs = [os.environ.get("NINFER_MODEL_DIR"), "models"]
+    out = []
+    for d in dirs:
+        if d:
+            p = Path(d).expanduser() / filename
+            if p.is_file():
+                out.append(p)
+    return out
+
+
+def detect(path: Path) -> str:
+    """What `path` is: "v3", "legacy" (v1/v2 .ninfer), "gguf" or "hf" (a checkpoint folder)."""
+    if path.is_dir():
+        if (path / "config.json").is_file() and any(path.glob("*.safetensors")):
+            return "hf"
+        raise NinferError(f"{path} is a folder without config.json and *.safetensors",
+                          "point --from at a Hugging Face checkpoint folder, a .gguf or a .ninfer file")
+    if not path.is_file():
+        raise NinferError(f"{path} does not exist", "check the path")
+    version = container_version(path)
+    if version == 3:
+        return "v3"
+    if version in (1, 2):
+        return "legacy"
+    with open(path, "rb") as f:
+        if f.read(4) == _MAGIC_GGUF:
+            return "gguf"
+    raise NinferError(f"{path} is not a .ninfer, GGUF file or checkpoint folder",
+                      "pass a .ninfer (v1-v3), a .gguf, or a folder with config.json and *.safetensors")
+
+
+def default_name(path: Path) -> str:
+    """A store name from a path: `Qwen3_6_27B.Q4.gguf` -> `qwen3_6_27b.q4`."""
+    stem = path.name if path.is_dir() else path.stem
+    slug = re.sub(r"[^a-z0-9._-]+", "-", stem.lower()).strip("-._")
+    return slug or "local-model"
+
+
+def _converter(kind: str):
+    module_name, names = _CONVERTERS[kind]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        module = None
+    for fn in names:
+        if module is not None and callable(getattr(module, fn, None)):
+            return getattr(module, fn)
+    what = {"upgrade": "upgrading v1/v2 .ninfer files", "gguf": "GGUF import", "hf": "checkpoint conversion"}[kind]
+    raise NinferError(f"{what} is not available in this build ({module_name})",
+                      "convert the file elsewhere to a v3 .ninfer and pass that to --from")
+
+
+def register(path: Path, name: str | None, *, move: bool = False, force: bool = False, dry_run: bool = False):
+    """Add a local artifact (converted to v3 when needed) to the store as `name`; returns its Manifest."""
+    from ninfer_cli import output  # noqa: PLC0415
+    from ninfer_cli.download import make_progress, sha256_file  # noqa: PLC0415
+    from ninfer_cli.store import Store, parse_ref  # noqa: PLC0415
+
+    path = Path(path).expanduser()
+    kind = detect(path)
+    ref = "{}:{}".format(*parse_ref(name or default_name(path)))
+    store = Store()
+    existing = None
+    try:
+        existing = store.find(ref)
+    except NinferError:
+        pass
+    if existing is not None and not force:
+        raise NinferError(f"{ref} is already installed ({existing.source})",
+                          "pick another name (`ninfer pull NAME --from PATH`) or pass --force to replace it")
+    size = _tree_size(path)
+    copy_bytes = 0 if (kind == "v3" and move) else size
+    free = store.free_bytes()
+    action = {"v3": "move" if move else "copy", "legacy": "upgrade to v3", "gguf": "convert GGUF to v3",
+              "hf": "convert checkpoint to v3"}[kind]
+    if dry_run:
+        output.info("dry run: nothing changed")
+        output.key_values([("model", ref), ("from", str(path)), ("action", action),
+                           ("disk", f"need about {output.human_bytes(copy_bytes)}, have {output.human_bytes(free)}")])
+        return None
+    if copy_bytes > free:
+        raise NinferError(f"not enough disk space in {store.root}: need about {output.human_bytes(copy_bytes)}, "
+                          f"have {output.human_bytes(free)}",
+                          "free some space, use --move for a .ninfer file, or set NINFER_HOME to a disk with room")
+    source = f"file://{path.resolve()}"
+    if kind == "v3":
+        with make_progress(output.stderr()) as progress:
+            sha = sha256_file(path, progress, f"hashing {path.name}")
+        manifest = store.add(ref, path, source=source, sha256=sha, container_version=3, move=move)
+    else:
+        folder = store.partial_dir(ref)
+        out = folder / (default_name(path) + ".ninfer")
+        output.info(f"{action}: {path} -> {ref}")
+        try:
+            result = _converter(kind)(path, out)
+            out = Path(result) if isinstance(result, (str, os.PathLike)) else out
+            if container_version(out) != 3:
+                raise NinferError(f"conversion of {path} did not produce a v3 .ninfer", "report this as a bug")
+            with make_progress(output.stderr()) as progress:
+                sha = sha256_file(out, progress, f"hashing {out.name}")
+            manifest = store.add(ref, out, source=source, sha256=sha, container_version=3, move=True)
+        finally:
+            for p in (folder, folder.parent, folder.parent.parent):
+                try:
+                    p.rmdir()
+                except OSError:
+                    break
+    output.info(f"registered {ref} ({output.human_bytes(manifest.bytes)}) from {path}")
+    return manifest
+
+
+def _tree_size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())

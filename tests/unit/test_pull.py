@@ -1,0 +1,272 @@
+"""`ninfer pull` against a fake Hub: full pull, resume across processes, and every failure path."""
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import namedtuple
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from hub_fixture import SIZE, hub_env, write_catalog  # noqa: F401
+from ninfer_cli import download
+from ninfer_cli.main import app
+from ninfer_cli.store import Store
+
+ROOT = Path(__file__).resolve().parents[2]
+runner = CliRunner()
+Usage = namedtuple("Usage", "total used free")
+REAL_OPEN = download._open_part
+
+
+def pull(*args):
+    return runner.invoke(app, ["pull", *args], prog_name="ninfer")
+
+
+def cdn_gets(env):
+    return env.hub.log.ranges()
+
+
+def installed(env):
+    return Store(env.home).find("tiny")
+
+
+def assert_installed(env):
+    m = installed(env)
+    assert m is not None
+    data = m.artifact_path.read_bytes()
+    assert len(data) == SIZE and hashlib.sha256(data).hexdigest() == env.spec.sha256
+    assert m.sha256 == env.spec.sha256 and m.revision == env.spec.revision and m.container_version == 3
+    return m
+
+
+def test_full_pull_verifies_and_installs(hub_env):
+    r = pull("tiny")
+    assert r.exit_code == 0, r.output
+    m = assert_installed(hub_env)
+    assert r.stdout.strip() == str(m.artifact_path)
+    assert m.source == f"hf://org/tiny-ninfer@{hub_env.spec.revision}/tiny.ninfer"
+    assert hub_env.hub.log.bytes_served == SIZE
+    assert cdn_gets(hub_env) == [None]
+    heads = [p for s, p, _ in hub_env.hub.log.requests if s == "hub" and p.startswith("HEAD")]
+    assert heads == [f"HEAD /org/tiny-ninfer/resolve/{hub_env.spec.revision}/tiny.ninfer"]
+    assert not (hub_env.home / ".partial").exists(), "the partial folder is removed after a clean pull"
+
+    again = pull("tiny")
+    assert again.exit_code == 0 and "up to date" in again.stderr
+    assert hub_env.hub.log.bytes_served == SIZE, "an installed, verified model is not fetched again"
+
+    forced = pull("tiny", "--force")
+    assert forced.exit_code == 0, forced.output
+    assert hub_env.hub.log.bytes_served == 2 * SIZE
+    assert_installed(hub_env)
+
+
+def test_killed_process_resumes_with_range_and_fetches_only_the_rest(hub_env):
+    hub_env.behaviour.delay_after = 1024 * 1024  # slow after 1 MiB so the first process can be killed mid-way
+    env = dict(hub_env.env, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "ninfer_cli.main", "pull", "tiny"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=hub_env.home.parent)
+    part = hub_env.part_file()
+    deadline = time.time() + 30
+    try:
+        while time.time() < deadline and (not part.exists() or part.stat().st_size < 1024 * 1024):
+            time.sleep(0.02)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    have = part.stat().st_size
+    assert 1024 * 1024 <= have < SIZE, have
+    assert installed(hub_env) is None
+
+    hub_env.behaviour.delay_after = None
+    r = pull("tiny")
+    assert r.exit_code == 0, r.output
+    assert cdn_gets(hub_env) == [None, f"bytes={have}-"]
+    assert hub_env.hub.log.per_get[-1] == SIZE - have  # the second process fetched only the rest
+    assert_installed(hub_env)
+
+
+class _Writer:
+    """A partial-file writer that fails (disk full, Ctrl+C) once `limit` bytes are written."""
+
+    def __init__(self, path, limit, exc):
+        self.f, self.limit, self.exc = open(path, "ab"), limit, exc
+
+    def write(self, b):
+        if self.f.tell() + len(b) > self.limit:
+            self.f.write(b[: self.limit - self.f.tell()])
+            raise self.exc
+        return self.f.write(b)
+
+    def flush(self):
+        self.f.flush()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        self.f.close()
+
+
+def test_disk_full_mid_way_keeps_the_partial_and_a_rerun_finishes(hub_env, monkeypatch):
+    limit = 2 * 1024 * 1024
+    monkeypatch.setattr(download, "_open_part", lambda p: _Writer(p, limit, OSError(errno.ENOSPC, "No space left")))
+    r = pull("tiny")
+    assert r.exit_code == 1
+    assert "error: disk full after 2.1 MB of 3.2 MB" in r.stderr and "partial file is kept" in r.stderr
+    assert "-> free at least" in r.stderr and "again to resume" in r.stderr
+    assert hub_env.part_file().stat().st_size == limit
+    assert installed(hub_env) is None
+
+    monkeypatch.setattr(download, "_open_part", REAL_OPEN)
+    r = pull("tiny")
+    assert r.exit_code == 0, r.output
+    assert cdn_gets(hub_env)[-1] == f"bytes={limit}-"
+    assert_installed(hub_env)
+
+
+def test_ctrl_c_keeps_the_partial_and_exits_130(hub_env, monkeypatch):
+    limit = 1024 * 1024
+    monkeypatch.setattr(download, "_open_part", lambda p: _Writer(p, limit, KeyboardInterrupt()))
+    r = pull("tiny")
+    assert r.exit_code == 130
+    assert "error: interrupted: 1.0 MB of 3.2 MB of tiny.ninfer kept" in r.stderr
+    assert "-> run `ninfer pull tiny:latest` again to resume" in r.stderr
+    assert hub_env.part_file().stat().st_size == limit
+
+    dry = pull("tiny", "--dry-run")
+    assert dry.exit_code == 0 and "1.0 MB already here, resumes" in dry.stdout
+
+
+def test_checksum_mismatch_sets_the_file_aside(hub_env):
+    hub_env.behaviour.corrupt = True
+    r = pull("tiny")
+    assert r.exit_code == 1
+    assert "SHA-256 mismatch for tiny.ninfer" in r.stderr and "not added to the store" in r.stderr
+    assert "--force" in r.stderr
+    rejected = list(hub_env.partial().glob("*.rejected"))
+    assert len(rejected) == 1 and rejected[0].stat().st_size == SIZE
+    assert installed(hub_env) is None and not hub_env.part_file().exists()
+
+
+def test_network_drop_resumes_in_process(hub_env):
+    hub_env.behaviour.drop_after = 2 * 1024 * 1024
+    r = pull("tiny")
+    assert r.exit_code == 0, r.output
+    assert cdn_gets(hub_env) == [None, f"bytes={2 * 1024 * 1024}-"]
+    assert hub_env.hub.log.bytes_served == SIZE
+    assert_installed(hub_env)
+
+
+def test_server_ignoring_range_restarts_instead_of_splicing(hub_env, monkeypatch):
+    limit = 1024 * 1024
+    monkeypatch.setattr(download, "_open_part", lambda p: _Writer(p, limit, KeyboardInterrupt()))
+    assert pull("tiny").exit_code == 130
+    monkeypatch.setattr(download, "_open_part", REAL_OPEN)
+    hub_env.behaviour.ignore_range = True
+    r = pull("tiny")
+    assert r.exit_code == 0, r.output
+    assert_installed(hub_env)
+
+
+def test_401_without_token_names_hf_token_and_token_is_honoured(hub_env, monkeypatch):
+    hub_env.behaviour.token = "secret"
+    r = pull("tiny")
+    assert r.exit_code == 1
+    assert "HTTP 401" in r.stderr and "HF_TOKEN" in r.stderr
+    assert cdn_gets(hub_env) == []
+    monkeypatch.setenv("HF_TOKEN", "secret")
+    r = pull("tiny")
+    assert r.exit_code == 0, r.output
+    assert_installed(hub_env)
+
+
+def test_gated_repository_says_what_to_do(hub_env, monkeypatch):
+    hub_env.behaviour.gated = True
+    monkeypatch.setenv("HF_TOKEN", "whatever")
+    r = pull("tiny")
+    assert r.exit_code == 1
+    assert "gated repository" in r.stderr and "accept its terms" in r.stderr and "HF_TOKEN" in r.stderr
+
+
+def test_404s_are_one_line_each(hub_env):
+    write_catalog(hub_env.catalog, hub_env.spec, filename="missing.ninfer")
+    r = pull("tiny")
+    assert r.exit_code == 1 and "error: missing.ninfer not found in org/tiny-ninfer@" in r.stderr
+    write_catalog(hub_env.catalog, hub_env.spec, repo="org/nope")
+    r = pull("tiny")
+    assert r.exit_code == 1 and "error: repository org/nope not found" in r.stderr
+    write_catalog(hub_env.catalog, hub_env.spec, revision="f" * 40)
+    r = pull("tiny")
+    assert r.exit_code == 1 and "revision ffffffffffff of org/tiny-ninfer not found" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 2  # error line + next action, no traceback
+
+
+def test_offline_mode_makes_no_request(hub_env, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    r = pull("tiny")
+    assert r.exit_code == 1
+    assert "offline mode is on" in r.stderr and "--from PATH" in r.stderr
+    assert hub_env.hub.log.requests == []
+
+
+def test_unreachable_hub_is_one_line(hub_env, monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # discard port: connection refused
+    r = pull("tiny")
+    assert r.exit_code == 1 and "cannot reach http://127.0.0.1:9" in r.stderr and "partial files are kept" in r.stderr
+
+
+def test_short_disk_refuses_before_downloading(hub_env, monkeypatch):
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(10**12, 10**12 - 10**6, 10**6))
+    r = pull("tiny")
+    assert r.exit_code == 1
+    assert "not enough disk space for tiny:latest" in r.stderr and "need 3.2 MB, have 1.0 MB" in r.stderr
+    assert cdn_gets(hub_env) == [] and hub_env.hub.log.requests == []
+
+
+def test_dry_run_changes_nothing(hub_env, monkeypatch):
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(10**12, 0, 5 * 10**9))
+    r = pull("tiny", "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert "download  3.2 MB" in r.stdout and "have 5.0 GB" in r.stdout and ": fits" in r.stdout
+    assert hub_env.hub.log.requests == [] and installed(hub_env) is None
+    assert not (hub_env.home / ".partial").exists()
+
+
+def test_old_container_on_disk_is_offered_convert(hub_env, monkeypatch, tmp_path):
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    (legacy / "tiny.ninfer").write_bytes(b"NINFER\x00\x02" + b"\0" * 100)
+    monkeypatch.setenv("NINFER_MODEL_DIR", str(legacy))
+    r = pull("tiny")
+    assert r.exit_code == 1
+    assert "a v2 artifact of tiny is already on disk" in r.stderr and "ninfer convert" in r.stderr
+    assert hub_env.hub.log.requests == []
+    assert pull("tiny", "--force").exit_code == 0
+
+
+def test_pinned_size_disagreeing_with_the_hub_downloads_nothing(hub_env):
+    write_catalog(hub_env.catalog, hub_env.spec, size=SIZE + 1)
+    r = pull("tiny")
+    assert r.exit_code == 1 and f"catalog pins {SIZE + 1:,}" in r.stderr
+    assert cdn_gets(hub_env) == []
+
+
+def test_partial_of_another_file_is_not_spliced(hub_env):
+    folder = hub_env.partial()
+    folder.mkdir(parents=True)
+    hub_env.part_file().write_bytes(b"x" * 1000)
+    (folder / (hub_env.part_file().name + ".json")).write_text(json.dumps({"etag": "other"}))
+    r = pull("tiny")
+    assert r.exit_code == 0, r.output
+    assert cdn_gets(hub_env) == [None]
+    assert_installed(hub_env)
