@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from typer.testing import CliRunner
 
 from ninfer_cli.commands import env as env_cmd
@@ -50,3 +52,16 @@ def test_kernel_path_is_named():
 
 def test_cuda_version_format():
     assert env_cmd._cuda_version(12080) == "12.8" and env_cmd._cuda_version(13000) == "13.0"
+
+
+@pytest.mark.gpu
+def test_env_on_a_gpu_machine(monkeypatch, tmp_path):
+    monkeypatch.setenv("NINFER_HOME", str(tmp_path))
+    data = json.loads(runner.invoke(app, ["env", "--json"]).stdout)
+    assert data["cupy"] and data["cuda_runtime"] and data["cuda_driver"]
+    gpu = data["gpus"][0]
+    assert "error" not in gpu, gpu
+    assert gpu["name"] and 0 < gpu["vram_free"] <= gpu["vram_total"]
+    assert data["device_auto"] == "gpu"
+    text = runner.invoke(app, ["env"]).stdout
+    assert gpu["name"] in text and "no GPU" not in text
