@@ -11,8 +11,14 @@ from ninfer_cli.options import JsonOut
 def ls(
     json_out: JsonOut = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the names (name:tag).")] = False,
+    available: Annotated[bool, typer.Option("--available", "-a",
+                                            help="List the catalog `ninfer pull` fetches from: sizes, fit on this GPU and disk.")] = False,
 ) -> None:
     """List installed models (NAME, SIZE, FORMAT, SOURCE, ADDED)."""
+    if available:
+        from ninfer_cli.catalog import show_available  # noqa: PLC0415
+
+        return show_available(json_out)
     from ninfer_cli import output  # noqa: PLC0415
     from ninfer_cli.store import Store  # noqa: PLC0415
 
