@@ -274,7 +274,7 @@ def write_artifact(path, components: dict, tensors, resources: dict | None = Non
 
     tensors: iterable of (id, format, layout, shape, data); resources: {object id: bytes}, placed
     first; bindings: {parameter: binding}, default one whole-object binding per tensor;
-    progress: optional callable(done_bytes, total_bytes, object_id).
+    progress: optional callable(done_bytes, total_bytes, object_id) over tensor bytes.
     """
     from engine.artifact import formats
 
@@ -303,10 +303,10 @@ def write_artifact(path, components: dict, tensors, resources: dict | None = Non
     with FileSetWriter(path, root, cursor, split_limit) as w:
         for obj in objects[: len(resources)]:
             w.write(obj["offset"], resources[obj["id"]])
-        done = 0
+        done, total = 0, sum(o["bytes"] for o in objects[len(resources):])
         for obj, (tid, fmt, layout, shape, data) in zip(objects[len(resources):], plan):
             w.write(obj["offset"], tensor_bytes(fmt, layout, shape, data))
             done += obj["bytes"]
             if progress is not None:
-                progress(done, cursor, tid)
+                progress(done, total, tid)
     return Path(path)
