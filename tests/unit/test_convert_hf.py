@@ -124,3 +124,14 @@ def test_bad_checkpoints(tmp_path):
     with pytest.raises(NinferError, match="unknown recipe"):
         convert(FIX / "hf_dense", tmp_path / "x.ninfer", "q3")
     assert not (tmp_path / "x.ninfer").exists()
+
+
+def test_engine_runs_the_converted_model(tmp_path):
+    import engine
+
+    art = open_artifact(convert(FIX / "hf_moe", tmp_path / "e.ninfer", "bf16"))
+    cfg = text_config(json.loads((FIX / "hf_moe" / "config.json").read_text()))
+    ref = engine.load({"config": cfg, "weights": _source(FIX / "hf_moe")}, device="cpu")
+    got = engine.load(art, device="cpu")
+    ids = [5, 17, 200, 3, 99, 42]
+    np.testing.assert_allclose(got.logits(ids), ref.logits(ids), rtol=0, atol=1e-5)
