@@ -19,6 +19,7 @@ import errno
 import hashlib
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from ninfer_cli.output import human_bytes
 
 CHUNK = 1 << 20
 _RETRIES = 3
+RETRY_PAUSE = 1.0  # seconds, times the attempt number, between in-process retries after a network error
 _TRUE = {"1", "true", "yes", "on"}
 
 
@@ -290,6 +292,7 @@ def _transfer(state: Partial, remote: Remote, expected: int | None, digest, adva
             retries -= 1
             if retries < 0:
                 raise _hub_error(e, state.file, ref) from None
+            time.sleep(RETRY_PAUSE * (_RETRIES - retries))
         except Exception as e:
             from huggingface_hub import errors as hf  # noqa: PLC0415
 
@@ -349,6 +352,7 @@ def _verify(state: Partial, sha: str, ref: str) -> Path:
         )
     os.replace(state.part, state.done)
     state.info.unlink(missing_ok=True)
+    state.rejected.unlink(missing_ok=True)  # an earlier bad copy is no longer worth keeping
     return state.done
 
 

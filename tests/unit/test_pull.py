@@ -157,8 +157,26 @@ def test_checksum_mismatch_sets_the_file_aside(hub_env):
     assert len(rejected) == 1 and rejected[0].stat().st_size == SIZE
     assert installed(hub_env) is None and not hub_env.part_file().exists()
 
+    hub_env.behaviour.corrupt = False
+    assert pull("tiny").exit_code == 0
+    assert_installed(hub_env)
+    assert not rejected[0].exists() and not (hub_env.home / ".partial").exists()
 
-def test_network_drop_resumes_in_process(hub_env):
+
+def test_complete_partial_is_verified_without_a_transfer(hub_env):
+    hub_env.partial().mkdir(parents=True)
+    hub_env.part_file().write_bytes(hub_env.spec.data)
+    (hub_env.partial() / (hub_env.part_file().name + ".json")).write_text(json.dumps({
+        "repo": hub_env.spec.repo, "revision": hub_env.spec.revision, "filename": hub_env.spec.filename,
+        "etag": hub_env.spec.sha256, "size": SIZE}))
+    r = pull("tiny")
+    assert r.exit_code == 0, r.output
+    assert cdn_gets(hub_env) == [] and hub_env.hub.log.bytes_served == 0
+    assert_installed(hub_env)
+
+
+def test_network_drop_resumes_in_process(hub_env, monkeypatch):
+    monkeypatch.setattr(download, "RETRY_PAUSE", 0.0)
     hub_env.behaviour.drop_after = 2 * 1024 * 1024
     r = pull("tiny")
     assert r.exit_code == 0, r.output
