@@ -77,7 +77,8 @@ def test_killed_process_resumes_with_range_and_fetches_only_the_rest(hub_env):
     part = hub_env.part_file()
     deadline = time.time() + 30
     try:
-        while time.time() < deadline and (not part.exists() or part.stat().st_size < 1024 * 1024):
+        while (time.time() < deadline and proc.poll() is None
+               and (not part.exists() or part.stat().st_size < 1024 * 1024)):
             time.sleep(0.02)
     finally:
         os.kill(proc.pid, signal.SIGKILL)
