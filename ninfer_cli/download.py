@@ -15,6 +15,7 @@ A rerun asks for the rest with `Range: bytes=<have>-` and re-hashes the bytes it
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -133,6 +134,7 @@ class Partial:
         self.part = folder / f"{stem}.part"
         self.info = folder / f"{stem}.part.json"
         self.rejected = folder / f"{stem}.rejected"
+        self.lock = folder / f"{stem}.lock"
         self.done = folder / f.filename
 
     def have(self) -> int:
@@ -202,10 +204,35 @@ def fetch(
     disk, a network failure or Ctrl+C keep the partial and raise NinferError / DownloadInterrupted.
     """
     state = Partial(folder, f)
-    if force:
-        state.discard()
-        state.done.unlink(missing_ok=True)
-    remote = remote or resolve(f, ref, token)
+    with _exclusive(state, ref):
+        if force:
+            state.discard()
+            state.done.unlink(missing_ok=True)
+        return _fetch_locked(state, ref, progress, remote or resolve(f, ref, token))
+
+
+@contextlib.contextmanager
+def _exclusive(state: Partial, ref: str):
+    """Hold a lock on the partial so two pulls never append to the same file; the OS drops it if we die."""
+    try:
+        import fcntl  # noqa: PLC0415
+    except ImportError:  # Windows: no advisory locks here; the SHA-256 check still catches a mix-up
+        yield
+        return
+    with open(state.lock, "a+b") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise NinferError(f"another `ninfer pull` is downloading {state.file.filename} for {ref}",
+                              "wait for it to finish (or stop it), then run this again") from None
+        try:
+            yield
+        finally:
+            state.lock.unlink(missing_ok=True)
+
+
+def _fetch_locked(state: Partial, ref: str, progress, remote: Remote) -> Path:
+    f = state.file
     expected = f.size if f.size is not None else remote.size
     if f.size is not None and remote.size is not None and remote.size != f.size:
         raise NinferError(

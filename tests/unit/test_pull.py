@@ -236,6 +236,25 @@ def test_offline_mode_makes_no_request(hub_env, monkeypatch):
     assert r.exit_code == 1
     assert "offline mode is on" in r.stderr and "--from PATH" in r.stderr
     assert hub_env.hub.log.requests == []
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    assert pull("tiny").exit_code == 0
+    monkeypatch.setenv("NINFER_OFFLINE", "1")
+    r = pull("tiny")
+    assert r.exit_code == 0 and "up to date" in r.stderr, "an installed model needs no network"
+
+
+def test_two_pulls_of_one_file_do_not_share_the_partial(hub_env):
+    import fcntl
+
+    hub_env.partial().mkdir(parents=True)
+    lock = hub_env.partial() / f"{hub_env.spec.filename}.{hub_env.spec.revision[:12]}.lock"
+    with open(lock, "a+b") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        r = pull("tiny")
+    assert r.exit_code == 1 and "another `ninfer pull` is downloading tiny.ninfer" in r.stderr
+    assert cdn_gets(hub_env) == []
+    assert pull("tiny").exit_code == 0
+    assert not (hub_env.home / ".partial").exists()
 
 
 def test_unreachable_hub_is_one_line(hub_env, monkeypatch):
