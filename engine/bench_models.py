@@ -107,14 +107,28 @@ def geometry_costs(args, *, weight_bytes_per_param: float, kv_bytes_per_elem: fl
     return costs, int(resident)
 
 
+def _geometry_of(engine):
+    """The engine's geometry as `engine.config.ModelArgs` (every architecture file has its own args)."""
+    from engine.config import ModelArgs  # noqa: PLC0415
+
+    cfg = getattr(engine, "config", None)
+    if isinstance(cfg, dict) and "hidden_size" in cfg:
+        try:
+            return ModelArgs.from_config(cfg)
+        except Exception:  # noqa: BLE001  (a geometry we cannot read only costs us the estimates)
+            return None
+    args = getattr(engine, "args", None)
+    return args if isinstance(args, ModelArgs) else None
+
+
 def engine_costs(engine, info: dict) -> tuple[Costs, dict]:
     """Costs from `info()`, with what the engine leaves out estimated from its geometry."""
     from engine.bench import costs_from_info  # noqa: PLC0415
 
     costs = costs_from_info(info)
     source = {"weight_bytes_per_token": "engine" if "weight_bytes_per_token" in info else None}
-    args = getattr(engine, "args", None)
-    if args is None or not getattr(args, "layer_types", None):
+    args = _geometry_of(engine)
+    if args is None:
         return costs, source
     per_param = 4.0
     est, resident = geometry_costs(args, weight_bytes_per_param=1.0, kv_bytes_per_elem=4)
