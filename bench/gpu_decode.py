@@ -1,0 +1,244 @@
+"""GPU decode: kernel sweep, full-size synthetic decode, per-kernel breakdown, tiny-model parity.
+
+Run on the GPU machine:  python bench/gpu_decode.py --all --out $OUT/decode.json
+Bandwidth figures count the bytes the kernel must read (packed weights), over CUDA-event time of
+graph replays, against the copy bandwidth measured in the same run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import cupy as cp  # noqa: E402
+
+from engine.ops import kernels as K  # noqa: E402
+
+SHAPES_27B = [  # (name, fmt, N, K, epilogue)
+    ("attn q|k", "q4_g64_fp16", 7168, 5120, "store"),
+    ("attn gate|v", "q5_g64_fp16", 7168, 5120, "store"),
+    ("gdn q|k", "q4_g64_fp16", 4096, 5120, "store"),
+    ("gdn v|z", "q5_g64_fp16", 12288, 5120, "store"),
+    ("gdn out", "q5_g64_fp16", 5120, 6144, "partial"),
+    ("mlp gate|up", "q4_g64_fp16", 34816, 5120, "swiglu"),
+    ("mlp down", "q5_g64_fp16", 5120, 17408, "partial"),
+    ("head q6", "q6_g64_fp16", 248320, 5120, "store"),
+    ("head w8", "q8_g32_fp16", 248320, 5120, "store"),
+]
+
+
+def time_graph(fn, reps=20, iters=5):
+    """Median ms of one call of fn(), measured over graph replays of `reps` calls."""
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        fn()
+        s.synchronize()
+        s.begin_capture()
+        for _ in range(reps):
+            fn()
+        g = s.end_capture()
+        g.launch(s)
+        s.synchronize()
+        times = []
+        for _ in range(iters):
+            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+            e0.record(s)
+            g.launch(s)
+            e1.record(s)
+            e1.synchronize()
+            times.append(cp.cuda.get_elapsed_time(e0, e1) / reps)
+    return float(np.median(times))
+
+
+def copy_bandwidth():
+    n = 1 << 30
+    a, b = cp.empty(n, cp.uint8), cp.empty(n, cp.uint8)
+    a.fill(1)
+    ms = time_graph(lambda: cp.copyto(b, a), reps=5)
+    return 2 * n / (ms * 1e-3) / 1e9
+
+
+def kernel_sweep(bw):
+    from engine.gpu_weights import random_matrix
+
+    rng = cp.random.default_rng(0)
+    rows_opts, unroll_opts = (1, 2, 4), (2, 4)
+    results = []
+    for name, fmt, n, k, epi in SHAPES_27B:
+        copies = [random_matrix(cp, rng, fmt, n, k) for _ in range(2)]  # two copies: nothing stays in L2
+        x = cp.asarray(np.random.default_rng(1).standard_normal((1, k)).astype(np.float32))
+        out_n = n // 2 if epi == "swiglu" else n
+        y = cp.zeros((8, out_n), cp.float32)
+        best = None
+        for rows in rows_opts if epi != "swiglu" else (2,):
+            for unroll in unroll_opts:
+                for splits in ((1, 2, 4) if epi == "partial" else (1,)):
+                    plans = [K.GemvPlan(w, x, k, y, out_n, epi=epi, splits=splits, rows=rows, unroll=unroll)
+                             for w in copies]
+
+                    def run(plans=plans):
+                        for p in plans:
+                            p.launch()
+                    ms = time_graph(run) / 2
+                    gbs = copies[0].nbytes / (ms * 1e-3) / 1e9
+                    r = dict(shape=name, fmt=fmt, n=n, k=k, rows=rows, unroll=unroll, splits=splits,
+                             us=round(ms * 1e3, 2), gbs=round(gbs, 1), pct_copy=round(100 * gbs / bw, 1))
+                    results.append(r)
+                    if best is None or r["gbs"] > best["gbs"]:
+                        best = r
+        print(f"{name:12s} {fmt:12s} {n:6d}x{k:<6d} best rows={best['rows']} unroll={best['unroll']} "
+              f"splits={best['splits']}: {best['us']:8.1f} us {best['gbs']:7.1f} GB/s ({best['pct_copy']}%)",
+              flush=True)
+        del copies
+    return results
+
+
+def best_cfg(sweep):
+    cfg = {}
+    for r in sweep:
+        key = (r["fmt"], r["n"], r["k"])
+        if key not in cfg or r["gbs"] > cfg[key]["gbs"]:
+            cfg[key] = r
+    return {k: dict(rows=v["rows"], unroll=v["unroll"], splits=v["splits"]) for k, v in cfg.items()}
+
+
+def synthetic_decode(geometry, bw, gemv_cfg, n=128, depth=0, breakdown=False):
+    from engine.synthetic import build_engine
+
+    t0 = time.perf_counter()
+    eng = build_engine(geometry, max_context=max(4096, depth + n + 64), gemv_cfg=gemv_cfg)
+    ex = eng.model.executor
+    cp.cuda.Device().synchronize()
+    build_s = time.perf_counter() - t0
+    ex.capture()
+    if depth:
+        ex.pos.fill(depth)  # KV pages past `depth` hold zeros: the attention reads them all the same
+    eng.decode_greedy(1, 8)  # warm-up
+    times = []
+    for _ in range(3):
+        cp.cuda.Device().synchronize()
+        t = time.perf_counter()
+        toks = eng.decode_greedy(1, n)
+        times.append(time.perf_counter() - t)
+    dt = float(np.median(times))
+    tps = n / dt
+    ctx = depth + n / 2
+    bytes_tok = ex.weight_bytes() + ex.state_bytes() + ctx * ex.kv_bytes_per_token()
+    gbs = bytes_tok * tps / 1e9
+    res = dict(geometry=geometry, test=f"tg{n}" + (f"@d{depth}" if depth else ""), tok_s=round(tps, 1),
+               ms_per_token=round(1e3 * dt / n, 3), weight_bytes=ex.weight_bytes(), state_bytes=ex.state_bytes(),
+               kv_bytes_per_token=ex.kv_bytes_per_token(), bytes_per_token=int(bytes_tok), gbs=round(gbs, 1),
+               pct_copy=round(100 * gbs / bw, 1), kernels=len(ex.ops), build_s=round(build_s, 1),
+               tokens_sample=toks[:8], peak_vram_gb=round(cp.get_default_memory_pool().total_bytes() / 1e9, 2))
+    print(json.dumps(res), flush=True)
+    if breakdown:
+        per = {}
+        for op in ex.ops:
+            name = getattr(op, "name", None) or f"gemv {op.__self__.w.fmt} {op.__self__.w.n}x{op.__self__.w.k}"
+            ms = time_graph(op, reps=10, iters=3)
+            per.setdefault(name, [0.0, 0])
+            per[name][0] += ms
+            per[name][1] += 1
+        total = sum(v[0] for v in per.values())
+        res["breakdown_ms"] = {k: [round(v[0], 4), v[1]] for k, v in sorted(per.items(), key=lambda kv: -kv[1][0])}
+        res["breakdown_sum_ms"] = round(total, 4)
+        print(f"sum of kernels {total:.3f} ms vs step {1e3 * dt / n:.3f} ms", flush=True)
+        for k_, v in list(res["breakdown_ms"].items())[:14]:
+            print(f"  {k_:40s} {v[0]:8.4f} ms  x{v[1]}", flush=True)
+    del eng, ex
+    cp.get_default_memory_pool().free_all_blocks()
+    return res
+
+
+def tiny_parity(steps=64):
+    """CUDA engine vs the NumPy engine on a tiny Qwen3.5 (real head dims), same dequantized weights."""
+    from engine import api, gpu_weights
+    from engine.artifact import formats
+    from engine.config import ModelArgs
+    from engine.gpu_engine import build_engine
+
+    cfg = {"architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", "hidden_size": 512,
+           "num_hidden_layers": 4, "vocab_size": 1000, "intermediate_size": 1024, "rms_norm_eps": 1e-6,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 256, "attn_output_gate": True,
+           "linear_num_key_heads": 2, "linear_key_head_dim": 128, "linear_num_value_heads": 4,
+           "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "full_attention_interval": 2,
+           "max_position_embeddings": 4096, "tie_word_embeddings": False,
+           "rope_parameters": {"rope_theta": 10000000.0, "partial_rotary_factor": 0.25}}
+    from engine.models.qwen3_5 import random_weights  # written with the NumPy engine
+
+    args = ModelArgs.from_config(cfg)
+    w = random_weights(args, seed=3)
+    table = gpu_weights.RECIPES["groupwise-int"]
+    wq = {}
+    for name, v in w.items():
+        if not name.startswith("text/"):
+            continue
+        if gpu_weights.is_vector(name) or np.asarray(v).ndim != 2:
+            wq[name] = np.asarray(v, np.float32)
+            continue
+        fmt = table.get(gpu_weights.role(name), "q8_g32_fp16")
+        if fmt == "bf16":
+            wq[name] = formats.bf16_bits_to_f32(formats.f32_to_bf16_bits(np.asarray(v, np.float32)))
+        else:
+            wq[name] = formats.decode(fmt, "row_split_k128_v1", v.shape, formats.encode(fmt, "row_split_k128_v1", v))
+    ref = api.load({"config": cfg, "weights": wq}, device="cpu", gdn_mode="recurrent")
+    gpu = build_engine(args, gpu_weights.from_logical(args, wq), cfg, max_context=256)
+    toks = list(np.random.default_rng(5).integers(0, 1000, steps))
+    worst = 0.0
+    same = 0
+    for i, t in enumerate(toks):
+        a = ref.decode_step(int(t))
+        b = gpu.decode_step(int(t))
+        r = float(np.linalg.norm(a - b) / np.linalg.norm(a))
+        worst = max(worst, r)
+        same += int(np.argmax(a) == np.argmax(b))
+    res = dict(steps=steps, worst_rel_l2=worst, argmax_agree=same)
+    print("tiny parity:", json.dumps(res), flush=True)
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--synthetic", default="")
+    ap.add_argument("--depth", type=int, default=0)
+    ap.add_argument("--breakdown", action="store_true")
+    ap.add_argument("--out", default="")
+    a = ap.parse_args()
+    dev = cp.cuda.Device()
+    props = cp.cuda.runtime.getDeviceProperties(dev.id)
+    report = {"gpu": props["name"].decode(), "cupy": cp.__version__,
+              "cuda_runtime": cp.cuda.runtime.runtimeGetVersion(), "driver": cp.cuda.runtime.driverGetVersion()}
+    t = time.perf_counter()
+    K.module()
+    report["compile_s"] = round(time.perf_counter() - t, 1)
+    bw = copy_bandwidth()
+    report["copy_gbs"] = round(bw, 1)
+    print(json.dumps(report), flush=True)
+    cfg = None
+    if a.tiny:
+        report["tiny"] = tiny_parity()
+    if a.sweep:
+        report["sweep"] = kernel_sweep(bw)
+        cfg = best_cfg(report["sweep"])
+        report["gemv_cfg"] = {f"{k[0]}:{k[1]}x{k[2]}": v for k, v in cfg.items()}
+    if a.synthetic:
+        report["decode"] = []
+        for geo in a.synthetic.split(","):
+            report["decode"].append(synthetic_decode(geo, bw, cfg, depth=0, breakdown=a.breakdown))
+            if a.depth:
+                report["decode"].append(synthetic_decode(geo, bw, cfg, depth=a.depth))
+    if a.out:
+        Path(a.out).write_text(json.dumps(report, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+// Gated full attention, decode: q/k norm + partial RoPE + KV write, then split-K attention over a
+// paged bf16 KV cache with GQA, then a combine that applies the sigmoid output gate.
+//
+// KV pool per layer: [pages, PAGE=64, Hkv, D] bf16 (as uint16), one page table row per lane.
+// Position of token m: pos[m]; it attends to positions [0, pos[m]].
+#include "common.cuh"
+
+#define KV_PAGE 64
+
+// q: [M, Hq, D] query rows (raw projection), k/v: [M, Hkv, D]; one warp per head (D == 256, 8 per lane,
+// element i of lane l is d = l + 32 i so that the rotated pairs (d, d + 32) of RoPE sit in one lane).
+__global__ void qk_norm_rope_kv(const float* __restrict__ q, int ldq, const float* __restrict__ k, int ldk,
+                                const float* __restrict__ v, int ldv,
+                                const float* __restrict__ qnw, const float* __restrict__ knw,
+                                const int* __restrict__ pos, const int* __restrict__ page_table, int pt_stride,
+                                unsigned short* __restrict__ kc, unsigned short* __restrict__ vc,
+                                float* __restrict__ qout, int Hq, int Hkv, int rot, float log2_theta, float eps) {
+  const int lane = threadIdx.x & 31;
+  const int h = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int m = blockIdx.y;
+  if (h >= Hq + Hkv) return;
+  const bool isq = h < Hq;
+  const int hh = isq ? h : h - Hq;
+  const float* src = isq ? q + (size_t)m * ldq + hh * 256 : k + (size_t)m * ldk + hh * 256;
+  const float* nw = isq ? qnw : knw;
+  float e[8];
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    e[i] = src[lane + 32 * i];
+    ss += e[i] * e[i];
+  }
+  ss = warp_sum(ss);
+  const float r = rsqrtf(ss / 256.f + eps);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) e[i] = e[i] * r * (1.f + nw[lane + 32 * i]);
+  const int p = pos[m];
+  const int half = rot / 2;  // rot == 64: pairs (d, d + 32) for d < 32 live in e[0], e[1] of lane d
+  if (lane < half) {
+    const float inv_freq = exp2f(-(2.f * lane / rot) * log2_theta);
+    float sn, cs;
+    sincosf((float)p * inv_freq, &sn, &cs);
+    const float a = e[0], b = e[1];
+    e[0] = a * cs - b * sn;
+    e[1] = b * cs + a * sn;
+  }
+  if (isq) {
+    float* dst = qout + ((size_t)m * Hq + hh) * 256;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) dst[lane + 32 * i] = e[i];
+  } else {
+    const int page = page_table[(size_t)m * pt_stride + p / KV_PAGE];
+    const size_t off = (((size_t)page * KV_PAGE + p % KV_PAGE) * Hkv + hh) * 256;
+    const float* vs = v + (size_t)m * ldv + hh * 256;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      kc[off + lane + 32 * i] = __bfloat16_as_ushort(__float2bfloat16_rn(e[i]));
+      vc[off + lane + 32 * i] = __bfloat16_as_ushort(__float2bfloat16_rn(vs[lane + 32 * i]));
+    }
+  }
+}
+
+// Split-K decode attention. grid (Hkv, nsplit, M), block 256 (8 warps). Each warp walks tokens of
+// this split, lane l holding dims [8l, 8l+8) (16-byte loads of a 512-byte bf16 row), G query heads.
+// Writes per (m, q head, split): running max, sum and the unnormalised accumulator.
+template <int G>
+__global__ void __launch_bounds__(256) attn_decode_split(
+    const float* __restrict__ q, const unsigned short* __restrict__ kc, const unsigned short* __restrict__ vc,
+    const int* __restrict__ pos, const int* __restrict__ page_table, int pt_stride, int Hkv, int chunk,
+    float scale, float* __restrict__ part_ml, float* __restrict__ part_acc, int nsplit) {
+  const int kvh = blockIdx.x, split = blockIdx.y, m = blockIdx.z;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int Hq = Hkv * G;
+  const int L = pos[m] + 1;
+  const int t0 = split * chunk, t1 = min(t0 + chunk, L);
+  __shared__ float sm_m[8][G], sm_l[8][G];
+  float qr[G][8];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    const float* qh = q + ((size_t)m * Hq + kvh * G + g) * 256 + lane * 8;
+    const float4 a = reinterpret_cast<const float4*>(qh)[0], b = reinterpret_cast<const float4*>(qh)[1];
+    qr[g][0] = a.x * scale; qr[g][1] = a.y * scale; qr[g][2] = a.z * scale; qr[g][3] = a.w * scale;
+    qr[g][4] = b.x * scale; qr[g][5] = b.y * scale; qr[g][6] = b.z * scale; qr[g][7] = b.w * scale;
+  }
+  float mx[G], ls[G], acc[G][8];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    mx[g] = -INFINITY; ls[g] = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[g][i] = 0.f;
+  }
+  for (int t = t0 + warp; t < t1; t += 8) {
+    const int page = page_table[(size_t)m * pt_stride + t / KV_PAGE];
+    const size_t off = (((size_t)page * KV_PAGE + t % KV_PAGE) * Hkv + kvh) * 256 + lane * 8;
+    const uint4 kv = __ldg(reinterpret_cast<const uint4*>(kc + off));
+    const uint4 vv = __ldg(reinterpret_cast<const uint4*>(vc + off));
+    const float kf[8] = {bf16_lo(kv.x), bf16_hi(kv.x), bf16_lo(kv.y), bf16_hi(kv.y),
+                         bf16_lo(kv.z), bf16_hi(kv.z), bf16_lo(kv.w), bf16_hi(kv.w)};
+    const float vf[8] = {bf16_lo(vv.x), bf16_hi(vv.x), bf16_lo(vv.y), bf16_hi(vv.y),
+                         bf16_lo(vv.z), bf16_hi(vv.z), bf16_lo(vv.w), bf16_hi(vv.w)};
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      float s = 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) s += qr[g][i] * kf[i];
+      s = warp_sum(s);
+      const float nm = fmaxf(mx[g], s);
+      const float c = __expf(mx[g] - nm), pexp = __expf(s - nm);
+      ls[g] = ls[g] * c + pexp;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[g][i] = acc[g][i] * c + pexp * vf[i];
+      mx[g] = nm;
+    }
+  }
+  __shared__ float sm_acc[8][256];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    if (lane == 0) { sm_m[warp][g] = mx[g]; sm_l[warp][g] = ls[g]; }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) sm_acc[warp][lane * 8 + i] = acc[g][i];
+    __syncthreads();
+    // Merge the 8 warps: thread d handles dimension d.
+    const int d = threadIdx.x;
+    float M_ = -INFINITY;
+    for (int w = 0; w < 8; ++w) M_ = fmaxf(M_, sm_m[w][g]);
+    float Ls = 0.f, A = 0.f;
+    if (M_ > -INFINITY) {
+      for (int w = 0; w < 8; ++w) {
+        const float c = sm_m[w][g] > -INFINITY ? __expf(sm_m[w][g] - M_) : 0.f;
+        Ls += sm_l[w][g] * c;
+        A += sm_acc[w][d] * c;
+      }
+    }
+    const size_t hs = ((size_t)m * Hq + kvh * G + g) * nsplit + split;
+    part_acc[hs * 256 + d] = A;
+    if (d == 0) { part_ml[hs * 2] = M_; part_ml[hs * 2 + 1] = Ls; }
+    __syncthreads();
+  }
+}
+
+// out[m][h][d] = (sum_s acc_s e^{m_s - M}) / (sum_s l_s e^{m_s - M}) * sigmoid(gate[m][h][d]). grid (Hq, M), block 256.
+__global__ void attn_combine(const float* __restrict__ part_ml, const float* __restrict__ part_acc, int nsplit,
+                             const float* __restrict__ gate, int ldg, float* __restrict__ out, int Hq) {
+  const int h = blockIdx.x, m = blockIdx.y, d = threadIdx.x;
+  const size_t hs0 = ((size_t)m * Hq + h) * nsplit;
+  float M_ = -INFINITY;
+  for (int s = 0; s < nsplit; ++s) M_ = fmaxf(M_, part_ml[(hs0 + s) * 2]);
+  float L = 0.f, A = 0.f;
+  for (int s = 0; s < nsplit; ++s) {
+    const float ms = part_ml[(hs0 + s) * 2];
+    if (ms > -INFINITY) {
+      const float c = __expf(ms - M_);
+      L += part_ml[(hs0 + s) * 2 + 1] * c;
+      A += part_acc[(hs0 + s) * 256 + d] * c;
+    }
+  }
+  const float gv = gate[(size_t)m * ldg + h * 256 + d];
+  out[((size_t)m * Hq + h) * 256 + d] = A / L * sigmoidf_(gv);
+}

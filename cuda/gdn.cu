@@ -1,0 +1,84 @@
+// Gated DeltaNet, decode (one token per lane row m).
+//
+// gdn_prep: causal depthwise conv (kernel 4) over the q|k|v channels with its 3-token history, SiLU,
+//   L2 norm of each 128-wide q and k head (q also takes the 1/sqrt(Dk) output scale), and the gates
+//   g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b). One warp per 128-channel head.
+// gdn_delta: the delta rule on the fp32 state S[h][dv][dk], one warp per (value head, dv row):
+//   S' = e^g S;  u = beta (v - S' k);  S = S' + u k^T;  o = S q = S' q + u (k . q).
+#include "common.cuh"
+
+// qk: [M, 2*Hk*128] (q then k), vv: [M, Hv*128] with row stride ldv, ab: [M, 2*Hv] (a then b).
+// conv_state: [M, 3, C] oldest first; conv_w: [4, C] tap-major; C = (2*Hk + Hv) * 128.
+// Outputs: qn, kn [M, Hk, 128], vo [M, Hv, 128], g, beta [M, Hv].
+__global__ void gdn_prep(const float* __restrict__ qk, int ldqk, const float* __restrict__ vv, int ldv,
+                         const float* __restrict__ ab, int ldab, float* __restrict__ conv_state,
+                         const float* __restrict__ conv_w, const float* __restrict__ a_log,
+                         const float* __restrict__ dt_bias, float* __restrict__ qn, float* __restrict__ kn,
+                         float* __restrict__ vo, float* __restrict__ g, float* __restrict__ beta, int Hk, int Hv,
+                         float q_scale) {
+  const int lane = threadIdx.x & 31;
+  const int head = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int m = blockIdx.y;
+  const int nheads = 2 * Hk + Hv;
+  if (head >= nheads) return;
+  const int C = nheads * 128;
+  const int c0 = head * 128 + lane * 4;
+  const float* src = head < 2 * Hk ? qk + (size_t)m * ldqk + c0 : vv + (size_t)m * ldv + (c0 - 2 * Hk * 128);
+  const float4 xin = *reinterpret_cast<const float4*>(src);
+  const float xi[4] = {xin.x, xin.y, xin.z, xin.w};
+  float* st = conv_state + (size_t)m * 3 * C;
+  float y[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int c = c0 + i;
+    const float s0 = st[c], s1 = st[C + c], s2 = st[2 * C + c];
+    const float acc = conv_w[c] * s0 + conv_w[C + c] * s1 + conv_w[2 * C + c] * s2 + conv_w[3 * C + c] * xi[i];
+    st[c] = s1;
+    st[C + c] = s2;
+    st[2 * C + c] = xi[i];
+    y[i] = silu(acc);
+  }
+  if (head < 2 * Hk) {
+    const float ss = warp_sum(y[0] * y[0] + y[1] * y[1] + y[2] * y[2] + y[3] * y[3]);
+    float r = rsqrtf(ss + 1e-6f);
+    float* dst;
+    if (head < Hk) { r *= q_scale; dst = qn + ((size_t)m * Hk + head) * 128; }
+    else dst = kn + ((size_t)m * Hk + head - Hk) * 128;
+    *reinterpret_cast<float4*>(dst + lane * 4) = make_float4(y[0] * r, y[1] * r, y[2] * r, y[3] * r);
+  } else {
+    const int hv = head - 2 * Hk;
+    *reinterpret_cast<float4*>(vo + ((size_t)m * Hv + hv) * 128 + lane * 4) = make_float4(y[0], y[1], y[2], y[3]);
+    if (lane == 0) {
+      const float a = ab[(size_t)m * ldab + hv] + dt_bias[hv];
+      const float sp = a > 20.f ? a : log1pf(__expf(a));
+      g[(size_t)m * Hv + hv] = -__expf(a_log[hv]) * sp;
+      beta[(size_t)m * Hv + hv] = sigmoidf_(ab[(size_t)m * ldab + Hv + hv]);
+    }
+  }
+}
+
+// state: [M, Hv, 128 (dv), 128 (dk)] fp32. o: [M, Hv, 128]. tiled=1: value head h reads qk head h % Hk.
+__global__ void __launch_bounds__(256) gdn_delta(const float* __restrict__ qn, const float* __restrict__ kn,
+                                                 const float* __restrict__ vo, const float* __restrict__ g,
+                                                 const float* __restrict__ beta, float* __restrict__ state,
+                                                 float* __restrict__ o, int Hk, int Hv, int tiled) {
+  const int lane = threadIdx.x & 31;
+  const int rowid = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int m = blockIdx.y;
+  if (rowid >= Hv * 128) return;
+  const int h = rowid >> 7, dv = rowid & 127;
+  const int kh = tiled ? h % Hk : h / (Hv / Hk);
+  const float4 q = reinterpret_cast<const float4*>(qn + ((size_t)m * Hk + kh) * 128)[lane];
+  const float4 k = reinterpret_cast<const float4*>(kn + ((size_t)m * Hk + kh) * 128)[lane];
+  float4* sp = reinterpret_cast<float4*>(state + (((size_t)m * Hv + h) * 128 + dv) * 128) + lane;
+  float4 s = *sp;
+  const float alpha = __expf(g[(size_t)m * Hv + h]);
+  s.x *= alpha; s.y *= alpha; s.z *= alpha; s.w *= alpha;
+  const float sk = warp_sum(s.x * k.x + s.y * k.y + s.z * k.z + s.w * k.w);
+  const float sq = warp_sum(s.x * q.x + s.y * q.y + s.z * q.z + s.w * q.w);
+  const float kq = warp_sum(k.x * q.x + k.y * q.y + k.z * q.z + k.w * q.w);
+  const float u = beta[(size_t)m * Hv + h] * (vo[((size_t)m * Hv + h) * 128 + dv] - sk);
+  s.x += u * k.x; s.y += u * k.y; s.z += u * k.z; s.w += u * k.w;
+  *sp = s;
+  if (lane == 0) o[((size_t)m * Hv + h) * 128 + dv] = sq + u * kq;
+}

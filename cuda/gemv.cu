@@ -1,0 +1,299 @@
+// Decode GEMV straight from row-split quantized planes (q4/q5/q6 g64, q8 g32; layout row_split_k128_v1).
+//
+//   y[m][n] = sum_k W[n][k] * x[m][k]       W: [N, K] packed, x: [M, K] fp32 (M = tokens in flight)
+//
+// Why it looks like this (spec/performance.md §4g: a plain kernel reaches ~50% of the bandwidth):
+// * Decoding a code with int->float conversion is quarter-rate; instead each 4-bit nibble is OR-ed into
+//   the mantissa of an fp16 1024.0 ("magic number"), so two codes become an exact half2 in one LOP3,
+//   one HSUB2 removes the offset, and HFMA2 multiplies with x. Partial sums leave fp16 after every 32-bit
+//   word of codes (4 products per half lane) and accumulate in fp32.
+// * x is staged once per block into shared memory as fp16, scaled by a power of two so that the fp16
+//   partial sums cannot overflow (target bound per format below), in the pair order the magic decode
+//   produces, and swizzled so that a warp's 16-byte reads are bank-conflict free.
+// * One warp handles ROWS rows at once (x read once from shared memory for all of them) and keeps
+//   U 16-byte weight loads per row in flight per lane; blocks loop over row groups so that staging x
+//   is paid once per block; grid.y splits K (split-K) for the few-row, long-K shapes.
+// Epilogues: STORE (y = acc), PARTIAL (split-K slice s writes its own [M, N] plane; the consumer sums),
+// SWIGLU (rows r and r + N/2 of a fused [gate; up] parent: y = silu(gate) * up), ADD (y += acc).
+#include "common.cuh"
+
+#define FMT_Q4 0
+#define FMT_Q5 1
+#define FMT_Q6 2
+#define FMT_W8 3
+
+#define EPI_STORE 0
+#define EPI_PARTIAL 1
+#define EPI_SWIGLU 2
+#define EPI_ADD 3
+
+template <int FMT> struct Fmt;
+template <> struct Fmt<FMT_Q4> { static constexpr int VPU = 32, HB = 0;  static constexpr float XMAX = 1024.f; };
+template <> struct Fmt<FMT_Q5> { static constexpr int VPU = 32, HB = 8;  static constexpr float XMAX = 512.f; };
+template <> struct Fmt<FMT_Q6> { static constexpr int VPU = 32, HB = 16; static constexpr float XMAX = 256.f; };
+template <> struct Fmt<FMT_W8> { static constexpr int VPU = 16, HB = 0;  static constexpr float XMAX = 128.f; };
+
+// Dot product of one 16-byte word of codes (and its high bits) with the matching x pairs.
+// xp: the x pairs of this uint4 in shared memory (4 slots of 16 B for q4-q6, 2 for w8), slot swizzle key.
+template <int FMT>
+__device__ __forceinline__ float dot_u4(uint4 w, uint2 hi, const uint4* __restrict__ xp, int key) {
+  const unsigned int ws[4] = {w.x, w.y, w.z, w.w};
+  float s = 0.f;
+  if constexpr (FMT == FMT_W8) {
+    const __half2 B = __floats2half2_rn(1152.f, 1152.f);
+#pragma unroll
+    for (int sl = 0; sl < 2; ++sl) {
+      const uint4 xv = xp[(sl + key) & 1];
+      const unsigned int xs[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const unsigned int q = ws[sl * 2 + h] ^ 0x80808080u;
+        __half2 a = __hmul2(__hsub2(u32_as_half2(__byte_perm(q, 0x64646464u, 0x4240)), B), u32_as_half2(xs[2 * h]));
+        a = __hfma2(__hsub2(u32_as_half2(__byte_perm(q, 0x64646464u, 0x4341)), B), u32_as_half2(xs[2 * h + 1]), a);
+        const float2 f = __half22float2(a);
+        s += f.x + f.y;
+      }
+    }
+  } else {
+    const float bias = FMT == FMT_Q4 ? 1032.f : (FMT == FMT_Q5 ? 1040.f : 1056.f);
+    const __half2 B = __floats2half2_rn(bias, bias);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const uint4 xv = xp[(c + key) & 3];
+      unsigned int q = ws[c];
+      unsigned int s4 = 0;
+      if constexpr (FMT == FMT_Q4) {
+        q ^= 0x88888888u;
+      } else if constexpr (FMT == FMT_Q5) {
+        const unsigned int hm = (~hi.x >> (8 * c)) & 0xffu;
+        s4 = ((hm & 0x0fu) | ((hm & 0xf0u) << 12)) << 4;
+      } else {
+        const unsigned int hh = (((c < 2 ? hi.x : hi.y) ^ 0xaaaaaaaau) >> (16 * (c & 1))) & 0xffffu;
+        s4 = ((hh & 0xffu) | ((hh & 0xff00u) << 8)) << 4;
+      }
+      __half2 a;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        unsigned int t = ((q >> (4 * j)) & 0x000f000fu) | 0x64006400u;
+        if constexpr (FMT == FMT_Q5) t |= (s4 >> j) & 0x00100010u;
+        if constexpr (FMT == FMT_Q6) t |= (s4 >> (2 * j)) & 0x00300030u;
+        const unsigned int xw = j == 0 ? xv.x : (j == 1 ? xv.y : (j == 2 ? xv.z : xv.w));
+        const __half2 v = __hsub2(u32_as_half2(t), B);
+        a = j == 0 ? __hmul2(v, u32_as_half2(xw)) : __hfma2(v, u32_as_half2(xw), a);
+      }
+      const float2 f = __half22float2(a);
+      s += f.x + f.y;
+    }
+  }
+  return s;
+}
+
+template <int FMT, int ROWS, int M, int U>
+__global__ void __launch_bounds__(256) gemv_rs(
+    const unsigned char* __restrict__ base, const unsigned char* __restrict__ high,
+    const __half* __restrict__ scales, int N, int gpr, int pair_stride,
+    const float* __restrict__ x, int ldx, int K, int u4_per_split,
+    float* __restrict__ y, int ldy, int epi) {
+  using F = Fmt<FMT>;
+  constexpr int VPU = F::VPU;
+  const int u4_per_row = gpr * 2;
+  const int js = blockIdx.y * u4_per_split;
+  const int je = min(js + u4_per_split, u4_per_row);
+  const int nloc = je - js;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __half2* xs = reinterpret_cast<__half2*>(smem_raw);
+  float* red = reinterpret_cast<float*>(smem_raw + (size_t)M * nloc * VPU * 2);
+
+  // Stage x[m][js*VPU : je*VPU) as scaled fp16 pairs in decode order.
+  float inv_sc[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    const float* xm = x + (size_t)m * ldx;
+    const int k0 = js * VPU, k1 = min(je * VPU, K);
+    float mx = 0.f;
+    for (int k = k0 + threadIdx.x; k < k1; k += blockDim.x) mx = fmaxf(mx, fabsf(xm[k]));
+    mx = block_max(mx, red);
+    float sc = 1.f;
+    if (mx > 0.f) {
+      int e;
+      frexpf(F::XMAX / mx, &e);
+      sc = ldexpf(1.f, e - 1);
+    }
+    inv_sc[m] = 1.f / sc;
+    const int npairs = nloc * (VPU / 2);
+    for (int p = threadIdx.x; p < npairs; p += blockDim.x) {
+      const int jl = p / (VPU / 2), pi = p % (VPU / 2);
+      int ka, kb, dst;
+      if constexpr (FMT == FMT_W8) {
+        const int c = pi >> 1, jp = pi & 1;
+        ka = (js + jl) * 16 + 4 * c + jp;
+        kb = ka + 2;
+        const int phys = ((c >> 1) + (jl >> 2)) & 1;
+        dst = (m * nloc + jl) * 8 + phys * 4 + (c & 1) * 2 + jp;
+      } else {
+        const int c = pi >> 2, jp = pi & 3;
+        ka = (js + jl) * 32 + 8 * c + jp;
+        kb = ka + 4;
+        const int phys = (c + (jl >> 1)) & 3;
+        dst = (m * nloc + jl) * 16 + phys * 4 + jp;
+      }
+      xs[dst] = __floats2half2_rn(ka < K ? xm[ka] * sc : 0.f, kb < K ? xm[kb] * sc : 0.f);
+    }
+  }
+  __syncthreads();
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wpb = blockDim.x >> 5;
+  const int ngroups = epi == EPI_SWIGLU ? pair_stride : (N + ROWS - 1) / ROWS;
+  const uint4* xs4 = reinterpret_cast<const uint4*>(xs);
+  constexpr int SLOTS = VPU == 32 ? 4 : 2;
+
+  for (int g = blockIdx.x * wpb + warp; g < ngroups; g += gridDim.x * wpb) {
+    int rows[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      const int row = epi == EPI_SWIGLU ? g + r * pair_stride : g * ROWS + r;
+      rows[r] = row < N ? row : N - 1;  // clamp: duplicates are computed, never stored
+    }
+    float acc[ROWS][M];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+      for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
+
+    for (int jj = js + lane; jj < je; jj += 32 * U) {
+      uint4 w[U][ROWS];
+      uint2 hb[U][ROWS];
+      float sc[U][ROWS];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int j = jj + 32 * u;
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+          if (j < je) {
+            const size_t rg = (size_t)rows[r] * gpr + (j >> 1);
+            w[u][r] = __ldg(reinterpret_cast<const uint4*>(base) + (size_t)rows[r] * u4_per_row + j);
+            sc[u][r] = __half2float(scales[rg]);
+            if constexpr (FMT == FMT_Q5) {
+              hb[u][r].x = __ldg(reinterpret_cast<const unsigned int*>(high + rg * F::HB + (j & 1) * 4));
+              hb[u][r].y = 0u;
+            } else if constexpr (FMT == FMT_Q6) {
+              hb[u][r] = __ldg(reinterpret_cast<const uint2*>(high + rg * F::HB + (j & 1) * 8));
+            } else {
+              hb[u][r] = make_uint2(0u, 0u);
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int j = jj + 32 * u;
+        if (j < je) {
+          const int jl = j - js;
+          const int key = SLOTS == 4 ? (jl >> 1) : (jl >> 2);
+#pragma unroll
+          for (int m = 0; m < M; ++m) {
+            const uint4* xp = xs4 + (size_t)(m * nloc + jl) * SLOTS;
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) acc[r][m] += sc[u][r] * dot_u4<FMT>(w[u][r], hb[u][r], xp, key);
+          }
+        }
+      }
+    }
+
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float v[ROWS];
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) v[r] = warp_sum(acc[r][m]) * inv_sc[m];
+      if (lane == 0) {
+        if (epi == EPI_SWIGLU) {
+          if (g < pair_stride) y[(size_t)m * ldy + g] = silu(v[0]) * v[ROWS - 1];
+        } else {
+#pragma unroll
+          for (int r = 0; r < ROWS; ++r) {
+            const int row = g * ROWS + r;
+            if (row < N) {
+              if (epi == EPI_STORE) y[(size_t)m * ldy + row] = v[r];
+              else if (epi == EPI_ADD) y[(size_t)m * ldy + row] += v[r];
+              else y[((size_t)blockIdx.y * M + m) * ldy + row] = v[r];
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// bf16 weights [N, K] (row-major, K % 8 == 0), fp32 x [M, K]: one warp per row, fp32 math.
+template <int M>
+__global__ void __launch_bounds__(256) gemv_bf16(const unsigned short* __restrict__ w, int N, int K,
+                                                 const float* __restrict__ x, int ldx,
+                                                 float* __restrict__ y, int ldy, int epi) {
+  const int lane = threadIdx.x & 31;
+  const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (row >= N) return;
+  const uint4* wr = reinterpret_cast<const uint4*>(w + (size_t)row * K);
+  float acc[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) acc[m] = 0.f;
+  for (int j = lane; j < K / 8; j += 32) {
+    const uint4 v = __ldg(wr + j);
+    const float wf[8] = {bf16_lo(v.x), bf16_hi(v.x), bf16_lo(v.y), bf16_hi(v.y),
+                         bf16_lo(v.z), bf16_hi(v.z), bf16_lo(v.w), bf16_hi(v.w)};
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const float4* xp = reinterpret_cast<const float4*>(x + (size_t)m * ldx + j * 8);
+      const float4 a = xp[0], b = xp[1];
+      acc[m] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y +
+                wf[6] * b.z + wf[7] * b.w;
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    const float v = warp_sum(acc[m]);
+    if (lane == 0) {
+      if (epi == EPI_ADD) y[(size_t)m * ldy + row] += v;
+      else y[(size_t)m * ldy + row] = v;
+    }
+  }
+}
+
+// Embedding gather: x[m][:] = dequantized row tokens[m] of a row-split table [R, K].
+template <int FMT>
+__global__ void embed_rs(const unsigned char* __restrict__ base, const unsigned char* __restrict__ high,
+                         const __half* __restrict__ scales, int gpr, int K,
+                         const int* __restrict__ tokens, float* __restrict__ x, int ldx) {
+  const int m = blockIdx.x;
+  const int row = tokens[m];
+  for (int k = threadIdx.x; k < K; k += blockDim.x) {
+    const int g = k / (FMT == FMT_W8 ? 32 : 64), lanei = k % (FMT == FMT_W8 ? 32 : 64);
+    const size_t rg = (size_t)row * gpr + g;
+    const float s = __half2float(scales[rg]);
+    int code;
+    if constexpr (FMT == FMT_W8) {
+      code = (int)(signed char)base[rg * 32 + lanei];
+    } else {
+      const unsigned int b = base[rg * 32 + (lanei >> 1)];
+      unsigned int u = (lanei & 1) ? (b >> 4) : (b & 15u);
+      int bits = 4;
+      if constexpr (FMT == FMT_Q5) {
+        u |= ((high[rg * 8 + (lanei >> 3)] >> (lanei & 7)) & 1u) << 4;
+        bits = 5;
+      } else if constexpr (FMT == FMT_Q6) {
+        const int t = 2 * lanei;
+        u |= ((high[rg * 16 + (t >> 3)] >> (t & 7)) & 3u) << 4;
+        bits = 6;
+      }
+      code = (int)(u << (32 - bits)) >> (32 - bits);
+    }
+    x[(size_t)m * ldx + k] = s * (float)code;
+  }
+}
+
+// bf16 embedding gather.
+__global__ void embed_bf16(const unsigned short* __restrict__ table, int K, const int* __restrict__ tokens,
+                           float* __restrict__ x, int ldx) {
+  const int m = blockIdx.x;
+  const unsigned short* r = table + (size_t)tokens[m] * K;
+  for (int k = threadIdx.x; k < K; k += blockDim.x) x[(size_t)m * ldx + k] = __uint_as_float(((unsigned int)r[k]) << 16);
+}

@@ -1,0 +1,46 @@
+// Norms of the decode step (fp32 in and out).
+//
+// residual_rmsnorm: x += sum of split-K partials of the previous projection (deterministic order),
+//   then out = rmsnorm(x) * (1 + w) (offset=1) or * w. One block per token row.
+// gated_rmsnorm: out[h] = rmsnorm(o[h]) * w * silu(z[h]) per 128-wide GDN value head (plain weight).
+#include "common.cuh"
+
+__global__ void residual_rmsnorm(float* __restrict__ xres, const float* __restrict__ part, int S, int part_stride,
+                                 const float* __restrict__ w, float* __restrict__ out, int H, float eps, int offset) {
+  __shared__ float red[32];
+  const int m = blockIdx.x;
+  float* xr = xres + (size_t)m * H;
+  float ss = 0.f;
+  for (int k = threadIdx.x; k < H; k += blockDim.x) {
+    float v = xr[k];
+    for (int s = 0; s < S; ++s) v += part[(size_t)s * part_stride + (size_t)m * H + k];
+    if (S > 0) xr[k] = v;
+    ss += v * v;
+  }
+  ss = block_sum(ss, red);
+  const float r = rsqrtf(ss / H + eps);
+  for (int k = threadIdx.x; k < H; k += blockDim.x) {
+    const float wk = offset ? 1.f + w[k] : w[k];
+    out[(size_t)m * H + k] = xr[k] * r * wk;
+  }
+}
+
+// o, z: [M, Hv, D] with D == 128; one warp per (token, head).
+__global__ void gated_rmsnorm(const float* __restrict__ o, const float* __restrict__ z, int ldz,
+                              const float* __restrict__ w, float* __restrict__ out, int Hv, float eps) {
+  const int lane = threadIdx.x & 31;
+  const int gw = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int m = blockIdx.y;
+  if (gw >= Hv) return;
+  const float4 ov = reinterpret_cast<const float4*>(o + ((size_t)m * Hv + gw) * 128)[lane];
+  const float4 zv = reinterpret_cast<const float4*>(z + (size_t)m * ldz + (size_t)gw * 128)[lane];
+  const float4 wv = reinterpret_cast<const float4*>(w)[lane];
+  const float ss = warp_sum(ov.x * ov.x + ov.y * ov.y + ov.z * ov.z + ov.w * ov.w);
+  const float r = rsqrtf(ss / 128.f + eps);
+  float4 res;
+  res.x = ov.x * r * wv.x * silu(zv.x);
+  res.y = ov.y * r * wv.y * silu(zv.y);
+  res.z = ov.z * r * wv.z * silu(zv.z);
+  res.w = ov.w * r * wv.w * silu(zv.w);
+  reinterpret_cast<float4*>(out + ((size_t)m * Hv + gw) * 128)[lane] = res;
+}

@@ -1,0 +1,46 @@
+// Greedy sampling on the device and the step bookkeeping that keeps decode free of host syncs:
+// the argmax becomes the next input token, the position advances, and the token is appended to a
+// history ring the host reads once per burst (or once per token when streaming).
+#include "common.cuh"
+
+// logits: [M, V] (row stride ldl). One block (1024 threads) per row. Ties go to the lowest id.
+__global__ void argmax_step(const float* __restrict__ logits, int ldl, int V, int* __restrict__ tokens,
+                            int* __restrict__ pos, int* __restrict__ history, int* __restrict__ step, int hist_len) {
+  __shared__ float bv[32];
+  __shared__ int bi[32];
+  const int m = blockIdx.x;
+  const float* l = logits + (size_t)m * ldl;
+  float best = -INFINITY;
+  int idx = 0x7fffffff;
+  for (int i = threadIdx.x; i < V; i += blockDim.x) {
+    const float v = l[i];
+    if (v > best) { best = v; idx = i; }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+    if (ov > best || (ov == best && oi < idx)) { best = ov; idx = oi; }
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) { bv[warp] = best; bi[warp] = idx; }
+  __syncthreads();
+  if (warp == 0) {
+    const int nw = blockDim.x >> 5;
+    best = lane < nw ? bv[lane] : -INFINITY;
+    idx = lane < nw ? bi[lane] : 0x7fffffff;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+      if (ov > best || (ov == best && oi < idx)) { best = ov; idx = oi; }
+    }
+    if (lane == 0) {
+      tokens[m] = idx;
+      pos[m] += 1;
+      const int s = step[m];
+      history[(size_t)m * hist_len + (s % hist_len)] = idx;
+      step[m] = s + 1;
+    }
+  }
+}

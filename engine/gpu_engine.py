@@ -1,0 +1,82 @@
+"""The CUDA decode path behind the engine API: an adapter that gives `CudaQwen35` the model/cache
+contract `engine.api.Engine` drives, and `CudaEngine`, whose greedy loop stays on the device."""
+from __future__ import annotations
+
+import numpy as np
+
+from engine.api import Engine
+from engine.models.qwen3_5_cuda import CudaQwen35
+
+
+class _CudaCache:
+    def __init__(self, model: "CudaModel"):
+        self.model = model
+        self.position = 0
+
+    @property
+    def state_bytes(self) -> int:
+        return self.model.executor.state_bytes()
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.model.executor.kv_bytes_per_token()
+
+    @property
+    def nbytes(self) -> int:
+        return self.model.executor.state_bytes() // 2 + self.position * self.kv_bytes_per_token
+
+
+class CudaModel:
+    """`model(tokens, cache) -> logits` over the graph-captured decode step (one token per replay)."""
+
+    xp = np
+
+    def __init__(self, args, weights: dict, *, max_context: int = 4096, gemv_cfg: dict | None = None):
+        self.args = args
+        self.executor = CudaQwen35(args, weights, max_context=max_context, gemv_cfg=gemv_cfg)
+        self.weight_bytes = self.executor.weight_bytes()
+
+    def make_cache(self, *_):
+        self.executor.reset()
+        return _CudaCache(self)
+
+    def __call__(self, tokens, cache, last_only: bool = True):
+        ex = self.executor
+        if ex.graph is None:
+            ex.capture()
+        rows = []
+        for t in np.asarray(tokens).ravel():
+            ex.set_token(int(t))
+            ex.graph.launch(ex.stream)
+            cache.position += 1
+            if not last_only:
+                rows.append(ex.logits[0].get())
+        if last_only:
+            ex.stream.synchronize()
+            return ex.logits[:1].get()
+        return np.stack(rows)
+
+
+class CudaEngine(Engine):
+    """Engine on the CUDA decode step; `decode_greedy` replays the graph with no host sync per token."""
+
+    def decode_greedy(self, first_token: int, n: int) -> list[int]:
+        self._check_room(n)
+        out = self.model.executor.decode_greedy(int(first_token), n)
+        self.cache.position += n
+        self._tokens.extend([int(first_token)] + out[:-1])
+        self._last = None
+        return out
+
+    def info(self) -> dict:
+        d = super().info()
+        ex = self.model.executor
+        d.update(backend="cuda-graph", weight_bytes=ex.weight_bytes(), state_bytes=ex.state_bytes(),
+                 kv_bytes_per_token=ex.kv_bytes_per_token())
+        return d
+
+
+def build_engine(args, device_weights: dict, config: dict, *, max_context: int = 4096, tokenizer=None,
+                 gemv_cfg: dict | None = None) -> CudaEngine:
+    model = CudaModel(args, device_weights, max_context=max_context, gemv_cfg=gemv_cfg)
+    return CudaEngine(model, config, device="gpu", tokenizer=tokenizer, max_context=max_context)

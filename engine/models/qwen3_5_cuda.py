@@ -1,0 +1,324 @@
+"""Qwen3.5 hybrid decode on the GPU: packed weights, static buffers, one CUDA graph per step.
+
+The step is shaped for M token rows (`lanes`; later also the K+1 columns of speculative
+verification); wave one runs M = 1. Every buffer is allocated once here; the step is a fixed list of
+prepared kernel launches captured into a CUDA graph; per-step scalars (input token, position, step
+counter) live in device memory and are advanced by the last kernel, so a burst of greedy tokens needs
+no host synchronisation at all. The NumPy model (`qwen3_5.py`) is the reference for every number here.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from engine.ops import kernels as K
+from engine.ops.kernels import DevMatrix, GemvPlan
+
+KV_PAGE = 64
+ATTN_HEAD_DIM = 256
+GDN_HEAD_DIM = 128
+
+
+def concat_rows(cp, mats: list[DevMatrix]) -> DevMatrix:
+    """One packed matrix holding the rows of several (same format and K), planes copied on the device."""
+    if len(mats) == 1:
+        return mats[0]
+    first = mats[0]
+    if all(b.buf is first.buf and b.row0 == a.row0 + a.n for a, b in zip(mats, mats[1:])):
+        # rows already adjacent in one object (the published artifacts' fused parents): a view
+        return DevMatrix(first.fmt, sum(m.n for m in mats), first.k, first.buf, first.row0, first.gpr,
+                         first.base, first.high, first.scales)
+    fmt, k = first.fmt, first.k
+    if any(m.fmt != fmt or m.k != k for m in mats):
+        raise ValueError("cannot fuse matrices of different formats or widths")
+    n = sum(m.n for m in mats)
+    if fmt in ("bf16", "fp32"):
+        es = 2 if fmt == "bf16" else 4
+        buf = cp.empty(n * k * es, dtype=cp.uint8)
+        off = 0
+        for m in mats:
+            nb = m.n * k * es
+            buf[off:off + nb] = m.buf[m.base:m.base + nb]
+            off += nb
+        return DevMatrix.from_object(fmt, (n, k), buf)
+    from engine.artifact import formats  # noqa: PLC0415
+
+    geo = formats.rowsplit_geometry(fmt, (n, k))
+    buf = cp.zeros(geo.bytes, dtype=cp.uint8)
+    hb, gpr = geo.high_bytes_per_group, geo.groups_per_row
+    r = 0
+    for m in mats:
+        for off_src, off_dst, per_row in ((m.base, geo.base_off, 32 * gpr), (m.high, geo.high_off, hb * gpr),
+                                          (m.scales, geo.scale_off, 2 * gpr)):
+            nb = m.n * per_row
+            if nb:
+                buf[off_dst + r * per_row: off_dst + r * per_row + nb] = m.buf[off_src:off_src + nb]
+        r += m.n
+    return DevMatrix.from_object(fmt, (n, k), buf)
+
+
+class CudaQwen35:
+    """Decode-step executor for Qwen3.5 dense models on one GPU.
+
+    `weights` maps logical names (spec/container.md §2.3) to `DevMatrix` (projections, embedding,
+    head) or 1-D/2-D CuPy float32 arrays (norms, conv, a_log, dt_bias).
+    """
+
+    def __init__(self, args, weights: dict, *, max_context: int = 4096, lanes: int = 1,
+                 gemv_cfg: dict | None = None):
+        import cupy as cp  # noqa: PLC0415
+
+        self.cp, self.args, self.M = cp, args, lanes
+        a = args
+        if a.is_moe:
+            raise NotImplementedError("the GPU decode path does not run MoE models yet")
+        if a.head_dim != ATTN_HEAD_DIM or (a.linear_key_head_dim or GDN_HEAD_DIM) != GDN_HEAD_DIM:
+            raise ValueError("GPU kernels need attention head_dim 256 and GDN head dims 128")
+        self.H, self.V = a.hidden_size, a.vocab_size
+        self.max_context = int(math.ceil(max_context / KV_PAGE) * KV_PAGE)
+        self.gemv_cfg = gemv_cfg or {}
+        self.Hq, self.Hkv = a.num_attention_heads, a.num_key_value_heads
+        self.Hk, self.Hv = a.linear_num_key_heads, a.linear_num_value_heads
+        self.inter = a.intermediate_size
+        self.layer_types = a.layer_types
+        self._build_weights(weights)
+        self._alloc()
+        self.graph = None
+        self.ops = self._plan()
+
+    # ---- weights -------------------------------------------------------------------------------
+    def _build_weights(self, w):
+        cp = self.cp
+        self.embed = w["text/token_embedding"]
+        self.head = w.get("text/output_head", self.embed)
+        self.final_norm = w["text/final_norm"]
+        self.layers = []
+        for i, kind in enumerate(self.layer_types):
+            p = f"text/layers/{i}/"
+            L = {"kind": kind, "in_norm": w[p + "input_norm"], "post_norm": w[p + "post_attention_norm"],
+                 "gate_up": concat_rows(cp, [w[p + "mlp/gate"], w[p + "mlp/up"]]), "down": w[p + "mlp/down"]}
+            if kind == "full_attention":
+                L["qk"] = concat_rows(cp, [w[p + "attention/query"], w[p + "attention/key"]])
+                L["gv"] = concat_rows(cp, [w[p + "attention/gate"], w[p + "attention/value"]])
+                L["o"] = w[p + "attention/output"]
+                L["qn"], L["kn"] = w[p + "attention/query_norm"], w[p + "attention/key_norm"]
+            else:
+                L["qk"] = concat_rows(cp, [w[p + "gdn/query"], w[p + "gdn/key"]])
+                L["vz"] = concat_rows(cp, [w[p + "gdn/value"], w[p + "gdn/z"]])
+                L["ab"] = concat_rows(cp, [w[p + "gdn/a_projection"], w[p + "gdn/b_projection"]])
+                L["o"] = w[p + "gdn/output"]
+                L["conv"] = w[p + "gdn/convolution"]
+                L["a_log"], L["dt_bias"], L["norm"] = w[p + "gdn/a_log"], w[p + "gdn/dt_bias"], w[p + "gdn/norm"]
+            self.layers.append(L)
+
+    def weight_bytes(self) -> int:
+        """Bytes of weights read per decoded token (embedding row gathers counted as one row)."""
+        total = self.head.nbytes + self.embed.nbytes // max(self.embed.n, 1)
+        for L in self.layers:
+            for key in ("qk", "gv", "vz", "ab", "o", "gate_up", "down"):
+                if key in L:
+                    total += L[key].nbytes
+        return total
+
+    def state_bytes(self) -> int:
+        n_gdn = sum(1 for t in self.layer_types if t != "full_attention")
+        return n_gdn * self.Hv * GDN_HEAD_DIM * GDN_HEAD_DIM * 4 * 2  # read + write
+
+    def kv_bytes_per_token(self) -> int:
+        n_attn = sum(1 for t in self.layer_types if t == "full_attention")
+        return n_attn * self.Hkv * ATTN_HEAD_DIM * 2 * 2
+
+    # ---- buffers -------------------------------------------------------------------------------
+    def _alloc(self):
+        cp, M, H = self.cp, self.M, self.H
+        f32 = cp.float32
+        self.tokens = cp.zeros(M, dtype=cp.int32)
+        self.pos = cp.zeros(M, dtype=cp.int32)
+        self.step = cp.zeros(M, dtype=cp.int32)
+        self.hist_len = 4096
+        self.history = cp.zeros((M, self.hist_len), dtype=cp.int32)
+        self.x = cp.zeros((M, H), dtype=f32)
+        self.xn = cp.zeros((M, H), dtype=f32)
+        self.max_splits = 8
+        self.part = cp.zeros((self.max_splits, M, H), dtype=f32)
+        widths = [L["qk"].n for L in self.layers] + [L.get("gv", L.get("vz")).n for L in self.layers]
+        self.buf_a = cp.zeros((M, max(widths)), dtype=f32)
+        self.buf_b = cp.zeros((M, max(widths)), dtype=f32)
+        self.ab = cp.zeros((M, 2 * max(self.Hv, 1)), dtype=f32)
+        self.act = cp.zeros((M, self.inter), dtype=f32)
+        att_w = max(self.Hq * ATTN_HEAD_DIM, self.Hv * GDN_HEAD_DIM)
+        self.att = cp.zeros((M, att_w), dtype=f32)
+        self.att2 = cp.zeros((M, att_w), dtype=f32)
+        self.qbuf = cp.zeros((M, self.Hq * ATTN_HEAD_DIM), dtype=f32)
+        self.logits = cp.zeros((M, self.V), dtype=f32)
+        # GDN per layer: conv history [M, 3, C], state [M, Hv, 128, 128]
+        C = (2 * self.Hk + self.Hv) * GDN_HEAD_DIM
+        self.gdn_q = cp.zeros((M, self.Hk, GDN_HEAD_DIM), dtype=f32)
+        self.gdn_k = cp.zeros((M, self.Hk, GDN_HEAD_DIM), dtype=f32)
+        self.gdn_v = cp.zeros((M, self.Hv, GDN_HEAD_DIM), dtype=f32)
+        self.gdn_g = cp.zeros((M, self.Hv), dtype=f32)
+        self.gdn_beta = cp.zeros((M, self.Hv), dtype=f32)
+        pages_per_lane = self.max_context // KV_PAGE
+        self.page_table = cp.arange(M * pages_per_lane, dtype=cp.int32).reshape(M, pages_per_lane)
+        for L in self.layers:
+            if L["kind"] == "full_attention":
+                shape = (M * pages_per_lane, KV_PAGE, self.Hkv, ATTN_HEAD_DIM)
+                L["kc"] = cp.zeros(shape, dtype=cp.uint16)
+                L["vc"] = cp.zeros(shape, dtype=cp.uint16)
+            else:
+                L["conv_state"] = cp.zeros((M, 3, C), dtype=f32)
+                L["state"] = cp.zeros((M, self.Hv, GDN_HEAD_DIM, GDN_HEAD_DIM), dtype=f32)
+        n_sm = K.sm_count()
+        self.nsplit = max(1, min(pages_per_lane, (2 * n_sm) // max(self.Hkv, 1)))
+        self.chunk = -(-self.max_context // self.nsplit)
+        self.attn_ml = cp.zeros((M, self.Hq, self.nsplit, 2), dtype=f32)
+        self.attn_acc = cp.zeros((M, self.Hq, self.nsplit, ATTN_HEAD_DIM), dtype=f32)
+
+    def reset(self):
+        """Forget the sequence: zero caches and GDN state, position 0."""
+        for L in self.layers:
+            for key in ("conv_state", "state"):
+                if key in L:
+                    L[key].fill(0)
+        self.pos.fill(0)
+        self.step.fill(0)
+
+    # ---- the step ------------------------------------------------------------------------------
+    def _gemv(self, w, x, y, epi="store", splits=1, y_offset=0):
+        cfg = self.gemv_cfg.get((w.fmt, w.n, w.k), {})
+        return GemvPlan(w, x, x.shape[-1], y, y.shape[-1], m=self.M, epi=epi, splits=cfg.get("splits", splits),
+                        rows=cfg.get("rows"), unroll=cfg.get("unroll", 4), y_offset=y_offset).launch
+
+    def _splits(self, w) -> int:
+        cfg = self.gemv_cfg.get((w.fmt, w.n, w.k), {})
+        if "splits" in cfg:
+            return cfg["splits"]
+        blocks = -(-w.n // (2 * K.WARPS))
+        return max(1, min(self.max_splits, (2 * K.sm_count()) // max(blocks, 1)))
+
+    def _plan(self):
+        a, M, H = self.args, self.M, self.H
+        eps = float(a.rms_norm_eps)
+        ops = []
+        emb = self.embed
+        if emb.fmt in K.FMT_IDS:
+            ops.append(K.prepared(f"embed_rs<{K.FMT_IDS[emb.fmt]}>", (M,),
+                                  (np.uint64(emb.ptr(emb.base)), np.uint64(emb.ptr(emb.high)),
+                                   np.uint64(emb.ptr(emb.scales)), emb.gpr, H, self.tokens, self.x, H)))
+        else:
+            ops.append(K.prepared("embed_bf16", (M,), (np.uint64(emb.ptr(emb.base)), H, self.tokens, self.x, H)))
+        prev_splits = 0
+        part_stride = M * H
+        log2_theta = float(math.log2(a.rope_theta))
+        rot = a.rotary_dim
+        for L in self.layers:
+            ops.append(K.prepared("residual_rmsnorm", (M,), (self.x, self.part, prev_splits, part_stride,
+                                                            L["in_norm"], self.xn, H, eps, 1)))
+            ops.append(self._gemv(L["qk"], self.xn, self.buf_a))
+            if L["kind"] == "full_attention":
+                qw, kw = self.Hq * ATTN_HEAD_DIM, self.Hkv * ATTN_HEAD_DIM
+                ops.append(self._gemv(L["gv"], self.xn, self.buf_b))
+                lda, ldb = self.buf_a.shape[1], self.buf_b.shape[1]
+                nh = self.Hq + self.Hkv
+                ops.append(K.prepared("qk_norm_rope_kv", (-(-nh // K.WARPS), M),
+                                      (self.buf_a, lda, self.buf_a[:, qw:], lda, self.buf_b[:, qw:], ldb,
+                                       L["qn"], L["kn"], self.pos, self.page_table, self.page_table.shape[1],
+                                       L["kc"], L["vc"], self.qbuf, self.Hq, self.Hkv, rot, log2_theta, eps)))
+                g = self.Hq // self.Hkv
+                ops.append(K.prepared(f"attn_decode_split<{g}>", (self.Hkv, self.nsplit, M),
+                                      (self.qbuf, L["kc"], L["vc"], self.pos, self.page_table,
+                                       self.page_table.shape[1], self.Hkv, self.chunk,
+                                       float(1.0 / math.sqrt(ATTN_HEAD_DIM)), self.attn_ml, self.attn_acc,
+                                       self.nsplit)))
+                ops.append(K.prepared("attn_combine", (self.Hq, M),
+                                      (self.attn_ml, self.attn_acc, self.nsplit, self.buf_b, ldb, self.att,
+                                       self.Hq)))
+                del kw
+            else:
+                Hk, Hv = self.Hk, self.Hv
+                ops.append(self._gemv(L["vz"], self.xn, self.buf_b))
+                ops.append(self._gemv(L["ab"], self.xn, self.ab))
+                lda, ldb = self.buf_a.shape[1], self.buf_b.shape[1]
+                nheads = 2 * Hk + Hv
+                ops.append(K.prepared("gdn_prep", (-(-nheads // K.WARPS), M),
+                                      (self.buf_a, lda, self.buf_b, ldb, self.ab, self.ab.shape[1],
+                                       L["conv_state"], L["conv"], L["a_log"], L["dt_bias"], self.gdn_q,
+                                       self.gdn_k, self.gdn_v, self.gdn_g, self.gdn_beta, Hk, Hv,
+                                       float(1.0 / math.sqrt(GDN_HEAD_DIM)))))
+                ops.append(K.prepared("gdn_delta", (-(-Hv * GDN_HEAD_DIM // K.WARPS), M),
+                                      (self.gdn_q, self.gdn_k, self.gdn_v, self.gdn_g, self.gdn_beta,
+                                       L["state"], self.att2, Hk, Hv, 0)))
+                zoff = Hv * GDN_HEAD_DIM
+                ops.append(K.prepared("gated_rmsnorm", (-(-Hv // K.WARPS), M),
+                                      (self.att2, self.buf_b[:, zoff:], ldb, L["norm"], self.att, Hv, eps)))
+            s_o = self._splits(L["o"])
+            ops.append(self._gemv(L["o"], self.att, self.part, epi="partial", splits=s_o))
+            ops.append(K.prepared("residual_rmsnorm", (M,), (self.x, self.part, s_o, part_stride,
+                                                            L["post_norm"], self.xn, H, eps, 1)))
+            ops.append(self._gemv(L["gate_up"], self.xn, self.act, epi="swiglu"))
+            s_d = self._splits(L["down"])
+            ops.append(self._gemv(L["down"], self.act, self.part, epi="partial", splits=s_d))
+            prev_splits = s_d
+        ops.append(K.prepared("residual_rmsnorm", (M,), (self.x, self.part, prev_splits, part_stride,
+                                                        self.final_norm, self.xn, H, eps, 1)))
+        ops.append(self._gemv(self.head, self.xn, self.logits))
+        ops.append(K.prepared("argmax_step", (M,), (self.logits, self.V, self.V, self.tokens, self.pos,
+                                                    self.history, self.step, self.hist_len), block=1024))
+        return ops
+
+    def run_eager(self):
+        for op in self.ops:
+            op()
+
+    def capture(self):
+        """Capture the step into a CUDA graph (the step is run once eagerly first, then state reset)."""
+        cp = self.cp
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        with self.stream:
+            self.run_eager()
+            self.stream.synchronize()
+            self.reset()
+            self.stream.begin_capture()
+            self.run_eager()
+            self.graph = self.stream.end_capture()
+            self.graph.upload(self.stream)
+        self.stream.synchronize()
+
+    def step_async(self):
+        if self.graph is None:
+            self.capture()
+        self.graph.launch(self.stream)
+
+    # ---- the engine protocol -------------------------------------------------------------------
+    def set_token(self, token: int):
+        self.tokens.set(np.full(self.M, token, dtype=np.int32), stream=self.stream if self.graph else None)
+
+    def prefill(self, token_ids) -> np.ndarray:
+        """Run the prompt one token at a time through the decode graph; return the last logits."""
+        if self.graph is None:
+            self.capture()
+        for t in token_ids:
+            self.set_token(int(t))
+            self.graph.launch(self.stream)
+        self.stream.synchronize()
+        return self.logits[0].get()
+
+    def decode_step(self, token: int) -> np.ndarray:
+        return self.prefill([token])
+
+    def decode_greedy(self, first_token: int, n: int) -> list[int]:
+        """n greedy tokens after `first_token`, the loop kept on the device (argmax feeds the next step)."""
+        if self.graph is None:
+            self.capture()
+        self.set_token(int(first_token))
+        s0 = int(self.step[0].get())
+        for _ in range(n):
+            self.graph.launch(self.stream)
+        self.stream.synchronize()
+        h = self.history[0].get()
+        return [int(h[(s0 + i) % self.hist_len]) for i in range(n)]
+
+    @property
+    def position(self) -> int:
+        return int(self.pos[0].get())

@@ -1,0 +1,202 @@
+"""CUDA kernels of the decode step: one NVRTC module built from `cuda/*.cu`, and thin launchers.
+
+Every launcher takes CuPy arrays (or `DevMatrix` for packed weights), never allocates, and never
+synchronises, so a sequence of launches can be captured into one CUDA graph. Each kernel has a
+reference in `engine.ops.ref` (and `engine.artifact.formats` for the packed planes) and a test in
+`tests/gpu/`.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from engine.artifact import formats
+from engine.backend import cupy_or_none
+
+SOURCES = ("common.cuh", "gemv.cu", "norm.cu", "attention.cu", "gdn.cu", "sample.cu")
+FMT_IDS = {"q4_g64_fp16": 0, "q5_g64_fp16": 1, "q6_g64_fp16": 2, "q8_g32_fp16": 3}
+EPI = {"store": 0, "partial": 1, "swiglu": 2, "add": 3}
+GEMV_ROWS = (1, 2, 4)
+GEMV_UNROLL = (2, 4)
+GEMV_M = (1, 2)
+ATTN_GROUPS = (1, 2, 3, 4, 6, 8)
+WARPS = 8  # every kernel runs 256-thread blocks
+
+
+def cuda_source_dir() -> Path:
+    """The CUDA sources: shipped in the wheel as engine/_cuda, or the repository's cuda/ in a checkout."""
+    try:
+        shipped = importlib.resources.files("engine") / "_cuda"
+        if shipped.is_dir():
+            return Path(str(shipped))
+    except (ModuleNotFoundError, TypeError):
+        pass
+    return Path(__file__).resolve().parents[2] / "cuda"
+
+
+def _source() -> str:
+    root = cuda_source_dir()
+    common = (root / "common.cuh").read_text()
+    parts = [common]
+    for name in SOURCES[1:]:
+        text = (root / name).read_text()
+        parts.append(re.sub(r'#include "common.cuh"\n', "", text))
+    return "\n".join(p.replace("#pragma once\n", "") for p in parts)
+
+
+def _names() -> list[str]:
+    names = [f"gemv_rs<{f},{r},{m},{u}>" for f in range(4) for r in GEMV_ROWS for m in GEMV_M for u in GEMV_UNROLL]
+    names += [f"gemv_bf16<{m}>" for m in GEMV_M]
+    names += [f"embed_rs<{f}>" for f in range(4)]
+    names += [f"attn_decode_split<{g}>" for g in ATTN_GROUPS]
+    return names
+
+
+@functools.cache
+def module():
+    """The compiled RawModule (compiled once per process; CuPy caches the cubin on disk)."""
+    cp = cupy_or_none()
+    if cp is None:
+        raise RuntimeError("CUDA kernels need CuPy and a GPU")
+    return cp.RawModule(code=_source(), options=("-std=c++17",), name_expressions=_names())
+
+
+@functools.cache
+def kernel(name: str):
+    k = module().get_function(name)
+    return k
+
+
+@functools.cache
+def sm_count() -> int:
+    cp = cupy_or_none()
+    return cp.cuda.Device().attributes["MultiProcessorCount"]
+
+
+@dataclass
+class DevMatrix:
+    """A packed [N, K] weight in device memory: rows [row0, row0+n) of a row-split object, or bf16/fp32."""
+
+    fmt: str
+    n: int
+    k: int
+    buf: object  # cupy uint8 array holding the whole object
+    row0: int = 0
+    gpr: int = 0
+    base: int = 0  # byte offsets of the planes for row0
+    high: int = 0
+    scales: int = 0
+
+    @classmethod
+    def from_object(cls, fmt: str, shape, buf, row0: int = 0, row1: int | None = None) -> "DevMatrix":
+        n_all, k = int(shape[0]), int(math.prod(shape[1:]))
+        row1 = n_all if row1 is None else row1
+        if fmt in FMT_IDS:
+            geo = formats.rowsplit_geometry(fmt, (n_all, k))
+            hb = geo.high_bytes_per_group
+            return cls(fmt, row1 - row0, k, buf, row0, geo.groups_per_row,
+                       geo.base_off + row0 * geo.groups_per_row * 32,
+                       geo.high_off + row0 * geo.groups_per_row * hb,
+                       geo.scale_off + row0 * geo.groups_per_row * 2)
+        if fmt in ("bf16", "fp32"):
+            esize = 2 if fmt == "bf16" else 4
+            return cls(fmt, row1 - row0, k, buf, row0, base=row0 * k * esize)
+        raise ValueError(f"no GPU kernel for weight format {fmt}")
+
+    @property
+    def nbytes(self) -> int:
+        if self.fmt in FMT_IDS:
+            hb = formats.rowsplit_geometry(self.fmt, (1, self.k)).high_bytes_per_group
+            return self.n * self.gpr * (32 + hb + 2)
+        return self.n * self.k * (2 if self.fmt == "bf16" else 4)
+
+    def ptr(self, off: int) -> int:
+        return self.buf.data.ptr + off
+
+
+def _p(a) -> int:
+    return a.data.ptr if hasattr(a, "data") else int(a)
+
+
+class GemvPlan:
+    """A GEMV launch fixed at build time: y (+)= W x for M token rows. Call `launch(stream)`."""
+
+    def __init__(self, w: DevMatrix, x, ldx: int, y, ldy: int, m: int = 1, epi: str = "store",
+                 splits: int = 1, rows: int | None = None, unroll: int = 4, y_offset: int = 0):
+        cp = cupy_or_none()
+        self.w, self.m, self.epi = w, m, EPI[epi]
+        if w.fmt == "bf16":
+            self.fn = kernel(f"gemv_bf16<{m}>")
+            self.grid = ((w.n + WARPS - 1) // WARPS,)
+            self.args = (np.uint64(w.ptr(w.base)), np.int32(w.n), np.int32(w.k), np.uint64(_p(x)),
+                         np.int32(ldx), np.uint64(_p(y) + 4 * y_offset), np.int32(ldy), np.int32(self.epi))
+            self.smem = 0
+            return
+        f = FMT_IDS[w.fmt]
+        if rows is None:
+            rows = 2
+        if epi == "swiglu":
+            rows = 2
+        u4_per_row = w.gpr * 2
+        u4ps = -(-u4_per_row // splits)
+        vpu = 16 if w.fmt == "q8_g32_fp16" else 32
+        self.smem = m * u4ps * vpu * 2 + 32 * 4
+        ngroups = w.n // 2 if epi == "swiglu" else -(-w.n // rows)
+        per_sm = max(1, min(8, (200 * 1024) // max(self.smem, 1)))
+        bx = max(1, min(-(-ngroups // WARPS), sm_count() * per_sm // splits))
+        self.grid = (bx, splits)
+        self.fn = kernel(f"gemv_rs<{f},{rows},{m},{unroll}>")
+        if self.smem > 48 * 1024:
+            self.fn.max_dynamic_shared_size_bytes = self.smem
+        self.args = (np.uint64(w.ptr(w.base)), np.uint64(w.ptr(w.high)), np.uint64(w.ptr(w.scales)),
+                     np.int32(w.n), np.int32(w.gpr), np.int32(w.n // 2 if epi == "swiglu" else 0),
+                     np.uint64(_p(x)), np.int32(ldx), np.int32(w.k), np.int32(u4ps),
+                     np.uint64(_p(y) + 4 * y_offset), np.int32(ldy), np.int32(self.epi))
+        del cp
+
+    def launch(self):
+        self.fn(self.grid, (WARPS * 32,), self.args, shared_mem=self.smem)
+
+
+def launch(name: str, grid, args, smem: int = 0):
+    """Launch a non-template kernel with 256-thread blocks."""
+    conv = []
+    for a in args:
+        if hasattr(a, "data") and hasattr(a, "dtype"):
+            conv.append(np.uint64(a.data.ptr))
+        elif isinstance(a, float):
+            conv.append(np.float32(a))
+        elif isinstance(a, (int, np.integer)) and not isinstance(a, np.uint64):
+            conv.append(np.int32(a))
+        else:
+            conv.append(a)
+    kernel(name)(tuple(grid), (WARPS * 32,), tuple(conv), shared_mem=smem)
+
+
+def prepared(name: str, grid, args, block: int = WARPS * 32):
+    """A launch with its arguments converted once; call the result to launch."""
+    fn = kernel(name)
+    conv = []
+    for a in args:
+        if hasattr(a, "data") and hasattr(a, "dtype"):
+            conv.append(np.uint64(a.data.ptr))
+        elif isinstance(a, float):
+            conv.append(np.float32(a))
+        elif isinstance(a, (int, np.integer)) and not isinstance(a, np.uint64):
+            conv.append(np.int32(a))
+        else:
+            conv.append(a)
+    conv = tuple(conv)
+    grid = tuple(grid)
+
+    def go():
+        fn(grid, (block,), conv)
+
+    go.name = name
+    return go

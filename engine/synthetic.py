@@ -1,0 +1,58 @@
+"""Full-size synthetic models for benchmarks: the real geometry and recipe, random weights made
+directly in device memory (no download, no disk)."""
+from __future__ import annotations
+
+from engine.config import ModelArgs
+from engine.errors import NinferError
+
+_DENSE_27B = {
+    "architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", "hidden_size": 5120,
+    "num_hidden_layers": 64, "vocab_size": 248320, "intermediate_size": 17408, "rms_norm_eps": 1e-6,
+    "num_attention_heads": 24, "num_key_value_heads": 4, "head_dim": 256, "attn_output_gate": True,
+    "linear_num_key_heads": 16, "linear_key_head_dim": 128, "linear_num_value_heads": 48,
+    "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "full_attention_interval": 4,
+    "max_position_embeddings": 262144, "tie_word_embeddings": False,
+    "rope_parameters": {"rope_theta": 10000000.0, "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10]},
+}
+GEOMETRIES = {
+    "qwen3.6-27b": (_DENSE_27B, "groupwise-int"),
+    "qwen3.8-27b": (_DENSE_27B, "groupwise-int-w8head"),
+    "qwen3.6-35b-a3b": ({
+        "architectures": ["Qwen3_5MoeForCausalLM"], "model_type": "qwen3_5_moe_text", "hidden_size": 2048,
+        "num_hidden_layers": 40, "vocab_size": 248320, "rms_norm_eps": 1e-6, "num_attention_heads": 16,
+        "num_key_value_heads": 2, "head_dim": 256, "attn_output_gate": True, "linear_num_key_heads": 16,
+        "linear_key_head_dim": 128, "linear_num_value_heads": 32, "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4, "full_attention_interval": 4, "num_experts": 256,
+        "num_experts_per_tok": 8, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+        "max_position_embeddings": 262144, "tie_word_embeddings": False,
+        "rope_parameters": {"rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+    }, "groupwise-int"),
+}
+
+
+def geometry_config(geometry: str) -> dict:
+    if geometry not in GEOMETRIES:
+        raise NinferError(f"unknown synthetic geometry {geometry!r}", f"use one of {', '.join(GEOMETRIES)}")
+    return dict(GEOMETRIES[geometry][0])
+
+
+def build_engine(geometry: str, recipe: str | None = None, device: str = "gpu", max_context: int = 4096,
+                 kv: str = "bf16", seed: int = 0, gemv_cfg: dict | None = None):
+    """An Engine over random weights of `geometry` in `recipe`, built directly in device memory."""
+    from engine.backend import gpu_available  # noqa: PLC0415
+
+    if device != "gpu" or not gpu_available():
+        raise NinferError(f"--synthetic {geometry} builds full-size weights in GPU memory and needs a CUDA GPU",
+                          "run it on a machine with an NVIDIA GPU and CuPy, or use --synthetic tiny here")
+    if kv != "bf16":
+        raise NinferError(f"KV format {kv} is not implemented on the GPU yet", "use --kv bf16")
+    config = geometry_config(geometry)
+    args = ModelArgs.from_config(config)
+    if args.is_moe:
+        raise NinferError(f"{geometry}: the GPU decode path does not run MoE models yet",
+                          "benchmark qwen3.8-27b or qwen3.6-27b")
+    from engine import gpu_weights  # noqa: PLC0415
+    from engine.gpu_engine import build_engine as build  # noqa: PLC0415
+
+    weights = gpu_weights.synthetic(args, recipe or GEOMETRIES[geometry][1], seed=seed)
+    return build(args, weights, config, max_context=max_context, gemv_cfg=gemv_cfg)

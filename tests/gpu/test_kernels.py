@@ -1,0 +1,235 @@
+"""Every decode kernel against its reference (engine.ops.ref, engine.artifact.formats).
+
+Tolerances are the named presets of spec/testing.md (engine/ops/tolerance.py); inputs are fresh
+random data, outputs are poisoned before each run.
+"""
+import math
+
+import numpy as np
+import pytest
+
+from engine.artifact import formats
+from engine.ops import ref
+
+pytestmark = pytest.mark.gpu
+
+RNG = np.random.default_rng(1234)
+QFMTS = ["q4_g64_fp16", "q5_g64_fp16", "q6_g64_fp16", "q8_g32_fp16"]
+
+
+def rel_l2(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def check(name, got, want, atol, rtol, tail_frac, worst_ratio, rel):
+    """The composite pass rule of spec/testing.md §5.1."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert np.isfinite(got).all(), f"{name}: NaN/Inf"
+    err = np.abs(got - want)
+    lim = atol + rtol * np.abs(want)
+    if (err <= lim).all():
+        return
+    frac = float((err > lim).mean())
+    worst = float((err / lim).max())
+    r = rel_l2(got, want)
+    assert frac <= tail_frac and worst <= worst_ratio and r <= rel, \
+        f"{name}: violating {frac:.2e}, worst ratio {worst:.2f}, rel-L2 {r:.2e}"
+
+
+LINEAR = dict(atol=2e-3, rtol=1.6e-2, tail_frac=2e-3, worst_ratio=5, rel=8e-3)
+ELEM = dict(atol=1e-3, rtol=8e-3, tail_frac=1e-3, worst_ratio=4, rel=4e-3)
+GDN_STATE = dict(atol=5e-4, rtol=5e-3, tail_frac=2e-2, worst_ratio=5, rel=5e-3)
+
+
+@pytest.fixture(scope="module")
+def cp():
+    import cupy
+
+    return cupy
+
+
+@pytest.mark.parametrize("fmt", QFMTS)
+@pytest.mark.parametrize("n,k", [(512, 5120), (37, 1000), (300, 130)], ids=["512x5120", "37x1000", "300x130"])
+@pytest.mark.parametrize("m", [1, 2])
+@pytest.mark.parametrize("rows", [1, 2, 4])
+def test_gemv_store(cp, fmt, n, k, m, rows):
+    from engine.gpu_weights import upload_matrix
+    from engine.ops.kernels import GemvPlan
+
+    w = RNG.standard_normal((n, k)).astype(np.float32)
+    dm = upload_matrix(cp, fmt, w)
+    wq = formats.decode(fmt, "row_split_k128_v1", (n, k), cp.asnumpy(dm.buf))
+    x = (RNG.standard_normal((m, k)) * 3).astype(np.float32)
+    y = cp.full((m, n), np.nan, dtype=cp.float32)
+    GemvPlan(dm, cp.asarray(x), k, y, n, m=m, rows=rows, unroll=2).launch()
+    check(f"gemv {fmt}", y.get(), ref.linear(x, wq), **LINEAR)
+
+
+@pytest.mark.parametrize("fmt", QFMTS)
+@pytest.mark.parametrize("splits", [1, 3])
+def test_gemv_partial_splits(cp, fmt, splits):
+    from engine.gpu_weights import upload_matrix
+    from engine.ops.kernels import GemvPlan
+
+    n, k = 256, 4160
+    w = RNG.standard_normal((n, k)).astype(np.float32)
+    dm = upload_matrix(cp, fmt, w)
+    wq = formats.decode(fmt, "row_split_k128_v1", (n, k), cp.asnumpy(dm.buf))
+    x = RNG.standard_normal((1, k)).astype(np.float32)
+    part = cp.full((splits, 1, n), np.nan, dtype=cp.float32)
+    GemvPlan(dm, cp.asarray(x), k, part, n, m=1, epi="partial", splits=splits).launch()
+    check(f"gemv split {fmt}", part.get().sum(axis=0), ref.linear(x, wq), **LINEAR)
+
+
+def test_gemv_swiglu_and_bf16(cp):
+    from engine.gpu_weights import upload_matrix
+    from engine.ops.kernels import GemvPlan
+
+    n2, k = 2 * 300, 512
+    w = RNG.standard_normal((n2, k)).astype(np.float32)
+    dm = upload_matrix(cp, "q4_g64_fp16", w)
+    wq = formats.decode("q4_g64_fp16", "row_split_k128_v1", (n2, k), cp.asnumpy(dm.buf))
+    x = RNG.standard_normal((1, k)).astype(np.float32)
+    y = cp.full((1, n2 // 2), np.nan, dtype=cp.float32)
+    GemvPlan(dm, cp.asarray(x), k, y, n2 // 2, epi="swiglu").launch()
+    h = ref.linear(x, wq)
+    check("swiglu", y.get(), ref.swiglu(h[:, : n2 // 2], h[:, n2 // 2:]), **LINEAR)
+
+    wb = RNG.standard_normal((96, k)).astype(np.float32)
+    db = upload_matrix(cp, "bf16", wb)
+    wbq = formats.bf16_bits_to_f32(formats.f32_to_bf16_bits(wb))
+    yb = cp.full((1, 96), np.nan, dtype=cp.float32)
+    GemvPlan(db, cp.asarray(x), k, yb, 96).launch()
+    check("gemv bf16", yb.get(), ref.linear(x, wbq), **LINEAR)
+
+
+@pytest.mark.parametrize("fmt", QFMTS)
+def test_embed(cp, fmt):
+    from engine.gpu_weights import upload_matrix
+    from engine.ops import kernels as K
+
+    r, k = 50, 320
+    w = RNG.standard_normal((r, k)).astype(np.float32)
+    dm = upload_matrix(cp, fmt, w)
+    wq = formats.decode(fmt, "row_split_k128_v1", (r, k), cp.asnumpy(dm.buf))
+    toks = cp.asarray(np.array([7, 49], dtype=np.int32))
+    out = cp.full((2, k), np.nan, dtype=cp.float32)
+    K.prepared(f"embed_rs<{K.FMT_IDS[fmt]}>", (2,), (np.uint64(dm.ptr(dm.base)), np.uint64(dm.ptr(dm.high)),
+                                                   np.uint64(dm.ptr(dm.scales)), dm.gpr, k, toks, out, k))()
+    np.testing.assert_array_equal(out.get(), wq[[7, 49]])
+
+
+def test_residual_rmsnorm_and_gated(cp):
+    from engine.ops import kernels as K
+
+    m, h, s = 2, 1000, 3
+    x = RNG.standard_normal((m, h)).astype(np.float32)
+    part = RNG.standard_normal((s, m, h)).astype(np.float32)
+    w = RNG.standard_normal(h).astype(np.float32) * 0.1
+    xd, out = cp.asarray(x), cp.full((m, h), np.nan, dtype=cp.float32)
+    K.prepared("residual_rmsnorm", (m,), (xd, cp.asarray(part), s, m * h, cp.asarray(w), out, h, 1e-6, 1))()
+    xs = x + part.sum(0)
+    check("residual", xd.get(), xs, **ELEM)
+    check("rmsnorm", out.get(), ref.rmsnorm(xs, w, 1e-6, offset=True), **ELEM)
+
+    hv = 5
+    o = RNG.standard_normal((m, hv, 128)).astype(np.float32)
+    z = RNG.standard_normal((m, hv * 128)).astype(np.float32)
+    gw = RNG.standard_normal(128).astype(np.float32)
+    go = cp.full((m, hv * 128), np.nan, dtype=cp.float32)
+    K.prepared("gated_rmsnorm", (1, m), (cp.asarray(o), cp.asarray(z), hv * 128, cp.asarray(gw), go, hv, 1e-6))()
+    check("gated_rmsnorm", go.get(), ref.gated_rmsnorm(o, z.reshape(m, hv, 128), gw, 1e-6).reshape(m, -1), **ELEM)
+
+
+def test_gdn_step(cp):
+    from engine.ops import kernels as K
+
+    hk, hv = 2, 6
+    c = (2 * hk + hv) * 128
+    qk = RNG.standard_normal((1, 2 * hk * 128)).astype(np.float32)
+    vz = RNG.standard_normal((1, hv * 128)).astype(np.float32)
+    ab = RNG.standard_normal((1, 2 * hv)).astype(np.float32)
+    conv_state = RNG.standard_normal((1, 3, c)).astype(np.float32)
+    conv_w = RNG.standard_normal((4, c)).astype(np.float32) * 0.5
+    a_log = np.log(RNG.uniform(1, 16, hv)).astype(np.float32)
+    dt_bias = RNG.standard_normal(hv).astype(np.float32)
+    state = RNG.standard_normal((1, hv, 128, 128)).astype(np.float32) * 0.1
+    bufs = {n: cp.zeros(s, dtype=cp.float32) for n, s in
+            {"q": (1, hk, 128), "k": (1, hk, 128), "v": (1, hv, 128), "g": (1, hv), "b": (1, hv), "o": (1, hv, 128)}.items()}
+    cs, st = cp.asarray(conv_state), cp.asarray(state)
+    K.prepared("gdn_prep", (2, 1), (cp.asarray(qk), qk.shape[1], cp.asarray(vz), vz.shape[1], cp.asarray(ab), 2 * hv,
+                                    cs, cp.asarray(conv_w), cp.asarray(a_log), cp.asarray(dt_bias), bufs["q"],
+                                    bufs["k"], bufs["v"], bufs["g"], bufs["b"], hk, hv, 1.0 / math.sqrt(128)))()
+    K.prepared("gdn_delta", (hv * 128 // 8, 1), (bufs["q"], bufs["k"], bufs["v"], bufs["g"], bufs["b"], st,
+                                                 bufs["o"], hk, hv, 0))()
+    # reference
+    xin = np.concatenate([qk[0], vz[0]])
+    y, new_cs = ref.causal_conv1d_step(xin, conv_state[0].T, conv_w)
+    q = ref.l2norm(y[: hk * 128].reshape(hk, 128))
+    k = ref.l2norm(y[hk * 128: 2 * hk * 128].reshape(hk, 128))
+    v = y[2 * hk * 128:].reshape(hv, 128)
+    g, beta = ref.gdn_gates(ab[0, :hv], ab[0, hv:], a_log, dt_bias)
+    o, s_new = ref.gdn_recurrent(q[None], k[None], v[None], g[None], beta[None], state[0])
+    check("conv state", cs.get()[0], new_cs.T, **ELEM)
+    check("gdn g", bufs["g"].get()[0], g, atol=1e-6, rtol=1e-5, tail_frac=1e-4, worst_ratio=2, rel=1e-5)
+    check("gdn state", st.get()[0], s_new, **GDN_STATE)
+    check("gdn out", bufs["o"].get()[0], o[0], atol=1e-3, rtol=1e-2, tail_frac=2e-3, worst_ratio=5, rel=8e-3)
+
+
+@pytest.mark.parametrize("g", [6, 8])
+@pytest.mark.parametrize("length", [1, 63, 200])
+def test_attention_decode(cp, g, length):
+    from engine.ops import kernels as K
+
+    hkv, d, page = 2, 256, 64
+    hq = hkv * g
+    max_ctx = 256
+    pages = max_ctx // page
+    nsplit = 3
+    chunk = -(-max_ctx // nsplit)
+    kc = cp.zeros((pages, page, hkv, d), dtype=cp.uint16)
+    vc = cp.zeros_like(kc)
+    perm = np.array([2, 0, 3, 1], dtype=np.int32)  # a non-trivial page table
+    pt = cp.asarray(perm[None])
+    qn_w = RNG.standard_normal(d).astype(np.float32) * 0.1
+    kn_w = RNG.standard_normal(d).astype(np.float32) * 0.1
+    ks, vs = [], []
+    qbuf = cp.zeros((1, hq * d), dtype=cp.float32)
+    for t in range(length):
+        q = RNG.standard_normal((1, hq * d)).astype(np.float32)
+        k = RNG.standard_normal((1, hkv * d)).astype(np.float32)
+        v = RNG.standard_normal((1, hkv * d)).astype(np.float32)
+        pos = cp.asarray(np.array([t], dtype=np.int32))
+        K.prepared("qk_norm_rope_kv", (-(-(hq + hkv) // 8), 1),
+                   (cp.asarray(q), hq * d, cp.asarray(k), hkv * d, cp.asarray(v), hkv * d, cp.asarray(qn_w),
+                    cp.asarray(kn_w), pos, pt, pages, kc, vc, qbuf, hq, hkv, 64, math.log2(1e7), 1e-6))()
+        kr = ref.rope(ref.rmsnorm(k.reshape(1, hkv, d), kn_w, 1e-6), np.array([t]), 64, 1e7)
+        ks.append(kr[0])
+        vs.append(v.reshape(hkv, d))
+    qr = ref.rope(ref.rmsnorm(q.reshape(1, hq, d), qn_w, 1e-6), np.array([length - 1]), 64, 1e7)
+    check("q norm+rope", qbuf.get().reshape(1, hq, d), qr, **ELEM)
+    gate = RNG.standard_normal((1, hq * d)).astype(np.float32)
+    ml = cp.zeros((1, hq, nsplit, 2), dtype=cp.float32)
+    acc = cp.zeros((1, hq, nsplit, d), dtype=cp.float32)
+    out = cp.full((1, hq * d), np.nan, dtype=cp.float32)
+    K.prepared(f"attn_decode_split<{g}>", (hkv, nsplit, 1),
+               (qbuf, kc, vc, pos, pt, pages, hkv, chunk, 1 / 16, ml, acc, nsplit))()
+    K.prepared("attn_combine", (hq, 1), (ml, acc, nsplit, cp.asarray(gate), hq * d, out, hq))()
+    to_bf16 = lambda a: formats.bf16_bits_to_f32(formats.f32_to_bf16_bits(np.asarray(a, np.float32)))  # noqa: E731
+    want = ref.attention(qr, to_bf16(np.stack(ks)), to_bf16(np.stack(vs)), 1 / 16, q_start=length - 1)
+    want = want.reshape(1, -1) * ref.sigmoid(gate)
+    check("attention", out.get(), want, atol=2e-3, rtol=1.6e-2, tail_frac=2e-3, worst_ratio=5, rel=8e-3)
+
+
+def test_argmax_step(cp):
+    from engine.ops import kernels as K
+
+    v = 248320
+    logits = RNG.standard_normal((2, v)).astype(np.float32)
+    logits[1, 1000] = logits[1, 5] = 50.0  # tie: lowest id wins
+    toks, pos, step = cp.zeros(2, cp.int32), cp.asarray(np.array([3, 9], np.int32)), cp.zeros(2, cp.int32)
+    hist = cp.zeros((2, 8), cp.int32)
+    K.prepared("argmax_step", (2,), (cp.asarray(logits), v, v, toks, pos, hist, step, 8), block=1024)()
+    assert toks.get().tolist() == [int(np.argmax(logits[0])), 5]
+    assert pos.get().tolist() == [4, 10] and hist.get()[:, 0].tolist() == toks.get().tolist()
