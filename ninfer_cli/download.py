@@ -10,6 +10,7 @@ types, its shared HTTP session), and this module owns the bytes:
                                              splices bytes of another file onto it
     <partial dir>/<file>                     complete and verified, ready to move into the store
     <partial dir>/<file>.<rev12>.rejected    complete but the wrong size or SHA-256 (kept aside)
+    <partial dir>/<file>.<rev12>.lock        held (flock) by the one process downloading it
 
 A rerun asks for the rest with `Range: bytes=<have>-` and re-hashes the bytes it already has.
 """
@@ -199,8 +200,7 @@ def fetch(
     """Download `f` into `folder` (resuming a partial), verify size and SHA-256, return the complete file.
 
     `progress` is a rich `Progress` (or None for silence); `remote` is `resolve`'s answer when the
-    caller already asked. The returned file sits in `folder`, ready
-    for `Store.add(move=True)`. A wrong file is renamed `*.rejected` and raises NinferError; a full
+    caller already asked. The returned file sits in `folder`, ready for `Store.add(move=True)`. A wrong file is renamed `*.rejected` and raises NinferError; a full
     disk, a network failure or Ctrl+C keep the partial and raise NinferError / DownloadInterrupted.
     """
     state = Partial(folder, f)
@@ -208,7 +208,7 @@ def fetch(
         if force:
             state.discard()
             state.done.unlink(missing_ok=True)
-        return _fetch_locked(state, ref, progress, remote or resolve(f, ref, token))
+        return _fetch_locked(state, ref, progress, remote or resolve(f, ref, token), token)
 
 
 @contextlib.contextmanager
@@ -231,7 +231,7 @@ def _exclusive(state: Partial, ref: str):
             state.lock.unlink(missing_ok=True)
 
 
-def _fetch_locked(state: Partial, ref: str, progress, remote: Remote) -> Path:
+def _fetch_locked(state: Partial, ref: str, progress, remote: Remote, token) -> Path:
     f = state.file
     expected = f.size if f.size is not None else remote.size
     if f.size is not None and remote.size is not None and remote.size != f.size:
@@ -264,17 +264,17 @@ def _fetch_locked(state: Partial, ref: str, progress, remote: Remote) -> Path:
     if task is not None and have:
         progress.reset(task, total=expected, completed=have)  # restart the speed clock after re-hashing
     if expected is None or have < expected:
-        digest = _transfer(state, remote, expected, digest, advance, ref)
+        digest = _transfer(state, remote, expected, digest, advance, ref, token)
     return _verify(state, digest.hexdigest(), ref)
 
 
-def _transfer(state: Partial, remote: Remote, expected: int | None, digest, advance, ref: str):
+def _transfer(state: Partial, remote: Remote, expected: int | None, digest, advance, ref: str, token=None):
     """Append the missing bytes (Range from what is on disk), retrying transient network errors."""
     import httpx2  # noqa: PLC0415
     from huggingface_hub import constants  # noqa: PLC0415
     from huggingface_hub.utils import build_hf_headers, get_session  # noqa: PLC0415
 
-    headers = build_hf_headers()
+    headers = build_hf_headers(token=token)
     headers["Accept-Encoding"] = "identity"
     retries = _RETRIES
     while True:
