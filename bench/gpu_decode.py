@@ -61,7 +61,7 @@ def copy_bandwidth():
     n = 1 << 30
     a, b = cp.empty(n, cp.uint8), cp.empty(n, cp.uint8)
     a.fill(1)
-    ms = time_graph(lambda: cp.copyto(b, a), reps=5)
+    ms = time_graph(lambda: b.data.copy_from_device_async(a.data, n), reps=5)
     return 2 * n / (ms * 1e-3) / 1e9
 
 
@@ -218,7 +218,7 @@ def main():
     report = {"gpu": props["name"].decode(), "cupy": cp.__version__,
               "cuda_runtime": cp.cuda.runtime.runtimeGetVersion(), "driver": cp.cuda.runtime.driverGetVersion()}
     t = time.perf_counter()
-    K.module()
+    K.kernel("argmax_step")
     report["compile_s"] = round(time.perf_counter() - t, 1)
     bw = copy_bandwidth()
     report["copy_gbs"] = round(bw, 1)

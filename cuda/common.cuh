@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 
 #define NI_WARP 32
+#define INFINITY __int_as_float(0x7f800000)
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
