@@ -15,7 +15,7 @@ from engine.errors import NinferError
 
 _MAGIC_NINFER = b"NINFER\x00"
 _MAGIC_GGUF = b"GGUF"
-# Function names tried, in order, in each converter module (the first that exists is called as f(src, dst)).
+# Fallbacks when engine.artifact.convert (one entry point for every kind) is absent: f(src, dst) per kind.
 _CONVERTERS = {
     "legacy": ("engine.artifact.upgrade", ("upgrade",)),
     "gguf": ("engine.artifact.from_gguf", ("convert",)),
@@ -76,6 +76,13 @@ def default_name(path: Path) -> str:
 
 
 def _converter(kind: str):
+    """A callable `(src, dst, progress=None) -> Path` converting `kind` to a v3 file at dst."""
+    try:
+        from engine.artifact.convert import convert as convert_any  # noqa: PLC0415
+    except ImportError:
+        convert_any = None
+    if convert_any is not None:
+        return lambda src, dst, progress=None: convert_any(src, dst, progress=progress)
     module_name, names = _CONVERTERS[kind]
     try:
         module = importlib.import_module(module_name)
@@ -83,12 +90,12 @@ def _converter(kind: str):
         module = None
     for fn in names:
         if module is not None and callable(getattr(module, fn, None)):
-            return getattr(module, fn)
+            return lambda src, dst, progress=None, f=getattr(module, fn): f(src, dst)
     if kind == "gguf":
-        # Until engine.artifact.from_gguf lands, the default model's importer handles llama-family GGUFs.
+        # Without engine.artifact's GGUF import, the default model's importer handles llama-family GGUFs.
         from ninfer_cli.default_model import convert_gguf  # noqa: PLC0415
 
-        return convert_gguf
+        return lambda src, dst, progress=None: convert_gguf(src, dst)
     what = {"legacy": "upgrading v1/v2 .ninfer files", "gguf": "GGUF import", "hf": "checkpoint conversion"}[kind]
     raise NinferError(f"{what} is not available in this build ({module_name})",
                       "convert the file elsewhere to a v3 .ninfer and pass that to --from")
@@ -137,7 +144,10 @@ def register(path: Path, name: str | None, *, move: bool = False, force: bool = 
         output.info(f"{action}: {path} -> {ref}")
         try:
             try:
-                result = _converter(kind)(path, out)
+                with make_progress(output.stderr()) as bar:
+                    task = bar.add_task(action, total=None)
+                    result = _converter(kind)(path, out, progress=lambda done, total: bar.update(
+                        task, completed=done, total=total))
             except (NinferError, KeyboardInterrupt):
                 raise
             except Exception as e:

@@ -170,8 +170,8 @@ def _offer_convert(entry, ref: str, installed) -> None:
         path, version = found
         raise NinferError(
             f"a v{version} artifact of {entry.name} is already on disk: {path}",
-            f"upgrade it with `ninfer convert {path}` and register it with `ninfer pull {ref} --from OUT.ninfer` "
-            f"instead of downloading {output.human_bytes(entry.size)}; or pass --force to download anyway",
+            f"upgrade and register it with `ninfer pull {ref} --from {path}` (or `ninfer convert {path}`) instead "
+            f"of downloading {output.human_bytes(entry.size)} again; --force downloads anyway",
         )
 
 

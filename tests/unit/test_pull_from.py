@@ -32,7 +32,7 @@ def fake_converters(monkeypatch):
     calls = []
 
     def converter(kind):
-        def convert(src, dst):
+        def convert(src, dst, progress=None):
             calls.append((kind, Path(src).name))
             Path(dst).write_bytes(V3)
             return dst
@@ -77,7 +77,7 @@ def test_other_formats_are_converted_then_registered(tmp_path, fake_converters, 
 
 def test_failed_conversion_is_one_line(tmp_path, monkeypatch):
     def broken(kind):
-        def convert(src, dst):
+        def convert(src, dst, progress=None):
             raise ValueError("tensor blk.0.attn_q.weight has an unknown type")
         return convert
 
