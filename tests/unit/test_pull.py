@@ -13,6 +13,7 @@ import time
 from collections import namedtuple
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from hub_fixture import SIZE, hub_env, write_catalog  # noqa: F401
@@ -69,11 +70,12 @@ def test_full_pull_verifies_and_installs(hub_env):
     assert_installed(hub_env)
 
 
-def test_killed_process_resumes_with_range_and_fetches_only_the_rest(hub_env):
-    hub_env.behaviour.delay_after = 1024 * 1024  # slow after 1 MiB so the first process can be killed mid-way
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["kill-9", "ctrl-c"])
+def test_stopped_process_resumes_with_range_and_fetches_only_the_rest(hub_env, sig):
+    hub_env.behaviour.delay_after = 1024 * 1024  # slow after 1 MiB so the first process is stopped mid-way
     env = dict(hub_env.env, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen([sys.executable, "-m", "ninfer_cli.main", "pull", "tiny"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=hub_env.home.parent)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=hub_env.home.parent)
     part = hub_env.part_file()
     deadline = time.time() + 30
     try:
@@ -81,9 +83,13 @@ def test_killed_process_resumes_with_range_and_fetches_only_the_rest(hub_env):
                and (not part.exists() or part.stat().st_size < 1024 * 1024)):
             time.sleep(0.02)
     finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-    assert proc.returncode == -signal.SIGKILL
+        os.kill(proc.pid, sig)
+        err = proc.communicate(timeout=30)[1]
+    if sig == signal.SIGKILL:
+        assert proc.returncode == -signal.SIGKILL
+    else:
+        assert proc.returncode == 130, err
+        assert "error: interrupted:" in err and "-> run `ninfer pull tiny:latest` again to resume" in err
     have = part.stat().st_size
     assert 1024 * 1024 <= have < SIZE, have
     assert installed(hub_env) is None
