@@ -91,6 +91,19 @@ class Cache:
     def __len__(self) -> int:
         return len(self.layers)
 
+    @property
+    def can_trim(self) -> bool:
+        """Only pure-attention caches can go back in time; GDN state holds every token mixed in."""
+        return all(isinstance(c, KVCache) for c in self.layers)
+
+    def trim(self, length: int) -> None:
+        """Keep the first `length` positions (attention-only caches)."""
+        if not self.can_trim:
+            raise ValueError("a cache with GDN state cannot be trimmed")
+        for c in self.layers:
+            c.trim(length)
+        self.position = min(self.position, length)
+
     def reset(self) -> None:
         """Empty every layer and go back to position 0."""
         for layer in self.layers:

@@ -1,0 +1,165 @@
+"""Generation loop over any engine that speaks the low-level protocol (prefill / decode_step / position).
+
+`generate_step` yields token ids; `stream_generate` turns them into `Response` records (text deltas,
+rates, finish reason). Both are lazy: a token is fed back to the model only when the consumer asks
+for the next one, so stopping or cancelling never computes a token that is thrown away.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+from engine.sampling import Sampler
+
+
+@dataclass
+class GenerationConfig:
+    """What to generate; `temperature == 0` is greedy. Stop ids are added to the tokenizer's EOS ids
+    unless `ignore_eos`."""
+
+    max_tokens: int = 512
+    temperature: float = 0.7
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+
+@dataclass
+class Response:
+    """One streamed record. `text` is new text since the last record; `finish_reason` is None until the
+    last record, then "stop" | "length" | "cancelled". Rates are tokens/s; `memory` is GB (1e9 bytes)
+    held by the engine (weights + caches)."""
+
+    text: str
+    token: int | None
+    reasoning: str = ""
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    prompt_tps: float = 0.0
+    generation_tps: float = 0.0
+    memory: float = 0.0
+    finish_reason: str | None = None
+
+
+def generate_step(
+    engine,
+    prompt_ids: Sequence[int],
+    sampler: Sampler,
+    *,
+    max_tokens: int = -1,
+    cancel: threading.Event | None = None,
+) -> Iterator[int]:
+    """Prefill `prompt_ids`, then yield sampled ids one at a time (max_tokens < 0: no limit).
+
+    The sampler draws the token at position p with its counter RNG keyed by p (p = tokens before it),
+    so a seed reproduces the same tokens. `cancel` is checked before every token.
+    """
+    if max_tokens == 0 or (cancel is not None and cancel.is_set()):
+        return
+    logits = engine.prefill(list(prompt_ids))
+    n = 0
+    while True:
+        tok = sampler(logits, engine.position)
+        sampler.accept(tok)
+        yield tok
+        n += 1
+        if n == max_tokens or (cancel is not None and cancel.is_set()):
+            return
+        logits = engine.decode_step(tok)
+
+
+class _StopStrings:
+    """Holds back text that could still become a stop string; cuts the text at the first match."""
+
+    def __init__(self, stops: Sequence[str]):
+        self.stops = [s for s in stops if s]
+        self.held = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        """(text safe to emit, whether a stop string was hit)."""
+        if not self.stops:
+            return text, False
+        buf = self.held + text
+        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            self.held = ""
+            return buf[: min(hits)], True
+        keep = 0
+        for s in self.stops:  # longest suffix of buf that is a proper prefix of a stop string
+            for k in range(min(len(s) - 1, len(buf)), keep, -1):
+                if buf.endswith(s[:k]):
+                    keep = k
+                    break
+        self.held = buf[len(buf) - keep :] if keep else ""
+        return buf[: len(buf) - keep], False
+
+    def flush(self) -> str:
+        out, self.held = self.held, ""
+        return out
+
+
+def stream_generate(
+    engine,
+    prompt_ids: Sequence[int],
+    config: GenerationConfig,
+    sampler: Sampler,
+    *,
+    detokenizer=None,
+    stop_token_ids: Sequence[int] = (),
+    cancel: threading.Event | None = None,
+    memory_fn=None,
+) -> Iterator[Response]:
+    """Yield one `Response` per generated token, the last one carrying `finish_reason`.
+
+    A stop token ends the stream with "stop" (its text is not emitted); a stop string ends it with
+    "stop" and the text up to the string; `config.max_tokens` gives "length"; `cancel` gives
+    "cancelled" with `token=None`.
+    """
+    stops = set(int(t) for t in stop_token_ids)
+    cutter = _StopStrings(config.stop_strings)
+    n_prompt = len(prompt_ids)
+    t0 = time.perf_counter()
+    t_first = None
+    prompt_tps = 0.0
+    count = 0
+
+    def record(text, token, finish=None):
+        now = time.perf_counter()
+        gen_tps = (count - 1) / (now - t_first) if t_first is not None and count > 1 and now > t_first else 0.0
+        mem = memory_fn() / 1e9 if memory_fn is not None else 0.0
+        return Response(text=text, token=token, prompt_tokens=n_prompt, generation_tokens=count,
+                        prompt_tps=prompt_tps, generation_tps=gen_tps, memory=mem, finish_reason=finish)
+
+    def tail() -> str:
+        return cutter.feed(detokenizer.flush())[0] + cutter.flush() if detokenizer is not None else cutter.flush()
+
+    steps = generate_step(engine, prompt_ids, sampler, max_tokens=config.max_tokens, cancel=cancel)
+    for tok in steps:
+        if t_first is None:
+            t_first = time.perf_counter()
+            prompt_tps = n_prompt / (t_first - t0) if t_first > t0 else 0.0
+        if tok in stops:
+            yield record(tail(), tok, "stop")
+            return
+        count += 1
+        piece = detokenizer.add(tok) if detokenizer is not None else ""
+        text, hit = cutter.feed(piece)
+        if hit:
+            yield record(text, tok, "stop")
+            return
+        if count == config.max_tokens:
+            yield record(text + tail(), tok, "length")
+            return
+        yield record(text, tok)
+    if config.max_tokens == 0:
+        yield record("", None, "length")
+    else:  # the step generator only ends early when cancelled
+        yield record(tail(), None, "cancelled")
