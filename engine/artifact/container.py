@@ -27,6 +27,7 @@ ROOT_REQUIRED = ("components", "objects", "bindings", "uses", "files")
 TENSOR_KEYS = {"id", "kind", "shape", "format", "layout", "offset", "bytes"}
 RESOURCE_KEYS = {"id", "kind", "encoding", "offset", "bytes"}
 COMPONENT_KEYS = {"config", "target", "resources", "proposal"}
+_DAMAGED = "the file is damaged or truncated; re-download or re-convert it"
 
 
 @dataclass(frozen=True)
@@ -234,16 +235,16 @@ def _bad(path: Path, what: str) -> NinferError:
 def read_json(path: Path, start: int, nbytes: int, size: int) -> dict:
     """Parse the JSON region; trailing whitespace is allowed."""
     if nbytes <= 0 or start + nbytes > size:
-        raise _bad(path, f"JSON length {nbytes} does not fit a {size}-byte file (truncated?)")
+        raise NinferError(f"{path}: JSON length {nbytes} does not fit a {size}-byte file (truncated?)", _DAMAGED)
     with open(path, "rb") as f:
         f.seek(start)
         raw = f.read(nbytes)
     try:
         root = json.loads(raw.decode("utf-8").rstrip(" \t\r\n"))
     except (UnicodeDecodeError, ValueError) as e:
-        raise _bad(path, f"metadata is not valid JSON ({e})") from None
+        raise NinferError(f"{path}: metadata is not valid JSON ({e})", _DAMAGED) from None
     if not isinstance(root, dict):
-        raise _bad(path, "JSON root is not an object")
+        raise NinferError(f"{path}: JSON root is not an object", _DAMAGED)
     return root
 
 

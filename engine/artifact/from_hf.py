@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.artifact import formats
+from engine.artifact.upgrade_rules import inputs_of
 from engine.artifact.writer import DEFAULT_SPLIT_LIMIT, write_artifact
 from engine.errors import NinferError
 
@@ -242,9 +243,12 @@ def convert(folder, out, recipe: str = "groupwise-int", *, split_limit: int = DE
             return _as_source(np.asarray(cache["outs"].pop(logical)), fmt)
         return load
 
+    backends = [b for b in ("mtp",) if b in comps]
+    uses = [{"parameter": n, "input": inp, "activation_policy": "A16Only"}
+            for n, *_ in entries for inp in inputs_of(n, backends)]
     tensors = [(n, fmt, formats.ROW_SPLIT if fmt in formats.GROUPWISE else formats.CONTIGUOUS, shape,
                 loader(n, fmt, shard, hf)) for n, fmt, shape, shard, hf in entries]
-    return write_artifact(out, comps, tensors, blobs, metadata={"name": name or folder.name},
+    return write_artifact(out, comps, tensors, blobs, uses=uses, metadata={"name": name or folder.name},
                           provenance={"imported_from": {"format": "safetensors", "folder": folder.name},
                                       "recipe": recipe},
                           split_limit=split_limit, progress=progress)

@@ -237,7 +237,7 @@ def build_bindings(comps: dict, objects: list[dict]) -> dict:
 
 # --- uses -------------------------------------------------------------------------------------
 
-def _inputs(param: str, backends: list[str]) -> list[str]:
+def inputs_of(param: str, backends: list[str]) -> list[str]:
     """Activation input positions of a parameter (empty: no use entry)."""
     if param == "text/output_head":
         return ["text/final_hidden"] + [f"{b}/final_hidden" for b in backends]
@@ -325,7 +325,7 @@ def build_uses(comps: dict, objects: list[dict], bindings: dict) -> list[dict]:
     uses = []
     for param, b in bindings.items():
         obj = b["object"] if "object" in b else b["parts"][0]["object"]
-        for inp in _inputs(param, backends):
+        for inp in inputs_of(param, backends):
             use = {"parameter": param, "input": inp, "activation_policy": policy(fmt[obj])}
             if param in aux:
                 use["auxiliaries"] = {"activation_input_divisor": {"object": aux[param]}}
