@@ -22,6 +22,9 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("show", "ninfer_cli.commands.show:show", "Models"),
     ("rm", "ninfer_cli.commands.rm:rm", "Models"),
     ("pull", "ninfer_cli.commands.pull:pull", "Models"),
+    ("convert", "ninfer_cli.commands.convert:convert", "Models"),
+    ("inspect", "ninfer_cli.commands.inspect:inspect", "Models"),
+    ("verify", "ninfer_cli.commands.verify:verify", "Models"),
     ("env", "ninfer_cli.commands.env:env", "Utils"),
     ("bench", "ninfer_cli.commands.bench:bench", "Benchmark"),
 ]
