@@ -9,7 +9,7 @@
 
 // q: [M, Hq, D] query rows (raw projection), k/v: [M, Hkv, D]; one warp per head (D == 256, 8 per lane,
 // element i of lane l is d = l + 32 i so that the rotated pairs (d, d + 32) of RoPE sit in one lane).
-__global__ void qk_norm_rope_kv(const float* __restrict__ q, int ldq, const float* __restrict__ k, int ldk,
+extern "C" __global__ void qk_norm_rope_kv(const float* __restrict__ q, int ldq, const float* __restrict__ k, int ldk,
                                 const float* __restrict__ v, int ldv,
                                 const float* __restrict__ qnw, const float* __restrict__ knw,
                                 const int* __restrict__ pos, const int* __restrict__ page_table, int pt_stride,
@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(256) attn_decode_split(
 }
 
 // out[m][h][d] = (sum_s acc_s e^{m_s - M}) / (sum_s l_s e^{m_s - M}) * sigmoid(gate[m][h][d]). grid (Hq, M), block 256.
-__global__ void attn_combine(const float* __restrict__ part_ml, const float* __restrict__ part_acc, int nsplit,
+extern "C" __global__ void attn_combine(const float* __restrict__ part_ml, const float* __restrict__ part_acc, int nsplit,
                              const float* __restrict__ gate, int ldg, float* __restrict__ out, int Hq) {
   const int h = blockIdx.x, m = blockIdx.y, d = threadIdx.x;
   const size_t hs0 = ((size_t)m * Hq + h) * nsplit;

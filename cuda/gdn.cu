@@ -10,7 +10,7 @@
 // qk: [M, 2*Hk*128] (q then k), vv: [M, Hv*128] with row stride ldv, ab: [M, 2*Hv] (a then b).
 // conv_state: [M, 3, C] oldest first; conv_w: [4, C] tap-major; C = (2*Hk + Hv) * 128.
 // Outputs: qn, kn [M, Hk, 128], vo [M, Hv, 128], g, beta [M, Hv].
-__global__ void gdn_prep(const float* __restrict__ qk, int ldqk, const float* __restrict__ vv, int ldv,
+extern "C" __global__ void gdn_prep(const float* __restrict__ qk, int ldqk, const float* __restrict__ vv, int ldv,
                          const float* __restrict__ ab, int ldab, float* __restrict__ conv_state,
                          const float* __restrict__ conv_w, const float* __restrict__ a_log,
                          const float* __restrict__ dt_bias, float* __restrict__ qn, float* __restrict__ kn,
@@ -58,7 +58,7 @@ __global__ void gdn_prep(const float* __restrict__ qk, int ldqk, const float* __
 }
 
 // state: [M, Hv, 128 (dv), 128 (dk)] fp32. o: [M, Hv, 128]. tiled=1: value head h reads qk head h % Hk.
-__global__ void __launch_bounds__(256) gdn_delta(const float* __restrict__ qn, const float* __restrict__ kn,
+extern "C" __global__ void __launch_bounds__(256) gdn_delta(const float* __restrict__ qn, const float* __restrict__ kn,
                                                  const float* __restrict__ vo, const float* __restrict__ g,
                                                  const float* __restrict__ beta, float* __restrict__ state,
                                                  float* __restrict__ o, int Hk, int Hv, int tiled) {

@@ -291,7 +291,7 @@ __global__ void embed_rs(const unsigned char* __restrict__ base, const unsigned 
 }
 
 // bf16 embedding gather.
-__global__ void embed_bf16(const unsigned short* __restrict__ table, int K, const int* __restrict__ tokens,
+extern "C" __global__ void embed_bf16(const unsigned short* __restrict__ table, int K, const int* __restrict__ tokens,
                            float* __restrict__ x, int ldx) {
   const int m = blockIdx.x;
   const unsigned short* r = table + (size_t)tokens[m] * K;

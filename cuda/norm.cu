@@ -5,7 +5,7 @@
 // gated_rmsnorm: out[h] = rmsnorm(o[h]) * w * silu(z[h]) per 128-wide GDN value head (plain weight).
 #include "common.cuh"
 
-__global__ void residual_rmsnorm(float* __restrict__ xres, const float* __restrict__ part, int S, int part_stride,
+extern "C" __global__ void residual_rmsnorm(float* __restrict__ xres, const float* __restrict__ part, int S, int part_stride,
                                  const float* __restrict__ w, float* __restrict__ out, int H, float eps, int offset) {
   __shared__ float red[32];
   const int m = blockIdx.x;
@@ -26,7 +26,7 @@ __global__ void residual_rmsnorm(float* __restrict__ xres, const float* __restri
 }
 
 // o, z: [M, Hv, D] with D == 128; one warp per (token, head).
-__global__ void gated_rmsnorm(const float* __restrict__ o, const float* __restrict__ z, int ldz,
+extern "C" __global__ void gated_rmsnorm(const float* __restrict__ o, const float* __restrict__ z, int ldz,
                               const float* __restrict__ w, float* __restrict__ out, int Hv, float eps) {
   const int lane = threadIdx.x & 31;
   const int gw = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);

@@ -4,7 +4,7 @@
 #include "common.cuh"
 
 // logits: [M, V] (row stride ldl). One block (1024 threads) per row. Ties go to the lowest id.
-__global__ void argmax_step(const float* __restrict__ logits, int ldl, int V, int* __restrict__ tokens,
+extern "C" __global__ void argmax_step(const float* __restrict__ logits, int ldl, int V, int* __restrict__ tokens,
                             int* __restrict__ pos, int* __restrict__ history, int* __restrict__ step, int hist_len) {
   __shared__ float bv[32];
   __shared__ int bi[32];

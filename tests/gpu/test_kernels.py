@@ -57,10 +57,10 @@ def test_gemv_store(cp, fmt, n, k, m, rows):
     from engine.gpu_weights import upload_matrix
     from engine.ops.kernels import GemvPlan
 
-    w = RNG.standard_normal((n, k)).astype(np.float32)
+    w = (RNG.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)  # unit-scale outputs, as in a model
     dm = upload_matrix(cp, fmt, w)
     wq = formats.decode(fmt, "row_split_k128_v1", (n, k), cp.asnumpy(dm.buf))
-    x = (RNG.standard_normal((m, k)) * 3).astype(np.float32)
+    x = RNG.standard_normal((m, k)).astype(np.float32)
     y = cp.full((m, n), np.nan, dtype=cp.float32)
     GemvPlan(dm, cp.asarray(x), k, y, n, m=m, rows=rows, unroll=2).launch()
     check(f"gemv {fmt}", y.get(), ref.linear(x, wq), **LINEAR)
@@ -73,7 +73,7 @@ def test_gemv_partial_splits(cp, fmt, splits):
     from engine.ops.kernels import GemvPlan
 
     n, k = 256, 4160
-    w = RNG.standard_normal((n, k)).astype(np.float32)
+    w = (RNG.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
     dm = upload_matrix(cp, fmt, w)
     wq = formats.decode(fmt, "row_split_k128_v1", (n, k), cp.asnumpy(dm.buf))
     x = RNG.standard_normal((1, k)).astype(np.float32)
@@ -87,7 +87,7 @@ def test_gemv_swiglu_and_bf16(cp):
     from engine.ops.kernels import GemvPlan
 
     n2, k = 2 * 300, 512
-    w = RNG.standard_normal((n2, k)).astype(np.float32)
+    w = (RNG.standard_normal((n2, k)) / np.sqrt(k)).astype(np.float32)
     dm = upload_matrix(cp, "q4_g64_fp16", w)
     wq = formats.decode("q4_g64_fp16", "row_split_k128_v1", (n2, k), cp.asnumpy(dm.buf))
     x = RNG.standard_normal((1, k)).astype(np.float32)
@@ -96,7 +96,7 @@ def test_gemv_swiglu_and_bf16(cp):
     h = ref.linear(x, wq)
     check("swiglu", y.get(), ref.swiglu(h[:, : n2 // 2], h[:, n2 // 2:]), **LINEAR)
 
-    wb = RNG.standard_normal((96, k)).astype(np.float32)
+    wb = (RNG.standard_normal((96, k)) / np.sqrt(k)).astype(np.float32)
     db = upload_matrix(cp, "bf16", wb)
     wbq = formats.bf16_bits_to_f32(formats.f32_to_bf16_bits(wb))
     yb = cp.full((1, 96), np.nan, dtype=cp.float32)
