@@ -77,4 +77,8 @@ def hub_env(tmp_path, monkeypatch):
         for k in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "NINFER_OFFLINE", "NINFER_MODEL_DIR"):
             monkeypatch.delenv(k, raising=False)
         monkeypatch.chdir(tmp_path)  # `./models` (a legacy location) must not come from the checkout
+        from huggingface_hub import constants
+
+        # read once at import: without this, the user-agent's agent detection may call the real Hub
+        monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", True)
         yield HubEnv(hub=hub, spec=spec, home=tmp_path / "store", catalog=catalog, env=dict(os.environ))
