@@ -31,13 +31,13 @@ def main() -> None:
     tests = bench.expand_matrix(bench.parse_int_list(a.p, "-p"), bench.parse_int_list(a.n, "-n"), [],
                                 bench.parse_int_list(a.d, "-d"))
     from engine.backend import resolve_device  # noqa: PLC0415
-    from engine.bench_models import GEOMETRIES  # noqa: PLC0415
+    from engine.bench_models import geometries  # noqa: PLC0415
     from engine.config import ModelArgs  # noqa: PLC0415
 
     device = resolve_device(a.device)
     env = bench_device.environment(device)
     roof, _ = bench_device.roofline(env)
-    domain = ModelArgs.from_config(GEOMETRIES[a.geometry]).domain
+    domain = ModelArgs.from_config(geometries()[a.geometry][0]).domain
     tokens = bench.bench_tokens(max(t.context_needed for t in tests) + 16, domain)
     meta, results = _run_baseline(None, a.geometry, tests, a.r, a.warmup, device, tokens, roof,
                                   lambda s: print(s, file=sys.stderr, flush=True))
@@ -53,9 +53,9 @@ def main() -> None:
 
 
 def bench_models_geometries():
-    from engine.bench_models import GEOMETRIES  # noqa: PLC0415
+    from engine.bench_models import geometries  # noqa: PLC0415
 
-    return GEOMETRIES
+    return geometries()
 
 
 if __name__ == "__main__":

@@ -9,43 +9,14 @@ from pathlib import Path
 from engine.bench import Costs, Instance
 from engine.errors import NinferError
 
-_27B = {
+TINY = {
     "model_type": "qwen3_5_text",
     "architectures": ["Qwen3_5ForCausalLM"],
-    "hidden_size": 5120,
-    "num_hidden_layers": 64,
     "full_attention_interval": 4,
-    "intermediate_size": 17408,
-    "num_attention_heads": 24,
-    "num_key_value_heads": 4,
-    "head_dim": 256,
-    "linear_num_key_heads": 16,
-    "linear_key_head_dim": 128,
-    "linear_num_value_heads": 48,
-    "linear_value_head_dim": 128,
     "linear_conv_kernel_dim": 4,
-    "vocab_size": 248320,
     "tie_word_embeddings": False,
     "rms_norm_eps": 1e-6,
-    "max_position_embeddings": 262144,
     "rope_parameters": {"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25},
-}
-_35B_A3B = {
-    **{k: v for k, v in _27B.items() if k != "intermediate_size"},
-    "model_type": "qwen3_5_moe_text",
-    "architectures": ["Qwen3_5MoeForCausalLM"],
-    "hidden_size": 2048,
-    "num_hidden_layers": 40,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 2,
-    "linear_num_value_heads": 32,
-    "num_experts": 256,
-    "num_experts_per_tok": 8,
-    "moe_intermediate_size": 512,
-    "shared_expert_intermediate_size": 512,
-}
-TINY = {
-    **{k: v for k, v in _27B.items() if k not in ("max_position_embeddings",)},
     "hidden_size": 128,
     "num_hidden_layers": 4,
     "intermediate_size": 256,
@@ -59,9 +30,17 @@ TINY = {
     "vocab_size": 2048,
     "max_position_embeddings": 65536,
 }
-# HF-style text configs of the full-size geometries (model.md §1.1); Qwen3.8-27B is the 3.6-27B geometry
-GEOMETRIES = {"qwen3.8-27b": _27B, "qwen3.6-27b": _27B, "qwen3.6-35b-a3b": _35B_A3B, "tiny": TINY}
-RECIPES = ("groupwise-int", "nvfp4", "bf16")
+
+
+def geometries() -> dict[str, tuple[dict, str]]:
+    """Synthetic geometry name -> (HF-style text config, default recipe); full sizes from engine.synthetic."""
+    from engine.synthetic import GEOMETRIES  # noqa: PLC0415
+
+    return {**GEOMETRIES, "tiny": (TINY, "float32")}
+
+
+def default_recipe(geometry: str) -> str | None:
+    return geometries().get(geometry, (None, None))[1]
 
 
 # ---------------------------------------------------------------------------------- cost model
@@ -276,25 +255,21 @@ def tiny_weights(args, rng) -> dict:
     return w
 
 
-def build_synthetic(geometry: str, *, recipe: str, device: str, max_context: int, instance: Instance):
+def build_synthetic(geometry: str, *, recipe: str | None, device: str, max_context: int, instance: Instance):
     """A full-size synthetic engine (random packed weights in device memory); needs a CUDA GPU."""
-    if geometry not in GEOMETRIES:
-        raise NinferError(f"unknown synthetic geometry {geometry!r}", f"pick one of {', '.join(GEOMETRIES)}")
+    known = geometries()
+    if geometry not in known:
+        raise NinferError(f"unknown synthetic geometry {geometry!r}", f"pick one of {', '.join(known)}")
     if geometry == "tiny":
         return build_tiny(device, max_context, instance)
-    if recipe not in RECIPES:
-        raise NinferError(f"unknown recipe {recipe!r}", f"pick one of {', '.join(RECIPES)}")
     if device != "gpu":
         raise NinferError(
             f"--synthetic {geometry} builds its weights in GPU memory and needs a CUDA GPU with CuPy",
             "run it on a machine with an NVIDIA GPU (pip install 'ninfer[cuda13]'), or use --synthetic tiny here",
         )
-    try:
-        from engine.synthetic import build_engine  # noqa: PLC0415
-    except ImportError as e:
-        raise NinferError(f"this build has no synthetic GPU engine ({e})", "update ninfer") from None
+    from engine.synthetic import build_engine  # noqa: PLC0415
+
     opts = instance_options(instance)
-    opts.setdefault("kv", "bf16")
     return _call_with_options(build_engine, "the synthetic GPU engine", geometry, recipe=recipe, device="gpu",
                               max_context=max_context, **opts)
 
@@ -310,7 +285,7 @@ def build_model(path: Path, *, device: str, max_context: int, instance: Instance
 def hf_config_of(model_path: Path | None, geometry: str | None) -> dict:
     """The HF-style text config a baseline model is built from."""
     if geometry:
-        return dict(GEOMETRIES[geometry])
+        return dict(geometries()[geometry][0])
     from engine.artifact.container import open_artifact  # noqa: PLC0415
 
     art = open_artifact(model_path)

@@ -9,7 +9,9 @@ from engine import bench_device
 from engine.bench import (
     TOKEN_SEED, Instance, Result, Test, bench_tokens, memory_probe, run_test,
 )
-from engine.bench_models import build_model, build_synthetic, engine_costs, geometry_costs, hf_config_of
+from engine.bench_models import (
+    build_model, build_synthetic, default_recipe, engine_costs, geometry_costs, hf_config_of,
+)
 from engine.bench_report import build_report
 
 
@@ -46,7 +48,7 @@ def run_bench(
     model: str | None,
     model_path: Path | None,
     synthetic: str | None,
-    recipe: str,
+    recipe: str | None,
     tests: list[Test],
     instances: list[Instance],
     repetitions: int,
@@ -68,7 +70,7 @@ def run_bench(
     memory = memory_probe(device)
     results: list[Result] = []
     meta: dict = {"model": model, "synthetic": synthetic,
-                  "recipe": None if not synthetic else "float32" if synthetic == "tiny" else recipe}
+                  "recipe": (recipe or default_recipe(synthetic)) if synthetic else None}
     for inst in instances:
         if synthetic:
             eng = build_synthetic(synthetic, recipe=recipe, device=device, max_context=max_context, instance=inst)

@@ -99,8 +99,9 @@ def bench(
         "--synthetic", metavar="GEOMETRY", rich_help_panel=ENGINE, show_default=False,
         help="Random weights of a real geometry instead of a model: qwen3.8-27b, qwen3.6-27b, qwen3.6-35b-a3b "
              "(GPU only), or tiny (a small Qwen3.5 on NumPy).")] = None,
-    recipe: Annotated[str, typer.Option("--recipe", rich_help_panel=ENGINE,
-                                        help="Weight format recipe of a synthetic model.")] = "groupwise-int",
+    recipe: Annotated[Optional[str], typer.Option(
+        "--recipe", rich_help_panel=ENGINE, show_default=False,
+        help="Weight format recipe of a synthetic model (default: the geometry's, groupwise-int).")] = None,
     n_prompt: Annotated[Optional[list[str]], typer.Option(
         "-p", "--n-prompt", metavar="LIST", rich_help_panel=TESTS, show_default=False,
         help="Prompt sizes for ppN tests: 512,8192 or first-last+step. Default 512; 0 skips pp.")] = None,
