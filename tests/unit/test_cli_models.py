@@ -128,3 +128,11 @@ def test_rm_unknown_name_deletes_nothing(store):
 def test_rm_invalid_name_is_user_error(store):
     r = invoke("rm", "-y", "../etc")
     assert r.exit_code == 1 and "invalid model name" in r.stderr
+
+
+def test_ls_available_lists_the_catalog_with_install_state(store, monkeypatch):
+    monkeypatch.delenv("NINFER_CATALOG", raising=False)
+    rows = {r["name"]: r for r in json.loads(invoke("ls", "--available", "--json").stdout)}
+    assert rows["smollm2-135m"]["installed"] is True and rows["qwen36-27b"]["installed"] is False
+    table = invoke("ls", "-a")
+    assert table.exit_code == 0 and "qwen36-27b" in table.stdout
