@@ -45,13 +45,25 @@ GG_NAMES = {"input_norm": "attn_norm", "post_attention_norm": "ffn_norm", "atten
             "mlp/gate": "ffn_gate", "mlp/up": "ffn_up", "mlp/down": "ffn_down"}
 
 
-def write_llama_gguf(path, weights, quantize_down=False):
+def add_tokenizer(w, n_vocab):
+    """The tiny byte-level BPE of the HF fixtures, as GGUF tokenizer metadata."""
     tok = json.loads((FIX / "hf_dense" / "tokenizer.json").read_text())
     vocab = sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1])
-    tokens = [t for t, _ in vocab] + [f"<extra_{i}>" for i in range(V - len(vocab) - 3)]
     specials = [a["content"] for a in tok["added_tokens"]]
-    tokens = specials + [t for t in tokens if t not in specials]
+    tokens = specials + [t for t, _ in vocab if t not in specials]
+    tokens += [f"<extra_{i}>" for i in range(n_vocab - len(tokens))]
     merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([3 if t in specials else 1 for t in tokens])
+    w.add_token_merges(merges)
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(2)
+    w.add_chat_template(TEMPLATE)
+
+
+def write_llama_gguf(path, weights, quantize_down=False):
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name("tiny-llama")
     w.add_context_length(128)
@@ -62,14 +74,7 @@ def write_llama_gguf(path, weights, quantize_down=False):
     w.add_head_count_kv(NKV)
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types([3 if t in specials else 1 for t in tokens])
-    w.add_token_merges(merges)
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(2)
-    w.add_chat_template(TEMPLATE)
+    add_tokenizer(w, V)
     w.add_tensor("token_embd.weight", weights["text/token_embedding"])
     w.add_tensor("output_norm.weight", weights["text/final_norm"])
     for i in range(L):
