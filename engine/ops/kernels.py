@@ -168,7 +168,9 @@ def launch(name: str, grid, args, smem: int = 0):
     """Launch a non-template kernel with 256-thread blocks."""
     conv = []
     for a in args:
-        if hasattr(a, "data") and hasattr(a, "dtype"):
+        if isinstance(a, np.generic):
+            conv.append(a)
+        elif hasattr(a, "data") and hasattr(a, "dtype"):
             conv.append(np.uint64(a.data.ptr))
         elif isinstance(a, float):
             conv.append(np.float32(a))
@@ -184,7 +186,9 @@ def prepared(name: str, grid, args, block: int = WARPS * 32):
     fn = kernel(name)
     conv = []
     for a in args:
-        if hasattr(a, "data") and hasattr(a, "dtype"):
+        if isinstance(a, np.generic):
+            conv.append(a)
+        elif hasattr(a, "data") and hasattr(a, "dtype"):
             conv.append(np.uint64(a.data.ptr))
         elif isinstance(a, float):
             conv.append(np.float32(a))
