@@ -46,8 +46,25 @@ def test_gpu_facts_never_raises():
     assert facts["cupy"] is not None or "cupy_error" in facts
 
 
-def test_kernel_path_is_named():
-    assert env_cmd.kernel_path()
+def test_kernel_path_reports_what_dispatch_describes(monkeypatch):
+    import sys
+    import types
+
+    import engine.ops
+
+    fake = types.ModuleType("engine.ops.dispatch")
+    monkeypatch.setitem(sys.modules, "engine.ops.dispatch", fake)
+    monkeypatch.setattr(engine.ops, "dispatch", fake, raising=False)
+    fake.describe = lambda: {"backend": "cuda", "gemv": "q4 row-split"}
+    assert env_cmd.kernel_path() == "backend=cuda, gemv=q4 row-split"
+    fake.describe = lambda: "numpy reference"
+    assert env_cmd.kernel_path() == "numpy reference"
+
+    def broken():
+        raise RuntimeError("nvrtc missing")
+
+    fake.describe = broken
+    assert env_cmd.kernel_path() == "unknown (dispatch.describe() failed: RuntimeError: nvrtc missing)"
 
 
 def test_cuda_version_format():
