@@ -1,23 +1,70 @@
-"""`ninfer show NAME`: one installed model's manifest and files."""
+"""`ninfer show NAME`: one installed model's manifest, what its artifact holds, and its files."""
 from __future__ import annotations
 
 from ninfer_cli.options import JsonOut, ModelRequired
 
 
+def artifact_summary(path) -> dict:
+    """Architecture, size and formats read from the artifact's header (no tensor data is touched)."""
+    import math  # noqa: PLC0415
+    from collections import Counter  # noqa: PLC0415
+
+    from engine.artifact.container import open_artifact  # noqa: PLC0415
+
+    with open_artifact(path) as art:
+        config = art.components.get("text", {}).get("config", {}) or {}
+        tensors = [o for o in art.objects.values() if o.kind == "tensor"]
+        by_format = Counter()
+        for o in tensors:
+            by_format[o.format or "?"] += o.bytes
+        total = sum(by_format.values()) or 1
+        archs = config.get("architectures") or [config.get("model_type", "?")]
+        return {
+            "container_version": art.version,
+            "architecture": archs[0] if archs else "?",
+            "layers": config.get("num_hidden_layers"),
+            "hidden_size": config.get("hidden_size"),
+            "vocab_size": config.get("vocab_size"),
+            "context_length": config.get("max_position_embeddings"),
+            "parameters": sum(math.prod(o.shape) for o in tensors if o.shape),
+            "formats": {f: round(b / total, 4) for f, b in by_format.most_common()},
+            "resources": sorted(art.components.get("text", {}).get("resources", {})),
+            "components": sorted(art.components),
+            "name": (art.metadata or {}).get("name"),
+        }
+
+
+def _params(n: int) -> str:
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f}{unit}"
+    return str(n)
+
+
 def show(name: ModelRequired, json_out: JsonOut = False) -> None:
-    """Show an installed model: source, revision, size, checksum, container version, files."""
+    """Show an installed model: source, size, checksum, architecture, formats, files."""
     from ninfer_cli import output  # noqa: PLC0415
     from ninfer_cli.store import Store  # noqa: PLC0415
 
     m = Store().get(name)
     files = sorted(p for p in m.path.iterdir() if p.is_file()) if m.path else []
+    summary, problem = None, None
+    if not m.artifact_path.is_file():
+        problem = f"artifact file {m.artifact_path} is missing: `ninfer rm {m.ref}` and pull it again"
+    else:
+        try:
+            summary = artifact_summary(m.artifact_path)
+        except Exception as e:  # a damaged artifact must not hide the manifest
+            problem = f"cannot read {m.artifact_path}: {getattr(e, 'message', None) or e}"
     if json_out:
         data = m.to_dict()
         data["artifact_present"] = m.artifact_path.is_file()
+        data["model"] = summary
+        data["problem"] = problem
         data["files"] = [{"name": p.name, "bytes": p.stat().st_size} for p in files]
         output.print_json(data)
         return
-    output.key_values([
+    pairs = [
         ("name", m.ref),
         ("source", m.source),
         ("revision", m.revision or "-"),
@@ -26,9 +73,22 @@ def show(name: ModelRequired, json_out: JsonOut = False) -> None:
         ("container", f"v{m.container_version}"),
         ("added", m.added),
         ("path", m.path),
-        ("artifact", m.artifact),
-    ])
+    ]
+    if summary:
+        fmts = ", ".join(f"{f} {share:.0%}" for f, share in summary["formats"].items())
+        pairs += [
+            ("architecture", summary["architecture"]),
+            ("parameters", _params(summary["parameters"])),
+            ("layers", summary["layers"] or "-"),
+            ("hidden size", summary["hidden_size"] or "-"),
+            ("context", f"{summary['context_length']:,}" if summary["context_length"] else "-"),
+            ("vocab", f"{summary['vocab_size']:,}" if summary["vocab_size"] else "-"),
+            ("formats", fmts or "-"),
+            ("resources", ", ".join(summary["resources"]) or "-"),
+        ]
+    output.key_values(pairs)
+    output.line("files")
     for p in files:
         output.line(f"  {p.name}  {output.human_bytes(p.stat().st_size)}")
-    if not m.artifact_path.is_file():
-        output.warn(f"artifact file {m.artifact_path} is missing: `ninfer rm {m.ref}` and pull it again")
+    if problem:
+        output.warn(problem)

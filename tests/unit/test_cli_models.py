@@ -84,6 +84,35 @@ def test_show_text_and_json(store):
     assert {f["name"] for f in data["files"]} == {MANIFEST, data["artifact"]}
 
 
+def test_show_reads_the_artifact_header(store, tmp_path):
+    import numpy as np
+
+    from engine.artifact.container import write_artifact
+
+    config = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hidden_size": 8, "vocab_size": 16,
+              "max_position_embeddings": 8192}
+    w = np.ones((16, 8), np.float32)
+    src = write_artifact(tmp_path / "tiny.ninfer", {"text": {"config": config, "resources": {"tokenizer.json": "tok"}}},
+                         [("text/embed", "fp32", "contiguous_le_v1", w.shape, w),
+                          ("text/norm", "bf16", "contiguous_le_v1", (8,), np.ones(8, np.float32))],
+                         {"tok": b"{}"})
+    store.add("tiny", src, source="test")
+    r = invoke("show", "tiny")
+    assert r.exit_code == 0, r.output
+    lines = dict(line.split(None, 1) for line in r.stdout.splitlines() if not line.startswith(" ") and " " in line)
+    assert lines["architecture"] == "LlamaForCausalLM" and lines["parameters"] == "136"
+    assert lines["context"] == "8,192" and lines["formats"] == "fp32 97%, bf16 3%" and lines["resources"] == "tokenizer.json"
+    model = json.loads(invoke("show", "tiny", "--json").stdout)["model"]
+    assert model["layers"] == 2 and model["parameters"] == 136 and model["container_version"] == 3
+
+
+def test_show_survives_a_damaged_artifact(store):
+    store.get("smollm2-135m")  # its artifact is zeros: not a .ninfer file
+    r = invoke("show", "smollm2-135m")
+    assert r.exit_code == 0 and "cannot read" in r.stderr and "not a .ninfer file" in r.stderr
+    assert "source" in r.stdout
+
+
 def test_show_warns_on_missing_artifact(store):
     store.get("smollm2-135m").artifact_path.unlink()
     r = invoke("show", "smollm2-135m")
