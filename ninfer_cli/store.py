@@ -131,6 +131,16 @@ def read_manifest(folder: Path) -> Manifest:
     return m
 
 
+def _catalog_names() -> list[str]:
+    """Names `ninfer pull` knows; empty when the catalog cannot be read (the store must not depend on it)."""
+    try:
+        from ninfer_cli.catalog import entries  # noqa: PLC0415
+
+        return sorted(entries())
+    except Exception:
+        return []
+
+
 def _write_json_atomic(file: Path, data: dict) -> None:
     fd, tmp = tempfile.mkstemp(prefix=".manifest-", dir=file.parent)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -220,12 +230,21 @@ class Store:
         return list(dict.fromkeys(out))[:n]
 
     def unknown(self, ref: str) -> NinferError:
-        """The error for a name that is not installed (used by `get`, `rm`, `show`)."""
+        """The error for a name that is not installed (used by `get`, `rm`, `show`).
+
+        Suggests close installed names first, then the pull catalog's (installable) ones.
+        """
         hints = self.suggestions(ref)
+        name = ref.strip().lower().partition(":")[0]
+        catalog = _catalog_names()
         if hints:
             action = "did you mean " + " or ".join(hints) + "?"
+        elif name in catalog:
+            action = f"it is not installed: `ninfer pull {ref}`"
+        elif close := difflib.get_close_matches(name, catalog, n=3, cutoff=0.6):
+            action = "did you mean " + " or ".join(close) + "? (`ninfer pull NAME` installs it)"
         else:
-            action = f"run `ninfer ls` to see installed models, or `ninfer pull {ref}`"
+            action = "`ninfer ls` lists installed models, `ninfer ls --available` the ones `ninfer pull` knows"
         return NinferError(f"no model named {ref!r} in {self.root}", action)
 
     # ---- writing

@@ -94,8 +94,18 @@ def test_unknown_name_suggests_close_ones(store, tmp_path):
         store.get("qwen38-27b")  # right name, wrong (default) tag
     assert "qwen38-27b:q4" in e.value.next_action
     with pytest.raises(NinferError) as e:
-        store.get("llama")
+        store.get("zzz-unknown")
     assert "ninfer ls" in e.value.next_action
+
+
+def test_unknown_name_points_at_the_pull_catalog(store, monkeypatch):
+    monkeypatch.delenv("NINFER_CATALOG", raising=False)
+    with pytest.raises(NinferError) as e:
+        store.get("qwen36-27b")
+    assert e.value.next_action == "it is not installed: `ninfer pull qwen36-27b`"
+    with pytest.raises(NinferError) as e:
+        store.get("qwen36-27")
+    assert e.value.next_action.startswith("did you mean qwen36-27b") and "ninfer pull" in e.value.next_action
 
 
 @pytest.mark.parametrize(
