@@ -124,6 +124,7 @@ def read_manifest(folder: Path) -> Manifest:
     known = {f.name for f in dataclasses.fields(Manifest)} - {"path"}
     try:
         m = Manifest(**{k: v for k, v in raw.items() if k in known}, path=folder)
+        m.name, m.tag = folder.parent.name, folder.name  # the folder is what names resolve to
         m.bytes = int(m.bytes or 0)
         m.container_version = int(m.container_version)
     except (TypeError, ValueError) as e:

@@ -136,6 +136,13 @@ def test_unknown_manifest_keys_are_ignored(store):
     assert read_manifest(folder).source == "s"
 
 
+def test_folder_names_the_model_even_if_the_manifest_disagrees(store):
+    folder = store.root / "copy" / "v2"
+    folder.mkdir(parents=True)
+    (folder / MANIFEST).write_text(json.dumps({"name": "orig", "tag": "latest", "source": "s", "artifact": "a"}))
+    assert store.get("copy:v2").ref == "copy:v2"
+
+
 def test_remove_model_and_partials(store, tmp_path):
     store.add("a", _artifact(tmp_path, size=100), source="s")
     (store.partial_dir("a") / "m.ninfer.partial").write_bytes(b"x" * 7)
