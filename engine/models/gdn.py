@@ -56,9 +56,9 @@ class GatedDeltaNet:
             state.conv[...] = new_conv
             state.recurrent[...] = s1
         on = ref.gated_rmsnorm(o, z.reshape(t, self.hv, self.dv), self.norm, self.args.rms_norm_eps)
-        return on.reshape(t, -1) @ self.w_out.T
+        return ref.linear(on.reshape(t, -1), self.w_out)
 
     def _project(self, h):
-        out = h @ self.w_in.T
+        out = ref.linear(h, self.w_in)
         c, zend, aend = self.splits[2], self.splits[3], self.splits[4]
         return out[:, :c], out[:, c:zend], out[:, zend:aend], out[:, aend:]

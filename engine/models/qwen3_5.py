@@ -187,9 +187,10 @@ def random_weights(args: ModelArgs, seed: int = 0, mtp: bool | None = None) -> d
             a = 0.1 * rng.standard_normal(shape) + (1.0 if name.endswith("gdn/norm") else 0.0)
         elif leaf == "convolution":
             a = rng.standard_normal(shape) / np.sqrt(shape[0])
-        else:
-            a = rng.standard_normal(shape) / np.sqrt(shape[-1])
-        out[name] = a.astype(np.float32)
+        else:  # float32 straight from the generator: a 0.5B model must not pass through float64
+            a = rng.standard_normal(shape, dtype=np.float32)
+            a *= np.float32(1.0 / np.sqrt(shape[-1]))
+        out[name] = a.astype(np.float32, copy=False)
     return out
 
 
@@ -218,7 +219,7 @@ class GatedAttention:
         """h [T, H] (input-normed) at positions pos0.. -> [T, H]; appends to `kv` when given."""
         t = h.shape[0]
         a = self.args
-        out = h @ self.w_in.T
+        out = ref.linear(h, self.w_in)
         c1, c2, c3 = self.cuts
         q = ref.rmsnorm(out[:, :c1].reshape(t, self.hq, self.hd), self.q_norm, a.rms_norm_eps)
         gate = out[:, c1:c2]
@@ -230,7 +231,7 @@ class GatedAttention:
         if kv is not None:
             k, v = kv.update(k, v)
         o = ref.attention(q, k, v, 1.0 / np.sqrt(self.hd), q_start=pos0 if kv is not None else 0)
-        return (o.reshape(t, -1) * ref.sigmoid(gate)) @ self.w_out.T
+        return ref.linear(o.reshape(t, -1) * ref.sigmoid(gate), self.w_out)
 
 
 class DenseMLP:
@@ -244,8 +245,8 @@ class DenseMLP:
         self.w_down = xp.ascontiguousarray(f32("down"))
 
     def __call__(self, h):
-        gu = h @ self.w_gu.T
-        return ref.swiglu(gu[:, : self.inter], gu[:, self.inter :]) @ self.w_down.T
+        gu = ref.linear(h, self.w_gu)
+        return ref.linear(ref.swiglu(gu[:, : self.inter], gu[:, self.inter :]), self.w_down)
 
 
 class SparseMoE:
@@ -270,15 +271,15 @@ class SparseMoE:
 
     def __call__(self, h):
         xp, e, si = self.xp, self.n_exp, self.shared_inter
-        r = h @ self.w_in.T
-        shared = ref.swiglu(r[:, e + 1 : e + 1 + si], r[:, e + 1 + si :]) @ self.w_shared_down.T
+        r = ref.linear(h, self.w_in)
+        shared = ref.linear(ref.swiglu(r[:, e + 1 : e + 1 + si], r[:, e + 1 + si :]), self.w_shared_down)
         out = shared * ref.sigmoid(r[:, e : e + 1])
         idx, w = ref.moe_route(r[:, :e], self.top_k)  # [T, k]
         idx_host = idx.get() if hasattr(idx, "get") else idx
         for ex in np.unique(idx_host):
             tok, slot = np.nonzero(idx_host == ex)  # a token picks an expert at most once
-            gu = h[tok] @ self.w_gu[ex].T
-            y = ref.swiglu(gu[:, : self.inter], gu[:, self.inter :]) @ self.w_down[ex].T
+            gu = ref.linear(h[tok], self.w_gu[ex])
+            y = ref.linear(ref.swiglu(gu[:, : self.inter], gu[:, self.inter :]), self.w_down[ex])
             out[tok] += y * w[tok, slot][:, None]
         return out
 
@@ -358,7 +359,7 @@ class Model:
         if cache is not None:
             cache.position += len(tok)
         h = ref.rmsnorm(x, self.final_norm, self.args.rms_norm_eps)
-        return (h[-1:] if last_only else h) @ self.head.T, h
+        return ref.linear(h[-1:] if last_only else h, self.head), h
 
     # --- MTP head (§1.6) -----------------------------------------------------------------------
 
@@ -382,13 +383,13 @@ class Model:
         e_norm, h_norm, f_norm = self.mtp_norms
         e = ref.rmsnorm(self.embed[xp.asarray(tok)], e_norm, eps)
         h = ref.rmsnorm(xp.asarray(hidden, dtype=np.float32), h_norm, eps)
-        u = xp.concatenate([e, h], axis=1) @ self.mtp_fc.T  # embedding columns first
+        u = ref.linear(xp.concatenate([e, h], axis=1), self.mtp_fc)  # embedding columns first
         pos0 = cache.position if cache is not None else 0
         u = self.mtp_layer(u, None if cache is None else cache[0], pos0)
         if cache is not None:
             cache.position += len(tok)
         d = ref.rmsnorm(u, f_norm, eps)
-        return d @ self.head.T, d
+        return ref.linear(d, self.head), d
 
     @property
     def weight_bytes(self) -> int:
