@@ -102,14 +102,18 @@ def _converter(kind: str):
 
 
 def register(path: Path, name: str | None, *, move: bool = False, force: bool = False, dry_run: bool = False):
-    """Add a local artifact (converted to v3 when needed) to the store as `name`; returns its Manifest."""
+    """Add a local artifact (converted to v3 when needed) to the store as `name`; returns its Manifest.
+
+    A v3 file byte-identical to a catalog artifact (same size and SHA-256) is registered under that
+    catalog name by default, with its pinned revision, so `ninfer pull NAME` then finds it up to date.
+    """
     from ninfer_cli import output  # noqa: PLC0415
-    from ninfer_cli.download import make_progress, sha256_file  # noqa: PLC0415
     from ninfer_cli.store import Store, parse_ref  # noqa: PLC0415
 
     path = Path(path).expanduser()
     kind = detect(path)
-    ref = "{}:{}".format(*parse_ref(name or default_name(path)))
+    match, sha = _catalog_match(path) if kind == "v3" and not dry_run else (None, None)
+    ref = "{}:{}".format(*parse_ref(name or (match.name if match else default_name(path))))
     store = Store()
     existing = None
     try:
@@ -119,8 +123,7 @@ def register(path: Path, name: str | None, *, move: bool = False, force: bool = 
     if existing is not None and not force:
         raise NinferError(f"{ref} is already installed ({existing.source})",
                           "pick another name (`ninfer pull NAME --from PATH`) or pass --force to replace it")
-    size = _tree_size(path)
-    copy_bytes = 0 if (kind == "v3" and move) else size
+    copy_bytes = 0 if (kind == "v3" and move) else _tree_size(path)
     free = store.free_bytes()
     action = {"v3": "move" if move else "copy", "legacy": "upgrade to v3", "gguf": "convert GGUF to v3",
               "hf": "convert checkpoint to v3"}[kind]
@@ -135,38 +138,64 @@ def register(path: Path, name: str | None, *, move: bool = False, force: bool = 
                           "free some space, use --move for a .ninfer file, or set NINFER_HOME to a disk with room")
     source = f"file://{path.resolve()}"
     if kind == "v3":
-        with make_progress(output.stderr()) as progress:
-            sha = sha256_file(path, progress, f"hashing {path.name}")
-        manifest = store.add(ref, path, source=source, sha256=sha, container_version=3, move=move)
+        revision = match.files[0].revision if match else None
+        manifest = store.add(ref, path, source=source, revision=revision, sha256=sha or _hash(path),
+                             container_version=3, move=move)
     else:
-        folder = store.partial_dir(ref)
-        out = folder / (default_name(path) + ".ninfer")
-        output.info(f"{action}: {path} -> {ref}")
-        try:
-            try:
-                with make_progress(output.stderr()) as bar:
-                    task = bar.add_task(action, total=None)
-                    result = _converter(kind)(path, out, progress=lambda done, total: bar.update(
-                        task, completed=done, total=total))
-            except (NinferError, KeyboardInterrupt):
-                raise
-            except Exception as e:
-                raise NinferError(f"could not convert {path}: {type(e).__name__}: {e}",
-                                  "check that it is a supported model (Qwen3.5/3.6/3.8 or Llama family)") from None
-            out = Path(result) if isinstance(result, (str, os.PathLike)) else out
-            if container_version(out) != 3:
-                raise NinferError(f"conversion of {path} did not produce a v3 .ninfer", "report this as a bug")
-            with make_progress(output.stderr()) as progress:
-                sha = sha256_file(out, progress, f"hashing {out.name}")
-            manifest = store.add(ref, out, source=source, sha256=sha, container_version=3, move=True)
-        finally:
-            for p in (folder, folder.parent, folder.parent.parent):
-                try:
-                    p.rmdir()
-                except OSError:
-                    break
+        manifest = _add_converted(store, ref, path, kind, action, source)
     output.info(f"registered {ref} ({output.human_bytes(manifest.bytes)}) from {path}")
     return manifest
+
+
+def _hash(path: Path) -> str:
+    from ninfer_cli import output  # noqa: PLC0415
+    from ninfer_cli.download import make_progress, sha256_file  # noqa: PLC0415
+
+    with make_progress(output.stderr()) as progress:
+        return sha256_file(path, progress, f"hashing {path.name}")
+
+
+def _catalog_match(path: Path):
+    """(catalog entry, sha256) when `path` is byte-identical to a pinned artifact; hashes only on a size match."""
+    from ninfer_cli.catalog import entries  # noqa: PLC0415
+
+    size = path.stat().st_size
+    candidates = [e for e in entries().values() if len(e.files) == 1 and e.files[0].size == size and e.files[0].sha256]
+    if not candidates:
+        return None, None
+    sha = _hash(path)
+    return next((e for e in candidates if e.files[0].sha256.lower() == sha), None), sha
+
+
+def _add_converted(store, ref: str, path: Path, kind: str, action: str, source: str):
+    """Convert into the model's partial folder (never half-written in the store), then move it in."""
+    from ninfer_cli import output  # noqa: PLC0415
+    from ninfer_cli.download import make_progress  # noqa: PLC0415
+
+    folder = store.partial_dir(ref)
+    out = folder / (default_name(path) + ".ninfer")
+    output.info(f"{action}: {path} -> {ref}")
+    try:
+        try:
+            with make_progress(output.stderr()) as bar:
+                task = bar.add_task(action, total=None)
+                result = _converter(kind)(path, out, progress=lambda done, total: bar.update(
+                    task, completed=done, total=total))
+        except (NinferError, KeyboardInterrupt):
+            raise
+        except Exception as e:
+            raise NinferError(f"could not convert {path}: {type(e).__name__}: {e}",
+                              "check that it is a supported model (Qwen3.5/3.6/3.8 or Llama family)") from None
+        out = Path(result) if isinstance(result, (str, os.PathLike)) else out
+        if container_version(out) != 3:
+            raise NinferError(f"conversion of {path} did not produce a v3 .ninfer", "report this as a bug")
+        return store.add(ref, out, source=source, sha256=_hash(out), container_version=3, move=True)
+    finally:
+        for p in (folder, folder.parent, folder.parent.parent):
+            try:
+                p.rmdir()
+            except OSError:
+                break
 
 
 def _tree_size(path: Path) -> int:

@@ -123,3 +123,22 @@ def test_container_version_and_names(tmp_path):
 def test_each_detected_kind_has_a_converter_entry():
     assert set(local_import._CONVERTERS) == {"legacy", "gguf", "hf"}
     assert callable(local_import._converter("legacy"))  # engine.artifact.upgrade.upgrade exists
+
+
+def test_a_published_artifact_gets_its_catalog_name_and_counts_as_pulled(tmp_path, monkeypatch):
+    import json
+
+    sha = hashlib.sha256(V3).hexdigest()
+    catalog_file = tmp_path / "catalog.json"
+    catalog_file.write_text(json.dumps([{"name": "tiny", "files": [
+        {"repo": "org/tiny", "revision": "c" * 40, "filename": "tiny.ninfer", "size": len(V3), "sha256": sha}]}]))
+    monkeypatch.setenv("NINFER_CATALOG", str(catalog_file))
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # `pull tiny` below must not need the network
+    src = tmp_path / "downloaded-by-hand.ninfer"
+    src.write_bytes(V3)
+    r = pull("--from", str(src))
+    assert r.exit_code == 0, r.output
+    m = Store().get("tiny")
+    assert m.revision == "c" * 40 and m.sha256 == sha
+    r = pull("tiny")
+    assert r.exit_code == 0 and "up to date" in r.stderr
