@@ -76,3 +76,18 @@ def test_built_wheel_installs_and_runs(tmp_path):
     assert ninfer("ls", "--json").stdout.strip() == "[]"
     missing = ninfer("show", "nope")
     assert missing.returncode == 1 and missing.stderr.startswith("error: ")
+
+
+def test_readme_models_table_matches_the_catalog(monkeypatch):
+    from ninfer_cli import catalog
+    from ninfer_cli.output import human_bytes
+
+    monkeypatch.delenv("NINFER_CATALOG", raising=False)
+    section = (REPO / "README.md").read_text().split("## Models", 1)[1].split("\n## ", 1)[0]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in section.splitlines() if line.startswith("| `")]
+    assert rows, "README has no models table"
+    known = catalog.entries()
+    for name, _, _, download, _ in rows:
+        entry = known.get(name.strip("`"))
+        assert entry is not None, f"README lists {name}, which the catalog does not know"
+        assert download == human_bytes(entry.size), f"{name}: README says {download}, catalog {human_bytes(entry.size)}"
