@@ -85,14 +85,19 @@ def kernel_sweep(bw):
     for name, fmt, n, k, epi in SHAPES_27B:
         copies = [random_matrix(cp, rng, fmt, n, k) for _ in range(2)]  # two copies: nothing stays in L2
         x = cp.asarray(np.random.default_rng(1).standard_normal((1, k)).astype(np.float32))
+        xpre = None
+        if fmt != "q8_g32_fp16":
+            kpad = -(-k // 128) * 128
+            xpre = (cp.zeros((1, kpad // 2), dtype=cp.uint32), cp.zeros(1, dtype=cp.float32))
+            K.prepared("stage_x", (1,), (x, k, k, kpad, xpre[0], xpre[1]), block=1024)()
         out_n = n // 2 if epi == "swiglu" else n
         y = cp.zeros((8, out_n), cp.float32)
         best = None
         for rows in rows_opts if epi != "swiglu" else (2,):
             for unroll in unroll_opts:
                 for splits in ((1, 2, 4) if epi == "partial" else (1,)):
-                    plans = [K.GemvPlan(w, x, k, y, out_n, epi=epi, splits=splits, rows=rows, unroll=unroll)
-                             for w in copies]
+                    plans = [K.GemvPlan(w, x, k, y, out_n, epi=epi, splits=splits, rows=rows, unroll=unroll,
+                                        xpre=xpre) for w in copies]
 
                     def run(plans=plans):
                         for p in plans:

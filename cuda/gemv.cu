@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(256) gemv_rs(
     const unsigned char* __restrict__ base, const unsigned char* __restrict__ high,
     const __half* __restrict__ scales, int N, int gpr, int pair_stride,
     const float* __restrict__ x, int ldx, int K, int u4_per_split,
-    float* __restrict__ y, int ldy, int epi) {
+    float* __restrict__ y, int ldy, int epi, const float* __restrict__ xinv) {
   using F = Fmt<FMT>;
   constexpr int VPU = F::VPU;
   const int u4_per_row = gpr * 2;
@@ -104,47 +104,55 @@ __global__ void __launch_bounds__(256) gemv_rs(
   __half2* xs = reinterpret_cast<__half2*>(smem_raw);
   float* red = reinterpret_cast<float*>(smem_raw + (size_t)M * nloc * VPU * 2);
 
-  // Stage x[m][js*VPU : je*VPU) as scaled fp16 pairs in decode order.
+  // x arrives pre-staged (xinv != nullptr: fp16 pairs in decode order for the whole row, written once
+  // by the producing kernel) or is staged here from fp32: x[m][js*VPU : je*VPU) -> shared memory.
+  const bool pre = xinv != nullptr;
   float inv_sc[M];
+  if (pre) {
 #pragma unroll
-  for (int m = 0; m < M; ++m) {
-    const float* xm = x + (size_t)m * ldx;
-    const int k0 = js * VPU, k1 = min(je * VPU, K);
-    float mx = 0.f;
-    for (int k = k0 + threadIdx.x; k < k1; k += blockDim.x) mx = fmaxf(mx, fabsf(xm[k]));
-    mx = block_max(mx, red);
-    float sc = 1.f;
-    if (mx > 0.f) {
-      int e;
-      frexpf(F::XMAX / mx, &e);
-      sc = ldexpf(1.f, e - 1);
-    }
-    inv_sc[m] = 1.f / sc;
-    const int npairs = nloc * (VPU / 2);
-    for (int p = threadIdx.x; p < npairs; p += blockDim.x) {
-      const int jl = p / (VPU / 2), pi = p % (VPU / 2);
-      int ka, kb, dst;
-      if constexpr (FMT == FMT_W8) {
-        const int c = pi >> 1, jp = pi & 1;
-        ka = (js + jl) * 16 + 4 * c + jp;
-        kb = ka + 2;
-        const int phys = ((c >> 1) + (jl >> 2)) & 1;
-        dst = (m * nloc + jl) * 8 + phys * 4 + (c & 1) * 2 + jp;
-      } else {
-        const int c = pi >> 2, jp = pi & 3;
-        ka = (js + jl) * 32 + 8 * c + jp;
-        kb = ka + 4;
-        const int phys = (c + (jl >> 1)) & 3;
-        dst = (m * nloc + jl) * 16 + phys * 4 + jp;
+    for (int m = 0; m < M; ++m) inv_sc[m] = xinv[m];
+  } else {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const float* xm = x + (size_t)m * ldx;
+      const int k0 = js * VPU, k1 = min(je * VPU, K);
+      float mx = 0.f;
+      for (int k = k0 + threadIdx.x; k < k1; k += blockDim.x) mx = fmaxf(mx, fabsf(xm[k]));
+      mx = block_max(mx, red);
+      float sc = 1.f;
+      if (mx > 0.f) {
+        int e;
+        frexpf(F::XMAX / mx, &e);
+        sc = ldexpf(1.f, e - 1);
       }
-      xs[dst] = __floats2half2_rn(ka < K ? xm[ka] * sc : 0.f, kb < K ? xm[kb] * sc : 0.f);
+      inv_sc[m] = 1.f / sc;
+      const int npairs = nloc * (VPU / 2);
+      for (int p = threadIdx.x; p < npairs; p += blockDim.x) {
+        const int jl = p / (VPU / 2), pi = p % (VPU / 2);
+        int ka, kb, dst;
+        if constexpr (FMT == FMT_W8) {
+          const int c = pi >> 1, jp = pi & 1;
+          ka = (js + jl) * 16 + 4 * c + jp;
+          kb = ka + 2;
+          const int phys = ((c >> 1) + (jl >> 2)) & 1;
+          dst = (m * nloc + jl) * 8 + phys * 4 + (c & 1) * 2 + jp;
+        } else {
+          const int c = pi >> 2, jp = pi & 3;
+          ka = (js + jl) * 32 + 8 * c + jp;
+          kb = ka + 4;
+          const int phys = (c + (jl >> 1)) & 3;
+          dst = (m * nloc + jl) * 16 + phys * 4 + jp;
+        }
+        xs[dst] = __floats2half2_rn(ka < K ? xm[ka] * sc : 0.f, kb < K ? xm[kb] * sc : 0.f);
+      }
     }
+    __syncthreads();
   }
-  __syncthreads();
-
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wpb = blockDim.x >> 5;
   const int ngroups = epi == EPI_SWIGLU ? pair_stride : (N + ROWS - 1) / ROWS;
-  const uint4* xs4 = reinterpret_cast<const uint4*>(xs);
+  const uint4* xs4 = pre ? reinterpret_cast<const uint4*>(x) : reinterpret_cast<const uint4*>(xs);
+  const int xrow = pre ? u4_per_row : nloc;  // uint4 chunks per token row of the x pairs
+  const int xoff = pre ? js : 0;
   constexpr int SLOTS = VPU == 32 ? 4 : 2;
 
   for (int g = blockIdx.x * wpb + warp; g < ngroups; g += gridDim.x * wpb) {
@@ -189,10 +197,10 @@ __global__ void __launch_bounds__(256) gemv_rs(
         const int j = jj + 32 * u;
         if (j < je) {
           const int jl = j - js;
-          const int key = SLOTS == 4 ? (jl >> 1) : (jl >> 2);
+          const int key = SLOTS == 4 ? ((jl + xoff) >> 1) : ((jl + xoff) >> 2);
 #pragma unroll
           for (int m = 0; m < M; ++m) {
-            const uint4* xp = xs4 + (size_t)(m * nloc + jl) * SLOTS;
+            const uint4* xp = xs4 + (size_t)(m * xrow + jl + xoff) * SLOTS;
 #pragma unroll
             for (int r = 0; r < ROWS; ++r) acc[r][m] += sc[u][r] * dot_u4<FMT>(w[u][r], hb[u][r], xp, key);
           }

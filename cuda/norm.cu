@@ -5,8 +5,39 @@
 // gated_rmsnorm: out[h] = rmsnorm(o[h]) * w * silu(z[h]) per 128-wide GDN value head (plain weight).
 #include "common.cuh"
 
+// Write x[0:K) (fp32, block-shared input) as the fp16 pairs the q4/q5/q6 GEMV decodes, scaled by a
+// power of two so that |x| <= 256, in the bank-swizzled order of gemv.cu; *xinv = 1 / scale.
+// kpad = K rounded up to 128; pairs past K are zero.
+__device__ void stage_pairs(const float* xm, int K, int kpad, __half2* dst, float* xinv, float* red) {
+  float mx = 0.f;
+  for (int k = threadIdx.x; k < K; k += blockDim.x) mx = fmaxf(mx, fabsf(xm[k]));
+  mx = block_max(mx, red);
+  float sc = 1.f;
+  if (mx > 0.f) {
+    int e;
+    frexpf(256.f / mx, &e);
+    sc = ldexpf(1.f, e - 1);
+  }
+  for (int p = threadIdx.x; p < kpad / 2; p += blockDim.x) {
+    const int jl = p >> 4, pi = p & 15, c = pi >> 2, jp = pi & 3;
+    const int ka = jl * 32 + 8 * c + jp, kb = ka + 4;
+    const int phys = (c + (jl >> 1)) & 3;
+    dst[jl * 16 + phys * 4 + jp] = __floats2half2_rn(ka < K ? xm[ka] * sc : 0.f, kb < K ? xm[kb] * sc : 0.f);
+  }
+  if (threadIdx.x == 0) *xinv = 1.f / sc;
+}
+
+// One block per token: stage fp32 x [M, ldx] for pre-staged GEMV input.
+extern "C" __global__ void stage_x(const float* __restrict__ x, int ldx, int K, int kpad, __half2* __restrict__ xh,
+                                   float* __restrict__ xinv) {
+  __shared__ float red[32];
+  const int m = blockIdx.x;
+  stage_pairs(x + (size_t)m * ldx, K, kpad, xh + (size_t)m * kpad / 2, xinv + m, red);
+}
+
 extern "C" __global__ void residual_rmsnorm(float* __restrict__ xres, const float* __restrict__ part, int S, int part_stride,
-                                 const float* __restrict__ w, float* __restrict__ out, int H, float eps, int offset) {
+                                 const float* __restrict__ w, float* __restrict__ out, int H, float eps, int offset,
+                                 __half2* __restrict__ xh, float* __restrict__ xinv, int kpad) {
   __shared__ float red[32];
   const int m = blockIdx.x;
   float* xr = xres + (size_t)m * H;
@@ -22,6 +53,10 @@ extern "C" __global__ void residual_rmsnorm(float* __restrict__ xres, const floa
   for (int k = threadIdx.x; k < H; k += blockDim.x) {
     const float wk = offset ? 1.f + w[k] : w[k];
     out[(size_t)m * H + k] = xr[k] * r * wk;
+  }
+  if (xh != nullptr) {
+    __syncthreads();
+    stage_pairs(out + (size_t)m * H, H, kpad, xh + (size_t)m * kpad / 2, xinv + m, red);
   }
 }
 

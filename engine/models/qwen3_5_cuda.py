@@ -152,6 +152,12 @@ class CudaQwen35:
         self.att2 = cp.zeros((M, att_w), dtype=f32)
         self.qbuf = cp.zeros((M, self.Hq * ATTN_HEAD_DIM), dtype=f32)
         self.logits = cp.zeros((M, self.V), dtype=f32)
+        # x pre-staged as fp16 pairs for the q4/q5/q6 GEMVs (written once by the producer kernel)
+        kp = lambda k: -(-k // 128) * 128  # noqa: E731
+        self.kpad_h, self.kpad_att, self.kpad_act = kp(H), kp(att_w), kp(self.inter)
+        self.xh_n, self.xinv_n = cp.zeros((M, self.kpad_h // 2), dtype=cp.uint32), cp.ones(M, dtype=f32)
+        self.xh_att, self.xinv_att = cp.zeros((M, self.kpad_att // 2), dtype=cp.uint32), cp.ones(M, dtype=f32)
+        self.xh_act, self.xinv_act = cp.zeros((M, self.kpad_act // 2), dtype=cp.uint32), cp.ones(M, dtype=f32)
         # GDN per layer: conv history [M, 3, C], state [M, Hv, 128, 128]
         C = (2 * self.Hk + self.Hv) * GDN_HEAD_DIM
         self.gdn_q = cp.zeros((M, self.Hk, GDN_HEAD_DIM), dtype=f32)
@@ -185,10 +191,21 @@ class CudaQwen35:
         self.step.fill(0)
 
     # ---- the step ------------------------------------------------------------------------------
-    def _gemv(self, w, x, y, epi="store", splits=1, y_offset=0):
+    def _gemv(self, w, x, y, epi="store", splits=1, y_offset=0, xpre=None):
         cfg = self.gemv_cfg.get((w.fmt, w.n, w.k), {})
         return GemvPlan(w, x, x.shape[-1], y, y.shape[-1], m=self.M, epi=epi, splits=cfg.get("splits", splits),
-                        rows=cfg.get("rows"), unroll=cfg.get("unroll", 4), y_offset=y_offset).launch
+                        rows=cfg.get("rows"), unroll=cfg.get("unroll", 2), y_offset=y_offset, xpre=xpre).launch
+
+    def _plan_gemv(self, w, x, y, epi, splits, xpre):
+        cfg = self.gemv_cfg.get((w.fmt, w.n, w.k), {})
+        return GemvPlan(w, x, x.shape[-1], y, y.shape[-1], m=self.M, epi=epi, splits=cfg.get("splits", splits),
+                        rows=cfg.get("rows"), unroll=cfg.get("unroll", 2), xpre=xpre)
+
+    def _norm(self, splits, w):
+        """x += split-K partials; xn = rmsnorm(x) (1 + w), also pre-staged as fp16 pairs for the GEMVs."""
+        return K.prepared("residual_rmsnorm", (self.M,), (self.x, self.part, splits, self.M * self.H, w, self.xn,
+                                                          self.H, float(self.args.rms_norm_eps), 1, self.xh_n,
+                                                          self.xinv_n, self.kpad_h), block=1024)
 
     def _splits(self, w) -> int:
         cfg = self.gemv_cfg.get((w.fmt, w.n, w.k), {})
@@ -213,12 +230,12 @@ class CudaQwen35:
         log2_theta = float(math.log2(a.rope_theta))
         rot = a.rotary_dim
         for L in self.layers:
-            ops.append(K.prepared("residual_rmsnorm", (M,), (self.x, self.part, prev_splits, part_stride,
-                                                            L["in_norm"], self.xn, H, eps, 1)))
-            ops.append(self._gemv(L["qk"], self.xn, self.buf_a))
+            ops.append(self._norm(prev_splits, L["in_norm"]))
+            xn = (self.xh_n, self.xinv_n)
+            ops.append(self._gemv(L["qk"], self.xn, self.buf_a, xpre=xn))
             if L["kind"] == "full_attention":
                 qw, kw = self.Hq * ATTN_HEAD_DIM, self.Hkv * ATTN_HEAD_DIM
-                ops.append(self._gemv(L["gv"], self.xn, self.buf_b))
+                ops.append(self._gemv(L["gv"], self.xn, self.buf_b, xpre=xn))
                 lda, ldb = self.buf_a.shape[1], self.buf_b.shape[1]
                 nh = self.Hq + self.Hkv
                 ops.append(K.prepared("qk_norm_rope_kv", (-(-nh // K.WARPS), M),
@@ -237,7 +254,7 @@ class CudaQwen35:
                 del kw
             else:
                 Hk, Hv = self.Hk, self.Hv
-                ops.append(self._gemv(L["vz"], self.xn, self.buf_b))
+                ops.append(self._gemv(L["vz"], self.xn, self.buf_b, xpre=xn))
                 ops.append(self._gemv(L["ab"], self.xn, self.ab))
                 lda, ldb = self.buf_a.shape[1], self.buf_b.shape[1]
                 nheads = 2 * Hk + Hv
@@ -252,17 +269,22 @@ class CudaQwen35:
                 zoff = Hv * GDN_HEAD_DIM
                 ops.append(K.prepared("gated_rmsnorm", (-(-Hv // K.WARPS), M),
                                       (self.att2, self.buf_b[:, zoff:], ldb, L["norm"], self.att, Hv, eps)))
-            s_o = self._splits(L["o"])
-            ops.append(self._gemv(L["o"], self.att, self.part, epi="partial", splits=s_o))
-            ops.append(K.prepared("residual_rmsnorm", (M,), (self.x, self.part, s_o, part_stride,
-                                                            L["post_norm"], self.xn, H, eps, 1)))
-            ops.append(self._gemv(L["gate_up"], self.xn, self.act, epi="swiglu"))
-            s_d = self._splits(L["down"])
-            ops.append(self._gemv(L["down"], self.act, self.part, epi="partial", splits=s_d))
-            prev_splits = s_d
-        ops.append(K.prepared("residual_rmsnorm", (M,), (self.x, self.part, prev_splits, part_stride,
-                                                        self.final_norm, self.xn, H, eps, 1)))
-        ops.append(self._gemv(self.head, self.xn, self.logits))
+            att_k = L["o"].k
+            ops.append(K.prepared("stage_x", (M,), (self.att, self.att.shape[1], att_k, -(-att_k // 128) * 128,
+                                                    self.xh_att, self.xinv_att), block=1024))
+            o_plan = self._plan_gemv(L["o"], self.att, self.part, "partial", self._splits(L["o"]),
+                                     (self.xh_att, self.xinv_att))
+            ops.append(o_plan.launch)
+            ops.append(self._norm(o_plan.splits, L["post_norm"]))
+            ops.append(self._gemv(L["gate_up"], self.xn, self.act, epi="swiglu", xpre=xn))
+            ops.append(K.prepared("stage_x", (M,), (self.act, self.inter, self.inter, self.kpad_act,
+                                                    self.xh_act, self.xinv_act), block=1024))
+            d_plan = self._plan_gemv(L["down"], self.act, self.part, "partial", self._splits(L["down"]),
+                                     (self.xh_act, self.xinv_act))
+            ops.append(d_plan.launch)
+            prev_splits = d_plan.splits
+        ops.append(self._norm(prev_splits, self.final_norm))
+        ops.append(self._gemv(self.head, self.xn, self.logits, xpre=(self.xh_n, self.xinv_n)))
         ops.append(K.prepared("argmax_step", (M,), (self.logits, self.V, self.V, self.tokens, self.pos,
                                                     self.history, self.step, self.hist_len), block=1024))
         return ops

@@ -128,7 +128,7 @@ class GemvPlan:
     """A GEMV launch fixed at build time: y (+)= W x for M token rows. Call `launch(stream)`."""
 
     def __init__(self, w: DevMatrix, x, ldx: int, y, ldy: int, m: int = 1, epi: str = "store",
-                 splits: int = 1, rows: int | None = None, unroll: int = 4, y_offset: int = 0):
+                 splits: int = 1, rows: int | None = None, unroll: int = 4, y_offset: int = 0, xpre=None):
         cp = cupy_or_none()
         self.w, self.m, self.epi = w, m, EPI[epi]
         if w.fmt == "bf16":
@@ -144,11 +144,15 @@ class GemvPlan:
         if epi == "swiglu":
             rows = 2
         u4_per_row = w.gpr * 2
+        pre = xpre is not None and w.fmt != "q8_g32_fp16"
         u4ps = -(-u4_per_row // splits)
+        if pre:  # slices start on a swizzle period (8 chunks) of the pre-staged pairs
+            u4ps = -(-u4ps // 8) * 8
+            splits = -(-u4_per_row // u4ps)
         vpu = 16 if w.fmt == "q8_g32_fp16" else 32
-        self.smem = m * u4ps * vpu * 2 + 32 * 4
+        self.smem = 0 if pre else m * u4ps * vpu * 2 + 32 * 4
         ngroups = w.n // 2 if epi == "swiglu" else -(-w.n // rows)
-        per_sm = max(1, min(8, (200 * 1024) // max(self.smem, 1)))
+        per_sm = 8 if pre else max(1, min(8, (200 * 1024) // max(self.smem, 1)))
         bx = max(1, min(-(-ngroups // WARPS), sm_count() * per_sm // splits))
         self.grid = (bx, splits)
         self.fn = kernel(f"gemv_rs<{f},{rows},{m},{unroll}>")
@@ -156,8 +160,10 @@ class GemvPlan:
             self.fn.max_dynamic_shared_size_bytes = self.smem
         self.args = (np.uint64(w.ptr(w.base)), np.uint64(w.ptr(w.high)), np.uint64(w.ptr(w.scales)),
                      np.int32(w.n), np.int32(w.gpr), np.int32(w.n // 2 if epi == "swiglu" else 0),
-                     np.uint64(_p(x)), np.int32(ldx), np.int32(w.k), np.int32(u4ps),
-                     np.uint64(_p(y) + 4 * y_offset), np.int32(ldy), np.int32(self.epi))
+                     np.uint64(_p(xpre[0]) if pre else _p(x)), np.int32(ldx), np.int32(w.k), np.int32(u4ps),
+                     np.uint64(_p(y) + 4 * y_offset), np.int32(ldy), np.int32(self.epi),
+                     np.uint64(_p(xpre[1]) if pre else 0))
+        self.splits = splits
         del cp
 
     def launch(self):

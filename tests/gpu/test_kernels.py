@@ -66,6 +66,29 @@ def test_gemv_store(cp, fmt, n, k, m, rows):
     check(f"gemv {fmt}", y.get(), ref.linear(x, wq), **LINEAR)
 
 
+@pytest.mark.parametrize("fmt", QFMTS[:3])
+@pytest.mark.parametrize("n,k", [(512, 5120), (37, 1000), (300, 130)], ids=["512x5120", "37x1000", "300x130"])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_gemv_prestaged(cp, fmt, n, k, splits):
+    """x staged once by stage_x (as the producer kernels do), read by the GEMV from global memory."""
+    from engine.gpu_weights import upload_matrix
+    from engine.ops import kernels as K
+
+    m = 2
+    w = (RNG.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
+    dm = upload_matrix(cp, fmt, w)
+    wq = formats.decode(fmt, "row_split_k128_v1", (n, k), cp.asnumpy(dm.buf))
+    x = RNG.standard_normal((m, k)).astype(np.float32)
+    kpad = -(-k // 128) * 128
+    xh, xinv = cp.zeros((m, kpad // 2), dtype=cp.uint32), cp.zeros(m, dtype=cp.float32)
+    K.prepared("stage_x", (m,), (cp.asarray(x), k, k, kpad, xh, xinv), block=1024)()
+    part = cp.full((splits, m, n), np.nan, dtype=cp.float32)
+    plan = K.GemvPlan(dm, None, k, part, n, m=m, epi="partial", splits=splits, xpre=(xh, xinv))
+    part = part[: plan.splits]
+    plan.launch()
+    check(f"gemv prestaged {fmt}", part.get().sum(axis=0), ref.linear(x, wq), **LINEAR)
+
+
 @pytest.mark.parametrize("fmt", QFMTS)
 @pytest.mark.parametrize("splits", [1, 3])
 def test_gemv_partial_splits(cp, fmt, splits):
@@ -128,7 +151,10 @@ def test_residual_rmsnorm_and_gated(cp):
     part = RNG.standard_normal((s, m, h)).astype(np.float32)
     w = RNG.standard_normal(h).astype(np.float32) * 0.1
     xd, out = cp.asarray(x), cp.full((m, h), np.nan, dtype=cp.float32)
-    K.prepared("residual_rmsnorm", (m,), (xd, cp.asarray(part), s, m * h, cp.asarray(w), out, h, 1e-6, 1))()
+    kpad = -(-h // 128) * 128
+    xh, xinv = cp.zeros((m, kpad // 2), dtype=cp.uint32), cp.zeros(m, dtype=cp.float32)
+    K.prepared("residual_rmsnorm", (m,), (xd, cp.asarray(part), s, m * h, cp.asarray(w), out, h, 1e-6, 1,
+                                          xh, xinv, kpad), block=1024)()
     xs = x + part.sum(0)
     check("residual", xd.get(), xs, **ELEM)
     check("rmsnorm", out.get(), ref.rmsnorm(xs, w, 1e-6, offset=True), **ELEM)
