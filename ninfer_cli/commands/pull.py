@@ -57,7 +57,13 @@ def pull_catalog(ref: str, *, force: bool = False, dry_run: bool = False):
     from ninfer_cli import catalog, output  # noqa: PLC0415
     from ninfer_cli.store import Store  # noqa: PLC0415
 
-    entry, tag = catalog.lookup(ref)
+    try:
+        entry, tag = catalog.lookup(ref)
+    except NinferError:
+        if Path(ref).expanduser().exists():
+            raise NinferError(f"{ref!r} is a local path, not a catalog name",
+                              f"register it with `ninfer pull --from {ref}`") from None
+        raise
     ref = f"{entry.name}:{tag}"
     if entry.unsupported or entry.kind == "listed":
         runnable = [e.name for e in catalog.entries().values() if not e.unsupported and e.kind == "hf"]

@@ -162,11 +162,14 @@ def test_pull_refuses_models_this_engine_cannot_run():
         assert "-> pull one that runs: qwen38-27b" in r.stderr
 
 
-def test_pull_unknown_name_suggests(monkeypatch):
+def test_pull_unknown_name_suggests(tmp_path):
     r = invoke("pull", "qwen3.6-27b")
     assert r.exit_code == 1 and "did you mean qwen36-27b" in r.stderr
     r = invoke("pull")
     assert r.exit_code == 1 and "ninfer ls --available" in r.stderr
+    (tmp_path / "mine.gguf").write_bytes(b"GGUF")
+    r = invoke("pull", "mine.gguf")
+    assert r.exit_code == 1 and "-> register it with `ninfer pull --from mine.gguf`" in r.stderr
 
 
 def test_pull_default_model_goes_through_default_model(monkeypatch, tmp_path):
