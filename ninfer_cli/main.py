@@ -44,7 +44,10 @@ def report_error(exc: BaseException) -> int:
     if isinstance(exc, NinferError):
         output.error(exc.message, exc.next_action)
         return 1
-    detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    text = " ".join(str(exc).split())  # one line, whatever the exception's message looks like
+    if len(text) > 300:
+        text = text[:297] + "..."
+    detail = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     sys.stderr.write(f"internal error: {detail} (set NINFER_DEBUG=1 for the traceback)\n")
     return 1
 

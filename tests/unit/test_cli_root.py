@@ -109,3 +109,7 @@ def test_entry_point_funnel_in_a_real_process(tmp_path):
 def test_report_error_for_plain_exception(capsys):
     assert cli.report_error(ValueError()) == 1
     assert capsys.readouterr().err == "internal error: ValueError (set NINFER_DEBUG=1 for the traceback)\n"
+    cli.report_error(OSError("line one\n  line two " + "x" * 400))
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("internal error: OSError: line one line two xxx")
+    assert len(err) < 400
