@@ -10,6 +10,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -47,7 +48,12 @@ def _ninfer_version() -> str:
 
 
 def git_commit() -> str:
-    """Short commit of the checkout this code runs from, `+dirty` when it has local changes."""
+    """Short commit of the checkout this code runs from, `+dirty` when it has local changes.
+
+    `NINFER_GIT_COMMIT` overrides it, for copies of a checkout that travel without their `.git`.
+    """
+    if os.environ.get("NINFER_GIT_COMMIT"):
+        return os.environ["NINFER_GIT_COMMIT"]
     root = Path(__file__).resolve().parent.parent
     try:
         sha = subprocess.run(
@@ -68,6 +74,13 @@ def _cuda_version(v: int) -> str:
 
 
 def _nvidia_driver() -> str | None:
+    try:
+        text = Path("/proc/driver/nvidia/version").read_text()
+        m = re.search(r"Kernel Module\s+(?:for \S+\s+)?([\d.]+)", text)
+        if m:
+            return m.group(1)
+    except OSError:
+        pass
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
