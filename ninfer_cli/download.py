@@ -246,6 +246,8 @@ def _fetch_locked(state: Partial, ref: str, progress, remote: Remote, token) -> 
         )
     if state.have() and not state.matches(remote):
         state.discard()
+    if not state.have() and state.done.is_file() and state.done.stat().st_size == expected:
+        os.replace(state.done, state.part)  # finished earlier but never moved into the store: verify it again
     if not state.info.exists():
         state.claim(remote)
     task = None

@@ -170,6 +170,15 @@ def test_checksum_mismatch_sets_the_file_aside(hub_env):
     assert not rejected[0].exists() and not (hub_env.home / ".partial").exists()
 
 
+def test_finished_file_left_in_the_partial_folder_is_reused(hub_env):
+    hub_env.partial().mkdir(parents=True)
+    (hub_env.partial() / hub_env.spec.filename).write_bytes(hub_env.spec.data)
+    r = pull("tiny")
+    assert r.exit_code == 0, r.output
+    assert cdn_gets(hub_env) == []
+    assert_installed(hub_env)
+
+
 def test_complete_partial_is_verified_without_a_transfer(hub_env):
     hub_env.partial().mkdir(parents=True)
     hub_env.part_file().write_bytes(hub_env.spec.data)
