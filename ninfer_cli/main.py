@@ -37,10 +37,29 @@ def _debug() -> bool:
     return os.environ.get("NINFER_DEBUG", "") not in ("", "0")
 
 
+def as_user_error(exc: BaseException) -> NinferError | None:
+    """Exceptions a user can cause without any bug (disk full, no permission, out of memory), as NinferError."""
+    import errno  # noqa: PLC0415
+
+    where = f" ({exc.filename})" if isinstance(exc, OSError) and exc.filename else ""
+    if isinstance(exc, PermissionError):
+        return NinferError(f"permission denied{where}", "check the permissions, or set NINFER_HOME to a folder you own")
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return NinferError(f"no space left on the device{where}",
+                           "free some space (`ninfer rm` an unused model), or set NINFER_HOME to a disk with room")
+    if type(exc).__name__ == "OutOfMemoryError" and type(exc).__module__.startswith("cupy"):
+        return NinferError(f"out of GPU memory: {exc}",
+                           "lower --ctx, close other programs using the GPU, or pick a smaller model")
+    if isinstance(exc, MemoryError):
+        return NinferError("out of host memory", "lower --ctx or pick a smaller model")
+    return None
+
+
 def report_error(exc: BaseException) -> int:
     """Print one error the funnel way (stderr) and return its exit code."""
     from ninfer_cli import output  # noqa: PLC0415
 
+    exc = as_user_error(exc) or exc
     if isinstance(exc, NinferError):
         output.error(exc.message, exc.next_action)
         return 1

@@ -113,3 +113,22 @@ def test_report_error_for_plain_exception(capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("internal error: OSError: line one line two xxx")
     assert len(err) < 400
+
+
+@pytest.mark.parametrize(
+    ("exc", "first_line"),
+    [(PermissionError(13, "Permission denied", "/models/x"), "error: permission denied (/models/x)"),
+     (OSError(28, "No space left on device", "/models/x.part"), "error: no space left on the device (/models/x.part)"),
+     (MemoryError(), "error: out of host memory")],
+)
+def test_user_caused_system_errors_get_a_next_action(capsys, exc, first_line):
+    assert cli.report_error(exc) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == first_line and lines[1].startswith("-> ") and len(lines) == 2
+
+
+def test_cupy_out_of_memory_is_a_user_error():
+    oom = type("OutOfMemoryError", (Exception,), {"__module__": "cupy.cuda.memory"})("out of memory allocating 2 GiB")
+    err = cli.as_user_error(oom)
+    assert err.message.startswith("out of GPU memory") and "--ctx" in err.next_action
+    assert cli.as_user_error(ValueError("x")) is None
