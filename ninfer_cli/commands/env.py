@@ -74,6 +74,7 @@ def kernel_path() -> str:
 
 def collect() -> dict:
     """Everything `ninfer env` prints, as one JSON-ready dict."""
+    import os  # noqa: PLC0415
     import platform  # noqa: PLC0415
     import sys  # noqa: PLC0415
 
@@ -87,6 +88,12 @@ def collect() -> dict:
         "os": platform.platform(),
         "machine": platform.machine(),
     }
+    facts["cpu_cores"] = os.cpu_count()
+    try:
+        facts["ram_total"] = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not on every OS
+        facts["ram_total"] = None
+    facts["overrides"] = {k: v for k, v in sorted(os.environ.items()) if k.startswith("NINFER_")}
     try:
         import numpy  # noqa: PLC0415
 
@@ -124,6 +131,7 @@ def env(json_out: JsonOut = False) -> None:
         ("ninfer", facts["ninfer"]),
         ("python", f"{facts['python']} ({facts['python_executable']})"),
         ("os", f"{facts['os']} {facts['machine']}"),
+        ("cpu", f"{facts['cpu_cores']} cores, {output.human_gib(facts['ram_total'])} RAM"),
         ("numpy", facts["numpy"] or "not installed"),
         ("cupy", facts["cupy"] or facts.get("cupy_error", "not installed")),
     ]
@@ -147,4 +155,6 @@ def env(json_out: JsonOut = False) -> None:
         ("store free disk", output.human_bytes(facts["store_free_bytes"])
          if facts["store_free_bytes"] is not None else facts.get("store_error")),
     ]
+    if facts["overrides"]:
+        pairs.append(("overrides", " ".join(f"{k}={v}" for k, v in facts["overrides"].items())))
     output.key_values(pairs)

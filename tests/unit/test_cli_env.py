@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -14,6 +15,8 @@ runner = CliRunner()
 
 
 def test_env_text_without_gpu(monkeypatch, tmp_path):
+    for k in [k for k in os.environ if k.startswith("NINFER_")]:
+        monkeypatch.delenv(k)
     monkeypatch.setenv("NINFER_HOME", str(tmp_path))
     monkeypatch.setattr(env_cmd, "gpu_facts", lambda: {"cupy": None, "cupy_error": "not installed", "cuda_runtime": None,
                                                        "cuda_driver": None, "driver": None, "gpus": []})
@@ -26,6 +29,7 @@ def test_env_text_without_gpu(monkeypatch, tmp_path):
     assert out["model_store"] == str(tmp_path)
     assert out["store_free"].endswith("B") and out["numpy"][0].isdigit()
     assert out["kernels"]
+    assert out["cpu"].endswith("GiB RAM") and out["overrides"] == f"NINFER_HOME={tmp_path}"
 
 
 def test_env_json_with_a_fake_gpu(monkeypatch, tmp_path):
