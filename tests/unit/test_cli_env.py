@@ -1,11 +1,10 @@
-"""`ninfer env` on a machine without a GPU (the GPU variant runs in tests/gpu)."""
+"""`ninfer env`: without a GPU, with a faked one, and (marker gpu) on a real one."""
 from __future__ import annotations
 
 import json
 import os
 
 import pytest
-
 from typer.testing import CliRunner
 
 from ninfer_cli.commands import env as env_cmd
