@@ -29,11 +29,11 @@ def pull(name: NameArg = None, from_path: FromOpt = None, dry_run: DryRun = Fals
          move: Move = False) -> None:
     """Download a model from the catalog into the local store, or register a local file with --from.
 
-    A stopped download resumes where it left off on the next run; every file is checked (size and
-    SHA-256) before it enters the store. HF_TOKEN, HF_ENDPOINT and HF_HUB_OFFLINE are honoured.
+    A stopped download resumes on the next run; files are checked (size, SHA-256) before they enter the store.
 
-    Examples: `ninfer pull qwen38-27b --dry-run`, `ninfer pull qwen36-27b`,
-    `ninfer pull mymodel --from ./model.gguf`.
+    HF_TOKEN, HF_ENDPOINT and HF_HUB_OFFLINE are honoured.
+
+    Examples: `ninfer pull qwen38-27b --dry-run` · `ninfer pull mymodel --from ./model.gguf`
     """
     from engine.errors import NinferError  # noqa: PLC0415
     from ninfer_cli import output  # noqa: PLC0415
