@@ -27,6 +27,8 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("verify", "ninfer_cli.commands.verify:verify", "Models"),
     ("env", "ninfer_cli.commands.env:env", "Utils"),
     ("bench", "ninfer_cli.commands.bench:bench", "Benchmark"),
+    ("run", "ninfer_cli.commands.run:run", "Run"),
+    ("chat", "ninfer_cli.commands.chat:chat", "Run"),
 ]
 
 PANELS = ("Models", "Run", "Benchmark", "Utils")

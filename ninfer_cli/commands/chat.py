@@ -1,0 +1,37 @@
+"""`ninfer chat [MODEL]`: talk with a model. The plain REPL for now (`--plain`, or whenever stdin or stdout
+is not a terminal); the Textual TUI launches from here once it lands."""
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from ninfer_cli.options import Ctx, Device, DeviceOpt, Effort, ModelArg, Seed, Temperature, Think, ThinkingBudget
+
+Plain = Annotated[bool, typer.Option("--plain", help="Line-oriented REPL instead of the full-screen app.")]
+System = Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt (text, or @file).",
+                                               show_default=False)]
+ShowThinking = Annotated[bool, typer.Option("--show-thinking/--hide-thinking", rich_help_panel="Reasoning",
+                                            help="Print the model's reasoning.")]
+
+
+def chat(model: ModelArg = None, plain: Plain = False, system: System = None, think: Think = None,
+         reasoning_effort: Effort = None, thinking_budget: ThinkingBudget = None,
+         show_thinking: ShowThinking = True, temperature: Temperature = None, seed: Seed = None,
+         ctx: Ctx = None, device: DeviceOpt = Device.auto) -> None:
+    """Chat with a model (the default model, pulled on first use, when none is named)."""
+    import sys
+
+    from ninfer_cli.commands.run import _read_at_file
+    from ninfer_cli.model_session import generation_config, open_session
+    from ninfer_cli.options import reasoning_choice, sampling_overrides
+    from ninfer_cli.repl import Repl
+
+    effort = reasoning_choice(reasoning_effort, think)
+    interactive = sys.stdin.isatty() and sys.stdout.isatty()
+    _, session, name = open_session(model, device=device, ctx=ctx, system=_read_at_file(system),
+                                    think=None if effort is None else effort.value != "off",
+                                    effort=None if effort is None else effort.value,
+                                    thinking_budget=thinking_budget)
+    config = generation_config(session, sampling_overrides(temperature=temperature, seed=seed))
+    Repl(session, config, name=name, interactive=interactive and True, show_thinking=show_thinking).run()

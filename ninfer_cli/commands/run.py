@@ -1,0 +1,151 @@
+"""`ninfer run [MODEL] [PROMPT | -]`: answer one prompt. Answer on stdout; reasoning and stats on stderr."""
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from ninfer_cli.options import (
+    DeviceOpt,
+    Effort,
+    FrequencyPenalty,
+    MaxTokens,
+    MinP,
+    ModelArg,
+    PresencePenalty,
+    Seed,
+    Temperature,
+    Think,
+    ThinkingBudget,
+    TopK,
+    TopP,
+    Ctx,
+    Device,
+)
+
+PromptArg = Annotated[Optional[str], typer.Argument(
+    help="The prompt; `-` (or nothing, with a pipe) reads it from stdin.", show_default=False)]
+System = Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt (text, or @file).",
+                                               show_default=False)]
+ShowThinking = Annotated[bool, typer.Option("--show-thinking/--hide-thinking", rich_help_panel="Reasoning",
+                                            help="Print the model's reasoning on stderr.")]
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object: text, reasoning, tool calls, usage, "
+                                                       "timings.")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No stats line.")]
+
+
+def run(model: ModelArg = None, prompt: PromptArg = None, system: System = None,
+        temperature: Temperature = None, top_k: TopK = None, top_p: TopP = None, min_p: MinP = None,
+        presence_penalty: PresencePenalty = None, frequency_penalty: FrequencyPenalty = None, seed: Seed = None,
+        max_tokens: MaxTokens = None, think: Think = None, reasoning_effort: Effort = None,
+        thinking_budget: ThinkingBudget = None, show_thinking: ShowThinking = True, ctx: Ctx = None,
+        device: DeviceOpt = Device.auto, json_out: JsonFlag = False, quiet: Quiet = False) -> None:
+    """Answer one prompt with a model (the default model, pulled on first use, when none is named).
+
+    Examples: `ninfer run "What is the capital of France?"`, `echo hi | ninfer run smollm2-135m -`,
+    `ninfer run qwen38-27b -r low "Prove that sqrt(2) is irrational"`.
+    """
+    import sys
+    import threading
+    import time
+
+    from engine.errors import NinferError
+    from ninfer_cli.model_session import generation_config, is_model_ref, open_session, read_stdin_prompt
+    from ninfer_cli.options import reasoning_choice, sampling_overrides
+
+    t_start = time.perf_counter()
+    if prompt is None and model is not None and not is_model_ref(model):
+        model, prompt = None, model  # `ninfer run "question"`: one argument that is not a model is the prompt
+    if prompt == "-" or (prompt is None and not sys.stdin.isatty()):
+        prompt = read_stdin_prompt()
+    if not prompt or not prompt.strip():
+        raise NinferError("no prompt given", 'pass one: ninfer run [MODEL] "your question"  (or `-` to read stdin)')
+    system = _read_at_file(system)
+    effort = reasoning_choice(reasoning_effort, think)
+    _, session, name = open_session(model, device=device, ctx=ctx, system=system,
+                                    think=None if effort is None else effort.value != "off",
+                                    effort=None if effort is None else effort.value,
+                                    thinking_budget=thinking_budget, quiet=json_out)
+    overrides = sampling_overrides(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                   presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                                   seed=seed, max_tokens=max_tokens)
+    config = generation_config(session, overrides)
+    cancel = threading.Event()
+    final = None
+    first_token_s = None
+    reasoning_open = False
+    try:
+        for delta in session.send(prompt, config, cancel):
+            if first_token_s is None and (delta.reasoning or delta.content or delta.done):
+                first_token_s = time.perf_counter() - t_start
+            if delta.done:
+                final = delta
+                break
+            if json_out:
+                continue
+            if delta.reasoning and show_thinking:
+                if not reasoning_open:
+                    sys.stderr.write("Thinking...\n")
+                    reasoning_open = True
+                sys.stderr.write(delta.reasoning)
+                sys.stderr.flush()
+            if delta.content:
+                if reasoning_open:
+                    sys.stderr.write("\n...done thinking.\n\n")
+                    sys.stderr.flush()
+                    reasoning_open = False
+                sys.stdout.write(delta.content)
+                sys.stdout.flush()
+    except KeyboardInterrupt:
+        cancel.set()
+        sys.stderr.write("\n[interrupted]\n")
+        raise typer.Exit(130) from None
+    stats = final.stats
+    if json_out:
+        _print_json(name, final, stats, first_token_s, time.perf_counter() - t_start)
+        return
+    if reasoning_open:
+        sys.stderr.write("\n")
+    if final.tool_calls:
+        import json
+
+        for call in final.tool_calls:
+            sys.stdout.write("\n" + json.dumps(call, ensure_ascii=False))
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    if not quiet:
+        sys.stderr.write(f"{name} · {stats.line()} · start to first token {first_token_s or 0:.2f} s\n")
+
+
+def _read_at_file(value: str | None) -> str | None:
+    if value and value.startswith("@"):
+        from pathlib import Path
+
+        from engine.errors import NinferError
+
+        path = Path(value[1:]).expanduser()
+        try:
+            return path.read_text("utf-8")
+        except OSError as exc:
+            raise NinferError(f"cannot read system prompt file {path}: {exc.strerror}", "check the path") from None
+    return value
+
+
+def _print_json(name, final, stats, first_token_s, total_s) -> None:
+    from ninfer_cli import output
+
+    output.print_json({
+        "model": name,
+        "text": final.answer,
+        "reasoning": final.answer_reasoning,
+        "tool_calls": final.tool_calls,
+        "finish_reason": final.finish_reason,
+        "usage": {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generation_tokens,
+                  "reasoning_tokens": stats.reasoning_tokens,
+                  "total_tokens": stats.prompt_tokens + stats.generation_tokens},
+        "timings": {"start_to_first_token_s": round(first_token_s or 0.0, 4),
+                    "time_to_first_token_s": round(stats.ttft_s, 4),
+                    "prompt_tokens_per_s": round(stats.prompt_tps, 2),
+                    "generation_tokens_per_s": round(stats.generation_tps, 2),
+                    "total_s": round(total_s, 4)},
+    })

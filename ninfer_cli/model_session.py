@@ -1,0 +1,149 @@
+"""From a model name on the command line to a loaded engine and a `ChatSession` (run, chat, REPL).
+
+Heavy imports (engine, numpy) happen inside the functions: command modules import this lazily.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from engine.errors import NinferError
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def is_model_ref(text: str | None) -> bool:
+    """Whether a positional argument names a model (stored, in the catalog, or a .ninfer path)."""
+    if not text or "\n" in text or " " in text.strip():
+        return False
+    if text.endswith(".ninfer") or Path(text).is_file():
+        return True
+    from ninfer_cli.store import Store, parse_ref
+
+    try:
+        name, _ = parse_ref(text)
+    except NinferError:
+        return False
+    if Store().find(text) is not None or name == DEFAULT_MODEL:
+        return True
+    try:
+        from ninfer_cli import catalog
+
+        return name in catalog.entries()
+    except Exception:  # noqa: BLE001 - a broken catalog must not stop a prompt from running
+        return False
+
+
+def resolve_model(ref: str | None, *, quiet: bool = False) -> tuple[Path, str]:
+    """(artifact path, display name); no name means the default model, pulled first when missing."""
+    if ref and (ref.endswith(".ninfer") or Path(ref).is_file()):
+        path = Path(ref)
+        if not path.is_file():
+            raise NinferError(f"no model file at {path}", "check the path, or `ninfer ls` for stored models")
+        return path, path.name
+    from ninfer_cli.store import Store, parse_ref
+
+    store = Store()
+    name, _tag = parse_ref(ref or DEFAULT_MODEL)
+    found = store.find(ref or DEFAULT_MODEL)
+    if found is None and name == DEFAULT_MODEL:
+        from ninfer_cli.default_model import ensure_default_model
+
+        found = ensure_default_model(quiet=quiet, store=store)
+    if found is None:
+        in_catalog = False
+        try:
+            from ninfer_cli import catalog
+
+            in_catalog = name in catalog.entries()
+        except Exception:  # noqa: BLE001
+            pass
+        if in_catalog:
+            raise NinferError(f"{ref} is not downloaded yet", f"run `ninfer pull {ref}` first")
+        raise store.unknown(ref)
+    if not found.artifact_path.exists():
+        raise NinferError(f"{found.ref}: artifact {found.artifact_path} is missing",
+                          f"run `ninfer rm {found.ref}` and pull it again")
+    return found.artifact_path, found.ref
+
+
+def open_session(ref: str | None, *, device: str = "auto", ctx: int | None = None, system: str | None = None,
+                 think: bool | None = None, effort: str | None = None, thinking_budget: int | None = None,
+                 preserve_thinking: bool | None = None, quiet: bool = False):
+    """(engine, ChatSession, display name) ready to answer."""
+    import engine as eng
+    from engine.text.session import ChatSession
+    from engine.text.tokenizer import Tokenizer
+
+    path, name = resolve_model(ref, quiet=quiet)
+    device = getattr(device, "value", device)
+    model = eng.load(path, device=device, max_context=ctx)
+    if model.device == "cpu":
+        tune_blas_threads()
+    if model.tokenizer is None:
+        from engine.artifact.container import open_artifact
+
+        model.tokenizer = Tokenizer.from_artifact(open_artifact(path))
+    session = ChatSession(model, system=system, think=think, effort=getattr(effort, "value", effort),
+                          thinking_budget=thinking_budget, preserve_thinking=preserve_thinking)
+    return model, session, name
+
+
+def generation_config(session, overrides: dict):
+    """The model's preset for the session's reasoning mode, with the user's flags on top."""
+    from engine.generate import GenerationConfig
+    from engine.text.presets import sampling_preset
+    from engine.text.reasoning import supports_thinking, template_kwargs
+
+    source = session.template.source if session.template else ""
+    kwargs = template_kwargs(source, think=session.think, effort=session.effort)
+    thinking = supports_thinking(source) and kwargs.get("enable_thinking", True) is not False
+    fields = {**sampling_preset(getattr(session.engine, "config", {}), thinking), **overrides}
+    return GenerationConfig(**fields)
+
+
+def read_stdin_prompt() -> str:
+    """All of stdin (for `-` or a piped prompt)."""
+    return sys.stdin.read()
+
+
+def tune_blas_threads() -> int | None:
+    """Pick the BLAS thread count for NumPy decode, unless the user set one (OPENBLAS/OMP_NUM_THREADS).
+
+    OpenBLAS threads spin while they wait; on a busy machine two of them on two cores make decode 5-10x
+    slower than one (measured on the 2-core dev box). So: free cores (cores minus load average), 1 to 4.
+    Returns the count set, or None when nothing was changed.
+    """
+    import os
+
+    if any(os.environ.get(k) for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "NINFER_BLAS_THREADS")):
+        n_env = os.environ.get("NINFER_BLAS_THREADS")
+        if not n_env:
+            return None
+        want = int(n_env)
+    else:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        want = max(1, min(4, cores - int(os.getloadavg()[0] + 0.5)))
+    return want if _set_openblas_threads(want) else None
+
+
+def _set_openblas_threads(n: int) -> bool:
+    import ctypes
+    import glob
+    import os
+
+    import numpy
+
+    libs = glob.glob(os.path.join(os.path.dirname(numpy.__file__) + ".libs", "*openblas*.so*"))
+    for path in libs:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for sym in ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads", "openblas_set_num_threads64_",
+                    "openblas_set_num_threads"):
+            fn = getattr(lib, sym, None)
+            if fn is not None:
+                fn(int(n))
+                return True
+    return False
