@@ -5,9 +5,10 @@ from textual import events
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
-from textual.widgets import Collapsible, Markdown, Static, TextArea
+from textual.widgets import Collapsible, Static, TextArea
 
 from ninfer_cli.tui import slash
+from ninfer_cli.tui.markdown_view import Block, MarkdownView, render
 from ninfer_cli.tui.messages import TurnStats
 from ninfer_cli.tui.session import Memory, ModelInfo
 
@@ -95,16 +96,20 @@ def _esc(text: str) -> str:
     return text.replace("[", r"\[")
 
 
-class UserMessage(Markdown):
+class UserMessage(Block):
     """A message the user sent (its line breaks kept as typed)."""
 
     def __init__(self, text: str, **kwargs) -> None:
-        super().__init__(text.replace("\n", "  \n"), **kwargs)
+        super().__init__(render(text.replace("\n", "  \n")), **kwargs)
         self.message_text = text
 
 
-class NoteMessage(Markdown):
+class NoteMessage(Block):
     """Help, stats and notices from the app itself (class `error` for failures)."""
+
+    def __init__(self, text: str, **kwargs) -> None:
+        super().__init__(render(text), **kwargs)
+        self.source = text
 
 
 class AssistantMessage(Vertical):
@@ -112,19 +117,16 @@ class AssistantMessage(Vertical):
 
     def __init__(self, content: str = "", reasoning: str = "", stats: TurnStats | None = None) -> None:
         super().__init__()
-        self.content = content
-        self.reasoning = reasoning
         self.stats = stats
         self._thinking: Collapsible | None = None
-        self._thinking_md: Markdown | None = None
-        self._answer = Markdown(content, classes="answer")
+        self._thinking_md: MarkdownView | None = None
+        self._initial_reasoning = reasoning
+        self._answer = MarkdownView(content, classes="answer")
         self._footer = Static("", classes="turn-stats")
-        self._reasoning_stream = None
-        self._answer_stream = None
 
     def compose(self):
-        if self.reasoning:
-            yield self._make_thinking(self.reasoning, collapsed=True, title="Thoughts")
+        if self._initial_reasoning:
+            yield self._make_thinking(self._initial_reasoning, collapsed=True, title="Thoughts")
         yield self._answer
         yield self._footer
 
@@ -133,50 +135,46 @@ class AssistantMessage(Vertical):
             self._footer.update(stats_line(self.stats))
 
     def _make_thinking(self, text: str, collapsed: bool, title: str) -> Collapsible:
-        self._thinking_md = Markdown(text, classes="thinking-text")
+        self._thinking_md = MarkdownView(text, classes="thinking-text")
         self._thinking = Collapsible(self._thinking_md, title=title, collapsed=collapsed, classes="thinking")
         return self._thinking
+
+    @property
+    def content(self) -> str:
+        return self._answer.text
+
+    @property
+    def reasoning(self) -> str:
+        return self._thinking_md.text if self._thinking_md is not None else ""
 
     @property
     def thinking(self) -> Collapsible | None:
         return self._thinking
 
     @property
-    def answer(self) -> Markdown:
+    def answer(self) -> MarkdownView:
         return self._answer
 
     async def add_reasoning(self, text: str) -> None:
-        self.reasoning += text
         if self._thinking is None:
             await self.mount(self._make_thinking("", collapsed=False, title="Thinking…"), before=self._answer)
-        if self._reasoning_stream is None:
-            self._reasoning_stream = Markdown.get_stream(self._thinking_md)
-        await self._reasoning_stream.write(text)
+        self._thinking_md.append(text)
 
-    async def _close_thinking(self, title: str) -> None:
-        if self._reasoning_stream is not None:
-            await self._reasoning_stream.stop()
-            self._reasoning_stream = None
-            # Incremental appends can misplace text after a fence closes; one full render fixes it.
-            await self._thinking_md.update(self.reasoning)
-        if self._thinking is not None:
-            self._thinking.title = title
+    async def _close_thinking(self) -> None:
+        if self._thinking is not None and not self._thinking.collapsed:
+            await self._thinking_md.flush()
+            self._thinking.title = "Thoughts"
             self._thinking.collapsed = True
 
     async def add_text(self, text: str) -> None:
-        if self._answer_stream is None:
-            await self._close_thinking("Thoughts")
-            self._answer_stream = Markdown.get_stream(self._answer)
-        self.content += text
-        await self._answer_stream.write(text)
+        if not self._answer.text:
+            await self._close_thinking()
+        self._answer.append(text)
 
     async def finish(self, stats: TurnStats | None, note: str = "") -> None:
-        """Stop streaming, render the final text once, collapse thinking, show the stats line."""
-        await self._close_thinking("Thoughts")
-        if self._answer_stream is not None:
-            await self._answer_stream.stop()
-            self._answer_stream = None
-        await self._answer.update(self.content)
+        """Show all text, collapse thinking, show the stats line."""
+        await self._close_thinking()
+        await self._answer.flush()
         self.stats = stats
         line = stats_line(stats) if stats else ""
         self._footer.update(" · ".join(p for p in (line, note) if p))
@@ -195,12 +193,20 @@ def stats_line(s: TurnStats) -> str:
 class StatusBar(Horizontal):
     """Model · effort · context gauge · live tok/s · last TTFT and tok/s · memory gauge."""
 
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._items = {name: Static("", id=f"st-{name}", classes="status-item")
+                       for name in ("model", "effort", "ctx", "rate", "last", "mem")}
+        self._texts: dict[str, str] = {}
+
     def compose(self):
-        for name in ("model", "effort", "ctx", "rate", "last", "mem"):
-            yield Static("", id=f"st-{name}", classes="status-item")
+        yield from self._items.values()
 
     def _set(self, name: str, text: str) -> None:
-        self.query_one(f"#st-{name}", Static).update(text)
+        # Same length, same template: the width cannot change, so skip the screen-wide layout.
+        same = len(text) == len(self._texts.get(name, ""))
+        self._texts[name] = text
+        self._items[name].update(text, layout=not same)
 
     def show_model(self, info: ModelInfo, state: str = "") -> None:
         self._set("model", f"[b]{_esc(info.name)}[/b] [dim]{info.device}[/dim]" + (f" {state}" if state else ""))
@@ -213,7 +219,7 @@ class StatusBar(Horizontal):
         self._set("ctx", f"ctx {gauge(used, total)} {human_tokens(used)}/{total_text}")
 
     def show_rate(self, rate: float | None) -> None:
-        self._set("rate", "" if rate is None else f"[b]{rate:5.1f}[/b] tok/s")
+        self._set("rate", "" if rate is None else f"[b]{rate:6.1f}[/b] tok/s")
 
     def show_last(self, stats: TurnStats | None) -> None:
         self._set("last", "" if stats is None else

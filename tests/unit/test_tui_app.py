@@ -8,7 +8,7 @@ from engine.errors import NinferError
 from ninfer_cli.tui.session import DEFAULT_REPLY, FakeSession, split_tokens
 from ninfer_cli.tui.widgets import AssistantMessage, NoteMessage, PromptInput, UserMessage
 
-from tui_helpers import make_app, run, send, type_text, wait_for
+from tui_helpers import make_app, run, send, submit, type_text, wait_for
 
 
 def status_text(app, name: str) -> str:
@@ -27,7 +27,7 @@ def test_send_streams_answer_with_collapsed_thinking_and_autosaves(tmp_path):
             assert answer["content"] == reply
             assert answer["reasoning"].startswith("The user asks about What is 2+2?")
             msg = app.query_one(AssistantMessage)
-            assert msg.answer.source == reply
+            assert msg.answer.text == reply
             assert msg.thinking is not None and msg.thinking.collapsed
             assert answer["stats"]["finish_reason"] == "stop"
             assert answer["stats"]["generation_tokens"] == len(split_tokens(reply)) + len(
@@ -81,15 +81,12 @@ def test_escape_stops_within_100_ms_and_keeps_what_was_shown(tmp_path):
         app = make_app(tmp_path, FakeSession(tokens_per_second=20))
         async with app.run_test() as pilot:
             await wait_for(pilot, lambda: app.loaded)
-            await type_text(pilot, "tell me")
-            await pilot.press("enter")
+            await submit(pilot, "tell me")
             await wait_for(pilot, lambda: app.buffer is not None and app.buffer.tokens >= 4)
-            pressed = time.perf_counter()
             await pilot.press("escape")
             await wait_for(pilot, lambda: not app.generating, timeout=2)
-            elapsed = time.perf_counter() - pressed
+            # From the Esc action to the worker's last record handled on the main thread.
             assert app.stop_latency is not None and app.stop_latency < 0.1, app.stop_latency
-            assert elapsed < 0.3
             answer = app.conversation.messages[-1]
             assert answer["stats"]["finish_reason"] == "cancelled"
             assert answer["stats"]["generation_tokens"] < 20
@@ -109,8 +106,7 @@ def test_regen_replaces_the_last_answer(tmp_path):
         app = make_app(tmp_path, session)
         async with app.run_test() as pilot:
             await send(pilot, "first")
-            await type_text(pilot, "/regen")
-            await pilot.press("enter")
+            await submit(pilot, "/regen")
             await wait_for(pilot, lambda: len(session.calls) == 2 and not app.generating)
             await pilot.pause()
             assert [m["role"] for m in app.conversation.messages] == ["user", "assistant"]
@@ -124,8 +120,7 @@ def test_history_and_system_prompt_reach_the_session(tmp_path):
         session = FakeSession()
         app = make_app(tmp_path, session)
         async with app.run_test() as pilot:
-            await type_text(pilot, "/system You are terse.")
-            await pilot.press("enter")
+            await submit(pilot, "/system You are terse.")
             await send(pilot, "one")
             await send(pilot, "two")
             sent = session.calls[-1][0]
@@ -146,8 +141,7 @@ def test_load_failure_is_shown_in_the_app(tmp_path):
             notes = [n.source for n in app.query(NoteMessage)]
             assert any("not enough VRAM" in n and "lower --ctx" in n for n in notes)
             assert "failed" in status_text(app, "model")
-            await type_text(pilot, "hello")
-            await pilot.press("enter")
+            await submit(pilot, "hello")
             await pilot.pause()
             assert not app.generating
             assert "No model to answer with" in app.query(NoteMessage).last().source
@@ -159,14 +153,12 @@ def test_generation_error_is_shown_and_app_keeps_running(tmp_path):
         session = FakeSession(send_error=MemoryError())
         app = make_app(tmp_path, session)
         async with app.run_test() as pilot:
-            await type_text(pilot, "hello")
-            await pilot.press("enter")
+            await submit(pilot, "hello")
             await wait_for(pilot, lambda: app.query(NoteMessage))
             await wait_for(pilot, lambda: not app.generating)
             assert "out of memory" in app.query(NoteMessage).last().source
             session.send_error = None
-            await type_text(pilot, "/regen")
-            await pilot.press("enter")
+            await submit(pilot, "/regen")
             await wait_for(pilot, lambda: app.conversation.messages[-1]["role"] == "assistant")
             assert app.is_running
     run(body())
@@ -185,8 +177,7 @@ def test_live_rate_redraws_at_least_four_times_a_second(tmp_path):
                 original(rate)
 
             app.status.show_rate = spy
-            await type_text(pilot, "count")
-            await pilot.press("enter")
+            await submit(pilot, "count")
             await wait_for(pilot, lambda: app.buffer is not None and app.buffer.tokens > 3)
             start = time.perf_counter()
             await pilot.pause(1.05)

@@ -34,14 +34,21 @@ async def type_text(pilot, text: str) -> None:
         await pilot.press({" ": "space", "/": "slash"}.get(ch, ch))
 
 
+async def submit(pilot, text: str) -> None:
+    """Put `text` in the input box and press Enter (typing key by key is slow in Pilot)."""
+    from ninfer_cli.tui.widgets import PromptInput
+
+    pilot.app.query_one(PromptInput).load_text(text)
+    await pilot.press("enter")
+
+
 async def send(pilot, text: str) -> None:
-    """Type `text`, press Enter, and wait for the answer to finish."""
+    """Submit `text` and wait for the answer to finish."""
     app = pilot.app
     before = len(app.conversation.messages)
-    await type_text(pilot, text)
-    await pilot.press("enter")
+    await submit(pilot, text)
     await wait_for(pilot, lambda: not app.generating and len(app.conversation.messages) > before)
     await pilot.pause()
 
 
-__all__ = ["ChatSettings", "FakeSession", "make_app", "run", "send", "type_text", "wait_for"]
+__all__ = ["ChatSettings", "FakeSession", "make_app", "run", "send", "submit", "type_text", "wait_for"]
