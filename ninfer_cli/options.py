@@ -78,7 +78,8 @@ ModelArg = Annotated[
 ]
 ModelRequired = Annotated[
     str,
-    typer.Argument(help="Model: name[:tag] from `ninfer ls`, or a path to a .ninfer file.", autocompletion=complete_model),
+    typer.Argument(help="Model: name[:tag] from `ninfer ls`, or a path to a .ninfer file.",
+                   autocompletion=complete_model),
 ]
 ModelOpt = Annotated[
     Optional[str],

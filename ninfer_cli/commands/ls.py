@@ -11,10 +11,11 @@ from ninfer_cli.options import JsonOut
 def ls(
     json_out: JsonOut = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the names (name:tag).")] = False,
-    available: Annotated[bool, typer.Option("--available", "-a",
-                                            help="List the catalog `ninfer pull` fetches from: sizes, fit on this GPU and disk.")] = False,
+    available: Annotated[bool, typer.Option(
+        "--available", "-a", help="List the catalog `ninfer pull` fetches from: sizes, fit on this GPU and disk.",
+    )] = False,
 ) -> None:
-    """List installed models (NAME, SIZE, FORMAT, SOURCE, ADDED)."""
+    """List installed models (NAME, SIZE, FORMAT, SOURCE, ADDED), or with --available the pullable ones."""
     if available:
         from ninfer_cli.catalog import show_available  # noqa: PLC0415
 

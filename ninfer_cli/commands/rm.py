@@ -9,7 +9,9 @@ from ninfer_cli.options import Yes, complete_model
 
 
 def rm(
-    names: Annotated[list[str], typer.Argument(help="Models to delete (name[:tag]).", metavar="NAME...", autocompletion=complete_model)],
+    names: Annotated[list[str], typer.Argument(
+        help="Models to delete (name[:tag]).", metavar="NAME...", autocompletion=complete_model,
+    )],
     yes: Yes = False,
 ) -> None:
     """Delete models from the store, partial downloads included (asks first unless -y)."""
