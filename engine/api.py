@@ -214,6 +214,7 @@ class Engine:
             "device": self.device,
             "model_type": self.args.model_type,
             "weight_bytes": int(self.model.weight_bytes),
+            "weight_bytes_per_token": self._bytes_per_token(),
             "state_bytes": int(getattr(c, "state_bytes", 0)),
             "kv_bytes_per_token": int(getattr(c, "kv_bytes_per_token", 0)),
             "position": self.position,
@@ -221,6 +222,16 @@ class Engine:
             "vocab_size": self.args.vocab_size,
             "token_domain": self.domain,
         }
+
+    def _bytes_per_token(self) -> int:
+        per = getattr(self.model, "weight_bytes_per_token", None)
+        if per is not None:
+            return int(per)
+        emb, head = getattr(self.model, "embedding", None), getattr(self.model, "head", None)
+        total = int(self.model.weight_bytes)
+        if emb is not None and head is not None and head is not emb:  # untied: one embedding row is read
+            total -= emb.nbytes - emb.nbytes // emb.shape[0]
+        return total
 
     def memory_bytes(self) -> int:
         """Weights plus the current cache contents."""

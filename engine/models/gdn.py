@@ -30,6 +30,9 @@ class GatedDeltaNet:
         self.norm = f32("norm")
         self.w_out = f32("output")
 
+    def arrays(self) -> list:
+        return [self.w_in, self.conv, self.a_log, self.dt_bias, self.norm, self.w_out]
+
     def make_state(self) -> GDNState:
         """Zero conv history and recurrent state for one sequence."""
         return GDNState(self.conv.shape[1], self.conv.shape[0], self.hv, self.dv, self.dk, xp=self.xp)

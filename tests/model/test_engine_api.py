@@ -42,6 +42,8 @@ def test_prefill_decode_protocol(eng, dense):
         assert rel_l2(eng.decode_step(int(tokens[i])), ref[i]) < TOL
     info = eng.info()
     assert info["backend"] == "numpy" and info["weight_bytes"] > 0 and info["state_bytes"] > 0
+    emb = dense[1]["text/token_embedding"]
+    assert info["weight_bytes_per_token"] == info["weight_bytes"] - emb.nbytes + emb.nbytes // emb.shape[0]
     assert info["kv_bytes_per_token"] == 2 * 2 * 2 * 32 * 4  # 2 attention layers x K,V x 2 heads x 32 x fp32
     eng.reset()
     assert eng.position == 0
@@ -208,3 +210,14 @@ def test_load_from_artifact_file(tmp_path, dense):
     e = engine.load(str(path), device="cpu")
     assert e.tokenizer is None
     assert rel_l2(e.logits(tokens), ref) < TOL
+
+
+def test_moe_bytes_per_token_count_only_routed_experts():
+    cfg, hf, _, _ = load_golden("moe")
+    w = {n: a for k, v in hf.items() for n, a in hf_to_logical(k, v, cfg)}
+    info = engine.load({"config": cfg, "weights": w}, device="cpu").info()
+    expert = sum(a.nbytes for n, a in w.items() if "/moe/experts/" in n)
+    emb = w["text/token_embedding"]
+    unread = expert * (1 - cfg["num_experts_per_tok"] / cfg["num_experts"])
+    want = info["weight_bytes"] - emb.nbytes + emb.nbytes // emb.shape[0] - unread
+    assert abs(info["weight_bytes_per_token"] - want) <= 8
