@@ -47,6 +47,19 @@ def legacy_locations(filename: str) -> list[Path]:
     return out
 
 
+def hf_cache_copy(repo: str, filename: str, revision: str) -> Path | None:
+    """The file in the Hugging Face cache (`hf download` put it there), resolved to its blob, or None."""
+    try:
+        from huggingface_hub import try_to_load_from_cache  # noqa: PLC0415
+
+        cache = os.environ.get("HF_HUB_CACHE") or (
+            str(Path(os.environ["HF_HOME"]) / "hub") if os.environ.get("HF_HOME") else None)
+        found = try_to_load_from_cache(repo, filename, cache_dir=cache, revision=revision)
+    except Exception:  # a damaged cache must never stop a pull
+        return None
+    return Path(found).resolve() if isinstance(found, str) else None
+
+
 def detect(path: Path) -> str:
     """What `path` is: "v3", "legacy" (v1/v2 .ninfer), "gguf" or "hf" (a checkpoint folder)."""
     if path.is_dir():

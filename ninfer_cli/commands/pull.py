@@ -102,6 +102,10 @@ def pull_catalog(ref: str, *, force: bool = False, dry_run: bool = False):
         if dry_run:
             _print_plan(entry, ref, total, have, need, free, vram_words, store.root)
             return None
+        if not force:
+            reused = _reuse_local_copy(store, entry, ref, folder, free)
+            if reused is not None:
+                return reused
         if need > free:
             raise NinferError(
                 f"not enough disk space for {ref} in {store.root}: need {output.human_bytes(need)}, "
@@ -114,6 +118,50 @@ def pull_catalog(ref: str, *, force: bool = False, dry_run: bool = False):
     finally:
         if folder is not None:
             _tidy(folder)
+
+
+def _reuse_local_copy(store, entry, ref: str, folder: Path, free: int):
+    """Install a byte-identical copy already on disk (HF cache, upstream `models/`) instead of downloading.
+
+    Hard-linked when it shares the store's filesystem, else copied; checked by SHA-256 either way.
+    """
+    import os  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
+
+    from ninfer_cli import output  # noqa: PLC0415
+    from ninfer_cli.download import make_progress, sha256_file  # noqa: PLC0415
+
+    f = entry.files[0]
+    for path in _local_candidates(entry):
+        with make_progress(output.stderr()) as progress:
+            sha = sha256_file(path, progress, f"checking {path}")
+        if sha != f.sha256:
+            output.warn(f"{path} has the right size but not the pinned SHA-256; ignoring it")
+            continue
+        target = folder / f.filename
+        target.unlink(missing_ok=True)
+        try:
+            os.link(path, target)
+        except OSError:
+            if f.size > free:
+                continue
+            output.info(f"copying {path} into the store")
+            shutil.copyfile(path, target)
+        manifest = store.add(ref, target, source=f.source, revision=f.revision, sha256=sha, container_version=3)
+        output.info(f"{ref}: reused {path} (SHA-256 verified) instead of downloading {output.human_bytes(f.size)}")
+        return manifest
+    return None
+
+
+def _local_candidates(entry) -> list[Path]:
+    """v3 files of the pinned size in the HF cache or the upstream scripts' folders (not yet hashed)."""
+    from ninfer_cli.local_import import container_version, hf_cache_copy, legacy_locations  # noqa: PLC0415
+
+    if len(entry.files) != 1 or not entry.files[0].sha256:
+        return []
+    f = entry.files[0]
+    found = [p for p in (hf_cache_copy(f.repo, f.filename, f.revision), *legacy_locations(f.filename)) if p]
+    return [p for p in dict.fromkeys(found) if p.stat().st_size == f.size and container_version(p) == 3]
 
 
 def _installed(store, ref: str):
@@ -162,6 +210,8 @@ def _print_plan(entry, ref, total, have, need, free, vram_words, root) -> None:
     disk = "fits" if need <= free else "does NOT fit"
     rows.append(("disk", f"need {output.human_bytes(need)}, have {output.human_bytes(free)} in {root}: {disk}"))
     rows.append(("vram", vram_words))
+    for path in _local_candidates(entry):
+        rows.append(("on disk", f"{path} has the pinned size; it is checked and reused instead of downloading"))
     output.info("dry run: nothing downloaded")
     output.key_values(rows)
 

@@ -323,3 +323,31 @@ def test_partial_of_another_file_is_not_spliced(hub_env):
     assert r.exit_code == 0, r.output
     assert cdn_gets(hub_env) == [None]
     assert_installed(hub_env)
+
+
+def test_identical_copy_in_the_hf_cache_is_reused_not_downloaded(hub_env, monkeypatch, tmp_path):
+    cache = tmp_path / "hfcache"
+    snap = cache / "models--org--tiny-ninfer" / "snapshots" / hub_env.spec.revision
+    snap.mkdir(parents=True)
+    blob = cache / "models--org--tiny-ninfer" / "blobs" / hub_env.spec.sha256
+    blob.parent.mkdir(parents=True)
+    blob.write_bytes(hub_env.spec.data)
+    (snap / "tiny.ninfer").symlink_to(blob)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    dry = pull("tiny", "--dry-run")
+    assert f"{blob} has the pinned size" in dry.stdout
+    r = pull("tiny")
+    assert r.exit_code == 0, r.output
+    assert "reused" in r.stderr and hub_env.hub.log.requests == []
+    m = assert_installed(hub_env)
+    assert m.artifact_path.stat().st_ino == blob.stat().st_ino, "same filesystem: hard link, no second copy"
+    assert blob.exists()
+
+
+def test_copy_in_models_folder_with_wrong_bytes_is_ignored(hub_env):
+    (hub_env.home.parent / "models").mkdir()
+    (hub_env.home.parent / "models" / "tiny.ninfer").write_bytes(b"NINFER\x00\x03" + b"\0" * (SIZE - 8))
+    r = pull("tiny")
+    assert r.exit_code == 0, r.output
+    assert "not the pinned SHA-256; ignoring it" in r.stderr and cdn_gets(hub_env) == [None]
+    assert_installed(hub_env)
