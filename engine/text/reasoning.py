@@ -104,6 +104,7 @@ class ReasoningSplitter:
         self._hold = ""
         self._trim_reasoning = True  # newlines right after <think> are template layout, not reasoning
         self._trim_content = False  # likewise the blank line after </think>
+        self._newlines = ""
         self.reasoning = ""
         self.content = ""
 
@@ -115,7 +116,7 @@ class ReasoningSplitter:
         while buf:
             if self._may_open:
                 stripped = buf.lstrip()
-                if not stripped or (THINK_OPEN.startswith(stripped) and stripped != THINK_OPEN[:0]):
+                if not stripped or THINK_OPEN.startswith(stripped):
                     self._hold = buf
                     break
                 self._may_open = False
@@ -135,11 +136,15 @@ class ReasoningSplitter:
             if self._trim_reasoning:
                 piece = piece.lstrip("\n")
                 self._trim_reasoning = not piece
-            r_out += piece
+            # Newlines just before </think> are layout too: withhold trailing ones until more text comes.
+            piece = self._newlines + piece
+            body = piece.rstrip("\n")
+            self._newlines = piece[len(body):]
+            r_out += body
             if idx < 0:
                 self._hold = buf[len(buf) - keep:]
                 break
-            self.thinking, self._trim_content = False, True
+            self.thinking, self._trim_content, self._newlines = False, True, ""
             buf = buf[idx + len(THINK_CLOSE):]
         self.reasoning += r_out
         self.content += c_out
@@ -149,6 +154,7 @@ class ReasoningSplitter:
         """Whatever is held back, as reasoning when inside a think block, else content."""
         hold, self._hold = self._hold, ""
         if self.thinking:
+            hold, self._newlines = self._newlines + hold, ""
             self.reasoning += hold
             return hold, ""
         self.content += hold
