@@ -262,9 +262,12 @@ def _fetch_locked(state: Partial, ref: str, progress, remote: Remote, token) -> 
     if expected is not None and have > expected:
         state.part.unlink()
         have = 0
+    if task is not None and have:
+        progress.update(task, description=f"checking {f.filename}")
     digest = _hash_prefix(state.part, have, advance) if have else hashlib.sha256()
     if task is not None and have:
-        progress.reset(task, total=expected, completed=have)  # restart the speed clock after re-hashing
+        # restart the speed clock after re-hashing what was already here
+        progress.reset(task, total=expected, completed=have, description=f.filename)
     if expected is None or have < expected:
         digest = _transfer(state, remote, expected, digest, advance, ref, token)
     return _verify(state, digest.hexdigest(), ref)
