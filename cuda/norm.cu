@@ -27,6 +27,78 @@ __device__ void stage_pairs(const float* xm, int K, int kpad, __half2* dst, floa
   if (threadIdx.x == 0) *xinv = 1.f / sc;
 }
 
+// Multi-block forms (grid (nb, M)): every block reduces over the whole row (redundantly, from L2) and
+// then writes only its own slice, so a 5120-wide norm is not left to a single multiprocessor.
+
+// The pairs of chunk range [c0, c1) (32 values a chunk) of a row, given its scale.
+__device__ __forceinline__ void stage_slice(const float* xm, int K, int c0, int c1, __half2* dst, float sc) {
+  for (int p = c0 * 16 + threadIdx.x; p < c1 * 16; p += blockDim.x) {
+    const int jl = p >> 4, pi = p & 15, c = pi >> 2, jp = pi & 3;
+    const int ka = jl * 32 + 8 * c + jp, kb = ka + 4;
+    const int phys = (c + (jl >> 1)) & 3;
+    dst[jl * 16 + phys * 4 + jp] = __floats2half2_rn(ka < K ? xm[ka] * sc : 0.f, kb < K ? xm[kb] * sc : 0.f);
+  }
+}
+
+__device__ __forceinline__ float pow2_scale(float mx) {
+  float sc = 1.f;
+  if (mx > 0.f) {
+    int e;
+    frexpf(256.f / mx, &e);
+    sc = ldexpf(1.f, e - 1);
+  }
+  return sc;
+}
+
+extern "C" __global__ void stage_x_mb(const float* __restrict__ x, int ldx, int K, int kpad,
+                                      __half2* __restrict__ xh, float* __restrict__ xinv) {
+  __shared__ float red[32];
+  const int m = blockIdx.y;
+  const float* xm = x + (size_t)m * ldx;
+  float mx = 0.f;
+  for (int k = threadIdx.x; k < K; k += blockDim.x) mx = fmaxf(mx, fabsf(xm[k]));
+  const float sc = pow2_scale(block_max(mx, red));
+  const int nch = kpad / 32, per = (nch + gridDim.x - 1) / gridDim.x;
+  const int c0 = blockIdx.x * per, c1 = min(c0 + per, nch);
+  stage_slice(xm, K, c0, c1, xh + (size_t)m * kpad / 2, sc);
+  if (blockIdx.x == 0 && threadIdx.x == 0) xinv[m] = 1.f / sc;
+}
+
+// x_out = x_in + sum of S partials; out = rmsnorm(x_out) * (1 + w) (offset) or * w; out also staged.
+// x_in and x_out must differ (other blocks still read x_in).
+extern "C" __global__ void residual_rmsnorm_mb(const float* __restrict__ x_in, float* __restrict__ x_out,
+                                               const float* __restrict__ part, int S, int part_stride,
+                                               const float* __restrict__ w, float* __restrict__ out, int H,
+                                               float eps, int offset, __half2* __restrict__ xh,
+                                               float* __restrict__ xinv, int kpad) {
+  __shared__ float red[32];
+  const int m = blockIdx.y;
+  const float* xi = x_in + (size_t)m * H;
+  float ss = 0.f, mx = 0.f;
+  for (int k = threadIdx.x; k < H; k += blockDim.x) {
+    float v = xi[k];
+    for (int s = 0; s < S; ++s) v += part[(size_t)s * part_stride + (size_t)m * H + k];
+    ss += v * v;
+    mx = fmaxf(mx, fabsf(v * (offset ? 1.f + w[k] : w[k])));
+  }
+  ss = block_sum(ss, red);
+  mx = block_max(mx, red);
+  const float r = rsqrtf(ss / H + eps);
+  const float sc = pow2_scale(mx * r);
+  const int nch = kpad / 32, per = (nch + gridDim.x - 1) / gridDim.x;
+  const int c0 = blockIdx.x * per, c1 = min(c0 + per, nch);
+  float* o = out + (size_t)m * H;
+  for (int k = c0 * 32 + threadIdx.x; k < min(c1 * 32, H); k += blockDim.x) {
+    float v = xi[k];
+    for (int s = 0; s < S; ++s) v += part[(size_t)s * part_stride + (size_t)m * H + k];
+    x_out[(size_t)m * H + k] = v;
+    o[k] = v * r * (offset ? 1.f + w[k] : w[k]);
+  }
+  __syncthreads();
+  stage_slice(o, H, c0, c1, xh + (size_t)m * kpad / 2, sc);
+  if (blockIdx.x == 0 && threadIdx.x == 0) xinv[m] = 1.f / sc;
+}
+
 // One block per token: stage fp32 x [M, ldx] for pre-staged GEMV input.
 extern "C" __global__ void stage_x(const float* __restrict__ x, int ldx, int K, int kpad, __half2* __restrict__ xh,
                                    float* __restrict__ xinv) {

@@ -139,6 +139,7 @@ class CudaQwen35:
         self.hist_len = 4096
         self.history = cp.zeros((M, self.hist_len), dtype=cp.int32)
         self.x = cp.zeros((M, H), dtype=f32)
+        self.x2 = cp.zeros((M, H), dtype=f32)  # residual ping-pong: a norm reads one and writes the other
         self.xn = cp.zeros((M, H), dtype=f32)
         self.max_splits = 8
         self.part = cp.zeros((self.max_splits, M, H), dtype=f32)
@@ -201,11 +202,18 @@ class CudaQwen35:
         return GemvPlan(w, x, x.shape[-1], y, y.shape[-1], m=self.M, epi=epi, splits=cfg.get("splits", splits),
                         rows=cfg.get("rows"), unroll=cfg.get("unroll", 2), xpre=xpre)
 
+    NORM_BLOCKS = 16
+
     def _norm(self, splits, w):
         """x += split-K partials; xn = rmsnorm(x) (1 + w), also pre-staged as fp16 pairs for the GEMVs."""
-        return K.prepared("residual_rmsnorm", (self.M,), (self.x, self.part, splits, self.M * self.H, w, self.xn,
-                                                          self.H, float(self.args.rms_norm_eps), 1, self.xh_n,
-                                                          self.xinv_n, self.kpad_h), block=1024)
+        x_in, x_out = self._res
+        self._res = (x_out, x_in)
+        return K.prepared("residual_rmsnorm_mb", (self.NORM_BLOCKS, self.M),
+                          (x_in, x_out, self.part, splits, self.M * self.H, w, self.xn, self.H,
+                           float(self.args.rms_norm_eps), 1, self.xh_n, self.xinv_n, self.kpad_h))
+
+    def _stage(self, x, k, kpad, xh, xinv):
+        return K.prepared("stage_x_mb", (self.NORM_BLOCKS, self.M), (x, x.shape[1], k, kpad, xh, xinv))
 
     def _splits(self, w) -> int:
         cfg = self.gemv_cfg.get((w.fmt, w.n, w.k), {})
@@ -226,7 +234,7 @@ class CudaQwen35:
         else:
             ops.append(K.prepared("embed_bf16", (M,), (np.uint64(emb.ptr(emb.base)), H, self.tokens, self.x, H)))
         prev_splits = 0
-        part_stride = M * H
+        self._res = (self.x, self.x2)
         log2_theta = float(math.log2(a.rope_theta))
         rot = a.rotary_dim
         for L in self.layers:
@@ -270,15 +278,13 @@ class CudaQwen35:
                 ops.append(K.prepared("gated_rmsnorm", (-(-Hv // K.WARPS), M),
                                       (self.att2, self.buf_b[:, zoff:], ldb, L["norm"], self.att, Hv, eps)))
             att_k = L["o"].k
-            ops.append(K.prepared("stage_x", (M,), (self.att, self.att.shape[1], att_k, -(-att_k // 128) * 128,
-                                                    self.xh_att, self.xinv_att), block=1024))
+            ops.append(self._stage(self.att, att_k, -(-att_k // 128) * 128, self.xh_att, self.xinv_att))
             o_plan = self._plan_gemv(L["o"], self.att, self.part, "partial", self._splits(L["o"]),
                                      (self.xh_att, self.xinv_att))
             ops.append(o_plan.launch)
             ops.append(self._norm(o_plan.splits, L["post_norm"]))
             ops.append(self._gemv(L["gate_up"], self.xn, self.act, epi="swiglu", xpre=xn))
-            ops.append(K.prepared("stage_x", (M,), (self.act, self.inter, self.inter, self.kpad_act,
-                                                    self.xh_act, self.xinv_act), block=1024))
+            ops.append(self._stage(self.act, self.inter, self.kpad_act, self.xh_act, self.xinv_act))
             d_plan = self._plan_gemv(L["down"], self.act, self.part, "partial", self._splits(L["down"]),
                                      (self.xh_act, self.xinv_act))
             ops.append(d_plan.launch)

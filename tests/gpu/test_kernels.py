@@ -81,7 +81,7 @@ def test_gemv_prestaged(cp, fmt, n, k, splits):
     x = RNG.standard_normal((m, k)).astype(np.float32)
     kpad = -(-k // 128) * 128
     xh, xinv = cp.zeros((m, kpad // 2), dtype=cp.uint32), cp.zeros(m, dtype=cp.float32)
-    K.prepared("stage_x", (m,), (cp.asarray(x), k, k, kpad, xh, xinv), block=1024)()
+    K.prepared("stage_x_mb", (3, m), (cp.asarray(x), k, k, kpad, xh, xinv))()
     part = cp.full((splits, m, n), np.nan, dtype=cp.float32)
     plan = K.GemvPlan(dm, None, k, part, n, m=m, epi="partial", splits=splits, xpre=(xh, xinv))
     part = part[: plan.splits]
@@ -158,6 +158,15 @@ def test_residual_rmsnorm_and_gated(cp):
     xs = x + part.sum(0)
     check("residual", xd.get(), xs, **ELEM)
     check("rmsnorm", out.get(), ref.rmsnorm(xs, w, 1e-6, offset=True), **ELEM)
+    # multi-block form: same numbers, and the same staged pairs
+    x_out, out2 = cp.zeros((m, h), cp.float32), cp.full((m, h), np.nan, dtype=cp.float32)
+    xh2, xinv2 = cp.zeros_like(xh), cp.zeros_like(xinv)
+    K.prepared("residual_rmsnorm_mb", (5, m), (cp.asarray(x), x_out, cp.asarray(part), s, m * h, cp.asarray(w),
+                                               out2, h, 1e-6, 1, xh2, xinv2, kpad))()
+    check("residual mb", x_out.get(), xs, **ELEM)
+    check("rmsnorm mb", out2.get(), out.get(), **ELEM)
+    np.testing.assert_array_equal(xh2.get(), xh.get())
+    np.testing.assert_array_equal(xinv2.get(), xinv.get())
 
     hv = 5
     o = RNG.standard_normal((m, hv, 128)).astype(np.float32)
