@@ -11,6 +11,8 @@ codes = clamp(round_half_even(f32(x * f32(1 / scale)))). The reciprocal multiply
 from __future__ import annotations
 
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,7 +28,8 @@ GROUPWISE = {"q4_g64_fp16": (4, 64), "q5_g64_fp16": (5, 64), "q6_g64_fp16": (6, 
 OPAQUE = {"nvfp4": "block_scale_k16_m128x4_v1", "fp8_e4m3fn_row_bf16": "row_scale_v1"}
 ROW_SPLIT = "row_split_k128_v1"
 CONTIGUOUS = "contiguous_le_v1"
-_ROWS_PER_CHUNK_ELEMS = 1 << 23  # bounds encoder temporaries to a few hundred MB
+_ROWS_PER_CHUNK_ELEMS = 1 << 20  # ~4 MB float32 per chunk: temporaries stay in cache
+_WORKERS = min(8, os.cpu_count() or 1)
 _F16_MIN_SUBNORMAL = np.array([1], dtype=np.uint16).view(np.float16)[0]
 
 
@@ -153,13 +156,17 @@ def _is_bf16_dtype(dt: np.dtype) -> bool:
 def _quantize_rows(x: np.ndarray, geo: RowSplit) -> tuple[np.ndarray, np.ndarray]:
     """Codes int8 [n, k_pad] and fp16 scales [n, groups_per_row] of float32 rows x [n, k]."""
     n = x.shape[0]
-    if not np.isfinite(x).all():
+    if geo.k == geo.k_pad:
+        xp = np.ascontiguousarray(x, dtype=np.float32)
+    else:
+        xp = np.zeros((n, geo.k_pad), dtype=np.float32)
+        xp[:, : geo.k] = x
+    g = xp.reshape(n, geo.groups_per_row, geo.group)
+    amax = np.maximum(g.max(axis=2), -g.min(axis=2))
+    amax += np.float32(0)  # -0.0 + 0.0 = +0.0: an all-zero group gets scale +0, never -0
+    if not np.isfinite(amax).all():  # NaN and inf both reach the group maximum
         raise NinferError("cannot quantize a tensor holding NaN or infinity",
                           "check the source checkpoint, or keep this tensor in bf16")
-    xp = np.zeros((n, geo.k_pad), dtype=np.float32)
-    xp[:, : geo.k] = x
-    g = xp.reshape(n, geo.groups_per_row, geo.group)
-    amax = np.abs(g).max(axis=2)
     # spec: host rounds amax/qmax through float64 -> f32 -> f16
     raw = (amax.astype(np.float64) / geo.qmax).astype(np.float32)
     with np.errstate(over="ignore"):
@@ -171,7 +178,8 @@ def _quantize_rows(x: np.ndarray, geo: RowSplit) -> tuple[np.ndarray, np.ndarray
     s32 = s16.astype(np.float32)
     with np.errstate(divide="ignore"):
         inv = np.where(s32 > 0, np.float32(1.0) / s32, np.float32(0.0)).astype(np.float32)
-    q = np.rint(g * inv[:, :, None])
+    q = np.multiply(g, inv[:, :, None])
+    np.rint(q, out=q)
     np.clip(q, geo.qmin, geo.qmax, out=q)
     return q.astype(np.int8).reshape(n, geo.k_pad), s16
 
@@ -220,21 +228,32 @@ def encode(fmt: str, layout: str, x: np.ndarray) -> np.ndarray:
     if fmt in OPAQUE:
         raise NinferError(f"encoding {fmt} is not supported (objects are carried through as they are)")
     geo = rowsplit_geometry(fmt, x.shape)
-    if x.dtype == np.uint16 or _is_bf16_dtype(x.dtype):
-        x = bf16_bits_to_f32(x.view(np.uint16))
+    if _is_bf16_dtype(x.dtype):
+        x = x.view(np.uint16)
     out = np.zeros(geo.bytes, dtype=np.uint8)
     base_p = out[: geo.n * geo.base_row_bytes].reshape(geo.n, -1)
     high_p = out[geo.high_off: geo.high_off + geo.n * geo.high_row_bytes].reshape(geo.n, -1)
     scale_p = out[geo.scale_off:].reshape(geo.n, -1)
-    step = max(1, _ROWS_PER_CHUNK_ELEMS // geo.k_pad)
-    for r0 in range(0, geo.n, step):
+    def chunk(r0: int) -> None:
         r1 = min(geo.n, r0 + step)
-        codes, s16 = _quantize_rows(np.asarray(x[r0:r1], dtype=np.float32), geo)
+        rows = x[r0:r1]
+        if rows.dtype == np.uint16:
+            rows = bf16_bits_to_f32(rows)
+        codes, s16 = _quantize_rows(np.asarray(rows, dtype=np.float32), geo)
         base, high, scales = _pack_rows(codes, s16, geo)
         base_p[r0:r1] = base
         if geo.high_row_bytes:
             high_p[r0:r1] = high
         scale_p[r0:r1] = scales
+
+    step = max(1, _ROWS_PER_CHUNK_ELEMS // geo.k_pad)
+    starts = range(0, geo.n, step)
+    if len(starts) > 1 and _WORKERS > 1:  # NumPy ufuncs release the GIL: chunks run in parallel
+        with ThreadPoolExecutor(_WORKERS) as pool:
+            list(pool.map(chunk, starts))
+    else:
+        for r0 in starts:
+            chunk(r0)
     return out
 
 

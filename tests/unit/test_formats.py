@@ -183,3 +183,17 @@ def test_bad_inputs_raise_ninfer_error():
         F.encoded_size("q3", RS, [4, 4])
     with pytest.raises(NinferError):
         F.decode("q8_g32_fp16", RS, [2, 32], np.zeros(10, np.uint8))
+
+
+@pytest.mark.parametrize("fmt", ["q4_g64_fp16", "q6_g64_fp16", "q8_g32_fp16"])
+def test_threaded_chunks_match_one_pass(monkeypatch, fmt):
+    x = (np.random.default_rng(9).standard_normal((2000, 1100)) * 0.05).astype(np.float32)
+    bits = F.f32_to_bf16_bits(x)
+    monkeypatch.setattr(F, "_WORKERS", 4)
+    monkeypatch.setattr(F, "_ROWS_PER_CHUNK_ELEMS", 1 << 18)  # ~228 rows per chunk: 9 chunks
+    chunked, chunked_bits = F.encode(fmt, RS, x), F.encode(fmt, RS, bits)
+    monkeypatch.setattr(F, "_WORKERS", 1)
+    monkeypatch.setattr(F, "_ROWS_PER_CHUNK_ELEMS", 1 << 30)
+    assert np.array_equal(chunked, F.encode(fmt, RS, x))
+    assert np.array_equal(chunked_bits, F.encode(fmt, RS, F.bf16_bits_to_f32(bits)))
+    assert np.array_equal(chunked[:64], ref_encode(fmt, x[:1])[:64])
