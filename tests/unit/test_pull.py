@@ -351,3 +351,20 @@ def test_copy_in_models_folder_with_wrong_bytes_is_ignored(hub_env):
     assert r.exit_code == 0, r.output
     assert "not the pinned SHA-256; ignoring it" in r.stderr and cdn_gets(hub_env) == [None]
     assert_installed(hub_env)
+
+
+def test_progress_row_shows_size_speed_and_eta():
+    import io
+
+    from rich.console import Console
+
+    buf = io.StringIO()
+    progress = download.make_progress(Console(file=buf, width=100, force_terminal=False))
+    with progress:
+        task = progress.add_task("qwen3_8_27b.ninfer", total=18_982_458_624)
+        progress.update(task, completed=6_000_000_000)
+        time.sleep(0.05)
+        progress.update(task, completed=6_200_000_000)
+    row = [line for line in buf.getvalue().splitlines() if line.strip()][-1]
+    assert row.startswith("qwen3_8_27b.ninfer") and "6.2/19.0 GB" in row
+    assert "B/s" in row and ":" in row.split("B/s")[1]  # speed, then an h:mm:ss ETA
