@@ -154,6 +154,14 @@ def gdn_gates(a, b, a_log, dt_bias):
     return g.astype(F32), sigmoid(b)
 
 
+_FLUSH = -60.0  # decays below e^-60 count as 0: under fp32 resolution, and denormals stall the CPU
+
+
+def _decay(xp, log_decay):
+    """exp(log_decay), with log decays below -60 flushed to exactly 0."""
+    return xp.exp(xp.where(log_decay > _FLUSH, log_decay, F32(-np.inf))).astype(F32)
+
+
 def _expand_heads(xp, x, hv):
     """[T, Hk, D] -> [Hv, T, D]: value head j reads key head j // (Hv / Hk) (grouped order)."""
     rep = hv // x.shape[1]
@@ -167,7 +175,8 @@ def gdn_recurrent(q, k, v, g, beta, state=None):
     q, k: [T, Hk, Dk] already L2-normalized; v: [T, Hv, Dv]; g, beta: [T, Hv]; state: [Hv, Dv, Dk]
     (S[h][d_v][d_k]) or None for zeros. Per token and v head:
         S <- exp(g) S;  u = beta (v - S k);  S <- S + u k^T;  o = S q / sqrt(Dk).
-    Returns (o[T, Hv, Dv], new_state); the input state is not modified.
+    Returns (o[T, Hv, Dv], new_state); the input state is not modified. Decay factors below e^-60 are
+    taken as 0 (below fp32 resolution; keeps the CPU out of denormal arithmetic).
     """
     xp = array_module(v)
     t, hv, dv = v.shape
@@ -180,7 +189,7 @@ def gdn_recurrent(q, k, v, g, beta, state=None):
     out = xp.empty((t, hv, dv), dtype=F32)
     scale = F32(1.0 / np.sqrt(dk))
     for i in range(t):
-        s *= xp.exp(g[i])[:, None, None]
+        s *= _decay(xp, g[i])[:, None, None]
         kv = (s @ kh[:, i, :, None])[..., 0]  # [Hv, Dv]
         u = beta[i][:, None] * (vh[i] - kv)
         s += u[:, :, None] * kh[:, i, None, :]
@@ -213,17 +222,17 @@ def gdn_chunked(q, k, v, g, beta, state=None, chunk=GDN_CHUNK):
         cum = xp.cumsum(gh[:, c0:c1], axis=1)  # [Hv, n]
         diff = cum[:, :, None] - cum[:, None, :]  # G_t - G_s
         lower = xp.tril(xp.ones((n, n), dtype=bool))
-        decay = xp.exp(xp.where(lower, diff, F32(-np.inf)))  # M, zero above the diagonal
+        decay = _decay(xp, xp.where(lower, diff, F32(-np.inf)))  # M, zero above the diagonal
         strict = xp.tril(xp.ones((n, n), dtype=bool), -1)
         a = xp.where(strict, decay * (kc @ kc.transpose(0, 2, 1)), F32(0)) * bc[:, :, None]
         ks0 = kc @ s.transpose(0, 2, 1)  # [Hv, n, Dv] = S0 k_t
-        eg = xp.exp(cum)[:, :, None]
+        eg = _decay(xp, cum)[:, :, None]
         rhs = bc[:, :, None] * (vc - eg * ks0)
         u = xp.linalg.solve(a + xp.eye(n, dtype=F32), rhs).astype(F32)
         o = eg * (qc @ s.transpose(0, 2, 1)) + (decay * (qc @ kc.transpose(0, 2, 1))) @ u
         out[:, c0:c1] = o * scale
-        tail = xp.exp(cum[:, -1:] - cum)[:, :, None]  # e^{G_L - G_s}
-        s = xp.exp(cum[:, -1])[:, None, None] * s + u.transpose(0, 2, 1) @ (tail * kc)
+        tail = _decay(xp, cum[:, -1:] - cum)[:, :, None]  # e^{G_L - G_s}
+        s = _decay(xp, cum[:, -1])[:, None, None] * s + u.transpose(0, 2, 1) @ (tail * kc)
     return out.transpose(1, 0, 2).copy(), s.astype(F32)
 
 
