@@ -299,13 +299,25 @@ def available_rows(store=None, gpu: tuple[int, int] | None | bool = False) -> li
             except NinferError:
                 installed = None
         size, disk = entry.size, entry.disk_needed
+        partial = _partial_bytes(store, entry) if store is not None and installed is None else 0
+        if disk is not None:
+            disk = max(disk - partial, 0)
         fits_vram, vram_words = vram_verdict(entry, gpu)
+        if entry.unsupported:
+            status = "not runnable yet"
+        elif installed:
+            status = "installed"
+        elif partial and size:
+            status = f"partial {100 * partial // size}%"
+        else:
+            status = "available"
         rows.append({
             "name": entry.name,
             "title": entry.title,
             "size": size,
-            "status": "not runnable yet" if entry.unsupported else ("installed" if installed else "available"),
+            "status": status,
             "installed": installed is not None,
+            "partial_bytes": partial,
             "fits_vram": fits_vram,
             "vram": vram_words,
             "vram_needed": entry.vram_needed() if entry.gpu_only else 0,
@@ -315,6 +327,14 @@ def available_rows(store=None, gpu: tuple[int, int] | None | bool = False) -> li
             "notes": list(entry.notes),
         })
     return rows
+
+
+def _partial_bytes(store, entry: Entry) -> int:
+    """Bytes of an unfinished `ninfer pull` of this entry (0 when none)."""
+    ref = f"{entry.name}:{DEFAULT_TAG}"
+    if ref not in store.partial_refs():
+        return 0
+    return sum(p.stat().st_size for p in store.partial_dir(ref).glob("*.part"))
 
 
 def show_available(json_out: bool = False) -> None:

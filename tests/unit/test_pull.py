@@ -152,6 +152,9 @@ def test_ctrl_c_keeps_the_partial_and_exits_130(hub_env, monkeypatch):
 
     dry = pull("tiny", "--dry-run")
     assert dry.exit_code == 0 and "1.0 MB already here, resumes" in dry.stdout
+    listed = runner.invoke(app, ["ls", "--available", "--json"])
+    row = next(r for r in json.loads(listed.stdout) if r["name"] == "tiny")
+    assert row["status"] == "partial 33%" and row["partial_bytes"] == limit
 
 
 def test_checksum_mismatch_sets_the_file_aside(hub_env):
