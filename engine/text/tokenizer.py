@@ -234,31 +234,39 @@ def build_bpe_json(vocab: dict[str, int], merges: list[tuple[str, str]],
         backend.normalizer = normalizers.NFC()
     backend.decoder = decoders.ByteLevel()
     ordered = sorted(specials)
-    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for _, t, s in ordered if s])
-    backend.add_tokens([AddedToken(t, special=False, normalized=False) for _, t, s in ordered if not s])
+    for _, text, special in ordered:  # one at a time: ids are handed out in call order
+        token = AddedToken(text, special=special, normalized=False)
+        (backend.add_special_tokens if special else backend.add_tokens)([token])
     for token_id, text, _ in ordered:
         if backend.token_to_id(text) != token_id:
             raise NinferError(f"added token {text!r} did not keep id {token_id}", "report this model file")
     return backend.to_str()
 
 
-def tiktoken_to_tokenizer_json(ranks: dict[bytes, int], special_tokens: dict[str, int],
+def tiktoken_to_tokenizer_json(ranks: dict[bytes, int], special_tokens,
                                split_regex: str = QWEN35_SPLIT) -> str:
     """A `tokenizer.json` equivalent to a tiktoken encoding (Qwen's `.tiktoken` rank files).
 
-    tiktoken merges the adjacent pair whose concatenation has the lowest rank; a BPE merge list ordered by
-    the rank of each merged token, with the split BPE itself would produce for that token, behaves alike.
+    tiktoken repeatedly merges the adjacent pair whose concatenation has the lowest rank. A BPE whose merge
+    for token t is the last pair tiktoken itself would join when encoding t's bytes, with t's rank as the
+    merge priority, makes the same choices; `ignore_merges` adds tiktoken's whole-piece lookup, which also
+    covers the few tokens no merge sequence reaches. `special_tokens`: {text: id} (all special) or
+    [(id, text, is_special)].
     """
     spell = bytes_to_unicode()
     by_rank = sorted(ranks.items(), key=lambda kv: kv[1])
     merges: list[tuple[str, str]] = []
-    for token, rank in by_rank:
+    for token, _rank in by_rank:
         if len(token) < 2:
             continue
-        left, right = _last_merge(token, ranks, rank)
-        merges.append(("".join(spell[b] for b in left), "".join(spell[b] for b in right)))
+        pair = _last_merge(token, ranks)
+        if pair is not None:
+            merges.append(("".join(spell[b] for b in pair[0]), "".join(spell[b] for b in pair[1])))
     vocab = {"".join(spell[b] for b in token): rank for token, rank in by_rank}
-    specials = [(i, t, True) for t, i in special_tokens.items()]
+    if isinstance(special_tokens, dict):
+        specials = [(i, t, True) for t, i in special_tokens.items()]
+    else:
+        specials = [(int(i), t, bool(s)) for i, t, s in special_tokens]
     _SPLITS["_tiktoken"] = split_regex
     try:
         return build_bpe_json(vocab, merges, specials, "_tiktoken", nfc=True, ignore_merges=True)
@@ -266,18 +274,16 @@ def tiktoken_to_tokenizer_json(ranks: dict[bytes, int], special_tokens: dict[str
         del _SPLITS["_tiktoken"]
 
 
-def _last_merge(token: bytes, ranks: dict[bytes, int], limit: int) -> tuple[bytes, bytes]:
-    """Run BPE on `token` with merges ranked below `limit`; the two parts left are its merge."""
+def _last_merge(token: bytes, ranks: dict[bytes, int]) -> tuple[bytes, bytes] | None:
+    """tiktoken's merge loop on `token`'s bytes, stopped before the final join: that pair, or None."""
     parts = [token[i:i + 1] for i in range(len(token))]
     while len(parts) > 2:
-        best, best_rank = -1, limit
+        best, best_rank = -1, None
         for i in range(len(parts) - 1):
             r = ranks.get(parts[i] + parts[i + 1])
-            if r is not None and r < best_rank:
+            if r is not None and (best_rank is None or r < best_rank):
                 best, best_rank = i, r
         if best < 0:
-            break
+            return None
         parts[best:best + 2] = [parts[best] + parts[best + 1]]
-    if len(parts) != 2:
-        raise ValueError(f"token {token!r} is not reachable by merges")
-    return parts[0], parts[1]
+    return (parts[0], parts[1]) if len(parts) == 2 and parts[0] + parts[1] == token else None
