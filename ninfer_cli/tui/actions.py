@@ -77,11 +77,11 @@ class SlashHandler:
 
     async def do_think(self, args: list[str]) -> None:
         if not args:
-            await self.app.note(f"Reasoning effort is **{self.app.settings.effort}** "
-                                f"(one of {', '.join(EFFORTS)}; Ctrl+T cycles).")
+            await self.app.note(f"Reasoning effort is **{self.app.settings.effort or 'the model default'}** "
+                                f"(one of {', '.join(EFFORTS)}, default; Ctrl+T cycles).")
             return
         self.app.set_effort(normalize_effort(args[0]))
-        await self.app.note(f"Reasoning effort: **{self.app.settings.effort}**.")
+        await self.app.note(f"Reasoning effort: **{self.app.settings.effort or 'model default'}**.")
 
     async def do_system(self, args: list[str]) -> None:
         settings = self.app.settings
@@ -153,7 +153,7 @@ class SlashHandler:
             from ninfer_cli.tui.session import ChatSettings
 
             app.settings = ChatSettings.from_dict(conv.settings)
-            app.status.show_effort(app.settings.effort)
+            app.status.show_effort(app.settings.effort, app.session.info.thinking)
         app.last_stats = None
         await app.show_conversation()
         await app.note(f"Loaded `{conv.id}`: {conv.title}")

@@ -96,7 +96,7 @@ class ChatApp(App):
         self.query_one("#hints").display = False
         self.chat.anchor()
         self.status.show_model(self.session.info, "[dim]loading…[/dim]")
-        self.status.show_effort(self.settings.effort)
+        self.status.show_effort(self.settings.effort, self.session.info.thinking)
         self.status.show_context(0, self.session.info.context_max)
         self.status.show_rate(None)
         self.status.show_last(None)
@@ -166,6 +166,7 @@ class ChatApp(App):
         self.loaded = True
         freeze_heap()
         self.status.show_model(self.session.info)
+        self.status.show_effort(self.settings.effort, self.session.info.thinking)
         self.status.show_context(self.context_used, self.session.info.context_max)
         if not self.conversation.model:
             self.conversation.model = self.session.info.name
@@ -329,13 +330,16 @@ class ChatApp(App):
         self.status.show_rate(None)
 
     def action_cycle_effort(self) -> None:
-        """Ctrl+T: off -> low -> medium -> high -> off."""
-        self.set_effort(EFFORTS[(EFFORTS.index(self.settings.effort) + 1) % len(EFFORTS)])
+        """Ctrl+T: (model default ->) off -> low -> medium -> high -> off."""
+        if not self.session.info.thinking:
+            self.notify("this model does not think: reasoning effort has no effect", timeout=2)
+        current = self.settings.effort
+        self.set_effort("off" if current is None else EFFORTS[(EFFORTS.index(current) + 1) % len(EFFORTS)])
         self.notify(f"reasoning effort: {self.settings.effort}", timeout=1.5)
 
-    def set_effort(self, effort: str) -> None:
+    def set_effort(self, effort: str | None) -> None:
         self.settings.effort = effort
-        self.status.show_effort(effort)
+        self.status.show_effort(effort, self.session.info.thinking)
 
     async def action_copy(self) -> None:
         await self._slash.run("/copy", [])

@@ -24,6 +24,7 @@ class ModelInfo:
     name: str
     context_max: int = 0
     device: str = "cpu"
+    thinking: bool = True  # whether the model's template can think at all
 
 
 @dataclass
@@ -39,7 +40,7 @@ class Memory:
 class ChatSettings:
     """Per-conversation generation settings; `None` sampling values mean the model's preset."""
 
-    effort: str = "high"
+    effort: str | None = None  # None: the model's default
     system: str | None = None
     thinking_budget: int | None = None
     max_tokens: int = 2048
@@ -94,14 +95,17 @@ def set_param(settings: ChatSettings, name: str, value: str) -> object:
     return parsed
 
 
-def normalize_effort(value: str) -> str:
-    """Map user spellings (none, minimal, xhigh, max, on...) onto off|low|medium|high."""
+def normalize_effort(value: str) -> str | None:
+    """Map user spellings (none, minimal, xhigh, max, on...) onto off|low|medium|high;
+    `default` gives None (the model's own default)."""
     v = value.strip().lower()
+    if v in ("default", "auto"):
+        return None
     aliases = {"none": "off", "disable": "off", "false": "off", "no": "off", "minimal": "low",
                "xhigh": "high", "max": "high", "on": "high", "true": "high"}
     v = aliases.get(v, v)
     if v not in EFFORTS:
-        raise ValueError(f"reasoning effort must be one of {', '.join(EFFORTS)}, not '{value}'")
+        raise ValueError(f"reasoning effort must be one of {', '.join(EFFORTS)} or default, not '{value}'")
     return v
 
 

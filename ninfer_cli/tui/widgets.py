@@ -211,8 +211,8 @@ class StatusBar(Horizontal):
     def show_model(self, info: ModelInfo, state: str = "") -> None:
         self._set("model", f"[b]{_esc(info.name)}[/b] [dim]{info.device}[/dim]" + (f" {state}" if state else ""))
 
-    def show_effort(self, effort: str) -> None:
-        self._set("effort", f"think:[b]{effort}[/b]")
+    def show_effort(self, effort: str | None, supported: bool = True) -> None:
+        self._set("effort", f"think:[b]{effort or 'default'}[/b]" if supported else "[dim]think:n/a[/dim]")
 
     def show_context(self, used: int, total: int) -> None:
         total_text = human_tokens(total) if total else "?"

@@ -53,6 +53,7 @@ def test_settings_parsing():
     with pytest.raises(ValueError, match="needs a int"):
         set_param(s, "top_k", "x")
     assert normalize_effort("xhigh") == "high" and normalize_effort("None") == "off"
+    assert normalize_effort("default") is None
     with pytest.raises(ValueError):
         normalize_effort("extreme")
 

@@ -71,7 +71,7 @@ def test_300_tokens_per_second_no_text_lost_and_keys_stay_fast(tmp_path):
                   f"{answer['stats']['tokens_per_second']:.0f} tok/s: key to frame median "
                   f"{statistics.median(wall) * 1e3:.1f} ms, p95 {wall[p95] * 1e3:.1f} ms wall; main-thread CPU "
                   f"median {statistics.median(cpu) * 1e3:.1f} ms, p95 {cpu[p95] * 1e3:.1f} ms")
-            assert len(wall) >= 20
+            assert len(wall) >= 10
             assert statistics.median(wall) < 0.05
             assert cpu[p95] < 0.05
     run(body())
