@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from engine.artifact import formats
+from engine.artifact.upgrade_rules import inputs_of
 from engine.artifact.writer import DEFAULT_SPLIT_LIMIT, write_artifact
 from engine.errors import NinferError
 
@@ -177,8 +178,10 @@ def convert(src, out, recipe: str | None = None, *, split_limit: int = DEFAULT_S
     tensors = [(n, fmt, formats.ROW_SPLIT if fmt in formats.GROUPWISE else formats.CONTIGUOUS, s, loader(n, fmt))
                for n, fmt, s in entries]
     comps = {"text": {"config": config, "resources": roles}}
+    uses = [{"parameter": n, "input": inp, "activation_policy": "A16Only"}
+            for n, _, _ in entries for inp in inputs_of(n, [])]
     meta_name = name or str(_field(reader, "general.name", "") or src.stem)
-    return write_artifact(out, comps, tensors, blobs, metadata={"name": meta_name},
+    return write_artifact(out, comps, tensors, blobs, uses=uses, metadata={"name": meta_name},
                           provenance={"imported_from": {"format": "gguf", "file": src.name,
                                                         "architecture": architecture(reader)}, "recipe": recipe},
                           split_limit=split_limit, progress=progress)

@@ -109,6 +109,8 @@ def test_fp32_default_round_trip_and_unpermuted_qk(tmp_path, gguf_file):
     assert art.provenance["recipe"] == "fp32"  # under 1B parameters
     assert {o.format for o in art.objects.values() if o.kind == "tensor"} == {"fp32"}
     assert "text/output_head" not in art.bindings  # tied
+    assert {"parameter": "text/layers/1/mlp/down", "input": "text/layers/1/mlp/product",
+            "activation_policy": "A16Only"} in art.uses
     reader = gguf.GGUFReader(str(path))
     for name, want in weights.items():
         got = art.parameter(name)
