@@ -135,3 +135,34 @@ def test_engine_runs_the_converted_model(tmp_path):
     got = engine.load(art, device="cpu")
     ids = [5, 17, 200, 3, 99, 42]
     np.testing.assert_allclose(got.logits(ids), ref.logits(ids), rtol=0, atol=1e-5)
+
+
+def test_multimodal_wrapper_checkpoint(tmp_path):
+    """Qwen3.5/3.6 releases are `...ForConditionalGeneration`: text under `model.language_model.`, a
+    `text_config`, and vision tensors that a text-only import leaves out."""
+    from safetensors.numpy import load_file, save_file
+
+    src = FIX / "hf_moe_split"
+    folder = tmp_path / "vl"
+    folder.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(src / name, folder)
+    flat = json.loads((src / "config.json").read_text())
+    config = {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
+              "tie_word_embeddings": False, "eos_token_id": 257,
+              "text_config": {k: v for k, v in flat.items() if k not in ("architectures", "tie_word_embeddings", "eos_token_id")},
+              "vision_config": {"depth": 1, "hidden_size": 16}}
+    (folder / "config.json").write_text(json.dumps(config))
+    tensors = {}
+    for k, v in load_file(str(src / "model.safetensors")).items():
+        tensors[k.replace("model.", "model.language_model.", 1) if k.startswith("model.") else k] = v
+    tensors["model.visual.patch_embed.proj.weight"] = np.ones((16, 3, 2, 4, 4), np.float32)
+    save_file(tensors, str(folder / "model.safetensors"))
+    art = open_artifact(convert(folder, tmp_path / "vl.ninfer", "bf16"))
+    cfg = art.components["text"]["config"]
+    assert cfg["architectures"] == ["Qwen3_5MoeForCausalLM"] and cfg["model_type"] == "qwen3_5_moe_text"
+    assert cfg["eos_token_id"] == 257 and cfg["tie_word_embeddings"] is False
+    assert not any(n.startswith("vision") or "visual" in n for n in art.bindings)
+    ref = open_artifact(convert(src, tmp_path / "ref.ninfer", "bf16"))
+    assert list(art.bindings) == list(ref.bindings)
+    assert np.array_equal(art.parameter("text/layers/2/moe/experts/1/up"), ref.parameter("text/layers/2/moe/experts/1/up"))
