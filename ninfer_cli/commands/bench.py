@@ -26,13 +26,6 @@ class Baseline(str, enum.Enum):
     transformers = "transformers"
 
 
-EPILOG = (
-    "Examples: [b]ninfer bench smollm2-135m -p 64 -n 32 -r 3[/b] · "
-    "[b]ninfer bench --synthetic qwen3.8-27b -p 512 -n 128 --baseline transformers -o json --out r.json[/b] · "
-    "[b]ninfer bench --roofline[/b] (measure and store copy bandwidth and matmul rate)"
-)
-
-
 def _ints(values, flag, default):
     from engine.bench import parse_int_list  # noqa: PLC0415
     from engine.errors import NinferError  # noqa: PLC0415
@@ -147,6 +140,10 @@ def bench(
     Every combination of the lists runs; prompts are a fixed token sequence, stops and prefix reuse
     are off, warmups are dropped, and each test reports mean ± standard deviation with its samples,
     achieved GB/s against the measured copy bandwidth, and TFLOP/s against the matmul rate.
+
+    Examples: [b]ninfer bench smollm2-135m -p 64 -n 32 -r 3[/b] ·
+    [b]ninfer bench --synthetic qwen3.8-27b -p 512 -n 128 --baseline transformers -o json --out r.json[/b] ·
+    [b]ninfer bench --roofline[/b] (measure and store the copy bandwidth and matmul rate)
     """
     from engine.bench import expand_instances, expand_matrix, parse_pairs  # noqa: PLC0415
     from engine.errors import NinferError  # noqa: PLC0415
