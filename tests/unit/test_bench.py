@@ -220,3 +220,56 @@ def test_memory_probe_reports_this_process():
     probe = bench.memory_probe("cpu")
     probe.reset()
     assert probe.sample() > 10 * 2**20  # a Python process with NumPy holds more than 10 MiB
+
+
+# ---------------------------------------------------------------------------------- cost model
+def test_geometry_costs_match_performance_md():
+    from engine.bench_models import TINY, geometry_costs
+    from engine.config import ModelArgs
+    from engine.synthetic import geometry_config
+
+    dense, _ = geometry_costs(ModelArgs.from_config(geometry_config("qwen3.8-27b")), weight_bytes_per_param=1,
+                              kv_bytes_per_elem=2)
+    assert dense.params_per_token / 1e9 == pytest.approx(25.62, abs=0.01)  # performance.md §3a
+    assert dense.kv_bytes_per_token == 65536  # model.md §1.11, bf16
+    assert 151e6 < dense.state_bytes < 160e6  # 48 layers x 48 heads x 128 x 128 fp32 + conv history
+    moe, resident = geometry_costs(ModelArgs.from_config(geometry_config("qwen3.6-35b-a3b")),
+                                   weight_bytes_per_param=1, kv_bytes_per_elem=2)
+    assert moe.params_per_token == pytest.approx(2_946_429_568, rel=1e-3)  # NInfer's A3B count
+    assert resident / 1e9 == pytest.approx(34.7, abs=0.1) and moe.kv_bytes_per_token == 20480
+    tiny, _ = geometry_costs(ModelArgs.from_config(TINY), weight_bytes_per_param=4, kv_bytes_per_elem=4)
+    assert tiny.weight_bytes_per_token == 4 * tiny.params_per_token
+
+
+class LaneEngine(FakeEngine):
+    def prefill_lanes(self, batches):
+        self.calls.append(("prefill_lanes", len(batches), len(batches[0])))
+        self._spend(1e-3 * len(batches[0]))  # lanes run side by side: time of one
+        return np.zeros((len(batches), self.vocab), np.float32)
+
+    def decode_greedy_lanes(self, firsts, n):
+        self._spend(2e-3 * n)
+        return [[f] * n for f in firsts]
+
+
+def test_lanes_report_aggregate_tokens_and_shared_weight_reads(clock):
+    eng = LaneEngine(clock)
+    costs = Costs(weight_bytes_per_token=1_000_000, state_bytes=1000)
+    r = bench.run_test(eng, Test(16, 8), Instance(lanes=4), repetitions=2, warmup=1,
+                       tokens=bench.bench_tokens(40, eng.vocab), costs=costs, roofline={})
+    assert r.tps.mean == pytest.approx(4 * 24 / 0.032)
+    assert r.decode_tps.mean == pytest.approx(4 * 8 / 0.016)
+    # one weight read per step for all 4 lanes, state per lane: (1e6 + 4 * 2000) bytes x 500 steps/s
+    assert r.gbps == pytest.approx((1_000_000 + 4 * 2000) * 500 / 1e9)
+
+
+def test_engine_settings_reach_the_factory_or_fail_clearly():
+    from engine.bench_models import _call_with_options
+
+    def factory(x, *, kv="bf16"):
+        return (x, kv)
+
+    assert _call_with_options(factory, "f", 1, kv="int8") == (1, "int8")
+    assert _call_with_options(factory, "f", 1, lanes=1, spec="off") == (1, "bf16")
+    with pytest.raises(NinferError, match="does not support --lanes 4"):
+        _call_with_options(factory, "f", 1, lanes=4)
