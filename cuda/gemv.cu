@@ -28,8 +28,8 @@
 #define EPI_ADD 3
 
 template <int FMT> struct Fmt;
-template <> struct Fmt<FMT_Q4> { static constexpr int VPU = 32, HB = 0;  static constexpr float XMAX = 1024.f; };
-template <> struct Fmt<FMT_Q5> { static constexpr int VPU = 32, HB = 8;  static constexpr float XMAX = 512.f; };
+template <> struct Fmt<FMT_Q4> { static constexpr int VPU = 32, HB = 0;  static constexpr float XMAX = 512.f; };
+template <> struct Fmt<FMT_Q5> { static constexpr int VPU = 32, HB = 8;  static constexpr float XMAX = 256.f; };
 template <> struct Fmt<FMT_Q6> { static constexpr int VPU = 32, HB = 16; static constexpr float XMAX = 256.f; };
 template <> struct Fmt<FMT_W8> { static constexpr int VPU = 16, HB = 0;  static constexpr float XMAX = 128.f; };
 
@@ -54,35 +54,62 @@ __device__ __forceinline__ float dot_u4(uint4 w, uint2 hi, const uint4* __restri
         s += f.x + f.y;
       }
     }
+  } else if constexpr (FMT == FMT_Q4) {
+    // (q & 0x000F000F) ^ 0x64086408 = fp16 pair 1024 + (n ^ 8) = 1032 + code: one LOP3 per two codes
+    // (the XOR turns the two's-complement nibble into offset binary). The odd pairs are taken in place
+    // (1024 + 16 u) and scaled by 1/16 inside the HFMA2 that removes the offset, so q is shifted once.
+    const __half2 B = __floats2half2_rn(1032.f, 1032.f);
+    const __half2 S16 = __floats2half2_rn(0.0625f, 0.0625f), B16 = __floats2half2_rn(-72.f, -72.f);
+#pragma unroll
+    for (int c2 = 0; c2 < 4; c2 += 2) {
+      __half2 a;
+#pragma unroll
+      for (int cc = 0; cc < 2; ++cc) {
+        const int c = c2 + cc;
+        const uint4 xv = xp[(c + key) & 3];
+        const unsigned int q = ws[c], q8 = q >> 8;
+        const __half2 v0 = __hsub2(u32_as_half2((q & 0x000f000fu) ^ 0x64086408u), B);
+        const __half2 v1 = __hfma2(u32_as_half2((q & 0x00f000f0u) ^ 0x64806480u), S16, B16);
+        const __half2 v2 = __hsub2(u32_as_half2((q8 & 0x000f000fu) ^ 0x64086408u), B);
+        const __half2 v3 = __hfma2(u32_as_half2((q8 & 0x00f000f0u) ^ 0x64806480u), S16, B16);
+        a = cc == 0 ? __hmul2(v0, u32_as_half2(xv.x)) : __hfma2(v0, u32_as_half2(xv.x), a);
+        a = __hfma2(v1, u32_as_half2(xv.y), a);
+        a = __hfma2(v2, u32_as_half2(xv.z), a);
+        a = __hfma2(v3, u32_as_half2(xv.w), a);
+      }
+      const float2 f = __half22float2(a);  // 8 products per half lane: |sum| <= 8 * 8 * 256
+      s += f.x + f.y;
+    }
   } else {
-    const float bias = FMT == FMT_Q4 ? 1032.f : (FMT == FMT_Q5 ? 1040.f : 1056.f);
+    const float bias = FMT == FMT_Q5 ? 1040.f : 1056.f;
     const __half2 B = __floats2half2_rn(bias, bias);
+    __half2 a;
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       const uint4 xv = xp[(c + key) & 3];
-      unsigned int q = ws[c];
-      unsigned int s4 = 0;
-      if constexpr (FMT == FMT_Q4) {
-        q ^= 0x88888888u;
-      } else if constexpr (FMT == FMT_Q5) {
+      const unsigned int q = ws[c];
+      unsigned int s4;
+      if constexpr (FMT == FMT_Q5) {
         const unsigned int hm = (~hi.x >> (8 * c)) & 0xffu;
         s4 = ((hm & 0x0fu) | ((hm & 0xf0u) << 12)) << 4;
       } else {
         const unsigned int hh = (((c < 2 ? hi.x : hi.y) ^ 0xaaaaaaaau) >> (16 * (c & 1))) & 0xffffu;
         s4 = ((hh & 0xffu) | ((hh & 0xff00u) << 8)) << 4;
       }
-      __half2 a;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        unsigned int t = ((q >> (4 * j)) & 0x000f000fu) | 0x64006400u;
-        if constexpr (FMT == FMT_Q5) t |= (s4 >> j) & 0x00100010u;
-        if constexpr (FMT == FMT_Q6) t |= (s4 >> (2 * j)) & 0x00300030u;
+        const unsigned int hp = FMT == FMT_Q5 ? ((s4 >> j) & 0x00100010u) | 0x64006400u
+                                              : ((s4 >> (2 * j)) & 0x00300030u) | 0x64006400u;
+        const unsigned int t = ((q >> (4 * j)) & 0x000f000fu) | hp;
         const unsigned int xw = j == 0 ? xv.x : (j == 1 ? xv.y : (j == 2 ? xv.z : xv.w));
         const __half2 v = __hsub2(u32_as_half2(t), B);
-        a = j == 0 ? __hmul2(v, u32_as_half2(xw)) : __hfma2(v, u32_as_half2(xw), a);
+        a = (j == 0 && (FMT == FMT_Q6 || (c & 1) == 0)) ? __hmul2(v, u32_as_half2(xw)) : __hfma2(v, u32_as_half2(xw), a);
       }
-      const float2 f = __half22float2(a);
-      s += f.x + f.y;
+      // q5: 8 products per half lane between flushes (|sum| <= 8 * 16 * 256); q6: 4 (4 * 32 * 256)
+      if (FMT == FMT_Q6 || (c & 1) == 1) {
+        const float2 f = __half22float2(a);
+        s += f.x + f.y;
+      }
     }
   }
   return s;

@@ -202,7 +202,7 @@ class CudaQwen35:
         return GemvPlan(w, x, x.shape[-1], y, y.shape[-1], m=self.M, epi=epi, splits=cfg.get("splits", splits),
                         rows=cfg.get("rows"), unroll=cfg.get("unroll", 2), xpre=xpre)
 
-    NORM_BLOCKS = 16
+    NORM_BLOCKS = 8
 
     def _norm(self, splits, w):
         """x += split-K partials; xn = rmsnorm(x) (1 + w), also pre-staged as fp16 pairs for the GEMVs."""
@@ -210,10 +210,10 @@ class CudaQwen35:
         self._res = (x_out, x_in)
         return K.prepared("residual_rmsnorm_mb", (self.NORM_BLOCKS, self.M),
                           (x_in, x_out, self.part, splits, self.M * self.H, w, self.xn, self.H,
-                           float(self.args.rms_norm_eps), 1, self.xh_n, self.xinv_n, self.kpad_h))
+                           float(self.args.rms_norm_eps), 1, self.xh_n, self.xinv_n, self.kpad_h), block=1024)
 
     def _stage(self, x, k, kpad, xh, xinv):
-        return K.prepared("stage_x_mb", (self.NORM_BLOCKS, self.M), (x, x.shape[1], k, kpad, xh, xinv))
+        return K.prepared("stage_x_mb", (self.NORM_BLOCKS, self.M), (x, x.shape[1], k, kpad, xh, xinv), block=1024)
 
     def _splits(self, w) -> int:
         cfg = self.gemv_cfg.get((w.fmt, w.n, w.k), {})
