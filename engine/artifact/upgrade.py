@@ -75,7 +75,8 @@ def upgrade(src, dst, *, split_limit: int = DEFAULT_SPLIT_LIMIT, template: bytes
     lf, root, payload_bytes, tpl_off, template = plan_upgrade(src, template)
     fd = os.open(lf.path, os.O_RDONLY)
     try:
-        with FileSetWriter(dst, root, payload_bytes, split_limit) as w:
+        allocated = min(lf.payload_bytes, os.fstat(fd).st_blocks * 512)  # holes cost no disk
+        with FileSetWriter(dst, root, payload_bytes, split_limit, disk_bytes=allocated + len(template)) as w:
             for start in range(0, lf.payload_bytes, _WINDOW):
                 n = min(_WINDOW, lf.payload_bytes - start)
                 w.copy_from(fd, lf.payload_start + start, n, start)

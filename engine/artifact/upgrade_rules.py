@@ -25,6 +25,8 @@ V3_FORMAT = {"BF16": "bf16", "FP32": "fp32", "I32": "int32", "Q4G64_F16S": "q4_g
              "NVFP4": "nvfp4", "FP8_E4M3FN_ROW_BF16S": "fp8_e4m3fn_row_bf16"}
 V3_LAYOUT = {"contiguous-le-v1": "contiguous_le_v1", "row-split-k128-v1": "row_split_k128_v1",
              "blockscale-k16-m128x4-v1": "block_scale_k16_m128x4_v1", "row-scale-v1": "row_scale_v1"}
+_V2_TENSOR_KEYS = {"name", "kind", "shape", "format", "layout", "offset", "bytes"}
+_V2_RESOURCE_KEYS = {"name", "kind", "encoding", "offset", "bytes"}
 VISION_ROLES = ("preprocessor_config.json", "video_preprocessor_config.json")
 TEXT_ROLES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
 
@@ -340,7 +342,10 @@ def expected_binding_count(model_id: str, comps: dict) -> int:
 
 
 def translate_object(o: dict) -> dict:
-    """A v1/v2 object entry -> v3 (id = old name; offset and bytes unchanged)."""
+    """A v1/v2 object entry -> v3 (id = old name; offset and bytes unchanged). Members are a closed set."""
+    allowed = _V2_RESOURCE_KEYS if o.get("kind") == "resource" else _V2_TENSOR_KEYS
+    if set(o) != allowed:
+        raise NinferError(f"object {o.get('name')!r} has members {sorted(o)}, expected {sorted(allowed)}")
     if o.get("kind") == "resource":
         if o.get("encoding") != "raw-bytes-v1":
             raise NinferError(f"resource {o.get('name')!r} has unknown encoding {o.get('encoding')!r}")

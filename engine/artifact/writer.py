@@ -77,10 +77,14 @@ def frame_json(root: dict, entry: Path, payload_bytes: int, split_limit: int) ->
 
 
 class FileSetWriter:
-    """Writes one v3 file set. Use as a context manager: commit on success, clean up on error."""
+    """Writes one v3 file set. Use as a context manager: commit on success, clean up on error.
+
+    disk_bytes: what the payload will really occupy (less than payload_bytes when copying a sparse
+    file); checked against the free space before anything is written."""
 
     def __init__(self, path: str | os.PathLike, root: dict, payload_bytes: int,
-                 split_limit: int = DEFAULT_SPLIT_LIMIT, artifact_id: bytes | None = None):
+                 split_limit: int = DEFAULT_SPLIT_LIMIT, artifact_id: bytes | None = None,
+                 disk_bytes: int | None = None):
         self.path = Path(path)
         self.artifact_id = artifact_id or uuid.uuid4().bytes
         text, self.files = frame_json(root, self.path, payload_bytes, split_limit)
@@ -92,7 +96,7 @@ class FileSetWriter:
                 raise NinferError(f"{p} already exists", "remove it or choose another output name")
         if not self.path.parent.is_dir():
             raise NinferError(f"output folder {self.path.parent} does not exist", "create it first")
-        self._check_disk(finals)
+        self._check_disk(finals, payload_bytes if disk_bytes is None else disk_bytes)
         tag = uuid.uuid4().hex[:8]
         self._finals = finals
         self._temps = [p.with_name(f".{p.name}.tmp-{tag}") for p in finals]
@@ -119,8 +123,8 @@ class FileSetWriter:
             self.abort()
             raise
 
-    def _check_disk(self, finals) -> None:
-        need = self.payload_bytes + FILE_ALIGN * (len(finals) + 1) + self.json_bytes
+    def _check_disk(self, finals, payload_disk_bytes: int) -> None:
+        need = payload_disk_bytes + FILE_ALIGN * (len(finals) + 1) + self.json_bytes
         try:
             free = os.statvfs(self.path.parent)
             avail = free.f_bavail * free.f_frsize

@@ -188,3 +188,35 @@ def test_rejections(tmp_path, inv27):
     with pytest.raises(NinferError, match="past the payload"):
         upgrade(src, tmp_path / "t3.ninfer")
     assert not (tmp_path / "t3.ninfer").exists() and not any(p.name.startswith(".") for p in tmp_path.iterdir())
+
+
+def test_disk_check_counts_only_allocated_bytes(tmp_path, inv27, monkeypatch):
+    src = tmp_path / "q.ninfer"
+    write_sparse_legacy(inv27, src, 2)
+    real = os.statvfs
+
+    def small_disk(path):  # 2 GB free: enough for the sparse copy, not for 17.5 GB of payload
+        st = real(path)
+        return type("S", (), {"f_bavail": 2_000_000_000 // st.f_frsize, "f_frsize": st.f_frsize})()
+
+    monkeypatch.setattr(os, "statvfs", small_disk)
+    upgrade(src, tmp_path / "ok.ninfer")
+    from engine.artifact.writer import write_artifact
+
+    with pytest.raises(NinferError, match="not enough disk space"):
+        write_artifact(tmp_path / "big.ninfer", {"text": {"config": {}}},
+                       [("w", "bf16", "contiguous_le_v1", [1_100_000_000], lambda: None)])
+    assert not (tmp_path / "big.ninfer").exists()
+
+
+def test_v2_object_members_are_closed(tmp_path, inv27):
+    bad = json.loads(json.dumps(inv27))
+    bad["objects"][7]["extra"] = 1
+    src = tmp_path / "x.ninfer"
+    text = json.dumps(legacy_root(bad, 2), separators=(",", ":")).encode()
+    legacy = json.loads(text)
+    legacy["objects"][7]["note"] = "x"
+    text = json.dumps(legacy, separators=(",", ":")).encode()
+    src.write_bytes(b"NINFER\x00\x02" + struct.pack("<Q", len(text)) + text + bytes(-(16 + len(text)) % 4096) + bytes(4096))
+    with pytest.raises(NinferError, match="members"):
+        open_artifact(src)
