@@ -108,6 +108,14 @@ def load(path_or_artifact, device: str = "auto", *, max_context: int | None = No
         config = dict(comps["text"]["config"])
         weights = _ArtifactWeights(artifact)
         tokenizer = _tokenizer_of(artifact)
+    if dev == "gpu":
+        from engine.gpu_engine import try_build  # noqa: PLC0415
+
+        fast = try_build(config, artifact if artifact is not None else weights, max_context=max_context,
+                         tokenizer=tokenizer)
+        if fast is not None:
+            fast.artifact = artifact
+            return fast
     model = build_model(config, weights, xp, gdn_mode=gdn_mode)
     return Engine(model, config, device=dev, tokenizer=tokenizer, max_context=max_context,
                   prefill_chunk=prefill_chunk, artifact=artifact)

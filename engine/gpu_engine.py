@@ -80,3 +80,26 @@ def build_engine(args, device_weights: dict, config: dict, *, max_context: int =
                  gemv_cfg: dict | None = None) -> CudaEngine:
     model = CudaModel(args, device_weights, max_context=max_context, gemv_cfg=gemv_cfg)
     return CudaEngine(model, config, device="gpu", tokenizer=tokenizer, max_context=max_context)
+
+
+def cuda_supported(args) -> bool:
+    """Whether the CUDA decode step runs this model (dense Qwen3.5 with the published head sizes)."""
+    return (args.model_type in ("qwen3_5_text", "qwen3_5") and not args.is_moe and args.head_dim == 256
+            and args.linear_key_head_dim == 128 and args.linear_value_head_dim == 128)
+
+
+def try_build(config: dict, source, *, max_context: int | None = None, tokenizer=None):
+    """A CudaEngine for `source` (an Artifact, or a dict of float weights) when the model is supported,
+    else None (the caller then runs the reference model on CuPy arrays)."""
+    from engine import gpu_weights  # noqa: PLC0415
+    from engine.config import ModelArgs  # noqa: PLC0415
+
+    args = ModelArgs.from_config(config)
+    if not cuda_supported(args):
+        return None
+    if hasattr(source, "bindings"):
+        weights = gpu_weights.from_artifact(source)
+    else:
+        weights = gpu_weights.from_logical(args, source)
+    ctx = int(max_context or min(args.max_position_embeddings or 32768, 32768))
+    return build_engine(args, weights, config, max_context=ctx, tokenizer=tokenizer)
