@@ -231,16 +231,20 @@ def convert(folder, out, recipe: str = "groupwise-int", *, split_limit: int = DE
 
     folder = Path(folder)
     comps, entries, blobs, args = plan(folder, recipe)
-    cache: dict = {"key": None, "outs": {}}
+    # outputs of partly consumed source tensors; an entry goes once all its outputs are written
+    # (logical order may alternate between two sources, e.g. fused gate_up and down experts)
+    pending: dict = {}
 
     def loader(logical, fmt, shard, hf_name):
         def load():
             key = (str(shard.path), hf_name)
-            if cache["key"] != key:  # plan order groups the outputs of one source tensor together
-                cache["key"], cache["outs"] = None, {}
-                cache["outs"] = dict(hf_to_logical(hf_name, shard.array(hf_name), args))
-                cache["key"] = key
-            return _as_source(np.asarray(cache["outs"].pop(logical)), fmt)
+            if key not in pending:
+                pending[key] = dict(hf_to_logical(hf_name, shard.array(hf_name), args))
+            outs = pending[key]
+            arr = outs.pop(logical)
+            if not outs:
+                del pending[key]
+            return _as_source(np.asarray(arr), fmt)
         return load
 
     backends = [b for b in ("mtp",) if b in comps]
