@@ -8,5 +8,5 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
 python3 -c "import cupy, numpy; print('cupy', cupy.__version__, 'numpy', numpy.__version__)"
 python3 -m pytest -q --maxfail=15 tests/gpu -p no:cacheprovider 2>&1 | tail -25
-python3 bench/gpu_decode.py --tiny --sweep --synthetic "${1:-qwen3.8-27b}" --depth "${2:-0}" --breakdown --out "$OUT/decode.json"
+python3 bench/gpu_decode.py --tiny ${SWEEP:---sweep} --synthetic "${1:-qwen3.8-27b}" --depth "${2:-0}" --breakdown --out "$OUT/decode.json"
 tar -C "$PWD" -czf "$OUT/cupy_cache.tgz" .cupy_cache 2>/dev/null; ls -la "$OUT"

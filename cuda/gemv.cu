@@ -120,10 +120,19 @@ __global__ void __launch_bounds__(256) gemv_rs(
     const unsigned char* __restrict__ base, const unsigned char* __restrict__ high,
     const __half* __restrict__ scales, int N, int gpr, int pair_stride,
     const float* __restrict__ x, int ldx, int K, int u4_per_split,
-    float* __restrict__ y, int ldy, int epi, const float* __restrict__ xinv) {
+    float* __restrict__ y, int ldy, int epi, const float* __restrict__ xinv,
+    const int* __restrict__ eidx, int erows, long long xz, int yz, const float* __restrict__ ywt) {
+  // MoE: grid.z picks a routed slot; its expert's rows start at eidx[z] * erows of the stacked object,
+  // its x is xz bytes further on (and its own xinv), its output yz floats further on, times ywt[z].
   using F = Fmt<FMT>;
   constexpr int VPU = F::VPU;
   const int u4_per_row = gpr * 2;
+  const int z = blockIdx.z;
+  const long long row_off = eidx != nullptr ? (long long)eidx[z] * erows : 0;
+  x = reinterpret_cast<const float*>(reinterpret_cast<const unsigned char*>(x) + z * xz);
+  if (xinv != nullptr) xinv += xz != 0 ? z : 0;
+  y += (size_t)z * yz;
+  const float yw = ywt != nullptr ? ywt[z] : 1.f;
   const int js = blockIdx.y * u4_per_split;
   const int je = min(js + u4_per_split, u4_per_row);
   const int nloc = je - js;
@@ -187,7 +196,7 @@ __global__ void __launch_bounds__(256) gemv_rs(
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
       const int row = epi == EPI_SWIGLU ? g + r * pair_stride : g * ROWS + r;
-      rows[r] = row < N ? row : N - 1;  // clamp: duplicates are computed, never stored
+      rows[r] = (row < N ? row : N - 1) + (int)row_off;  // clamp: duplicates are computed, never stored
     }
     float acc[ROWS][M];
 #pragma unroll
@@ -239,7 +248,7 @@ __global__ void __launch_bounds__(256) gemv_rs(
     for (int m = 0; m < M; ++m) {
       float v[ROWS];
 #pragma unroll
-      for (int r = 0; r < ROWS; ++r) v[r] = warp_sum(acc[r][m]) * inv_sc[m];
+      for (int r = 0; r < ROWS; ++r) v[r] = warp_sum(acc[r][m]) * inv_sc[m] * yw;
       if (lane == 0) {
         if (epi == EPI_SWIGLU) {
           if (g < pair_stride) y[(size_t)m * ldy + g] = silu(v[0]) * v[ROWS - 1];

@@ -27,14 +27,27 @@ RECIPES = {
                              "text/output_head": "q8_g32_fp16"},
     "q8": {k: ("bf16" if v == "bf16" else "q8_g32_fp16") for k, v in GROUPWISE_INT.items()},
 }
+# Qwen3.6-35B-A3B groupwise-int (spec/container.md §2.8): W8 for the dense matrices, Q4/Q5 routed experts
+GROUPWISE_INT_MOE = {k: ("bf16" if v == "bf16" else "q8_g32_fp16") for k, v in GROUPWISE_INT.items()}
+GROUPWISE_INT_MOE.update({"text/output_head": "q6_g64_fp16", "moe/router": "bf16", "moe/shared_score": "bf16",
+                          "moe/experts/gate": "q4_g64_fp16", "moe/experts/up": "q4_g64_fp16",
+                          "moe/experts/down": "q5_g64_fp16", "moe/shared/gate": "q8_g32_fp16",
+                          "moe/shared/up": "q8_g32_fp16", "moe/shared/down": "q8_g32_fp16"})
+RECIPES["groupwise-int-moe"] = GROUPWISE_INT_MOE
 VECTORS = ("input_norm", "post_attention_norm", "final_norm", "query_norm", "key_norm", "gdn/norm",
            "gdn/a_log", "gdn/dt_bias", "gdn/convolution")
 
 
 def role(name: str) -> str:
-    """'text/layers/3/attention/query' -> 'attention/query'; top-level names stay whole."""
+    """'text/layers/3/attention/query' -> 'attention/query', '.../moe/experts/7/up' -> 'moe/experts/up';
+    top-level names stay whole."""
     parts = name.split("/")
-    return "/".join(parts[3:]) if len(parts) > 3 and parts[1] == "layers" else name
+    if len(parts) > 3 and parts[1] == "layers":
+        parts = parts[3:]
+        if parts[:2] == ["moe", "experts"] and len(parts) == 4:
+            parts = ["moe", "experts", parts[3]]
+        return "/".join(parts)
+    return name
 
 
 def is_vector(name: str) -> bool:
@@ -139,8 +152,22 @@ def synthetic(args, recipe: str = "groupwise-int", seed: int = 0) -> dict:
     hv = a.linear_num_value_heads
     for i, kind in enumerate(a.layer_types):
         p = f"text/layers/{i}/"
-        shapes = {"mlp/gate": (a.intermediate_size, H), "mlp/up": (a.intermediate_size, H),
-                  "mlp/down": (H, a.intermediate_size)}
+        if a.is_moe:
+            shapes = {"moe/shared/gate": (a.shared_expert_intermediate_size, H),
+                      "moe/shared/up": (a.shared_expert_intermediate_size, H),
+                      "moe/shared/down": (H, a.shared_expert_intermediate_size)}
+            E, ie = a.num_experts, a.moe_intermediate_size
+            router = random_matrix(cp, rng, table["moe/router"], E + 1, H)
+            out[p + "moe/router"], out[p + "moe/shared_score"] = _rows(router, 0, E), _rows(router, E, E + 1)
+            gu = random_matrix(cp, rng, table["moe/experts/gate"], E * 2 * ie, H)
+            dn = random_matrix(cp, rng, table["moe/experts/down"], E * H, ie)
+            for e in range(E):
+                out[p + f"moe/experts/{e}/gate"] = _rows(gu, 2 * e * ie, (2 * e + 1) * ie)
+                out[p + f"moe/experts/{e}/up"] = _rows(gu, (2 * e + 1) * ie, (2 * e + 2) * ie)
+                out[p + f"moe/experts/{e}/down"] = _rows(dn, e * H, (e + 1) * H)
+        else:
+            shapes = {"mlp/gate": (a.intermediate_size, H), "mlp/up": (a.intermediate_size, H),
+                      "mlp/down": (H, a.intermediate_size)}
         if kind == "full_attention":
             shapes.update({"attention/query": (qd, H), "attention/key": (kvd, H), "attention/gate": (qd, H),
                            "attention/value": (kvd, H), "attention/output": (H, qd)})
@@ -157,7 +184,7 @@ def synthetic(args, recipe: str = "groupwise-int", seed: int = 0) -> dict:
         # fused parents as the published artifacts store them: one object per pair of roles
         for pair in (("attention/query", "attention/key"), ("attention/gate", "attention/value"),
                      ("gdn/query", "gdn/key"), ("gdn/value", "gdn/z"), ("gdn/a_projection", "gdn/b_projection"),
-                     ("mlp/gate", "mlp/up")):
+                     ("mlp/gate", "mlp/up"), ("moe/shared/gate", "moe/shared/up")):
             if pair[0] in shapes:
                 n0, n1 = shapes[pair[0]][0], shapes[pair[1]][0]
                 parent = random_matrix(cp, rng, table[pair[0]], n0 + n1, H)

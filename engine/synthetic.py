@@ -26,7 +26,7 @@ GEOMETRIES = {
         "num_experts_per_tok": 8, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
         "max_position_embeddings": 262144, "tie_word_embeddings": False,
         "rope_parameters": {"rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
-    }, "groupwise-int"),
+    }, "groupwise-int-moe"),
 }
 
 
@@ -48,9 +48,6 @@ def build_engine(geometry: str, recipe: str | None = None, device: str = "gpu", 
         raise NinferError(f"KV format {kv} is not implemented on the GPU yet", "use --kv bf16")
     config = geometry_config(geometry)
     args = ModelArgs.from_config(config)
-    if args.is_moe:
-        raise NinferError(f"{geometry}: the GPU decode path does not run MoE models yet",
-                          "benchmark qwen3.8-27b or qwen3.6-27b")
     from engine import gpu_weights  # noqa: PLC0415
     from engine.gpu_engine import build_engine as build  # noqa: PLC0415
 

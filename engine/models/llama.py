@@ -97,9 +97,12 @@ class KVCache:
 class Model:
     """A Llama decoder on NumPy."""
 
-    def __init__(self, args: ModelArgs, xp=np):
+    def __init__(self, args: ModelArgs, xp=np, fuse: bool | None = None):
         self.args = args
         self.xp = xp
+        # Fusing q|k|v and gate|up copies the weights at load; on NumPy the separate products cost the same
+        # per token and keep the weights as zero-copy views of the artifact's memory map (fast start).
+        self.fuse = (xp is not np) if fuse is None else fuse
         self.layers: list[dict[str, np.ndarray]] = []
         self.embedding: np.ndarray | None = None
         self.head: np.ndarray | None = None
@@ -124,15 +127,16 @@ class Model:
         self.layers = []
         for i in range(a.num_hidden_layers):
             p = f"text/layers/{i}/"
-            self.layers.append({
-                "input_norm": get(p + "input_norm"),
-                "post_norm": get(p + "post_attention_norm"),
-                "qkv": xp.concatenate([get(p + "attention/query"), get(p + "attention/key"),
-                                       get(p + "attention/value")]),
-                "o": get(p + "attention/output"),
-                "gate_up": xp.concatenate([get(p + "mlp/gate"), get(p + "mlp/up")]),
-                "down": get(p + "mlp/down"),
-            })
+            layer = {"input_norm": get(p + "input_norm"), "post_norm": get(p + "post_attention_norm"),
+                     "o": get(p + "attention/output"), "down": get(p + "mlp/down")}
+            q, k, v = (get(p + f"attention/{n}") for n in ("query", "key", "value"))
+            gate, up = get(p + "mlp/gate"), get(p + "mlp/up")
+            if self.fuse:
+                layer["qkv"] = xp.concatenate([q, k, v])
+                layer["gate_up"] = xp.concatenate([gate, up])
+            else:
+                layer.update(q=q, k=k, v=v, gate=gate, up=up)
+            self.layers.append(layer)
         return self
 
     def make_cache(self, max_len: int | None = None) -> KVCache:
@@ -174,18 +178,25 @@ class Model:
         x = self.embedding[xp.asarray(tokens)]  # [T, H]
         for li, layer in enumerate(self.layers):
             h = ref.rmsnorm(x, layer["input_norm"], a.rms_norm_eps, offset=False)
-            qkv = h @ layer["qkv"].T  # [T, (Hq + 2 Hkv) D]
-            q = _rope(xp, qkv[:, :hq * d].reshape(t, hq, d), cos, sin)
-            k = _rope(xp, qkv[:, hq * d:(hq + hkv) * d].reshape(t, hkv, d), cos, sin)
-            v = qkv[:, (hq + hkv) * d:].reshape(t, hkv, d)
+            if self.fuse:
+                qkv = h @ layer["qkv"].T  # [T, (Hq + 2 Hkv) D]
+                q, k, v = qkv[:, :hq * d], qkv[:, hq * d:(hq + hkv) * d], qkv[:, (hq + hkv) * d:]
+            else:
+                q, k, v = h @ layer["q"].T, h @ layer["k"].T, h @ layer["v"].T
+            q = _rope(xp, q.reshape(t, hq, d), cos, sin)
+            k = _rope(xp, k.reshape(t, hkv, d), cos, sin)
+            v = v.reshape(t, hkv, d)
             cache.k[li, :, start:start + t] = k.transpose(1, 0, 2)
             cache.v[li, :, start:start + t] = v.transpose(1, 0, 2)
             o = _attend(xp, q, cache.k[li, :, :start + t], cache.v[li, :, :start + t], scale, start)
             x = x + o.reshape(t, hq * d) @ layer["o"].T
             h = ref.rmsnorm(x, layer["post_norm"], a.rms_norm_eps, offset=False)
-            gu = h @ layer["gate_up"].T
-            m = a.intermediate_size
-            x = x + ref.swiglu(gu[:, :m], gu[:, m:]) @ layer["down"].T
+            if self.fuse:
+                gu = h @ layer["gate_up"].T
+                gate, up = gu[:, :a.intermediate_size], gu[:, a.intermediate_size:]
+            else:
+                gate, up = h @ layer["gate"].T, h @ layer["up"].T
+            x = x + ref.swiglu(gate, up) @ layer["down"].T
         cache.position = start + t
         if last_only:
             x = x[-1:]

@@ -71,8 +71,8 @@ class CudaQwen35:
 
         self.cp, self.args, self.M = cp, args, lanes
         a = args
-        if a.is_moe:
-            raise NotImplementedError("the GPU decode path does not run MoE models yet")
+        if a.is_moe and lanes != 1:
+            raise NotImplementedError("the GPU MoE decode path runs one lane for now")
         if a.head_dim != ATTN_HEAD_DIM or (a.linear_key_head_dim or GDN_HEAD_DIM) != GDN_HEAD_DIM:
             raise ValueError("GPU kernels need attention head_dim 256 and GDN head dims 128")
         self.H, self.V = a.hidden_size, a.vocab_size
@@ -96,8 +96,17 @@ class CudaQwen35:
         self.layers = []
         for i, kind in enumerate(self.layer_types):
             p = f"text/layers/{i}/"
-            L = {"kind": kind, "in_norm": w[p + "input_norm"], "post_norm": w[p + "post_attention_norm"],
-                 "gate_up": concat_rows(cp, [w[p + "mlp/gate"], w[p + "mlp/up"]]), "down": w[p + "mlp/down"]}
+            L = {"kind": kind, "in_norm": w[p + "input_norm"], "post_norm": w[p + "post_attention_norm"]}
+            if self.args.is_moe:
+                E, m = self.args.num_experts, p + "moe/"
+                L["router"] = concat_rows(cp, [w[m + "router"], w[m + "shared_score"]])
+                L["experts_gu"] = concat_rows(cp, [w[f"{m}experts/{e}/{r}"] for e in range(E) for r in ("gate", "up")])
+                L["experts_down"] = concat_rows(cp, [w[f"{m}experts/{e}/down"] for e in range(E)])
+                L["shared_gu"] = concat_rows(cp, [w[m + "shared/gate"], w[m + "shared/up"]])
+                L["shared_down"] = w[m + "shared/down"]
+            else:
+                L["gate_up"] = concat_rows(cp, [w[p + "mlp/gate"], w[p + "mlp/up"]])
+                L["down"] = w[p + "mlp/down"]
             if kind == "full_attention":
                 L["qk"] = concat_rows(cp, [w[p + "attention/query"], w[p + "attention/key"]])
                 L["gv"] = concat_rows(cp, [w[p + "attention/gate"], w[p + "attention/value"]])
@@ -116,9 +125,12 @@ class CudaQwen35:
         """Bytes of weights read per decoded token (embedding row gathers counted as one row)."""
         total = self.head.nbytes + self.embed.nbytes // max(self.embed.n, 1)
         for L in self.layers:
-            for key in ("qk", "gv", "vz", "ab", "o", "gate_up", "down"):
+            for key in ("qk", "gv", "vz", "ab", "o", "gate_up", "down", "router", "shared_gu", "shared_down"):
                 if key in L:
                     total += L[key].nbytes
+            if "experts_gu" in L:  # only the routed experts are read
+                k = self.args.num_experts_per_tok / self.args.num_experts
+                total += int(k * (L["experts_gu"].nbytes + L["experts_down"].nbytes))
         return total
 
     def state_bytes(self) -> int:
@@ -147,6 +159,20 @@ class CudaQwen35:
         self.buf_a = cp.zeros((M, max(widths)), dtype=f32)
         self.buf_b = cp.zeros((M, max(widths)), dtype=f32)
         self.ab = cp.zeros((M, 2 * max(self.Hv, 1)), dtype=f32)
+        a = self.args
+        if a.is_moe:
+            self.topk, self.inter_e, self.inter_sh = a.num_experts_per_tok, a.moe_intermediate_size, \
+                a.shared_expert_intermediate_size
+            self.inter = max(self.inter_e, self.inter_sh)
+            self.rlog = cp.zeros((M, a.num_experts + 1), dtype=f32)
+            self.eidx = cp.zeros((M, self.topk), dtype=cp.int32)
+            self.ewts = cp.zeros((M, self.topk + 1), dtype=f32)
+            self.act_e = cp.zeros((self.topk, self.inter_e), dtype=f32)
+            self.kpad_e = -(-self.inter_e // 128) * 128
+            self.xh_e = cp.zeros((self.topk, self.kpad_e // 2), dtype=cp.uint32)
+            self.xinv_e = cp.ones(self.topk, dtype=f32)
+            self.max_splits = max(self.max_splits, self.topk + 1)
+            self.part = cp.zeros((self.max_splits, M, H), dtype=f32)
         self.act = cp.zeros((M, self.inter), dtype=f32)
         att_w = max(self.Hq * ATTN_HEAD_DIM, self.Hv * GDN_HEAD_DIM)
         self.att = cp.zeros((M, att_w), dtype=f32)
@@ -214,6 +240,27 @@ class CudaQwen35:
 
     def _stage(self, x, k, kpad, xh, xinv):
         return K.prepared("stage_x_mb", (self.NORM_BLOCKS, self.M), (x, x.shape[1], k, kpad, xh, xinv), block=1024)
+
+    def _moe_ops(self, L, xn):
+        """Router -> top-k on the device -> routed experts (grid.z = slot) writing weighted partials
+        part[0..k), shared expert into part[k]; the next norm sums the k + 1 partials."""
+        E, k, H, ie = self.args.num_experts, self.topk, self.H, self.inter_e
+        ops = [self._gemv(L["router"], self.xn, self.rlog),
+               K.prepared("moe_route", (1,), (self.rlog, E + 1, E, k, self.eidx, self.ewts, k + 1))]
+        gu, dn = L["experts_gu"], L["experts_down"]
+        gu1 = DevMatrix(gu.fmt, 2 * ie, gu.k, gu.buf, gu.row0, gu.gpr, gu.base, gu.high, gu.scales)
+        dn1 = DevMatrix(dn.fmt, H, dn.k, dn.buf, dn.row0, dn.gpr, dn.base, dn.high, dn.scales)
+        ops.append(GemvPlan(gu1, self.xn, H, self.act_e, ie, epi="swiglu", unroll=2, xpre=xn,
+                            experts=(self.eidx, 2 * ie, 0, ie, None, k)).launch)
+        ops.append(K.prepared("stage_x_mb", (self.NORM_BLOCKS, k), (self.act_e, ie, ie, self.kpad_e, self.xh_e,
+                                                                    self.xinv_e), block=1024))
+        ops.append(GemvPlan(dn1, self.act_e, ie, self.part, H, epi="store", unroll=2, rows=1,
+                            xpre=(self.xh_e, self.xinv_e),
+                            experts=(self.eidx, H, self.kpad_e * 2, self.M * H, self.ewts, k)).launch)
+        ops.append(self._gemv(L["shared_gu"], self.xn, self.act, epi="swiglu", xpre=xn))
+        ops.append(GemvPlan(L["shared_down"], self.act, self.act.shape[1], self.part[k], H, epi="store",
+                            unroll=2, experts=(None, 0, 0, 0, self.ewts[0, k:], 1)).launch)
+        return ops
 
     def _splits(self, w) -> int:
         cfg = self.gemv_cfg.get((w.fmt, w.n, w.k), {})
@@ -283,12 +330,16 @@ class CudaQwen35:
                                      (self.xh_att, self.xinv_att))
             ops.append(o_plan.launch)
             ops.append(self._norm(o_plan.splits, L["post_norm"]))
-            ops.append(self._gemv(L["gate_up"], self.xn, self.act, epi="swiglu", xpre=xn))
-            ops.append(self._stage(self.act, self.inter, self.kpad_act, self.xh_act, self.xinv_act))
-            d_plan = self._plan_gemv(L["down"], self.act, self.part, "partial", self._splits(L["down"]),
-                                     (self.xh_act, self.xinv_act))
-            ops.append(d_plan.launch)
-            prev_splits = d_plan.splits
+            if self.args.is_moe:
+                ops.extend(self._moe_ops(L, xn))
+                prev_splits = self.topk + 1
+            else:
+                ops.append(self._gemv(L["gate_up"], self.xn, self.act, epi="swiglu", xpre=xn))
+                ops.append(self._stage(self.act, self.inter, self.kpad_act, self.xh_act, self.xinv_act))
+                d_plan = self._plan_gemv(L["down"], self.act, self.part, "partial", self._splits(L["down"]),
+                                         (self.xh_act, self.xinv_act))
+                ops.append(d_plan.launch)
+                prev_splits = d_plan.splits
         ops.append(self._norm(prev_splits, self.final_norm))
         ops.append(self._gemv(self.head, self.xn, self.logits, xpre=(self.xh_n, self.xinv_n)))
         ops.append(K.prepared("argmax_step", (M,), (self.logits, self.V, self.V, self.tokens, self.pos,

@@ -19,7 +19,7 @@ import numpy as np
 from engine.artifact import formats
 from engine.backend import cupy_or_none
 
-SOURCES = ("common.cuh", "gemv.cu", "norm.cu", "attention.cu", "gdn.cu", "sample.cu")
+SOURCES = ("common.cuh", "gemv.cu", "norm.cu", "attention.cu", "gdn.cu", "sample.cu", "moe.cu")
 FMT_IDS = {"q4_g64_fp16": 0, "q5_g64_fp16": 1, "q6_g64_fp16": 2, "q8_g32_fp16": 3}
 EPI = {"store": 0, "partial": 1, "swiglu": 2, "add": 3}
 GEMV_ROWS = (1, 2, 4)
@@ -128,7 +128,8 @@ class GemvPlan:
     """A GEMV launch fixed at build time: y (+)= W x for M token rows. Call `launch(stream)`."""
 
     def __init__(self, w: DevMatrix, x, ldx: int, y, ldy: int, m: int = 1, epi: str = "store",
-                 splits: int = 1, rows: int | None = None, unroll: int = 4, y_offset: int = 0, xpre=None):
+                 splits: int = 1, rows: int | None = None, unroll: int = 4, y_offset: int = 0, xpre=None,
+                 experts=None):
         cp = cupy_or_none()
         self.w, self.m, self.epi = w, m, EPI[epi]
         if w.fmt == "bf16":
@@ -154,7 +155,11 @@ class GemvPlan:
         ngroups = w.n // 2 if epi == "swiglu" else -(-w.n // rows)
         per_sm = 8 if pre else max(1, min(8, (200 * 1024) // max(self.smem, 1)))
         bx = max(1, min(-(-ngroups // WARPS), sm_count() * per_sm // splits))
-        self.grid = (bx, splits)
+        # experts = (eidx, rows per expert, x stride in bytes, y stride in floats, y weights or None, slots)
+        ex = experts or (None, 0, 0, 0, None, 1)
+        if experts is not None:
+            bx = max(1, min(-(-ngroups // WARPS), sm_count() * per_sm // max(ex[5], 1)))
+        self.grid = (bx, splits, ex[5])
         self.fn = kernel(f"gemv_rs<{f},{rows},{m},{unroll}>")
         if self.smem > 48 * 1024:
             self.fn.max_dynamic_shared_size_bytes = self.smem
@@ -162,7 +167,9 @@ class GemvPlan:
                      np.int32(w.n), np.int32(w.gpr), np.int32(w.n // 2 if epi == "swiglu" else 0),
                      np.uint64(_p(xpre[0]) if pre else _p(x)), np.int32(ldx), np.int32(w.k), np.int32(u4ps),
                      np.uint64(_p(y) + 4 * y_offset), np.int32(ldy), np.int32(self.epi),
-                     np.uint64(_p(xpre[1]) if pre else 0))
+                     np.uint64(_p(xpre[1]) if pre else 0),
+                     np.uint64(_p(ex[0]) if ex[0] is not None else 0), np.int32(ex[1]), np.int64(ex[2]),
+                     np.int32(ex[3]), np.uint64(_p(ex[4]) if ex[4] is not None else 0))
         self.splits = splits
         del cp
 
