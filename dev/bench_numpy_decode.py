@@ -50,7 +50,7 @@ def run(name: str, n_tokens: int, prompt_len: int = 32) -> None:
     t0 = time.perf_counter()
     eng = engine.load({"config": cfg, "weights": random_weights(args, seed=0)}, device="cpu")
     load_s = time.perf_counter() - t0
-    wbytes = eng.info()["weight_bytes"]
+    wbytes = eng.info()["weight_bytes_per_token"]
     params = sum(int(np.prod(s)) for s in logical_shapes(args).values())
     prompt = list(np.random.default_rng(0).integers(0, args.domain, prompt_len))
     t0 = time.perf_counter()
@@ -60,7 +60,7 @@ def run(name: str, n_tokens: int, prompt_len: int = 32) -> None:
     t0 = time.perf_counter()
     eng.decode_greedy(first, n_tokens)
     tg = n_tokens / (time.perf_counter() - t0)
-    print(f"{name}: {params / 1e6:.1f} M params, fp32 weights {wbytes / 1e9:.3f} GB (load {load_s:.1f} s); "
+    print(f"{name}: {params / 1e6:.1f} M params, {wbytes / 1e9:.3f} GB fp32 weights read per token (load {load_s:.1f} s); "
           f"prefill {prompt_len} tok: {pp:.1f} tok/s; decode: {tg:.1f} tok/s = {tg * wbytes / 1e9:.2f} GB/s of weights")
 
 
@@ -69,7 +69,11 @@ def main() -> None:
     ap.add_argument("models", nargs="*", default=["tiny", "0.5b"])
     ap.add_argument("--tokens", type=int, default=32)
     ns = ap.parse_args()
-    print(f"copy bandwidth: {copy_bandwidth_gbs():.1f} GB/s (read+write, numpy)")
+    import os
+
+    threads = os.environ.get("OPENBLAS_NUM_THREADS", "default")
+    print(f"copy bandwidth: {copy_bandwidth_gbs():.1f} GB/s (read+write, numpy); OPENBLAS_NUM_THREADS={threads}; "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     for m in ns.models:
         run(m, ns.tokens)
 
