@@ -50,7 +50,9 @@ def config_from_gguf(reader) -> dict:
     n_blocks = int(f("block_count"))
     n_layers = n_blocks - int(f("nextn_predict_layers", 0) or 0)
     heads = int(f("attention.head_count"))
-    head_dim = int(f("attention.key_length", int(f("embedding_length")) // heads))
+    qnorm = next((t for t in reader.tensors if t.name.endswith("attn_q_norm.weight")), None)
+    head_dim = int(f("attention.key_length", 0) or (int(qnorm.shape[0]) if qnorm is not None else 0)
+                   or int(f("embedding_length")) // heads)
     rope_dim = int(f("rope.dimension_count", head_dim // 4))
     sections = [int(s) for s in (f("rope.dimension_sections") or [])]
     while sections and sections[-1] == 0:
@@ -150,6 +152,11 @@ def weights_from_gguf(reader):
                 n = w.shape[0]
                 yield p + "gdn/output", np.ascontiguousarray(
                     w.reshape(n, per_k, kh, vd).swapaxes(1, 2).reshape(n, -1))
+            elif kind == "ffn_gate_up_exps":  # fused [E, 2I, H]: gate rows first
+                inter = w.shape[1] // 2
+                for e in range(w.shape[0]):
+                    yield p + f"moe/experts/{e}/gate", w[e, :inter]
+                    yield p + f"moe/experts/{e}/up", w[e, inter:]
             elif kind in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
                 role = kind.split("_")[1]
                 for e in range(w.shape[0]):

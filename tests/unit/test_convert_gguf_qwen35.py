@@ -47,7 +47,8 @@ def write_qwen35_gguf(path, folder):
     u32("embedding_length", cfg["hidden_size"])
     u32("attention.head_count", cfg["num_attention_heads"])
     u32("attention.head_count_kv", cfg["num_key_value_heads"])
-    u32("attention.key_length", cfg["head_dim"])
+    if not moe:  # the MoE file leaves key_length out: head_dim then comes from attn_q_norm
+        u32("attention.key_length", cfg["head_dim"])
     u32("attention.value_length", cfg["head_dim"])
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", cfg["rms_norm_eps"])
     w.add_float32(f"{arch}.rope.freq_base", cfg["rope_parameters"]["rope_theta"])
@@ -104,8 +105,11 @@ def write_qwen35_gguf(path, folder):
                 w.add_tensor(f"blk.{i}.ssm_out.weight", a.reshape(n, kh, per_k, vd).swapaxes(1, 2).reshape(n, -1))
             elif rest == "mlp.experts.gate_up_proj":
                 inter = a.shape[1] // 2
-                w.add_tensor(f"blk.{i}.ffn_gate_exps.weight", np.ascontiguousarray(a[:, :inter]))
-                w.add_tensor(f"blk.{i}.ffn_up_exps.weight", np.ascontiguousarray(a[:, inter:]))
+                if i % 2:  # both spellings occur: separate gate/up stacks, or one fused stack
+                    w.add_tensor(f"blk.{i}.ffn_gate_up_exps.weight", a)
+                else:
+                    w.add_tensor(f"blk.{i}.ffn_gate_exps.weight", np.ascontiguousarray(a[:, :inter]))
+                    w.add_tensor(f"blk.{i}.ffn_up_exps.weight", np.ascontiguousarray(a[:, inter:]))
             elif rest == "mlp.experts.down_proj":
                 w.add_tensor(f"blk.{i}.ffn_down_exps.weight", a)
             else:
