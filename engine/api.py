@@ -179,14 +179,16 @@ class Engine:
     def _run(self, ids: Sequence[int], *, all_rows: bool = False):
         """Feed ids through the cache in chunks; the last logits (or every row) on the host."""
         self._check_room(len(ids))
-        rows, last = [], None
-        for i in range(0, len(ids), self.prefill_chunk):
-            chunk = np.asarray(ids[i : i + self.prefill_chunk], dtype=np.int64)
+        rows, last, i = [], None, 0
+        while i < len(ids):
+            n = self._chunk_len(self.position)
+            chunk = np.asarray(ids[i : i + n], dtype=np.int64)
             out = self.model(chunk, self.cache, last_only=not all_rows)
             if all_rows:
                 rows.append(_to_host(out))
-            elif i + self.prefill_chunk >= len(ids):
+            elif i + n >= len(ids):
                 last = _to_host(out[-1])
+            i += n
         self._tokens.extend(int(t) for t in ids)
         if all_rows:
             out = np.concatenate(rows).astype(np.float32, copy=False)
@@ -194,6 +196,12 @@ class Engine:
             return out
         self._last = last.astype(np.float32, copy=False)
         return self._last
+
+    def _chunk_len(self, position: int) -> int:
+        """Tokens per forward: `prefill_chunk`, fewer deep in a long context so the attention scores
+        [heads, chunk, position] stay under ~256 MB."""
+        heads = max(1, int(getattr(self.args, "num_attention_heads", 1) or 1))
+        return max(1, min(self.prefill_chunk, (1 << 28) // (4 * heads * (position + self.prefill_chunk))))
 
     def prefill(self, token_ids: Sequence[int]) -> np.ndarray:
         """Consume `token_ids` after what the cache holds; return the last logits [vocab] (float32)."""
