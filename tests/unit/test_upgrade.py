@@ -220,3 +220,35 @@ def test_v2_object_members_are_closed(tmp_path, inv27):
     src.write_bytes(b"NINFER\x00\x02" + struct.pack("<Q", len(text)) + text + bytes(-(16 + len(text)) % 4096) + bytes(4096))
     with pytest.raises(NinferError, match="members"):
         open_artifact(src)
+
+
+def test_nvfp4_divisors_become_auxiliaries(inv27):
+    from engine.artifact import upgrade_rules as rules
+
+    objs = [rules.translate_object({k: v for k, v in o.items() if k in ("name", "kind", "shape", "offset", "bytes")}
+                                   | ({"encoding": "raw-bytes-v1"} if o["kind"] == "resource"
+                                      else {"format": o["format_v2"], "layout": o["layout_v2"]}))
+            for o in inv27["objects"]]
+    for name in ("text/layers/3/attention/input_projection", "text/layers/0/mlp/gate_up_projection",
+                 "mtp/layer/attention/input_projection", "text/layers/0/gdn/output_projection"):
+        objs.append({"id": f"{name}/input_scale_divisor", "kind": "tensor", "offset": 0, "bytes": 4, "shape": [],
+                     "format": "fp32", "layout": "contiguous_le_v1"})
+    comps = rules.build_components("qwen3.6-27b", objs)
+    bindings = rules.build_bindings(comps, objs)
+    assert len(bindings) == 1422  # divisors are not parameters
+    uses = rules.build_uses(comps, objs, bindings)
+    aux = {(u["parameter"], u["input"]): u["auxiliaries"]["activation_input_divisor"]["object"]
+           for u in uses if "auxiliaries" in u}
+    assert aux == {
+        **{(f"text/layers/3/attention/{r}", "text/layers/3/mixer_input"): "text/layers/3/attention/input_projection/input_scale_divisor"
+           for r in ("query", "key", "gate", "value")},
+        **{(f"text/layers/0/mlp/{r}", "text/layers/0/ffn_input"): "text/layers/0/mlp/gate_up_projection/input_scale_divisor"
+           for r in ("gate", "up")},
+        **{(f"mtp/layers/0/attention/{r}", "mtp/layers/0/mixer_input"): "mtp/layer/attention/input_projection/input_scale_divisor"
+           for r in ("query", "key", "gate", "value")},
+        ("text/layers/0/gdn/output", "text/layers/0/gdn/gated_output"): "text/layers/0/gdn/output_projection/input_scale_divisor",
+    }
+    objs.append({"id": "text/layers/0/attention/input_projection/input_scale_divisor", "kind": "tensor", "offset": 0,
+                 "bytes": 4, "shape": [], "format": "fp32", "layout": "contiguous_le_v1"})  # layer 0 is GDN
+    with pytest.raises(NinferError, match="missing parameter"):
+        rules.build_uses(comps, objs, bindings)
