@@ -18,7 +18,10 @@ ShowThinking = Annotated[bool, typer.Option("--show-thinking/--hide-thinking", r
 def chat(model: ModelArg = None, plain: Plain = False, system: System = None, think: Think = None,
          reasoning_effort: Effort = None, thinking_budget: ThinkingBudget = None,
          show_thinking: ShowThinking = True, temperature: Temperature = None, seed: Seed = None,
-         ctx: Ctx = None, device: DeviceOpt = Device.auto) -> None:
+         ctx: Ctx = None, device: DeviceOpt = Device.auto,
+         listing: Annotated[bool, typer.Option("--list", help="List saved conversations and exit.")] = False,
+         resume: Annotated[Optional[str], typer.Option("--resume", metavar="ID|last",
+                                                       help="Continue a saved conversation.")] = None) -> None:
     """Chat with a model (the default model, pulled on first use, when none is named)."""
     import sys
 
@@ -29,6 +32,12 @@ def chat(model: ModelArg = None, plain: Plain = False, system: System = None, th
 
     effort = reasoning_choice(reasoning_effort, think)
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
+    if listing or (interactive and not plain):  # the full-screen app (ninfer_cli/tui)
+        from ninfer_cli.tui.launch import list_conversations, run_chat_tui
+
+        return list_conversations() if listing else run_chat_tui(
+            model, system=_read_at_file(system), effort=effort, thinking_budget=thinking_budget,
+            sampling=sampling_overrides(temperature=temperature, seed=seed), ctx=ctx, device=device, resume=resume)
     _, session, name = open_session(model, device=device, ctx=ctx, system=_read_at_file(system),
                                     think=None if effort is None else effort.value != "off",
                                     effort=None if effort is None else effort.value,

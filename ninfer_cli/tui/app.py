@@ -254,7 +254,7 @@ class ChatApp(App):
             rate = (buf.tokens - 1) / max(last - first, 1e-6)
         reason = getattr(final, "finish_reason", None) or ("cancelled" if cancel.is_set() else "stop")
         return TurnStats(prompt_tokens=getattr(final, "prompt_tokens", 0) or 0,
-                         generation_tokens=buf.tokens,
+                         generation_tokens=getattr(final, "generation_tokens", 0) or buf.tokens,
                          ttft=(first - buf.started) if first is not None else 0.0,
                          tokens_per_second=rate, prompt_tps=getattr(final, "prompt_tps", 0.0) or 0.0,
                          seconds=time.perf_counter() - buf.started, finish_reason=reason)

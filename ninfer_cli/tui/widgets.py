@@ -209,22 +209,23 @@ class StatusBar(Horizontal):
         self._items[name].update(text, layout=not same)
 
     def show_model(self, info: ModelInfo, state: str = "") -> None:
-        self._set("model", f"[b]{_esc(info.name)}[/b] [dim]{info.device}[/dim]" + (f" {state}" if state else ""))
+        name = info.name.removesuffix(":latest")
+        self._set("model", f"[b]{_esc(name)}[/b] [dim]{info.device}[/dim]" + (f" {state}" if state else ""))
 
     def show_effort(self, effort: str | None, supported: bool = True) -> None:
         self._set("effort", f"think:[b]{effort or 'default'}[/b]" if supported else "[dim]think:n/a[/dim]")
 
     def show_context(self, used: int, total: int) -> None:
         total_text = human_tokens(total) if total else "?"
-        self._set("ctx", f"ctx {gauge(used, total)} {human_tokens(used)}/{total_text}")
+        self._set("ctx", f"ctx {gauge(used, total, 6)} {human_tokens(used)}/{total_text}")
 
     def show_rate(self, rate: float | None) -> None:
         self._set("rate", "" if rate is None else f"[b]{rate:6.1f}[/b] tok/s")
 
     def show_last(self, stats: TurnStats | None) -> None:
         self._set("last", "" if stats is None else
-                  f"last: TTFT {stats.ttft:.2f} s · {stats.tokens_per_second:.1f} tok/s")
+                  f"last {stats.tokens_per_second:.1f} tok/s · TTFT {stats.ttft:.2f}s")
 
     def show_memory(self, mem: Memory) -> None:
         gib = 1 << 30
-        self._set("mem", f"{mem.label} {gauge(mem.used, mem.total)} {mem.used / gib:.1f}/{mem.total / gib:.1f} GiB")
+        self._set("mem", f"{mem.label} {gauge(mem.used, mem.total, 6)} {mem.used / gib:.1f}/{mem.total / gib:.1f}G")

@@ -42,12 +42,12 @@ async def submit(pilot, text: str) -> None:
     await pilot.press("enter")
 
 
-async def send(pilot, text: str) -> None:
+async def send(pilot, text: str, timeout: float = 10.0) -> None:
     """Submit `text` and wait for the answer to finish."""
     app = pilot.app
     before = len(app.conversation.messages)
     await submit(pilot, text)
-    await wait_for(pilot, lambda: not app.generating and len(app.conversation.messages) > before)
+    await wait_for(pilot, lambda: not app.generating and len(app.conversation.messages) > before, timeout)
     await pilot.pause()
 
 

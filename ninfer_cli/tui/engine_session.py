@@ -1,0 +1,65 @@
+"""The real model behind the chat app: the engine plus the text front end's `ChatSession`.
+
+Everything model-specific (chat template, reasoning split, thinking budget, sampling presets) is the
+text front end's; this only translates the app's settings into its calls and its `Delta`s into the
+`Response`-like records the app reads.
+"""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from ninfer_cli.tui.session import ChatSettings, Chunk, Memory, ModelInfo, process_memory
+
+_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "seed")
+
+
+class EngineSession:
+    """Loads `path` on `load()` (from the app's worker thread) and streams answers."""
+
+    def __init__(self, path: Path | str, name: str, *, device: str = "auto", ctx: int | None = None) -> None:
+        self.path = Path(path)
+        self.device = getattr(device, "value", device)
+        self.ctx = ctx
+        self.info = ModelInfo(name, ctx or 0, "gpu" if self.device == "gpu" else "cpu")
+        self.engine = None
+        self.chat = None
+
+    def load(self) -> None:
+        from engine.text.reasoning import supports_thinking
+        from ninfer_cli.model_session import open_session
+
+        engine, chat, _ = open_session(str(self.path), device=self.device, ctx=self.ctx, quiet=True)
+        self.engine, self.chat = engine, chat
+        source = chat.template.source if chat.template else ""
+        self.info = ModelInfo(self.info.name, int(getattr(engine, "max_context", 0) or 0), engine.device,
+                              thinking=supports_thinking(source))
+
+    def send(self, messages: list[dict], settings: ChatSettings, cancel: threading.Event):
+        from ninfer_cli.model_session import generation_config
+
+        chat = self.chat
+        effort = settings.effort
+        chat.set_reasoning(think=None if effort is None else effort != "off", effort=effort)
+        chat.thinking_budget = settings.thinking_budget
+        overrides = {k: getattr(settings, k) for k in _SAMPLING if getattr(settings, k) is not None}
+        overrides["max_tokens"] = settings.max_tokens
+        config = generation_config(chat, overrides)
+        for delta in chat.complete(messages, config, cancel):
+            if not delta.done:
+                yield Chunk(text=delta.content, reasoning=delta.reasoning)
+                continue
+            st = delta.stats
+            yield Chunk(prompt_tokens=st.prompt_tokens, generation_tokens=st.generation_tokens,
+                        prompt_tps=st.prompt_tps, generation_tps=st.generation_tps,
+                        finish_reason=delta.finish_reason or "stop")
+
+    def memory(self) -> Memory:
+        if self.info.device == "gpu":
+            from engine.backend import cupy_or_none
+
+            cp = cupy_or_none()
+            if cp is not None:
+                free, total = cp.cuda.runtime.memGetInfo()
+                return Memory("VRAM", total - free, total)
+        return process_memory()

@@ -1,0 +1,42 @@
+"""The chat app on the real default model (SmolLM2 on NumPy), when it is in the local store."""
+from __future__ import annotations
+
+import pytest
+
+from tui_helpers import make_app, run, send, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def _default_model():
+    from ninfer_cli.model_session import DEFAULT_MODEL
+    from ninfer_cli.store import Store
+
+    found = Store().find(DEFAULT_MODEL)
+    if found is None or not found.artifact_path.exists():
+        pytest.skip("the default model is not in the store (ninfer pull smollm2-135m)")
+    return found
+
+
+def test_real_default_model_answers_in_the_app(tmp_path):
+    found = _default_model()
+    from ninfer_cli.tui.engine_session import EngineSession
+    from ninfer_cli.tui.session import ChatSettings
+
+    session = EngineSession(found.artifact_path, found.ref, device="cpu")
+    app = make_app(tmp_path, session, settings=ChatSettings(temperature=0.0, max_tokens=24))
+
+    async def body():
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_for(pilot, lambda: app.loaded or app.load_error, timeout=60)
+            assert app.load_error is None
+            assert session.info.context_max > 0 and not session.info.thinking
+            await send(pilot, "What is the capital of France?", timeout=120)
+            answer = app.conversation.messages[-1]
+            assert "Paris" in answer["content"]
+            stats = answer["stats"]
+            assert stats["generation_tokens"] > 0 and stats["tokens_per_second"] > 0
+            assert stats["prompt_tokens"] > 5
+            assert "tok/s" in str(app.query_one("#st-last").render())
+            assert "RAM" in str(app.query_one("#st-mem").render())
+    run(body())
