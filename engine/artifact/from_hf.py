@@ -9,7 +9,6 @@ Each logical parameter is its own object with a whole-object binding.
 from __future__ import annotations
 
 import json
-import math
 import struct
 from pathlib import Path
 
@@ -265,6 +264,3 @@ def source_bytes(folder) -> int:
     """Bytes of tensor data in a checkpoint folder (for throughput figures)."""
     return sum(p.stat().st_size for p in _shards(Path(folder)))
 
-
-def parameter_count(entries) -> int:
-    return sum(math.prod(s) for _, _, s, _, _ in entries)
