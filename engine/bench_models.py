@@ -164,57 +164,12 @@ def build_tiny(device: str, max_context: int, instance: Instance):
     """The `tiny` synthetic model: a small random Qwen3.5 hybrid run by the NumPy engine."""
     import numpy as np  # noqa: PLC0415
 
+    from engine.api import load  # noqa: PLC0415
     from engine.config import ModelArgs  # noqa: PLC0415
 
-    args = ModelArgs.from_config(TINY)
-    weights = tiny_weights(args, np.random.default_rng(0))
-    try:
-        from engine.api import load  # noqa: PLC0415
-    except ImportError:
-        load = None
-    if load is None:
-        return _call_with_options(_ModelEngine, "the NumPy engine", args, weights, device=device,
-                                  max_context=max_context, **instance_options(instance))
+    weights = tiny_weights(ModelArgs.from_config(TINY), np.random.default_rng(0))
     return _call_with_options(load, "the NumPy engine", {"config": dict(TINY), "weights": weights},
                               device=device, max_context=max_context, **instance_options(instance))
-
-
-class _ModelEngine:
-    """The benchmark protocol straight over `models.qwen3_5.Model` (used until `engine.api` exists)."""
-
-    def __init__(self, args, weights, *, device: str, max_context: int):
-        from engine.backend import xp_for  # noqa: PLC0415
-        from engine.models.qwen3_5 import Model  # noqa: PLC0415
-
-        self.args, self.device, self.max_context = args, device, max_context
-        self.model = Model(args, xp=xp_for(device)).load(weights)
-        self.reset()
-
-    def reset(self) -> None:
-        self.cache = self.model.make_cache(self.max_context)
-
-    @property
-    def position(self) -> int:
-        return self.cache.position
-
-    def prefill(self, token_ids):
-        import numpy as np  # noqa: PLC0415
-
-        out = self.model(np.asarray(token_ids, dtype=np.int64), self.cache, last_only=True)[0]
-        return out.get() if hasattr(out, "get") else out
-
-    def decode_step(self, token_id: int):
-        return self.prefill([token_id])
-
-    def decode_greedy(self, first_token: int, n: int) -> list[int]:
-        out, tok = [], first_token
-        for _ in range(n):
-            tok = int(self.decode_step(tok).argmax())
-            out.append(tok)
-        return out
-
-    def info(self) -> dict:
-        return {"backend": "numpy" if self.device == "cpu" else "cupy", "weight_bytes": self.model.weight_bytes}
 
 
 def tiny_weights(args, rng) -> dict:
