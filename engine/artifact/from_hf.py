@@ -26,6 +26,8 @@ _ST_DTYPES = {"BF16": np.uint16, "F16": np.float16, "F32": np.float32, "F64": np
 Q4, Q5, Q6, Q8 = "q4_g64_fp16", "q5_g64_fp16", "q6_g64_fp16", "q8_g32_fp16"
 _Q4_ROLES = ("attention/query", "attention/key", "gdn/query", "gdn/key", "mlp/gate", "mlp/up")
 _Q5_ROLES = ("attention/gate", "attention/value", "attention/output", "gdn/value", "gdn/z", "gdn/output", "mlp/down")
+# the published 35B-A3B recipe keeps the routed down projections of three late layers at Q6
+_Q6_DOWN_LAYERS_35B = (34, 38, 39)
 _SMALL_MATRICES = ("gdn/a_projection", "gdn/b_projection", "gdn/convolution", "moe/router", "moe/shared_score")
 
 
@@ -113,7 +115,7 @@ def text_config(config: dict) -> dict:
     return cfg
 
 
-def choose_format(recipe: str, name: str, shape: tuple, *, moe: bool) -> str:
+def choose_format(recipe: str, name: str, shape: tuple, *, moe: bool, n_layers: int = 0) -> str:
     """Storage format of one logical parameter under a recipe (spec §2.8 for groupwise-int)."""
     if name.endswith(("gdn/a_log", "gdn/dt_bias")) or recipe == "fp32":
         return "fp32"
@@ -127,6 +129,8 @@ def choose_format(recipe: str, name: str, shape: tuple, *, moe: bool) -> str:
         return Q6
     if moe:
         if "/moe/experts/" in name:
+            if name.endswith("/down") and n_layers == 40 and int(name.split("/")[2]) in _Q6_DOWN_LAYERS_35B:
+                return Q6
             return Q4 if name.endswith(("/gate", "/up")) else Q5
         return Q8
     role = name.split("/", 3)[-1] if name.startswith("text/layers/") else name
@@ -199,7 +203,8 @@ def plan(folder, recipe: str = "groupwise-int"):
                 raise NinferError(f"{shard.path}: tensor {hf_name}: {e}", "is this a Qwen3.5 checkpoint?") from None
             for name, a in outs:
                 has_mtp |= name.startswith("mtp/")
-                entries.append((name, choose_format(recipe, name, a.shape, moe=moe), tuple(a.shape), shard, hf_name))
+                entries.append((name, choose_format(recipe, name, a.shape, moe=moe, n_layers=args.num_hidden_layers),
+                                tuple(a.shape), shard, hf_name))
     if has_mtp and not args.mtp_num_hidden_layers:
         args = ModelArgs.from_config({**cfg, "mtp_num_hidden_layers": 1})
     want = logical_shapes(args, mtp=has_mtp)

@@ -8,7 +8,7 @@ import pytest
 
 from engine.artifact import formats as F
 from engine.artifact.container import open_artifact
-from engine.artifact.from_hf import SafetensorsFile, _shards, convert, text_config
+from engine.artifact.from_hf import SafetensorsFile, _shards, choose_format, convert, text_config
 from engine.config import ModelArgs
 from engine.errors import NinferError
 from engine.models.qwen3_5 import hf_to_logical, logical_shapes
@@ -164,3 +164,27 @@ def test_multimodal_wrapper_checkpoint(tmp_path):
     ref = open_artifact(convert(src, tmp_path / "ref.ninfer", "bf16"))
     assert list(art.bindings) == list(ref.bindings)
     assert np.array_equal(art.parameter("text/layers/2/moe/experts/1/up"), ref.parameter("text/layers/2/moe/experts/1/up"))
+
+
+def test_groupwise_recipe_matches_the_published_inventories():
+    """Every matrix of the 27B and 35B-A3B text models gets the format the published artifacts use."""
+    dense = {"text/token_embedding": "q6_g64_fp16", "text/output_head": "q6_g64_fp16",
+             "text/layers/3/attention/query": "q4_g64_fp16", "text/layers/3/attention/key": "q4_g64_fp16",
+             "text/layers/3/attention/gate": "q5_g64_fp16", "text/layers/3/attention/value": "q5_g64_fp16",
+             "text/layers/3/attention/output": "q5_g64_fp16", "text/layers/0/gdn/query": "q4_g64_fp16",
+             "text/layers/0/gdn/value": "q5_g64_fp16", "text/layers/0/gdn/z": "q5_g64_fp16",
+             "text/layers/0/gdn/output": "q5_g64_fp16", "text/layers/0/gdn/a_projection": "bf16",
+             "text/layers/0/mlp/gate": "q4_g64_fp16", "text/layers/0/mlp/down": "q5_g64_fp16",
+             "mtp/input_projection": "q8_g32_fp16", "mtp/layers/0/mlp/down": "q8_g32_fp16",
+             "text/layers/0/gdn/convolution": "bf16", "text/layers/0/gdn/a_log": "fp32"}
+    for name, fmt in dense.items():
+        shape = (48,) if name.endswith("a_log") else (8, 8)
+        assert choose_format("groupwise-int", name, shape, moe=False, n_layers=64) == fmt, name
+    moe = {"text/token_embedding": "q8_g32_fp16", "text/output_head": "q6_g64_fp16",
+           "text/layers/3/attention/query": "q8_g32_fp16", "text/layers/0/gdn/value": "q8_g32_fp16",
+           "text/layers/0/moe/router": "bf16", "text/layers/0/moe/shared_score": "bf16",
+           "text/layers/0/moe/shared/gate": "q8_g32_fp16", "text/layers/0/moe/experts/7/gate": "q4_g64_fp16",
+           "text/layers/0/moe/experts/7/down": "q5_g64_fp16", "text/layers/38/moe/experts/7/down": "q6_g64_fp16",
+           "mtp/layers/0/moe/experts/7/gate": "q8_g32_fp16"}
+    for name, fmt in moe.items():
+        assert choose_format("groupwise-int", name, (8, 8), moe=True, n_layers=40) == fmt, name
