@@ -166,25 +166,21 @@ def test_multimodal_wrapper_checkpoint(tmp_path):
     assert np.array_equal(art.parameter("text/layers/2/moe/experts/1/up"), ref.parameter("text/layers/2/moe/experts/1/up"))
 
 
-def test_groupwise_recipe_matches_the_published_inventories():
-    """Every matrix of the 27B and 35B-A3B text models gets the format the published artifacts use."""
-    dense = {"text/token_embedding": "q6_g64_fp16", "text/output_head": "q6_g64_fp16",
-             "text/layers/3/attention/query": "q4_g64_fp16", "text/layers/3/attention/key": "q4_g64_fp16",
-             "text/layers/3/attention/gate": "q5_g64_fp16", "text/layers/3/attention/value": "q5_g64_fp16",
-             "text/layers/3/attention/output": "q5_g64_fp16", "text/layers/0/gdn/query": "q4_g64_fp16",
-             "text/layers/0/gdn/value": "q5_g64_fp16", "text/layers/0/gdn/z": "q5_g64_fp16",
-             "text/layers/0/gdn/output": "q5_g64_fp16", "text/layers/0/gdn/a_projection": "bf16",
-             "text/layers/0/mlp/gate": "q4_g64_fp16", "text/layers/0/mlp/down": "q5_g64_fp16",
-             "mtp/input_projection": "q8_g32_fp16", "mtp/layers/0/mlp/down": "q8_g32_fp16",
-             "text/layers/0/gdn/convolution": "bf16", "text/layers/0/gdn/a_log": "fp32"}
-    for name, fmt in dense.items():
-        shape = (48,) if name.endswith("a_log") else (8, 8)
-        assert choose_format("groupwise-int", name, shape, moe=False, n_layers=64) == fmt, name
-    moe = {"text/token_embedding": "q8_g32_fp16", "text/output_head": "q6_g64_fp16",
-           "text/layers/3/attention/query": "q8_g32_fp16", "text/layers/0/gdn/value": "q8_g32_fp16",
-           "text/layers/0/moe/router": "bf16", "text/layers/0/moe/shared_score": "bf16",
-           "text/layers/0/moe/shared/gate": "q8_g32_fp16", "text/layers/0/moe/experts/7/gate": "q4_g64_fp16",
-           "text/layers/0/moe/experts/7/down": "q5_g64_fp16", "text/layers/38/moe/experts/7/down": "q6_g64_fp16",
-           "mtp/layers/0/moe/experts/7/gate": "q8_g32_fp16"}
-    for name, fmt in moe.items():
-        assert choose_format("groupwise-int", name, (8, 8), moe=True, n_layers=40) == fmt, name
+@pytest.mark.parametrize("model, moe, n_layers", [("qwen3.6-27b", False, 64), ("qwen3.6-35b-a3b", True, 40)])
+def test_groupwise_recipe_matches_the_published_inventories(model, moe, n_layers):
+    """Every text/MTP parameter gets the format the published artifact stores it in."""
+    import gzip
+
+    inv = json.loads(gzip.decompress((FIX / f"inventory-{model}-groupwise-int.json.gz").read_bytes()))
+    checked = 0
+    for o in inv["objects"]:
+        if o["kind"] != "tensor" or not o["name"].startswith(("text/", "mtp/")) or "draft_head" in o["name"]:
+            continue
+        params = [b["parameter"] for b in o.get("v3_bindings", [])]
+        if o.get("v3_bindings_pattern"):
+            params = [p["parameter"].replace("{e}", "7") for p in o["v3_bindings_pattern"]["parameters"]]
+        shape = (8, 8) if len(o["shape"]) == 2 else tuple(o["shape"])
+        for p in params:
+            assert choose_format("groupwise-int", p, shape, moe=moe, n_layers=n_layers) == o["format_v3"], p
+            checked += 1
+    assert checked > 800
