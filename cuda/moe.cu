@@ -1,55 +1,45 @@
 // MoE routing on the device: softmax over E router logits, top-k, renormalised weights, and the shared
-// expert's sigmoid gate (logit E). One block per token row; ties go to the lower expert id.
+// expert's sigmoid gate (logit E). One warp per token row; ties go to the lower expert id.
 #include "common.cuh"
 
 extern "C" __global__ void moe_route(const float* __restrict__ logits, int ldl, int E, int topk,
                                      int* __restrict__ idx, float* __restrict__ wts, int ldw) {
-  __shared__ float red[32];
-  __shared__ float p[1024];
-  __shared__ int sel[16];
-  const int m = blockIdx.x;
+  // One warp per token (E <= 512): lane l holds experts l, l + 32, ...; top-k by k rounds of warp argmax.
+  const int m = blockIdx.x, lane = threadIdx.x & 31;
+  if (threadIdx.x >= 32) return;
   const float* l = logits + (size_t)m * ldl;
+  constexpr int PER = 16;
+  float v[PER];
   float mx = -INFINITY;
-  for (int e = threadIdx.x; e < E; e += blockDim.x) mx = fmaxf(mx, l[e]);
-  mx = block_max(mx, red);
-  float sum = 0.f;
-  for (int e = threadIdx.x; e < E; e += blockDim.x) {
-    const float v = __expf(l[e] - mx);
-    p[e] = v;
-    sum += v;
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int e = lane + 32 * i;
+    v[i] = e < E ? l[e] : -INFINITY;
+    mx = fmaxf(mx, v[i]);
   }
-  sum = block_sum(sum, red);  // (block_sum syncs, so p[] is complete afterwards)
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  float total = 0.f;
+  mx = warp_max(mx);
+  float total = 0.f, mine = 0.f;
+  int myidx = 0;
   for (int k = 0; k < topk; ++k) {
-    float best = -1.f;
+    float best = -INFINITY;
     int bi = 0x7fffffff;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) {
-      bool taken = false;
-      for (int j = 0; j < k; ++j) taken |= sel[j] == e;
-      if (!taken && (p[e] > best || (p[e] == best && e < bi))) { best = p[e]; bi = e; }
-    }
+#pragma unroll
+    for (int i = 0; i < PER; ++i)
+      if (v[i] > best) { best = v[i]; bi = lane + 32 * i; }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
       const float ob = __shfl_xor_sync(0xffffffffu, best, o);
       const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
       if (ob > best || (ob == best && oi < bi)) { best = ob; bi = oi; }
     }
-    __shared__ float wb[32];
-    __shared__ int wi[32];
-    if (lane == 0) { wb[warp] = best; wi[warp] = bi; }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      for (int w = 1; w < (int)(blockDim.x >> 5); ++w)
-        if (wb[w] > wb[0] || (wb[w] == wb[0] && wi[w] < wi[0])) { wb[0] = wb[w]; wi[0] = wi[w]; }
-      sel[k] = wi[0];
-    }
-    __syncthreads();
-    total += p[sel[k]];
+    const float p = __expf(best - mx);  // softmax numerators; the denominator cancels in the renorm
+    total += p;
+    if (lane == k) { mine = p; myidx = bi; }
+    if ((bi & 31) == lane) v[bi >> 5] = -INFINITY;
   }
-  if (threadIdx.x < topk) {
-    idx[(size_t)m * topk + threadIdx.x] = sel[threadIdx.x];
-    wts[(size_t)m * ldw + threadIdx.x] = p[sel[threadIdx.x]] / total;
+  if (lane < topk) {
+    idx[(size_t)m * topk + lane] = myidx;
+    wts[(size_t)m * ldw + lane] = mine / total;
   }
-  if (threadIdx.x == 0) wts[(size_t)m * ldw + topk] = sigmoidf_(l[E]);
+  if (lane == 0) wts[(size_t)m * ldw + topk] = sigmoidf_(l[E]);
 }
