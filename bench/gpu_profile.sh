@@ -19,6 +19,6 @@ for fmt, n, k, epi, rows in (("q4_g64_fp16", 34816, 5120, "swiglu", 2), ("q5_g64
         p.launch()
     cp.cuda.Device().synchronize()
 PY
-ncu --clock-control none -k regex:gemv_rs --launch-skip 2 --launch-count 1 --section SpeedOfLight \
+ncu --clock-control none -k regex:gemv_rs --launch-skip 2 --launch-count 2 --section SpeedOfLight \
     --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section Occupancy \
-    --section WarpStateStats --section InstructionStats python3 /tmp/prof.py 2>&1 | grep -vE "^==PROF==|^\s*$" | cut -c1-110 | head -120
+    --section WarpStateStats --section InstructionStats python3 /tmp/prof.py 2>&1 | grep -vE "^==PROF==|^\s*$" | cut -c1-110 | head -230
