@@ -95,7 +95,7 @@ def kernel_sweep(bw):
         best = None
         for rows in rows_opts if epi != "swiglu" else (2,):
             for unroll in unroll_opts:
-                for splits in ((1, 2, 4) if epi == "partial" else (1,)):
+                for splits in ((1, 2, 4, 8) if epi == "partial" else (1,)):
                     plans = [K.GemvPlan(w, x, k, y, out_n, epi=epi, splits=splits, rows=rows, unroll=unroll,
                                         xpre=xpre) for w in copies]
 
