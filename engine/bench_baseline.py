@@ -81,6 +81,18 @@ class _TorchMemory:
         return int(self.torch.cuda.max_memory_allocated())
 
 
+def check_available() -> None:
+    """Raise the NinferError of a missing torch/transformers now, before any test runs."""
+    import importlib.util  # noqa: PLC0415
+
+    for name in ("torch", "transformers"):
+        if importlib.util.find_spec(name) is None:
+            raise NinferError(
+                f"--baseline transformers needs torch and transformers ({name} is not installed)",
+                "pip install torch 'transformers>=5.2', or leave --baseline out",
+            )
+
+
 def _imports():
     try:
         import torch  # noqa: PLC0415

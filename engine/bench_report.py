@@ -164,7 +164,10 @@ def to_markdown(report: dict) -> str:
             f"{roof['matmul_tflops']:.2f} TFLOP/s (measured {roof.get('measured_at', '?')})"
         )
     base = report.get("baseline")
-    if base:
+    if base and base.get("error"):
+        lines.append(f"baseline: transformers failed: {base['error']}")
+        base = None
+    elif base:
         lines.append(f"baseline: transformers {base.get('version')} · {base.get('dtype')} on {base.get('device')}"
                      + (f" · {base['note']}" if base.get("note") else ""))
     lines.append("")

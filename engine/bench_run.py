@@ -13,6 +13,7 @@ from engine.bench_models import (
     build_model, build_synthetic, default_recipe, engine_costs, geometry_costs, hf_config_of,
 )
 from engine.bench_report import build_report
+from engine.errors import NinferError
 
 
 def _release(device: str) -> None:
@@ -62,6 +63,10 @@ def run_bench(
 ) -> dict:
     """Run every test on every instance (one engine each), then the baseline; return the report dict."""
     say = progress or (lambda _text: None)
+    if baseline:
+        from engine.bench_baseline import check_available  # noqa: PLC0415
+
+        check_available()
     roof, measured = bench_device.roofline(env, remeasure=remeasure)
     if measured:
         say(f"roofline measured: copy {roof['copy_gbps']:.1f} GB/s, {roof['matmul_dtype']} matmul "
@@ -98,8 +103,17 @@ def run_bench(
         _release(device)
     base_meta, base_results = None, None
     if baseline:
-        base_meta, base_results = _run_baseline(model_path, synthetic, tests, repetitions, warmup, device,
-                                                tokens, roof, say)
+        try:
+            base_meta, base_results = _run_baseline(model_path, synthetic, tests, repetitions, warmup, device,
+                                                    tokens, roof, say)
+        except Exception as e:  # noqa: BLE001  (our results are already measured: keep them)
+            if isinstance(e, NinferError):
+                reason = f"{e.message} ({e.next_action})" if e.next_action else e.message
+            else:
+                reason = f"{type(e).__name__}: {e}"
+            say(f"baseline failed, reporting without it: {reason}")
+            base_meta, base_results = {"name": "transformers", "error": reason}, []
+            _release(device)
     settings = {"repetitions": repetitions, "warmup": warmup, "device": device, "max_context": max_context,
                 "prompt_tokens": f"PCG64 seed {TOKEN_SEED:#x}", "stops": "off", "prefix_reuse": "off"}
     return build_report(command=command, env=env, roofline=roof, model=meta, settings=settings,

@@ -122,3 +122,28 @@ def test_measure_cpu_small():
 def test_bench_is_in_the_benchmark_panel():
     r = runner.invoke(cli.app, ["--help"], prog_name="ninfer")
     assert "Benchmark" in r.stdout and " bench " in r.stdout
+
+
+def test_missing_baseline_fails_before_running(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    r = invoke("--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1", "--baseline", "transformers")
+    assert r.exit_code == 1 and "torch" in r.output and "pp8" not in r.output
+
+
+def test_a_failing_baseline_keeps_our_results(monkeypatch):
+    from engine import bench_baseline, bench_run
+
+    monkeypatch.setattr(bench_baseline, "check_available", lambda: None)
+
+    def boom(*a, **k):
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(bench_run, "_run_baseline", boom)
+    r = invoke("--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1", "--baseline", "transformers", "-o", "json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["baseline"]["error"] == "RuntimeError: CUDA out of memory"
+    assert [x["test"] for x in data["results"]] == ["pp8"]
