@@ -118,6 +118,8 @@ def build_baseline(hf_config: dict, *, device: str, memory_margin: float = 0.9) 
     """A random-init transformers model of `hf_config` (bf16 on CUDA when `device` is gpu, else fp32 CPU)."""
     torch, transformers = _imports()
     transformers.logging.set_verbosity_error()  # the fallback-kernel notices would bury the table
+    if "text_config" in hf_config and "hidden_size" not in hf_config:  # multimodal wrapper: run the text model
+        hf_config = dict(hf_config["text_config"])
     cfg = {k: v for k, v in hf_config.items() if k not in ("architectures", "transformers_version")}
     model_type = str(cfg.pop("model_type", "llama"))
     if model_type in ("qwen3_5", "qwen3_5_moe"):
