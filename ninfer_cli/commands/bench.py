@@ -170,8 +170,11 @@ def bench(
     from engine.backend import resolve_device  # noqa: PLC0415
     from ninfer_cli import output  # noqa: PLC0415
 
+    asked = device.value if isinstance(device, enum.Enum) else device
+    if synthetic == "tiny" and asked == "auto":
+        asked = "cpu"  # tiny exists to exercise the NumPy engine; --device gpu still runs it on CuPy
     try:
-        dev = resolve_device(device.value if isinstance(device, enum.Enum) else device)
+        dev = resolve_device(asked)
     except (RuntimeError, ValueError) as e:
         raise NinferError(str(e).split(":")[0], "use --device cpu, or install CuPy for your CUDA") from None
     env = bench_device.environment(dev)
