@@ -331,10 +331,13 @@ def available_rows(store=None, gpu: tuple[int, int] | None | bool = False) -> li
 
 def _partial_bytes(store, entry: Entry) -> int:
     """Bytes of an unfinished `ninfer pull` of this entry (0 when none)."""
+    from ninfer_cli.download import Partial  # noqa: PLC0415
+
     ref = f"{entry.name}:{DEFAULT_TAG}"
     if ref not in store.partial_refs():
         return 0
-    return sum(p.stat().st_size for p in store.partial_dir(ref).glob("*.part"))
+    folder = store.partial_dir(ref)
+    return sum(Partial(folder, f).have() for f in entry.files)
 
 
 def show_available(json_out: bool = False) -> None:

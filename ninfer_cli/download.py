@@ -31,6 +31,8 @@ from ninfer_cli.output import human_bytes
 
 CHUNK = 1 << 20
 _RETRIES = 3
+PARALLEL_CONNECTIONS = 8
+PARALLEL_MIN = 256 * 1024 * 1024  # smaller files gain little from parallel ranges
 RETRY_PAUSE = 1.0  # seconds, times the attempt number, between in-process retries after a network error
 _TRUE = {"1", "true", "yes", "on"}
 
@@ -139,11 +141,38 @@ class Partial:
         self.done = folder / f.filename
 
     def have(self) -> int:
-        """Bytes already on disk for this file (0 when no partial exists)."""
+        """Bytes already downloaded (0 when no partial exists); a segmented partial counts its segments."""
         try:
-            return self.part.stat().st_size
+            size = self.part.stat().st_size
         except FileNotFoundError:
             return 0
+        # after the stat: a parallel download records its segments before it creates the (sparse) file
+        segs = self._saved().get("segments")
+        if isinstance(segs, list):
+            return sum(min(done, end - start) for start, end, done in segs)
+        return size
+
+    def _saved(self) -> dict:
+        try:
+            saved = json.loads(self.info.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return saved if isinstance(saved, dict) else {}
+
+    def segments(self) -> list[list[int]] | None:
+        """`[start, end, done]` per segment of a parallel download, or None for a plain growing file."""
+        segs = self._saved().get("segments")
+        if not self.part.exists() or not isinstance(segs, list):
+            return None
+        return segs
+
+    def save_segments(self, segs: list[list[int]]) -> None:
+        """Record segment progress next to the partial (temp name + rename: never half-written)."""
+        saved = self._saved()
+        saved["segments"] = segs
+        tmp = self.info.with_name(self.info.name + ".tmp")
+        tmp.write_text(json.dumps(saved), encoding="utf-8")
+        os.replace(tmp, self.info)
 
     def discard(self) -> None:
         """Forget the partial (used by --force and when the remote file changed)."""
@@ -152,12 +181,9 @@ class Partial:
 
     def matches(self, remote: Remote) -> bool:
         """Whether the partial on disk belongs to this exact remote file."""
-        try:
-            saved = json.loads(self.info.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return False
-        f = self.file
-        return saved == _identity(f, remote)
+        saved = self._saved()
+        identity = _identity(self.file, remote)
+        return {k: saved.get(k) for k in identity} == identity
 
     def claim(self, remote: Remote) -> None:
         """Record which remote file the partial holds, before the first byte is written."""
@@ -166,6 +192,17 @@ class Partial:
 
 def _identity(f: HubFile, remote: Remote) -> dict:
     return {"repo": f.repo, "revision": f.revision, "filename": f.filename, "etag": remote.etag, "size": remote.size}
+
+
+def connections(size: int | None) -> int:
+    """Parallel connections for a file: `$NINFER_PULL_CONNECTIONS` if set, else 8 for large files, 1 below."""
+    env = os.environ.get("NINFER_PULL_CONNECTIONS", "").strip()
+    if env:
+        try:
+            return max(1, int(env))
+        except ValueError:
+            raise NinferError(f"NINFER_PULL_CONNECTIONS={env!r} is not a number", "set it to 1..16, or unset it") from None
+    return PARALLEL_CONNECTIONS if size and size >= PARALLEL_MIN else 1
 
 
 def _open_part(path: Path):
@@ -208,7 +245,17 @@ def fetch(
         if force:
             state.discard()
             state.done.unlink(missing_ok=True)
-        return _fetch_locked(state, ref, progress, remote or resolve(f, ref, token), token)
+        try:
+            return _fetch_locked(state, ref, progress, remote or resolve(f, ref, token), token)
+        except KeyboardInterrupt:  # anywhere outside the transfer loops (re-hashing, setting up workers)
+            raise _interrupted(state, f.size, ref) from None
+
+
+def _interrupted(state: "Partial", expected: int | None, ref: str) -> DownloadInterrupted:
+    return DownloadInterrupted(
+        f"interrupted: {human_bytes(state.have())} of {human_bytes(expected)} of {state.file.filename} kept",
+        f"run `ninfer pull {ref}` again to resume",
+    )
 
 
 @contextlib.contextmanager
@@ -258,6 +305,23 @@ def _fetch_locked(state: Partial, ref: str, progress, remote: Remote, token) -> 
         if task is not None:
             progress.update(task, advance=n)
 
+    n = connections(expected)
+    if expected and (n > 1 or state.segments() is not None):
+        from ninfer_cli.segments import RangesUnsupported, fetch_segments  # noqa: PLC0415
+
+        if task is not None:
+            progress.update(task, completed=state.have())
+        try:
+            fetch_segments(state, remote, expected, n, advance=advance, ref=ref, token=token)
+        except RangesUnsupported:
+            state.discard()  # this server cannot serve ranges: one plain stream from the start
+            state.claim(remote)
+            if task is not None:
+                progress.reset(task, total=expected, completed=0)
+        else:
+            if task is not None:
+                progress.reset(task, total=expected, completed=0, description=f"checking {f.filename}")
+            return _verify(state, _hash_prefix(state.part, expected, advance).hexdigest(), ref)
     have = state.have()
     if expected is not None and have > expected:
         state.part.unlink()
@@ -315,11 +379,7 @@ def _transfer(state: Partial, remote: Remote, expected: int | None, digest, adva
             if expected is None:
                 return digest
         except KeyboardInterrupt:
-            got = state.have()
-            raise DownloadInterrupted(
-                f"interrupted: {human_bytes(got)} of {human_bytes(expected)} of {state.file.filename} kept",
-                f"run `ninfer pull {ref}` again to resume",
-            ) from None
+            raise _interrupted(state, expected, ref) from None
         except (httpx2.TransportError, httpx2.StreamError) as e:
             retries -= 1
             if retries < 0:
@@ -369,7 +429,7 @@ def _flush_quietly(out) -> None:
 def _verify(state: Partial, sha: str, ref: str) -> Path:
     """Check size and SHA-256; promote to the final name, or set the file aside and raise."""
     f = state.file
-    size = state.have()
+    size = state.part.stat().st_size
     bad = None
     if f.size is not None and size != f.size:
         bad = f"{f.filename} is {size:,} bytes, expected {f.size:,}"

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from hub_fixture import SIZE, hub_env, write_catalog  # noqa: F401
 from ninfer_cli import download
+from ninfer_cli.catalog import HubFile
 from ninfer_cli.main import app
 from ninfer_cli.store import Store
 
@@ -70,17 +71,23 @@ def test_full_pull_verifies_and_installs(hub_env):
     assert_installed(hub_env)
 
 
+def downloaded(env) -> int:
+    """Bytes the partial holds (a parallel partial is preallocated, so ask its segment record)."""
+    spec = env.spec
+    f = HubFile(spec.repo, spec.revision, spec.filename, SIZE, spec.sha256)
+    return download.Partial(env.partial(), f).have()
+
+
+@pytest.mark.parametrize("conns", [1, 3], ids=["one-stream", "parallel"])
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["kill-9", "ctrl-c"])
-def test_stopped_process_resumes_with_range_and_fetches_only_the_rest(hub_env, sig):
+def test_stopped_process_resumes_with_range_and_fetches_only_the_rest(hub_env, sig, conns):
     hub_env.behaviour.delay_after = 1024 * 1024  # slow after 1 MiB so the first process is stopped mid-way
-    env = dict(hub_env.env, PYTHONPATH=str(ROOT))
+    env = dict(hub_env.env, PYTHONPATH=str(ROOT), NINFER_PULL_CONNECTIONS=str(conns))
     proc = subprocess.Popen([sys.executable, "-m", "ninfer_cli.main", "pull", "tiny"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=hub_env.home.parent)
-    part = hub_env.part_file()
     deadline = time.time() + 30
     try:
-        while (time.time() < deadline and proc.poll() is None
-               and (not part.exists() or part.stat().st_size < 1024 * 1024)):
+        while time.time() < deadline and proc.poll() is None and downloaded(hub_env) < 1024 * 1024:
             time.sleep(0.02)
     finally:
         os.kill(proc.pid, sig)
@@ -90,16 +97,100 @@ def test_stopped_process_resumes_with_range_and_fetches_only_the_rest(hub_env, s
     else:
         assert proc.returncode == 130, err
         assert "error: interrupted:" in err and "-> run `ninfer pull tiny:latest` again to resume" in err
-    have = part.stat().st_size
+    have = downloaded(hub_env)
     assert 1024 * 1024 <= have < SIZE, have
     assert installed(hub_env) is None
+    first_run = len(cdn_gets(hub_env))
+    assert first_run == conns
+    segments = download.Partial(hub_env.partial(), HubFile(hub_env.spec.repo, hub_env.spec.revision,
+                                                           hub_env.spec.filename, SIZE, None)).segments()
 
+    monkeypatch_env = {"NINFER_PULL_CONNECTIONS": str(conns)}
     hub_env.behaviour.delay_after = None
+    with _env(monkeypatch_env):
+        r = pull("tiny")
+    assert r.exit_code == 0, r.output
+    resumed = cdn_gets(hub_env)[first_run:]
+    if conns == 1:
+        assert resumed == [f"bytes={have}-"]
+    else:
+        assert sorted(resumed) == sorted(f"bytes={a + d}-{b - 1}" for a, b, d in segments if a + d < b)
+    assert sum(hub_env.hub.log.per_get[first_run:]) == SIZE - have  # the second process fetched only the rest
+    assert_installed(hub_env)
+
+
+class _env:
+    """Set environment variables for a block (the CliRunner run shares this process's environment)."""
+
+    def __init__(self, values):
+        self.values, self.old = values, {}
+
+    def __enter__(self):
+        for k, v in self.values.items():
+            self.old[k] = os.environ.get(k)
+            os.environ[k] = v
+
+    def __exit__(self, *exc):
+        for k, v in self.old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def test_parallel_pull_splits_the_file_into_ranges(hub_env, monkeypatch):
+    monkeypatch.setenv("NINFER_PULL_CONNECTIONS", "4")
     r = pull("tiny")
     assert r.exit_code == 0, r.output
-    assert cdn_gets(hub_env) == [None, f"bytes={have}-"]
-    assert hub_env.hub.log.per_get[-1] == SIZE - have  # the second process fetched only the rest
+    ranges = sorted(cdn_gets(hub_env), key=lambda h: int(h.split("=")[1].split("-")[0]))
+    assert len(ranges) == 3  # 3.2 MB in segments of at least 1 MiB
+    spans = [tuple(int(x) for x in h.split("=")[1].split("-")) for h in ranges]
+    assert spans[0][0] == 0 and spans[-1][1] == SIZE - 1
+    assert all(b[0] == a[1] + 1 for a, b in zip(spans, spans[1:]))
+    assert hub_env.hub.log.bytes_served == SIZE
     assert_installed(hub_env)
+
+
+def test_parallel_pull_falls_back_when_ranges_are_ignored(hub_env, monkeypatch):
+    monkeypatch.setenv("NINFER_PULL_CONNECTIONS", "4")
+    hub_env.behaviour.ignore_range = True
+    r = pull("tiny")
+    assert r.exit_code == 0, r.output
+    assert cdn_gets(hub_env)[-1] is None  # the fallback is one plain GET
+    assert_installed(hub_env)
+
+
+def test_parallel_disk_full_keeps_segments_and_resumes(hub_env, monkeypatch):
+    from ninfer_cli import segments
+
+    monkeypatch.setenv("NINFER_PULL_CONNECTIONS", "3")
+    written = []
+
+    def full_after_2mb(fd, data, offset):
+        if sum(written) + len(data) > 2 * 1024 * 1024:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        written.append(len(data))
+        return os.pwrite(fd, data, offset)
+
+    monkeypatch.setattr(segments, "_pwrite", full_after_2mb)
+    r = pull("tiny")
+    assert r.exit_code == 1 and "error: disk full while downloading tiny.ninfer" in r.stderr
+    have = downloaded(hub_env)
+    assert 0 < have <= 2 * 1024 * 1024
+    first_run = len(cdn_gets(hub_env))
+    monkeypatch.setattr(segments, "_pwrite", os.pwrite)
+    r = pull("tiny")
+    assert r.exit_code == 0, r.output
+    assert sum(hub_env.hub.log.per_get[first_run:]) == SIZE - have
+    assert_installed(hub_env)
+
+
+def test_parallel_checksum_mismatch_sets_the_file_aside(hub_env, monkeypatch):
+    monkeypatch.setenv("NINFER_PULL_CONNECTIONS", "3")
+    hub_env.behaviour.corrupt = True
+    r = pull("tiny")
+    assert r.exit_code == 1 and "SHA-256 mismatch for tiny.ninfer" in r.stderr
+    assert len(list(hub_env.partial().glob("*.rejected"))) == 1 and installed(hub_env) is None
 
 
 class _Writer:
