@@ -3,7 +3,7 @@
 Why not `hf_hub_download`: since huggingface_hub 1.18 it writes each attempt to a process-unique
 `.incomplete` file and deletes it on failure, so a killed or interrupted run starts again from zero
 (ux.md §1.7). Here huggingface_hub still does the Hub side (endpoint, token, metadata HEAD, error
-types, its shared HTTP session), and this module owns the bytes:
+types, its shared HTTP session; see `hub.py`), and this module owns the bytes:
 
     <partial dir>/<file>.<rev12>.part        the growing file; survives a killed process
     <partial dir>/<file>.<rev12>.part.json   what it is (repo, revision, etag, size) so a resume never
@@ -12,7 +12,9 @@ types, its shared HTTP session), and this module owns the bytes:
     <partial dir>/<file>.<rev12>.rejected    complete but the wrong size or SHA-256 (kept aside)
     <partial dir>/<file>.<rev12>.lock        held (flock) by the one process downloading it
 
-A rerun asks for the rest with `Range: bytes=<have>-` and re-hashes the bytes it already has.
+A rerun asks for the rest with `Range: bytes=<have>-` and re-hashes the bytes it already has. Large
+files go over several connections instead (`segments.py`): the partial is then preallocated and the
+sidecar records each segment's progress.
 """
 from __future__ import annotations
 
@@ -22,11 +24,12 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import NinferError
 from ninfer_cli.catalog import HubFile
+from ninfer_cli.hub import Remote, endpoint, offline, resolve  # noqa: F401  (part of this module's API)
+from ninfer_cli.hub import hub_error
 from ninfer_cli.output import human_bytes
 
 CHUNK = 1 << 20
@@ -34,98 +37,10 @@ _RETRIES = 3
 PARALLEL_CONNECTIONS = 8
 PARALLEL_MIN = 256 * 1024 * 1024  # smaller files gain little from parallel ranges
 RETRY_PAUSE = 1.0  # seconds, times the attempt number, between in-process retries after a network error
-_TRUE = {"1", "true", "yes", "on"}
 
 
 class DownloadInterrupted(NinferError):
     """Ctrl+C during a transfer; the partial file is kept. The CLI exits 130 on it."""
-
-
-@dataclass(frozen=True)
-class Remote:
-    """What the metadata HEAD told us about a file."""
-
-    url: str
-    size: int | None
-    etag: str | None
-    commit: str | None
-
-
-def endpoint() -> str:
-    """The Hub base URL: `$HF_ENDPOINT` read now (huggingface_hub reads it once, at import)."""
-    from huggingface_hub import constants  # noqa: PLC0415
-
-    return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
-
-
-def offline() -> bool:
-    """True when `HF_HUB_OFFLINE` or `NINFER_OFFLINE` asks for no network (read now, not at import)."""
-    from huggingface_hub import constants  # noqa: PLC0415
-
-    env = any(os.environ.get(v, "").strip().lower() in _TRUE for v in ("HF_HUB_OFFLINE", "NINFER_OFFLINE"))
-    return env or bool(constants.HF_HUB_OFFLINE)
-
-
-def _hub_error(e: Exception, f: HubFile, ref: str) -> NinferError:
-    """One line with the next action for whatever the Hub or the network answered."""
-    from huggingface_hub import errors as hf  # noqa: PLC0415
-
-    where = f"{f.repo}@{f.revision[:12]}"
-    if isinstance(e, hf.OfflineModeIsEnabled):
-        return _offline_error(ref)
-    if isinstance(e, hf.GatedRepoError):
-        return NinferError(
-            f"{f.repo} is a gated repository and this token has no access",
-            f"accept its terms at {endpoint()}/{f.repo}, then set HF_TOKEN (or run `hf auth login`) and pull again",
-        )
-    if isinstance(e, hf.RepositoryNotFoundError):
-        status = getattr(getattr(e, "response", None), "status_code", None)
-        if status in (401, 403):
-            return NinferError(
-                f"the Hub refused access to {f.repo} (HTTP {status})",
-                "set HF_TOKEN to a token that can read it (or run `hf auth login`); a private or gated "
-                "repository also needs its access granted on the website",
-            )
-        return NinferError(f"repository {f.repo} not found on {endpoint()}", "check HF_ENDPOINT; the pin may be stale")
-    if isinstance(e, hf.RevisionNotFoundError):
-        return NinferError(f"revision {f.revision[:12]} of {f.repo} not found", "the catalog pin is stale: update ninfer")
-    if isinstance(e, hf.EntryNotFoundError):
-        return NinferError(f"{f.filename} not found in {where}", "the catalog pin is stale: update ninfer")
-    if isinstance(e, hf.HfHubHTTPError):
-        status = getattr(getattr(e, "response", None), "status_code", "?")
-        if status in (401, 403):
-            return NinferError(
-                f"the Hub refused {f.filename} from {where} (HTTP {status})",
-                "set HF_TOKEN to a token with read access (or run `hf auth login`) and pull again",
-            )
-        return NinferError(f"the Hub answered HTTP {status} for {f.filename} from {where}", "try again later")
-    return NinferError(
-        f"cannot reach {endpoint()}: {type(e).__name__}: {e}".rstrip(": "),
-        f"check the network (or HF_ENDPOINT), then run `ninfer pull {ref}` again; partial files are kept",
-    )
-
-
-def _offline_error(ref: str) -> NinferError:
-    return NinferError(
-        f"offline mode is on (HF_HUB_OFFLINE or NINFER_OFFLINE): cannot download {ref}",
-        "unset HF_HUB_OFFLINE/NINFER_OFFLINE, or register a local file with `ninfer pull --from PATH`",
-    )
-
-
-def resolve(f: HubFile, ref: str, token: str | bool | None = None) -> Remote:
-    """HEAD the pinned file on the Hub: size, etag, commit. Raises NinferError with the next action."""
-    if offline():
-        raise _offline_error(ref)
-    import httpx2  # noqa: PLC0415  (huggingface_hub's HTTP client)
-    from huggingface_hub import get_hf_file_metadata, hf_hub_url  # noqa: PLC0415
-    from huggingface_hub import errors as hf  # noqa: PLC0415
-
-    url = hf_hub_url(f.repo, f.filename, revision=f.revision, endpoint=endpoint())
-    try:
-        meta = get_hf_file_metadata(url, token=token, endpoint=endpoint())
-    except (hf.HfHubHTTPError, hf.OfflineModeIsEnabled, httpx2.TransportError, OSError) as e:
-        raise _hub_error(e, f, ref) from None
-    return Remote(url=url, size=meta.size, etag=meta.etag, commit=meta.commit_hash)
 
 
 class Partial:
@@ -383,13 +298,13 @@ def _transfer(state: Partial, remote: Remote, expected: int | None, digest, adva
         except (httpx2.TransportError, httpx2.StreamError) as e:
             retries -= 1
             if retries < 0:
-                raise _hub_error(e, state.file, ref) from None
+                raise hub_error(e, state.file, ref) from None
             time.sleep(RETRY_PAUSE * (_RETRIES - retries))
         except Exception as e:
             from huggingface_hub import errors as hf  # noqa: PLC0415
 
             if isinstance(e, (hf.HfHubHTTPError, hf.OfflineModeIsEnabled)):
-                raise _hub_error(e, state.file, ref) from None
+                raise hub_error(e, state.file, ref) from None
             raise
 
 

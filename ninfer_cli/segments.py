@@ -101,7 +101,8 @@ def _worker(seg, url, headers, fd, stop, progress, state, ref, retries: int = 3)
     from huggingface_hub import constants  # noqa: PLC0415
     from huggingface_hub.utils import get_session, hf_raise_for_status  # noqa: PLC0415
 
-    from ninfer_cli.download import RETRY_PAUSE, _hub_error  # noqa: PLC0415
+    from ninfer_cli.download import RETRY_PAUSE  # noqa: PLC0415
+    from ninfer_cli.hub import hub_error  # noqa: PLC0415
 
     start, end = seg[0], seg[1]
     while seg[2] < end - start and not stop.is_set():
@@ -127,7 +128,7 @@ def _worker(seg, url, headers, fd, stop, progress, state, ref, retries: int = 3)
         except (httpx2.TransportError, httpx2.StreamError) as e:
             retries -= 1
             if retries < 0:
-                raise _hub_error(e, state.file, ref) from None
+                raise hub_error(e, state.file, ref) from None
             time.sleep(RETRY_PAUSE)
         except RangesUnsupported:
             raise
@@ -137,7 +138,7 @@ def _worker(seg, url, headers, fd, stop, progress, state, ref, retries: int = 3)
             from huggingface_hub import errors as hf  # noqa: PLC0415
 
             if isinstance(e, (hf.HfHubHTTPError, hf.OfflineModeIsEnabled)):
-                raise _hub_error(e, state.file, ref) from None
+                raise hub_error(e, state.file, ref) from None
             raise
 
 
