@@ -112,6 +112,8 @@ def _identity(f: HubFile, remote: Remote) -> dict:
 def connections(size: int | None) -> int:
     """Parallel connections for a file: `$NINFER_PULL_CONNECTIONS` if set, else 8 for large files, 1 below."""
     env = os.environ.get("NINFER_PULL_CONNECTIONS", "").strip()
+    if not hasattr(os, "pwrite"):  # Windows: segments need positioned writes
+        return 1
     if env:
         try:
             return max(1, int(env))
