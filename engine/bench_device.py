@@ -257,5 +257,7 @@ def roofline(env: dict, *, remeasure: bool = False) -> tuple[dict, bool]:
         device=device_key(env),
         measured_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     )
+    if not env.get("gpu") and hasattr(os, "getloadavg"):
+        roof["load_average"] = round(os.getloadavg()[0], 2)  # a busy CPU measures a low roofline
     store_roofline(env, roof)
     return roof, True

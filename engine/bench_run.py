@@ -71,6 +71,9 @@ def run_bench(
     if measured:
         say(f"roofline measured: copy {roof['copy_gbps']:.1f} GB/s, {roof['matmul_dtype']} matmul "
             f"{roof['matmul_tflops']:.2f} TFLOP/s (stored in {bench_device.cache_dir()})")
+        if roof.get("load_average", 0) > 0.5 * (env.get("cpu_count") or 1):
+            say(f"warning: the CPU was busy (load {roof['load_average']}), so these bounds are low; "
+                "run `ninfer bench --roofline` again when it is idle")
     max_context = max(t.context_needed for t in tests) + 16
     memory = memory_probe(device)
     results: list[Result] = []
