@@ -178,8 +178,11 @@ def convert(src, out, recipe: str | None = None, *, split_limit: int = DEFAULT_S
     tensors = [(n, fmt, formats.ROW_SPLIT if fmt in formats.GROUPWISE else formats.CONTIGUOUS, s, loader(n, fmt))
                for n, fmt, s in entries]
     comps = {"text": {"config": config, "resources": roles}}
+    if any(n.startswith("mtp/") for n, _, _ in entries):
+        moe = bool(config.get("num_experts"))
+        comps["mtp"] = {"config": {"architectures": ["Qwen3_5MoeMTP" if moe else "Qwen3_5MTP"]}, "target": "text"}
     uses = [{"parameter": n, "input": inp, "activation_policy": "A16Only"}
-            for n, _, _ in entries for inp in inputs_of(n, [])]
+            for n, _, _ in entries for inp in inputs_of(n, [b for b in ("mtp",) if b in comps])]
     meta_name = name or str(_field(reader, "general.name", "") or src.stem)
     return write_artifact(out, comps, tensors, blobs, uses=uses, metadata={"name": meta_name},
                           provenance={"imported_from": {"format": "gguf", "file": src.name,

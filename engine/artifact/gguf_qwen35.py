@@ -10,7 +10,8 @@ What llama.cpp's converter does to a Qwen3.5 checkpoint, undone here (its Qwen3N
   `ssm_conv1d` (value channels) and `ssm_out` (columns);
 * `ssm_conv1d` is [C, K]; ours is tap-major [K, C].
 `attn_q` keeps HF's per-head [query | gate] rows (Qwen uses NeoX RoPE: no q/k permutation).
-MTP (`nextn`) blocks are skipped. This belongs with the model's loader; it lives here until
+The first MTP (`nextn`) block becomes `mtp/...` (llama.cpp appends it as block
+`num_hidden_layers`; `nextn_predict_layers` counts it). This belongs with the model's loader; it lives here until
 `engine.models.qwen3_5` offers `weights_from_gguf`, which `from_gguf` then prefers.
 """
 from __future__ import annotations
@@ -27,6 +28,9 @@ _BLOCK = {
     "ffn_gate_inp": "moe/router", "ffn_gate_inp_shexp": "moe/shared_score",
     "ffn_gate_shexp": "moe/shared/gate", "ffn_up_shexp": "moe/shared/up", "ffn_down_shexp": "moe/shared/down",
 }
+# nextn tensor -> (logical name, stored as w + 1)
+_NEXTN = {"nextn.eh_proj": ("mtp/input_projection", False), "nextn.enorm": ("mtp/embedding_norm", True),
+          "nextn.hnorm": ("mtp/hidden_norm", True), "nextn.shared_head_norm": ("mtp/final_norm", True)}
 _PLUS_ONE = ("attn_norm", "post_attention_norm", "attn_q_norm", "attn_k_norm")
 
 
@@ -123,9 +127,16 @@ def weights_from_gguf(reader):
         if not name.startswith("blk."):
             continue
         _, idx, kind = name.split(".", 2)
-        if int(idx) >= cfg["num_hidden_layers"]:
-            continue  # MTP (nextn) blocks
         p = f"text/layers/{idx}/"
+        if int(idx) > cfg["num_hidden_layers"]:
+            continue  # a second MTP block: the engine runs one
+        if int(idx) == cfg["num_hidden_layers"]:  # the MTP block: a full-attention layer plus nextn.*
+            p = "mtp/layers/0/"
+            if kind.startswith("nextn."):
+                if kind in _NEXTN:
+                    role, minus_one = _NEXTN[kind]
+                    yield role, (w - np.float32(1)) if minus_one else w
+                continue  # embed_tokens / shared_head_head repeat the main model's
         with np.errstate(divide="ignore", invalid="ignore"):  # the shape-only pass feeds zeros
             if kind in _PLUS_ONE:
                 yield p + _BLOCK[kind], w - np.float32(1)

@@ -41,8 +41,11 @@ def write_qwen35_gguf(path, folder):
     L = cfg["num_hidden_layers"]
     w = gguf.GGUFWriter(str(path), arch)
     u32 = lambda k, v: w.add_uint32(f"{arch}.{k}", v)  # noqa: E731
-    u32("block_count", L + 1)
-    u32("nextn_predict_layers", 1)
+    hf = _hf(folder)
+    has_mtp = "mtp.fc.weight" in hf
+    u32("block_count", L + has_mtp)
+    if has_mtp:
+        u32("nextn_predict_layers", 1)
     u32("context_length", cfg["max_position_embeddings"])
     u32("embedding_length", cfg["hidden_size"])
     u32("attention.head_count", cfg["num_attention_heads"])
@@ -68,7 +71,6 @@ def write_qwen35_gguf(path, folder):
     else:
         u32("feed_forward_length", cfg["intermediate_size"])
     add_tokenizer(w, cfg["vocab_size"])
-    hf = _hf(folder)
     names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",
              "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
              "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
@@ -79,10 +81,19 @@ def write_qwen35_gguf(path, folder):
     w.add_tensor("token_embd.weight", hf["model.embed_tokens.weight"])
     w.add_tensor("output_norm.weight", hf["model.norm.weight"] + 1)
     w.add_tensor("output.weight", hf["lm_head.weight"])
-    for i in range(L):
-        pre = f"model.layers.{i}."
-        for key in sorted(k for k in hf if k.startswith(pre)):
-            a, rest = hf[key], key[len(pre):].removesuffix(".weight")
+    blocks = [(i, {k[len(f"model.layers.{i}."):]: v for k, v in hf.items() if k.startswith(f"model.layers.{i}.")})
+              for i in range(L)]
+    mtp_layer = {k[len("mtp.layers.0."):]: v for k, v in hf.items() if k.startswith("mtp.layers.0.")}
+    if mtp_layer:  # llama.cpp appends the MTP block as block L, with its own nextn.* tensors
+        blocks.append((L, mtp_layer))
+        w.add_tensor(f"blk.{L}.nextn.eh_proj.weight", hf["mtp.fc.weight"])
+        w.add_tensor(f"blk.{L}.nextn.enorm.weight", hf["mtp.pre_fc_norm_embedding.weight"] + 1)
+        w.add_tensor(f"blk.{L}.nextn.hnorm.weight", hf["mtp.pre_fc_norm_hidden.weight"] + 1)
+        w.add_tensor(f"blk.{L}.nextn.shared_head_norm.weight", hf["mtp.norm.weight"] + 1)
+        w.add_tensor(f"blk.{L}.nextn.embed_tokens.weight", hf["model.embed_tokens.weight"])
+    for i, layer in blocks:
+        for key in sorted(layer):
+            a, rest = layer[key], key.removesuffix(".weight")
             if rest in names:
                 if names[rest] in ("attn_norm", "post_attention_norm", "attn_q_norm", "attn_k_norm"):
                     a = a + 1
@@ -114,7 +125,6 @@ def write_qwen35_gguf(path, folder):
                 w.add_tensor(f"blk.{i}.ffn_down_exps.weight", a)
             else:
                 raise AssertionError(f"test writer does not know {key}")
-    w.add_tensor(f"blk.{L}.nextn.eh_proj.weight", np.zeros((cfg["hidden_size"], 2 * cfg["hidden_size"]), np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -128,8 +138,8 @@ def test_qwen35_gguf_matches_hf_import(tmp_path, fixture):
     gg = open_artifact(from_gguf(path, tmp_path / "g.ninfer"))
     hf = open_artifact(from_hf(FIX / fixture, tmp_path / "h.ninfer", "fp32"))
     assert gg.provenance["recipe"] == "fp32"
-    want = {n for n in hf.bindings if not n.startswith("mtp/")}
-    assert set(gg.bindings) == want
+    want = set(hf.bindings)  # MTP included for the dense fixture, which has an MTP head
+    assert set(gg.bindings) == want and (("mtp" in gg.components) == ("mtp" in hf.components))
     for name in sorted(want):
         np.testing.assert_allclose(gg.parameter(name), hf.parameter(name), rtol=2e-6, atol=2e-7, err_msg=name)
     gcfg, hcfg = gg.components["text"]["config"], hf.components["text"]["config"]
