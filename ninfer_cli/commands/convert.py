@@ -68,5 +68,5 @@ def convert(
     size = sum(p.stat().st_size for p in [art.path, *art.parts])
     parts = f" + {len(art.parts)} part file(s)" if art.parts else ""
     out.info(f"wrote {result}{parts}: {out.human_bytes(size)}, {len(art.bindings)} parameters, "
-             f"in {seconds:.1f} s")
+             f"in {seconds:.1f} s ({size / 1e9 / max(seconds, 1e-9):.2f} GB/s of output)")
     out.line(str(result))
