@@ -34,16 +34,16 @@ template <> struct Fmt<FMT_Q6> { static constexpr int VPU = 32, HB = 16; static 
 template <> struct Fmt<FMT_W8> { static constexpr int VPU = 16, HB = 0;  static constexpr float XMAX = 128.f; };
 
 // Dot product of one 16-byte word of codes (and its high bits) with the matching x pairs.
-// xq: the x pairs of this uint4, un-swizzled (4 slots of 16 B for q4-q6, 2 for w8).
+// xp: the x pairs of this uint4 in shared memory (4 slots of 16 B for q4-q6, 2 for w8), slot swizzle key.
 template <int FMT>
-__device__ __forceinline__ float dot_u4(uint4 w, uint2 hi, const uint4 (&xq)[Fmt<FMT>::VPU / 8]) {
+__device__ __forceinline__ float dot_u4(uint4 w, uint2 hi, const uint4* __restrict__ xp, int key) {
   const unsigned int ws[4] = {w.x, w.y, w.z, w.w};
   float s = 0.f;
   if constexpr (FMT == FMT_W8) {
     const __half2 B = __floats2half2_rn(1152.f, 1152.f);
 #pragma unroll
     for (int sl = 0; sl < 2; ++sl) {
-      const uint4 xv = xq[sl];
+      const uint4 xv = xp[(sl + key) & 1];
       const unsigned int xs[4] = {xv.x, xv.y, xv.z, xv.w};
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -66,7 +66,7 @@ __device__ __forceinline__ float dot_u4(uint4 w, uint2 hi, const uint4 (&xq)[Fmt
 #pragma unroll
       for (int cc = 0; cc < 2; ++cc) {
         const int c = c2 + cc;
-        const uint4 xv = xq[c];
+        const uint4 xv = xp[(c + key) & 3];
         const unsigned int q = ws[c], q8 = q >> 8;
         const __half2 v0 = __hsub2(u32_as_half2((q & 0x000f000fu) ^ 0x64086408u), B);
         const __half2 v1 = __hfma2(u32_as_half2((q & 0x00f000f0u) ^ 0x64806480u), S16, B16);
@@ -86,7 +86,7 @@ __device__ __forceinline__ float dot_u4(uint4 w, uint2 hi, const uint4 (&xq)[Fmt
     __half2 a;
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      const uint4 xv = xq[c];
+      const uint4 xv = xp[(c + key) & 3];
       const unsigned int q = ws[c];
       unsigned int s4;
       if constexpr (FMT == FMT_Q5) {
@@ -208,18 +208,9 @@ __global__ void __launch_bounds__(256) gemv_rs(
       uint4 w[U][ROWS];
       uint2 hb[U][ROWS];
       float sc[U][ROWS];
-      uint4 xq[U][M][SLOTS];  // x loads issued with the weight loads so their latencies overlap
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int j = jj + 32 * u;
-        if (j < je) {
-          const int jl = j - js;
-          const int key = SLOTS == 4 ? ((jl + xoff) >> 1) : ((jl + xoff) >> 2);
-#pragma unroll
-          for (int m = 0; m < M; ++m)
-#pragma unroll
-            for (int c = 0; c < SLOTS; ++c) xq[u][m][c] = xs4[(size_t)(m * xrow + jl + xoff) * SLOTS + ((c + key) & (SLOTS - 1))];
-        }
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
           if (j < je) {
@@ -241,10 +232,14 @@ __global__ void __launch_bounds__(256) gemv_rs(
       for (int u = 0; u < U; ++u) {
         const int j = jj + 32 * u;
         if (j < je) {
+          const int jl = j - js;
+          const int key = SLOTS == 4 ? ((jl + xoff) >> 1) : ((jl + xoff) >> 2);
 #pragma unroll
-          for (int m = 0; m < M; ++m)
+          for (int m = 0; m < M; ++m) {
+            const uint4* xp = xs4 + (size_t)(m * xrow + jl + xoff) * SLOTS;
 #pragma unroll
-            for (int r = 0; r < ROWS; ++r) acc[r][m] += sc[u][r] * dot_u4<FMT>(w[u][r], hb[u][r], xq[u][m]);
+            for (int r = 0; r < ROWS; ++r) acc[r][m] += sc[u][r] * dot_u4<FMT>(w[u][r], hb[u][r], xp, key);
+          }
         }
       }
     }
