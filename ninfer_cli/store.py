@@ -273,15 +273,22 @@ class Store:
             raise NinferError(f"artifact {entry} does not exist", "check the path")
         self.root.mkdir(parents=True, exist_ok=True)
         stage = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.root))
+        moved: list[tuple[Path, Path]] = []
         try:
             total = 0
-            for src in _artifact_files(entry):
-                dst = stage / src.name
-                if move:
-                    shutil.move(src, dst)
-                else:
-                    shutil.copyfile(src, dst)
-                total += dst.stat().st_size
+            try:
+                for src in _artifact_files(entry):
+                    dst = stage / src.name
+                    if move:
+                        shutil.move(src, dst)
+                        moved.append((src, dst))
+                    else:
+                        shutil.copyfile(src, dst)
+                    total += dst.stat().st_size
+            except BaseException:
+                for src, dst in reversed(moved):  # a failed add must not lose the caller's files
+                    shutil.move(dst, src)
+                raise
             manifest = Manifest(
                 name=name, tag=tag, source=source, artifact=entry.name, revision=revision, sha256=sha256,
                 bytes=total, container_version=int(container_version),

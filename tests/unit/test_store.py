@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -69,6 +70,24 @@ def test_add_copy_keeps_source_and_replaces_existing(store, tmp_path):
     m = store.add("x", entry, tag="v1", source="b", move=False)
     assert store.get("x:v1").source == "b" and m.bytes == 20
     assert [p.name for p in (store.root / "x").iterdir()] == ["v1"]
+
+
+def test_failed_move_puts_the_files_back(store, tmp_path, monkeypatch):
+    entry = _artifact(tmp_path, parts=2)
+    real_move = shutil.move
+    calls = []
+
+    def flaky_move(src, dst):
+        calls.append(src)
+        if len(calls) == 3:  # the second part: disk full
+            raise OSError(28, "No space left on device")
+        return real_move(src, dst)
+
+    monkeypatch.setattr("ninfer_cli.store.shutil.move", flaky_move)
+    with pytest.raises(OSError):
+        store.add("x", entry, source="s")
+    assert sorted(p.name for p in entry.parent.iterdir()) == ["m.ninfer", "m.ninfer.part-0001", "m.ninfer.part-0002"]
+    assert store.find("x") is None and not [p for p in store.root.iterdir() if p.name.startswith(".tmp-")]
 
 
 def test_add_missing_file_is_a_user_error(store, tmp_path):
