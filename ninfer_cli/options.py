@@ -173,8 +173,10 @@ def sampling_overrides(**flags) -> dict:
 def reasoning_choice(effort: ReasoningEffort | None, think: bool | None) -> ReasoningEffort | None:
     """Combine `--reasoning-effort` and `--think/--no-think` into one effort (None = model default).
 
-    `--no-think` means off; `--think` without an effort means the model's default level (None is kept
-    unless the effort says otherwise); a contradiction (`--no-think -r high`) is a usage error.
+    `--no-think` means off; a contradiction (`--no-think -r high`) is a usage error. A bare `--think`
+    returns None (no level chosen) so callers must still pass `think` on, e.g.
+    `think = think if effort is None else effort is not ReasoningEffort.off`, or a model whose template
+    defaults to no thinking would ignore `--think`.
     """
     if think is False:
         if effort not in (None, ReasoningEffort.off):
