@@ -120,57 +120,23 @@ def _stderr_console():
 
 
 def convert_gguf(gguf_path: Path, out: Path, quiet: bool = False) -> Path:
-    """GGUF -> v3 `.ninfer` (fp32 tensors, tokenizer and chat template resources)."""
-    try:
-        from engine.artifact import from_gguf
-    except ImportError:
-        from_gguf = None
-    convert = getattr(from_gguf, "convert", None) if from_gguf else None
-    if convert is not None:
-        try:
-            return Path(convert(gguf_path, out, recipe="fp32") or out)
-        except TypeError:
-            return Path(convert(gguf_path, out) or out)
-    return _convert_with_writer(gguf_path, out, quiet)
-
-
-def _convert_with_writer(gguf_path: Path, out: Path, quiet: bool) -> Path:
-    """Our own GGUF import, used until `engine.artifact.from_gguf` offers `convert(gguf, out)`."""
-    import json
-
-    import gguf
-
-    from engine.artifact.writer import write_artifact
-    from engine.models.llama import config_from_gguf, weights_from_gguf
-    from engine.text.tokenizer import tokenizer_config_from_gguf, tokenizer_json_from_gguf
-
-    reader = gguf.GGUFReader(str(gguf_path))
-    config = config_from_gguf(reader)
-    tok_config = tokenizer_config_from_gguf(reader)
-    template = tok_config.pop("chat_template", None)
-    resources = {"text/tokenizer.json": tokenizer_json_from_gguf(reader).encode(),
-                 "text/tokenizer_config.json": json.dumps(tok_config).encode()}
-    roles = {"tokenizer.json": "text/tokenizer.json", "tokenizer_config.json": "text/tokenizer_config.json"}
-    if template:
-        resources["text/chat_template.jinja"] = template.encode()
-        roles["chat_template.jinja"] = "text/chat_template.jinja"
-    weights = list(weights_from_gguf(reader))
-    tensors = [(name, "fp32", "contiguous_le_v1", w.shape, w) for name, w in weights]
-    total = sum(w.nbytes for _, w in weights)
+    """GGUF -> v3 `.ninfer` with float32 tensors (and tokenizer/chat-template resources), with a progress bar."""
+    from engine.artifact.from_gguf import convert
 
     def work(advance):
         last = [0]
 
-        def progress(done, _total, _tid):
+        def progress(done, _total, _name):
             if advance is not None:
                 advance(done - last[0])
             last[0] = done
 
-        return write_artifact(out, {"text": {"config": config, "resources": roles}}, tensors, resources=resources,
-                              metadata={"name": NAME}, provenance={"imported_from": {"gguf": SOURCE, "recipe": "fp32"}},
-                              progress=progress)
+        return convert(gguf_path, out, recipe="fp32", progress=progress, name=NAME)
 
-    return Path(_with_bar("converting to .ninfer", total, work, quiet))
+    return Path(_with_bar("converting to .ninfer", _FP32_BYTES, work, quiet))
+
+
+_FP32_BYTES = 538_060_032  # 134,515,008 parameters x 4 bytes
 
 
 def ensure_default_model(force: bool = False, quiet: bool = False, store=None):
