@@ -5,6 +5,7 @@ decode_step, decode_greedy, info, position) and the high-level one (logits, stre
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
@@ -58,8 +59,6 @@ def build_model(config: Mapping[str, Any], weights: Mapping[str, Any], xp=np, *,
 
         args = qwen3_5.ModelArgs.from_config(cfg)
         if not args.mtp_num_hidden_layers and "mtp/input_projection" in weights:
-            import dataclasses  # noqa: PLC0415
-
             args = dataclasses.replace(args, mtp_num_hidden_layers=1)
         return qwen3_5.Model(args, xp=xp, gdn_mode=gdn_mode).load(weights)
     if mtype == "llama" or "LlamaForCausalLM" in archs:
@@ -292,6 +291,13 @@ class Engine:
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise NinferError("empty prompt", "give the model some text")
+        if self.max_context:
+            room = self.max_context - len(prompt)
+            if room <= 0:
+                raise NinferError(f"the prompt ({len(prompt)} tokens) fills the context ({self.max_context})",
+                                  "shorten the conversation or raise the context length")
+            if config.max_tokens < 0 or config.max_tokens > room:
+                config = dataclasses.replace(config, max_tokens=room)  # ends with "length" at the context edge
         sampler = make_sampler(config, domain=self.domain)
         stops = list(config.stop_token_ids)
         if self.tokenizer is not None and not config.ignore_eos:

@@ -221,3 +221,16 @@ def test_moe_bytes_per_token_count_only_routed_experts():
     unread = expert * (1 - cfg["num_experts_per_tok"] / cfg["num_experts"])
     want = info["weight_bytes"] - emb.nbytes + emb.nbytes // emb.shape[0] - unread
     assert abs(info["weight_bytes_per_token"] - want) <= 8
+
+
+def test_generation_stops_with_length_at_the_context_edge(dense):
+    from engine.errors import NinferError
+
+    cfg, weights, tokens, _ = dense
+    e = engine.load({"config": cfg, "weights": weights}, device="cpu", max_context=16)
+    toks, recs = _collect(e.stream(tokens[:12], GenerationConfig(max_tokens=100, temperature=0.0)))
+    assert len(toks) == 4 and recs[-1].finish_reason == "length"
+    with pytest.raises(NinferError):
+        next(iter(e.stream(tokens[:16], GenerationConfig(max_tokens=5))))
+    with pytest.raises(NinferError):
+        e.prefill(tokens[:17].tolist())
