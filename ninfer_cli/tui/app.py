@@ -33,7 +33,7 @@ def error_text(exc: BaseException) -> str:
     """One line for the chat: the message and, for NinferError, what to do next."""
     if isinstance(exc, NinferError):
         return exc.message + (f" → {exc.next_action}" if exc.next_action else "")
-    if isinstance(exc, MemoryError):
+    if isinstance(exc, MemoryError) or "OutOfMemory" in type(exc).__name__:
         return "out of memory → lower --ctx or --max-tokens, or close other programs"
     return f"{type(exc).__name__}: {exc}"
 

@@ -40,3 +40,29 @@ def test_real_default_model_answers_in_the_app(tmp_path):
             assert "tok/s" in str(app.query_one("#st-last").render())
             assert "RAM" in str(app.query_one("#st-mem").render())
     run(body())
+
+
+def test_real_default_model_stops_on_escape(tmp_path):
+    found = _default_model()
+    from ninfer_cli.tui.engine_session import EngineSession
+    from ninfer_cli.tui.session import ChatSettings
+
+    session = EngineSession(found.artifact_path, found.ref, device="cpu")
+    app = make_app(tmp_path, session, settings=ChatSettings(temperature=0.0, max_tokens=400))
+
+    async def body():
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_for(pilot, lambda: app.loaded or app.load_error, timeout=60)
+            from tui_helpers import submit
+
+            await submit(pilot, "Write a long story about a dragon.")
+            await wait_for(pilot, lambda: app.buffer is not None and app.buffer.tokens >= 3, timeout=120)
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: not app.generating, timeout=30)
+            answer = app.conversation.messages[-1]
+            assert answer["stats"]["finish_reason"] == "cancelled"
+            assert answer["stats"]["generation_tokens"] < 100
+            # One decode step at most after Esc (~70 ms on an idle 2-core machine for this model).
+            print(f"\nstop latency on {found.ref}: {app.stop_latency * 1e3:.0f} ms")
+            assert app.stop_latency < 1.0
+    run(body())
