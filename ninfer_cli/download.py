@@ -298,7 +298,7 @@ def _transfer(state: Partial, remote: Remote, expected: int | None, digest, adva
         except KeyboardInterrupt:
             raise _interrupted(state, expected, ref) from None
         except (httpx2.TransportError, httpx2.StreamError) as e:
-            retries -= 1
+            retries = _RETRIES if state.have() > have else retries - 1  # only failures in a row count
             if retries < 0:
                 raise hub_error(e, state.file, ref) from None
             time.sleep(RETRY_PAUSE * (_RETRIES - retries))

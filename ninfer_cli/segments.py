@@ -96,7 +96,7 @@ def _run(state, remote, segs, fd, n, advance, ref, token) -> None:
             state.save_segments(segs)
 
 
-def _worker(seg, url, headers, fd, stop, progress, state, ref, retries: int = 3) -> None:
+def _worker(seg, url, headers, fd, stop, progress, state, ref) -> None:
     import httpx2  # noqa: PLC0415
     from huggingface_hub import constants  # noqa: PLC0415
     from huggingface_hub.utils import get_session, hf_raise_for_status  # noqa: PLC0415
@@ -105,6 +105,7 @@ def _worker(seg, url, headers, fd, stop, progress, state, ref, retries: int = 3)
     from ninfer_cli.hub import hub_error  # noqa: PLC0415
 
     start, end = seg[0], seg[1]
+    retries = 3
     while seg[2] < end - start and not stop.is_set():
         pos = start + seg[2]
         headers["Range"] = f"bytes={pos}-{end - 1}"
@@ -126,7 +127,7 @@ def _worker(seg, url, headers, fd, stop, progress, state, ref, retries: int = 3)
                     if seg[2] >= end - start:
                         break
         except (httpx2.TransportError, httpx2.StreamError) as e:
-            retries -= 1
+            retries = 3 if start + seg[2] > pos else retries - 1  # only failures in a row count
             if retries < 0:
                 raise hub_error(e, state.file, ref) from None
             time.sleep(RETRY_PAUSE)
