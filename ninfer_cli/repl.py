@@ -227,7 +227,12 @@ class Repl:
             state = "off" if s.think is False else (s.effort or "model default")
             self.err.write(f"thinking: {state}\n")
             return
+        from engine.text.reasoning import supports_thinking
+
         level = normalize_effort(arg)
+        if not supports_thinking(s.template.source if s.template else ""):
+            self.err.write("this model has no thinking mode; nothing changes\n")
+            return
         if level == "off":
             s.set_reasoning(think=False, effort="off")
         elif arg.lower() in ("on", "true"):

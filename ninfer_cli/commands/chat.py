@@ -11,13 +11,17 @@ from ninfer_cli.options import Ctx, Device, DeviceOpt, Effort, ModelArg, Seed, T
 Plain = Annotated[bool, typer.Option("--plain", help="Line-oriented REPL instead of the full-screen app.")]
 System = Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt (text, or @file).",
                                                show_default=False)]
+Preserve = Annotated[Optional[bool], typer.Option("--preserve-thinking/--drop-thinking", rich_help_panel="Reasoning",
+                                                  help="Keep earlier turns' reasoning in the prompt (templates that "
+                                                       "support it). Default: the model's default.",
+                                                  show_default=False)]
 ShowThinking = Annotated[bool, typer.Option("--show-thinking/--hide-thinking", rich_help_panel="Reasoning",
                                             help="Print the model's reasoning.")]
 
 
 def chat(model: ModelArg = None, plain: Plain = False, system: System = None, think: Think = None,
          reasoning_effort: Effort = None, thinking_budget: ThinkingBudget = None,
-         show_thinking: ShowThinking = True, temperature: Temperature = None, seed: Seed = None,
+         preserve_thinking: Preserve = None, show_thinking: ShowThinking = True, temperature: Temperature = None, seed: Seed = None,
          ctx: Ctx = None, device: DeviceOpt = Device.auto,
          listing: Annotated[bool, typer.Option("--list", help="List saved conversations and exit.")] = False,
          resume: Annotated[Optional[str], typer.Option("--resume", metavar="ID|last",
@@ -41,6 +45,6 @@ def chat(model: ModelArg = None, plain: Plain = False, system: System = None, th
     _, session, name = open_session(model, device=device, ctx=ctx, system=_read_at_file(system),
                                     think=None if effort is None else effort.value != "off",
                                     effort=None if effort is None else effort.value,
-                                    thinking_budget=thinking_budget)
+                                    thinking_budget=thinking_budget, preserve_thinking=preserve_thinking)
     config = generation_config(session, sampling_overrides(temperature=temperature, seed=seed))
     Repl(session, config, name=name, interactive=interactive and True, show_thinking=show_thinking).run()

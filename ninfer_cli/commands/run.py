@@ -32,6 +32,10 @@ ShowThinking = Annotated[bool, typer.Option("--show-thinking/--hide-thinking", r
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object: text, reasoning, tool calls, usage, "
                                                        "timings.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No stats line.")]
+Tools = Annotated[Optional[str], typer.Option("--tools", metavar="FILE",
+                                              help="JSON file with a list of tool schemas (OpenAI form) to offer the "
+                                                   "model; its calls are printed as JSON lines, never executed.",
+                                              show_default=False)]
 
 
 def run(model: ModelArg = None, prompt: PromptArg = None, system: System = None,
@@ -39,7 +43,8 @@ def run(model: ModelArg = None, prompt: PromptArg = None, system: System = None,
         presence_penalty: PresencePenalty = None, frequency_penalty: FrequencyPenalty = None, seed: Seed = None,
         max_tokens: MaxTokens = None, think: Think = None, reasoning_effort: Effort = None,
         thinking_budget: ThinkingBudget = None, show_thinking: ShowThinking = True, ctx: Ctx = None,
-        device: DeviceOpt = Device.auto, json_out: JsonFlag = False, quiet: Quiet = False) -> None:
+        device: DeviceOpt = Device.auto, tools: Tools = None, json_out: JsonFlag = False,
+        quiet: Quiet = False) -> None:
     """Answer one prompt with a model (the default model, pulled on first use, when none is named).
 
     Examples: `ninfer run "What is the capital of France?"`, `echo hi | ninfer run smollm2-135m -`,
@@ -66,6 +71,7 @@ def run(model: ModelArg = None, prompt: PromptArg = None, system: System = None,
                                     think=None if effort is None else effort.value != "off",
                                     effort=None if effort is None else effort.value,
                                     thinking_budget=thinking_budget, quiet=json_out)
+    session.tools = _read_tools(tools)
     overrides = sampling_overrides(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                    presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                                    seed=seed, max_tokens=max_tokens)
@@ -129,6 +135,25 @@ def _read_at_file(value: str | None) -> str | None:
         except OSError as exc:
             raise NinferError(f"cannot read system prompt file {path}: {exc.strerror}", "check the path") from None
     return value
+
+
+def _read_tools(path: str | None) -> list | None:
+    if not path:
+        return None
+    import json
+    from pathlib import Path
+
+    from engine.errors import NinferError
+
+    try:
+        tools = json.loads(Path(path).expanduser().read_text("utf-8"))
+    except (OSError, ValueError) as exc:
+        raise NinferError(f"cannot read tools from {path}: {exc}", "give a JSON file with a list of tool schemas") from None
+    if isinstance(tools, dict):
+        tools = tools.get("tools", [tools])
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise NinferError(f"{path} is not a list of tool schemas", 'use [{"type": "function", "function": {...}}]')
+    return tools
 
 
 def _print_json(name, final, stats, first_token_s, total_s) -> None:

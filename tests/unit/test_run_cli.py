@@ -221,3 +221,24 @@ def test_repl_bad_set_reports_error():
     repl = Repl(_session(ScriptedEngine("x")), GenerationConfig(), out=io.StringIO(), err=err, interactive=False)
     repl.run(iter(["/set temperature hot\n", "/set nope 1\n"]))
     assert "needs a number" in err.getvalue() and "unknown parameter" in err.getvalue()
+
+
+def test_run_tools_file_renders_and_prints_calls(cli, tmp_path):
+    runner, app, state = cli
+    tools = [{"type": "function", "function": {"name": "add", "description": "Add.", "parameters": {}}}]
+    path = tmp_path / "tools.json"
+    path.write_text(json.dumps(tools))
+    state["reply"] = "</think>\n\n<tool_call>\n<function=add>\n<parameter=a>\n2\n</parameter>\n</function>\n</tool_call>"
+    res = runner.invoke(app, ["run", "fake", "add 2", "--tools", str(path), "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["tool_calls"][0]["function"] == {"name": "add", "arguments": '{"a": 2}'}
+    assert data["text"] == ""
+
+
+def test_run_bad_tools_file(cli, tmp_path):
+    runner, app, _ = cli
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    res = runner.invoke(app, ["run", "fake", "x", "--tools", str(bad)])
+    assert res.exit_code == 1 and "cannot read tools" in res.stderr
