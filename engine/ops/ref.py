@@ -91,10 +91,21 @@ def l2norm(x, eps=1e-6):
     return x * (1.0 / xp.sqrt((x * x).sum(axis=-1, keepdims=True) + F32(eps)))
 
 
-def rope(x, positions, rotary_dim, theta):
+def mrope_axes(half: int, mrope_section=(11, 11, 10)) -> np.ndarray:
+    """Position axis (0 temporal, 1 height, 2 width) of each rotary pair, interleaved as transformers
+    does: pair i reads axis i % 3 while that axis has sections left, else axis 0."""
+    axes = np.zeros(half, dtype=np.int64)
+    for axis in (1, 2):
+        idx = np.arange(axis, min(half, 3 * mrope_section[axis]), 3)
+        axes[idx] = axis
+    return axes
+
+
+def rope(x, positions, rotary_dim, theta, mrope_section=(11, 11, 10)):
     """NeoX split-half rotation of the first `rotary_dim` dims of x[T, H, D]; the rest pass through.
 
-    Pair i in [0, R/2) rotates (x[i], x[i + R/2]) by angle pos * theta^(-2i/R). Angles are formed in
+    Pair i in [0, R/2) rotates (x[i], x[i + R/2]) by angle pos * theta^(-2i/R). positions is [T], or
+    [3, T] (multimodal MRoPE: pair i uses the axis `mrope_axes` gives it). Angles are formed in
     float64 so large positions stay exact; cos/sin are then rounded to float32.
     """
     xp = array_module(x)
@@ -102,7 +113,11 @@ def rope(x, positions, rotary_dim, theta):
     half = rotary_dim // 2
     inv_freq = 1.0 / (float(theta) ** (np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim))
     pos = np.asarray(positions.get() if hasattr(positions, "get") else positions, dtype=np.float64)
-    ang = pos.reshape(-1)[:, None] * inv_freq[None, :]  # [T, half]
+    if pos.ndim == 2:  # [3, T]: each pair picks its axis' position
+        pos_pairs = pos[mrope_axes(half, mrope_section), :].T  # [T, half]
+    else:
+        pos_pairs = pos.reshape(-1)[:, None]
+    ang = pos_pairs * inv_freq[None, :]  # [T, half]
     cos = xp.asarray(np.cos(ang).astype(F32))[:, None, :]
     sin = xp.asarray(np.sin(ang).astype(F32))[:, None, :]
     x1, x2 = x[..., :half], x[..., half:rotary_dim]

@@ -165,3 +165,22 @@ def test_linear_and_swiglu():
     check(ref.linear(x, w), x.astype(np.float64) @ w.T.astype(np.float64), "fp32_transcendental")
     g64 = gate.astype(np.float64)
     check(ref.swiglu(gate, up), g64 / (1 + np.exp(-g64)) * up, "fp32_transcendental")
+
+
+def test_mrope_axes_interleave_eleven_eleven_ten():
+    axes = ref.mrope_axes(32)
+    assert np.bincount(axes).tolist() == [11, 11, 10]
+    assert axes[:6].tolist() == [0, 1, 2, 0, 1, 2] and axes[30:].tolist() == [0, 1]
+
+
+def test_mrope_equal_axes_is_plain_rope_and_axes_are_used():
+    x, t = randn(5, 2, 64), np.arange(7, 12)
+    same = np.stack([t, t, t])
+    np.testing.assert_array_equal(ref.rope(x, same, 64, 1e7), ref.rope(x, t, 64, 1e7))
+    pos3 = np.stack([t, t + 100, t + 200])
+    got = ref.rope(x, pos3, 64, 1e7)
+    axes = ref.mrope_axes(32)
+    for i in (0, 1, 2, 31):  # pair i rotates by the position of its own axis
+        phi = pos3[axes[i]] * 1e7 ** (-2.0 * i / 64)
+        a, b = x[:, :, i].astype(np.float64), x[:, :, i + 32].astype(np.float64)
+        check(got[:, :, i], a * np.cos(phi)[:, None] - b * np.sin(phi)[:, None], "fp32_transcendental")
