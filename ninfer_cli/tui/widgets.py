@@ -38,15 +38,16 @@ class PromptInput(TextArea):
             super().__init__()
             self.text = text
 
-    def __init__(self, **kwargs) -> None:
-        super().__init__(soft_wrap=True, show_line_numbers=False,
-                         highlight_cursor_line=False, placeholder="Send a message (/help for commands)",
-                         **kwargs)
-
+    # Shown in the footer; `_on_key` below handles these keys before TextArea's own handling.
     BINDINGS = [
         Binding("enter", "submit", "send"),
         Binding("ctrl+j", "newline", "new line", key_display="⇧⏎/^j"),
     ]
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(soft_wrap=True, show_line_numbers=False,
+                         highlight_cursor_line=False, placeholder="Send a message (/help for commands)",
+                         **kwargs)
 
     def action_submit(self) -> None:
         text = self.text

@@ -180,3 +180,19 @@ def test_store_list_load_and_markdown(tmp_path):
     assert "> **Thinking**\n>\n> hmm\n> ok" in md and "*3 tokens, 2.0 tok/s, TTFT 0.50 s*" in md
     assert [r[3] for r in store.rows()] == ["1", "1"]
     assert not list(tmp_path.glob("*.tmp*"))
+
+
+def test_cli_list_prints_saved_conversations(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from ninfer_cli.main import app as cli
+
+    monkeypatch.setenv("NINFER_CHATS", str(tmp_path))
+    runner = CliRunner()
+    empty = runner.invoke(cli, ["chat", "--list"])
+    assert empty.exit_code == 0 and "no saved conversations" in empty.output
+    ConversationStore(tmp_path).save(Conversation(id="20260102-0304-beef", model="smollm2-135m",
+                                                  messages=[{"role": "user", "content": "hello there"}]))
+    listed = runner.invoke(cli, ["chat", "--list"])
+    assert listed.exit_code == 0
+    assert "20260102-0304-beef" in listed.output and "hello there" in listed.output
