@@ -80,8 +80,37 @@ __device__ __forceinline__ float dot_u4(uint4 w, uint2 hi, const uint4* __restri
       const float2 f = __half22float2(a);  // 8 products per half lane: |sum| <= 8 * 8 * 256
       s += f.x + f.y;
     }
+  } else if constexpr (FMT == FMT_Q5) {
+    // As q4, plus the (complemented) high bit of each code OR-ed into the magic word: spread once per
+    // word so that lane j's bit sits at j and lane j+4's at j+16, then one shift + LOP3 places a pair's
+    // two bits at 4/20 (even pairs) or 8/24 (odd pairs, taken in place in the x16 domain).
+    const __half2 B = __floats2half2_rn(1040.f, 1040.f);
+    const __half2 S16 = __floats2half2_rn(0.0625f, 0.0625f), B16 = __floats2half2_rn(-80.f, -80.f);
+    const unsigned int nh = ~hi.x;
+#pragma unroll
+    for (int c2 = 0; c2 < 4; c2 += 2) {
+      __half2 a;
+#pragma unroll
+      for (int cc = 0; cc < 2; ++cc) {
+        const int c = c2 + cc;
+        const uint4 xv = xp[(c + key) & 3];
+        const unsigned int q = ws[c], q8 = q >> 8;
+        const unsigned int hm = (nh >> (8 * c)) & 0xffu;
+        const unsigned int e = (hm & 0x0fu) | ((hm & 0xf0u) << 12);
+        const __half2 v0 = __hsub2(u32_as_half2((q & 0x000f000fu) | ((e << 4) & 0x00100010u) | 0x64006400u), B);
+        const __half2 v1 = __hfma2(u32_as_half2((q & 0x00f000f0u) | ((e << 7) & 0x01000100u) | 0x64006400u), S16, B16);
+        const __half2 v2 = __hsub2(u32_as_half2((q8 & 0x000f000fu) | ((e << 2) & 0x00100010u) | 0x64006400u), B);
+        const __half2 v3 = __hfma2(u32_as_half2((q8 & 0x00f000f0u) | ((e << 5) & 0x01000100u) | 0x64006400u), S16, B16);
+        a = cc == 0 ? __hmul2(v0, u32_as_half2(xv.x)) : __hfma2(v0, u32_as_half2(xv.x), a);
+        a = __hfma2(v1, u32_as_half2(xv.y), a);
+        a = __hfma2(v2, u32_as_half2(xv.z), a);
+        a = __hfma2(v3, u32_as_half2(xv.w), a);
+      }
+      const float2 f = __half22float2(a);  // 8 products per half lane: |sum| <= 8 * 16 * 256
+      s += f.x + f.y;
+    }
   } else {
-    const float bias = FMT == FMT_Q5 ? 1040.f : 1056.f;
+    const float bias = 1056.f;
     const __half2 B = __floats2half2_rn(bias, bias);
     __half2 a;
 #pragma unroll
