@@ -179,15 +179,19 @@ class Engine:
         """Feed ids through the cache in chunks; the last logits (or every row) on the host."""
         self._check_room(len(ids))
         rows, last, i = [], None, 0
-        while i < len(ids):
-            n = self._chunk_len(self.position)
-            chunk = np.asarray(ids[i : i + n], dtype=np.int64)
-            out = self.model(chunk, self.cache, last_only=not all_rows)
-            if all_rows:
-                rows.append(_to_host(out))
-            elif i + n >= len(ids):
-                last = _to_host(out[-1])
-            i += n
+        try:
+            while i < len(ids):
+                n = self._chunk_len(self.position)
+                chunk = np.asarray(ids[i : i + n], dtype=np.int64)
+                out = self.model(chunk, self.cache, last_only=not all_rows)
+                if all_rows:
+                    rows.append(_to_host(out))
+                elif i + n >= len(ids):
+                    last = _to_host(out[-1])
+                i += n
+        except BaseException:
+            self.reset()  # an interrupted forward leaves layers out of step with each other
+            raise
         self._tokens.extend(int(t) for t in ids)
         if all_rows:
             out = np.concatenate(rows).astype(np.float32, copy=False)

@@ -234,3 +234,24 @@ def test_generation_stops_with_length_at_the_context_edge(dense):
         next(iter(e.stream(tokens[:16], GenerationConfig(max_tokens=5))))
     with pytest.raises(NinferError):
         e.prefill(tokens[:17].tolist())
+
+
+def test_interrupted_forward_resets_the_sequence(eng, dense, monkeypatch):
+    _, _, tokens, ref = dense
+    eng.prefill(tokens[:10])
+    calls = {"n": 0}
+    real = eng.model.__class__.__call__
+
+    def flaky(self, *a, **k):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(eng.model.__class__, "__call__", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        eng.prefill(tokens[10:40])  # chunk 1 runs, chunk 2 is interrupted
+    monkeypatch.undo()
+    assert eng.position == 0
+    out = list(eng.stream(tokens[:20], GenerationConfig(max_tokens=1, temperature=0.0)))
+    assert out[0].token == int(np.argmax(ref[19]))
