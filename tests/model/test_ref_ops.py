@@ -184,3 +184,16 @@ def test_mrope_equal_axes_is_plain_rope_and_axes_are_used():
         phi = pos3[axes[i]] * 1e7 ** (-2.0 * i / 64)
         a, b = x[:, :, i].astype(np.float64), x[:, :, i + 32].astype(np.float64)
         check(got[:, :, i], a * np.cos(phi)[:, None] - b * np.sin(phi)[:, None], "fp32_transcendental")
+
+
+@pytest.mark.parametrize("a_log", [2.0, -4.0], ids=["fast_decay", "slow_decay"])
+def test_gdn_chunked_at_model_head_sizes(a_log):
+    """Dk = Dv = 128 and 3 v-heads per k-head, as in the 27B, over five chunks."""
+    t, hk, hv, d = 300, 2, 6, 128
+    q, k = ref.l2norm(randn(t, hk, d)), ref.l2norm(randn(t, hk, d))
+    v = randn(t, hv, d)
+    g, beta = ref.gdn_gates(randn(t, hv), randn(t, hv), np.full(hv, a_log, np.float32), randn(hv))
+    o_r, s_r = ref.gdn_recurrent(q, k, v, g, beta)
+    o_c, s_c = ref.gdn_chunked(q, k, v, g, beta)
+    check(o_c, o_r, "gdn_state_fp32")
+    check(s_c, s_r, "gdn_state_fp32")
