@@ -49,7 +49,8 @@ def hub_error(e: Exception, f: HubFile, ref: str) -> NinferError:
         return offline_error(ref)
     if isinstance(e, hf.GatedRepoError):
         return NinferError(
-            f"{f.repo} is a gated repository and this token has no access",
+            f"{f.repo} is a gated repository and " + ("this token has no access to it" if _has_token()
+                                                       else "no Hugging Face token is set"),
             f"accept its terms at {endpoint()}/{f.repo}, then set HF_TOKEN (or run `hf auth login`) and pull again",
         )
     if isinstance(e, hf.RepositoryNotFoundError):
@@ -77,6 +78,15 @@ def hub_error(e: Exception, f: HubFile, ref: str) -> NinferError:
         f"cannot reach {endpoint()}: {type(e).__name__}: {e}".rstrip(": "),
         f"check the network (or HF_ENDPOINT), then run `ninfer pull {ref}` again; partial files are kept",
     )
+
+
+def _has_token() -> bool:
+    try:
+        from huggingface_hub import get_token  # noqa: PLC0415
+
+        return bool(get_token())
+    except Exception:
+        return False
 
 
 def offline_error(ref: str) -> NinferError:

@@ -323,7 +323,12 @@ def test_gated_repository_says_what_to_do(hub_env, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "whatever")
     r = pull("tiny")
     assert r.exit_code == 1
-    assert "gated repository" in r.stderr and "accept its terms" in r.stderr and "HF_TOKEN" in r.stderr
+    assert "gated repository and this token has no access" in r.stderr
+    assert "accept its terms" in r.stderr and "HF_TOKEN" in r.stderr
+    monkeypatch.delenv("HF_TOKEN")
+    monkeypatch.setattr("huggingface_hub.get_token", lambda: None)
+    r = pull("tiny")
+    assert r.exit_code == 1 and "gated repository and no Hugging Face token is set" in r.stderr
 
 
 def test_404s_are_one_line_each(hub_env):
