@@ -1,0 +1,266 @@
+"""Launch profiles (named settings per catalog model) and fitting a launch to the GPU's memory.
+
+A profile is data: context (None = auto, the largest ladder rung the memory plan allows), KV format,
+lanes, speculative decoding, prefill chunk. `ninfer run MODEL --profile long` applies one; a flag the
+user gives always wins over the profile, and the profile over the built-in defaults (`merge`).
+
+`resolve_launch` turns (model, profile, flags, device, --vram-limit) into the `max_context` the engine
+is built with, before anything is loaded, and the lines saying what it chose and why. What the GPU
+engine cannot do yet is said plainly: int8 KV (asked by a flag: an error; by a profile: bf16 is used
+and the note says so) and speculative decoding (the `fast` profile runs without it).
+
+Only the standard library is imported at module level (`ninfer profile ls` and completion stay fast).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.errors import NinferError
+
+FIELDS = ("ctx", "kv", "lanes", "spec", "draft_tokens", "prefill_chunk", "vision")
+SPEC_NOT_IMPLEMENTED = "speculative decoding is not implemented yet"
+INT8_NOT_ON_GPU = "int8 KV is not implemented on the GPU yet (the CUDA engine stores bf16 KV)"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One named launch setting. `ctx` None = auto (largest context that fits); `spec` "mtp" | "dflash"
+    | "dflash2" with `draft_tokens` drafts per round; `status` says what is not available yet."""
+
+    name: str
+    summary: str
+    ctx: int | None = None
+    kv: str = "bf16"
+    lanes: int = 1
+    spec: str | None = None
+    draft_tokens: int = 0
+    prefill_chunk: int = 512
+    vision: bool = False
+    status: str | None = None
+
+    def values(self) -> dict:
+        """The launch fields only (no name/summary/status)."""
+        return {f: getattr(self, f) for f in FIELDS}
+
+
+DEFAULT = Profile("default", "context fitted to free memory, bf16 KV, one lane, no speculation")
+LONG = Profile("long", "the longest context: int8 KV (half the bytes of bf16), context fitted to free memory",
+               kv="int8")
+
+
+def _fast(spec: str, draft: int) -> Profile:
+    return Profile("fast", f"speculative decoding ({spec}, {draft} draft tokens) when available", spec=spec,
+                   draft_tokens=draft, status=f"{SPEC_NOT_IMPLEMENTED}: fast runs like default until it is")
+
+
+# Per catalog model (surfaces.md §4.3 launchers: MTP3 is upstream's int8/mtp setting; the 35B tuned too).
+_HYBRID = (DEFAULT, LONG, _fast("mtp", 3))
+PROFILES: dict[str, tuple[Profile, ...]] = {
+    "qwen38-27b": _HYBRID,
+    "qwen36-27b": _HYBRID,
+    "qwen36-35b-a3b": _HYBRID,
+    "smollm2-135m": (Profile("default", "the embedded default model on NumPy: the model's own context",
+                             prefill_chunk=256),),
+}
+# `ninfer bench --synthetic GEOMETRY` names -> catalog names
+SYNTHETIC_MODELS = {"qwen3.8-27b": "qwen38-27b", "qwen3.6-27b": "qwen36-27b", "qwen3.6-35b-a3b": "qwen36-35b-a3b"}
+
+
+def model_key(ref: str | None) -> str | None:
+    """Catalog name of a model reference: `qwen38-27b:latest` -> qwen38-27b, a synthetic geometry -> its
+    catalog name, a path -> its stem when that is a catalog name, else None."""
+    if not ref:
+        return None
+    text = str(ref)
+    if text in SYNTHETIC_MODELS:
+        return SYNTHETIC_MODELS[text]
+    if text.endswith(".ninfer") or "/" in text:
+        stem = Path(text).stem.replace("_", "-").replace("qwen3-", "qwen3")
+        return stem if stem in PROFILES else None
+    return text.split(":", 1)[0].lower()
+
+
+def profiles_for(ref: str | None, *, has_mtp: bool | None = None) -> tuple[Profile, ...]:
+    """The profiles of a model: its catalog set, or for anything else default and long (and fast when
+    the model carries an MTP head)."""
+    key = model_key(ref)
+    if key in PROFILES:
+        return PROFILES[key]
+    return _HYBRID if has_mtp else _HYBRID[:2]
+
+
+def get_profile(ref: str | None, name: str | None, *, has_mtp: bool | None = None) -> Profile:
+    """One profile by name (None = default); NinferError listing the model's profiles otherwise."""
+    options = profiles_for(ref, has_mtp=has_mtp)
+    wanted = (name or "default").lower()
+    for p in options:
+        if p.name == wanted:
+            return p
+    names = ", ".join(p.name for p in options)
+    raise NinferError(f"{ref or 'this model'} has no profile {wanted!r} (it has: {names})",
+                      f"use --profile with one of {names}, or `ninfer profile ls {model_key(ref) or ''}`".rstrip())
+
+
+def merge(profile: Profile, **flags) -> tuple[dict, dict]:
+    """(values, sources): flags that are not None win over the profile's values.
+
+    sources maps each field to "flag" or "profile <name>".
+    """
+    unknown = set(flags) - set(FIELDS)
+    if unknown:
+        raise TypeError(f"not launch fields: {sorted(unknown)}")
+    values, sources = profile.values(), {f: f"profile {profile.name}" for f in FIELDS}
+    for key, value in flags.items():
+        if value is not None:
+            values[key], sources[key] = value, "flag"
+    return values, sources
+
+
+def flags_of(profile: Profile) -> str:
+    """The command-line flags equivalent to a profile (what `--profile NAME` stands for)."""
+    parts = [f"--ctx {profile.ctx}" if profile.ctx else "--ctx auto", f"--kv {profile.kv}"]
+    if profile.lanes != 1:
+        parts.append(f"--lanes {profile.lanes}")
+    if profile.spec:
+        parts.append(f"--spec {profile.spec}{profile.draft_tokens}")
+    return " ".join(parts)
+
+
+# ---------------------------------------------------------------------------------- launch
+@dataclass
+class Launch:
+    """What a launch will use: effective values, where each came from, the context to build with
+    (`max_context`; None = the engine's default), the plan and budget behind it, and notes to print."""
+
+    profile: str
+    values: dict
+    sources: dict
+    max_context: int | None = None
+    plan: object | None = None
+    budget: object | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _components(values: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    comps = ["text"]
+    if values["spec"] == "mtp":
+        comps.append("mtp")
+    elif values["spec"] in ("dflash", "dflash2"):
+        comps.append(values["spec"])
+    if values["vision"]:
+        comps.append("vision")
+    # the GPU loader uploads every text/ binding, the proposal head included, when the artifact has one
+    return tuple(comps), ("draft_head",)
+
+
+def resolve_launch(ref: str | None, args, weights: dict | None, *, profile: str | None = None, ctx: int | None = None,
+                   kv: str | None = None, vram_limit: int | None = None, device: str = "gpu",
+                   weights_source: str = "", planned: bool = True, memory="probe") -> Launch:
+    """Settle a launch before loading: merge profile and flags, drop what the GPU cannot do yet (saying
+    so), and on the GPU fit the context to the free memory (or `vram_limit`) with the memory plan.
+
+    `weights` is the per-component byte table (None: no plan); `planned` False means the engine for this
+    model is not the CUDA engine (the plan does not describe it). Raises NinferError for an explicit
+    `ctx` that cannot fit and for a flag asking what is not implemented.
+    """
+    from engine import memory_plan as mp  # noqa: PLC0415
+
+    has_mtp = bool(getattr(args, "mtp_num_hidden_layers", 0)) or bool(weights and "mtp" in weights)
+    prof = get_profile(ref, profile, has_mtp=has_mtp)
+    values, sources = merge(prof, ctx=ctx, kv=kv)
+    launch = Launch(prof.name, values, sources)
+    if values["kv"] not in mp.KV_FORMATS:
+        raise NinferError(f"unknown KV format {values['kv']!r}", f"use one of {', '.join(mp.KV_FORMATS)}")
+    gpu = device == "gpu"
+    if values["kv"] != "bf16" and (not gpu or values["kv"] not in mp.GPU_KV_FORMATS):
+        what = INT8_NOT_ON_GPU if gpu else "int8 KV is not implemented on the CPU (the NumPy engine keeps float32 KV)"
+        if sources["kv"] == "flag":
+            raise NinferError(what, "drop --kv int8 (`ninfer show MODEL --memory --kv int8` shows what it would allow)")
+        launch.notes.append(f"{what}: profile {prof.name} uses bf16 KV")
+        values["kv"] = "bf16"
+    if values["spec"]:
+        launch.notes.append(f"{SPEC_NOT_IMPLEMENTED}: profile {prof.name} runs without {values['spec']}")
+        values["spec"], values["draft_tokens"] = None, 0
+    if values["lanes"] != 1:
+        launch.notes.append(f"one lane only for now: profile {prof.name} asks for {values['lanes']}")
+        values["lanes"] = 1
+    if not gpu:
+        if vram_limit is not None:
+            launch.notes.append("--vram-limit applies to the GPU only: ignored on the CPU")
+        launch.max_context = values["ctx"]
+        return launch
+    if weights is None or not planned:
+        launch.max_context = values["ctx"]
+        if vram_limit is not None:
+            launch.notes.append("--vram-limit: no memory plan for this model on the GPU (only Qwen3.5 hybrid "
+                                "models on the CUDA engine have one): ignored")
+        return launch
+    comps, optional = _components(values)
+    plan = mp.plan_memory(args, weights, model=ref or "", source=weights_source, kv=values["kv"],
+                          lanes=values["lanes"], components=comps, optional=optional, spec=values["spec"],
+                          draft_tokens=values["draft_tokens"], prefill_chunk=values["prefill_chunk"])
+    launch.plan, launch.budget = plan, mp.budget(vram_limit, memory)
+    b = launch.budget
+    if b is None:
+        launch.max_context = values["ctx"]
+        return launch
+    if values["ctx"]:
+        mp.check_context(plan, values["ctx"], b.free)
+        launch.max_context = values["ctx"]
+        launch.notes.append(f"context {values['ctx']:,} ({sources['ctx']}): needs {_gib(plan.total(values['ctx']))} "
+                            f"with headroom; {b.source}")
+        return launch
+    chosen = mp.fit_context(plan, b.free)
+    launch.max_context = chosen
+    why = f"largest rung that fits: needs {_gib(plan.total(chosen))} of {_gib(b.free)} ({b.source})"
+    bigger = [r for r in mp.ladder_for(plan) if r > chosen]
+    if bigger:
+        why += f"; {bigger[-1]:,} would need {_gib(plan.total(bigger[-1]))}"
+    launch.notes.append(f"context auto -> {chosen:,} ({plan.kv} KV, {plan.kv_bytes_per_token:,} B/token): {why}")
+    return launch
+
+
+def launch_for_artifact(path, ref: str | None, *, device: str, profile: str | None = None, ctx: int | None = None,
+                        kv: str | None = None, vram_limit: int | None = None, memory="probe") -> Launch:
+    """`resolve_launch` for a stored artifact: geometry and object sizes from its JSON header only."""
+    from engine import memory_plan as mp  # noqa: PLC0415
+    from engine.artifact.container import open_artifact  # noqa: PLC0415
+    from engine.config import ModelArgs  # noqa: PLC0415
+
+    art = open_artifact(path)
+    args = ModelArgs.from_artifact(art)
+    weights = mp.weights_from_artifact(art)
+    planned = device == "gpu" and _cuda_runs(args)
+    return resolve_launch(ref or Path(path).name, args, weights, profile=profile, ctx=ctx, kv=kv,
+                          vram_limit=vram_limit, device=device, weights_source="artifact header",
+                          planned=planned, memory=memory)
+
+
+def launch_for_synthetic(geometry: str, recipe: str | None = None, *, profile: str | None = None,
+                         ctx: int | None = None, kv: str | None = None, vram_limit: int | None = None,
+                         memory="probe") -> Launch:
+    """`resolve_launch` for `ninfer bench --synthetic GEOMETRY` (weights sized from the recipe)."""
+    from engine import memory_plan as mp  # noqa: PLC0415
+    from engine.config import ModelArgs  # noqa: PLC0415
+    from engine.synthetic import GEOMETRIES, geometry_config  # noqa: PLC0415
+
+    args = ModelArgs.from_config(geometry_config(geometry))
+    recipe = recipe or GEOMETRIES[geometry][1]
+    weights = mp.weights_from_recipe(args, recipe)
+    return resolve_launch(geometry, args, weights, profile=profile, ctx=ctx, kv=kv, vram_limit=vram_limit,
+                          device="gpu", weights_source=f"synthetic recipe {recipe}", memory=memory)
+
+
+def _cuda_runs(args) -> bool:
+    """Whether `engine.load(..., device="gpu")` builds the CUDA engine for this model (else the plan
+    does not describe what gets allocated)."""
+    try:
+        from engine.gpu_engine import cuda_supported  # noqa: PLC0415
+    except Exception:  # noqa: BLE001 - no CUDA engine importable: nothing to plan for
+        return False
+    return bool(cuda_supported(args))
+
+
+def _gib(n: int) -> str:
+    return f"{n / 1024**3:.2f} GiB"
