@@ -79,46 +79,52 @@ def run_bench(
     results: list[Result] = []
     meta: dict = {"model": model, "synthetic": synthetic,
                   "recipe": (recipe or default_recipe(synthetic)) if synthetic else None}
-    for inst in instances:
-        if synthetic:
-            eng = build_synthetic(synthetic, recipe=recipe, device=device, max_context=max_context, instance=inst)
-        else:
-            eng = build_model(model_path, device=device, max_context=max_context, instance=inst)
-        info = dict(eng.info()) if hasattr(eng, "info") else {}
-        costs, sources = engine_costs(eng, info)
-        env["backend"] = info.get("backend", env["backend"])
-        meta |= {
-            "weight_bytes": costs.weight_bytes,
-            "weight_bytes_per_token": costs.weight_bytes_per_token,
-            "state_bytes": costs.state_bytes,
-            "kv_bytes_per_token": costs.kv_bytes_per_token,
-            "params_per_token": costs.params_per_token,
-            "cost_sources": {k: v for k, v in sources.items() if v},
-            "engine_info": {k: v for k, v in info.items() if isinstance(v, (str, int, float, bool, type(None)))},
-        }
-        tokens = bench_tokens(max_context, _domain(eng, info))
-        for t in tests:
-            r = run_test(eng, t, inst, repetitions=repetitions, warmup=warmup, tokens=tokens, costs=costs,
-                         roofline=roof, memory=memory)
-            results.append(r)
-            say(_line(r))
-        del eng
-        _release(device)
-    base_meta, base_results = None, None
-    if baseline:
-        try:
-            base_meta, base_results = _run_baseline(model_path, synthetic, tests, repetitions, warmup, device,
-                                                    tokens, roof, say)
-        except Exception as e:  # noqa: BLE001  (our results are already measured: keep them)
-            if isinstance(e, NinferError):
-                reason = f"{e.message} ({e.next_action})" if e.next_action else e.message
+    base_meta, base_results, interrupted = None, None, False
+    try:
+        for inst in instances:
+            if synthetic:
+                eng = build_synthetic(synthetic, recipe=recipe, device=device, max_context=max_context,
+                                      instance=inst)
             else:
-                reason = f"{type(e).__name__}: {e}"
-            say(f"baseline failed, reporting without it: {reason}")
-            base_meta, base_results = {"name": "transformers", "error": reason}, []
+                eng = build_model(model_path, device=device, max_context=max_context, instance=inst)
+            info = dict(eng.info()) if hasattr(eng, "info") else {}
+            costs, sources = engine_costs(eng, info)
+            env["backend"] = info.get("backend", env["backend"])
+            meta |= {
+                "weight_bytes": costs.weight_bytes,
+                "weight_bytes_per_token": costs.weight_bytes_per_token,
+                "state_bytes": costs.state_bytes,
+                "kv_bytes_per_token": costs.kv_bytes_per_token,
+                "params_per_token": costs.params_per_token,
+                "cost_sources": {k: v for k, v in sources.items() if v},
+                "engine_info": {k: v for k, v in info.items() if isinstance(v, (str, int, float, bool, type(None)))},
+            }
+            tokens = bench_tokens(max_context, _domain(eng, info))
+            for t in tests:
+                r = run_test(eng, t, inst, repetitions=repetitions, warmup=warmup, tokens=tokens, costs=costs,
+                             roofline=roof, memory=memory)
+                results.append(r)
+                say(_line(r))
+            del eng
             _release(device)
+        if baseline:
+            try:
+                base_meta, base_results = _run_baseline(model_path, synthetic, tests, repetitions, warmup, device,
+                                                        tokens, roof, say)
+            except Exception as e:  # noqa: BLE001  (our results are already measured: keep them)
+                if isinstance(e, NinferError):
+                    reason = f"{e.message} ({e.next_action})" if e.next_action else e.message
+                else:
+                    reason = f"{type(e).__name__}: {e}"
+                say(f"baseline failed, reporting without it: {reason}")
+                base_meta, base_results = {"name": "transformers", "error": reason}, []
+                _release(device)
+    except KeyboardInterrupt:  # a long GPU run stopped with Ctrl+C still reports what it measured
+        interrupted = True
+        say("interrupted: reporting the tests that finished")
     settings = {"repetitions": repetitions, "warmup": warmup, "device": device, "max_context": max_context,
-                "prompt_tokens": f"PCG64 seed {TOKEN_SEED:#x}", "stops": "off", "prefix_reuse": "off"}
+                "prompt_tokens": f"PCG64 seed {TOKEN_SEED:#x}", "stops": "off", "prefix_reuse": "off",
+                "interrupted": interrupted}
     return build_report(command=command, env=env, roofline=roof, model=meta, settings=settings,
                         results=results, baseline=base_meta, baseline_results=base_results)
 

@@ -205,3 +205,5 @@ def bench(
         output.stderr().print(f"wrote {out}", markup=False, highlight=False)
     else:
         sys.stdout.write(render(report, fmt))
+    if report["settings"].get("interrupted"):
+        raise typer.Exit(130)

@@ -147,3 +147,20 @@ def test_a_failing_baseline_keeps_our_results(monkeypatch):
     data = json.loads(r.stdout)
     assert data["baseline"]["error"] == "RuntimeError: CUDA out of memory"
     assert [x["test"] for x in data["results"]] == ["pp8"]
+
+
+def test_ctrl_c_reports_the_finished_tests_and_exits_130(monkeypatch):
+    from engine import bench_run
+
+    real = bench_run.run_test
+
+    def stop_at_tg(engine, test, *a, **k):
+        if test.kind == "tg":
+            raise KeyboardInterrupt
+        return real(engine, test, *a, **k)
+
+    monkeypatch.setattr(bench_run, "run_test", stop_at_tg)
+    r = invoke("--synthetic", "tiny", "-p", "8", "-n", "4", "-r", "1", "-o", "json")
+    assert r.exit_code == 130
+    data = json.loads(r.stdout)
+    assert data["settings"]["interrupted"] is True and [x["test"] for x in data["results"]] == ["pp8"]
