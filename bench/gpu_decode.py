@@ -125,12 +125,12 @@ def best_cfg(sweep):
     return {k: dict(rows=v["rows"], unroll=v["unroll"], splits=v["splits"]) for k, v in cfg.items()}
 
 
-def synthetic_decode(geometry, bw, gemv_cfg, n=128, depth=0, breakdown=False):
+def synthetic_decode(geometry, bw, gemv_cfg, n=128, depth=0, breakdown=False, kv="bf16"):
     from engine.synthetic import build_engine
 
     t0 = time.perf_counter()
     # room for the warm-up and three timed bursts past `depth`
-    eng = build_engine(geometry, max_context=max(4096, depth + 8 + 3 * n + 64), gemv_cfg=gemv_cfg)
+    eng = build_engine(geometry, max_context=max(4096, depth + 8 + 3 * n + 64), gemv_cfg=gemv_cfg, kv=kv)
     ex = eng.model.executor
     cp.cuda.Device().synchronize()
     build_s = time.perf_counter() - t0
@@ -149,7 +149,7 @@ def synthetic_decode(geometry, bw, gemv_cfg, n=128, depth=0, breakdown=False):
     ctx = depth + n / 2
     bytes_tok = ex.weight_bytes() + ex.state_bytes() + ctx * ex.kv_bytes_per_token()
     gbs = bytes_tok * tps / 1e9
-    res = dict(geometry=geometry, test=f"tg{n}" + (f"@d{depth}" if depth else ""), tok_s=round(tps, 1),
+    res = dict(geometry=geometry, test=f"tg{n}" + (f"@d{depth}" if depth else ""), kv=kv, tok_s=round(tps, 1),
                ms_per_token=round(1e3 * dt / n, 3), weight_bytes=ex.weight_bytes(), state_bytes=ex.state_bytes(),
                kv_bytes_per_token=ex.kv_bytes_per_token(), bytes_per_token=int(bytes_tok), gbs=round(gbs, 1),
                pct_copy=round(100 * gbs / bw, 1), kernels=len(ex.ops), build_s=round(build_s, 1),
@@ -251,8 +251,9 @@ def main():
         report["decode"] = []
         for geo in a.synthetic.split(","):
             report["decode"].append(synthetic_decode(geo, bw, cfg, depth=0, breakdown=a.breakdown))
-            if a.depth and "35b" not in geo:  # the depth target is the 27B's (issue 7)
-                report["decode"].append(synthetic_decode(geo, bw, cfg, depth=a.depth))
+            if a.depth and "35b" not in geo:  # the depth targets are the 27B's (issue 7)
+                for kv in ("bf16", "int8"):
+                    report["decode"].append(synthetic_decode(geo, bw, cfg, depth=a.depth, kv=kv))
     if a.out:
         Path(a.out).write_text(json.dumps(report, indent=1, default=str))
 

@@ -1,11 +1,32 @@
 // Gated full attention, decode: q/k norm + partial RoPE + KV write, then split-K attention over a
 // paged bf16 KV cache with GQA, then a combine that applies the sigmoid output gate.
 //
-// KV pool per layer: [pages, PAGE=64, Hkv, D] bf16 (as uint16), one page table row per lane.
+// KV pool per layer: [pages, PAGE=64, Hkv, D] bf16 (as uint16), one page table row per lane; or int8-g64:
+// int8 codes in the same shape plus fp16 scales [pages, PAGE, Hkv, D/64], scale = fp16(amax/127),
+// codes = clamp(rint(x * (1/scale)), -127, 127) (spec/container.md §5.5).
 // Position of token m: pos[m]; it attends to positions [0, pos[m]].
 #include "common.cuh"
 
 #define KV_PAGE 64
+
+// int8-g64 codes of one 256-wide head held strided (element i of lane l is d = l + 32 i, so the
+// 64-dim group g is e[2g], e[2g+1] of every lane).
+__device__ __forceinline__ void quant_g64(const float (&e)[8], signed char* codes, __half* scales, int lane) {
+#pragma unroll
+  for (int g = 0; g < 4; ++g) {
+    const float amax = warp_max(fmaxf(fabsf(e[2 * g]), fabsf(e[2 * g + 1])));
+    __half s16 = __float2half_rn(amax / 127.f);
+    if (__half2float(s16) == 0.f && amax > 0.f) s16 = __ushort_as_half((unsigned short)1);
+    const float sf = __half2float(s16);
+    const float inv = sf > 0.f ? 1.f / sf : 0.f;
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+      const float c = fminf(fmaxf(rintf(e[2 * g + t] * inv), -127.f), 127.f);
+      codes[lane + 32 * (2 * g + t)] = (signed char)(int)c;
+    }
+    if (lane == 0) scales[g] = s16;
+  }
+}
 
 // q: [M, Hq, D] query rows (raw projection), k/v: [M, Hkv, D]; one warp per head (D == 256, 8 per lane,
 // element i of lane l is d = l + 32 i so that the rotated pairs (d, d + 32) of RoPE sit in one lane).
@@ -14,7 +35,8 @@ extern "C" __global__ void qk_norm_rope_kv(const float* __restrict__ q, int ldq,
                                 const float* __restrict__ qnw, const float* __restrict__ knw,
                                 const int* __restrict__ pos, const int* __restrict__ page_table, int pt_stride,
                                 unsigned short* __restrict__ kc, unsigned short* __restrict__ vc,
-                                float* __restrict__ qout, int Hq, int Hkv, int rot, float log2_theta, float eps) {
+                                float* __restrict__ qout, int Hq, int Hkv, int rot, float log2_theta, float eps,
+                                __half* __restrict__ ks, __half* __restrict__ vs8) {
   const int lane = threadIdx.x & 31;
   const int h = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int m = blockIdx.y;
@@ -52,10 +74,19 @@ extern "C" __global__ void qk_norm_rope_kv(const float* __restrict__ q, int ldq,
     const int page = page_table[(size_t)m * pt_stride + p / KV_PAGE];
     const size_t off = (((size_t)page * KV_PAGE + p % KV_PAGE) * Hkv + hh) * 256;
     const float* vs = v + (size_t)m * ldv + hh * 256;
+    if (ks == nullptr) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      kc[off + lane + 32 * i] = __bfloat16_as_ushort(__float2bfloat16_rn(e[i]));
-      vc[off + lane + 32 * i] = __bfloat16_as_ushort(__float2bfloat16_rn(vs[lane + 32 * i]));
+      for (int i = 0; i < 8; ++i) {
+        kc[off + lane + 32 * i] = __bfloat16_as_ushort(__float2bfloat16_rn(e[i]));
+        vc[off + lane + 32 * i] = __bfloat16_as_ushort(__float2bfloat16_rn(vs[lane + 32 * i]));
+      }
+    } else {
+      float ve[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) ve[i] = vs[lane + 32 * i];
+      const size_t soff = (((size_t)page * KV_PAGE + p % KV_PAGE) * Hkv + hh) * 4;
+      quant_g64(e, reinterpret_cast<signed char*>(kc) + off, ks + soff, lane);
+      quant_g64(ve, reinterpret_cast<signed char*>(vc) + off, vs8 + soff, lane);
     }
   }
 }
@@ -63,11 +94,12 @@ extern "C" __global__ void qk_norm_rope_kv(const float* __restrict__ q, int ldq,
 // Split-K decode attention. grid (Hkv, nsplit, M), block 256 (8 warps). Each warp walks tokens of
 // this split, lane l holding dims [8l, 8l+8) (16-byte loads of a 512-byte bf16 row), G query heads.
 // Writes per (m, q head, split): running max, sum and the unnormalised accumulator.
-template <int G>
+template <int G, bool KV8>
 __global__ void __launch_bounds__(256) attn_decode_split(
     const float* __restrict__ q, const unsigned short* __restrict__ kc, const unsigned short* __restrict__ vc,
     const int* __restrict__ pos, const int* __restrict__ page_table, int pt_stride, int Hkv, int chunk,
-    float scale, float* __restrict__ part_ml, float* __restrict__ part_acc, int nsplit) {
+    float scale, float* __restrict__ part_ml, float* __restrict__ part_acc, int nsplit,
+    const __half* __restrict__ ks, const __half* __restrict__ vsc) {
   const int kvh = blockIdx.x, split = blockIdx.y, m = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int Hq = Hkv * G;
@@ -91,13 +123,30 @@ __global__ void __launch_bounds__(256) attn_decode_split(
   }
   for (int t = t0 + warp; t < t1; t += 8) {
     const int page = page_table[(size_t)m * pt_stride + t / KV_PAGE];
-    const size_t off = (((size_t)page * KV_PAGE + t % KV_PAGE) * Hkv + kvh) * 256 + lane * 8;
-    const uint4 kv = __ldg(reinterpret_cast<const uint4*>(kc + off));
-    const uint4 vv = __ldg(reinterpret_cast<const uint4*>(vc + off));
-    const float kf[8] = {bf16_lo(kv.x), bf16_hi(kv.x), bf16_lo(kv.y), bf16_hi(kv.y),
-                         bf16_lo(kv.z), bf16_hi(kv.z), bf16_lo(kv.w), bf16_hi(kv.w)};
-    const float vf[8] = {bf16_lo(vv.x), bf16_hi(vv.x), bf16_lo(vv.y), bf16_hi(vv.y),
-                         bf16_lo(vv.z), bf16_hi(vv.z), bf16_lo(vv.w), bf16_hi(vv.w)};
+    const size_t row = ((size_t)page * KV_PAGE + t % KV_PAGE) * Hkv + kvh;
+    const size_t off = row * 256 + lane * 8;
+    float kf[8], vf[8];
+    if constexpr (KV8) {
+      const uint2 kv = __ldg(reinterpret_cast<const uint2*>(reinterpret_cast<const signed char*>(kc) + off));
+      const uint2 vv = __ldg(reinterpret_cast<const uint2*>(reinterpret_cast<const signed char*>(vc) + off));
+      const float sk = __half2float(ks[row * 4 + (lane >> 3)]), sv = __half2float(vsc[row * 4 + (lane >> 3)]);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        kf[i] = sk * (float)(signed char)(kv.x >> (8 * i));
+        kf[i + 4] = sk * (float)(signed char)(kv.y >> (8 * i));
+        vf[i] = sv * (float)(signed char)(vv.x >> (8 * i));
+        vf[i + 4] = sv * (float)(signed char)(vv.y >> (8 * i));
+      }
+    } else {
+      const uint4 kv = __ldg(reinterpret_cast<const uint4*>(kc + off));
+      const uint4 vv = __ldg(reinterpret_cast<const uint4*>(vc + off));
+      const unsigned int kw[4] = {kv.x, kv.y, kv.z, kv.w}, vw[4] = {vv.x, vv.y, vv.z, vv.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        kf[2 * i] = bf16_lo(kw[i]); kf[2 * i + 1] = bf16_hi(kw[i]);
+        vf[2 * i] = bf16_lo(vw[i]); vf[2 * i + 1] = bf16_hi(vw[i]);
+      }
+    }
 #pragma unroll
     for (int g = 0; g < G; ++g) {
       float s = 0.f;

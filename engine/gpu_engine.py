@@ -31,9 +31,10 @@ class CudaModel:
 
     xp = np
 
-    def __init__(self, args, weights: dict, *, max_context: int = 4096, gemv_cfg: dict | None = None):
+    def __init__(self, args, weights: dict, *, max_context: int = 4096, gemv_cfg: dict | None = None,
+                 kv: str = "bf16"):
         self.args = args
-        self.executor = CudaQwen35(args, weights, max_context=max_context, gemv_cfg=gemv_cfg)
+        self.executor = CudaQwen35(args, weights, max_context=max_context, gemv_cfg=gemv_cfg, kv=kv)
         self.weight_bytes = self.executor.weight_bytes()
 
     def make_cache(self, *_):
@@ -77,8 +78,8 @@ class CudaEngine(Engine):
 
 
 def build_engine(args, device_weights: dict, config: dict, *, max_context: int = 4096, tokenizer=None,
-                 gemv_cfg: dict | None = None) -> CudaEngine:
-    model = CudaModel(args, device_weights, max_context=max_context, gemv_cfg=gemv_cfg)
+                 gemv_cfg: dict | None = None, kv: str = "bf16") -> CudaEngine:
+    model = CudaModel(args, device_weights, max_context=max_context, gemv_cfg=gemv_cfg, kv=kv)
     return CudaEngine(model, config, device="gpu", tokenizer=tokenizer, max_context=max_context)
 
 
@@ -88,7 +89,7 @@ def cuda_supported(args) -> bool:
             and args.linear_key_head_dim == 128 and args.linear_value_head_dim == 128)
 
 
-def try_build(config: dict, source, *, max_context: int | None = None, tokenizer=None):
+def try_build(config: dict, source, *, max_context: int | None = None, tokenizer=None, kv: str = "bf16"):
     """A CudaEngine for `source` (an Artifact, or a dict of float weights) when the model is supported,
     else None (the caller then runs the reference model on CuPy arrays)."""
     from engine import gpu_weights  # noqa: PLC0415
@@ -102,4 +103,4 @@ def try_build(config: dict, source, *, max_context: int | None = None, tokenizer
     else:
         weights = gpu_weights.from_logical(args, source)
     ctx = int(max_context or min(args.max_position_embeddings or 32768, 32768))
-    return build_engine(args, weights, config, max_context=ctx, tokenizer=tokenizer)
+    return build_engine(args, weights, config, max_context=ctx, tokenizer=tokenizer, kv=kv)

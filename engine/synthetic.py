@@ -44,12 +44,12 @@ def build_engine(geometry: str, recipe: str | None = None, device: str = "gpu", 
     if device != "gpu" or not gpu_available():
         raise NinferError(f"--synthetic {geometry} builds full-size weights in GPU memory and needs a CUDA GPU",
                           "run it on a machine with an NVIDIA GPU and CuPy, or use --synthetic tiny here")
-    if kv != "bf16":
-        raise NinferError(f"KV format {kv} is not implemented on the GPU yet", "use --kv bf16")
+    if kv not in ("bf16", "int8"):
+        raise NinferError(f"unknown KV format {kv!r}", "use --kv bf16 or --kv int8")
     config = geometry_config(geometry)
     args = ModelArgs.from_config(config)
     from engine import gpu_weights  # noqa: PLC0415
     from engine.gpu_engine import build_engine as build  # noqa: PLC0415
 
     weights = gpu_weights.synthetic(args, recipe or GEOMETRIES[geometry][1], seed=seed)
-    return build(args, weights, config, max_context=max_context, gemv_cfg=gemv_cfg)
+    return build(args, weights, config, max_context=max_context, gemv_cfg=gemv_cfg, kv=kv)

@@ -20,6 +20,11 @@ ATTN_HEAD_DIM = 256
 GDN_HEAD_DIM = 128
 
 
+def _ptr(a) -> np.uint64:
+    """Device pointer of an optional array (0 for None), as a kernel argument."""
+    return np.uint64(0 if a is None else a.data.ptr)
+
+
 def concat_rows(cp, mats: list[DevMatrix]) -> DevMatrix:
     """One packed matrix holding the rows of several (same format and K), planes copied on the device."""
     if len(mats) == 1:
@@ -66,10 +71,13 @@ class CudaQwen35:
     """
 
     def __init__(self, args, weights: dict, *, max_context: int = 4096, lanes: int = 1,
-                 gemv_cfg: dict | None = None):
+                 gemv_cfg: dict | None = None, kv: str = "bf16"):
         import cupy as cp  # noqa: PLC0415
 
         self.cp, self.args, self.M = cp, args, lanes
+        if kv not in ("bf16", "int8"):
+            raise ValueError(f"unknown KV format {kv!r}: bf16 or int8")
+        self.kv = kv
         a = args
         if a.is_moe and lanes != 1:
             raise NotImplementedError("the GPU MoE decode path runs one lane for now")
@@ -139,7 +147,8 @@ class CudaQwen35:
 
     def kv_bytes_per_token(self) -> int:
         n_attn = sum(1 for t in self.layer_types if t == "full_attention")
-        return n_attn * self.Hkv * ATTN_HEAD_DIM * 2 * 2
+        per_row = ATTN_HEAD_DIM * 2 if self.kv == "bf16" else ATTN_HEAD_DIM + ATTN_HEAD_DIM // 64 * 2
+        return n_attn * self.Hkv * per_row * 2
 
     # ---- buffers -------------------------------------------------------------------------------
     def _alloc(self):
@@ -197,8 +206,15 @@ class CudaQwen35:
         for L in self.layers:
             if L["kind"] == "full_attention":
                 shape = (M * pages_per_lane, KV_PAGE, self.Hkv, ATTN_HEAD_DIM)
-                L["kc"] = cp.zeros(shape, dtype=cp.uint16)
-                L["vc"] = cp.zeros(shape, dtype=cp.uint16)
+                if self.kv == "bf16":
+                    L["kc"] = cp.zeros(shape, dtype=cp.uint16)
+                    L["vc"] = cp.zeros(shape, dtype=cp.uint16)
+                    L["ks"] = L["vs"] = None
+                else:
+                    L["kc"] = cp.zeros(shape, dtype=cp.int8)
+                    L["vc"] = cp.zeros(shape, dtype=cp.int8)
+                    L["ks"] = cp.zeros(shape[:-1] + (ATTN_HEAD_DIM // 64,), dtype=cp.float16)
+                    L["vs"] = cp.zeros(shape[:-1] + (ATTN_HEAD_DIM // 64,), dtype=cp.float16)
             else:
                 L["conv_state"] = cp.zeros((M, 3, C), dtype=f32)
                 L["state"] = cp.zeros((M, self.Hv, GDN_HEAD_DIM, GDN_HEAD_DIM), dtype=f32)
@@ -296,13 +312,15 @@ class CudaQwen35:
                 ops.append(K.prepared("qk_norm_rope_kv", (-(-nh // K.WARPS), M),
                                       (self.buf_a, lda, self.buf_a[:, qw:], lda, self.buf_b[:, qw:], ldb,
                                        L["qn"], L["kn"], self.pos, self.page_table, self.page_table.shape[1],
-                                       L["kc"], L["vc"], self.qbuf, self.Hq, self.Hkv, rot, log2_theta, eps)))
+                                       L["kc"], L["vc"], self.qbuf, self.Hq, self.Hkv, rot, log2_theta, eps,
+                                       _ptr(L["ks"]), _ptr(L["vs"]))))
                 g = self.Hq // self.Hkv
-                ops.append(K.prepared(f"attn_decode_split<{g}>", (self.Hkv, self.nsplit, M),
+                kv8 = "true" if self.kv == "int8" else "false"
+                ops.append(K.prepared(f"attn_decode_split<{g},{kv8}>", (self.Hkv, self.nsplit, M),
                                       (self.qbuf, L["kc"], L["vc"], self.pos, self.page_table,
                                        self.page_table.shape[1], self.Hkv, self.chunk,
                                        float(1.0 / math.sqrt(ATTN_HEAD_DIM)), self.attn_ml, self.attn_acc,
-                                       self.nsplit)))
+                                       self.nsplit, _ptr(L["ks"]), _ptr(L["vs"]))))
                 ops.append(K.prepared("attn_combine", (self.Hq, M),
                                       (self.attn_ml, self.attn_acc, self.nsplit, self.buf_b, ldb, self.att,
                                        self.Hq)))

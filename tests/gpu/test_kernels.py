@@ -212,10 +212,12 @@ def test_gdn_step(cp):
     check("gdn out", bufs["o"].get()[0], o[0], atol=1e-3, rtol=1e-2, tail_frac=2e-3, worst_ratio=5, rel=8e-3)
 
 
+@pytest.mark.parametrize("kv", ["bf16", "int8"])
 @pytest.mark.parametrize("g", [6, 8])
 @pytest.mark.parametrize("length", [1, 63, 200])
-def test_attention_decode(cp, g, length):
+def test_attention_decode(cp, g, length, kv):
     from engine.ops import kernels as K
+    from engine.ops.kvquant import dequantize_kv_int8_g64, quantize_kv_int8_g64
 
     hkv, d, page = 2, 256, 64
     hq = hkv * g
@@ -223,8 +225,12 @@ def test_attention_decode(cp, g, length):
     pages = max_ctx // page
     nsplit = 3
     chunk = -(-max_ctx // nsplit)
-    kc = cp.zeros((pages, page, hkv, d), dtype=cp.uint16)
+    int8 = kv == "int8"
+    kc = cp.zeros((pages, page, hkv, d), dtype=cp.int8 if int8 else cp.uint16)
     vc = cp.zeros_like(kc)
+    ksc = cp.zeros((pages, page, hkv, d // 64), dtype=cp.float16) if int8 else None
+    vsc = cp.zeros_like(ksc) if int8 else None
+    ptr = lambda a: np.uint64(0 if a is None else a.data.ptr)  # noqa: E731
     perm = np.array([2, 0, 3, 1], dtype=np.int32)  # a non-trivial page table
     pt = cp.asarray(perm[None])
     qn_w = RNG.standard_normal(d).astype(np.float32) * 0.1
@@ -238,7 +244,8 @@ def test_attention_decode(cp, g, length):
         pos = cp.asarray(np.array([t], dtype=np.int32))
         K.prepared("qk_norm_rope_kv", (-(-(hq + hkv) // 8), 1),
                    (cp.asarray(q), hq * d, cp.asarray(k), hkv * d, cp.asarray(v), hkv * d, cp.asarray(qn_w),
-                    cp.asarray(kn_w), pos, pt, pages, kc, vc, qbuf, hq, hkv, 64, math.log2(1e7), 1e-6))()
+                    cp.asarray(kn_w), pos, pt, pages, kc, vc, qbuf, hq, hkv, 64, math.log2(1e7), 1e-6,
+                    ptr(ksc), ptr(vsc)))()
         kr = ref.rope(ref.rmsnorm(k.reshape(1, hkv, d), kn_w, 1e-6), np.array([t]), 64, 1e7)
         ks.append(kr[0])
         vs.append(v.reshape(hkv, d))
@@ -248,13 +255,22 @@ def test_attention_decode(cp, g, length):
     ml = cp.zeros((1, hq, nsplit, 2), dtype=cp.float32)
     acc = cp.zeros((1, hq, nsplit, d), dtype=cp.float32)
     out = cp.full((1, hq * d), np.nan, dtype=cp.float32)
-    K.prepared(f"attn_decode_split<{g}>", (hkv, nsplit, 1),
-               (qbuf, kc, vc, pos, pt, pages, hkv, chunk, 1 / 16, ml, acc, nsplit))()
+    K.prepared(f"attn_decode_split<{g},{'true' if int8 else 'false'}>", (hkv, nsplit, 1),
+               (qbuf, kc, vc, pos, pt, pages, hkv, chunk, 1 / 16, ml, acc, nsplit, ptr(ksc), ptr(vsc)))()
     K.prepared("attn_combine", (hq, 1), (ml, acc, nsplit, cp.asarray(gate), hq * d, out, hq))()
-    to_bf16 = lambda a: formats.bf16_bits_to_f32(formats.f32_to_bf16_bits(np.asarray(a, np.float32)))  # noqa: E731
-    want = ref.attention(qr, to_bf16(np.stack(ks)), to_bf16(np.stack(vs)), 1 / 16, q_start=length - 1)
+    if int8:
+        store = lambda a: dequantize_kv_int8_g64(*quantize_kv_int8_g64(np.asarray(a, np.float32)))  # noqa: E731
+        # the cache holds what the reference quantizer makes of the same rows (page-table order undone)
+        slot = [(perm[t // page], t % page) for t in range(length)]
+        got_k = np.stack([dequantize_kv_int8_g64(kc.get()[p_, s_], ksc.get()[p_, s_]) for p_, s_ in slot])
+        check("int8 K cache", got_k, store(np.stack(ks)), atol=4e-3, rtol=1.6e-2, tail_frac=2e-3, worst_ratio=5, rel=8e-3)
+        tol = dict(atol=4e-3, rtol=1.6e-2, tail_frac=2e-3, worst_ratio=5, rel=8e-3)  # attention_int8
+    else:
+        store = lambda a: formats.bf16_bits_to_f32(formats.f32_to_bf16_bits(np.asarray(a, np.float32)))  # noqa: E731
+        tol = dict(atol=2e-3, rtol=1.6e-2, tail_frac=2e-3, worst_ratio=5, rel=8e-3)  # attention_bf16
+    want = ref.attention(qr, store(np.stack(ks)), store(np.stack(vs)), 1 / 16, q_start=length - 1)
     want = want.reshape(1, -1) * ref.sigmoid(gate)
-    check("attention", out.get(), want, atol=2e-3, rtol=1.6e-2, tail_frac=2e-3, worst_ratio=5, rel=8e-3)
+    check(f"attention {kv}", out.get(), want, **tol)
 
 
 def test_argmax_step(cp):
