@@ -56,9 +56,7 @@ class SlashHandler:
         app = self.app
         app.save()
         app.conversation = Conversation(model=app.session.info.name)
-        app.last_stats = None
         await app.show_conversation()
-        app.status.show_last(None)
         await app.note("New conversation.")
 
     async def do_regen(self, args: list[str]) -> None:
@@ -154,7 +152,6 @@ class SlashHandler:
 
             app.settings = ChatSettings.from_dict(conv.settings)
             app.status.show_effort(app.settings.effort, app.session.info.thinking)
-        app.last_stats = None
         await app.show_conversation()
         await app.note(f"Loaded `{conv.id}`: {conv.title}")
 

@@ -99,7 +99,6 @@ class ChatApp(App):
         self.status.show_effort(self.settings.effort, self.session.info.thinking)
         self.status.show_context(0, self.session.info.context_max)
         self.status.show_rate(None)
-        self.status.show_last(None)
         self.refresh_memory()
         self.set_interval(RATE_REFRESH_S, self.refresh_rate)
         self.set_interval(1.0, self.refresh_memory)
@@ -129,8 +128,10 @@ class ChatApp(App):
         if widgets:
             await self.chat.mount_all(widgets)
         last = next((m for m in reversed(self.conversation.messages) if m.get("stats")), None)
-        self.context_used = last["stats"]["prompt_tokens"] + last["stats"]["generation_tokens"] if last else 0
+        self.last_stats = TurnStats(**last["stats"]) if last else None
+        self.context_used = self.last_stats.prompt_tokens + self.last_stats.generation_tokens if last else 0
         self.status.show_context(self.context_used, self.session.info.context_max)
+        self.status.show_last(self.last_stats)
 
     async def note(self, text: str, *, error: bool = False) -> None:
         """Show app text (help, stats, errors) in the chat log."""

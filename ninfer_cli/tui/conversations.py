@@ -135,7 +135,7 @@ class ConversationStore:
 
     def rows(self) -> list[tuple[str, str, str, str, str]]:
         """(id, updated, model, turns, title) for `ninfer chat --list`."""
-        return [(c.id, _stamp(c.updated), c.model,
+        return [(c.id, _stamp(c.updated), c.model.removesuffix(":latest"),
                  str(sum(1 for m in c.messages if m["role"] == "user")),
                  c.title or c.default_title()) for c in self.list()]
 

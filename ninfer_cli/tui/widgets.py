@@ -207,7 +207,10 @@ class StatusBar(Horizontal):
         # Same length, same template: the width cannot change, so skip the screen-wide layout.
         same = len(text) == len(self._texts.get(name, ""))
         self._texts[name] = text
-        self._items[name].update(text, layout=not same)
+        item = self._items[name]
+        if item.display != bool(text):
+            item.display = bool(text)
+        item.update(text, layout=not same)
 
     def show_model(self, info: ModelInfo, state: str = "") -> None:
         name = info.name.removesuffix(":latest")
@@ -218,15 +221,15 @@ class StatusBar(Horizontal):
 
     def show_context(self, used: int, total: int) -> None:
         total_text = human_tokens(total) if total else "?"
-        self._set("ctx", f"ctx {gauge(used, total, 6)} {human_tokens(used)}/{total_text}")
+        self._set("ctx", f"ctx {gauge(used, total, 5)} {human_tokens(used)}/{total_text}")
 
     def show_rate(self, rate: float | None) -> None:
         self._set("rate", "" if rate is None else f"[b]{rate:6.1f}[/b] tok/s")
 
     def show_last(self, stats: TurnStats | None) -> None:
         self._set("last", "" if stats is None else
-                  f"last {stats.tokens_per_second:.1f} tok/s · TTFT {stats.ttft:.2f}s")
+                  f"[dim]last[/dim] {stats.tokens_per_second:.1f} tok/s TTFT {stats.ttft:.2f}s")
 
     def show_memory(self, mem: Memory) -> None:
         gib = 1 << 30
-        self._set("mem", f"{mem.label} {gauge(mem.used, mem.total, 6)} {mem.used / gib:.1f}/{mem.total / gib:.1f}G")
+        self._set("mem", f"{mem.label} {gauge(mem.used, mem.total, 5)} {mem.used / gib:.1f}/{mem.total / gib:.1f}G")

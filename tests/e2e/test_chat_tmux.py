@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -26,8 +27,13 @@ def _default_model_present() -> bool:
     return found is not None and found.artifact_path.exists()
 
 
+def _tmux(socket: str, *args: str, **kwargs) -> subprocess.CompletedProcess:
+    # A server of our own: an existing one would hand the window its own environment, not ours.
+    return subprocess.run(["tmux", "-L", socket, *args], **kwargs)
+
+
 def _screen(session: str) -> str:
-    return subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
+    return _tmux(session, "capture-pane", "-p", "-t", session, capture_output=True, text=True).stdout
 
 
 def _wait_screen(session: str, pattern: str, timeout: float) -> re.Match:
@@ -48,22 +54,22 @@ def test_chat_in_tmux_answers_and_shows_tok_s(tmp_path):
     env = {**os.environ, "NINFER_CHATS": str(tmp_path / "chats"),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
            "TERM": "xterm-256color"}
-    command = f"{sys.executable} -m ninfer_cli.main chat --temperature 0; sleep 5"
-    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "110", "-y", "30", command],
-                   check=True, env=env, cwd=ROOT)
+    command = f"{shlex.quote(sys.executable)} -m ninfer_cli.main chat --temperature 0; sleep 5"
+    _tmux(session, "-f", os.devnull, "new-session", "-d", "-s", session, "-x", "110", "-y", "30", command,
+          check=True, env=env, cwd=ROOT)
     try:
         _wait_screen(session, r"ctx \S+ 0/\d+k", timeout=60)
         _wait_screen(session, r"smollm2-135m cpu", timeout=60)  # loaded: "loading…" is gone
-        subprocess.run(["tmux", "send-keys", "-t", session, "What is the capital of France?"], check=True)
-        subprocess.run(["tmux", "send-keys", "-t", session, "Enter"], check=True)
+        _tmux(session, "send-keys", "-t", session, "What is the capital of France?", check=True)
+        _tmux(session, "send-keys", "-t", session, "Enter", check=True)
         _wait_screen(session, r"Paris", timeout=120)
-        rate = _wait_screen(session, r"last (\d+\.\d) tok/s · TTFT (\d+\.\d+)s", timeout=120)
+        rate = _wait_screen(session, r"last (\d+\.\d) tok/s TTFT (\d+\.\d+)s", timeout=120)
         assert float(rate.group(1)) > 0 and float(rate.group(2)) > 0
         assert re.search(r"\d+ tokens · \d+\.\d tok/s · TTFT", _screen(session))
-        subprocess.run(["tmux", "send-keys", "-t", session, "C-q"], check=True)
+        _tmux(session, "send-keys", "-t", session, "C-q", check=True)
         _wait_screen(session, r"conversation saved: ninfer chat --resume \S+", timeout=30)
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+        _tmux(session, "kill-server", capture_output=True)
     saved = list((tmp_path / "chats").glob("*.json"))
     assert len(saved) == 1
     messages = json.loads(saved[0].read_text())["messages"]

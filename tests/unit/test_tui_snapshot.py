@@ -50,7 +50,7 @@ def test_layout_has_every_part(tmp_path):
     squeezed = re.sub(r"\s+", "", text)  # the SVG splits text where the style changes
     for expected in ("What is the capital of France?", "Paris is the capital of France.", "Seine",
                      "print('bonjour')", "Thoughts", "42 tokens · 41.2 tok/s · TTFT 0.21 s",
-                     "qwen38-27b", "think:high", "2.9k/32k", "VRAM", "19.8/24.0G",
+                     "qwen38-27b", "think:high", "2.9k/32k", "last 41.2 tok/s TTFT 0.21s", "VRAM", "19.8/24.0G",
                      "Send a message", "send", "new line", "stop", "think", "quit"):
         assert re.sub(r"\s+", "", expected) in squeezed, expected
     assert "capitalcity" not in squeezed  # thinking starts collapsed
