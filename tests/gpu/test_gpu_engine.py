@@ -56,6 +56,16 @@ def test_cuda_engine_matches_numpy_engine():
         agree += int(np.argmax(a) == np.argmax(b))
     assert worst < 3e-2 and agree >= 60, (worst, agree)
 
+    # int8-g64 KV: the same steps within the int8 attention error
+    gpu8 = build_engine(args, gpu_weights.from_logical(args, w), CFG, max_context=256, kv="int8")
+    ref.reset()
+    errs = []
+    for t in toks:
+        a, b = ref.decode_step(int(t)), gpu8.decode_step(int(t))
+        errs.append(float(np.linalg.norm(a - b) / np.linalg.norm(a)))
+    assert np.median(errs) < 3e-2 and max(errs) < 0.1, (np.median(errs), max(errs))
+    assert gpu8.info()["kv_bytes_per_token"] == 2 * 2 * (256 + 8) * 2  # 2 attention layers x 2 kv heads
+
     # the device-side greedy loop equals step-by-step argmax on the same engine
     gpu.reset()
     gpu.prefill([1, 2, 3])
