@@ -31,8 +31,11 @@ class Repl:
     """Reads user turns, streams answers, runs slash commands."""
 
     def __init__(self, session, config, *, name: str = "", out=None, err=None, interactive: bool = True,
-                 show_thinking: bool = True, show_stats: bool = True):
+                 show_thinking: bool = True, show_stats: bool = True, pt_input=None, pt_output=None,
+                 history_file=None):
         self.session = session
+        self._pt_io = {k: v for k, v in (("input", pt_input), ("output", pt_output)) if v is not None}
+        self._history_file = history_file
         self.config = config
         self.name = name
         self.out = out or sys.stdout
@@ -56,15 +59,17 @@ class Repl:
             event.current_buffer.insert_text("\n")
 
         try:
-            import platformdirs
             from pathlib import Path
 
-            folder = Path(platformdirs.user_state_dir("ninfer"))
-            folder.mkdir(parents=True, exist_ok=True)
-            history = FileHistory(str(folder / "chat_history"))
+            if self._history_file is None:
+                import platformdirs
+
+                self._history_file = Path(platformdirs.user_state_dir("ninfer")) / "chat_history"
+            Path(self._history_file).parent.mkdir(parents=True, exist_ok=True)
+            history = FileHistory(str(self._history_file))
         except OSError:
             history = InMemoryHistory()
-        return PromptSession(history=history, key_bindings=keys, multiline=False)
+        return PromptSession(history=history, key_bindings=keys, multiline=False, **self._pt_io)
 
     def _read_interactive(self) -> str | None:
         if self._prompt is None:

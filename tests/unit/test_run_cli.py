@@ -242,3 +242,24 @@ def test_run_bad_tools_file(cli, tmp_path):
     bad.write_text("{not json")
     res = runner.invoke(app, ["run", "fake", "x", "--tools", str(bad)])
     assert res.exit_code == 1 and "cannot read tools" in res.stderr
+
+
+def test_repl_interactive_prompt_toolkit_history_and_multiline(tmp_path):
+    from prompt_toolkit.input import create_pipe_input
+    from prompt_toolkit.output import DummyOutput
+
+    from ninfer_cli.repl import Repl
+
+    eng = ScriptedEngine("</think>\n\nok")
+    out, err = io.StringIO(), io.StringIO()
+    history = tmp_path / "hist"
+    with create_pipe_input() as pipe:
+        # Esc+Enter inserts a newline; Ctrl+C at the prompt clears the line; Ctrl+D leaves.
+        pipe.send_text("first line\x1b\rsecond line\r" "dropped\x03" "/clear\r" "\x04")
+        repl = Repl(_session(eng), GenerationConfig(), out=out, err=err, pt_input=pipe, pt_output=DummyOutput(),
+                    history_file=history)
+        repl.run()
+    assert out.getvalue() == "ok\n"
+    assert "first line\nsecond line" in eng.tokenizer.decode(eng.prompts[0])
+    assert len(eng.prompts) == 1
+    assert "first line" in history.read_text() and "/clear" in history.read_text()
