@@ -39,7 +39,6 @@ class GatedDeltaNet:
 
     def __call__(self, h, state: GDNState | None):
         """h [T, H] (already input-normed) -> [T, H]; updates `state` in place when given."""
-        xp = self.xp
         t = h.shape[0]
         qkv, z, a, b = self._project(h)
         if state is not None and t == 1:

@@ -101,7 +101,7 @@ class SparseMoE:
         return int((self.w_gu.nbytes + self.w_down.nbytes) * (1 - self.top_k / self.n_exp))
 
     def __call__(self, h):
-        xp, e, si = self.xp, self.n_exp, self.shared_inter
+        e, si = self.n_exp, self.shared_inter
         r = ref.linear(h, self.w_in)
         shared = ref.linear(ref.swiglu(r[:, e + 1 : e + 1 + si], r[:, e + 1 + si :]), self.w_shared_down)
         out = shared * ref.sigmoid(r[:, e : e + 1])
