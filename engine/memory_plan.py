@@ -393,8 +393,8 @@ def parse_size(text: str) -> int:
     return n
 
 
-def device_memory() -> tuple[int, int] | None:
-    """(free, total) bytes of the current CUDA device, or None without a usable GPU."""
+def device_memory() -> tuple[int, int, int] | None:
+    """(free, total, held by this process's CuPy pool) bytes of the current device; None without a GPU."""
     from engine.backend import cupy_or_none  # noqa: PLC0415
 
     cp = cupy_or_none()
@@ -402,17 +402,19 @@ def device_memory() -> tuple[int, int] | None:
         return None
     try:
         free, total = cp.cuda.runtime.memGetInfo()
+        held = cp.get_default_memory_pool().total_bytes()
     except Exception:  # noqa: BLE001 - a broken driver reads as "no device", the caller says so
         return None
-    return int(free), int(total)
+    return int(free), int(total), int(held)
 
 
-def budget(vram_limit: int | None = None, memory: tuple[int, int] | None | str = "probe") -> Budget | None:
-    """Free bytes for planning: the device's free memory, as if the card had `vram_limit` in all.
+def budget(vram_limit: int | None = None, memory: tuple | None | str = "probe") -> Budget | None:
+    """Free bytes for planning: the device's free memory or, with `vram_limit`, what a card of that
+    size would leave: limit minus an estimated CUDA context minus what this process already holds,
+    never more than is really free. Other programs on a larger card do not count against the limit
+    (they would not be on the smaller one) but do bound the real free memory.
 
-    With a limit, what others (and the CUDA context) already use counts against it:
-    free = min(free, limit - (total - free)). Without a device, a limit minus an estimated CUDA
-    context is the budget; with neither, None.
+    `memory` is (free, total[, held]) bytes, None for no device, or "probe" to ask CuPy.
     """
     mem = device_memory() if memory == "probe" else memory
     if mem is None:
@@ -421,12 +423,17 @@ def budget(vram_limit: int | None = None, memory: tuple[int, int] | None | str =
         return Budget(max(vram_limit - CONTEXT_ESTIMATE, 0), vram_limit,
                       f"--vram-limit {_gib(vram_limit)} minus an estimated {_gib(CONTEXT_ESTIMATE)} CUDA context "
                       "(no GPU here to measure)")
-    free, total = mem
+    free, total = mem[0], mem[1]
+    held = mem[2] if len(mem) > 2 else 0
     if vram_limit is None:
         return Budget(free, total, f"{_gib(free)} free of {_gib(total)} on the GPU")
-    used = total - free
-    return Budget(max(min(free, vram_limit - used), 0), vram_limit,
-                  f"--vram-limit {_gib(vram_limit)} minus {_gib(used)} already in use on the GPU")
+    limited = vram_limit - CONTEXT_ESTIMATE - held
+    source = f"--vram-limit {_gib(vram_limit)} minus an estimated {_gib(CONTEXT_ESTIMATE)} CUDA context"
+    if held:
+        source += f" and {_gib(held)} this process holds"
+    if free < limited:
+        source += f"; only {_gib(free)} is free on the GPU"
+    return Budget(max(min(free, limited), 0), vram_limit, source)
 
 
 def build_with_ladder(build, contexts: list[int], on_step=None):
