@@ -3,9 +3,10 @@
 Same contract as `qwen3_5.py`: `ModelArgs`, `Model(args)`, `Model.load(weights)`, `Model.make_cache()`,
 `Model(tokens, cache) -> logits`. Weights are float32, `[out, in]`, q/k rows in Hugging Face order.
 
-The NumPy decode path is the product on machines without a GPU, so the hot loop keeps fused q|k|v and
-gate|up matrices, a preallocated KV cache and a precomputed RoPE table; per token it allocates only
-small vectors.
+The NumPy decode path is the product on machines without a GPU, so weights stay zero-copy views of the
+artifact's memory map (fast start), the KV cache is preallocated in the layout attention reads
+(`[Hkv, S, D]`), the RoPE table is computed once, and per token only small vectors are allocated. On
+CuPy, q|k|v and gate|up are fused into single products.
 """
 from __future__ import annotations
 
@@ -113,10 +114,8 @@ class Model:
         self._cos = self._sin = np.zeros((0, half), F32)
 
     def load(self, weights: Mapping[str, np.ndarray]) -> "Model":
-        """Take logical parameters (`text/...`) as float32 arrays; fuse q|k|v and gate|up."""
-        a = self.args
-
-        xp = self.xp
+        """Take logical parameters (`text/...`) as float32 arrays (fusing q|k|v and gate|up when `fuse`)."""
+        a, xp = self.args, self.xp
 
         def get(name):
             return xp.ascontiguousarray(xp.asarray(weights[name], dtype=F32))
