@@ -1,6 +1,8 @@
 """The chat screen's widgets, one concern each. All methods run on the app's main thread."""
 from __future__ import annotations
 
+import time
+
 from textual import events
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -124,6 +126,7 @@ class AssistantMessage(Vertical):
         self._initial_reasoning = reasoning
         self._answer = MarkdownView(content, classes="answer")
         self._footer = Static("", classes="turn-stats")
+        self._thinking_since: float | None = None  # set while thinking streams
 
     def compose(self):
         if self._initial_reasoning:
@@ -158,14 +161,16 @@ class AssistantMessage(Vertical):
 
     async def add_reasoning(self, text: str) -> None:
         if self._thinking is None:
+            self._thinking_since = time.perf_counter()
             await self.mount(self._make_thinking("", collapsed=False, title="Thinking…"), before=self._answer)
         self._thinking_md.append(text)
 
     async def _close_thinking(self) -> None:
-        if self._thinking is not None and not self._thinking.collapsed:
+        if self._thinking_since is not None:
             await self._thinking_md.flush()
-            self._thinking.title = "Thoughts"
+            self._thinking.title = f"Thought for {time.perf_counter() - self._thinking_since:.1f} s"
             self._thinking.collapsed = True
+            self._thinking_since = None
 
     async def add_text(self, text: str) -> None:
         if not self._answer.text:

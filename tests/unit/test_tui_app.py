@@ -29,6 +29,7 @@ def test_send_streams_answer_with_collapsed_thinking_and_autosaves(tmp_path):
             msg = app.query_one(AssistantMessage)
             assert msg.answer.text == reply
             assert msg.thinking is not None and msg.thinking.collapsed
+            assert str(msg.thinking.title).startswith("Thought for ")
             assert answer["stats"]["finish_reason"] == "stop"
             assert answer["stats"]["generation_tokens"] == len(split_tokens(reply)) + len(
                 split_tokens(answer["reasoning"]))
