@@ -75,7 +75,10 @@ def hints(text: str) -> list[Command]:
 
 def help_text() -> str:
     """Markdown help for `/help`."""
-    rows = [f"| `{(c.name + ' ' + c.args).strip()}` | {c.help} |" for c in COMMANDS]
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")  # a pipe ends a table cell, even inside a code span
+
+    rows = [f"| `{cell((c.name + ' ' + c.args).strip())}` | {cell(c.help)} |" for c in COMMANDS]
     keys = ("| key | action |\n|---|---|\n| Enter | send |\n| Shift+Enter, Ctrl+J | new line |\n"
             "| Tab | complete a command |\n| Esc | stop the answer |\n| Ctrl+T | cycle reasoning effort |\n"
             "| Ctrl+Y | copy the last answer |\n| Ctrl+Q | quit |")

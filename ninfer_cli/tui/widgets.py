@@ -222,7 +222,7 @@ class StatusBar(Horizontal):
         self._set("model", f"[b]{_esc(name)}[/b] [dim]{info.device}[/dim]" + (f" {state}" if state else ""))
 
     def show_effort(self, effort: str | None, supported: bool = True) -> None:
-        self._set("effort", f"think:[b]{effort or 'default'}[/b]" if supported else "[dim]think:n/a[/dim]")
+        self._set("effort", f"think:[b]{effort or 'auto'}[/b]" if supported else "[dim]think:n/a[/dim]")
 
     def show_context(self, used: int, total: int) -> None:
         total_text = human_tokens(total) if total else "?"

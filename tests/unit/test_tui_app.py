@@ -47,7 +47,7 @@ def test_effort_off_has_no_thinking_and_ctrl_t_cycles(tmp_path):
         app = make_app(tmp_path, session)
         async with app.run_test() as pilot:
             assert app.settings.effort is None
-            assert "default" in status_text(app, "effort")
+            assert "think:auto" in status_text(app, "effort")
             await pilot.press("ctrl+t")
             assert app.settings.effort == "off"
             assert "off" in status_text(app, "effort")

@@ -87,7 +87,8 @@ def test_slash_commands_in_the_app(tmp_path, monkeypatch):
     async def body():
         app = make_app(tmp_path)
         async with app.run_test(size=(100, 40)) as pilot:
-            assert "/regen" in await command(pilot, "/help")
+            help_note = await command(pilot, "/help")
+            assert "/regen" in help_note and "`/export md\\|json [path]`" in help_note
             assert "Unknown command" in await command(pilot, "/frobnicate")
             assert "nothing to answer" in await command(pilot, "/regen")
             assert "no answer to copy" in await command(pilot, "/copy")
