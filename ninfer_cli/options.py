@@ -66,6 +66,34 @@ def parse_ctx(value: str | int | None) -> int | None:
     return n
 
 
+def parse_vram_limit(value: str | int | None) -> int | None:
+    """`--vram-limit` value: a size such as 24GiB, 22.5GiB or 24000MB, in bytes (None: the whole card)."""
+    if value is None or isinstance(value, int):
+        return value
+    from engine.errors import NinferError  # noqa: PLC0415
+    from engine.memory_plan import parse_size  # noqa: PLC0415
+
+    try:
+        return parse_size(value)
+    except NinferError as e:
+        raise typer.BadParameter(f"{e.message}: {e.next_action}") from None
+
+
+def complete_profile(incomplete: str) -> list[str]:
+    """Shell completion for `--profile`: every profile name any model has."""
+    from ninfer_cli.profiles import PROFILES  # noqa: PLC0415
+
+    names = {p.name for group in PROFILES.values() for p in group}
+    return sorted(n for n in names if n.startswith(incomplete.lower()))
+
+
+class KvFormat(str, enum.Enum):
+    """`--kv`: how the KV cache stores keys and values (int8 = INT8-G64, about half of bf16)."""
+
+    bf16 = "bf16"
+    int8 = "int8"
+
+
 # ---- model
 
 ModelArg = Annotated[
@@ -160,6 +188,23 @@ DeviceOpt = Annotated[
     Device,
     typer.Option("--device", case_sensitive=False, rich_help_panel=RUNTIME, envvar="NINFER_DEVICE",
                  help="Where to run: auto (GPU when available), cpu (NumPy) or gpu (CuPy)."),
+]
+VramLimit = Annotated[
+    Optional[int],
+    typer.Option("--vram-limit", parser=parse_vram_limit, metavar="SIZE", rich_help_panel=RUNTIME,
+                 help="Plan and allocate as if the GPU had SIZE in all (24GiB checks a 3090 budget on a bigger card).",
+                 show_default=False),
+]
+ProfileOpt = Annotated[
+    Optional[str],
+    typer.Option("--profile", metavar="NAME", rich_help_panel=RUNTIME, autocompletion=complete_profile,
+                 help="Launch profile: default, long (int8 KV, longest context), fast (speculation); flags you "
+                      "give override it. `ninfer profile ls` lists them.", show_default=False),
+]
+KvOpt = Annotated[
+    Optional[KvFormat],
+    typer.Option("--kv", case_sensitive=False, rich_help_panel=RUNTIME, show_default=False,
+                 help="KV cache format: bf16, or int8 (half the bytes; not on the GPU yet). Default: the profile's."),
 ]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print JSON on stdout instead of a table.")]
 Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]

@@ -142,7 +142,7 @@ class Launch:
     notes: list[str] = field(default_factory=list)
 
 
-def _components(values: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def components_for(values: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
     comps = ["text"]
     if values["spec"] == "mtp":
         comps.append("mtp")
@@ -196,7 +196,7 @@ def resolve_launch(ref: str | None, args, weights: dict | None, *, profile: str 
             launch.notes.append("--vram-limit: no memory plan for this model on the GPU (only Qwen3.5 hybrid "
                                 "models on the CUDA engine have one): ignored")
         return launch
-    comps, optional = _components(values)
+    comps, optional = components_for(values)
     plan = mp.plan_memory(args, weights, model=ref or "", source=weights_source, kv=values["kv"],
                           lanes=values["lanes"], components=comps, optional=optional, spec=values["spec"],
                           draft_tokens=values["draft_tokens"], prefill_chunk=values["prefill_chunk"])

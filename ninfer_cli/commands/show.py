@@ -1,7 +1,14 @@
 """`ninfer show NAME`: one installed model's manifest, what its artifact holds, and its files."""
 from __future__ import annotations
 
-from ninfer_cli.options import JsonOut, ModelRequired
+from typing import Annotated
+
+import typer
+
+from ninfer_cli.options import Ctx, JsonOut, KvOpt, ModelRequired, ProfileOpt, VramLimit
+
+Memory = Annotated[bool, typer.Option("--memory", help="Print the GPU memory plan (weights, state, KV pool, "
+                                                       "workspace, headroom) without loading anything.")]
 
 
 def artifact_summary(path) -> dict:
@@ -41,8 +48,17 @@ def _params(n: int) -> str:
     return str(n)
 
 
-def show(name: ModelRequired, json_out: JsonOut = False) -> None:
-    """Show an installed model: source, size, checksum, architecture, formats, files."""
+def show(name: ModelRequired, json_out: JsonOut = False, memory: Memory = False, ctx: Ctx = None,
+         kv: KvOpt = None, profile: ProfileOpt = None, vram_limit: VramLimit = None) -> None:
+    """Show an installed model: source, size, checksum, architecture, formats, files.
+
+    With --memory: its GPU memory plan at --ctx (default: fitted to free memory or --vram-limit), for
+    --kv and --profile; catalog Qwen models need not be downloaded (sizes from the geometry's recipe).
+    """
+    if memory:
+        from ninfer_cli.commands.profile import memory_report  # noqa: PLC0415
+
+        return memory_report(name, ctx=ctx, kv=kv, profile=profile, vram_limit=vram_limit, json_out=json_out)
     from ninfer_cli import output  # noqa: PLC0415
     from ninfer_cli.store import Store  # noqa: PLC0415
 
