@@ -80,6 +80,7 @@ class ChatApp(App):
         self._turn = 0
         self._current: AssistantMessage | None = None
         self._engine_lock = threading.Lock()
+        self._load_failed: str | None = None  # written by the load worker, read by turn workers
         self._slash = SlashHandler(self)
 
     # ---------------------------------------------------------------- layout
@@ -159,7 +160,8 @@ class ChatApp(App):
                 self.session.load()
             except BaseException as exc:  # shown in the app, never as a traceback
                 self._debug_log(exc)
-                self.post_message(ModelFailed(error_text(exc)))
+                self._load_failed = error_text(exc)
+                self.post_message(ModelFailed(self._load_failed))
                 return
         self.post_message(ModelLoaded())
 
@@ -233,6 +235,9 @@ class ChatApp(App):
                   cancel: threading.Event) -> None:
         final = None
         with self._engine_lock:
+            if self._load_failed is not None:  # the turn was queued while the model was loading
+                self.post_message(TurnFailed(buf.turn, f"no model to answer with: {self._load_failed}"))
+                return
             try:
                 for r in self.session.send(messages, settings, cancel):
                     reasoning, text = getattr(r, "reasoning", "") or "", r.text or ""

@@ -202,3 +202,19 @@ def test_user_message_keeps_line_breaks(tmp_path):
             await send(pilot, "a")
             assert app.query_one(UserMessage).message_text == "a"
     run(body())
+
+
+def test_message_sent_while_loading_waits_or_fails_cleanly(tmp_path):
+    async def body():
+        ok = make_app(tmp_path, FakeSession(load_seconds=0.5))
+        async with ok.run_test() as pilot:
+            await send(pilot, "early")  # sent before the model finished loading
+            assert ok.loaded and ok.conversation.messages[-1]["role"] == "assistant"
+        bad = make_app(tmp_path, FakeSession(load_seconds=0.5, load_error=NinferError("corrupt artifact")))
+        async with bad.run_test() as pilot:
+            await submit(pilot, "early")
+            await wait_for(pilot, lambda: not bad.generating and bad.load_error is not None)
+            await pilot.pause()
+            assert any("corrupt artifact" in n.source for n in bad.query(NoteMessage))
+            assert bad.is_running
+    run(body())
