@@ -147,10 +147,11 @@ def synthetic_decode(geometry, bw, gemv_cfg, n=128, depth=0, breakdown=False, kv
     dt = float(np.median(times))
     tps = n / dt
     ctx = depth + n / 2
-    bytes_tok = ex.weight_bytes() + ex.state_bytes() + ctx * ex.kv_bytes_per_token()
+    bytes_tok = ex.weight_bytes_per_token() + 2 * ex.state_bytes() + ctx * ex.kv_bytes_per_token()
     gbs = bytes_tok * tps / 1e9
     res = dict(geometry=geometry, test=f"tg{n}" + (f"@d{depth}" if depth else ""), kv=kv, tok_s=round(tps, 1),
-               ms_per_token=round(1e3 * dt / n, 3), weight_bytes=ex.weight_bytes(), state_bytes=ex.state_bytes(),
+               ms_per_token=round(1e3 * dt / n, 3), weight_bytes=ex.weight_bytes(),
+               weight_bytes_per_token=ex.weight_bytes_per_token(), state_bytes=ex.state_bytes(),
                kv_bytes_per_token=ex.kv_bytes_per_token(), bytes_per_token=int(bytes_tok), gbs=round(gbs, 1),
                pct_copy=round(100 * gbs / bw, 1), kernels=len(ex.ops), build_s=round(build_s, 1),
                tokens_sample=toks[:8], peak_vram_gb=round(cp.get_default_memory_pool().total_bytes() / 1e9, 2))

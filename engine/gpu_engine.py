@@ -23,7 +23,7 @@ class _CudaCache:
 
     @property
     def nbytes(self) -> int:
-        return self.model.executor.state_bytes() // 2 + self.position * self.kv_bytes_per_token
+        return self.model.executor.state_bytes() + self.position * self.kv_bytes_per_token
 
 
 class CudaModel:
@@ -36,6 +36,7 @@ class CudaModel:
         self.args = args
         self.executor = CudaQwen35(args, weights, max_context=max_context, gemv_cfg=gemv_cfg, kv=kv)
         self.weight_bytes = self.executor.weight_bytes()
+        self.weight_bytes_per_token = self.executor.weight_bytes_per_token()
 
     def make_cache(self, *_):
         self.executor.reset()
@@ -72,7 +73,8 @@ class CudaEngine(Engine):
     def info(self) -> dict:
         d = super().info()
         ex = self.model.executor
-        d.update(backend="cuda-graph", weight_bytes=ex.weight_bytes(), state_bytes=ex.state_bytes(),
+        d.update(backend="cuda-graph", weight_bytes=ex.weight_bytes(),
+                 weight_bytes_per_token=ex.weight_bytes_per_token(), state_bytes=ex.state_bytes(),
                  kv_bytes_per_token=ex.kv_bytes_per_token())
         return d
 

@@ -129,21 +129,37 @@ class CudaQwen35:
                 L["a_log"], L["dt_bias"], L["norm"] = w[p + "gdn/a_log"], w[p + "gdn/dt_bias"], w[p + "gdn/norm"]
             self.layers.append(L)
 
-    def weight_bytes(self) -> int:
-        """Bytes of weights read per decoded token (embedding row gathers counted as one row)."""
-        total = self.head.nbytes + self.embed.nbytes // max(self.embed.n, 1)
+    def _matrices(self):
+        yield self.head
+        if self.head is not self.embed:
+            yield self.embed
         for L in self.layers:
-            for key in ("qk", "gv", "vz", "ab", "o", "gate_up", "down", "router", "shared_gu", "shared_down"):
+            for key in ("qk", "gv", "vz", "ab", "o", "gate_up", "down", "router", "shared_gu", "shared_down",
+                        "experts_gu", "experts_down"):
                 if key in L:
-                    total += L[key].nbytes
-            if "experts_gu" in L:  # only the routed experts are read
-                k = self.args.num_experts_per_tok / self.args.num_experts
-                total += int(k * (L["experts_gu"].nbytes + L["experts_down"].nbytes))
+                    yield L[key]
+
+    def weight_bytes(self) -> int:
+        """Packed weight bytes resident on the device."""
+        return sum(m.nbytes for m in self._matrices())
+
+    def weight_bytes_per_token(self) -> int:
+        """Bytes of weights read per decoded token (the embedding gather reads one row; of the routed
+        experts only top-k of E are read)."""
+        total = self.weight_bytes() - (self.embed.nbytes - self.embed.nbytes // max(self.embed.n, 1))
+        if self.head is self.embed:
+            total = self.weight_bytes()
+        for L in self.layers:
+            if "experts_gu" in L:
+                routed = L["experts_gu"].nbytes + L["experts_down"].nbytes
+                total -= routed - int(routed * self.args.num_experts_per_tok / self.args.num_experts)
         return total
 
     def state_bytes(self) -> int:
+        """One copy of the GDN recurrent + conv state (a decode step reads it and writes it back)."""
         n_gdn = sum(1 for t in self.layer_types if t != "full_attention")
-        return n_gdn * self.Hv * GDN_HEAD_DIM * GDN_HEAD_DIM * 4 * 2  # read + write
+        conv = 3 * (2 * self.Hk + self.Hv) * GDN_HEAD_DIM * 4
+        return n_gdn * (self.Hv * GDN_HEAD_DIM * GDN_HEAD_DIM * 4 + conv)
 
     def kv_bytes_per_token(self) -> int:
         n_attn = sum(1 for t in self.layer_types if t == "full_attention")
