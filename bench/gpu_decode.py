@@ -178,34 +178,13 @@ def synthetic_decode(geometry, bw, gemv_cfg, n=128, depth=0, breakdown=False, kv
 def tiny_parity(steps=64):
     """CUDA engine vs the NumPy engine on a tiny Qwen3.5 (real head dims), same dequantized weights."""
     from engine import api, gpu_weights
-    from engine.artifact import formats
     from engine.config import ModelArgs
     from engine.gpu_engine import build_engine
-
-    cfg = {"architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", "hidden_size": 512,
-           "num_hidden_layers": 4, "vocab_size": 1000, "intermediate_size": 1024, "rms_norm_eps": 1e-6,
-           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 256, "attn_output_gate": True,
-           "linear_num_key_heads": 2, "linear_key_head_dim": 128, "linear_num_value_heads": 4,
-           "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "full_attention_interval": 2,
-           "max_position_embeddings": 4096, "tie_word_embeddings": False,
-           "rope_parameters": {"rope_theta": 10000000.0, "partial_rotary_factor": 0.25}}
-    from engine.models.qwen3_5 import random_weights  # written with the NumPy engine
+    from engine.models.qwen3_5 import random_weights
+    from engine.synthetic import TINY_CUDA as cfg
 
     args = ModelArgs.from_config(cfg)
-    w = random_weights(args, seed=3)
-    table = gpu_weights.RECIPES["groupwise-int"]
-    wq = {}
-    for name, v in w.items():
-        if not name.startswith("text/"):
-            continue
-        if gpu_weights.is_vector(name) or np.asarray(v).ndim != 2:
-            wq[name] = np.asarray(v, np.float32)
-            continue
-        fmt = table.get(gpu_weights.role(name), "q8_g32_fp16")
-        if fmt == "bf16":
-            wq[name] = formats.bf16_bits_to_f32(formats.f32_to_bf16_bits(np.asarray(v, np.float32)))
-        else:
-            wq[name] = formats.decode(fmt, "row_split_k128_v1", v.shape, formats.encode(fmt, "row_split_k128_v1", v))
+    wq = gpu_weights.as_stored(random_weights(args, seed=3))
     ref = api.load({"config": cfg, "weights": wq}, device="cpu", gdn_mode="recurrent")
     gpu = build_engine(args, gpu_weights.from_logical(args, wq), cfg, max_context=256)
     toks = list(np.random.default_rng(5).integers(0, 1000, steps))

@@ -64,6 +64,25 @@ def upload_matrix(cp, fmt: str, x: np.ndarray) -> DevMatrix:
     return DevMatrix.from_object(fmt, x.shape, cp.asarray(raw))
 
 
+def as_stored(weights: dict, recipe: str = "groupwise-int") -> dict:
+    """The float values the packed planes of `recipe` represent (what both engines must compute with
+    when a test compares them): matrices encoded and decoded, bf16 ones rounded, vectors as float32."""
+    table = RECIPES[recipe]
+    out = {}
+    for name, v in weights.items():
+        if not name.startswith("text/"):
+            continue
+        v = np.asarray(v, np.float32)
+        fmt = None if is_vector(name) or v.ndim != 2 else table.get(role(name), "q8_g32_fp16")
+        if fmt is None:
+            out[name] = v
+        elif fmt == "bf16":
+            out[name] = formats.bf16_bits_to_f32(formats.f32_to_bf16_bits(v))
+        else:
+            out[name] = formats.decode(fmt, "row_split_k128_v1", v.shape, formats.encode(fmt, "row_split_k128_v1", v))
+    return out
+
+
 def from_logical(args, weights: dict, recipe: str = "groupwise-int") -> dict:
     """Device weights from float arrays keyed by logical name (tests, HF checkpoints in memory)."""
     import cupy as cp  # noqa: PLC0415

@@ -14,6 +14,13 @@ _DENSE_27B = {
     "max_position_embeddings": 262144, "tie_word_embeddings": False,
     "rope_parameters": {"rope_theta": 10000000.0, "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10]},
 }
+# A small Qwen3.5 with the real head sizes (attention 256, GDN 128): what the CUDA kernels accept,
+# for parity tests against the NumPy engine.
+TINY_CUDA = {
+    **_DENSE_27B, "hidden_size": 512, "num_hidden_layers": 4, "vocab_size": 1000, "intermediate_size": 1024,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+    "full_attention_interval": 2, "max_position_embeddings": 4096,
+}
 GEOMETRIES = {
     "qwen3.6-27b": (_DENSE_27B, "groupwise-int"),
     "qwen3.8-27b": (_DENSE_27B, "groupwise-int-w8head"),

@@ -177,39 +177,23 @@ class GemvPlan:
         self.fn(self.grid, (WARPS * 32,), self.args, shared_mem=self.smem)
 
 
-def launch(name: str, grid, args, smem: int = 0):
-    """Launch a non-template kernel with 256-thread blocks."""
-    conv = []
-    for a in args:
-        if isinstance(a, np.generic):
-            conv.append(a)
-        elif hasattr(a, "data") and hasattr(a, "dtype"):
-            conv.append(np.uint64(a.data.ptr))
-        elif isinstance(a, float):
-            conv.append(np.float32(a))
-        elif isinstance(a, (int, np.integer)) and not isinstance(a, np.uint64):
-            conv.append(np.int32(a))
-        else:
-            conv.append(a)
-    kernel(name)(tuple(grid), (WARPS * 32,), tuple(conv), shared_mem=smem)
+def _arg(a):
+    """A kernel argument: arrays become device pointers, Python floats fp32, Python ints int32."""
+    if isinstance(a, np.generic):
+        return a
+    if hasattr(a, "data") and hasattr(a, "dtype"):
+        return np.uint64(a.data.ptr)
+    if isinstance(a, float):
+        return np.float32(a)
+    if isinstance(a, int):
+        return np.int32(a)
+    return a
 
 
 def prepared(name: str, grid, args, block: int = WARPS * 32):
     """A launch with its arguments converted once; call the result to launch."""
     fn = kernel(name)
-    conv = []
-    for a in args:
-        if isinstance(a, np.generic):
-            conv.append(a)
-        elif hasattr(a, "data") and hasattr(a, "dtype"):
-            conv.append(np.uint64(a.data.ptr))
-        elif isinstance(a, float):
-            conv.append(np.float32(a))
-        elif isinstance(a, (int, np.integer)) and not isinstance(a, np.uint64):
-            conv.append(np.int32(a))
-        else:
-            conv.append(a)
-    conv = tuple(conv)
+    conv = tuple(_arg(a) for a in args)
     grid = tuple(grid)
 
     def go():

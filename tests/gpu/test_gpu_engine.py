@@ -9,34 +9,14 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-CFG = {"architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", "hidden_size": 512,
-       "num_hidden_layers": 4, "vocab_size": 1000, "intermediate_size": 1024, "rms_norm_eps": 1e-6,
-       "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 256, "attn_output_gate": True,
-       "linear_num_key_heads": 2, "linear_key_head_dim": 128, "linear_num_value_heads": 4,
-       "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "full_attention_interval": 2,
-       "max_position_embeddings": 4096, "tie_word_embeddings": False,
-       "rope_parameters": {"rope_theta": 10000000.0, "partial_rotary_factor": 0.25}}
+from engine.synthetic import TINY_CUDA as CFG  # noqa: E402
 
 
 def quantized_weights(args, recipe="groupwise-int", seed=3):
     from engine import gpu_weights
-    from engine.artifact import formats
     from engine.models.qwen3_5 import random_weights
 
-    table = gpu_weights.RECIPES[recipe]
-    out = {}
-    for name, v in random_weights(args, seed=seed).items():
-        if not name.startswith("text/"):
-            continue
-        v = np.asarray(v, np.float32)
-        fmt = None if gpu_weights.is_vector(name) or v.ndim != 2 else table.get(gpu_weights.role(name), "q8_g32_fp16")
-        if fmt is None:
-            out[name] = v
-        elif fmt == "bf16":
-            out[name] = formats.bf16_bits_to_f32(formats.f32_to_bf16_bits(v))
-        else:
-            out[name] = formats.decode(fmt, "row_split_k128_v1", v.shape, formats.encode(fmt, "row_split_k128_v1", v))
-    return out
+    return gpu_weights.as_stored(random_weights(args, seed=seed), recipe)
 
 
 def test_cuda_engine_matches_numpy_engine():
