@@ -45,6 +45,29 @@ def main() -> None:
               f"decode {data['timings']['generation_tokens_per_s']:.1f} tok/s over "
               f"{data['usage']['completion_tokens']} tokens | prefill {data['timings']['prompt_tokens_per_s']:.0f} tok/s",
               flush=True)
+    in_process(args.tokens)
+
+
+def in_process(tokens: int) -> None:
+    """Decode in this process: wall tok/s and tok/s per CPU-second (what one uncontended core gives)."""
+    sys.path.insert(0, str(ROOT))
+    import engine
+    from ninfer_cli.model_session import resolve_model, tune_blas_threads
+
+    path, _ = resolve_model(None, quiet=True)
+    eng = engine.load(path, device="cpu")
+    threads = tune_blas_threads()
+    ids = eng.tokenizer.encode("<|im_start|>user\nWrite a long story about a dragon.<|im_end|>\n<|im_start|>assistant\n")
+    for _ in range(2):
+        eng.reset()
+        tok = int(eng.prefill(ids).argmax())
+        w, c = time.perf_counter(), time.process_time()
+        eng.decode_greedy(tok, tokens)
+        w, c = time.perf_counter() - w, time.process_time() - c
+        gb = eng.info()["weight_bytes"] / 1e9
+        print(f"in-process decode: {tokens / w:.1f} tok/s wall, {tokens / c:.1f} tok/s per CPU-second, "
+              f"{gb * tokens / w:.1f} GB/s of fp32 weights, BLAS threads {threads}, load {os.getloadavg()[0]:.1f}",
+              flush=True)
 
 
 if __name__ == "__main__":
