@@ -467,3 +467,18 @@ def _release_pool() -> None:
 
 def _gib(n: int) -> str:
     return f"{n / GIB:.2f} GiB"
+
+
+def apply_vram_limit(vram_limit: int | None) -> int | None:
+    """Cap this process's CuPy pool so allocations beyond a `vram_limit` card fail as they would there
+    (limit minus the estimated CUDA context). Returns the cap in bytes, or None without a GPU or limit."""
+    if vram_limit is None:
+        return None
+    from engine.backend import cupy_or_none  # noqa: PLC0415
+
+    cp = cupy_or_none()
+    if cp is None:
+        return None
+    cap = max(vram_limit - CONTEXT_ESTIMATE, 0)
+    cp.get_default_memory_pool().set_limit(size=cap)
+    return cap

@@ -69,15 +69,23 @@ def resolve_model(ref: str | None, *, quiet: bool = False) -> tuple[Path, str]:
 
 def open_session(ref: str | None, *, device: str = "auto", ctx: int | None = None, system: str | None = None,
                  think: bool | None = None, effort: str | None = None, thinking_budget: int | None = None,
-                 preserve_thinking: bool | None = None, quiet: bool = False):
-    """(engine, ChatSession, display name) ready to answer."""
+                 preserve_thinking: bool | None = None, quiet: bool = False, profile: str | None = None,
+                 kv: str | None = None, vram_limit: int | None = None):
+    """(engine, ChatSession, display name) ready to answer.
+
+    `profile`, `kv` and `vram_limit` settle the launch (`ninfer_cli.profiles.load_fitted`): on the GPU
+    the context is fitted to free memory before loading, and what was chosen is said on stderr."""
     import engine as eng
     from engine.text.session import ChatSession
     from engine.text.tokenizer import Tokenizer
 
     path, name = resolve_model(ref, quiet=quiet)
     device = getattr(device, "value", device)
-    model = eng.load(path, device=device, max_context=ctx)
+    from ninfer_cli.profiles import load_fitted
+
+    say = None if quiet else (lambda text: sys.stderr.write(text + "\n"))
+    model = load_fitted(path, name, lambda n: eng.load(path, device=device, max_context=n), device=device,
+                        profile=profile, ctx=ctx, kv=kv, vram_limit=vram_limit, say=say)
     if model.device == "cpu":
         tune_blas_threads()
     if model.tokenizer is None:

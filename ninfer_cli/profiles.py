@@ -176,7 +176,8 @@ def resolve_launch(ref: str | None, args, weights: dict | None, *, profile: str 
     if values["kv"] != "bf16" and (not gpu or values["kv"] not in mp.GPU_KV_FORMATS):
         what = INT8_NOT_ON_GPU if gpu else "int8 KV is not implemented on the CPU (the NumPy engine keeps float32 KV)"
         if sources["kv"] == "flag":
-            raise NinferError(what, "drop --kv int8 (`ninfer show MODEL --memory --kv int8` shows what it would allow)")
+            raise NinferError(what, "drop --kv int8" + (" (`ninfer show MODEL --memory --kv int8` shows what it would "
+                                                        "allow)" if gpu else ""))
         launch.notes.append(f"{what}: profile {prof.name} uses bf16 KV")
         values["kv"] = "bf16"
     if values["spec"]:
@@ -250,6 +251,67 @@ def launch_for_synthetic(geometry: str, recipe: str | None = None, *, profile: s
     weights = mp.weights_from_recipe(args, recipe)
     return resolve_launch(geometry, args, weights, profile=profile, ctx=ctx, kv=kv, vram_limit=vram_limit,
                           device="gpu", weights_source=f"synthetic recipe {recipe}", memory=memory)
+
+
+def load_fitted(path, ref: str | None, load, *, device: str = "auto", profile: str | None = None,
+                ctx: int | None = None, kv: str | None = None, vram_limit: int | None = None, say=None):
+    """Load through `load(max_context)` with the context this launch fits: merge profile and flags, cap
+    the pool at `vram_limit`, and when the context was chosen automatically step down the ladder if
+    the GPU refuses an allocation. `say(text)` hears what was chosen and why. On the CPU with no
+    launch flags this is just `load(ctx)`."""
+    from engine import memory_plan as mp  # noqa: PLC0415
+    from engine.backend import resolve_device  # noqa: PLC0415
+
+    device = getattr(device, "value", device)
+    kv = getattr(kv, "value", kv)
+    try:
+        dev = resolve_device(device)
+    except (RuntimeError, ValueError):
+        return load(ctx)  # the loader says what is wrong with the device
+    if dev != "gpu" and profile is None and kv is None and vram_limit is None:
+        return load(ctx)
+    launch = launch_for_artifact(path, ref, device=dev, profile=profile, ctx=ctx, kv=kv, vram_limit=vram_limit)
+    for note in launch.notes:
+        if say is not None:
+            say(note)
+    if dev == "gpu":
+        mp.apply_vram_limit(vram_limit)
+    if launch.plan is None or launch.values["ctx"] or launch.max_context is None:
+        return load(launch.max_context)
+    rungs = [launch.max_context] + [r for r in mp.ladder_for(launch.plan) if r < launch.max_context]
+
+    def step(ctx_now, ctx_next, _err):
+        if say is not None:
+            say(f"the GPU refused context {ctx_now:,}: trying {ctx_next:,}")
+
+    engine, _ = mp.build_with_ladder(load, rungs, on_step=step)
+    return engine
+
+
+def prefit_context(ref: str | None, *, device: str = "auto", profile: str | None = None, ctx: int | None = None,
+                   kv: str | None = None, vram_limit: int | None = None, say=None) -> int | None:
+    """The context a launch of `ref` gets, settled before a loader that takes only `ctx` (the TUI): says
+    the notes, caps the pool at `vram_limit`, returns the context to pass on. Unchanged `ctx` when no
+    launch flag is given (the loader fits it itself)."""
+    if profile is None and kv is None and vram_limit is None:
+        return ctx
+    from engine import memory_plan as mp  # noqa: PLC0415
+    from engine.backend import resolve_device  # noqa: PLC0415
+    from ninfer_cli.model_session import resolve_model  # noqa: PLC0415
+
+    try:
+        dev = resolve_device(getattr(device, "value", device))
+    except (RuntimeError, ValueError):
+        return ctx
+    path, name = resolve_model(ref, quiet=True)
+    launch = launch_for_artifact(path, name, device=dev, profile=profile, ctx=ctx, kv=getattr(kv, "value", kv),
+                                 vram_limit=vram_limit)
+    for note in launch.notes:
+        if say is not None:
+            say(note)
+    if dev == "gpu":
+        mp.apply_vram_limit(vram_limit)
+    return launch.max_context
 
 
 def _cuda_runs(args) -> bool:

@@ -6,7 +6,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from ninfer_cli.options import Ctx, Device, DeviceOpt, Effort, ModelArg, Seed, Temperature, Think, ThinkingBudget
+from ninfer_cli.options import (
+    Ctx, Device, DeviceOpt, Effort, KvOpt, ModelArg, ProfileOpt, Seed, Temperature, Think, ThinkingBudget, VramLimit,
+)
 
 Plain = Annotated[bool, typer.Option("--plain", help="Line-oriented REPL instead of the full-screen app.")]
 System = Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt (text, or @file).",
@@ -25,7 +27,8 @@ def chat(model: ModelArg = None, plain: Plain = False, system: System = None, th
          ctx: Ctx = None, device: DeviceOpt = Device.auto,
          listing: Annotated[bool, typer.Option("--list", help="List saved conversations and exit.")] = False,
          resume: Annotated[Optional[str], typer.Option("--resume", metavar="ID|last",
-                                                       help="Continue a saved conversation.")] = None) -> None:
+                                                       help="Continue a saved conversation.")] = None,
+         profile: ProfileOpt = None, kv: KvOpt = None, vram_limit: VramLimit = None) -> None:
     """Chat with a model (the default model, pulled on first use, when none is named)."""
     import sys
 
@@ -39,12 +42,19 @@ def chat(model: ModelArg = None, plain: Plain = False, system: System = None, th
     if listing or (interactive and not plain):  # the full-screen app (ninfer_cli/tui)
         from ninfer_cli.tui.launch import list_conversations, run_chat_tui
 
+        if not listing:
+            from ninfer_cli.profiles import prefit_context
+
+            ctx = prefit_context(model, device=device, profile=profile, ctx=ctx, kv=kv, vram_limit=vram_limit,
+                                 say=lambda text: sys.stderr.write(text + "\n"))
+
         return list_conversations() if listing else run_chat_tui(
             model, system=_read_at_file(system), effort=effort, thinking_budget=thinking_budget,
             sampling=sampling_overrides(temperature=temperature, seed=seed), ctx=ctx, device=device, resume=resume)
     _, session, name = open_session(model, device=device, ctx=ctx, system=_read_at_file(system),
                                     think=None if effort is None else effort.value != "off",
                                     effort=None if effort is None else effort.value,
-                                    thinking_budget=thinking_budget, preserve_thinking=preserve_thinking)
+                                    thinking_budget=thinking_budget, preserve_thinking=preserve_thinking,
+                                    profile=profile, kv=kv, vram_limit=vram_limit)
     config = generation_config(session, sampling_overrides(temperature=temperature, seed=seed))
     Repl(session, config, name=name, interactive=interactive and True, show_thinking=show_thinking).run()

@@ -21,6 +21,9 @@ from ninfer_cli.options import (
     TopP,
     Ctx,
     Device,
+    KvOpt,
+    ProfileOpt,
+    VramLimit,
 )
 
 PromptArg = Annotated[Optional[str], typer.Argument(
@@ -44,7 +47,7 @@ def run(model: ModelArg = None, prompt: PromptArg = None, system: System = None,
         max_tokens: MaxTokens = None, think: Think = None, reasoning_effort: Effort = None,
         thinking_budget: ThinkingBudget = None, show_thinking: ShowThinking = True, ctx: Ctx = None,
         device: DeviceOpt = Device.auto, tools: Tools = None, json_out: JsonFlag = False,
-        quiet: Quiet = False) -> None:
+        quiet: Quiet = False, profile: ProfileOpt = None, kv: KvOpt = None, vram_limit: VramLimit = None) -> None:
     """Answer one prompt with a model (the default model, pulled on first use, when none is named).
 
     Examples: `ninfer run "What is the capital of France?"`, `echo hi | ninfer run smollm2-135m -`,
@@ -70,7 +73,8 @@ def run(model: ModelArg = None, prompt: PromptArg = None, system: System = None,
     _, session, name = open_session(model, device=device, ctx=ctx, system=system,
                                     think=None if effort is None else effort.value != "off",
                                     effort=None if effort is None else effort.value,
-                                    thinking_budget=thinking_budget, quiet=json_out)
+                                    thinking_budget=thinking_budget, quiet=json_out, profile=profile, kv=kv,
+                                    vram_limit=vram_limit)
     session.tools = _read_tools(tools)
     overrides = sampling_overrides(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                    presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
