@@ -165,7 +165,14 @@ class Repl:
                 break
             if isinstance(item, BaseException):
                 worker.join()
-                raise item
+                from engine.errors import NinferError
+
+                if not isinstance(item, NinferError):
+                    raise item
+                # e.g. a full context: say so and keep the REPL (/clear makes room)
+                self.err.write(f"\nerror: {item.message}\n" + (f"-> {item.next_action}\n" if item.next_action else ""))
+                self.err.flush()
+                return
             if item.done:
                 final = item
                 continue

@@ -263,3 +263,18 @@ def test_repl_interactive_prompt_toolkit_history_and_multiline(tmp_path):
     assert "first line\nsecond line" in eng.tokenizer.decode(eng.prompts[0])
     assert len(eng.prompts) == 1
     assert "first line" in history.read_text() and "/clear" in history.read_text()
+
+
+def test_repl_survives_a_user_error():
+    from engine.errors import NinferError
+    from ninfer_cli.repl import Repl
+
+    class Full(ScriptedEngine):
+        def stream(self, prompt_ids, config, *, cancel=None):
+            raise NinferError("context full: 9000 tokens > 8192", "start a new chat (/clear)")
+            yield  # pragma: no cover
+
+    err = io.StringIO()
+    repl = Repl(_session(Full("x")), GenerationConfig(), out=io.StringIO(), err=err, interactive=False)
+    repl.run(iter(["hello\n", "/clear\n"]))
+    assert "error: context full" in err.getvalue() and "conversation cleared" in err.getvalue()
