@@ -26,8 +26,8 @@ CONTEXT_ESTIMATE = 512 * MIB  # CUDA context + cuBLAS when a budget is given wit
 # upstream launcher rungs (surfaces.md §4.3), extended below 65,536 for small cards
 LADDER = (262144, 229376, 212992, 196608, 163840, 131072, 114688, 98304, 65536, 49152, 32768, 16384, 8192, 4096)
 KV_FORMATS = ("bf16", "int8")
-# KV formats the CUDA engine can store today; int8 (INT8-G64) is planned, not implemented
-GPU_KV_FORMATS = ("bf16",)
+# KV formats the CUDA engine stores (`CudaQwen35(kv=...)`)
+GPU_KV_FORMATS = ("bf16", "int8")
 # per-row fp32 scratch of chunked prefill, per activation element (inputs, outputs, partials)
 PREFILL_ROW_FACTOR = 1.25
 

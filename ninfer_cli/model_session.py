@@ -84,7 +84,7 @@ def open_session(ref: str | None, *, device: str = "auto", ctx: int | None = Non
     from ninfer_cli.profiles import load_fitted
 
     say = None if quiet else (lambda text: sys.stderr.write(text + "\n"))
-    model = load_fitted(path, name, lambda n: eng.load(path, device=device, max_context=n), device=device,
+    model = load_fitted(path, name, lambda n, **kv: eng.load(path, device=device, max_context=n, **kv), device=device,
                         profile=profile, ctx=ctx, kv=kv, vram_limit=vram_limit, say=say)
     if model.device == "cpu":
         tune_blas_threads()

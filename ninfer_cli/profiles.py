@@ -21,6 +21,8 @@ from engine.errors import NinferError
 FIELDS = ("ctx", "kv", "lanes", "spec", "draft_tokens", "prefill_chunk", "vision")
 SPEC_NOT_IMPLEMENTED = "speculative decoding is not implemented yet"
 INT8_NOT_ON_GPU = "int8 KV is not implemented on the GPU yet (the CUDA engine stores bf16 KV)"
+INT8_NOT_IN_LOAD = ("int8 KV is not reachable through engine.load yet (the CUDA engine has it: "
+                    "`ninfer bench --synthetic ... --kv int8` uses it)")
 
 
 @dataclass(frozen=True)
@@ -156,13 +158,15 @@ def components_for(values: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 def resolve_launch(ref: str | None, args, weights: dict | None, *, profile: str | None = None, ctx: int | None = None,
                    kv: str | None = None, vram_limit: int | None = None, device: str = "gpu",
-                   weights_source: str = "", planned: bool = True, memory="probe") -> Launch:
+                   weights_source: str = "", planned: bool = True, memory="probe",
+                   kv_formats: tuple[str, ...] | None = None) -> Launch:
     """Settle a launch before loading: merge profile and flags, drop what the GPU cannot do yet (saying
     so), and on the GPU fit the context to the free memory (or `vram_limit`) with the memory plan.
 
     `weights` is the per-component byte table (None: no plan); `planned` False means the engine for this
-    model is not the CUDA engine (the plan does not describe it). Raises NinferError for an explicit
-    `ctx` that cannot fit and for a flag asking what is not implemented.
+    model is not the CUDA engine (the plan does not describe it); `kv_formats` are those this launch
+    path can build (default `memory_plan.GPU_KV_FORMATS`). Raises NinferError for an explicit `ctx`
+    that cannot fit and for a flag asking what is not implemented.
     """
     from engine import memory_plan as mp  # noqa: PLC0415
 
@@ -173,8 +177,12 @@ def resolve_launch(ref: str | None, args, weights: dict | None, *, profile: str 
     if values["kv"] not in mp.KV_FORMATS:
         raise NinferError(f"unknown KV format {values['kv']!r}", f"use one of {', '.join(mp.KV_FORMATS)}")
     gpu = device == "gpu"
-    if values["kv"] != "bf16" and (not gpu or values["kv"] not in mp.GPU_KV_FORMATS):
-        what = INT8_NOT_ON_GPU if gpu else "int8 KV is not implemented on the CPU (the NumPy engine keeps float32 KV)"
+    formats = mp.GPU_KV_FORMATS if kv_formats is None else kv_formats
+    if values["kv"] != "bf16" and (not gpu or values["kv"] not in formats):
+        if not gpu:
+            what = "int8 KV is not implemented on the CPU (the NumPy engine keeps float32 KV)"
+        else:
+            what = INT8_NOT_ON_GPU if values["kv"] not in mp.GPU_KV_FORMATS else INT8_NOT_IN_LOAD
         if sources["kv"] == "flag":
             raise NinferError(what, "drop --kv int8" + (" (`ninfer show MODEL --memory --kv int8` shows what it would "
                                                         "allow)" if gpu else ""))
@@ -233,9 +241,19 @@ def launch_for_artifact(path, ref: str | None, *, device: str, profile: str | No
     args = ModelArgs.from_artifact(art)
     weights = mp.weights_from_artifact(art)
     planned = device == "gpu" and _cuda_runs(args)
+    formats = tuple(f for f in mp.GPU_KV_FORMATS if f == "bf16" or load_takes_kv())
     return resolve_launch(ref or Path(path).name, args, weights, profile=profile, ctx=ctx, kv=kv,
                           vram_limit=vram_limit, device=device, weights_source="artifact header",
-                          planned=planned, memory=memory)
+                          planned=planned, memory=memory, kv_formats=formats)
+
+
+def load_takes_kv() -> bool:
+    """Whether `engine.load` accepts `kv=` (the CUDA engine stores int8 KV; load may not pass it on yet)."""
+    import inspect  # noqa: PLC0415
+
+    from engine.api import load  # noqa: PLC0415
+
+    return "kv" in inspect.signature(load).parameters
 
 
 def launch_for_synthetic(geometry: str, recipe: str | None = None, *, profile: str | None = None,
@@ -255,7 +273,7 @@ def launch_for_synthetic(geometry: str, recipe: str | None = None, *, profile: s
 
 def load_fitted(path, ref: str | None, load, *, device: str = "auto", profile: str | None = None,
                 ctx: int | None = None, kv: str | None = None, vram_limit: int | None = None, say=None):
-    """Load through `load(max_context)` with the context this launch fits: merge profile and flags, cap
+    """Load through `load(max_context[, kv=...])` with the context this launch fits: merge profile and flags, cap
     the pool at `vram_limit`, and when the context was chosen automatically step down the ladder if
     the GPU refuses an allocation. `say(text)` hears what was chosen and why. On the CPU with no
     launch flags this is just `load(ctx)`."""
@@ -276,6 +294,11 @@ def load_fitted(path, ref: str | None, load, *, device: str = "auto", profile: s
             say(note)
     if dev == "gpu":
         mp.apply_vram_limit(vram_limit)
+    if launch.values["kv"] != "bf16":
+        def load_kv(n, _load=load, _kv=launch.values["kv"]):
+            return _load(n, kv=_kv)
+
+        load = load_kv
     if launch.plan is None or launch.values["ctx"] or launch.max_context is None:
         return load(launch.max_context)
     rungs = [launch.max_context] + [r for r in mp.ladder_for(launch.plan) if r < launch.max_context]

@@ -69,10 +69,13 @@ def _profile_dict(p) -> dict:
 
 
 def _status(p) -> str:
-    from ninfer_cli.profiles import INT8_NOT_ON_GPU  # noqa: PLC0415
+    from engine.memory_plan import GPU_KV_FORMATS  # noqa: PLC0415
+    from ninfer_cli.profiles import INT8_NOT_IN_LOAD, INT8_NOT_ON_GPU, load_takes_kv  # noqa: PLC0415
 
-    if p.kv == "int8":
-        return f"{INT8_NOT_ON_GPU}: long runs with bf16 KV until it is"
+    if p.kv == "int8" and "int8" not in GPU_KV_FORMATS:
+        return f"{INT8_NOT_ON_GPU}: runs with bf16 KV until it is"
+    if p.kv == "int8" and not load_takes_kv():
+        return f"run/chat: {INT8_NOT_IN_LOAD}; they use bf16 KV until it is"
     return "available"
 
 
@@ -116,7 +119,7 @@ def memory_report(ref: str, *, ctx: int | None = None, kv: str | None = None, pr
     """Print the memory plan of `ref` (the `ninfer show MODEL --memory` table) without loading weights."""
     from engine import memory_plan as mp  # noqa: PLC0415
     from ninfer_cli import output  # noqa: PLC0415
-    from ninfer_cli.profiles import components_for, get_profile, merge  # noqa: PLC0415
+    from ninfer_cli.profiles import INT8_NOT_IN_LOAD, components_for, get_profile, load_takes_kv, merge  # noqa: PLC0415
 
     label, args, weights, source = _plan_source(ref)
     prof = get_profile(ref, profile, has_mtp="mtp" in weights)
@@ -124,6 +127,8 @@ def memory_report(ref: str, *, ctx: int | None = None, kv: str | None = None, pr
     notes = []
     if values["kv"] not in mp.GPU_KV_FORMATS:
         notes.append(f"{values['kv']} KV is not implemented on the GPU yet: this is what it would take")
+    elif values["kv"] != "bf16" and not load_takes_kv():
+        notes.append(f"{INT8_NOT_IN_LOAD}: run/chat would use bf16")
     if values["spec"]:
         notes.append(f"speculative decoding ({values['spec']}) is not implemented yet: its parts are planned anyway")
     comps, optional = components_for(values)

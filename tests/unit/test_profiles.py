@@ -70,22 +70,30 @@ def test_auto_context_fits_a_24_gib_card_and_says_why():
     assert any("114,688 would need" in n for n in launch.notes)
 
 
-def test_long_profile_says_int8_is_not_on_the_gpu_and_falls_back_to_bf16():
+def test_long_profile_uses_int8_and_reaches_64k_on_24_gib():
+    launch = _launch(profile="long", vram_limit=24 * GIB)
+    assert launch.values["kv"] == "int8" and launch.plan.kv_bytes_per_token == 33_792
+    assert launch.max_context >= 65536
+    assert launch.max_context == mp.fit_context(launch.plan, launch.budget.free) == 163840
+
+
+def test_without_int8_on_the_gpu_long_falls_back_and_the_flag_fails(monkeypatch):
+    monkeypatch.setattr(mp, "GPU_KV_FORMATS", ("bf16",))
     launch = _launch(profile="long", vram_limit=24 * GIB)
     assert launch.values["kv"] == "bf16" and launch.plan.kv == "bf16"
     assert any("int8 KV is not implemented on the GPU yet" in n for n in launch.notes)
-
-
-def test_int8_plan_reaches_64k_on_24_gib_when_the_engine_has_it(monkeypatch):
-    monkeypatch.setattr(mp, "GPU_KV_FORMATS", ("bf16", "int8"))
-    launch = _launch(profile="long", vram_limit=24 * GIB)
-    assert launch.values["kv"] == "int8" and launch.max_context >= 65536
-    assert launch.max_context == mp.fit_context(launch.plan, launch.budget.free)
-
-
-def test_explicit_int8_flag_is_an_error_on_the_gpu():
     with pytest.raises(NinferError, match="int8 KV is not implemented on the GPU yet"):
         _launch(kv="int8")
+
+
+def test_int8_flag_on_a_path_that_cannot_build_it_says_so():
+    from engine.config import ModelArgs
+    from engine.synthetic import geometry_config
+
+    args = ModelArgs.from_config(geometry_config("qwen3.8-27b"))
+    weights = mp.weights_from_recipe(args, "groupwise-int")
+    with pytest.raises(NinferError, match="not reachable through engine.load yet"):
+        P.resolve_launch("qwen38-27b", args, weights, kv="int8", memory=CARD_24, kv_formats=("bf16",))
 
 
 def test_explicit_ctx_that_does_not_fit_fails_before_loading():
@@ -128,3 +136,55 @@ def test_cpu_launch_has_no_plan_and_rejects_int8_flags():
 def test_no_budget_means_the_engine_default():
     launch = _launch(memory=None)
     assert launch.budget is None and launch.max_context is None
+
+
+# ---- loading through the fitted launch
+class OutOfMemoryError(Exception):
+    pass
+
+
+def _fake_gpu(monkeypatch):
+    import engine.backend
+
+    monkeypatch.setattr(engine.backend, "resolve_device", lambda d: "gpu")
+    monkeypatch.setattr(mp, "apply_vram_limit", lambda limit: None)
+    monkeypatch.setattr(P, "launch_for_artifact",
+                        lambda path, ref, **k: _launch(profile=k.get("profile"), ctx=k.get("ctx"), kv=k.get("kv"),
+                                                       vram_limit=k.get("vram_limit")))
+
+
+def test_load_fitted_steps_down_the_ladder_when_the_gpu_refuses(monkeypatch):
+    _fake_gpu(monkeypatch)
+    tried, said = [], []
+
+    def load(n, **opts):
+        tried.append((n, opts))
+        if n > 65536:
+            raise OutOfMemoryError("refused")
+        return "engine"
+
+    assert P.load_fitted("m.ninfer", "qwen38-27b", load, vram_limit=24 * GIB, say=said.append) == "engine"
+    assert [n for n, _ in tried] == [98304, 65536] and tried[0][1] == {}
+    assert said[0].startswith("context auto -> 98,304")
+    assert said[1] == "the GPU refused context 98,304: trying 65,536"
+
+
+def test_load_fitted_passes_int8_and_an_explicit_context_is_not_stepped(monkeypatch):
+    _fake_gpu(monkeypatch)
+    tried = []
+
+    def load(n, **opts):
+        tried.append((n, opts))
+        raise OutOfMemoryError("refused")
+
+    with pytest.raises(OutOfMemoryError):
+        P.load_fitted("m.ninfer", "qwen38-27b", load, profile="long", ctx=65536, vram_limit=24 * GIB)
+    assert tried == [(65536, {"kv": "int8"})]
+
+
+def test_load_fitted_on_the_cpu_without_flags_is_a_plain_load(monkeypatch):
+    import engine.backend
+
+    monkeypatch.setattr(engine.backend, "resolve_device", lambda d: "cpu")
+    monkeypatch.setattr(P, "launch_for_artifact", lambda *a, **k: pytest.fail("no launch without flags"))
+    assert P.load_fitted("m.ninfer", "smollm2-135m", lambda n: ("loaded", n), ctx=2048) == ("loaded", 2048)
