@@ -60,8 +60,12 @@ def run_bench(
     baseline: bool = False,
     progress: Callable[[str], None] | None = None,
     command: str = "",
+    fit: Callable[[str | None], int | None] | None = None,
 ) -> dict:
-    """Run every test on every instance (one engine each), then the baseline; return the report dict."""
+    """Run every test on every instance (one engine each), then the baseline; return the report dict.
+
+    `fit(kv)` (from `ninfer_cli.profiles.bench_fitter`) gives the context to build an instance with
+    (fitted to memory); None, or no `fit`, builds with what the tests need."""
     say = progress or (lambda _text: None)
     if baseline:
         from engine.bench_baseline import check_available  # noqa: PLC0415
@@ -80,13 +84,19 @@ def run_bench(
     meta: dict = {"model": model, "synthetic": synthetic,
                   "recipe": (recipe or default_recipe(synthetic)) if synthetic else None}
     base_meta, base_results, interrupted = None, None, False
+    contexts = []
     try:
         for inst in instances:
+            build_ctx = (fit(inst.kv) if fit else None) or max_context
+            if build_ctx < max_context:
+                raise NinferError(f"context {build_ctx:,} is shorter than the tests need ({max_context:,})",
+                                  "lower -p/-n/-d, or give the engine more memory (--vram-limit, --kv int8)")
+            contexts.append({"kv": inst.kv, "lanes": inst.lanes, "spec": inst.spec, "context": build_ctx})
             if synthetic:
-                eng = build_synthetic(synthetic, recipe=recipe, device=device, max_context=max_context,
+                eng = build_synthetic(synthetic, recipe=recipe, device=device, max_context=build_ctx,
                                       instance=inst)
             else:
-                eng = build_model(model_path, device=device, max_context=max_context, instance=inst)
+                eng = build_model(model_path, device=device, max_context=build_ctx, instance=inst)
             info = dict(eng.info()) if hasattr(eng, "info") else {}
             costs, sources = engine_costs(eng, info)
             env["backend"] = info.get("backend", env["backend"])
@@ -124,7 +134,7 @@ def run_bench(
         say("interrupted: reporting the tests that finished")
     settings = {"repetitions": repetitions, "warmup": warmup, "device": device, "max_context": max_context,
                 "prompt_tokens": f"PCG64 seed {TOKEN_SEED:#x}", "stops": "off", "prefix_reuse": "off",
-                "interrupted": interrupted}
+                "interrupted": interrupted, "contexts": contexts}
     return build_report(command=command, env=env, roofline=roof, model=meta, settings=settings,
                         results=results, baseline=base_meta, baseline_results=base_results)
 

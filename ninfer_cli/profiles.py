@@ -337,6 +337,32 @@ def prefit_context(ref: str | None, *, device: str = "auto", profile: str | None
     return launch.max_context
 
 
+def bench_fitter(*, device: str, synthetic: str | None = None, recipe: str | None = None, model_path=None,
+                 model: str | None = None, profile: str | None = None, ctx: int | None = None,
+                 vram_limit: int | None = None, say=None):
+    """For `ninfer bench`: a function kv -> the context to build each instance with (None = what the
+    tests need), after fitting it to free memory or `vram_limit` and capping the pool; notes go to `say`."""
+    from engine import memory_plan as mp  # noqa: PLC0415
+
+    def fit(kv: str | None) -> int | None:
+        if device != "gpu" or synthetic == "tiny":
+            if vram_limit is not None and say is not None:
+                say("--vram-limit applies to the GPU only: ignored")
+            return ctx
+        if synthetic:
+            launch = launch_for_synthetic(synthetic, recipe, profile=profile, ctx=ctx, kv=kv, vram_limit=vram_limit)
+        else:
+            launch = launch_for_artifact(model_path, model, device="gpu", profile=profile, ctx=ctx, kv=kv,
+                                         vram_limit=vram_limit)
+        for note in launch.notes:
+            if say is not None:
+                say(f"[kv={launch.values['kv']}] {note}")
+        mp.apply_vram_limit(vram_limit)
+        return launch.max_context
+
+    return fit
+
+
 def _cuda_runs(args) -> bool:
     """Whether `engine.load(..., device="gpu")` builds the CUDA engine for this model (else the plan
     does not describe what gets allocated)."""

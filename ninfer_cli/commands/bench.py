@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ninfer_cli.options import Device, DeviceOpt, ModelArg
+from ninfer_cli.options import Ctx, Device, DeviceOpt, ModelArg, ProfileOpt, VramLimit
 
 TESTS, ENGINE, OUTPUT = "Tests", "Engine", "Output"
 
@@ -121,6 +121,9 @@ def bench(
         "--lanes", metavar="LIST", rich_help_panel=ENGINE, show_default=False,
         help="Concurrent sequences, e.g. 1,2,4,8 (aggregate tok/s). Default 1.")] = None,
     device: DeviceOpt = Device.auto,
+    context: Ctx = None,
+    vram_limit: VramLimit = None,
+    profile: ProfileOpt = None,
     output_format: Annotated[OutFormat, typer.Option("-o", "--output", rich_help_panel=OUTPUT,
                                                      help="Format of the report.")] = OutFormat.md,
     out: Annotated[Optional[Path], typer.Option(
@@ -189,12 +192,23 @@ def bench(
 
     from engine.bench_run import run_bench  # noqa: PLC0415
 
+    fit = None
+    ctx_given = getattr(ctx.get_parameter_source("context"), "name", "") in ("COMMANDLINE", "ENVIRONMENT")
+    if ctx_given or vram_limit is not None or profile is not None:  # --ctx auto|N: fit to memory first
+        from ninfer_cli.profiles import bench_fitter, get_profile  # noqa: PLC0415
+
+        if profile is not None and kvs == [None]:
+            kvs = [get_profile(model or synthetic, profile).kv]
+        fit = bench_fitter(device=dev, synthetic=synthetic, recipe=recipe, model_path=_model_path(model) if model
+                           else None, model=model, profile=profile, ctx=context, vram_limit=vram_limit,
+                           say=lambda text: output.stderr().print(text, markup=False, highlight=False))
+
     report = run_bench(
         model=model, model_path=_model_path(model) if model else None, synthetic=synthetic, recipe=recipe, tests=tests,
         instances=expand_instances(kvs, lane_list, specs), repetitions=repetitions, warmup=warmup,
         device=dev, env=env, remeasure=roofline, baseline=baseline is not None,
         progress=(lambda text: output.stderr().print(text, markup=False, highlight=False)) if progress else None,
-        command=_command_line(ctx),
+        command=_command_line(ctx), fit=fit,
     )
     from engine.bench_report import render  # noqa: PLC0415
 
