@@ -187,9 +187,11 @@ def test_live_rate_redraws_at_least_four_times_a_second(tmp_path):
             await wait_for(pilot, lambda: app.buffer is not None and app.buffer.tokens > 3)
             start = time.perf_counter()
             await pilot.pause(1.05)
-            window = [r for t, r in seen if start <= t <= start + 1.0 and r]
-            assert len(window) >= 4, window
-            assert 10 < window[-1] < 30  # about the 20 tok/s the fake streams at
+            window = [(t, r) for t, r in seen if start <= t <= start + 1.0 and r]
+            gaps = sorted(b[0] - a[0] for a, b in zip(window, window[1:]))
+            # The median gap, not a count: a starved CPU (the full suite on 2 cores) delays single ticks.
+            assert len(gaps) >= 3 and gaps[len(gaps) // 2] <= 0.25, gaps
+            assert 10 < window[-1][1] < 30  # about the 20 tok/s the fake streams at
             assert shown and all(t.endswith(" tok/s") for t in shown)
             await pilot.press("escape")
     run(body())
