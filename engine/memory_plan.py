@@ -253,9 +253,10 @@ def plan_memory(args, weights: dict[str, int], *, model: str = "", source: str =
     """The plan of a Qwen3.5 hybrid launch.
 
     `weights` maps component ("text", "draft_head", "mtp", "dflash2", "dflash", "vision") to device
-    bytes; `components` are counted (one the model lacks is an error), `optional` ones when present. `spec` "mtp" adds the MTP KV
-    pool (one attention layer, `lanes * ceil((K-1)/64)` extra pages) and, like any spec mode, the
-    ReplaySSM arena for K + 1 columns; "dflash"/"dflash2" add the draft's own fixed state.
+    bytes; `components` are counted (one the model lacks is an error), `optional` ones when present.
+    `spec` "mtp" adds the MTP KV pool (one attention layer, `lanes * ceil((K-1)/64)` extra pages) and,
+    like any spec mode, the ReplaySSM arena for K + 1 columns; "dflash"/"dflash2" add the draft's own
+    fixed state.
     """
     kv_head_bytes(args.head_dim or 256, kv)  # validates kv
     if lanes < 1:

@@ -19,7 +19,8 @@ class Action(str, enum.Enum):
 
 
 def profile(
-    action: Annotated[Action, typer.Argument(help="ls: every model's profiles; show: one profile in full.")] = Action.ls,
+    action: Annotated[Action, typer.Argument(
+        help="ls: every model's profiles; show: one profile in full.")] = Action.ls,
     model: Annotated[Optional[str], typer.Argument(help="Model name (catalog or store), or a .ninfer path.",
                                                    show_default=False)] = None,
     name: Annotated[Optional[str], typer.Argument(help="Profile name (show; default: default).",
@@ -28,7 +29,8 @@ def profile(
 ) -> None:
     """List launch profiles, or show one. Use one with [b]ninfer run MODEL --profile NAME[/b]; flags override it.
 
-    Examples: [b]ninfer profile ls[/b] · [b]ninfer profile ls qwen38-27b[/b] · [b]ninfer profile show qwen38-27b long[/b]
+    Examples: [b]ninfer profile ls[/b] · [b]ninfer profile ls qwen38-27b[/b] ·
+    [b]ninfer profile show qwen38-27b long[/b]
     """
     from ninfer_cli import output  # noqa: PLC0415
     from ninfer_cli.profiles import PROFILES, flags_of, get_profile, model_key, profiles_for  # noqa: PLC0415
@@ -168,7 +170,8 @@ def memory_report(ref: str, *, ctx: int | None = None, kv: str | None = None, pr
     output.line(f"memory plan: {label}, {plan.kv} KV, {plan.lanes} lane, context {context:,} ({how})")
     output.line(f"sizes: {source}")
     rows = [(i.name, f"{i.bytes:,}", f"{i.bytes / 2**30:.2f}", i.detail) for i in plan.items(context)]
-    rows.append(("total", f"{plan.total(context):,}", f"{plan.total(context) / 2**30:.2f}", "must be free before loading"))
+    total = plan.total(context)
+    rows.append(("total", f"{total:,}", f"{total / 2**30:.2f}", "must be free before loading"))
     output.table(("part", "bytes", "GiB", "how"), rows, right=("bytes", "GiB"))
     if b is not None:
         output.line(f"budget: {_gib(b.free)} ({b.source})" + ("" if fits else " -- does NOT fit"))
