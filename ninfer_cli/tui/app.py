@@ -104,7 +104,9 @@ class ChatApp(App):
         self.set_interval(RATE_REFRESH_S, self.refresh_rate)
         self.set_interval(1.0, self.refresh_memory)
         await self.show_conversation()
-        self.query_one(PromptInput).focus()
+        prompt = self.query_one(PromptInput)
+        prompt.sent = [m["content"] for m in self.conversation.messages if m["role"] == "user"]
+        prompt.focus()
         freeze_heap()
         self._load()
 

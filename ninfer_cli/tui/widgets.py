@@ -50,12 +50,32 @@ class PromptInput(TextArea):
         super().__init__(soft_wrap=True, show_line_numbers=False,
                          highlight_cursor_line=False, placeholder="Send a message (/help for commands)",
                          **kwargs)
+        self.sent: list[str] = []
+        self._recall: int | None = None  # index into history while walking it
 
     def action_submit(self) -> None:
         text = self.text
         if text.strip():
+            self.sent.append(text)
+            self._recall = None
             self.clear()
             self.post_message(self.Submitted(text))
+
+    def recall(self, step: int) -> bool:
+        """Up/Down on the first/last line walk through what was sent before; False if nothing to do."""
+        if not self.sent:
+            return False
+        index = (len(self.sent) if self._recall is None else self._recall) + step
+        if index < 0:
+            return True
+        if index >= len(self.sent):
+            self._recall = None
+            self.load_text("")
+            return True
+        self._recall = index
+        self.load_text(self.sent[index])
+        self.move_cursor(self.document.end)
+        return True
 
     def action_newline(self) -> None:
         self.insert("\n")
@@ -70,6 +90,12 @@ class PromptInput(TextArea):
             event.stop()
             event.prevent_default()
             self.action_newline()
+            return
+        row = self.cursor_location[0]
+        if (event.key == "up" and row == 0 or event.key == "down" and row == self.document.line_count - 1) \
+                and (self._recall is not None or not self.text) and self.recall(-1 if event.key == "up" else 1):
+            event.stop()
+            event.prevent_default()
             return
         if event.key == "tab" and self.suggestion:
             event.stop()

@@ -220,3 +220,24 @@ def test_message_sent_while_loading_waits_or_fails_cleanly(tmp_path):
             assert any("corrupt artifact" in n.source for n in bad.query(NoteMessage))
             assert bad.is_running
     run(body())
+
+
+def test_up_and_down_recall_sent_messages(tmp_path):
+    async def body():
+        app = make_app(tmp_path)
+        async with app.run_test() as pilot:
+            await send(pilot, "first")
+            await send(pilot, "second")
+            box = app.query_one(PromptInput)
+            await pilot.press("up")
+            assert box.text == "second"
+            await pilot.press("up", "up")
+            assert box.text == "first"
+            await pilot.press("down")
+            assert box.text == "second"
+            await pilot.press("down")
+            assert box.text == ""
+            await type_text(pilot, "draft")
+            await pilot.press("up")
+            assert box.text == "draft"  # typing is never replaced by history
+    run(body())

@@ -152,6 +152,7 @@ def test_resume_shows_history_and_continues(tmp_path):
             assert len(resumed.query(AssistantMessage)) == 2
             assert resumed.settings.effort == "medium"
             assert resumed.context_used > 0
+            assert resumed.query_one(PromptInput).sent == ["first question", "second question"]
             assert resumed.last_stats is not None and "tok/s" in str(resumed.query_one("#st-last").render())
             await send(pilot, "third")
             sent = resumed.session.calls[-1][0]
