@@ -80,6 +80,6 @@ def help_text() -> str:
 
     rows = [f"| `{cell((c.name + ' ' + c.args).strip())}` | {cell(c.help)} |" for c in COMMANDS]
     keys = ("| key | action |\n|---|---|\n| Enter | send |\n| Shift+Enter, Ctrl+J | new line |\n"
-            "| Tab | complete a command |\n| Esc | stop the answer |\n| Ctrl+T | cycle reasoning effort |\n"
+            "| Tab | complete a command |\n| Up, Down | earlier messages |\n| Esc | stop the answer |\n| Ctrl+T | cycle reasoning effort |\n"
             "| Ctrl+Y | copy the last answer |\n| Ctrl+Q | quit |")
     return "| command | what it does |\n|---|---|\n" + "\n".join(rows) + "\n\n" + keys
