@@ -79,7 +79,9 @@ def help_text() -> str:
         return text.replace("|", "\\|")  # a pipe ends a table cell, even inside a code span
 
     rows = [f"| `{cell((c.name + ' ' + c.args).strip())}` | {cell(c.help)} |" for c in COMMANDS]
-    keys = ("| key | action |\n|---|---|\n| Enter | send |\n| Shift+Enter, Ctrl+J | new line |\n"
-            "| Tab | complete a command |\n| Up, Down | earlier messages |\n| Esc | stop the answer |\n| Ctrl+T | cycle reasoning effort |\n"
-            "| Ctrl+Y | copy the last answer |\n| Ctrl+Q | quit |")
+    keys = "\n".join(f"| {k} | {v} |" for k, v in (
+        ("Enter", "send"), ("Shift+Enter, Ctrl+J", "new line"), ("Tab", "complete a command"),
+        ("Up, Down", "earlier messages"), ("Esc", "stop the answer"), ("Ctrl+T", "cycle reasoning effort"),
+        ("Ctrl+Y", "copy the last answer"), ("Ctrl+Q", "quit")))
+    keys = "| key | action |\n|---|---|\n" + keys
     return "| command | what it does |\n|---|---|\n" + "\n".join(rows) + "\n\n" + keys

@@ -13,7 +13,8 @@ from ninfer_cli.tui.widgets import PromptInput
 
 from tui_helpers import make_app, run, wait_for
 
-ANSWER = "Paris is the capital of **France**.\n\n- population: about 2.1 million\n- river: Seine\n\n```python\nprint('bonjour')\n```"
+ANSWER = ("Paris is the capital of **France**.\n\n- population: about 2.1 million\n- river: Seine\n\n"
+          "```python\nprint('bonjour')\n```")
 
 
 def layout_app(tmp_path):
