@@ -54,6 +54,7 @@ def _command_line(ctx: typer.Context) -> str:
         if source not in ("COMMANDLINE", "ENVIRONMENT"):  # by name: typer may vendor its own click
             continue
         v = v.value if isinstance(v, enum.Enum) else v
+        v = "auto" if v is None else v  # `--ctx auto` parses to None
         if not p.opts or not p.opts[0].startswith("-"):
             parts.append(str(v))
             continue
@@ -180,6 +181,10 @@ def bench(
         dev = resolve_device(asked)
     except (RuntimeError, ValueError) as e:
         raise NinferError(str(e).split(":")[0], "use --device cpu, or install CuPy for your CUDA") from None
+    if dev == "cpu":
+        from ninfer_cli.model_session import tune_blas_threads  # noqa: PLC0415
+
+        tune_blas_threads()  # the same BLAS threading `ninfer run` and `chat` use, so the numbers compare
     env = bench_device.environment(dev)
     if not (model or synthetic):
         if not roofline:
