@@ -133,6 +133,11 @@ def memory_report(ref: str, *, ctx: int | None = None, kv: str | None = None, pr
         notes.append(f"{INT8_NOT_IN_LOAD}: run/chat would use bf16")
     if values["spec"]:
         notes.append(f"speculative decoding ({values['spec']}) is not implemented yet: its parts are planned anyway")
+    from ninfer_cli.profiles import _cuda_runs  # noqa: PLC0415
+
+    if not _cuda_runs(args):
+        notes.append("run/chat do not load this model on the CUDA engine yet: the plan is what that engine "
+                     "would allocate")
     comps, optional = components_for(values)
     comps = tuple(c for c in comps if c in weights)
     short = "artifact header" if source.startswith("object sizes") else "recipe estimate"
@@ -154,7 +159,8 @@ def memory_report(ref: str, *, ctx: int | None = None, kv: str | None = None, pr
             else:
                 how = "auto: the model's maximum fits"
         else:
-            context, how = 32768, "auto needs a GPU or --vram-limit; shown at 32,768"
+            context = min(32768, plan.max_positions)
+            how = f"auto needs a GPU or --vram-limit; shown at {context:,}"
     if b is not None:
         fits = plan.total(context) <= b.free
         if not fits:
