@@ -188,3 +188,18 @@ def test_load_fitted_on_the_cpu_without_flags_is_a_plain_load(monkeypatch):
     monkeypatch.setattr(engine.backend, "resolve_device", lambda d: "cpu")
     monkeypatch.setattr(P, "launch_for_artifact", lambda *a, **k: pytest.fail("no launch without flags"))
     assert P.load_fitted("m.ninfer", "smollm2-135m", lambda n: ("loaded", n), ctx=2048) == ("loaded", 2048)
+
+
+def test_prefit_context_for_the_tui(monkeypatch):
+    import engine.backend
+    import ninfer_cli.model_session as ms
+
+    assert P.prefit_context("anything", ctx=4096) == 4096  # no launch flag: the loader fits it itself
+    monkeypatch.setattr(engine.backend, "resolve_device", lambda d: "gpu")
+    monkeypatch.setattr(ms, "resolve_model", lambda ref, quiet=False: ("m.ninfer", "qwen38-27b"))
+    monkeypatch.setattr(mp, "apply_vram_limit", lambda limit: None)
+    monkeypatch.setattr(P, "launch_for_artifact",
+                        lambda path, ref, **k: _launch(profile=k.get("profile"), vram_limit=k.get("vram_limit")))
+    said = []
+    assert P.prefit_context("qwen38-27b", profile="long", vram_limit=24 * GIB, say=said.append) == 163840
+    assert said and said[0].startswith("context auto -> 163,840 (int8 KV")
