@@ -395,7 +395,9 @@ def parse_size(text: str) -> int:
 
 
 def device_memory() -> tuple[int, int, int] | None:
-    """(free, total, held by this process's CuPy pool) bytes of the current device; None without a GPU."""
+    """(free, total, in use by this process's CuPy pool) bytes of the current device; None without a GPU.
+
+    Blocks the pool caches but does not use count as free: it hands them back when it needs room."""
     from engine.backend import cupy_or_none  # noqa: PLC0415
 
     cp = cupy_or_none()
@@ -403,10 +405,11 @@ def device_memory() -> tuple[int, int, int] | None:
         return None
     try:
         free, total = cp.cuda.runtime.memGetInfo()
-        held = cp.get_default_memory_pool().total_bytes()
+        pool = cp.get_default_memory_pool()
+        held, cached = pool.used_bytes(), pool.free_bytes()
     except Exception:  # noqa: BLE001 - a broken driver reads as "no device", the caller says so
         return None
-    return int(free), int(total), int(held)
+    return int(free + cached), int(total), int(held)
 
 
 def budget(vram_limit: int | None = None, memory: tuple | None | str = "probe") -> Budget | None:
