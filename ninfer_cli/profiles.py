@@ -203,7 +203,8 @@ def resolve_launch(ref: str | None, args, weights: dict | None, *, profile: str 
         launch.max_context = values["ctx"]
         if vram_limit is not None:
             launch.notes.append("--vram-limit: no memory plan for this model on the GPU (only Qwen3.5 hybrid "
-                                "models on the CUDA engine have one): ignored")
+                                "models on the CUDA engine have one): the context is not fitted, allocations "
+                                "are still capped")
         return launch
     comps, optional = components_for(values)
     plan = mp.plan_memory(args, weights, model=ref or "", source=weights_source, kv=values["kv"],
