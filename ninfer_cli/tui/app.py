@@ -74,9 +74,9 @@ class ChatApp(App):
         self.context_used = 0
         self.buffer: TurnBuffer | None = None
         self.cancel: threading.Event | None = None
-        self.stopped_turn: int | None = None
-        self.stop_requested_at: float | None = None
-        self.stop_latency: float | None = None
+        self.stop_latency: float | None = None  # Esc to the answer closed on screen
+        self.engine_stop_latency: float | None = None  # Esc to the worker's last record
+        self._stopped: dict[int, tuple[dict, AssistantMessage, float]] = {}
         self._turn = 0
         self._current: AssistantMessage | None = None
         self._engine_lock = threading.Lock()
@@ -227,7 +227,6 @@ class ChatApp(App):
         await self.chat.mount(self._current)
         self.buffer = TurnBuffer(self._turn)
         self.cancel = threading.Event()
-        self.stopped_turn = None
         self.status.show_rate(0.0)
         settings = ChatSettings.from_dict(self.settings.to_dict())
         self._generate(self.buffer, self.prompt_messages(), settings, self.cancel)
@@ -269,7 +268,7 @@ class ChatApp(App):
 
     async def on_arrived(self, message: Arrived) -> None:
         buf = self.buffer
-        if buf is None or message.turn != buf.turn or self.stopped_turn == buf.turn:
+        if buf is None or message.turn != buf.turn:
             return
         await self._show_pending(buf)
 
@@ -281,14 +280,27 @@ class ChatApp(App):
             await self._current.add_text(text)
 
     async def on_turn_done(self, message: TurnDone) -> None:
+        stopped = self._stopped.pop(message.turn, None)
+        if stopped is not None:  # Esc already closed the turn on screen; now the engine has let go
+            entry, msg, requested = stopped
+            self.engine_stop_latency = time.perf_counter() - requested
+            stats = message.stats
+            stats.finish_reason = "cancelled"
+            entry["stats"] = stats.to_dict()
+            if msg.is_attached:  # /regen or /clear may have removed it meanwhile
+                await msg.finish(stats)
+            if not self.generating:
+                self._show_turn_figures(stats)
+            self.save()
+            return
         buf = self.buffer
         if buf is None or message.turn != buf.turn:
             return
-        if self.stopped_turn != buf.turn:
-            await self._show_pending(buf)
-        else:
-            self.stop_latency = time.perf_counter() - (self.stop_requested_at or time.perf_counter())
-        stats = message.stats
+        await self._show_pending(buf)
+        await self._close_turn(message.stats)
+
+    async def _close_turn(self, stats: TurnStats) -> dict:
+        """Finish the current answer on screen and in the conversation; returns its entry."""
         msg = self._current
         await msg.finish(stats)
         self.buffer, self.cancel = None, None
@@ -296,12 +308,16 @@ class ChatApp(App):
         if msg.reasoning:
             entry["reasoning"] = msg.reasoning
         self.conversation.messages.append(entry)
+        self._show_turn_figures(stats)
+        self.save()
+        return entry
+
+    def _show_turn_figures(self, stats: TurnStats) -> None:
         self.last_stats = stats
         self.context_used = stats.prompt_tokens + stats.generation_tokens
         self.status.show_last(stats)
         self.status.show_rate(None)
         self.status.show_context(self.context_used, self.session.info.context_max)
-        self.save()
 
     async def on_turn_failed(self, message: TurnFailed) -> None:
         buf = self.buffer
@@ -325,17 +341,22 @@ class ChatApp(App):
 
     # ---------------------------------------------------------------- actions
 
-    def action_stop(self) -> None:
-        """Esc: stop the answer now (the screen freezes at once; the worker ends at its next token)."""
-        if self.query_one(SlashHints).display:
-            self.query_one(SlashHints).display = False
+    async def action_stop(self) -> None:
+        """Esc: the answer ends on screen at once (kept as shown, marked stopped); the worker lets go
+        of the model at its next token, and its final figures then replace the provisional ones."""
+        hints = self.query_one(SlashHints)
+        if hints.display:
+            hints.display = False
             return
-        if self.buffer is None or self.cancel is None or self.stopped_turn == self.buffer.turn:
+        buf, cancel = self.buffer, self.cancel
+        if buf is None or cancel is None:
             return
-        self.stop_requested_at = time.perf_counter()
-        self.cancel.set()
-        self.stopped_turn = self.buffer.turn
-        self.status.show_rate(None)
+        requested = time.perf_counter()
+        cancel.set()
+        msg = self._current
+        entry = await self._close_turn(self._stats(buf, None, cancel))
+        self._stopped[buf.turn] = (entry, msg, requested)
+        self.stop_latency = time.perf_counter() - requested
 
     def action_cycle_effort(self) -> None:
         """Ctrl+T: (model default ->) off -> low -> medium -> high -> off."""

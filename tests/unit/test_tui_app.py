@@ -86,9 +86,11 @@ def test_escape_stops_within_100_ms_and_keeps_what_was_shown(tmp_path):
             await submit(pilot, "tell me")
             await wait_for(pilot, lambda: app.buffer is not None and app.buffer.tokens >= 4)
             await pilot.press("escape")
-            await wait_for(pilot, lambda: not app.generating, timeout=2)
-            # From the Esc action to the worker's last record handled on the main thread.
+            assert not app.generating  # closed on screen by the key press itself
             assert app.stop_latency is not None and app.stop_latency < 0.1, app.stop_latency
+            # The worker lets go of the model at its next token.
+            await wait_for(pilot, lambda: app.engine_stop_latency is not None, timeout=2)
+            assert app.engine_stop_latency < 0.1, app.engine_stop_latency
             answer = app.conversation.messages[-1]
             assert answer["stats"]["finish_reason"] == "cancelled"
             assert answer["stats"]["generation_tokens"] < 20
@@ -240,4 +242,22 @@ def test_up_and_down_recall_sent_messages(tmp_path):
             await type_text(pilot, "draft")
             await pilot.press("up")
             assert box.text == "draft"  # typing is never replaced by history
+    run(body())
+
+
+def test_regen_right_after_escape_while_the_engine_is_still_busy(tmp_path):
+    async def body():
+        session = FakeSession(tokens_per_second=15)
+        app = make_app(tmp_path, session)
+        async with app.run_test() as pilot:
+            await submit(pilot, "slow")
+            await wait_for(pilot, lambda: app.buffer is not None and app.buffer.tokens >= 2)
+            await pilot.press("escape")
+            await submit(pilot, "/regen")  # may run before the first worker has let go of the model
+            await wait_for(pilot, lambda: len(session.calls) == 2 and not app.generating, timeout=10)
+            await wait_for(pilot, lambda: app.engine_stop_latency is not None)
+            await pilot.pause()
+            assert [m["role"] for m in app.conversation.messages] == ["user", "assistant"]
+            assert app.conversation.messages[-1]["stats"]["finish_reason"] == "stop"
+            assert len(app.query(AssistantMessage)) == 1
     run(body())
