@@ -3,10 +3,9 @@
 Same contract as `qwen3_5.py`: `ModelArgs`, `Model(args)`, `Model.load(weights)`, `Model.make_cache()`,
 `Model(tokens, cache) -> logits`. Weights are float32, `[out, in]`, q/k rows in Hugging Face order.
 
-The NumPy decode path is the product on machines without a GPU, so weights stay zero-copy views of the
-artifact's memory map (fast start), the KV cache is preallocated in the layout attention reads
-(`[Hkv, S, D]`), the RoPE table is computed once, and per token only small vectors are allocated. On
-CuPy, q|k|v and gate|up are fused into single products.
+The NumPy decode path is the product on machines without a GPU, so weights are copied once into
+anonymous memory with q|k|v and gate|up fused, the KV cache is preallocated in the layout attention
+reads (`[Hkv, S, D]`), the RoPE table is computed once, and per token only small vectors are allocated.
 """
 from __future__ import annotations
 
@@ -101,9 +100,7 @@ class Model:
     def __init__(self, args: ModelArgs, xp=np, fuse: bool | None = None):
         self.args = args
         self.xp = xp
-        # Fusing q|k|v and gate|up copies the weights at load; on NumPy the separate products cost the same
-        # per token and keep the weights as zero-copy views of the artifact's memory map (fast start).
-        self.fuse = (xp is not np) if fuse is None else fuse
+        self.fuse = True if fuse is None else fuse
         self.layers: list[dict[str, np.ndarray]] = []
         self.embedding: np.ndarray | None = None
         self.head: np.ndarray | None = None
@@ -118,7 +115,10 @@ class Model:
         a, xp = self.args, self.xp
 
         def get(name):
-            return xp.ascontiguousarray(xp.asarray(weights[name], dtype=F32))
+            # A private copy, not a view of the artifact's memory map: decode streams every weight once per
+            # token, and through the map's 4 KiB file pages it ran 3x slower than from anonymous memory
+            # (which NumPy backs with huge pages) on the dev box: 4.8 vs 14.8 tok/s per CPU-second.
+            return xp.array(weights[name], dtype=F32, copy=True, order="C")
 
         self.embedding = get("text/token_embedding")
         self.final_norm = get("text/final_norm")
@@ -175,32 +175,45 @@ class Model:
         cos, sin = cos_t[start:start + t, None, :], sin_t[start:start + t, None, :]
         scale = F32(1.0 / np.sqrt(d))
         x = self.embedding[xp.asarray(tokens)]  # [T, H]
-        for li, layer in enumerate(self.layers):
-            h = ref.rmsnorm(x, layer["input_norm"], a.rms_norm_eps, offset=False)
-            if self.fuse:
-                qkv = h @ layer["qkv"].T  # [T, (Hq + 2 Hkv) D]
-                q, k, v = qkv[:, :hq * d], qkv[:, hq * d:(hq + hkv) * d], qkv[:, (hq + hkv) * d:]
-            else:
-                q, k, v = h @ layer["q"].T, h @ layer["k"].T, h @ layer["v"].T
-            q = _rope(xp, q.reshape(t, hq, d), cos, sin)
-            k = _rope(xp, k.reshape(t, hkv, d), cos, sin)
-            v = v.reshape(t, hkv, d)
-            cache.k[li, :, start:start + t] = k.transpose(1, 0, 2)
-            cache.v[li, :, start:start + t] = v.transpose(1, 0, 2)
-            o = _attend(xp, q, cache.k[li, :, :start + t], cache.v[li, :, :start + t], scale, start)
-            x = x + o.reshape(t, hq * d) @ layer["o"].T
-            h = ref.rmsnorm(x, layer["post_norm"], a.rms_norm_eps, offset=False)
-            if self.fuse:
-                gu = h @ layer["gate_up"].T
-                gate, up = gu[:, :a.intermediate_size], gu[:, a.intermediate_size:]
-            else:
-                gate, up = h @ layer["gate"].T, h @ layer["up"].T
-            x = x + ref.swiglu(gate, up) @ layer["down"].T
+        eps = a.rms_norm_eps
+        with np.errstate(over="ignore"):  # exp(-gate) may overflow to inf in silu: the result is then 0, as it should
+            for li, layer in enumerate(self.layers):
+                h = _rmsnorm(xp, x, layer["input_norm"], eps)
+                if self.fuse:
+                    qkv = _mm(h, layer["qkv"])  # [T, (Hq + 2 Hkv) D]
+                    q, k, v = qkv[:, :hq * d], qkv[:, hq * d:(hq + hkv) * d], qkv[:, (hq + hkv) * d:]
+                else:
+                    q, k, v = _mm(h, layer["q"]), _mm(h, layer["k"]), _mm(h, layer["v"])
+                q = _rope(xp, q.reshape(t, hq, d), cos, sin)
+                k = _rope(xp, k.reshape(t, hkv, d), cos, sin)
+                cache.k[li, :, start:start + t] = k.transpose(1, 0, 2)
+                cache.v[li, :, start:start + t] = v.reshape(t, hkv, d).transpose(1, 0, 2)
+                o = _attend(xp, q, cache.k[li, :, :start + t], cache.v[li, :, :start + t], scale, start)
+                x = x + _mm(o.reshape(t, hq * d), layer["o"])
+                h = _rmsnorm(xp, x, layer["post_norm"], eps)
+                if self.fuse:
+                    gu = _mm(h, layer["gate_up"])
+                    gate, up = gu[:, :a.intermediate_size], gu[:, a.intermediate_size:]
+                else:
+                    gate, up = _mm(h, layer["gate"]), _mm(h, layer["up"])
+                x = x + _mm(gate / (1.0 + xp.exp(-gate)) * up, layer["down"])
         cache.position = start + t
         if last_only:
             x = x[-1:]
-        x = ref.rmsnorm(x, self.final_norm, a.rms_norm_eps, offset=False)
-        return x @ self.head.T
+        return _mm(_rmsnorm(xp, x, self.final_norm, eps), self.head)
+
+
+def _mm(x, w):
+    """x[T, K] @ w[N, K].T; one row goes through gemv on the row-major weight (reads it ~1.6x faster)."""
+    if x.shape[0] == 1:
+        return (w @ x[0])[None]
+    return x @ w.T
+
+
+def _rmsnorm(xp, x, w, eps):
+    """Plain RMSNorm (weight not offset); `ref.rmsnorm(..., offset=False)` with fewer temporaries."""
+    ms = (x * x).sum(axis=-1, keepdims=True) * F32(1.0 / x.shape[-1])
+    return x * (1.0 / xp.sqrt(ms + F32(eps))) * w
 
 
 def _rope(xp, x, cos, sin):
