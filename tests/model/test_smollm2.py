@@ -90,3 +90,28 @@ def test_gguf_qk_unpermute_is_the_inverse_of_llamacpp():
 def test_template_fixture_is_the_gguf_template(tokenizer):
     stored = (Path(__file__).parents[1] / "fixtures/text/smollm2_chat_template.jinja").read_text("utf-8")
     assert tokenizer.chat_template == stored
+
+
+def test_chat_session_end_to_end(gguf_path, tokenizer):
+    """Template -> tokens -> Engine.stream -> detokenizer -> ChatSession deltas: greedy says Paris."""
+    import gguf
+
+    import engine
+    from engine.generate import GenerationConfig
+    from engine.models.llama import config_from_gguf, weights_from_gguf
+    from engine.text.session import ChatSession
+
+    reader = gguf.GGUFReader(str(gguf_path))
+    eng = engine.load({"config": config_from_gguf(reader), "weights": dict(weights_from_gguf(reader)),
+                       "tokenizer": tokenizer}, device="cpu", max_context=512)
+    session = ChatSession(eng)
+    pieces, final = [], None
+    for delta in session.send("What is the capital of France?", GenerationConfig(temperature=0, max_tokens=24)):
+        if delta.done:
+            final = delta
+        else:
+            pieces.append(delta.content)
+    assert "Paris" in final.answer and "".join(pieces) == final.answer
+    assert final.finish_reason == "stop" and final.stats.generation_tokens < 24
+    assert final.answer == tokenizer.decode(FIXTURE["cases"][0]["greedy_ids"]).split("<|im_end|>")[0]
+    assert session.messages[-1] == {"role": "assistant", "content": final.answer}
