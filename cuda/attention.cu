@@ -104,7 +104,10 @@ __global__ void __launch_bounds__(256) attn_decode_split(
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int Hq = Hkv * G;
   const int L = pos[m] + 1;
-  const int t0 = split * chunk, t1 = min(t0 + chunk, L);
+  // split the tokens there are now (not the maximum context): every block has work at any depth;
+  // `chunk` caps a split's share so that nsplit * chunk always covers the context.
+  const int per = min(chunk, (L + nsplit - 1) / nsplit);
+  const int t0 = split * per, t1 = min(t0 + per, L);
   __shared__ float sm_m[8][G], sm_l[8][G];
   float qr[G][8];
 #pragma unroll

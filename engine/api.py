@@ -70,7 +70,7 @@ def build_model(config: Mapping[str, Any], weights: Mapping[str, Any], xp=np, *,
 
 
 def load(path_or_artifact, device: str = "auto", *, max_context: int | None = None, gdn_mode: str = "chunked",
-         prefill_chunk: int = 256) -> "Engine":
+         prefill_chunk: int = 256, kv: str = "bf16") -> "Engine":
     """Load a model: a `.ninfer` path, an opened Artifact, or `{"config": hf_config, "weights": {name: array}}`.
 
     device "auto" | "cpu" | "gpu" ("gpu" runs these reference models on CuPy arrays).
@@ -107,14 +107,19 @@ def load(path_or_artifact, device: str = "auto", *, max_context: int | None = No
         config = dict(comps["text"]["config"])
         weights = _ArtifactWeights(artifact)
         tokenizer = _tokenizer_of(artifact)
+    if kv not in ("bf16", "int8"):
+        raise NinferError(f"unknown KV format {kv!r}", "use bf16 or int8")
     if dev == "gpu":
         from engine.gpu_engine import try_build  # noqa: PLC0415
 
         fast = try_build(config, artifact if artifact is not None else weights, max_context=max_context,
-                         tokenizer=tokenizer)
+                         tokenizer=tokenizer, kv=kv)
         if fast is not None:
             fast.artifact = artifact
             return fast
+    if kv != "bf16":
+        raise NinferError("int8 KV needs the CUDA decode path (dense Qwen3.5 on a GPU)",
+                          "drop --kv int8 (this model/device keeps float KV)")
     model = build_model(config, weights, xp, gdn_mode=gdn_mode)
     return Engine(model, config, device=dev, tokenizer=tokenizer, max_context=max_context,
                   prefill_chunk=prefill_chunk, artifact=artifact)
