@@ -8,7 +8,7 @@ from engine.errors import NinferError
 from ninfer_cli.tui.session import DEFAULT_REPLY, FakeSession, split_tokens
 from ninfer_cli.tui.widgets import AssistantMessage, NoteMessage, PromptInput, UserMessage
 
-from tui_helpers import make_app, run, send, submit, type_text, wait_for
+from tui_helpers import make_app, run, send, start, submit, type_text, wait_for
 
 
 def status_text(app, name: str) -> str:
@@ -83,7 +83,7 @@ def test_escape_stops_within_100_ms_and_keeps_what_was_shown(tmp_path):
         app = make_app(tmp_path, FakeSession(tokens_per_second=20))
         async with app.run_test() as pilot:
             await wait_for(pilot, lambda: app.loaded)
-            await submit(pilot, "tell me")
+            await start(pilot, "tell me")
             await wait_for(pilot, lambda: app.buffer is not None and app.buffer.tokens >= 4)
             await pilot.press("escape")
             assert not app.generating  # closed on screen by the key press itself
@@ -185,7 +185,7 @@ def test_live_rate_redraws_at_least_four_times_a_second(tmp_path):
                     shown.append(status_text(app, "rate"))
 
             app.status.show_rate = spy
-            await submit(pilot, "count")
+            await start(pilot, "count")
             await wait_for(pilot, lambda: app.buffer is not None and app.buffer.tokens > 3)
             start = time.perf_counter()
             await pilot.pause(1.05)
@@ -250,7 +250,7 @@ def test_regen_right_after_escape_while_the_engine_is_still_busy(tmp_path):
         session = FakeSession(tokens_per_second=15)
         app = make_app(tmp_path, session)
         async with app.run_test() as pilot:
-            await submit(pilot, "slow")
+            await start(pilot, "slow")
             await wait_for(pilot, lambda: app.buffer is not None and app.buffer.tokens >= 2)
             await pilot.press("escape")
             await submit(pilot, "/regen")  # may run before the first worker has let go of the model
@@ -260,4 +260,18 @@ def test_regen_right_after_escape_while_the_engine_is_still_busy(tmp_path):
             assert [m["role"] for m in app.conversation.messages] == ["user", "assistant"]
             assert app.conversation.messages[-1]["stats"]["finish_reason"] == "stop"
             assert len(app.query(AssistantMessage)) == 1
+    run(body())
+
+
+def test_resize_while_streaming_keeps_all_text(tmp_path):
+    async def body():
+        app = make_app(tmp_path, FakeSession(tokens_per_second=200, reply=DEFAULT_REPLY * 3))
+        async with app.run_test(size=(100, 30)) as pilot:
+            await start(pilot, "resize")
+            await wait_for(pilot, lambda: app.buffer is not None and app.buffer.tokens > 20)
+            await pilot.resize_terminal(60, 20)
+            await wait_for(pilot, lambda: not app.generating)
+            await pilot.resize_terminal(120, 40)
+            await pilot.pause()
+            assert app.query_one(AssistantMessage).answer.text == (DEFAULT_REPLY * 3).format(q="resize")
     run(body())

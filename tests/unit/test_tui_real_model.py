@@ -53,9 +53,9 @@ def test_real_default_model_stops_on_escape(tmp_path):
     async def body():
         async with app.run_test(size=(100, 30)) as pilot:
             await wait_for(pilot, lambda: app.loaded or app.load_error, timeout=60)
-            from tui_helpers import submit
+            from tui_helpers import start
 
-            await submit(pilot, "Write a long story about a dragon.")
+            await start(pilot, "Write a long story about a dragon.")
             await wait_for(pilot, lambda: app.buffer is not None and app.buffer.tokens >= 3, timeout=120)
             await pilot.press("escape")
             assert not app.generating and app.stop_latency < 0.1

@@ -42,6 +42,16 @@ async def submit(pilot, text: str) -> None:
     await pilot.press("enter")
 
 
+async def start(pilot, text: str) -> None:
+    """Submit `text` without Pilot's wait for an idle CPU (a stream never leaves it idle)."""
+    from ninfer_cli.tui.widgets import PromptInput
+
+    box = pilot.app.query_one(PromptInput)
+    box.load_text(text)
+    box.action_submit()
+    await wait_for(pilot, lambda: pilot.app.generating)
+
+
 async def send(pilot, text: str, timeout: float = 10.0) -> None:
     """Submit `text` and wait for the answer to finish."""
     app = pilot.app
@@ -51,4 +61,4 @@ async def send(pilot, text: str, timeout: float = 10.0) -> None:
     await pilot.pause()
 
 
-__all__ = ["ChatSettings", "FakeSession", "make_app", "run", "send", "submit", "type_text", "wait_for"]
+__all__ = ["ChatSettings", "FakeSession", "make_app", "run", "send", "start", "submit", "type_text", "wait_for"]
