@@ -21,7 +21,7 @@ class EngineSession:
         self.path = Path(path)
         self.device = getattr(device, "value", device)
         self.ctx = ctx
-        self.info = ModelInfo(name, ctx or 0, "gpu" if self.device == "gpu" else "cpu")
+        self.info = ModelInfo(name, ctx or 0, self.device)  # "auto" until the engine has chosen
         self.engine = None
         self.chat = None
 
