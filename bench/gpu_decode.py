@@ -134,7 +134,6 @@ def synthetic_decode(geometry, bw, gemv_cfg, n=128, depth=0, breakdown=False, kv
     ex = eng.model.executor
     cp.cuda.Device().synchronize()
     build_s = time.perf_counter() - t0
-    ex.capture()
     if depth:
         ex.pos.fill(depth)  # KV pages past `depth` hold zeros: the attention reads them all the same
     eng.decode_greedy(1, 8)  # warm-up
@@ -149,7 +148,18 @@ def synthetic_decode(geometry, bw, gemv_cfg, n=128, depth=0, breakdown=False, kv
     ctx = depth + n / 2
     bytes_tok = ex.weight_bytes_per_token() + 2 * ex.state_bytes() + ctx * ex.kv_bytes_per_token()
     gbs = bytes_tok * tps / 1e9
+    pp = None
+    if not depth:
+        prompt = [int(t) for t in np.random.default_rng(0).integers(0, 1000, 512)]
+        eng.reset()
+        eng.prefill(prompt[:64])  # warm-up
+        eng.reset()
+        cp.cuda.Device().synchronize()
+        t = time.perf_counter()
+        eng.prefill(prompt)
+        pp = round(512 / (time.perf_counter() - t), 1)
     res = dict(geometry=geometry, test=f"tg{n}" + (f"@d{depth}" if depth else ""), kv=kv, tok_s=round(tps, 1),
+               pp512_tok_s=pp,
                ms_per_token=round(1e3 * dt / n, 3), weight_bytes=ex.weight_bytes(),
                weight_bytes_per_token=ex.weight_bytes_per_token(), state_bytes=ex.state_bytes(),
                kv_bytes_per_token=ex.kv_bytes_per_token(), bytes_per_token=int(bytes_tok), gbs=round(gbs, 1),

@@ -82,3 +82,86 @@ extern "C" __global__ void __launch_bounds__(256) gdn_delta(const float* __restr
   *sp = s;
   if (lane == 0) o[((size_t)m * Hv + h) * 128 + dv] = sq + u * kq;
 }
+
+// Columns form: T consecutive tokens of one sequence (a prefill chunk, or the K+1 tokens a speculative
+// verification checks). The conv window and the recurrent state row stay in registers across the T tokens,
+// so the state is read and written once per chunk instead of once per token.
+// Inputs are [T, ...] rows as in the lane form; conv_state [3, C] and state [Hv, 128, 128] of the sequence.
+extern "C" __global__ void gdn_prep_cols(const float* __restrict__ qk, int ldqk, const float* __restrict__ vv, int ldv,
+                                         const float* __restrict__ ab, int ldab, float* __restrict__ conv_state,
+                                         const float* __restrict__ conv_w, const float* __restrict__ a_log,
+                                         const float* __restrict__ dt_bias, float* __restrict__ qn,
+                                         float* __restrict__ kn, float* __restrict__ vo, float* __restrict__ g,
+                                         float* __restrict__ beta, int Hk, int Hv, float q_scale, int T) {
+  const int lane = threadIdx.x & 31;
+  const int head = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int nheads = 2 * Hk + Hv;
+  if (head >= nheads) return;
+  const int C = nheads * 128;
+  const int c0 = head * 128 + lane * 4;
+  float s0[4], s1[4], s2[4], w[4][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    s0[i] = conv_state[c0 + i]; s1[i] = conv_state[C + c0 + i]; s2[i] = conv_state[2 * C + c0 + i];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) w[j][i] = conv_w[j * C + c0 + i];
+  }
+  for (int t = 0; t < T; ++t) {
+    const float* src = head < 2 * Hk ? qk + (size_t)t * ldqk + c0 : vv + (size_t)t * ldv + (c0 - 2 * Hk * 128);
+    const float4 xin = *reinterpret_cast<const float4*>(src);
+    const float xi[4] = {xin.x, xin.y, xin.z, xin.w};
+    float y[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      y[i] = silu(w[0][i] * s0[i] + w[1][i] * s1[i] + w[2][i] * s2[i] + w[3][i] * xi[i]);
+      s0[i] = s1[i]; s1[i] = s2[i]; s2[i] = xi[i];
+    }
+    if (head < 2 * Hk) {
+      const float ss = warp_sum(y[0] * y[0] + y[1] * y[1] + y[2] * y[2] + y[3] * y[3]);
+      float r = rsqrtf(ss + 1e-6f);
+      float* dst;
+      if (head < Hk) { r *= q_scale; dst = qn + ((size_t)t * Hk + head) * 128; }
+      else dst = kn + ((size_t)t * Hk + head - Hk) * 128;
+      *reinterpret_cast<float4*>(dst + lane * 4) = make_float4(y[0] * r, y[1] * r, y[2] * r, y[3] * r);
+    } else {
+      const int hv = head - 2 * Hk;
+      *reinterpret_cast<float4*>(vo + ((size_t)t * Hv + hv) * 128 + lane * 4) = make_float4(y[0], y[1], y[2], y[3]);
+      if (lane == 0) {
+        const float a = ab[(size_t)t * ldab + hv] + dt_bias[hv];
+        const float sp = a > 20.f ? a : log1pf(__expf(a));
+        g[(size_t)t * Hv + hv] = -__expf(a_log[hv]) * sp;
+        beta[(size_t)t * Hv + hv] = sigmoidf_(ab[(size_t)t * ldab + Hv + hv]);
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    conv_state[c0 + i] = s0[i]; conv_state[C + c0 + i] = s1[i]; conv_state[2 * C + c0 + i] = s2[i];
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) gdn_delta_cols(const float* __restrict__ qn, const float* __restrict__ kn,
+                                                      const float* __restrict__ vo, const float* __restrict__ g,
+                                                      const float* __restrict__ beta, float* __restrict__ state,
+                                                      float* __restrict__ o, int Hk, int Hv, int tiled, int T) {
+  const int lane = threadIdx.x & 31;
+  const int rowid = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (rowid >= Hv * 128) return;
+  const int h = rowid >> 7, dv = rowid & 127;
+  const int kh = tiled ? h % Hk : h / (Hv / Hk);
+  float4* sp = reinterpret_cast<float4*>(state + ((size_t)h * 128 + dv) * 128) + lane;
+  float4 s = *sp;
+  for (int t = 0; t < T; ++t) {
+    const float4 q = reinterpret_cast<const float4*>(qn + ((size_t)t * Hk + kh) * 128)[lane];
+    const float4 k = reinterpret_cast<const float4*>(kn + ((size_t)t * Hk + kh) * 128)[lane];
+    const float alpha = __expf(g[(size_t)t * Hv + h]);
+    s.x *= alpha; s.y *= alpha; s.z *= alpha; s.w *= alpha;
+    const float sk = warp_sum(s.x * k.x + s.y * k.y + s.z * k.z + s.w * k.w);
+    const float sq = warp_sum(s.x * q.x + s.y * q.y + s.z * q.z + s.w * q.w);
+    const float kq = warp_sum(k.x * q.x + k.y * q.y + k.z * q.z + k.w * q.w);
+    const float u = beta[(size_t)t * Hv + h] * (vo[((size_t)t * Hv + h) * 128 + dv] - sk);
+    s.x += u * k.x; s.y += u * k.y; s.z += u * k.z; s.w += u * k.w;
+    if (lane == 0) o[((size_t)t * Hv + h) * 128 + dv] = sq + u * kq;
+  }
+  *sp = s;
+}

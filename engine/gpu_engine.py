@@ -8,6 +8,9 @@ from engine.api import Engine
 from engine.models.qwen3_5_cuda import CudaQwen35
 
 
+PREFILL_COLS = 8  # tokens per prefill step of the columns graph (weights read once per 8 prompt tokens)
+
+
 class _CudaCache:
     def __init__(self, model: "CudaModel"):
         self.model = model
@@ -32,30 +35,46 @@ class CudaModel:
     xp = np
 
     def __init__(self, args, weights: dict, *, max_context: int = 4096, gemv_cfg: dict | None = None,
-                 kv: str = "bf16"):
+                 kv: str = "bf16", prefill_cols: int = PREFILL_COLS):
         self.args = args
         self.executor = CudaQwen35(args, weights, max_context=max_context, gemv_cfg=gemv_cfg, kv=kv)
         self.weight_bytes = self.executor.weight_bytes()
         self.weight_bytes_per_token = self.executor.weight_bytes_per_token()
+        # both graphs are captured now: capturing runs a step and resets the state, so never mid-sequence
+        self.executor.capture()
+        self.cols = None
+        if prefill_cols > 1 and not args.is_moe:
+            from engine.models.qwen3_5_cuda_cols import CudaQwen35Columns  # noqa: PLC0415
+
+            self.cols = CudaQwen35Columns(self.executor, prefill_cols)
+            self.cols.capture()
 
     def make_cache(self, *_):
         self.executor.reset()
         return _CudaCache(self)
 
     def __call__(self, tokens, cache, last_only: bool = True):
+        """Feed tokens: whole chunks of T through the columns graph (prompts), the rest one per replay."""
         ex = self.executor
-        if ex.graph is None:
-            ex.capture()
-        rows = []
-        for t in np.asarray(tokens).ravel():
-            ex.set_token(int(t))
+        ids = [int(t) for t in np.asarray(tokens).ravel()]
+        rows, i, last = [], 0, None
+        if self.cols is not None and last_only:
+            T = self.cols.M
+            while len(ids) - i >= T:
+                self.cols.run_chunk(ids[i:i + T])
+                i += T
+                cache.position += T
+                last = self.cols.logits
+        for t in ids[i:]:
+            ex.set_token(t)
             ex.graph.launch(ex.stream)
             cache.position += 1
+            last = ex.logits
             if not last_only:
                 rows.append(ex.logits[0].get())
         if last_only:
             ex.stream.synchronize()
-            return ex.logits[:1].get()
+            return last[:1].get()
         return np.stack(rows)
 
 
@@ -80,8 +99,9 @@ class CudaEngine(Engine):
 
 
 def build_engine(args, device_weights: dict, config: dict, *, max_context: int = 4096, tokenizer=None,
-                 gemv_cfg: dict | None = None, kv: str = "bf16") -> CudaEngine:
-    model = CudaModel(args, device_weights, max_context=max_context, gemv_cfg=gemv_cfg, kv=kv)
+                 gemv_cfg: dict | None = None, kv: str = "bf16", prefill_cols: int = PREFILL_COLS) -> CudaEngine:
+    model = CudaModel(args, device_weights, max_context=max_context, gemv_cfg=gemv_cfg, kv=kv,
+                      prefill_cols=prefill_cols)
     return CudaEngine(model, config, device="gpu", tokenizer=tokenizer, max_context=max_context)
 
 

@@ -171,10 +171,7 @@ class CudaQwen35:
         cp, M, H = self.cp, self.M, self.H
         f32 = cp.float32
         self.tokens = cp.zeros(M, dtype=cp.int32)
-        self.pos = cp.zeros(M, dtype=cp.int32)
-        self.step = cp.zeros(M, dtype=cp.int32)
         self.hist_len = 4096
-        self.history = cp.zeros((M, self.hist_len), dtype=cp.int32)
         self.x = cp.zeros((M, H), dtype=f32)
         self.x2 = cp.zeros((M, H), dtype=f32)  # residual ping-pong: a norm reads one and writes the other
         self.xn = cp.zeros((M, H), dtype=f32)
@@ -210,13 +207,26 @@ class CudaQwen35:
         self.xh_n, self.xinv_n = cp.zeros((M, self.kpad_h // 2), dtype=cp.uint32), cp.ones(M, dtype=f32)
         self.xh_att, self.xinv_att = cp.zeros((M, self.kpad_att // 2), dtype=cp.uint32), cp.ones(M, dtype=f32)
         self.xh_act, self.xinv_act = cp.zeros((M, self.kpad_act // 2), dtype=cp.uint32), cp.ones(M, dtype=f32)
-        # GDN per layer: conv history [M, 3, C], state [M, Hv, 128, 128]
-        C = (2 * self.Hk + self.Hv) * GDN_HEAD_DIM
         self.gdn_q = cp.zeros((M, self.Hk, GDN_HEAD_DIM), dtype=f32)
         self.gdn_k = cp.zeros((M, self.Hk, GDN_HEAD_DIM), dtype=f32)
         self.gdn_v = cp.zeros((M, self.Hv, GDN_HEAD_DIM), dtype=f32)
         self.gdn_g = cp.zeros((M, self.Hv), dtype=f32)
         self.gdn_beta = cp.zeros((M, self.Hv), dtype=f32)
+        self._alloc_state()
+        n_sm = K.sm_count()
+        pages_per_lane = self.max_context // KV_PAGE
+        self.nsplit = max(1, min(pages_per_lane, (2 * n_sm) // max(self.Hkv, 1)))
+        self.chunk = -(-self.max_context // self.nsplit)
+        self.attn_ml = cp.zeros((M, self.Hq, self.nsplit, 2), dtype=f32)
+        self.attn_acc = cp.zeros((M, self.Hq, self.nsplit, ATTN_HEAD_DIM), dtype=f32)
+
+    def _alloc_state(self):
+        """Per-lane sequence state: positions, the paged KV pool, GDN conv history and recurrent state."""
+        cp, M, f32 = self.cp, self.M, self.cp.float32
+        self.pos = cp.zeros(M, dtype=cp.int32)
+        self.step = cp.zeros(M, dtype=cp.int32)
+        self.history = cp.zeros((M, self.hist_len), dtype=cp.int32)
+        C = (2 * self.Hk + self.Hv) * GDN_HEAD_DIM
         pages_per_lane = self.max_context // KV_PAGE
         self.page_table = cp.arange(M * pages_per_lane, dtype=cp.int32).reshape(M, pages_per_lane)
         for L in self.layers:
@@ -234,11 +244,7 @@ class CudaQwen35:
             else:
                 L["conv_state"] = cp.zeros((M, 3, C), dtype=f32)
                 L["state"] = cp.zeros((M, self.Hv, GDN_HEAD_DIM, GDN_HEAD_DIM), dtype=f32)
-        n_sm = K.sm_count()
-        self.nsplit = max(1, min(pages_per_lane, (2 * n_sm) // max(self.Hkv, 1)))
-        self.chunk = -(-self.max_context // self.nsplit)
-        self.attn_ml = cp.zeros((M, self.Hq, self.nsplit, 2), dtype=f32)
-        self.attn_acc = cp.zeros((M, self.Hq, self.nsplit, ATTN_HEAD_DIM), dtype=f32)
+        self.qpos, self.pt_stride = self.pos, pages_per_lane  # where each token row's position and pages are
 
     def reset(self):
         """Forget the sequence: zero caches and GDN state, position 0."""
@@ -304,7 +310,7 @@ class CudaQwen35:
     def _plan(self):
         a, M, H = self.args, self.M, self.H
         eps = float(a.rms_norm_eps)
-        ops = []
+        ops = self._pre_ops()
         emb = self.embed
         if emb.fmt in K.FMT_IDS:
             ops.append(K.prepared(f"embed_rs<{K.FMT_IDS[emb.fmt]}>", (M,),
@@ -327,14 +333,14 @@ class CudaQwen35:
                 nh = self.Hq + self.Hkv
                 ops.append(K.prepared("qk_norm_rope_kv", (-(-nh // K.WARPS), M),
                                       (self.buf_a, lda, self.buf_a[:, qw:], lda, self.buf_b[:, qw:], ldb,
-                                       L["qn"], L["kn"], self.pos, self.page_table, self.page_table.shape[1],
+                                       L["qn"], L["kn"], self.qpos, self.page_table, self.pt_stride,
                                        L["kc"], L["vc"], self.qbuf, self.Hq, self.Hkv, rot, log2_theta, eps,
                                        _ptr(L["ks"]), _ptr(L["vs"]))))
                 g = self.Hq // self.Hkv
                 kv8 = "true" if self.kv == "int8" else "false"
                 ops.append(K.prepared(f"attn_decode_split<{g},{kv8}>", (self.Hkv, self.nsplit, M),
-                                      (self.qbuf, L["kc"], L["vc"], self.pos, self.page_table,
-                                       self.page_table.shape[1], self.Hkv, self.chunk,
+                                      (self.qbuf, L["kc"], L["vc"], self.qpos, self.page_table,
+                                       self.pt_stride, self.Hkv, self.chunk,
                                        float(1.0 / math.sqrt(ATTN_HEAD_DIM)), self.attn_ml, self.attn_acc,
                                        self.nsplit, _ptr(L["ks"]), _ptr(L["vs"]))))
                 ops.append(K.prepared("attn_combine", (self.Hq, M),
@@ -346,15 +352,7 @@ class CudaQwen35:
                 ops.append(self._gemv(L["vz"], self.xn, self.buf_b, xpre=xn))
                 ops.append(self._gemv(L["ab"], self.xn, self.ab))
                 lda, ldb = self.buf_a.shape[1], self.buf_b.shape[1]
-                nheads = 2 * Hk + Hv
-                ops.append(K.prepared("gdn_prep", (-(-nheads // K.WARPS), M),
-                                      (self.buf_a, lda, self.buf_b, ldb, self.ab, self.ab.shape[1],
-                                       L["conv_state"], L["conv"], L["a_log"], L["dt_bias"], self.gdn_q,
-                                       self.gdn_k, self.gdn_v, self.gdn_g, self.gdn_beta, Hk, Hv,
-                                       float(1.0 / math.sqrt(GDN_HEAD_DIM)))))
-                ops.append(K.prepared("gdn_delta", (-(-Hv * GDN_HEAD_DIM // K.WARPS), M),
-                                      (self.gdn_q, self.gdn_k, self.gdn_v, self.gdn_g, self.gdn_beta,
-                                       L["state"], self.att2, Hk, Hv, 0)))
+                ops.extend(self._gdn_core_ops(L, lda, ldb))
                 zoff = Hv * GDN_HEAD_DIM
                 ops.append(K.prepared("gated_rmsnorm", (-(-Hv // K.WARPS), M),
                                       (self.att2, self.buf_b[:, zoff:], ldb, L["norm"], self.att, Hv, eps)))
@@ -375,10 +373,29 @@ class CudaQwen35:
                 ops.append(d_plan.launch)
                 prev_splits = d_plan.splits
         ops.append(self._norm(prev_splits, self.final_norm))
-        ops.append(self._gemv(self.head, self.xn, self.logits, xpre=(self.xh_n, self.xinv_n)))
-        ops.append(K.prepared("argmax_step", (M,), (self.logits, self.V, self.V, self.tokens, self.pos,
-                                                    self.history, self.step, self.hist_len), block=1024))
+        ops.extend(self._tail_ops())
         return ops
+
+    def _pre_ops(self):
+        return []
+
+    def _gdn_core_ops(self, L, lda, ldb):
+        """Conv + SiLU + norms + gates, then the delta rule: one token per lane row."""
+        Hk, Hv, M = self.Hk, self.Hv, self.M
+        return [K.prepared("gdn_prep", (-(-(2 * Hk + Hv) // K.WARPS), M),
+                           (self.buf_a, lda, self.buf_b, ldb, self.ab, self.ab.shape[1], L["conv_state"], L["conv"],
+                            L["a_log"], L["dt_bias"], self.gdn_q, self.gdn_k, self.gdn_v, self.gdn_g, self.gdn_beta,
+                            Hk, Hv, float(1.0 / math.sqrt(GDN_HEAD_DIM)))),
+                K.prepared("gdn_delta", (-(-Hv * GDN_HEAD_DIM // K.WARPS), M),
+                           (self.gdn_q, self.gdn_k, self.gdn_v, self.gdn_g, self.gdn_beta, L["state"], self.att2,
+                            Hk, Hv, 0))]
+
+    def _tail_ops(self):
+        """Head and device argmax: the next input token, the position and the history advance."""
+        M = self.M
+        return [self._gemv(self.head, self.xn, self.logits, xpre=(self.xh_n, self.xinv_n)),
+                K.prepared("argmax_step", (M,), (self.logits, self.V, self.V, self.tokens, self.pos, self.history,
+                                                 self.step, self.hist_len), block=1024)]
 
     def run_eager(self):
         for op in self.ops:
@@ -387,7 +404,8 @@ class CudaQwen35:
     def capture(self):
         """Capture the step into a CUDA graph (the step is run once eagerly first, then state reset)."""
         cp = self.cp
-        self.stream = cp.cuda.Stream(non_blocking=True)
+        if getattr(self, "stream", None) is None:
+            self.stream = cp.cuda.Stream(non_blocking=True)
         with self.stream:
             self.run_eager()
             self.stream.synchronize()

@@ -24,7 +24,7 @@ FMT_IDS = {"q4_g64_fp16": 0, "q5_g64_fp16": 1, "q6_g64_fp16": 2, "q8_g32_fp16": 
 EPI = {"store": 0, "partial": 1, "swiglu": 2, "add": 3}
 GEMV_ROWS = (1, 2, 4)
 GEMV_UNROLL = (2, 4, 8)
-GEMV_M = (1, 2)
+GEMV_M = (1, 2, 8)
 ATTN_GROUPS = (1, 2, 3, 4, 6, 8)
 WARPS = 8  # every kernel runs 256-thread blocks
 

@@ -1,0 +1,66 @@
+"""The columns step: T consecutive tokens of lane 0's sequence through the model in one CUDA graph.
+
+Every projection reads its weights once for the T tokens (the GEMVs take T rows of x); the GDN layers
+run the T tokens through the recurrence with the state row in registers; attention gives token t the
+positions up to its own (the K/V of all T tokens are written first, so the mask is causal by position).
+This serves prefill in chunks of T, and is the shape speculative verification of K+1 drafted tokens
+needs. It shares weights, KV pool, GDN state, position and stream with the decode executor.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from engine.ops import kernels as K
+from engine.ops.kernels import GemvPlan
+from engine.models.qwen3_5_cuda import GDN_HEAD_DIM, CudaQwen35
+
+
+class CudaQwen35Columns(CudaQwen35):
+    """T-token step over the sequence of `decode` (a one-lane CudaQwen35)."""
+
+    def __init__(self, decode: CudaQwen35, cols: int):
+        if decode.M != 1:
+            raise ValueError("the columns step extends a one-lane decode executor")
+        if decode.args.is_moe:
+            raise NotImplementedError("the columns step does not run MoE models yet")
+        self.decode = decode
+        self.stream = decode.stream
+        super().__init__(decode.args, {}, max_context=decode.max_context, lanes=cols, gemv_cfg=decode.gemv_cfg,
+                         kv=decode.kv)
+
+    def _build_weights(self, w):
+        d = self.decode
+        self.embed, self.head, self.final_norm, self.layers = d.embed, d.head, d.final_norm, d.layers
+
+    def _alloc_state(self):
+        d = self.decode
+        self.pos, self.step, self.history, self.page_table = d.pos, d.step, d.history, d.page_table
+        self.posc = self.cp.zeros(self.M, dtype=self.cp.int32)
+        self.qpos, self.pt_stride = self.posc, 0  # every column reads lane 0's page table
+
+    def _pre_ops(self):
+        return [K.prepared("cols_positions", (1,), (self.pos, self.posc, self.M), block=32)]
+
+    def _gdn_core_ops(self, L, lda, ldb):
+        Hk, Hv, T = self.Hk, self.Hv, self.M
+        return [K.prepared("gdn_prep_cols", (-(-(2 * Hk + Hv) // K.WARPS),),
+                           (self.buf_a, lda, self.buf_b, ldb, self.ab, self.ab.shape[1], L["conv_state"], L["conv"],
+                            L["a_log"], L["dt_bias"], self.gdn_q, self.gdn_k, self.gdn_v, self.gdn_g, self.gdn_beta,
+                            Hk, Hv, float(1.0 / math.sqrt(GDN_HEAD_DIM)), T)),
+                K.prepared("gdn_delta_cols", (-(-Hv * GDN_HEAD_DIM // K.WARPS),),
+                           (self.gdn_q, self.gdn_k, self.gdn_v, self.gdn_g, self.gdn_beta, L["state"], self.att2,
+                            Hk, Hv, 0, T))]
+
+    def _tail_ops(self):
+        """Logits of the last column only; then the position advances by T."""
+        T = self.M
+        head = GemvPlan(self.head, self.xn[T - 1:], self.H, self.logits[:1], self.V, m=1, unroll=2,
+                        xpre=(self.xh_n[T - 1:], self.xinv_n[T - 1:]))
+        return [head.launch, K.prepared("advance_pos", (1,), (self.pos, T), block=32)]
+
+    def run_chunk(self, token_ids) -> None:
+        """Queue one T-token step on the shared stream (no sync)."""
+        self.tokens.set(np.asarray(token_ids, dtype=np.int32), stream=self.stream)
+        self.graph.launch(self.stream)
