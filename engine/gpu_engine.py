@@ -2,13 +2,18 @@
 contract `engine.api.Engine` drives, and `CudaEngine`, whose greedy loop stays on the device."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from engine.api import Engine
 from engine.models.qwen3_5_cuda import CudaQwen35
 
 
-PREFILL_COLS = 8  # tokens per prefill step of the columns graph (weights read once per 8 prompt tokens)
+# Prompt tokens per step of the columns graph (weights read once per chunk). Off by default until the
+# columns step has run its GPU tests on the device (written after this session's device time ran out):
+# NINFER_PREFILL_COLS=8 turns it on.
+PREFILL_COLS = int(os.environ.get("NINFER_PREFILL_COLS", "1"))
 
 
 class _CudaCache:

@@ -145,7 +145,7 @@ def test_columns_prefill_equals_token_by_token():
 
     args = ModelArgs.from_config(CFG)
     w = gpu_weights.from_logical(args, quantized_weights(args))
-    cols = build_engine(args, w, CFG, max_context=256)
+    cols = build_engine(args, w, CFG, max_context=256, prefill_cols=8)
     single = build_engine(args, w, CFG, max_context=256, prefill_cols=1)
     assert cols.model.cols is not None and single.model.cols is None
     prompt = [int(t) for t in np.random.default_rng(9).integers(0, CFG["vocab_size"], 21)]  # 2 chunks + 5
