@@ -50,7 +50,9 @@ AFTER_TOOL = TOOL_HISTORY[:5]
 
 def cases() -> list[dict]:
     out = []
-    for model, effort_values in (("qwen3_6", [None]), ("qwen3_8", [None, "low", "medium", "xhigh"])):
+    for model, effort_values in (("qwen3_6", [None]), ("qwen3_8", [None, "low", "medium", "xhigh"]),
+                                 ("qwen3_6.ninfer-maintained", [None]),
+                                 ("qwen3_8.ninfer-maintained", [None, "low", "xhigh"])):
         for name, messages, tools in (("simple", SIMPLE, None), ("system", WITH_SYSTEM, None),
                                       ("multi_turn", MULTI_TURN, None), ("tools", WITH_SYSTEM, [WEATHER, CALC]),
                                       ("tool_history", TOOL_HISTORY, [WEATHER, CALC]),
@@ -66,6 +68,12 @@ def cases() -> list[dict]:
                         kwargs["reasoning_effort"] = effort
                     out.append({"template": model, "name": name, "messages": messages, "tools": tools,
                                 "kwargs": kwargs})
+        if "maintained" in model:  # developer role and a tool result without a user turn
+            out.append({"template": model, "name": "developer", "tools": None, "kwargs": {},
+                        "messages": [{"role": "developer", "content": "Be exact."}, *SIMPLE,
+                                     {"role": "assistant", "content": "4"},
+                                     {"role": "system", "content": "Now answer in French."},
+                                     {"role": "user", "content": "Et 3+3 ?"}]})
         for preserve in (True, False):
             out.append({"template": model, "name": "multi_turn_preserve", "messages": MULTI_TURN, "tools": None,
                         "kwargs": {"preserve_thinking": preserve}})
