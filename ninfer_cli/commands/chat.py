@@ -52,7 +52,7 @@ def chat(model: ModelArg = None, plain: Plain = False, system: System = None, th
             model, system=_read_at_file(system), effort=effort, thinking_budget=thinking_budget,
             sampling=sampling_overrides(temperature=temperature, seed=seed), ctx=ctx, device=device, resume=resume)
     _, session, name = open_session(model, device=device, ctx=ctx, system=_read_at_file(system),
-                                    think=None if effort is None else effort.value != "off",
+                                    think=think if effort is None else effort.value != "off",
                                     effort=None if effort is None else effort.value,
                                     thinking_budget=thinking_budget, preserve_thinking=preserve_thinking,
                                     profile=profile, kv=kv, vram_limit=vram_limit)

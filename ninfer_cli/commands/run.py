@@ -71,7 +71,7 @@ def run(model: ModelArg = None, prompt: PromptArg = None, system: System = None,
     system = _read_at_file(system)
     effort = reasoning_choice(reasoning_effort, think)
     _, session, name = open_session(model, device=device, ctx=ctx, system=system,
-                                    think=None if effort is None else effort.value != "off",
+                                    think=think if effort is None else effort.value != "off",
                                     effort=None if effort is None else effort.value,
                                     thinking_budget=thinking_budget, quiet=json_out, profile=profile, kv=kv,
                                     vram_limit=vram_limit)

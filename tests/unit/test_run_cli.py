@@ -278,3 +278,14 @@ def test_repl_survives_a_user_error():
     repl = Repl(_session(Full("x")), GenerationConfig(), out=io.StringIO(), err=err, interactive=False)
     repl.run(iter(["hello\n", "/clear\n"]))
     assert "error: context full" in err.getvalue() and "conversation cleared" in err.getvalue()
+
+
+def test_run_think_flag_reaches_the_session(cli):
+    runner, app, state = cli
+    res = runner.invoke(app, ["run", "q?", "--think"])
+    assert res.exit_code == 0, res.output
+    assert state["kw"]["think"] is True and state["kw"]["effort"] is None
+    res = runner.invoke(app, ["run", "q?", "-r", "low"])
+    assert state["kw"]["think"] is True and state["kw"]["effort"] == "low"
+    res = runner.invoke(app, ["run", "q?", "--no-think"])
+    assert state["kw"]["think"] is False and state["kw"]["effort"] == "off"
