@@ -57,4 +57,4 @@ def chat(model: ModelArg = None, plain: Plain = False, system: System = None, th
                                     thinking_budget=thinking_budget, preserve_thinking=preserve_thinking,
                                     profile=profile, kv=kv, vram_limit=vram_limit)
     config = generation_config(session, sampling_overrides(temperature=temperature, seed=seed))
-    Repl(session, config, name=name, interactive=interactive and True, show_thinking=show_thinking).run()
+    Repl(session, config, name=name, interactive=interactive, show_thinking=show_thinking).run()
