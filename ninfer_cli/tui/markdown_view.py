@@ -74,6 +74,21 @@ class _Markdown(RichMarkdown):
         self.inline_code_lexer = None
 
 
+def _blank(line: list[Segment]) -> bool:
+    return all(not seg.text.strip() and not (seg.style and seg.style.bgcolor) for seg in line)
+
+
+def _trim(lines: list[list[Segment]]) -> list[list[Segment]]:
+    """Drop empty lines around a block (Rich opens some elements with one); the margins between
+    blocks are the layout's job. Lines with a background (code padding) stay."""
+    start, end = 0, len(lines)
+    while start < end and _blank(lines[start]):
+        start += 1
+    while end > start and _blank(lines[end - 1]):
+        end -= 1
+    return lines[start:end]
+
+
 class CachedMarkdown:
     """Rich markdown rendered once per width: Textual measures a widget's height by rendering it,
     on every layout, and highlighting code each time made redraws grow with the chat."""
@@ -87,7 +102,7 @@ class CachedMarkdown:
         if lines is None:
             if len(self._lines) > 3:
                 self._lines.clear()
-            lines = console.render_lines(self.markdown, options.update(height=None), pad=False)
+            lines = _trim(console.render_lines(self.markdown, options.update(height=None), pad=False))
             self._lines[options.max_width] = lines
         newline = Segment.line()
         for line in lines:
