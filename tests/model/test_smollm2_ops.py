@@ -69,3 +69,16 @@ def test_context_overflow_is_a_user_error():
     m = llama.Model(args).load(w)
     with pytest.raises(NinferError, match="context full"):
         m(list(range(10)), m.make_cache(8))
+
+
+def test_cache_grows_and_keeps_its_contents(monkeypatch):
+    monkeypatch.setattr(llama.KVCache, "_START", 2)
+    args, w = _tiny()
+    m = llama.Model(args).load(w)
+    ids = [(7 * i + 3) % 50 for i in range(13)]
+    full = m(ids, m.make_cache(13))
+    cache = m.make_cache(13)
+    assert cache.k.shape[2] == 2
+    steps = np.concatenate([m(ids[:3], cache)] + [m([t], cache) for t in ids[3:]])
+    assert cache.k.shape[2] == 13  # 2 -> 4 -> 8 -> 16, capped at max_len
+    np.testing.assert_allclose(steps, full, rtol=1e-5, atol=1e-5)
