@@ -17,10 +17,15 @@ _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "freq
 class EngineSession:
     """Loads `path` on `load()` (from the app's worker thread) and streams answers."""
 
-    def __init__(self, path: Path | str, name: str, *, device: str = "auto", ctx: int | None = None) -> None:
+    def __init__(self, path: Path | str, name: str, *, device: str = "auto", ctx: int | None = None,
+                 think: bool | None = None, **launch) -> None:
+        """`think` applies while the effort is the model default; `launch` goes to `open_session`
+        (preserve_thinking, profile, kv, vram_limit)."""
         self.path = Path(path)
         self.device = getattr(device, "value", device)
         self.ctx = ctx
+        self.think = think
+        self.launch = {k: v for k, v in launch.items() if v is not None}
         self.info = ModelInfo(name, ctx or 0, self.device)  # "auto" until the engine has chosen
         self.engine = None
         self.chat = None
@@ -29,7 +34,7 @@ class EngineSession:
         from engine.text.reasoning import supports_thinking
         from ninfer_cli.model_session import open_session
 
-        engine, chat, _ = open_session(str(self.path), device=self.device, ctx=self.ctx, quiet=True)
+        engine, chat, _ = open_session(str(self.path), device=self.device, ctx=self.ctx, quiet=True, **self.launch)
         self.engine, self.chat = engine, chat
         source = chat.template.source if chat.template else ""
         self.info = ModelInfo(self.info.name, int(getattr(engine, "max_context", 0) or 0), engine.device,
@@ -40,7 +45,7 @@ class EngineSession:
 
         chat = self.chat
         effort = settings.effort
-        chat.set_reasoning(think=None if effort is None else effort != "off", effort=effort)
+        chat.set_reasoning(think=self.think if effort is None else effort != "off", effort=effort)
         chat.thinking_budget = settings.thinking_budget
         overrides = {k: getattr(settings, k) for k in _SAMPLING if getattr(settings, k) is not None}
         overrides["max_tokens"] = settings.max_tokens

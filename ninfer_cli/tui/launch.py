@@ -34,8 +34,10 @@ def settings_from_flags(base: dict | None, *, system: str | None = None, effort:
 
 def run_chat_tui(model: str | None = None, *, system: str | None = None, effort: str | None = None,
                  thinking_budget: int | None = None, sampling: dict | None = None, ctx: int | None = None,
-                 device: str = "auto", resume: str | None = None) -> None:
-    """Open the chat app; `resume` is a conversation id (or prefix), or `last`."""
+                 device: str = "auto", resume: str | None = None, think: bool | None = None,
+                 **launch) -> None:
+    """Open the chat app; `resume` is a conversation id (or prefix), or `last`. `think` and `launch`
+    (preserve_thinking, profile, kv, vram_limit) go to the engine session."""
     from ninfer_cli.model_session import resolve_model
     from ninfer_cli.tui.app import ChatApp
     from ninfer_cli.tui.engine_session import EngineSession
@@ -49,7 +51,7 @@ def run_chat_tui(model: str | None = None, *, system: str | None = None, effort:
     settings = settings_from_flags(conversation.settings if conversation else None, system=system,
                                    effort=getattr(effort, "value", effort), thinking_budget=thinking_budget,
                                    sampling=sampling)
-    session = EngineSession(path, name, device=device, ctx=ctx)
+    session = EngineSession(path, name, device=device, ctx=ctx, think=think, **launch)
     app = ChatApp(session, settings=settings, store=store, conversation=conversation)
     app.run()
     if app.conversation.messages:

@@ -102,3 +102,12 @@ def test_thinking_budget_and_max_tokens_reach_the_engine(tmp_path):
     assert reasoning.startswith("a b ") and "e f" not in reasoning  # 4 byte-tokens of thinking
     out = list(session.send([{"role": "user", "content": "q"}], ChatSettings(max_tokens=5), threading.Event()))
     assert out[-1].finish_reason == "length" and out[-1].generation_tokens == 5
+
+
+def test_think_flag_applies_while_the_effort_is_the_model_default():
+    session, engine = _session("plain answer")
+    session.think = False
+    list(session.send([{"role": "user", "content": "q"}], ChatSettings(), threading.Event()))
+    assert engine.prompts[-1].endswith("<think>\n\n</think>\n\n")
+    list(session.send([{"role": "user", "content": "q"}], ChatSettings(effort="high"), threading.Event()))
+    assert engine.prompts[-1].endswith("<|im_start|>assistant\n<think>\n")
