@@ -148,13 +148,13 @@ class Model:
             p = f"text/layers/{i}/"
             layer = {"input_norm": get(p + "input_norm"), "post_norm": get(p + "post_attention_norm"),
                      "o": get(p + "attention/output"), "down": get(p + "mlp/down")}
-            q, k, v = (get(p + f"attention/{n}") for n in ("query", "key", "value"))
-            gate, up = get(p + "mlp/gate"), get(p + "mlp/up")
-            if self.fuse:
-                layer["qkv"] = xp.concatenate([q, k, v])
-                layer["gate_up"] = xp.concatenate([gate, up])
+            qkv = [p + f"attention/{n}" for n in ("query", "key", "value")]
+            gate_up = [p + "mlp/gate", p + "mlp/up"]
+            if self.fuse:  # concatenate straight from the source: one copy, not two
+                layer["qkv"] = xp.concatenate([xp.asarray(weights[n], dtype=F32) for n in qkv])
+                layer["gate_up"] = xp.concatenate([xp.asarray(weights[n], dtype=F32) for n in gate_up])
             else:
-                layer.update(q=q, k=k, v=v, gate=gate, up=up)
+                layer.update(zip(("q", "k", "v", "gate", "up"), (get(n) for n in qkv + gate_up)))
             self.layers.append(layer)
         return self
 
