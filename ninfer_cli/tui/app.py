@@ -52,6 +52,8 @@ class ChatApp(App):
     TITLE = "ninfer chat"
     BINDINGS = [
         Binding("escape", "stop", "stop", priority=True),
+        # ollama and llama-cli users stop an answer with Ctrl+C; when idle it stays the input's copy.
+        Binding("ctrl+c", "interrupt", show=False, priority=True),
         Binding("ctrl+t", "cycle_effort", "think", priority=True),
         Binding("ctrl+y", "copy", "copy", priority=True),
         Binding("ctrl+q", "quit", "quit", priority=True),
@@ -357,6 +359,14 @@ class ChatApp(App):
         entry = await self._close_turn(self._stats(buf, None, cancel))
         self._stopped[buf.turn] = (entry, msg, requested)
         self.stop_latency = time.perf_counter() - requested
+
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        if action == "interrupt":
+            return self.generating
+        return True
+
+    async def action_interrupt(self) -> None:
+        await self.action_stop()
 
     def action_cycle_effort(self) -> None:
         """Ctrl+T: (model default ->) off -> low -> medium -> high -> off."""

@@ -81,7 +81,7 @@ def help_text() -> str:
     rows = [f"| `{cell((c.name + ' ' + c.args).strip())}` | {cell(c.help)} |" for c in COMMANDS]
     keys = "\n".join(f"| {k} | {v} |" for k, v in (
         ("Enter", "send"), ("Shift+Enter, Ctrl+J", "new line"), ("Tab", "complete a command"),
-        ("Up, Down", "earlier messages"), ("Esc", "stop the answer"), ("Ctrl+T", "cycle reasoning effort"),
+        ("Up, Down", "earlier messages"), ("Esc, Ctrl+C", "stop the answer"), ("Ctrl+T", "cycle reasoning effort"),
         ("Ctrl+Y", "copy the last answer"), ("Ctrl+Q", "quit")))
     keys = "| key | action |\n|---|---|\n" + keys
     return "| command | what it does |\n|---|---|\n" + "\n".join(rows) + "\n\n" + keys

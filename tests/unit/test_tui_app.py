@@ -275,3 +275,20 @@ def test_resize_while_streaming_keeps_all_text(tmp_path):
             await pilot.pause()
             assert app.query_one(AssistantMessage).answer.text == (DEFAULT_REPLY * 3).format(q="resize")
     run(body())
+
+
+def test_ctrl_c_stops_an_answer_and_copies_otherwise(tmp_path):
+    async def body():
+        app = make_app(tmp_path, FakeSession(tokens_per_second=20))
+        async with app.run_test() as pilot:
+            await start(pilot, "long")
+            await wait_for(pilot, lambda: app.buffer is not None and app.buffer.tokens >= 2)
+            await pilot.press("ctrl+c")
+            assert not app.generating
+            assert app.conversation.messages[-1]["stats"]["finish_reason"] == "cancelled"
+            box = app.query_one(PromptInput)
+            box.load_text("copy me")
+            box.select_all()
+            await pilot.press("ctrl+c")
+            assert app.clipboard == "copy me" and app.is_running
+    run(body())
