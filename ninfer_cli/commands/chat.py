@@ -50,7 +50,9 @@ def chat(model: ModelArg = None, plain: Plain = False, system: System = None, th
 
         return list_conversations() if listing else run_chat_tui(
             model, system=_read_at_file(system), effort=effort, thinking_budget=thinking_budget,
-            sampling=sampling_overrides(temperature=temperature, seed=seed), ctx=ctx, device=device, resume=resume)
+            sampling=sampling_overrides(temperature=temperature, seed=seed), ctx=ctx, device=device, resume=resume,
+            think=think if effort is None else effort.value != "off", preserve_thinking=preserve_thinking,
+            profile=profile, kv=kv, vram_limit=vram_limit)
     _, session, name = open_session(model, device=device, ctx=ctx, system=_read_at_file(system),
                                     think=think if effort is None else effort.value != "off",
                                     effort=None if effort is None else effort.value,
