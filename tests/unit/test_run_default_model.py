@@ -94,3 +94,23 @@ def test_sampling_presets():
     assert sampling_preset({"model_type": "qwen3_5_text"}, False)["presence_penalty"] == 1.5
     assert sampling_preset({"model_type": "qwen3_5_moe_text", "num_experts": 256}, True)["presence_penalty"] == 1.5
     assert sampling_preset({"model_type": "llama"}, False) == {"temperature": 0.2, "top_p": 0.9}
+
+
+@pytest.mark.parametrize("cores, busy, env, expected", [(2, 0, {}, 2), (2, 1, {}, 1), (2, 5, {}, 1), (16, 2, {}, 4),
+                                                        (2, 0, {"NINFER_BLAS_THREADS": "3"}, 3),
+                                                        (2, 0, {"OPENBLAS_NUM_THREADS": "1"}, None)])
+def test_blas_thread_choice(monkeypatch, cores, busy, env, expected):
+    import os
+
+    from ninfer_cli import model_session
+
+    for key in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "NINFER_BLAS_THREADS"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    chosen = []
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    monkeypatch.setattr(model_session, "_busy_cores", lambda: busy)
+    monkeypatch.setattr(model_session, "_set_openblas_threads", lambda n: chosen.append(n) or True)
+    assert model_session.tune_blas_threads() == expected
+    assert chosen == ([] if expected is None else [expected])
