@@ -170,3 +170,13 @@ def _set_openblas_threads(n: int) -> bool:
                 fn(int(n))
                 return True
     return False
+
+
+def reasoning_note(session, think: bool | None, effort: str | None) -> str | None:
+    """A warning line when reasoning flags were given for a model that cannot think (else None)."""
+    from engine.text.reasoning import supports_thinking
+
+    asked = think is not None or effort is not None
+    if asked and not supports_thinking(session.template.source if session.template else ""):
+        return "this model has no thinking mode: the reasoning flags change nothing"
+    return None

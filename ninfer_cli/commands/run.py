@@ -58,7 +58,13 @@ def run(model: ModelArg = None, prompt: PromptArg = None, system: System = None,
     import time
 
     from engine.errors import NinferError
-    from ninfer_cli.model_session import generation_config, is_model_ref, open_session, read_stdin_prompt
+    from ninfer_cli.model_session import (
+        generation_config,
+        is_model_ref,
+        open_session,
+        read_stdin_prompt,
+        reasoning_note,
+    )
     from ninfer_cli.options import reasoning_choice, sampling_overrides
 
     t_start = time.perf_counter()
@@ -76,6 +82,9 @@ def run(model: ModelArg = None, prompt: PromptArg = None, system: System = None,
                                     thinking_budget=thinking_budget, quiet=json_out, profile=profile, kv=kv,
                                     vram_limit=vram_limit)
     session.tools = _read_tools(tools)
+    note = reasoning_note(session, session.think, session.effort)
+    if note and not json_out:
+        sys.stderr.write(f"note: {note}\n")
     overrides = sampling_overrides(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                    presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                                    seed=seed, max_tokens=max_tokens)

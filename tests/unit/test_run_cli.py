@@ -289,3 +289,20 @@ def test_run_think_flag_reaches_the_session(cli):
     assert state["kw"]["think"] is True and state["kw"]["effort"] == "low"
     res = runner.invoke(app, ["run", "q?", "--no-think"])
     assert state["kw"]["think"] is False and state["kw"]["effort"] == "off"
+
+
+def test_run_warns_when_the_model_cannot_think(cli, monkeypatch):
+    from ninfer_cli import model_session
+
+    runner, app, state = cli
+    plain = "{% for m in messages %}{{ m.content }}{% endfor %}"
+
+    def no_think_open(ref, **kw):
+        eng = ScriptedEngine("ok")
+        return eng, _session(eng, template=plain, effort=kw.get("effort")), "plain:latest"
+
+    monkeypatch.setattr(model_session, "open_session", no_think_open)
+    res = runner.invoke(app, ["run", "q?", "-r", "low"])
+    assert res.exit_code == 0 and "no thinking mode" in res.stderr
+    res = runner.invoke(app, ["run", "q?"])
+    assert "no thinking mode" not in res.stderr
