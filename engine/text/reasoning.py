@@ -131,7 +131,7 @@ class ReasoningSplitter:
                 c_out += buf
                 break
             idx = buf.find(THINK_CLOSE)
-            keep = 0 if idx >= 0 else _partial_suffix(buf, THINK_CLOSE)
+            keep = 0 if idx >= 0 else partial_suffix(buf, THINK_CLOSE)
             piece = buf[:idx] if idx >= 0 else buf[:len(buf) - keep]
             if self._trim_reasoning:
                 piece = piece.lstrip("\n")
@@ -161,7 +161,7 @@ class ReasoningSplitter:
         return "", hold
 
 
-def _partial_suffix(text: str, tag: str) -> int:
+def partial_suffix(text: str, tag: str) -> int:
     """Length of the longest suffix of `text` that is a proper prefix of `tag`."""
     for n in range(min(len(tag) - 1, len(text)), 0, -1):
         if text.endswith(tag[:n]):

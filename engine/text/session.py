@@ -16,6 +16,8 @@ from engine.text.reasoning import (
     starts_in_thinking,
     template_kwargs,
 )
+from engine.text.reasoning import partial_suffix
+from engine.text.tools import OPEN as TOOL_OPEN
 from engine.text.tools import parse_tool_calls
 
 
@@ -128,6 +130,7 @@ class ChatSession:
         stops = tuple(dict.fromkeys((*config.stop_token_ids, *self.tokenizer.eos_token_ids)))
         config = replace(config, stop_token_ids=stops)
         splitter = ReasoningSplitter(in_thinking)
+        hold = _ToolCallHold() if self.tools else None
         budget = ThinkingBudget(self.thinking_budget)
         stats = TurnStats(prompt_tokens=len(ids))
         t0 = time.perf_counter()
@@ -148,6 +151,7 @@ class ChatSession:
                 if splitter.thinking:
                     stats.reasoning_tokens += 1
                 r, c = splitter.feed(resp.text or "")
+                c = hold.feed(c) if hold else c
                 if r or c:
                     yield Delta(reasoning=r, content=c)
                 stats.generation_tps = resp.generation_tps or stats.generation_tps
@@ -159,6 +163,7 @@ class ChatSession:
                 break
             # Budget spent: close the think block ourselves and let the model answer.
             r, c = splitter.feed(THINKING_BUDGET_CLOSE)
+            c = hold.feed(c) if hold else c
             yield Delta(reasoning=r, content=c)
             generated += self.tokenizer.encode(THINKING_BUDGET_CLOSE)
             budget.limit = None
@@ -166,17 +171,46 @@ class ChatSession:
                 finish = "length"
                 break
         r, c = splitter.flush()
+        c = hold.feed(c) if hold else c
+        content, calls = parse_tool_calls(splitter.content) if "<tool_call>" in splitter.content else (
+            splitter.content, [])
+        if hold and not calls:
+            c += hold.release()  # no well-formed call: what was held back is plain content after all
         if r or c:
             yield Delta(reasoning=r, content=c)
         stats.generation_tokens = len(generated)
         stats.total_s = time.perf_counter() - t0
         stats.finish_reason = finish or ("cancelled" if cancel is not None and cancel.is_set() else "stop")
-        content, calls = parse_tool_calls(splitter.content) if "<tool_call>" in splitter.content else (
-            splitter.content, [])
         final = Delta(done=True, finish_reason=stats.finish_reason, stats=stats, tool_calls=calls, answer=content,
                       answer_reasoning=splitter.reasoning)
         yield final
         return final
+
+
+class _ToolCallHold:
+    """With tools offered, streamed content stops at `<tool_call>`: the call arrives parsed in the final
+    record instead of as raw XML (and is released as text if it turns out malformed)."""
+
+    def __init__(self):
+        self.held = ""
+        self.inside = False
+
+    def feed(self, text: str) -> str:
+        buf = self.held + text
+        if self.inside:
+            self.held = buf
+            return ""
+        at = buf.find(TOOL_OPEN)
+        if at >= 0:
+            self.inside, self.held = True, buf[at:]
+            return buf[:at]
+        keep = partial_suffix(buf, TOOL_OPEN)
+        self.held = buf[len(buf) - keep:] if keep else ""
+        return buf[:len(buf) - keep]
+
+    def release(self) -> str:
+        out, self.held = self.held, ""
+        return out
 
 
 class _Linked:

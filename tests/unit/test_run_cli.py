@@ -306,3 +306,17 @@ def test_run_warns_when_the_model_cannot_think(cli, monkeypatch):
     assert res.exit_code == 0 and "no thinking mode" in res.stderr
     res = runner.invoke(app, ["run", "q?"])
     assert "no thinking mode" not in res.stderr
+
+
+def test_tool_call_xml_is_held_back_from_the_stream():
+    call = "<tool_call>\n<function=add>\n<parameter=a>\n1\n</parameter>\n</function>\n</tool_call>"
+    s = _session(ScriptedEngine("</think>\n\nLet me add." + call), tools=[{"type": "function"}])
+    _, streamed, final = _collect(s.send("q", GenerationConfig()))
+    assert streamed == "Let me add." and final.answer == "Let me add." and len(final.tool_calls) == 1
+
+
+def test_malformed_tool_call_is_released_as_content():
+    bad = "</think>\n\nSee <tool_call>\n<function=bad name>\n</function>\n</tool_call>"
+    s = _session(ScriptedEngine(bad), tools=[{"type": "function"}])
+    _, streamed, final = _collect(s.send("q", GenerationConfig()))
+    assert streamed == final.answer == bad.split("\n\n", 1)[1] and final.tool_calls == []
