@@ -18,7 +18,7 @@ HELP = """Commands:
   /think [on|off|low|medium|high]   thinking on/off or its effort (no argument: show)
   /nothink              thinking off
   /set PARAM VALUE      temperature, top_p, top_k, min_p, presence_penalty, frequency_penalty,
-                        seed, max_tokens, thinking_budget, show_thinking (on/off), stats (on/off)
+                        seed, max_tokens, thinking_budget, show_thinking, preserve_thinking, stats (on/off)
   /system [TEXT]        set (or show) the system prompt; `/system -` removes it
   /help                 this text
 Multi-line input: Esc+Enter (or Alt+Enter) for a new line, or wrap the text in \"\"\"."""
@@ -280,6 +280,8 @@ class Repl:
             self.session.thinking_budget = None if value.lower() in ("off", "none", "0") else int(value)
         elif key == "show_thinking":
             self.show_thinking = onoff
+        elif key in ("preserve_thinking", "preserve"):
+            self.session.preserve_thinking = onoff
         elif key in ("stats", "verbose"):
             self.show_stats = onoff
         elif key == "system":

@@ -219,7 +219,8 @@ def test_repl_bad_set_reports_error():
 
     err = io.StringIO()
     repl = Repl(_session(ScriptedEngine("x")), GenerationConfig(), out=io.StringIO(), err=err, interactive=False)
-    repl.run(iter(["/set temperature hot\n", "/set nope 1\n"]))
+    repl.run(iter(["/set temperature hot\n", "/set nope 1\n", "/set preserve_thinking on\n"]))
+    assert repl.session.preserve_thinking is True
     assert "needs a number" in err.getvalue() and "unknown parameter" in err.getvalue()
 
 
