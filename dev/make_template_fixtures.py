@@ -86,15 +86,19 @@ def main() -> None:
     from transformers import PreTrainedTokenizerFast
 
     tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(BPE()))
-    fixture = []
+    templates, rendered_cases = {}, []
     for case in cases():
-        source = (SHARED / f"chat_template.{case['template']}.jinja").read_text("utf-8")
-        rendered = tok.apply_chat_template(case["messages"], tools=case["tools"], chat_template=source,
+        name = case["template"]
+        if name not in templates:
+            templates[name] = (SHARED / f"chat_template.{name}.jinja").read_bytes().decode("utf-8")
+        rendered = tok.apply_chat_template(case["messages"], tools=case["tools"], chat_template=templates[name],
                                            add_generation_prompt=True, tokenize=False, **case["kwargs"])
-        fixture.append({**case, "rendered": rendered})
+        rendered_cases.append({**case, "rendered": rendered})
+    # The template texts travel with the fixture so CI (no ../shared) renders the same bytes.
+    fixture = {"templates": templates, "cases": rendered_cases}
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(fixture, ensure_ascii=False, indent=1) + "\n", "utf-8")
-    print(f"wrote {len(fixture)} cases to {OUT} ({OUT.stat().st_size} bytes)")
+    print(f"wrote {len(rendered_cases)} cases to {OUT} ({OUT.stat().st_size} bytes)")
 
 
 if __name__ == "__main__":

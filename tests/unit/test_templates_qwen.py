@@ -9,18 +9,24 @@ from engine.errors import NinferError
 from engine.text.chat_template import ChatTemplate
 from engine.text.reasoning import accepted_efforts, template_kwargs
 
-FIXTURE = Path(__file__).parents[1] / "fixtures/text/qwen_templates.json"
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
-if not DATA.exists():
-    DATA = Path("/work/shared/data")
-CASES = json.loads(FIXTURE.read_text("utf-8"))
+FIXTURE = json.loads((Path(__file__).parents[1] / "fixtures/text/qwen_templates.json").read_text("utf-8"))
+CASES = FIXTURE["cases"]
+# SHA-256 of the template bytes, pinned in ../shared/data/chat_templates.md.
+PINNED = {"qwen3_6": "e84f32a23fdda27689f868aa4a1a5621f41133e51a48d7f3efcbea2839574259",
+          "qwen3_8": "c3cf9e34abf4f9e36c2d72165aa9c132d3e2a725b6c2586aaa3a8af9d7a81041",
+          "qwen3_6.ninfer-maintained": "7145316bcc837ddc11971fb9fdca588971502e707b9e6df83af0e9b683b2bd39",
+          "qwen3_8.ninfer-maintained": "a497db9e663941e6f7a05307c2bafa8374c12e142ad1fbea6229888d41f1ab16"}
 
 
 def _source(name):
-    path = DATA / f"chat_template.{name}.jinja"
-    if not path.exists():
-        pytest.skip(f"shared template {path} not available")
-    return path.read_text("utf-8")
+    return FIXTURE["templates"][name]
+
+
+def test_fixture_templates_are_the_pinned_bytes():
+    import hashlib
+
+    for name, sha in PINNED.items():
+        assert hashlib.sha256(_source(name).encode("utf-8")).hexdigest() == sha, name
 
 
 def _id(case):
