@@ -6,6 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from ninfer_cli.commands.run import TemplateFile
 from ninfer_cli.options import (
     Ctx, Device, DeviceOpt, Effort, KvOpt, ModelArg, ProfileOpt, Seed, Temperature, Think, ThinkingBudget, VramLimit,
 )
@@ -23,7 +24,7 @@ ShowThinking = Annotated[bool, typer.Option("--show-thinking/--hide-thinking", r
 
 def chat(model: ModelArg = None, plain: Plain = False, system: System = None, think: Think = None,
          reasoning_effort: Effort = None, thinking_budget: ThinkingBudget = None,
-         preserve_thinking: Preserve = None, show_thinking: ShowThinking = True, temperature: Temperature = None, seed: Seed = None,
+         preserve_thinking: Preserve = None, chat_template: TemplateFile = None, show_thinking: ShowThinking = True, temperature: Temperature = None, seed: Seed = None,
          ctx: Ctx = None, device: DeviceOpt = Device.auto,
          listing: Annotated[bool, typer.Option("--list", help="List saved conversations and exit.")] = False,
          resume: Annotated[Optional[str], typer.Option("--resume", metavar="ID|last",
@@ -32,7 +33,7 @@ def chat(model: ModelArg = None, plain: Plain = False, system: System = None, th
     """Chat with a model (the default model, pulled on first use, when none is named)."""
     import sys
 
-    from ninfer_cli.commands.run import _read_at_file
+    from ninfer_cli.commands.run import _read_at_file, use_template_file
     from ninfer_cli.model_session import generation_config, open_session
     from ninfer_cli.options import reasoning_choice, sampling_overrides
     from ninfer_cli.repl import Repl
@@ -58,5 +59,6 @@ def chat(model: ModelArg = None, plain: Plain = False, system: System = None, th
                                     effort=None if effort is None else effort.value,
                                     thinking_budget=thinking_budget, preserve_thinking=preserve_thinking,
                                     profile=profile, kv=kv, vram_limit=vram_limit)
+    use_template_file(session, chat_template)
     config = generation_config(session, sampling_overrides(temperature=temperature, seed=seed))
     Repl(session, config, name=name, interactive=interactive, show_thinking=show_thinking).run()

@@ -35,6 +35,9 @@ ShowThinking = Annotated[bool, typer.Option("--show-thinking/--hide-thinking", r
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object: text, reasoning, tool calls, usage, "
                                                        "timings.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No stats line.")]
+TemplateFile = Annotated[Optional[str], typer.Option("--chat-template", metavar="FILE", show_default=False,
+                                                     help="Render prompts with this Jinja chat template instead of "
+                                                          "the model's own.")]
 Tools = Annotated[Optional[str], typer.Option("--tools", metavar="FILE",
                                               help="JSON file with a list of tool schemas (OpenAI form) to offer the "
                                                    "model; its calls are printed as JSON lines, never executed.",
@@ -46,7 +49,8 @@ def run(model: ModelArg = None, prompt: PromptArg = None, system: System = None,
         presence_penalty: PresencePenalty = None, frequency_penalty: FrequencyPenalty = None, seed: Seed = None,
         max_tokens: MaxTokens = None, think: Think = None, reasoning_effort: Effort = None,
         thinking_budget: ThinkingBudget = None, show_thinking: ShowThinking = True, ctx: Ctx = None,
-        device: DeviceOpt = Device.auto, tools: Tools = None, json_out: JsonFlag = False,
+        device: DeviceOpt = Device.auto, tools: Tools = None, chat_template: TemplateFile = None,
+        json_out: JsonFlag = False,
         quiet: Quiet = False, profile: ProfileOpt = None, kv: KvOpt = None, vram_limit: VramLimit = None) -> None:
     """Answer one prompt with a model (the default model, pulled on first use, when none is named).
 
@@ -82,6 +86,7 @@ def run(model: ModelArg = None, prompt: PromptArg = None, system: System = None,
                                     thinking_budget=thinking_budget, quiet=json_out, profile=profile, kv=kv,
                                     vram_limit=vram_limit)
     session.tools = _read_tools(tools)
+    use_template_file(session, chat_template)
     note = reasoning_note(session, session.think, session.effort)
     if note and not json_out:
         sys.stderr.write(f"note: {note}\n")
@@ -148,6 +153,24 @@ def _read_at_file(value: str | None) -> str | None:
         except OSError as exc:
             raise NinferError(f"cannot read system prompt file {path}: {exc.strerror}", "check the path") from None
     return value
+
+
+def use_template_file(session, path: str | None) -> None:
+    """`--chat-template FILE`: replace the session's template (checked now: it must compile)."""
+    if not path:
+        return
+    from pathlib import Path
+
+    from engine.errors import NinferError
+    from engine.text.chat_template import ChatTemplate
+
+    try:
+        source = Path(path).expanduser().read_text("utf-8")
+    except OSError as exc:
+        raise NinferError(f"cannot read chat template {path}: {exc.strerror}", "check the path") from None
+    tok = session.tokenizer
+    session.template = ChatTemplate(source, bos_token=getattr(tok, "bos_token", None),
+                                    eos_token=getattr(tok, "eos_token", None))
 
 
 def _read_tools(path: str | None) -> list | None:

@@ -321,3 +321,15 @@ def test_malformed_tool_call_is_released_as_content():
     s = _session(ScriptedEngine(bad), tools=[{"type": "function"}])
     _, streamed, final = _collect(s.send("q", GenerationConfig()))
     assert streamed == final.answer == bad.split("\n\n", 1)[1] and final.tool_calls == []
+
+
+def test_run_chat_template_override(cli, tmp_path):
+    runner, app, state = cli
+    tpl = tmp_path / "t.jinja"
+    tpl.write_text("CUSTOM {{ messages[-1].content }} ->")
+    res = runner.invoke(app, ["run", "fake", "hello", "--chat-template", str(tpl)])
+    assert res.exit_code == 0, res.output
+    assert state["engine"].tokenizer.decode(state["engine"].prompts[0]) == "CUSTOM hello ->"
+    tpl.write_text("{% if %}")
+    res = runner.invoke(app, ["run", "fake", "hello", "--chat-template", str(tpl)])
+    assert res.exit_code == 1 and "does not compile" in res.stderr
