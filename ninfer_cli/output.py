@@ -107,3 +107,27 @@ def confirm(question: str, *, default: bool = False) -> bool:
         return default
     answer = answer.strip().lower()
     return default if not answer else answer in ("y", "yes")
+
+
+class AnswerPrinter:
+    """Streams an answer as it arrives: reasoning to `err` between "Thinking..." and "...done thinking.",
+    content to `out` (the records of engine.text.session.ChatSession: `.reasoning`, `.content`)."""
+
+    def __init__(self, out, err, show_thinking: bool = True):
+        self.out, self.err, self.show_thinking = out, err, show_thinking
+        self.thinking = False  # inside a reasoning block on `err`
+
+    def feed(self, delta) -> None:
+        if delta.reasoning and self.show_thinking:
+            if not self.thinking:
+                self.err.write("Thinking...\n")
+                self.thinking = True
+            self.err.write(delta.reasoning)
+            self.err.flush()
+        if delta.content:
+            if self.thinking:
+                self.err.write("\n...done thinking.\n\n")
+                self.err.flush()
+                self.thinking = False
+            self.out.write(delta.content)
+            self.out.flush()

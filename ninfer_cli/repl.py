@@ -151,7 +151,9 @@ class Repl:
 
         worker = threading.Thread(target=work, name="ninfer-generate", daemon=True)
         worker.start()
-        thinking = False
+        from ninfer_cli.output import AnswerPrinter  # noqa: PLC0415
+
+        printer = AnswerPrinter(self.out, self.err, self.show_thinking)
         final = None
         while True:
             try:
@@ -176,18 +178,7 @@ class Repl:
             if item.done:
                 final = item
                 continue
-            if item.reasoning and self.show_thinking:
-                if not thinking:
-                    self.err.write("Thinking...\n")
-                    thinking = True
-                self.err.write(item.reasoning)
-                self.err.flush()
-            if item.content:
-                if thinking:
-                    self.err.write("\n...done thinking.\n\n")
-                    thinking = False
-                self.out.write(item.content)
-                self.out.flush()
+            printer.feed(item)
         worker.join()
         self.out.write("\n")
         self.out.flush()

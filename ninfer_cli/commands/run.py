@@ -97,7 +97,9 @@ def run(model: ModelArg = None, prompt: PromptArg = None, system: System = None,
     cancel = threading.Event()
     final = None
     first_token_s = None
-    reasoning_open = False
+    from ninfer_cli.output import AnswerPrinter
+
+    printer = AnswerPrinter(sys.stdout, sys.stderr, show_thinking)
     try:
         for delta in session.send(prompt, config, cancel):
             if first_token_s is None and (delta.reasoning or delta.content or delta.done):
@@ -105,21 +107,8 @@ def run(model: ModelArg = None, prompt: PromptArg = None, system: System = None,
             if delta.done:
                 final = delta
                 break
-            if json_out:
-                continue
-            if delta.reasoning and show_thinking:
-                if not reasoning_open:
-                    sys.stderr.write("Thinking...\n")
-                    reasoning_open = True
-                sys.stderr.write(delta.reasoning)
-                sys.stderr.flush()
-            if delta.content:
-                if reasoning_open:
-                    sys.stderr.write("\n...done thinking.\n\n")
-                    sys.stderr.flush()
-                    reasoning_open = False
-                sys.stdout.write(delta.content)
-                sys.stdout.flush()
+            if not json_out:
+                printer.feed(delta)
     except KeyboardInterrupt:
         cancel.set()
         sys.stderr.write("\n[interrupted]\n")
@@ -128,7 +117,7 @@ def run(model: ModelArg = None, prompt: PromptArg = None, system: System = None,
     if json_out:
         _print_json(name, final, stats, first_token_s, time.perf_counter() - t_start)
         return
-    if reasoning_open:
+    if printer.thinking:
         sys.stderr.write("\n")
     if final.tool_calls:
         import json
