@@ -1,7 +1,7 @@
 """Which compute path runs, decided once per process and printed by `ninfer env`.
 
-* cuda-graph: CuPy and a GPU are present; dense Qwen3.5 models decode through the CUDA kernels of
-  `cuda/` captured into one graph per step (other models run the reference ops on CuPy arrays).
+* cuda-graph: CuPy and a GPU are present; Qwen3.5 models decode through the CUDA kernels of `cuda/`
+  captured into one graph per step (Llama runs the reference ops on CuPy arrays).
 * numpy-reference: no usable GPU; every model runs `engine.ops.ref` on NumPy.
 """
 from __future__ import annotations
@@ -12,13 +12,17 @@ from engine.backend import cupy_or_none
 
 
 @functools.cache
-def describe() -> dict:
-    """The active path, with the reason and (on a GPU) whether the kernel module compiles."""
+def describe(compile_kernels: bool = False) -> dict:
+    """The active path and the reason. The kernel module compiles on the first model load (NVRTC, some
+    seconds; CuPy caches the binary on disk); `compile_kernels=True` compiles it here to check the toolchain."""
     cp = cupy_or_none()
     if cp is None:
         return {"path": "numpy-reference", "reason": "no CuPy or no CUDA device"}
     out = {"path": "cuda-graph", "reason": "CuPy sees a CUDA device",
-           "models": "dense Qwen3.5/3.6/3.8 (MoE and Llama: reference ops on CuPy)"}
+           "models": "dense and MoE Qwen3.5/3.6/3.8 (Llama: reference ops on CuPy)"}
+    if not compile_kernels:
+        out["kernels"] = "compiled at the first model load"
+        return out
     try:
         from engine.ops import kernels  # noqa: PLC0415
 
