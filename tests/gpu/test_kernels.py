@@ -53,7 +53,8 @@ def cp():
 @pytest.mark.parametrize("n,k", [(512, 5120), (37, 1000), (300, 130)], ids=["512x5120", "37x1000", "300x130"])
 @pytest.mark.parametrize("m", [1, 2])
 @pytest.mark.parametrize("rows", [1, 2, 4])
-def test_gemv_store(cp, fmt, n, k, m, rows):
+@pytest.mark.parametrize("unroll", [2, 4])
+def test_gemv_store(cp, fmt, n, k, m, rows, unroll):
     from engine.gpu_weights import upload_matrix
     from engine.ops.kernels import GemvPlan
 
@@ -62,7 +63,7 @@ def test_gemv_store(cp, fmt, n, k, m, rows):
     wq = formats.decode(fmt, "row_split_k128_v1", (n, k), cp.asnumpy(dm.buf))
     x = RNG.standard_normal((m, k)).astype(np.float32)
     y = cp.full((m, n), np.nan, dtype=cp.float32)
-    GemvPlan(dm, cp.asarray(x), k, y, n, m=m, rows=rows, unroll=2).launch()
+    GemvPlan(dm, cp.asarray(x), k, y, n, m=m, rows=rows, unroll=unroll).launch()
     check(f"gemv {fmt}", y.get(), ref.linear(x, wq), **LINEAR)
 
 
