@@ -51,7 +51,7 @@ def cp():
 
 @pytest.mark.parametrize("fmt", QFMTS)
 @pytest.mark.parametrize("n,k", [(512, 5120), (37, 1000), (300, 130)], ids=["512x5120", "37x1000", "300x130"])
-@pytest.mark.parametrize("m", [1, 2])
+@pytest.mark.parametrize("m", [1, 2, 8])
 @pytest.mark.parametrize("rows", [1, 2, 4])
 @pytest.mark.parametrize("unroll", [2, 4])
 def test_gemv_store(cp, fmt, n, k, m, rows, unroll):
