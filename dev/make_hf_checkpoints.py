@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from make_golden_qwen35 import _perturb  # the same perturbation as the golden checkpoints (dev/ is on sys.path when run as a script)
+
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "fixtures" / "artifact"
 TEMPLATE = Path("/work/shared/data/chat_template.qwen3_5-small.jinja")
@@ -52,14 +54,6 @@ def _tokenizer(folder: Path) -> None:
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": 257, "temperature": 0.7}))
 
 
-def _perturb(model, seed):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.add_(0.2 * torch.randn(p.shape, generator=g))
-            elif name.endswith("dt_bias"):
-                p.copy_(torch.randn(p.shape, generator=g))
 
 
 def _mtp_tensors(state: dict, hidden: int, seed: int) -> dict:
