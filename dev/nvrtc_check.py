@@ -1,0 +1,47 @@
+"""Compile the CUDA module for sm_90 with NVRTC on a machine without a GPU: syntax, registers, spills.
+
+    pip install nvidia-cuda-nvrtc   # into any venv; then
+    pip install nvidia-cuda-runtime  # for cuda_fp16.h
+    PYTHONPATH=. NVRTC_LIB=.../nvidia/cu13/lib/libnvrtc.so.13 CUDA_INCLUDE=.../nvidia/cu13/include python dev/nvrtc_check.py [-v]
+
+Catches compile errors before spending device time; with -v prints ptxas register/spill lines.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+
+from engine.ops import kernels
+
+
+def main() -> int:
+    lib = ctypes.CDLL(os.environ.get("NVRTC_LIB", "libnvrtc.so.13"))
+    prog = ctypes.c_void_p()
+    src = kernels._source().encode()
+    rc = lib.nvrtcCreateProgram(ctypes.byref(prog), src, b"ninfer.cu", 0, None, None)
+    assert rc == 0, rc
+    names = kernels._names()
+    for n in names:
+        assert lib.nvrtcAddNameExpression(prog, n.encode()) == 0
+    opts = [b"-std=c++17", b"-arch=sm_90"]
+    inc = os.environ.get("CUDA_INCLUDE")
+    if inc:
+        opts.append(b"-I" + inc.encode())
+    if "-v" in sys.argv:
+        opts.append(b"-Xptxas=-v")
+    arr = (ctypes.c_char_p * len(opts))(*opts)
+    rc = lib.nvrtcCompileProgram(prog, len(opts), arr)
+    size = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetProgramLog(prog, log)
+    text = log.value.decode(errors="replace")
+    if "-v" in sys.argv or rc != 0:
+        print(text)
+    print("compile", "OK" if rc == 0 else f"FAILED rc={rc}", f"({len(names)} name expressions)")
+    return 0 if rc == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
