@@ -134,7 +134,9 @@ def run_bench(
         say("interrupted: reporting the tests that finished")
     settings = {"repetitions": repetitions, "warmup": warmup, "device": device, "max_context": max_context,
                 "prompt_tokens": f"PCG64 seed {TOKEN_SEED:#x}", "stops": "off", "prefix_reuse": "off",
-                "interrupted": interrupted, "contexts": contexts}
+                "interrupted": interrupted, "contexts": contexts,
+                "depth_fill": "seek (synthetic weights: KV below the depth not computed)"
+                if synthetic and device == "gpu" else "prefill"}
     return build_report(command=command, env=env, roofline=roof, model=meta, settings=settings,
                         results=results, baseline=base_meta, baseline_results=base_results)
 

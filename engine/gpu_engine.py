@@ -94,6 +94,18 @@ class CudaEngine(Engine):
         self._last = None
         return out
 
+    def seek_synthetic(self, n: int) -> None:
+        """Move a fresh sequence to position `n` without computing the `n` tokens (bench `-d` on a
+        synthetic model, whose random weights make any context meaningless): the KV pages below `n`
+        keep whatever they hold, and decode reads them exactly as it reads computed ones."""
+        if self.position:
+            raise RuntimeError("seek_synthetic starts a fresh sequence: call reset() first")
+        self._check_room(n)
+        self.model.executor.pos.fill(n)
+        self.cache.position = n
+        self._tokens.extend([0] * n)
+        self._last = None
+
     def info(self) -> dict:
         d = super().info()
         ex = self.model.executor

@@ -59,4 +59,6 @@ def build_engine(geometry: str, recipe: str | None = None, device: str = "gpu", 
     from engine.gpu_engine import build_engine as build  # noqa: PLC0415
 
     weights = gpu_weights.synthetic(args, recipe or GEOMETRIES[geometry][1], seed=seed)
-    return build(args, weights, config, max_context=max_context, gemv_cfg=gemv_cfg, kv=kv)
+    eng = build(args, weights, config, max_context=max_context, gemv_cfg=gemv_cfg, kv=kv)
+    eng.synthetic_depth = True  # bench -d seeks instead of prefilling (`CudaEngine.seek_synthetic`)
+    return eng

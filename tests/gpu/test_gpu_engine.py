@@ -154,3 +154,21 @@ def test_columns_prefill_equals_token_by_token():
     assert cols.position == single.position == 21
     first = int(np.argmax(a))
     assert cols.decode_greedy(first, 8) == single.decode_greedy(first, 8)
+
+
+def test_seek_synthetic_moves_the_position_and_decodes_on():
+    """bench -d on a synthetic model seeks: the position moves without computing, decode goes on from there."""
+    from engine import gpu_weights
+    from engine.config import ModelArgs
+    from engine.gpu_engine import build_engine
+
+    args = ModelArgs.from_config(CFG)
+    eng = build_engine(args, gpu_weights.from_logical(args, quantized_weights(args)), CFG, max_context=256,
+                       prefill_cols=1)
+    eng.seek_synthetic(100)
+    assert eng.position == 100 and eng.model.executor.position == 100
+    first = int(np.argmax(eng.prefill([5])))
+    out = eng.decode_greedy(first, 4)
+    assert len(out) == 4 and eng.position == 105 and eng.model.executor.position == 105
+    with pytest.raises(RuntimeError):
+        eng.seek_synthetic(3)
