@@ -29,7 +29,6 @@ SHAPES_27B = [  # (name, fmt, N, K, epilogue)
     ("gdn out", "q5_g64_fp16", 5120, 6144, "partial"),
     ("mlp gate|up", "q4_g64_fp16", 34816, 5120, "swiglu"),
     ("mlp down", "q5_g64_fp16", 5120, 17408, "partial"),
-    ("head q6", "q6_g64_fp16", 248320, 5120, "store"),
     ("head w8", "q8_g32_fp16", 248320, 5120, "store"),
 ]
 
@@ -80,7 +79,7 @@ def kernel_sweep(bw):
     from engine.gpu_weights import random_matrix
 
     rng = cp.random.default_rng(0)
-    rows_opts, unroll_opts = (1, 2, 4), (2, 4)
+    rows_opts, unroll_opts, pf_opts = (1, 2, 4), (2, 4), (0, 2, 4)
     results = []
     for name, fmt, n, k, epi in SHAPES_27B:
         copies = [random_matrix(cp, rng, fmt, n, k) for _ in range(2)]  # two copies: nothing stays in L2
@@ -95,22 +94,24 @@ def kernel_sweep(bw):
         best = None
         for rows in rows_opts if epi != "swiglu" else (2,):
             for unroll in unroll_opts:
-                for splits in ((1, 2, 4, 8) if epi == "partial" else (1,)):
+                for splits, pf in [(s_, p_) for s_ in ((1, 2, 4, 8) if epi == "partial" else (1,)) for p_ in pf_opts]:
                     plans = [K.GemvPlan(w, x, k, y, out_n, epi=epi, splits=splits, rows=rows, unroll=unroll,
-                                        xpre=xpre) for w in copies]
+                                        xpre=xpre, pf=pf) for w in copies]
 
                     def run(plans=plans):
                         for p in plans:
                             p.launch()
                     ms = time_graph(run) / 2
                     gbs = copies[0].nbytes / (ms * 1e-3) / 1e9
-                    r = dict(shape=name, fmt=fmt, n=n, k=k, rows=rows, unroll=unroll, splits=splits,
+                    r = dict(shape=name, fmt=fmt, n=n, k=k, rows=rows, unroll=unroll, splits=splits, pf=pf,
                              us=round(ms * 1e3, 2), gbs=round(gbs, 1), pct_copy=round(100 * gbs / bw, 1))
                     results.append(r)
                     if best is None or r["gbs"] > best["gbs"]:
                         best = r
+        base = max((r for r in results if r["shape"] == name and r["pf"] == 0), key=lambda r: r["gbs"])
         print(f"{name:12s} {fmt:12s} {n:6d}x{k:<6d} best rows={best['rows']} unroll={best['unroll']} "
-              f"splits={best['splits']}: {best['us']:8.1f} us {best['gbs']:7.1f} GB/s ({best['pct_copy']}%)",
+              f"splits={best['splits']} pf={best['pf']}: {best['us']:8.1f} us {best['gbs']:7.1f} GB/s "
+              f"({best['pct_copy']}%); best without prefetch {base['us']:.1f} us ({base['pct_copy']}%)",
               flush=True)
         del copies
     return results
@@ -122,7 +123,7 @@ def best_cfg(sweep):
         key = (r["fmt"], r["n"], r["k"])
         if key not in cfg or r["gbs"] > cfg[key]["gbs"]:
             cfg[key] = r
-    return {k: dict(rows=v["rows"], unroll=v["unroll"], splits=v["splits"]) for k, v in cfg.items()}
+    return {k: dict(rows=v["rows"], unroll=v["unroll"], splits=v["splits"], pf=v.get("pf", 0)) for k, v in cfg.items()}
 
 
 def synthetic_decode(geometry, bw, gemv_cfg, n=128, depth=0, breakdown=False, kv="bf16"):
@@ -130,10 +131,11 @@ def synthetic_decode(geometry, bw, gemv_cfg, n=128, depth=0, breakdown=False, kv
 
     t0 = time.perf_counter()
     # room for the warm-up and three timed bursts past `depth`
-    eng = build_engine(geometry, max_context=max(4096, depth + 8 + 3 * n + 64), gemv_cfg=gemv_cfg, kv=kv)
+    eng = build_engine(geometry, max_context=max(4096, depth + 2 * (8 + 3 * n) + 64), gemv_cfg=gemv_cfg, kv=kv)
     ex = eng.model.executor
     cp.cuda.Device().synchronize()
     build_s = time.perf_counter() - t0
+    print(f"{geometry}: built in {build_s:.1f} s; launches ready for PDL: {K.pdl_ready(ex.ops)}", flush=True)
     if depth:
         ex.pos.fill(depth)  # KV pages past `depth` hold zeros: the attention reads them all the same
     eng.decode_greedy(1, 8)  # warm-up
@@ -145,6 +147,30 @@ def synthetic_decode(geometry, bw, gemv_cfg, n=128, depth=0, breakdown=False, kv
         times.append(time.perf_counter() - t)
     dt = float(np.median(times))
     tps = n / dt
+    if K.PDL:  # the same graph captured with plain launches, for the A/B of programmatic dependent launch
+        K.PDL = False
+        try:
+            ex.capture()
+            eng.reset()
+            if depth:
+                ex.pos.fill(depth)
+            eng.decode_greedy(1, 8)
+            t_plain = []
+            for _ in range(3):
+                cp.cuda.Device().synchronize()
+                t = time.perf_counter()
+                eng.decode_greedy(1, n)
+                t_plain.append(time.perf_counter() - t)
+        finally:
+            K.PDL = True
+        ex.capture()
+        eng.reset()
+        if depth:
+            ex.pos.fill(depth)
+        plain_tps = n / float(np.median(t_plain))
+        print(f"{geometry} depth {depth}: PDL {tps:.1f} tok/s, plain launches {plain_tps:.1f} tok/s", flush=True)
+    else:
+        plain_tps = tps
     ctx = depth + n / 2
     bytes_tok = ex.weight_bytes_per_token() + 2 * ex.state_bytes() + ctx * ex.kv_bytes_per_token()
     gbs = bytes_tok * tps / 1e9
@@ -159,6 +185,7 @@ def synthetic_decode(geometry, bw, gemv_cfg, n=128, depth=0, breakdown=False, kv
         eng.prefill(prompt)
         pp = round(512 / (time.perf_counter() - t), 1)
     res = dict(geometry=geometry, test=f"tg{n}" + (f"@d{depth}" if depth else ""), kv=kv, tok_s=round(tps, 1),
+               pdl=K.PDL, plain_launch_tok_s=round(plain_tps, 1),
                pp512_tok_s=pp,
                ms_per_token=round(1e3 * dt / n, 3), weight_bytes=ex.weight_bytes(),
                weight_bytes_per_token=ex.weight_bytes_per_token(), state_bytes=ex.state_bytes(),
@@ -237,13 +264,20 @@ def main():
         report["sweep"] = kernel_sweep(bw)
         cfg = best_cfg(report["sweep"])
         report["gemv_cfg"] = {f"{k[0]}:{k[1]}x{k[2]}": v for k, v in cfg.items()}
+        if a.out:
+            Path(a.out).write_text(json.dumps(report, indent=1, default=str))
     if a.synthetic:
         report["decode"] = []
-        for geo in a.synthetic.split(","):
-            report["decode"].append(synthetic_decode(geo, bw, cfg, depth=0, breakdown=a.breakdown))
-            if a.depth and "35b" not in geo:  # the depth targets are the 27B's (issue 7)
-                for kv in ("bf16", "int8"):
-                    report["decode"].append(synthetic_decode(geo, bw, cfg, depth=a.depth, kv=kv))
+        geos = a.synthetic.split(",")
+        for i, geo in enumerate(geos):  # the breakdown for the first geometry only
+            report["decode"].append(synthetic_decode(geo, bw, cfg, depth=0, breakdown=a.breakdown and i == 0))
+            if a.out:
+                Path(a.out).write_text(json.dumps(report, indent=1, default=str))
+        if a.depth and "35b" not in geos[0]:  # the depth targets are the 27B's (issue 7)
+            for kv in ("int8", "bf16"):
+                report["decode"].append(synthetic_decode(geos[0], bw, cfg, depth=a.depth, kv=kv))
+                if a.out:
+                    Path(a.out).write_text(json.dumps(report, indent=1, default=str))
     if a.out:
         Path(a.out).write_text(json.dumps(report, indent=1, default=str))
 

@@ -37,6 +37,7 @@ extern "C" __global__ void qk_norm_rope_kv(const float* __restrict__ q, int ldq,
                                 unsigned short* __restrict__ kc, unsigned short* __restrict__ vc,
                                 float* __restrict__ qout, int Hq, int Hkv, int rot, float log2_theta, float eps,
                                 __half* __restrict__ ks, __half* __restrict__ vs8) {
+  NI_PDL_ENTRY();
   const int lane = threadIdx.x & 31;
   const int h = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int m = blockIdx.y;
@@ -100,6 +101,7 @@ __global__ void __launch_bounds__(256) attn_decode_split(
     const int* __restrict__ pos, const int* __restrict__ page_table, int pt_stride, int Hkv, int chunk,
     float scale, float* __restrict__ part_ml, float* __restrict__ part_acc, int nsplit,
     const __half* __restrict__ ks, const __half* __restrict__ vsc) {
+  NI_PDL_ENTRY();
   const int kvh = blockIdx.x, split = blockIdx.y, m = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int Hq = Hkv * G;
@@ -193,6 +195,7 @@ __global__ void __launch_bounds__(256) attn_decode_split(
 // out[m][h][d] = (sum_s acc_s e^{m_s - M}) / (sum_s l_s e^{m_s - M}) * sigmoid(gate[m][h][d]). grid (Hq, M), block 256.
 extern "C" __global__ void attn_combine(const float* __restrict__ part_ml, const float* __restrict__ part_acc, int nsplit,
                              const float* __restrict__ gate, int ldg, float* __restrict__ out, int Hq) {
+  NI_PDL_ENTRY();
   const int h = blockIdx.x, m = blockIdx.y, d = threadIdx.x;
   const size_t hs0 = ((size_t)m * Hq + h) * nsplit;
   float M_ = -INFINITY;

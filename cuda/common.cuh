@@ -7,6 +7,18 @@
 #include <cuda_bf16.h>
 
 #define NI_WARP 32
+
+// Programmatic dependent launch (sm_90; kernels.py launches with the attribute when NINFER_PDL is on).
+// Every kernel calls NI_PDL_ENTRY() before touching memory another kernel writes: the next kernel in the
+// stream may then start (and, in the GEMVs, prefetch its weights) while this one finishes. Both are
+// no-ops for a launch without the attribute, so the same code runs either way.
+#define NI_PDL_TRIGGER() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+#define NI_PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#define NI_PDL_ENTRY() do { NI_PDL_TRIGGER(); NI_PDL_WAIT(); } while (0)
+
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
+}
 #define INFINITY __int_as_float(0x7f800000)
 
 __device__ __forceinline__ float warp_sum(float v) {

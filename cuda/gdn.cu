@@ -16,6 +16,7 @@ extern "C" __global__ void gdn_prep(const float* __restrict__ qk, int ldqk, cons
                          const float* __restrict__ dt_bias, float* __restrict__ qn, float* __restrict__ kn,
                          float* __restrict__ vo, float* __restrict__ g, float* __restrict__ beta, int Hk, int Hv,
                          float q_scale) {
+  NI_PDL_ENTRY();
   const int lane = threadIdx.x & 31;
   const int head = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int m = blockIdx.y;
@@ -62,6 +63,7 @@ extern "C" __global__ void __launch_bounds__(256) gdn_delta(const float* __restr
                                                  const float* __restrict__ vo, const float* __restrict__ g,
                                                  const float* __restrict__ beta, float* __restrict__ state,
                                                  float* __restrict__ o, int Hk, int Hv, int tiled) {
+  NI_PDL_ENTRY();
   const int lane = threadIdx.x & 31;
   const int rowid = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int m = blockIdx.y;
@@ -93,6 +95,7 @@ extern "C" __global__ void gdn_prep_cols(const float* __restrict__ qk, int ldqk,
                                          const float* __restrict__ dt_bias, float* __restrict__ qn,
                                          float* __restrict__ kn, float* __restrict__ vo, float* __restrict__ g,
                                          float* __restrict__ beta, int Hk, int Hv, float q_scale, int T) {
+  NI_PDL_ENTRY();
   const int lane = threadIdx.x & 31;
   const int head = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int nheads = 2 * Hk + Hv;
@@ -144,6 +147,7 @@ extern "C" __global__ void __launch_bounds__(256) gdn_delta_cols(const float* __
                                                       const float* __restrict__ vo, const float* __restrict__ g,
                                                       const float* __restrict__ beta, float* __restrict__ state,
                                                       float* __restrict__ o, int Hk, int Hv, int tiled, int T) {
+  NI_PDL_ENTRY();
   const int lane = threadIdx.x & 31;
   const int rowid = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (rowid >= Hv * 128) return;

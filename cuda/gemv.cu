@@ -150,20 +150,53 @@ __global__ void __launch_bounds__(256) gemv_rs(
     const __half* __restrict__ scales, int N, int gpr, int pair_stride,
     const float* __restrict__ x, int ldx, int K, int u4_per_split,
     float* __restrict__ y, int ldy, int epi, const float* __restrict__ xinv,
-    const int* __restrict__ eidx, int erows, long long xz, int yz, const float* __restrict__ ywt) {
+    const int* __restrict__ eidx, int erows, long long xz, int yz, const float* __restrict__ ywt, int pf) {
   // MoE: grid.z picks a routed slot; its expert's rows start at eidx[z] * erows of the stacked object,
   // its x is xz bytes further on (and its own xinv), its output yz floats further on, times ywt[z].
+  // pf > 0: each lane asks L2 for the weights (and their scales and high bits) it will load pf loop
+  // iterations later, so that DRAM requests stay in flight without holding registers; the first pf
+  // iterations of a warp's first row group are requested before the PDL wait (they depend on nothing).
   using F = Fmt<FMT>;
   constexpr int VPU = F::VPU;
   const int u4_per_row = gpr * 2;
   const int z = blockIdx.z;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wpb = blockDim.x >> 5;
+  const int ngroups = epi == EPI_SWIGLU ? pair_stride : (N + ROWS - 1) / ROWS;
+  const int js = blockIdx.y * u4_per_split;
+  const int je = min(js + u4_per_split, u4_per_row);
+  const int pf_span = 32 * U * pf;  // chunks of a row requested ahead
+  auto group_rows = [&](int g, long long off, int* rows) {
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      const int row = epi == EPI_SWIGLU ? g + r * pair_stride : g * ROWS + r;
+      rows[r] = (row < N ? row : N - 1) + (int)off;  // clamp: duplicates are computed, never stored
+    }
+  };
+  auto prefetch = [&](const int* rows, int j0, int j1) {
+    for (int j = j0 + lane; j < min(j1, je); j += 32) {
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
+        prefetch_l2(base + ((size_t)rows[r] * u4_per_row + j) * 16);
+        if ((j & 15) == 0) {
+          const size_t rg = (size_t)rows[r] * gpr + (j >> 1);
+          prefetch_l2(scales + rg);
+          if constexpr (F::HB > 0) prefetch_l2(high + rg * F::HB);
+        }
+      }
+    }
+  };
+  const int g_first = blockIdx.x * wpb + warp;
+  if (pf > 0 && eidx == nullptr && g_first < ngroups) {
+    int rows0[ROWS];
+    group_rows(g_first, 0, rows0);
+    prefetch(rows0, js, js + pf_span);
+  }
+  NI_PDL_ENTRY();
   const long long row_off = eidx != nullptr ? (long long)eidx[z] * erows : 0;
   x = reinterpret_cast<const float*>(reinterpret_cast<const unsigned char*>(x) + z * xz);
   if (xinv != nullptr) xinv += xz != 0 ? z : 0;
   y += (size_t)z * yz;
   const float yw = ywt != nullptr ? ywt[z] : 1.f;
-  const int js = blockIdx.y * u4_per_split;
-  const int je = min(js + u4_per_split, u4_per_row);
   const int nloc = je - js;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __half2* xs = reinterpret_cast<__half2*>(smem_raw);
@@ -213,20 +246,15 @@ __global__ void __launch_bounds__(256) gemv_rs(
     }
     __syncthreads();
   }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wpb = blockDim.x >> 5;
-  const int ngroups = epi == EPI_SWIGLU ? pair_stride : (N + ROWS - 1) / ROWS;
   const uint4* xs4 = pre ? reinterpret_cast<const uint4*>(x) : reinterpret_cast<const uint4*>(xs);
   const int xrow = pre ? u4_per_row : nloc;  // uint4 chunks per token row of the x pairs
   const int xoff = pre ? js : 0;
   constexpr int SLOTS = VPU == 32 ? 4 : 2;
 
-  for (int g = blockIdx.x * wpb + warp; g < ngroups; g += gridDim.x * wpb) {
+  for (int g = g_first; g < ngroups; g += gridDim.x * wpb) {
     int rows[ROWS];
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      const int row = epi == EPI_SWIGLU ? g + r * pair_stride : g * ROWS + r;
-      rows[r] = (row < N ? row : N - 1) + (int)row_off;  // clamp: duplicates are computed, never stored
-    }
+    group_rows(g, row_off, rows);
+    if (pf > 0 && (g != g_first || eidx != nullptr)) prefetch(rows, js, js + pf_span);
     float acc[ROWS][M];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)
@@ -234,6 +262,23 @@ __global__ void __launch_bounds__(256) gemv_rs(
       for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
 
     for (int jj = js + lane; jj < je; jj += 32 * U) {
+      if (pf > 0) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int j2 = jj + pf_span + 32 * u;
+          if (j2 < je) {
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) {
+              prefetch_l2(base + ((size_t)rows[r] * u4_per_row + j2) * 16);
+              if ((j2 & 15) == 0) {
+                const size_t rg = (size_t)rows[r] * gpr + (j2 >> 1);
+                prefetch_l2(scales + rg);
+                if constexpr (F::HB > 0) prefetch_l2(high + rg * F::HB);
+              }
+            }
+          }
+        }
+      }
       uint4 w[U][ROWS];
       uint2 hb[U][ROWS];
       float sc[U][ROWS];
@@ -302,6 +347,7 @@ template <int M>
 __global__ void __launch_bounds__(256) gemv_bf16(const unsigned short* __restrict__ w, int N, int K,
                                                  const float* __restrict__ x, int ldx,
                                                  float* __restrict__ y, int ldy, int epi) {
+  NI_PDL_ENTRY();
   const int lane = threadIdx.x & 31;
   const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (row >= N) return;
@@ -336,6 +382,7 @@ template <int FMT>
 __global__ void embed_rs(const unsigned char* __restrict__ base, const unsigned char* __restrict__ high,
                          const __half* __restrict__ scales, int gpr, int K,
                          const int* __restrict__ tokens, float* __restrict__ x, int ldx) {
+  NI_PDL_ENTRY();
   const int m = blockIdx.x;
   const int row = tokens[m];
   for (int k = threadIdx.x; k < K; k += blockDim.x) {
@@ -366,6 +413,7 @@ __global__ void embed_rs(const unsigned char* __restrict__ base, const unsigned 
 // bf16 embedding gather.
 extern "C" __global__ void embed_bf16(const unsigned short* __restrict__ table, int K, const int* __restrict__ tokens,
                            float* __restrict__ x, int ldx) {
+  NI_PDL_ENTRY();
   const int m = blockIdx.x;
   const unsigned short* r = table + (size_t)tokens[m] * K;
   for (int k = threadIdx.x; k < K; k += blockDim.x) x[(size_t)m * ldx + k] = __uint_as_float(((unsigned int)r[k]) << 16);

@@ -4,6 +4,7 @@
 
 extern "C" __global__ void moe_route(const float* __restrict__ logits, int ldl, int E, int topk,
                                      int* __restrict__ idx, float* __restrict__ wts, int ldw) {
+  NI_PDL_ENTRY();
   // One warp per token (E <= 512): lane l holds experts l, l + 32, ...; top-k by k rounds of warp argmax.
   const int m = blockIdx.x, lane = threadIdx.x & 31;
   if (threadIdx.x >= 32) return;

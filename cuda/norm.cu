@@ -52,6 +52,7 @@ __device__ __forceinline__ float pow2_scale(float mx) {
 
 extern "C" __global__ void stage_x_mb(const float* __restrict__ x, int ldx, int K, int kpad,
                                       __half2* __restrict__ xh, float* __restrict__ xinv) {
+  NI_PDL_ENTRY();
   __shared__ float red[32];
   const int m = blockIdx.y;
   const float* xm = x + (size_t)m * ldx;
@@ -71,6 +72,7 @@ extern "C" __global__ void residual_rmsnorm_mb(const float* __restrict__ x_in, f
                                                const float* __restrict__ w, float* __restrict__ out, int H,
                                                float eps, int offset, __half2* __restrict__ xh,
                                                float* __restrict__ xinv, int kpad) {
+  NI_PDL_ENTRY();
   __shared__ float red[32];
   const int m = blockIdx.y;
   const float* xi = x_in + (size_t)m * H;
@@ -102,6 +104,7 @@ extern "C" __global__ void residual_rmsnorm_mb(const float* __restrict__ x_in, f
 // One block per token: stage fp32 x [M, ldx] for pre-staged GEMV input.
 extern "C" __global__ void stage_x(const float* __restrict__ x, int ldx, int K, int kpad, __half2* __restrict__ xh,
                                    float* __restrict__ xinv) {
+  NI_PDL_ENTRY();
   __shared__ float red[32];
   const int m = blockIdx.x;
   stage_pairs(x + (size_t)m * ldx, K, kpad, xh + (size_t)m * kpad / 2, xinv + m, red);
@@ -110,6 +113,7 @@ extern "C" __global__ void stage_x(const float* __restrict__ x, int ldx, int K, 
 extern "C" __global__ void residual_rmsnorm(float* __restrict__ xres, const float* __restrict__ part, int S, int part_stride,
                                  const float* __restrict__ w, float* __restrict__ out, int H, float eps, int offset,
                                  __half2* __restrict__ xh, float* __restrict__ xinv, int kpad) {
+  NI_PDL_ENTRY();
   __shared__ float red[32];
   const int m = blockIdx.x;
   float* xr = xres + (size_t)m * H;
@@ -135,6 +139,7 @@ extern "C" __global__ void residual_rmsnorm(float* __restrict__ xres, const floa
 // o, z: [M, Hv, D] with D == 128; one warp per (token, head).
 extern "C" __global__ void gated_rmsnorm(const float* __restrict__ o, const float* __restrict__ z, int ldz,
                               const float* __restrict__ w, float* __restrict__ out, int Hv, float eps) {
+  NI_PDL_ENTRY();
   const int lane = threadIdx.x & 31;
   const int gw = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int m = blockIdx.y;

@@ -6,6 +6,7 @@
 // logits: [M, V] (row stride ldl). One block (1024 threads) per row. Ties go to the lowest id.
 extern "C" __global__ void argmax_step(const float* __restrict__ logits, int ldl, int V, int* __restrict__ tokens,
                             int* __restrict__ pos, int* __restrict__ history, int* __restrict__ step, int hist_len) {
+  NI_PDL_ENTRY();
   __shared__ float bv[32];
   __shared__ int bi[32];
   const int m = blockIdx.x;
@@ -47,9 +48,11 @@ extern "C" __global__ void argmax_step(const float* __restrict__ logits, int ldl
 
 // Columns step bookkeeping: the positions of the T tokens of lane 0, and the advance after the step.
 extern "C" __global__ void cols_positions(const int* __restrict__ pos, int* __restrict__ posc, int T) {
+  NI_PDL_ENTRY();
   if (threadIdx.x < T) posc[threadIdx.x] = pos[0] + threadIdx.x;
 }
 
 extern "C" __global__ void advance_pos(int* __restrict__ pos, int n) {
+  NI_PDL_ENTRY();
   if (threadIdx.x == 0) pos[0] += n;
 }

@@ -259,12 +259,13 @@ class CudaQwen35:
     def _gemv(self, w, x, y, epi="store", splits=1, y_offset=0, xpre=None):
         cfg = self.gemv_cfg.get((w.fmt, w.n, w.k), {})
         return GemvPlan(w, x, x.shape[-1], y, y.shape[-1], m=self.M, epi=epi, splits=cfg.get("splits", splits),
-                        rows=cfg.get("rows"), unroll=cfg.get("unroll", 2), y_offset=y_offset, xpre=xpre).launch
+                        rows=cfg.get("rows"), unroll=cfg.get("unroll", 2), y_offset=y_offset, xpre=xpre,
+                        pf=cfg.get("pf")).launch
 
     def _plan_gemv(self, w, x, y, epi, splits, xpre):
         cfg = self.gemv_cfg.get((w.fmt, w.n, w.k), {})
         return GemvPlan(w, x, x.shape[-1], y, y.shape[-1], m=self.M, epi=epi, splits=cfg.get("splits", splits),
-                        rows=cfg.get("rows"), unroll=cfg.get("unroll", 2), xpre=xpre)
+                        rows=cfg.get("rows"), unroll=cfg.get("unroll", 2), xpre=xpre, pf=cfg.get("pf"))
 
     NORM_BLOCKS = 8
 

@@ -7,9 +7,11 @@ reference in `engine.ops.ref` (and `engine.artifact.formats` for the packed plan
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 import importlib.resources
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +29,12 @@ GEMV_UNROLL = (2, 4)  # 8 was never the best in the sweep; fewer variants compil
 GEMV_M = (1, 2, 8)
 ATTN_GROUPS = (1, 2, 3, 4, 6, 8)
 WARPS = 8  # every kernel runs 256-thread blocks
+# Programmatic dependent launch: each kernel may start while the one before it finishes (its blocks
+# wait at griddepcontrol.wait before reading what that kernel wrote; GEMVs prefetch weights first).
+# NINFER_PDL=0 launches plainly. Read at each launch (a graph keeps what it was captured with).
+PDL = os.environ.get("NINFER_PDL", "1") != "0"
+# GEMV L2 prefetch distance in loop iterations (0: off); a plan's `pf` overrides it.
+GEMV_PF = int(os.environ.get("NINFER_GEMV_PF", "0"))
 
 
 def cuda_source_dir() -> Path:
@@ -120,6 +128,79 @@ class DevMatrix:
         return self.buf.data.ptr + off
 
 
+class _LaunchAttr(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_char * 64)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttr)), ("numAttrs", ctypes.c_uint)]
+
+
+_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # cuda.h
+_CTYPE = {np.dtype(np.uint64): ctypes.c_uint64, np.dtype(np.int64): ctypes.c_int64,
+          np.dtype(np.int32): ctypes.c_int32, np.dtype(np.uint32): ctypes.c_uint32,
+          np.dtype(np.float32): ctypes.c_float}
+
+
+@functools.cache
+def _cu_launch_ex():
+    """The driver's cuLaunchKernelEx (CUDA >= 12), or None."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        fn = lib.cuLaunchKernelEx
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    return fn
+
+
+class Launch:
+    """One kernel launch with its arguments fixed at build time; call it to launch on the current stream.
+
+    With `PDL` on it goes through cuLaunchKernelEx with programmatic stream serialization allowed, so
+    the kernel overlaps the tail of the one before it (see NI_PDL_ENTRY in cuda/common.cuh)."""
+
+    def __init__(self, fn, grid, block: int, args: tuple, smem: int = 0, name: str = ""):
+        self.fn, self.grid, self.block, self.args, self.smem = fn, tuple(int(g) for g in grid), int(block), args, smem
+        self.name = name
+        self._ex = None
+        launch_ex = _cu_launch_ex()
+        if launch_ex is None:
+            return
+        try:
+            fptr = int(fn.kernel.ptr)
+            vals = [_CTYPE[np.asarray(a).dtype](a.item() if hasattr(a, "item") else a) for a in args]
+        except (AttributeError, KeyError, TypeError):
+            return
+        params = (ctypes.c_void_p * max(len(vals), 1))(*[ctypes.addressof(v) for v in vals])
+        attr = _LaunchAttr()
+        attr.id = _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        ctypes.memmove(attr.value, ctypes.byref(ctypes.c_int(1)), 4)
+        g = self.grid + (1,) * (3 - len(self.grid))
+        cfg = _LaunchConfig(g[0], g[1], g[2], self.block, 1, 1, int(smem), None, ctypes.pointer(attr), 1)
+        self._ex = (launch_ex, cfg, fptr, params, vals, attr)
+
+    def __call__(self):
+        if PDL and self._ex is not None:
+            launch_ex, cfg, fptr, params, _vals, _attr = self._ex
+            cfg.hStream = cupy_or_none().cuda.get_current_stream().ptr
+            rc = launch_ex(ctypes.byref(cfg), fptr, params, None)
+            if rc != 0:
+                raise RuntimeError(f"cuLaunchKernelEx failed ({rc}) for {self.name or 'a kernel'}")
+            return
+        self.fn(self.grid, (self.block,), self.args, shared_mem=self.smem)
+
+
+def pdl_ready(ops) -> tuple[int, int]:
+    """(launches able to use programmatic dependent launch, all launches) among graph ops."""
+    launches = [getattr(getattr(op, "__self__", None), "_go", op) for op in ops]
+    return sum(getattr(lo, "_ex", None) is not None for lo in launches), len(launches)
+
+
 def _p(a) -> int:
     return a.data.ptr if hasattr(a, "data") else int(a)
 
@@ -129,7 +210,7 @@ class GemvPlan:
 
     def __init__(self, w: DevMatrix, x, ldx: int, y, ldy: int, m: int = 1, epi: str = "store",
                  splits: int = 1, rows: int | None = None, unroll: int = 4, y_offset: int = 0, xpre=None,
-                 experts=None):
+                 experts=None, pf: int | None = None):
         cp = cupy_or_none()
         self.w, self.m, self.epi = w, m, EPI[epi]
         if w.fmt == "bf16":
@@ -138,6 +219,7 @@ class GemvPlan:
             self.args = (np.uint64(w.ptr(w.base)), np.int32(w.n), np.int32(w.k), np.uint64(_p(x)),
                          np.int32(ldx), np.uint64(_p(y) + 4 * y_offset), np.int32(ldy), np.int32(self.epi))
             self.smem = 0
+            self._go = Launch(self.fn, self.grid, WARPS * 32, self.args, name=f"gemv_bf16<{m}>")
             return
         f = FMT_IDS[w.fmt]
         if rows is None:
@@ -169,12 +251,14 @@ class GemvPlan:
                      np.uint64(_p(y) + 4 * y_offset), np.int32(ldy), np.int32(self.epi),
                      np.uint64(_p(xpre[1]) if pre else 0),
                      np.uint64(_p(ex[0]) if ex[0] is not None else 0), np.int32(ex[1]), np.int64(ex[2]),
-                     np.int32(ex[3]), np.uint64(_p(ex[4]) if ex[4] is not None else 0))
+                     np.int32(ex[3]), np.uint64(_p(ex[4]) if ex[4] is not None else 0),
+                     np.int32(GEMV_PF if pf is None else pf))
         self.splits = splits
+        self._go = Launch(self.fn, self.grid, WARPS * 32, self.args, self.smem, name=f"gemv_rs<{f},{rows},{m},{unroll}>")
         del cp
 
     def launch(self):
-        self.fn(self.grid, (WARPS * 32,), self.args, shared_mem=self.smem)
+        self._go()
 
 
 def _arg(a):
@@ -192,12 +276,4 @@ def _arg(a):
 
 def prepared(name: str, grid, args, block: int = WARPS * 32):
     """A launch with its arguments converted once; call the result to launch."""
-    fn = kernel(name)
-    conv = tuple(_arg(a) for a in args)
-    grid = tuple(grid)
-
-    def go():
-        fn(grid, (block,), conv)
-
-    go.name = name
-    return go
+    return Launch(kernel(name), grid, block, tuple(_arg(a) for a in args), name=name)

@@ -172,3 +172,27 @@ def test_seek_synthetic_moves_the_position_and_decodes_on():
     assert len(out) == 4 and eng.position == 105 and eng.model.executor.position == 105
     with pytest.raises(RuntimeError):
         eng.seek_synthetic(3)
+
+
+def test_pdl_launches_give_the_same_logits_as_plain_launches():
+    """Programmatic dependent launch only lets kernels overlap: the step's logits are bit-identical."""
+    from engine import gpu_weights
+    from engine.config import ModelArgs
+    from engine.gpu_engine import build_engine
+    from engine.ops import kernels as K
+
+    args = ModelArgs.from_config(CFG)
+    w = gpu_weights.from_logical(args, quantized_weights(args))
+    prompt = [int(t) for t in np.random.default_rng(4).integers(0, CFG["vocab_size"], 12)]
+    saved = K.PDL
+    try:
+        out = {}
+        for pdl in (True, False):
+            K.PDL = pdl
+            eng = build_engine(args, w, CFG, max_context=256, prefill_cols=1)
+            first = int(np.argmax(eng.prefill(prompt)))
+            out[pdl] = (eng.decode_greedy(first, 16), eng.decode_step(3))
+        assert out[True][0] == out[False][0]
+        np.testing.assert_array_equal(out[True][1], out[False][1])
+    finally:
+        K.PDL = saved

@@ -53,8 +53,8 @@ def cp():
 @pytest.mark.parametrize("n,k", [(512, 5120), (37, 1000), (300, 130)], ids=["512x5120", "37x1000", "300x130"])
 @pytest.mark.parametrize("m", [1, 2, 8])
 @pytest.mark.parametrize("rows", [1, 2, 4])
-@pytest.mark.parametrize("unroll", [2, 4])
-def test_gemv_store(cp, fmt, n, k, m, rows, unroll):
+@pytest.mark.parametrize("unroll,pf", [(2, 0), (4, 0), (2, 2)])
+def test_gemv_store(cp, fmt, n, k, m, rows, unroll, pf):
     from engine.gpu_weights import upload_matrix
     from engine.ops.kernels import GemvPlan
 
@@ -63,14 +63,15 @@ def test_gemv_store(cp, fmt, n, k, m, rows, unroll):
     wq = formats.decode(fmt, "row_split_k128_v1", (n, k), cp.asnumpy(dm.buf))
     x = RNG.standard_normal((m, k)).astype(np.float32)
     y = cp.full((m, n), np.nan, dtype=cp.float32)
-    GemvPlan(dm, cp.asarray(x), k, y, n, m=m, rows=rows, unroll=unroll).launch()
+    GemvPlan(dm, cp.asarray(x), k, y, n, m=m, rows=rows, unroll=unroll, pf=pf).launch()
     check(f"gemv {fmt}", y.get(), ref.linear(x, wq), **LINEAR)
 
 
 @pytest.mark.parametrize("fmt", QFMTS[:3])
 @pytest.mark.parametrize("n,k", [(512, 5120), (37, 1000), (300, 130)], ids=["512x5120", "37x1000", "300x130"])
 @pytest.mark.parametrize("splits", [1, 3])
-def test_gemv_prestaged(cp, fmt, n, k, splits):
+@pytest.mark.parametrize("pf", [0, 1, 3])
+def test_gemv_prestaged(cp, fmt, n, k, splits, pf):
     """x staged once by stage_x (as the producer kernels do), read by the GEMV from global memory."""
     from engine.gpu_weights import upload_matrix
     from engine.ops import kernels as K
@@ -84,7 +85,7 @@ def test_gemv_prestaged(cp, fmt, n, k, splits):
     xh, xinv = cp.zeros((m, kpad // 2), dtype=cp.uint32), cp.zeros(m, dtype=cp.float32)
     K.prepared("stage_x_mb", (3, m), (cp.asarray(x), k, k, kpad, xh, xinv))()
     part = cp.full((splits, m, n), np.nan, dtype=cp.float32)
-    plan = K.GemvPlan(dm, None, k, part, n, m=m, epi="partial", splits=splits, xpre=(xh, xinv))
+    plan = K.GemvPlan(dm, None, k, part, n, m=m, epi="partial", splits=splits, xpre=(xh, xinv), pf=pf)
     part = part[: plan.splits]
     plan.launch()
     check(f"gemv prestaged {fmt}", part.get().sum(axis=0), ref.linear(x, wq), **LINEAR)
