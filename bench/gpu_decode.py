@@ -79,7 +79,7 @@ def kernel_sweep(bw):
     from engine.gpu_weights import random_matrix
 
     rng = cp.random.default_rng(0)
-    rows_opts, unroll_opts, pf_opts = (1, 2, 4), (2, 4), (0, 2, 4)
+    rows_opts, unroll_opts, pf_opts = (1, 2, 4), (2, 4), (0, 2)
     results = []
     for name, fmt, n, k, epi in SHAPES_27B:
         copies = [random_matrix(cp, rng, fmt, n, k) for _ in range(2)]  # two copies: nothing stays in L2
@@ -246,6 +246,7 @@ def main():
     ap.add_argument("--depth", type=int, default=0)
     ap.add_argument("--breakdown", action="store_true")
     ap.add_argument("--out", default="")
+    ap.add_argument("--cfg", default="", help="take the GEMV choices of an earlier --sweep report")
     a = ap.parse_args()
     dev = cp.cuda.Device()
     props = cp.cuda.runtime.getDeviceProperties(dev.id)
@@ -258,6 +259,10 @@ def main():
     report["copy_gbs"] = round(bw, 1)
     print(json.dumps(report), flush=True)
     cfg = None
+    if a.cfg:
+        saved = json.loads(Path(a.cfg).read_text())["gemv_cfg"]
+        cfg = {(k.split(":")[0], *map(int, k.split(":")[1].split("x"))): v for k, v in saved.items()}
+        report["gemv_cfg"] = saved
     if a.tiny:
         report["tiny"] = tiny_parity()
     if a.sweep:

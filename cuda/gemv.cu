@@ -153,9 +153,9 @@ __global__ void __launch_bounds__(256) gemv_rs(
     const int* __restrict__ eidx, int erows, long long xz, int yz, const float* __restrict__ ywt, int pf) {
   // MoE: grid.z picks a routed slot; its expert's rows start at eidx[z] * erows of the stacked object,
   // its x is xz bytes further on (and its own xinv), its output yz floats further on, times ywt[z].
-  // pf > 0: each lane asks L2 for the weights (and their scales and high bits) it will load pf loop
-  // iterations later, so that DRAM requests stay in flight without holding registers; the first pf
-  // iterations of a warp's first row group are requested before the PDL wait (they depend on nothing).
+  // pf > 0: before the PDL wait (weights depend on no kernel), each lane asks L2 for the weights, scales
+  // and high bits of its warp's first pf loop iterations. (Prefetching pf iterations ahead inside the
+  // loop was measured too: no gain, and 10-60 more registers.)
   using F = Fmt<FMT>;
   constexpr int VPU = F::VPU;
   const int u4_per_row = gpr * 2;
@@ -254,7 +254,6 @@ __global__ void __launch_bounds__(256) gemv_rs(
   for (int g = g_first; g < ngroups; g += gridDim.x * wpb) {
     int rows[ROWS];
     group_rows(g, row_off, rows);
-    if (pf > 0 && (g != g_first || eidx != nullptr)) prefetch(rows, js, js + pf_span);
     float acc[ROWS][M];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)
@@ -262,23 +261,6 @@ __global__ void __launch_bounds__(256) gemv_rs(
       for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
 
     for (int jj = js + lane; jj < je; jj += 32 * U) {
-      if (pf > 0) {
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int j2 = jj + pf_span + 32 * u;
-          if (j2 < je) {
-#pragma unroll
-            for (int r = 0; r < ROWS; ++r) {
-              prefetch_l2(base + ((size_t)rows[r] * u4_per_row + j2) * 16);
-              if ((j2 & 15) == 0) {
-                const size_t rg = (size_t)rows[r] * gpr + (j2 >> 1);
-                prefetch_l2(scales + rg);
-                if constexpr (F::HB > 0) prefetch_l2(high + rg * F::HB);
-              }
-            }
-          }
-        }
-      }
       uint4 w[U][ROWS];
       uint2 hb[U][ROWS];
       float sc[U][ROWS];
