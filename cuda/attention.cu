@@ -192,9 +192,9 @@ __global__ void __launch_bounds__(256) attn_decode_split(
   }
 }
 
-// out[m][h][d] = (sum_s acc_s e^{m_s - M}) / (sum_s l_s e^{m_s - M}) * sigmoid(gate[m][h][d]). grid (Hq, M), block 256.
+// out[m][h*256 + d] (row stride ldo) = (sum_s acc_s e^{m_s - M}) / (sum_s l_s e^{m_s - M}) * sigmoid(gate[m][h][d]). grid (Hq, M), block 256.
 extern "C" __global__ void attn_combine(const float* __restrict__ part_ml, const float* __restrict__ part_acc, int nsplit,
-                             const float* __restrict__ gate, int ldg, float* __restrict__ out, int Hq) {
+                             const float* __restrict__ gate, int ldg, float* __restrict__ out, int ldo, int Hq) {
   NI_PDL_ENTRY();
   const int h = blockIdx.x, m = blockIdx.y, d = threadIdx.x;
   const size_t hs0 = ((size_t)m * Hq + h) * nsplit;
@@ -210,5 +210,5 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part_ml, const
     }
   }
   const float gv = gate[(size_t)m * ldg + h * 256 + d];
-  out[((size_t)m * Hq + h) * 256 + d] = A / L * sigmoidf_(gv);
+  out[(size_t)m * ldo + h * 256 + d] = A / L * sigmoidf_(gv);
 }

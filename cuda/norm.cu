@@ -136,9 +136,10 @@ extern "C" __global__ void residual_rmsnorm(float* __restrict__ xres, const floa
   }
 }
 
-// o, z: [M, Hv, D] with D == 128; one warp per (token, head).
+// o: [M, Hv, D] packed, z: [M, ldz], out: [M, ldo] (the attention-width buffer, which may be wider than
+// Hv * D); D == 128; one warp per (token, head).
 extern "C" __global__ void gated_rmsnorm(const float* __restrict__ o, const float* __restrict__ z, int ldz,
-                              const float* __restrict__ w, float* __restrict__ out, int Hv, float eps) {
+                              const float* __restrict__ w, float* __restrict__ out, int ldo, int Hv, float eps) {
   NI_PDL_ENTRY();
   const int lane = threadIdx.x & 31;
   const int gw = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -154,5 +155,5 @@ extern "C" __global__ void gated_rmsnorm(const float* __restrict__ o, const floa
   res.y = ov.y * r * wv.y * silu(zv.y);
   res.z = ov.z * r * wv.z * silu(zv.z);
   res.w = ov.w * r * wv.w * silu(zv.w);
-  reinterpret_cast<float4*>(out + ((size_t)m * Hv + gw) * 128)[lane] = res;
+  reinterpret_cast<float4*>(out + (size_t)m * ldo + (size_t)gw * 128)[lane] = res;
 }

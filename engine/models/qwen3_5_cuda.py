@@ -346,7 +346,7 @@ class CudaQwen35:
                                        self.nsplit, _ptr(L["ks"]), _ptr(L["vs"]))))
                 ops.append(K.prepared("attn_combine", (self.Hq, M),
                                       (self.attn_ml, self.attn_acc, self.nsplit, self.buf_b, ldb, self.att,
-                                       self.Hq)))
+                                       self.att.shape[1], self.Hq)))
                 del kw
             else:
                 Hk, Hv = self.Hk, self.Hv
@@ -356,7 +356,8 @@ class CudaQwen35:
                 ops.extend(self._gdn_core_ops(L, lda, ldb))
                 zoff = Hv * GDN_HEAD_DIM
                 ops.append(K.prepared("gated_rmsnorm", (-(-Hv // K.WARPS), M),
-                                      (self.att2, self.buf_b[:, zoff:], ldb, L["norm"], self.att, Hv, eps)))
+                                      (self.att2, self.buf_b[:, zoff:], ldb, L["norm"], self.att, self.att.shape[1],
+                                       Hv, eps)))
             att_k = L["o"].k
             ops.append(self._stage(self.att, att_k, -(-att_k // 128) * 128, self.xh_att, self.xinv_att))
             o_plan = self._plan_gemv(L["o"], self.att, self.part, "partial", self._splits(L["o"]),

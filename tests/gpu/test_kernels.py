@@ -174,9 +174,12 @@ def test_residual_rmsnorm_and_gated(cp):
     o = RNG.standard_normal((m, hv, 128)).astype(np.float32)
     z = RNG.standard_normal((m, hv * 128)).astype(np.float32)
     gw = RNG.standard_normal(128).astype(np.float32)
-    go = cp.full((m, hv * 128), np.nan, dtype=cp.float32)
-    K.prepared("gated_rmsnorm", (1, m), (cp.asarray(o), cp.asarray(z), hv * 128, cp.asarray(gw), go, hv, 1e-6))()
-    check("gated_rmsnorm", go.get(), ref.gated_rmsnorm(o, z.reshape(m, hv, 128), gw, 1e-6).reshape(m, -1), **ELEM)
+    ldo = hv * 128 + 256  # the output rows are as wide as the attention output (wider than Hv * 128)
+    go = cp.full((m, ldo), np.nan, dtype=cp.float32)
+    K.prepared("gated_rmsnorm", (1, m), (cp.asarray(o), cp.asarray(z), hv * 128, cp.asarray(gw), go, ldo, hv,
+                                         1e-6))()
+    check("gated_rmsnorm", go.get()[:, : hv * 128],
+          ref.gated_rmsnorm(o, z.reshape(m, hv, 128), gw, 1e-6).reshape(m, -1), **ELEM)
 
 
 def test_gdn_step(cp):
@@ -259,7 +262,7 @@ def test_attention_decode(cp, g, length, kv):
     out = cp.full((1, hq * d), np.nan, dtype=cp.float32)
     K.prepared(f"attn_decode_split<{g},{'true' if int8 else 'false'}>", (hkv, nsplit, 1),
                (qbuf, kc, vc, pos, pt, pages, hkv, chunk, 1 / 16, ml, acc, nsplit, ptr(ksc), ptr(vsc)))()
-    K.prepared("attn_combine", (hq, 1), (ml, acc, nsplit, cp.asarray(gate), hq * d, out, hq))()
+    K.prepared("attn_combine", (hq, 1), (ml, acc, nsplit, cp.asarray(gate), hq * d, out, hq * d, hq))()
     if int8:
         store = lambda a: dequantize_kv_int8_g64(*quantize_kv_int8_g64(np.asarray(a, np.float32)))  # noqa: E731
         # the cache holds what the reference quantizer makes of the same rows (page-table order undone)
