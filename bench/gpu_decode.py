@@ -79,7 +79,7 @@ def kernel_sweep(bw):
     from engine.gpu_weights import random_matrix
 
     rng = cp.random.default_rng(0)
-    rows_opts, unroll_opts, pf_opts = (1, 2, 4), (2, 4), (0, 2)
+    rows_opts, unroll_opts, pf_opts = (1, 2, 4), (2, 4), (0,)  # pf > 0 measured: no gain
     results = []
     for name, fmt, n, k, epi in SHAPES_27B:
         copies = [random_matrix(cp, rng, fmt, n, k) for _ in range(2)]  # two copies: nothing stays in L2

@@ -35,8 +35,33 @@ template <> struct Fmt<FMT_W8> { static constexpr int VPU = 16, HB = 0;  static 
 
 // Dot product of one 16-byte word of codes (and its high bits) with the matching x pairs.
 // xp: the x pairs of this uint4 in shared memory (4 slots of 16 B for q4-q6, 2 for w8), slot swizzle key.
+// q5: the multipliers that spread a word's 8 high bits onto the magic positions of its 4 pairs
+// (hm * (2^a + 2^b) puts bit i at i+a and i+b with no carries, as the two copies never overlap).
+// Passed in registers so that the products are IMADs, which issue on the FMA pipe, not the ALU pipe
+// that the LOP3s of the decode already load.
+#define Q5_MUL0 0x00010010u  // bits 0 -> 4, 4 -> 20: pair (k0, k4)
+#define Q5_MUL1 0x00080080u  // bits 1 -> 8, 5 -> 24: pair (k1, k5), odd nibbles in place (x16)
+#define Q5_MUL2 0x00004004u  // bits 2 -> 4, 6 -> 20: pair (k2, k6) of q >> 8
+#define Q5_MUL3 0x00020020u  // bits 3 -> 8, 7 -> 24: pair (k3, k7) of q >> 8, in place
+// Decode constants held in registers for the whole kernel. Built from a value the compiler cannot fold,
+// so that it neither rematerializes the LOP3 masks before every use (a MOV per pair, measured in the
+// SASS) nor strength-reduces the q5 multiplies into ALU shifts.
+struct DecodeK {
+  unsigned int lo, hi, magic;  // 0x000f000f, 0x00f000f0, 0x64006400
+  uint4 q5m;                   // Q5_MUL0..3
+};
+
+__device__ __forceinline__ DecodeK decode_constants(unsigned int one) {
+  DecodeK k;
+  k.lo = one * 0x000f000fu;
+  k.hi = one * 0x00f000f0u;
+  k.magic = one * 0x64006400u;
+  k.q5m = make_uint4(one * Q5_MUL0, one * Q5_MUL1, one * Q5_MUL2, one * Q5_MUL3);
+  return k;
+}
+
 template <int FMT>
-__device__ __forceinline__ float dot_u4(uint4 w, uint2 hi, const uint4* __restrict__ xp, int key) {
+__device__ __forceinline__ float dot_u4(uint4 w, uint2 hi, const uint4* __restrict__ xp, int key, const DecodeK& dk) {
   const unsigned int ws[4] = {w.x, w.y, w.z, w.w};
   float s = 0.f;
   if constexpr (FMT == FMT_W8) {
@@ -68,10 +93,10 @@ __device__ __forceinline__ float dot_u4(uint4 w, uint2 hi, const uint4* __restri
         const int c = c2 + cc;
         const uint4 xv = xp[(c + key) & 3];
         const unsigned int q = ws[c], q8 = q >> 8;
-        const __half2 v0 = __hsub2(u32_as_half2((q & 0x000f000fu) ^ 0x64086408u), B);
-        const __half2 v1 = __hfma2(u32_as_half2((q & 0x00f000f0u) ^ 0x64806480u), S16, B16);
-        const __half2 v2 = __hsub2(u32_as_half2((q8 & 0x000f000fu) ^ 0x64086408u), B);
-        const __half2 v3 = __hfma2(u32_as_half2((q8 & 0x00f000f0u) ^ 0x64806480u), S16, B16);
+        const __half2 v0 = __hsub2(u32_as_half2((q & dk.lo) ^ 0x64086408u), B);
+        const __half2 v1 = __hfma2(u32_as_half2((q & dk.hi) ^ 0x64806480u), S16, B16);
+        const __half2 v2 = __hsub2(u32_as_half2((q8 & dk.lo) ^ 0x64086408u), B);
+        const __half2 v3 = __hfma2(u32_as_half2((q8 & dk.hi) ^ 0x64806480u), S16, B16);
         a = cc == 0 ? __hmul2(v0, u32_as_half2(xv.x)) : __hfma2(v0, u32_as_half2(xv.x), a);
         a = __hfma2(v1, u32_as_half2(xv.y), a);
         a = __hfma2(v2, u32_as_half2(xv.z), a);
@@ -81,9 +106,9 @@ __device__ __forceinline__ float dot_u4(uint4 w, uint2 hi, const uint4* __restri
       s += f.x + f.y;
     }
   } else if constexpr (FMT == FMT_Q5) {
-    // As q4, plus the (complemented) high bit of each code OR-ed into the magic word: spread once per
-    // word so that lane j's bit sits at j and lane j+4's at j+16, then one shift + LOP3 places a pair's
-    // two bits at 4/20 (even pairs) or 8/24 (odd pairs, taken in place in the x16 domain).
+    // As q4, plus the (complemented) high bit of each code OR-ed into the magic word at 4/20 (even
+    // pairs) or 8/24 (odd pairs, taken in place in the x16 domain): one PRMT picks the word's 8 bits,
+    // one IMAD per pair spreads them (Q5_MUL*), one LOP3 merges them under the pair's mask.
     const __half2 B = __floats2half2_rn(1040.f, 1040.f);
     const __half2 S16 = __floats2half2_rn(0.0625f, 0.0625f), B16 = __floats2half2_rn(-80.f, -80.f);
     const unsigned int nh = ~hi.x;
@@ -95,12 +120,13 @@ __device__ __forceinline__ float dot_u4(uint4 w, uint2 hi, const uint4* __restri
         const int c = c2 + cc;
         const uint4 xv = xp[(c + key) & 3];
         const unsigned int q = ws[c], q8 = q >> 8;
-        const unsigned int hm = (nh >> (8 * c)) & 0xffu;
-        const unsigned int e = (hm & 0x0fu) | ((hm & 0xf0u) << 12);
-        const __half2 v0 = __hsub2(u32_as_half2((q & 0x000f000fu) | ((e << 4) & 0x00100010u) | 0x64006400u), B);
-        const __half2 v1 = __hfma2(u32_as_half2((q & 0x00f000f0u) | ((e << 7) & 0x01000100u) | 0x64006400u), S16, B16);
-        const __half2 v2 = __hsub2(u32_as_half2((q8 & 0x000f000fu) | ((e << 2) & 0x00100010u) | 0x64006400u), B);
-        const __half2 v3 = __hfma2(u32_as_half2((q8 & 0x00f000f0u) | ((e << 5) & 0x01000100u) | 0x64006400u), S16, B16);
+        const unsigned int hm = __byte_perm(nh, 0u, 0x4440u | c);  // byte c of nh, zero above
+        const unsigned int p0 = hm * dk.q5m.x, p1 = hm * dk.q5m.y, p2 = hm * dk.q5m.z, p3 = hm * dk.q5m.w;
+        // two LOP3 per pair: t = (p & bits) | magic (one immediate, magic in a register), then (q & mask) | t
+        const __half2 v0 = __hsub2(u32_as_half2((q & dk.lo) | ((p0 & 0x00100010u) | dk.magic)), B);
+        const __half2 v1 = __hfma2(u32_as_half2((q & dk.hi) | ((p1 & 0x01000100u) | dk.magic)), S16, B16);
+        const __half2 v2 = __hsub2(u32_as_half2((q8 & dk.lo) | ((p2 & 0x00100010u) | dk.magic)), B);
+        const __half2 v3 = __hfma2(u32_as_half2((q8 & dk.hi) | ((p3 & 0x01000100u) | dk.magic)), S16, B16);
         a = cc == 0 ? __hmul2(v0, u32_as_half2(xv.x)) : __hfma2(v0, u32_as_half2(xv.x), a);
         a = __hfma2(v1, u32_as_half2(xv.y), a);
         a = __hfma2(v2, u32_as_half2(xv.z), a);
@@ -145,7 +171,9 @@ __device__ __forceinline__ float dot_u4(uint4 w, uint2 hi, const uint4* __restri
 }
 
 template <int FMT, int ROWS, int M, int U>
-__global__ void __launch_bounds__(256) gemv_rs(
+// The one-row decode variant (the sweep's pick for the long-K q5 shapes) is held to 51 registers so
+// that 5 blocks fit on an SM; it fits without spilling (the others would spill, so they are left free).
+__global__ void __launch_bounds__(256, (ROWS == 1 && M == 1 && U == 2) ? 5 : 1) gemv_rs(
     const unsigned char* __restrict__ base, const unsigned char* __restrict__ high,
     const __half* __restrict__ scales, int N, int gpr, int pair_stride,
     const float* __restrict__ x, int ldx, int K, int u4_per_split,
@@ -246,6 +274,7 @@ __global__ void __launch_bounds__(256) gemv_rs(
     }
     __syncthreads();
   }
+  const DecodeK dk = decode_constants(gpr > 0 ? 1u : 0u);  // gpr >= 1 always; the compiler cannot know
   const uint4* xs4 = pre ? reinterpret_cast<const uint4*>(x) : reinterpret_cast<const uint4*>(xs);
   const int xrow = pre ? u4_per_row : nloc;  // uint4 chunks per token row of the x pairs
   const int xoff = pre ? js : 0;
@@ -294,7 +323,7 @@ __global__ void __launch_bounds__(256) gemv_rs(
           for (int m = 0; m < M; ++m) {
             const uint4* xp = xs4 + (size_t)(m * xrow + jl + xoff) * SLOTS;
 #pragma unroll
-            for (int r = 0; r < ROWS; ++r) acc[r][m] += sc[u][r] * dot_u4<FMT>(w[u][r], hb[u][r], xp, key);
+            for (int r = 0; r < ROWS; ++r) acc[r][m] += sc[u][r] * dot_u4<FMT>(w[u][r], hb[u][r], xp, key, dk);
           }
         }
       }

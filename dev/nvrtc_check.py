@@ -4,7 +4,8 @@
     pip install nvidia-cuda-runtime  # for cuda_fp16.h
     PYTHONPATH=. NVRTC_LIB=.../nvidia/cu13/lib/libnvrtc.so.13 CUDA_INCLUDE=.../nvidia/cu13/include python dev/nvrtc_check.py [-v]
 
-Catches compile errors before spending device time; with -v prints ptxas register/spill lines.
+Catches compile errors before spending device time; with -v prints ptxas register/spill lines;
+`--cubin PATH` writes the sm_90 cubin (dev/sass_mix.sh counts a kernel's instructions by opcode).
 """
 from __future__ import annotations
 
@@ -40,6 +41,15 @@ def main() -> int:
     if "-v" in sys.argv or rc != 0:
         print(text)
     print("compile", "OK" if rc == 0 else f"FAILED rc={rc}", f"({len(names)} name expressions)")
+    if rc == 0 and "--cubin" in sys.argv:
+        out = sys.argv[sys.argv.index("--cubin") + 1]
+        n = ctypes.c_size_t()
+        lib.nvrtcGetCUBINSize(prog, ctypes.byref(n))
+        buf = ctypes.create_string_buffer(n.value)
+        lib.nvrtcGetCUBIN(prog, buf)
+        with open(out, "wb") as f:
+            f.write(buf.raw)
+        print("cubin written to", out, "(cuobjdump -sass to read it)")
     return 0 if rc == 0 else 1
 
 
