@@ -353,20 +353,23 @@ __global__ void __launch_bounds__(256, (ROWS == 1 && M == 1 && U == 2) ? 5 : 1) 
   }
 }
 
-// bf16 weights [N, K] (row-major, K % 8 == 0), fp32 x [M, K]: one warp per row, fp32 math.
+// bf16 weights [N, K] (row-major, K % 8 == 0), fp32 x [M, K], fp32 math. kw warps share a row (1 or 8):
+// with few rows (the 96-row GDN a|b projection) one warp per row would leave most SMs idle and walk
+// the whole row in dependent rounds, so the 8 warps of a block split K and reduce in shared memory.
 template <int M>
 __global__ void __launch_bounds__(256) gemv_bf16(const unsigned short* __restrict__ w, int N, int K,
                                                  const float* __restrict__ x, int ldx,
-                                                 float* __restrict__ y, int ldy, int epi) {
+                                                 float* __restrict__ y, int ldy, int epi, int kw) {
   NI_PDL_ENTRY();
-  const int lane = threadIdx.x & 31;
-  const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (row >= N) return;
-  const uint4* wr = reinterpret_cast<const uint4*>(w + (size_t)row * K);
+  __shared__ float red[8][M];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int row = blockIdx.x * (8 / kw) + warp / kw, part = warp % kw;
+  const bool live = row < N;
+  const uint4* wr = reinterpret_cast<const uint4*>(w + (size_t)(live ? row : 0) * K);
   float acc[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) acc[m] = 0.f;
-  for (int j = lane; j < K / 8; j += 32) {
+  for (int j = lane + 32 * part; live && j < K / 8; j += 32 * kw) {
     const uint4 v = __ldg(wr + j);
     const float wf[8] = {bf16_lo(v.x), bf16_hi(v.x), bf16_lo(v.y), bf16_hi(v.y),
                          bf16_lo(v.z), bf16_hi(v.z), bf16_lo(v.w), bf16_hi(v.w)};
@@ -379,11 +382,27 @@ __global__ void __launch_bounds__(256) gemv_bf16(const unsigned short* __restric
     }
   }
 #pragma unroll
-  for (int m = 0; m < M; ++m) {
-    const float v = warp_sum(acc[m]);
+  for (int m = 0; m < M; ++m) acc[m] = warp_sum(acc[m]);
+  if (kw > 1) {
     if (lane == 0) {
-      if (epi == EPI_ADD) y[(size_t)m * ldy + row] += v;
-      else y[(size_t)m * ldy + row] = v;
+#pragma unroll
+      for (int m = 0; m < M; ++m) red[warp][m] = acc[m];
+    }
+    __syncthreads();
+    if (part != 0) return;
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float t = 0.f;
+      for (int p = 0; p < kw; ++p) t += red[warp + p][m];
+      acc[m] = t;
+    }
+  }
+  if (!live) return;
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    if (lane == 0) {
+      if (epi == EPI_ADD) y[(size_t)m * ldy + row] += acc[m];
+      else y[(size_t)m * ldy + row] = acc[m];
     }
   }
 }

@@ -215,9 +215,11 @@ class GemvPlan:
         self.w, self.m, self.epi = w, m, EPI[epi]
         if w.fmt == "bf16":
             self.fn = kernel(f"gemv_bf16<{m}>")
-            self.grid = ((w.n + WARPS - 1) // WARPS,)
+            kw = WARPS if -(-w.n // WARPS) < sm_count() else 1  # few rows: a block's 8 warps split K
+            self.grid = (-(-w.n * kw // WARPS),)
             self.args = (np.uint64(w.ptr(w.base)), np.int32(w.n), np.int32(w.k), np.uint64(_p(x)),
-                         np.int32(ldx), np.uint64(_p(y) + 4 * y_offset), np.int32(ldy), np.int32(self.epi))
+                         np.int32(ldx), np.uint64(_p(y) + 4 * y_offset), np.int32(ldy), np.int32(self.epi),
+                         np.int32(kw))
             self.smem = 0
             self._go = Launch(self.fn, self.grid, WARPS * 32, self.args, name=f"gemv_bf16<{m}>")
             return

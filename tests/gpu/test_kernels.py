@@ -121,12 +121,15 @@ def test_gemv_swiglu_and_bf16(cp):
     h = ref.linear(x, wq)
     check("swiglu", y.get(), ref.swiglu(h[:, : n2 // 2], h[:, n2 // 2:]), **LINEAR)
 
-    wb = (RNG.standard_normal((96, k)) / np.sqrt(k)).astype(np.float32)
-    db = upload_matrix(cp, "bf16", wb)
-    wbq = formats.bf16_bits_to_f32(formats.f32_to_bf16_bits(wb))
-    yb = cp.full((1, 96), np.nan, dtype=cp.float32)
-    GemvPlan(db, cp.asarray(x), k, yb, 96).launch()
-    check("gemv bf16", yb.get(), ref.linear(x, wbq), **LINEAR)
+    for nb in (96, 5000):  # few rows: 8 warps split each row's K; many rows: a warp per row
+        wb = (RNG.standard_normal((nb, k)) / np.sqrt(k)).astype(np.float32)
+        db = upload_matrix(cp, "bf16", wb)
+        wbq = formats.bf16_bits_to_f32(formats.f32_to_bf16_bits(wb))
+        for mb in (1, 2):
+            xb = RNG.standard_normal((mb, k)).astype(np.float32)
+            yb = cp.full((mb, nb), np.nan, dtype=cp.float32)
+            GemvPlan(db, cp.asarray(xb), k, yb, nb, m=mb).launch()
+            check(f"gemv bf16 {nb}x{k} m={mb}", yb.get(), ref.linear(xb, wbq), **LINEAR)
 
 
 @pytest.mark.parametrize("fmt", QFMTS)
