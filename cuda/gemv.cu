@@ -93,12 +93,10 @@ __device__ __forceinline__ float dot_u4(uint4 w, uint2 hi, const uint4* __restri
         const int c = c2 + cc;
         const uint4 xv = xp[(c + key) & 3];
         const unsigned int q = ws[c], q8 = q >> 8;
-        // immediates here (the compiler rematerializes a mask per pair): holding them in registers
-        // (DecodeK) was measured slower for q4, 33.5 -> 37.6 us on gate|up, unlike q5
-        const __half2 v0 = __hsub2(u32_as_half2((q & 0x000f000fu) ^ 0x64086408u), B);
-        const __half2 v1 = __hfma2(u32_as_half2((q & 0x00f000f0u) ^ 0x64806480u), S16, B16);
-        const __half2 v2 = __hsub2(u32_as_half2((q8 & 0x000f000fu) ^ 0x64086408u), B);
-        const __half2 v3 = __hfma2(u32_as_half2((q8 & 0x00f000f0u) ^ 0x64806480u), S16, B16);
+        const __half2 v0 = __hsub2(u32_as_half2((q & dk.lo) ^ 0x64086408u), B);
+        const __half2 v1 = __hfma2(u32_as_half2((q & dk.hi) ^ 0x64806480u), S16, B16);
+        const __half2 v2 = __hsub2(u32_as_half2((q8 & dk.lo) ^ 0x64086408u), B);
+        const __half2 v3 = __hfma2(u32_as_half2((q8 & dk.hi) ^ 0x64806480u), S16, B16);
         a = cc == 0 ? __hmul2(v0, u32_as_half2(xv.x)) : __hfma2(v0, u32_as_half2(xv.x), a);
         a = __hfma2(v1, u32_as_half2(xv.y), a);
         a = __hfma2(v2, u32_as_half2(xv.z), a);
