@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from engine.ops import gemv_tuning
 from engine.ops import kernels as K
 from engine.ops.kernels import DevMatrix, GemvPlan
 
@@ -85,7 +86,8 @@ class CudaQwen35:
             raise ValueError("GPU kernels need attention head_dim 256 and GDN head dims 128")
         self.H, self.V = a.hidden_size, a.vocab_size
         self.max_context = int(math.ceil(max_context / KV_PAGE) * KV_PAGE)
-        self.gemv_cfg = gemv_cfg or {}
+        # the table was measured for one token row; M > 1 (columns) keeps GemvPlan's defaults
+        self.gemv_cfg = gemv_cfg if gemv_cfg else (gemv_tuning.default_cfg() if lanes == 1 else {})
         self.Hq, self.Hkv = a.num_attention_heads, a.num_key_value_heads
         self.Hk, self.Hv = a.linear_num_key_heads, a.linear_num_value_heads
         self.inter = a.intermediate_size

@@ -27,7 +27,7 @@ class CudaQwen35Columns(CudaQwen35):
             raise NotImplementedError("the columns step does not run MoE models yet")
         self.decode = decode
         self.stream = decode.stream
-        super().__init__(decode.args, {}, max_context=decode.max_context, lanes=cols, gemv_cfg=decode.gemv_cfg,
+        super().__init__(decode.args, {}, max_context=decode.max_context, lanes=cols, gemv_cfg=None,
                          kv=decode.kv)
 
     def _build_weights(self, w):

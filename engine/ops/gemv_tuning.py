@@ -1,0 +1,26 @@
+"""Measured GEMV launch choices for the shapes of the published geometries (rows per warp, 16-byte
+loads in flight per lane, split-K slices), keyed by (format, N, K).
+
+From `python bench/gpu_decode.py --sweep` on the H200 (bench/results/gemv_sweep_h200_20261129c.json,
+the kernels of this commit). Shapes not listed take GemvPlan's defaults (2 rows, unroll 2) and the
+executor's split-K rule. `gemv_cfg=` on the executor overrides the table (the sweep passes its own).
+"""
+from __future__ import annotations
+
+# qwen3.6/3.8-27b (dense, hidden 5120): attention q|k and gate|v, GDN q|k and v|z, out-projections,
+# MLP gate|up (SwiGLU) and down, W8 head
+H200 = {
+    ("q4_g64_fp16", 7168, 5120): dict(rows=2, unroll=2, splits=1),
+    ("q5_g64_fp16", 7168, 5120): dict(rows=1, unroll=2, splits=1),
+    ("q4_g64_fp16", 4096, 5120): dict(rows=2, unroll=2, splits=1),
+    ("q5_g64_fp16", 12288, 5120): dict(rows=1, unroll=2, splits=1),
+    ("q5_g64_fp16", 5120, 6144): dict(rows=1, unroll=2, splits=1),
+    ("q4_g64_fp16", 34816, 5120): dict(rows=2, unroll=4, splits=1),
+    ("q5_g64_fp16", 5120, 17408): dict(rows=1, unroll=2, splits=1),
+    ("q8_g32_fp16", 248320, 5120): dict(rows=2, unroll=4, splits=1),
+}
+
+
+def default_cfg() -> dict:
+    """The table the executor starts from (a copy: callers may add to it)."""
+    return {k: dict(v) for k, v in H200.items()}

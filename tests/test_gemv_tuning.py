@@ -1,0 +1,16 @@
+"""The GEMV tuning table: well-formed, and every entry is a variant the kernel module compiles."""
+from engine.ops import gemv_tuning, kernels
+
+
+def test_table_entries_are_compiled_variants():
+    for (fmt, n, k), cfg in gemv_tuning.H200.items():
+        assert fmt in kernels.FMT_IDS and n > 0 and k > 0
+        assert cfg["rows"] in kernels.GEMV_ROWS and cfg["unroll"] in kernels.GEMV_UNROLL and cfg["splits"] >= 1
+        name = f"gemv_rs<{kernels.FMT_IDS[fmt]},{cfg['rows']},1,{cfg['unroll']}>"
+        assert name in kernels._names()
+
+
+def test_default_cfg_is_a_copy():
+    a = gemv_tuning.default_cfg()
+    a[("q4_g64_fp16", 7168, 5120)]["rows"] = 4
+    assert gemv_tuning.H200[("q4_g64_fp16", 7168, 5120)]["rows"] == 2
