@@ -70,11 +70,13 @@ def build_model(config: Mapping[str, Any], weights: Mapping[str, Any], xp=np, *,
 
 
 def load(path_or_artifact, device: str = "auto", *, max_context: int | None = None, gdn_mode: str = "chunked",
-         prefill_chunk: int = 256, kv: str = "bf16") -> "Engine":
+         prefill_chunk: int = 256, kv: str = "bf16", progress=None) -> "Engine":
     """Load a model: a `.ninfer` path, an opened Artifact, or `{"config": hf_config, "weights": {name: array}}`.
 
     device "auto" | "cpu" | "gpu" ("gpu" runs these reference models on CuPy arrays).
     max_context caps positions (default: the model's max_position_embeddings).
+    progress(done_bytes, total_bytes) follows the copy of the weights to the GPU (the CPU path maps the
+    file and copies nothing up front).
     """
     try:
         dev = resolve_device(device)
@@ -113,7 +115,7 @@ def load(path_or_artifact, device: str = "auto", *, max_context: int | None = No
         from engine.gpu_engine import try_build  # noqa: PLC0415
 
         fast = try_build(config, artifact if artifact is not None else weights, max_context=max_context,
-                         tokenizer=tokenizer, kv=kv)
+                         tokenizer=tokenizer, kv=kv, progress=progress)
         if fast is not None:
             fast.artifact = artifact
             return fast

@@ -128,9 +128,11 @@ def cuda_supported(args) -> bool:
             and args.linear_key_head_dim == 128 and args.linear_value_head_dim == 128)
 
 
-def try_build(config: dict, source, *, max_context: int | None = None, tokenizer=None, kv: str = "bf16"):
+def try_build(config: dict, source, *, max_context: int | None = None, tokenizer=None, kv: str = "bf16",
+              progress=None):
     """A CudaEngine for `source` (an Artifact, or a dict of float weights) when the model is supported,
-    else None (the caller then runs the reference model on CuPy arrays)."""
+    else None (the caller then runs the reference model on CuPy arrays). `progress(done, total)` follows
+    the upload of an artifact's packed objects, in bytes."""
     from engine import gpu_weights  # noqa: PLC0415
     from engine.config import ModelArgs  # noqa: PLC0415
 
@@ -138,7 +140,7 @@ def try_build(config: dict, source, *, max_context: int | None = None, tokenizer
     if not cuda_supported(args):
         return None
     if hasattr(source, "bindings"):
-        weights = gpu_weights.from_artifact(source)
+        weights = gpu_weights.from_artifact(source, progress=progress)
     else:
         weights = gpu_weights.from_logical(args, source)
     ctx = int(max_context or min(args.max_position_embeddings or 32768, 32768))

@@ -99,10 +99,29 @@ def from_logical(args, weights: dict, recipe: str = "groupwise-int") -> dict:
     return out
 
 
-def from_artifact(artifact) -> dict:
-    """Device weights from a v3 artifact: every physical object uploaded once, parameters as row views."""
-    import cupy as cp  # noqa: PLC0415
+def upload_bytes(artifact) -> int:
+    """Bytes of the packed text objects a GPU load copies (each object once; the vectors are negligible)."""
+    seen, total = set(), 0
+    for name in artifact.bindings:
+        if not name.startswith("text/") or is_vector(name):
+            continue
+        for s in artifact.packed(name):
+            if s.object_id not in seen:
+                seen.add(s.object_id)
+                total += int(np.asarray(artifact.object_bytes(s.object_id)).nbytes)
+    return total
 
+
+def from_artifact(artifact, progress=None, xp=None) -> dict:
+    """Device weights from a v3 artifact: every physical object uploaded once, parameters as row views.
+
+    `progress(done_bytes, total_bytes)` is called after each object (the packed planes are copied as
+    stored: the file's bytes are the device's bytes). `xp` is CuPy unless given (tests pass NumPy)."""
+    if xp is None:
+        import cupy as xp  # noqa: PLC0415
+    cp = xp
+    total = upload_bytes(artifact) if progress is not None else 0
+    done = 0
     objects = {}
     out = {}
     for name in artifact.bindings:
@@ -115,7 +134,11 @@ def from_artifact(artifact) -> dict:
         mats = []
         for s in slices:
             if s.object_id not in objects:
-                objects[s.object_id] = cp.asarray(np.asarray(artifact.object_bytes(s.object_id)))
+                host = np.asarray(artifact.object_bytes(s.object_id))
+                objects[s.object_id] = cp.asarray(host)
+                if progress is not None:
+                    done += int(host.nbytes)
+                    progress(min(done, total), total)
             mats.append(DevMatrix.from_object(s.fmt, s.shape, objects[s.object_id], s.row0, s.row1))
         if len(mats) == 1:
             out[name] = mats[0]

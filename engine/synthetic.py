@@ -62,3 +62,28 @@ def build_engine(geometry: str, recipe: str | None = None, device: str = "gpu", 
     eng = build(args, weights, config, max_context=max_context, gemv_cfg=gemv_cfg, kv=kv)
     eng.synthetic_depth = True  # bench -d seeks instead of prefilling (`CudaEngine.seek_synthetic`)
     return eng
+
+
+def artifact_tensors(config: dict = TINY_CUDA, recipe: str = "groupwise-int", seed: int = 4) -> list:
+    """(name, fmt, layout, shape, data) for `engine.artifact.writer.write_artifact`: random text weights
+    of `config`, quantized by `recipe` the way `ninfer convert` stores them (tests write small v3 files)."""
+    import numpy as np  # noqa: PLC0415
+
+    from engine import gpu_weights  # noqa: PLC0415
+    from engine.artifact import formats  # noqa: PLC0415
+    from engine.models.qwen3_5 import random_weights  # noqa: PLC0415
+
+    table = gpu_weights.RECIPES[recipe]
+    tensors = []
+    for name, v in random_weights(ModelArgs.from_config(config), seed=seed).items():
+        if not name.startswith("text/"):
+            continue
+        v = np.asarray(v, np.float32)
+        if gpu_weights.is_vector(name) or v.ndim != 2:
+            tensors.append((name, "fp32", "contiguous_le_v1", v.shape, v))
+        else:
+            fmt = table.get(gpu_weights.role(name), "q8_g32_fp16")
+            layout = "contiguous_le_v1" if fmt == "bf16" else "row_split_k128_v1"
+            data = formats.f32_to_bf16_bits(v).view(np.uint8).ravel() if fmt == "bf16" else v
+            tensors.append((name, fmt, layout, v.shape, data))
+    return tensors

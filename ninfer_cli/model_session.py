@@ -67,6 +67,44 @@ def resolve_model(ref: str | None, *, quiet: bool = False) -> tuple[Path, str]:
     return found.artifact_path, found.ref
 
 
+class UploadProgress:
+    """`progress(done, total)` for `engine.load`: a bar on stderr while the weights go to the GPU, then one
+    line with the size, time and rate. Nothing is drawn unless the GPU path calls it (CPU loads map)."""
+
+    def __init__(self, name: str, stream=None):
+        self.name, self.stream = name, stream or sys.stderr
+        self._bar = self._task = None
+        self._t0 = None
+
+    def __call__(self, done: int, total: int) -> None:
+        import time
+
+        if self._bar is None:
+            from rich.console import Console
+            from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+            self._t0 = time.perf_counter()
+            self._bar = Progress(TextColumn(f"[bold]loading {self.name} to the GPU"), BarColumn(), DownloadColumn(),
+                                 TransferSpeedColumn(), console=Console(file=self.stream), transient=True)
+            self._bar.start()
+            self._task = self._bar.add_task("upload", total=total)
+        self._bar.update(self._task, completed=done)
+        if done >= total:
+            self.close()
+
+    def close(self) -> None:
+        import time
+
+        if self._bar is None:
+            return
+        task = self._bar.tasks[0]
+        self._bar.stop()
+        secs = max(time.perf_counter() - self._t0, 1e-9)
+        self.stream.write(f"loaded {task.completed / 1e9:.2f} GB of weights to the GPU in {secs:.1f} s "
+                          f"({task.completed / 1e9 / secs:.2f} GB/s)\n")
+        self._bar = None
+
+
 def open_session(ref: str | None, *, device: str = "auto", ctx: int | None = None, system: str | None = None,
                  think: bool | None = None, effort: str | None = None, thinking_budget: int | None = None,
                  preserve_thinking: bool | None = None, quiet: bool = False, profile: str | None = None,
@@ -84,8 +122,14 @@ def open_session(ref: str | None, *, device: str = "auto", ctx: int | None = Non
     from ninfer_cli.profiles import load_fitted
 
     say = None if quiet else (lambda text: sys.stderr.write(text + "\n"))
-    model = load_fitted(path, name, lambda n, **kv: eng.load(path, device=device, max_context=n, **kv), device=device,
-                        profile=profile, ctx=ctx, kv=kv, vram_limit=vram_limit, say=say)
+    upload = None if quiet else UploadProgress(name)
+    try:
+        model = load_fitted(path, name, lambda n, **kv: eng.load(path, device=device, max_context=n, progress=upload,
+                                                                  **kv),
+                            device=device, profile=profile, ctx=ctx, kv=kv, vram_limit=vram_limit, say=say)
+    finally:
+        if upload is not None:
+            upload.close()
     if model.device == "cpu":
         tune_blas_threads()
     if model.tokenizer is None:

@@ -106,27 +106,12 @@ def test_moe_route_kernel():
 def test_load_artifact_on_gpu(tmp_path):
     """engine.load(path, device='gpu') on a v3 file takes the CUDA path with the packed planes as stored,
     and agrees with device='cpu' on the same file (which decodes the same codes)."""
-    from engine import api, gpu_weights
-    from engine.artifact import formats
+    from engine import api
     from engine.artifact.writer import write_artifact
-    from engine.config import ModelArgs
     from engine.gpu_engine import CudaEngine
-    from engine.models.qwen3_5 import random_weights
+    from engine.synthetic import artifact_tensors
 
-    args = ModelArgs.from_config(CFG)
-    table = gpu_weights.RECIPES["groupwise-int"]
-    tensors = []
-    for name, v in random_weights(args, seed=4).items():
-        if not name.startswith("text/"):
-            continue
-        v = np.asarray(v, np.float32)
-        if gpu_weights.is_vector(name) or v.ndim != 2:
-            tensors.append((name, "fp32", "contiguous_le_v1", v.shape, v))
-        else:
-            fmt = table.get(gpu_weights.role(name), "q8_g32_fp16")
-            layout = "contiguous_le_v1" if fmt == "bf16" else "row_split_k128_v1"
-            data = formats.f32_to_bf16_bits(v).view(np.uint8).ravel() if fmt == "bf16" else v
-            tensors.append((name, fmt, layout, v.shape, data))
+    tensors = artifact_tensors(CFG, "groupwise-int", seed=4)
     path = write_artifact(tmp_path / "tiny.ninfer", {"text": {"config": CFG}}, tensors)
     gpu = api.load(path, device="gpu", max_context=256)
     cpu = api.load(path, device="cpu", max_context=256, gdn_mode="recurrent")
