@@ -49,7 +49,7 @@ extern "C" __global__ void argmax_step(const float* __restrict__ logits, int ldl
 // Columns step bookkeeping: the positions of the T tokens of lane 0, and the advance after the step.
 extern "C" __global__ void cols_positions(const int* __restrict__ pos, int* __restrict__ posc, int T) {
   NI_PDL_ENTRY();
-  if (threadIdx.x < T) posc[threadIdx.x] = pos[0] + threadIdx.x;
+  for (int t = threadIdx.x; t < T; t += blockDim.x) posc[t] = pos[0] + t;
 }
 
 extern "C" __global__ void advance_pos(int* __restrict__ pos, int n) {

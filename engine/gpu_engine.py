@@ -14,6 +14,9 @@ from engine.models.qwen3_5_cuda import CudaQwen35
 # goes token by token). Bit-identical to token-by-token on the device; 27B pp512 291 tok/s vs 104.5 on
 # the H200. NINFER_PREFILL_COLS=1 turns it off.
 PREFILL_COLS = int(os.environ.get("NINFER_PREFILL_COLS", "8"))
+# Prompt tokens per tensor-core prefill chunk (`qwen3_5_cuda_prefill`); 0 = off. Written without device
+# time to check it, so off until tests/gpu/test_prefill.py has passed on a GPU: NINFER_PREFILL_GEMM=256.
+PREFILL_GEMM = int(os.environ.get("NINFER_PREFILL_GEMM", "0"))
 
 
 class _CudaCache:
@@ -40,7 +43,7 @@ class CudaModel:
     xp = np
 
     def __init__(self, args, weights: dict, *, max_context: int = 4096, gemv_cfg: dict | None = None,
-                 kv: str = "bf16", prefill_cols: int = PREFILL_COLS):
+                 kv: str = "bf16", prefill_cols: int = PREFILL_COLS, prefill_gemm: int = PREFILL_GEMM):
         self.args = args
         self.executor = CudaQwen35(args, weights, max_context=max_context, gemv_cfg=gemv_cfg, kv=kv)
         self.weight_bytes = self.executor.weight_bytes()
@@ -53,6 +56,11 @@ class CudaModel:
 
             self.cols = CudaQwen35Columns(self.executor, prefill_cols)
             self.cols.capture()
+        self.gemm = None
+        if prefill_gemm > prefill_cols and not args.is_moe:
+            from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill  # noqa: PLC0415
+
+            self.gemm = CudaQwen35Prefill(self.executor, prefill_gemm)
 
     def make_cache(self, *_):
         self.executor.reset()
@@ -63,6 +71,13 @@ class CudaModel:
         ex = self.executor
         ids = [int(t) for t in np.asarray(tokens).ravel()]
         rows, i, last = [], 0, None
+        if self.gemm is not None and last_only:
+            T = self.gemm.M
+            while len(ids) - i >= T:
+                self.gemm.run_chunk(ids[i:i + T], cache.position)
+                i += T
+                cache.position += T
+                last = self.gemm.logits
         if self.cols is not None and last_only:
             T = self.cols.M
             while len(ids) - i >= T:
@@ -85,6 +100,11 @@ class CudaModel:
 
 class CudaEngine(Engine):
     """Engine on the CUDA decode step; `decode_greedy` replays the graph with no host sync per token."""
+
+    def _chunk_len(self, position: int) -> int:
+        # the CUDA executors keep no per-chunk score matrix of the whole context (the GEMM prefill
+        # bounds its own query blocks), so prompt pieces need not shrink deep in the context
+        return self.prefill_chunk
 
     def decode_greedy(self, first_token: int, n: int) -> list[int]:
         self._check_room(n)
@@ -116,10 +136,13 @@ class CudaEngine(Engine):
 
 
 def build_engine(args, device_weights: dict, config: dict, *, max_context: int = 4096, tokenizer=None,
-                 gemv_cfg: dict | None = None, kv: str = "bf16", prefill_cols: int = PREFILL_COLS) -> CudaEngine:
+                 gemv_cfg: dict | None = None, kv: str = "bf16", prefill_cols: int = PREFILL_COLS,
+                 prefill_gemm: int = PREFILL_GEMM) -> CudaEngine:
     model = CudaModel(args, device_weights, max_context=max_context, gemv_cfg=gemv_cfg, kv=kv,
-                      prefill_cols=prefill_cols)
-    return CudaEngine(model, config, device="gpu", tokenizer=tokenizer, max_context=max_context)
+                      prefill_cols=prefill_cols, prefill_gemm=prefill_gemm)
+    # the engine hands the model prompt pieces of prefill_chunk tokens: at least one GEMM chunk
+    return CudaEngine(model, config, device="gpu", tokenizer=tokenizer, max_context=max_context,
+                      prefill_chunk=max(256, prefill_gemm))
 
 
 def cuda_supported(args) -> bool:

@@ -202,7 +202,7 @@ class CudaQwen35:
         self.att = cp.zeros((M, att_w), dtype=f32)
         self.att2 = cp.zeros((M, att_w), dtype=f32)
         self.qbuf = cp.zeros((M, self.Hq * ATTN_HEAD_DIM), dtype=f32)
-        self.logits = cp.zeros((M, self.V), dtype=f32)
+        self.logits = cp.zeros((self._logit_rows(), self.V), dtype=f32)
         # x pre-staged as fp16 pairs for the q4/q5/q6 GEMVs (written once by the producer kernel)
         kp = lambda k: -(-k // 128) * 128  # noqa: E731
         self.kpad_h, self.kpad_att, self.kpad_act = kp(H), kp(att_w), kp(self.inter)
@@ -215,9 +215,16 @@ class CudaQwen35:
         self.gdn_g = cp.zeros((M, self.Hv), dtype=f32)
         self.gdn_beta = cp.zeros((M, self.Hv), dtype=f32)
         self._alloc_state()
-        n_sm = K.sm_count()
+        self._alloc_attention()
+
+    def _logit_rows(self) -> int:
+        return self.M
+
+    def _alloc_attention(self):
+        """Split-K attention partials (per token row, query head and split)."""
+        cp, M, f32 = self.cp, self.M, self.cp.float32
         pages_per_lane = self.max_context // KV_PAGE
-        self.nsplit = max(1, min(pages_per_lane, (2 * n_sm) // max(self.Hkv, 1)))
+        self.nsplit = max(1, min(pages_per_lane, (2 * K.sm_count()) // max(self.Hkv, 1)))
         self.chunk = -(-self.max_context // self.nsplit)
         self.attn_ml = cp.zeros((M, self.Hq, self.nsplit, 2), dtype=f32)
         self.attn_acc = cp.zeros((M, self.Hq, self.nsplit, ATTN_HEAD_DIM), dtype=f32)
@@ -339,16 +346,7 @@ class CudaQwen35:
                                        L["qn"], L["kn"], self.qpos, self.page_table, self.pt_stride,
                                        L["kc"], L["vc"], self.qbuf, self.Hq, self.Hkv, rot, log2_theta, eps,
                                        _ptr(L["ks"]), _ptr(L["vs"]))))
-                g = self.Hq // self.Hkv
-                kv8 = "true" if self.kv == "int8" else "false"
-                ops.append(K.prepared(f"attn_decode_split<{g},{kv8}>", (self.Hkv, self.nsplit, M),
-                                      (self.qbuf, L["kc"], L["vc"], self.qpos, self.page_table,
-                                       self.pt_stride, self.Hkv, self.chunk,
-                                       float(1.0 / math.sqrt(ATTN_HEAD_DIM)), self.attn_ml, self.attn_acc,
-                                       self.nsplit, _ptr(L["ks"]), _ptr(L["vs"]))))
-                ops.append(K.prepared("attn_combine", (self.Hq, M),
-                                      (self.attn_ml, self.attn_acc, self.nsplit, self.buf_b, ldb, self.att,
-                                       self.att.shape[1], self.Hq)))
+                ops.extend(self._attn_core_ops(L, ldb))
                 del kw
             else:
                 Hk, Hv = self.Hk, self.Hv
@@ -382,6 +380,21 @@ class CudaQwen35:
 
     def _pre_ops(self):
         return []
+
+    def _attn_core_ops(self, L, ldb):
+        """Attention of each token row over its sequence's cache (q in qbuf, K/V already written), times
+        the sigmoid gate (the first Hq*256 columns of buf_b), into att: split-K decode attention."""
+        M = self.M
+        g = self.Hq // self.Hkv
+        kv8 = "true" if self.kv == "int8" else "false"
+        return [K.prepared(f"attn_decode_split<{g},{kv8}>", (self.Hkv, self.nsplit, M),
+                           (self.qbuf, L["kc"], L["vc"], self.qpos, self.page_table,
+                            self.pt_stride, self.Hkv, self.chunk,
+                            float(1.0 / math.sqrt(ATTN_HEAD_DIM)), self.attn_ml, self.attn_acc,
+                            self.nsplit, _ptr(L["ks"]), _ptr(L["vs"]))),
+                K.prepared("attn_combine", (self.Hq, M),
+                           (self.attn_ml, self.attn_acc, self.nsplit, self.buf_b, ldb, self.att,
+                            self.att.shape[1], self.Hq))]
 
     def _gdn_core_ops(self, L, lda, ldb):
         """Conv + SiLU + norms + gates, then the delta rule: one token per lane row."""
