@@ -331,5 +331,9 @@ class _Resuming:
         return self.engine.decode_step(tok)
 
     @property
+    def decode_step_sparse(self):
+        return getattr(self.engine, "decode_step_sparse", None)
+
+    @property
     def position(self):
         return self.engine.position

@@ -65,6 +65,7 @@ def generate_step(
     if max_tokens == 0 or (cancel is not None and cancel.is_set()):
         return
     logits = engine.prefill(list(prompt_ids))
+    sparse = getattr(engine, "decode_step_sparse", None)  # GPU engines: only the ids that can matter
     n = 0
     while True:
         tok = sampler(logits, engine.position)
@@ -73,7 +74,7 @@ def generate_step(
         n += 1
         if n == max_tokens or (cancel is not None and cancel.is_set()):
             return
-        logits = engine.decode_step(tok)
+        logits = sparse(tok, sampler.margin()) if sparse is not None else engine.decode_step(tok)
 
 
 class _StopStrings:

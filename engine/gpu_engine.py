@@ -14,6 +14,10 @@ from engine.models.qwen3_5_cuda import CudaQwen35
 # goes token by token). Bit-identical to token-by-token on the device; 27B pp512 291 tok/s vs 104.5 on
 # the H200. NINFER_PREFILL_COLS=1 turns it off.
 PREFILL_COLS = int(os.environ.get("NINFER_PREFILL_COLS", "8"))
+# Streamed sampling reads back only the ids within the sampler's margin of the top logit (a few
+# hundred values instead of the 248,320-entry row). Written without device time to check it: on with
+# NINFER_SPARSE_LOGITS=1 until tests/gpu/test_gpu_engine.py::test_sparse_logits_step has passed on a GPU.
+SPARSE_LOGITS = os.environ.get("NINFER_SPARSE_LOGITS", "0") == "1"
 # Prompt tokens per tensor-core prefill chunk (`qwen3_5_cuda_prefill`); 0 = off. Written without device
 # time to check it, so off until tests/gpu/test_prefill.py has passed on a GPU: NINFER_PREFILL_GEMM=256.
 PREFILL_GEMM = int(os.environ.get("NINFER_PREFILL_GEMM", "0"))
@@ -112,6 +116,32 @@ class CudaEngine(Engine):
         self.cache.position += n
         self._tokens.extend([int(first_token)] + out[:-1])
         self._last = None
+        return out
+
+    @property
+    def decode_step_sparse(self):
+        """`fn(token, margin) -> SparseLogits` when streamed sampling reads back only the ids that can
+        matter (`SPARSE_LOGITS`), else None (the generate loop then takes the whole row)."""
+        return self._decode_step_sparse if SPARSE_LOGITS else None
+
+    def _decode_step_sparse(self, token_id: int, margin: float):
+        from engine.backend import cupy_or_none  # noqa: PLC0415
+        from engine.sampling import SparseLogits  # noqa: PLC0415
+
+        cp = cupy_or_none()
+        self._check_room(1)
+        ex = self.model.executor
+        ex.set_token(int(token_id))
+        ex.graph.launch(ex.stream)
+        self.cache.position += 1
+        self._tokens.append(int(token_id))
+        self._last = None
+        with ex.stream:
+            row = ex.logits[0, : self.domain]
+            top = row.max()
+            ids = cp.flatnonzero(row >= top - cp.float32(margin))
+            vals = row[ids]
+            out = SparseLogits(ids.get(), vals.get(), self.domain)
         return out
 
     def seek_synthetic(self, n: int) -> None:

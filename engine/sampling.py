@@ -29,8 +29,27 @@ def counter_uniform(seed: int, position: int, purpose: int = PURPOSE_DECODE) -> 
     return (z >> 11) * (1.0 / (1 << 53))
 
 
+class SparseLogits:
+    """The logits of a few ids (ascending), every other id taken as -inf: what a GPU engine sends back
+    instead of the whole row when it kept only the ids within `Sampler.margin()` of the maximum (the
+    rest would have probability below e^-30 of the top token's, or no chance at all under greedy)."""
+
+    __slots__ = ("ids", "values", "size")
+
+    def __init__(self, ids, values, size: int):
+        self.ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        self.values = np.asarray(values, dtype=np.float64).reshape(-1)
+        self.size = int(size)
+        if self.ids.size == 0 or self.ids.size != self.values.size:
+            raise ValueError("SparseLogits needs at least one id and one value per id")
+
+
 def greedy(logits, domain: int | None = None) -> int:
     """argmax over ids < domain; the lowest id wins ties."""
+    if isinstance(logits, SparseLogits):
+        keep = logits.ids < domain if domain else slice(None)
+        ids, vals = logits.ids[keep], logits.values[keep]
+        return int(ids[np.argmax(vals)])  # ids ascend, so the first maximum is the lowest id
     x = np.asarray(logits).reshape(-1)
     return int(np.argmax(x[:domain] if domain else x))
 
@@ -63,9 +82,20 @@ def candidates(
     min_p drops weights below min_p * max -> top_p keeps the shortest prefix whose normalized mass
     reaches top_p -> renormalize. top_k <= 0 keeps all; temperature must be > 0.
     """
-    x = apply_penalties(logits, counts or {}, presence_penalty, frequency_penalty)
-    if domain:
-        x = x[:domain]
+    if isinstance(logits, SparseLogits):  # the same steps over the ids the engine kept
+        ids = logits.ids
+        x = logits.values.copy()
+        if counts and (presence_penalty or frequency_penalty):
+            c = np.fromiter((counts.get(int(i), 0) for i in ids), dtype=np.float64, count=ids.size)
+            x -= presence_penalty * (c > 0) + frequency_penalty * c
+        if domain:
+            keep = ids < domain
+            ids, x = ids[keep], x[keep]
+    else:
+        x = apply_penalties(logits, counts or {}, presence_penalty, frequency_penalty)
+        if domain:
+            x = x[:domain]
+        ids = None
     n = x.size
     if 0 < top_k < n:
         kth = np.partition(-x, top_k - 1)[top_k - 1]
@@ -82,7 +112,8 @@ def candidates(
         keep = min(keep, int(np.searchsorted(cum, top_p, side="left")) + 1)
     keep = max(keep, 1)
     w = w[:keep]
-    return pool[:keep], w / w.sum()
+    chosen = pool[:keep] if ids is None else ids[pool[:keep]]
+    return chosen, w / w.sum()
 
 
 class Sampler:
@@ -132,6 +163,15 @@ class Sampler:
             logits, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
             counts=self.counts, presence_penalty=self.presence, frequency_penalty=self.frequency, domain=self.domain,
         )
+
+    def margin(self) -> float:
+        """How far below the top logit an id can be and still matter to this sampler: 0 for greedy, else
+        30 temperatures (a weight under e^-30 of the top's) plus the largest penalty an id can take (a
+        penalized top can fall by that much). A GPU engine sends back only the ids within it."""
+        if self.is_greedy:
+            return 0.0
+        most = max(self.counts.values(), default=0)
+        return 30.0 * self.temperature + self.presence * (most > 0) + self.frequency * most
 
     def accept(self, token: int) -> None:
         """Count a generated token (presence/frequency penalties read these counts)."""

@@ -181,3 +181,24 @@ def test_pdl_launches_give_the_same_logits_as_plain_launches():
         assert np.array_equal(out[True][1], out[False][1])
     finally:
         K.PDL = saved
+
+
+def test_sparse_logits_step():
+    """decode_step_sparse keeps exactly the ids within the margin of the top logit, with their values,
+    and leaves the engine where decode_step would (the next full step agrees)."""
+    from engine import gpu_weights
+    from engine.config import ModelArgs
+    from engine.gpu_engine import build_engine
+
+    args = ModelArgs.from_config(CFG)
+    w = gpu_weights.from_logical(args, quantized_weights(args))
+    a = build_engine(args, w, CFG, max_context=256, prefill_cols=1)
+    b = build_engine(args, w, CFG, max_context=256, prefill_cols=1)
+    a.prefill([3, 1, 4]), b.prefill([3, 1, 4])
+    for tok, margin in ((5, 0.0), (9, 2.5), (26, 40.0)):
+        full = b.decode_step(tok)[: a.domain]
+        sp = a._decode_step_sparse(tok, margin)
+        want = np.flatnonzero(full >= full.max() - np.float32(margin))
+        assert np.array_equal(sp.ids, want) and np.allclose(sp.values, full[want])
+        assert a.position == b.position
+    assert np.array_equal(a.decode_step(7), b.decode_step(7))
