@@ -88,6 +88,34 @@ def workspace_bytes(args, rows: int, prefill_chunk: int = 0) -> int:
     return rows * per_row + prefill_chunk * prefill_row
 
 
+def prefill_executor_bytes(args, cols: int = 0, gemm: int = 0, score_bytes: int = GIB) -> int:
+    """The CUDA engine's prefill executors beside the decode step: the columns step (`cols` token rows of
+    the same buffers) and the tensor-core chunk (`gemm` rows, one logits row, plus its fp16 copy of the
+    largest layer matrix, the fp16 activations, the gate|up product and up to three query blocks of
+    attention scores). Neither exists for MoE models."""
+    if args.is_moe:
+        return 0
+    total = workspace_bytes(args, cols) if cols > 1 else 0
+    if gemm > cols:
+        h, inter = args.hidden_size, args.intermediate_size
+        q = args.num_attention_heads * args.head_dim
+        kvw = args.num_key_value_heads * args.head_dim
+        vd = args.linear_value_dim
+        widest = max(q + kvw, 2 * args.linear_num_key_heads * args.linear_key_head_dim, 2 * vd)
+        logits_row = 4 * args.vocab_size
+        total += workspace_bytes(args, gemm) - (gemm - 1) * logits_row
+        total += 2 * max(2 * inter, widest) * max(h, inter, q, vd)  # fp16 weights of the largest matrix
+        total += 2 * gemm * max(h, inter, q, vd) + 4 * gemm * 2 * inter + 3 * score_bytes
+    return total
+
+
+def engine_prefill_executors() -> dict:
+    """`plan_memory` keywords for the prefill executors the CUDA engine builds by default (env-driven)."""
+    from engine.gpu_engine import PREFILL_COLS, PREFILL_GEMM  # noqa: PLC0415
+
+    return {"prefill_cols": PREFILL_COLS, "prefill_gemm": PREFILL_GEMM}
+
+
 # ---------------------------------------------------------------------------------- weights
 def _component(name: str) -> str:
     """Component an object belongs to; the proposal (draft) head is bound under text/ but loads apart."""
@@ -249,14 +277,15 @@ class MemoryPlan:
 def plan_memory(args, weights: dict[str, int], *, model: str = "", source: str = "", kv: str = "bf16",
                 lanes: int = 1, components=("text",), optional=(), spec: str | None = None, draft_tokens: int = 0,
                 prefill_chunk: int = 0, state_slots_per_lane: int = 1, headroom: int = DEFAULT_HEADROOM,
-                graph_pool: int = GRAPH_POOL) -> MemoryPlan:
+                graph_pool: int = GRAPH_POOL, prefill_cols: int = 0, prefill_gemm: int = 0) -> MemoryPlan:
     """The plan of a Qwen3.5 hybrid launch.
 
     `weights` maps component ("text", "draft_head", "mtp", "dflash2", "dflash", "vision") to device
     bytes; `components` are counted (one the model lacks is an error), `optional` ones when present.
     `spec` "mtp" adds the MTP KV pool (one attention layer, `lanes * ceil((K-1)/64)` extra pages) and,
     like any spec mode, the ReplaySSM arena for K + 1 columns; "dflash"/"dflash2" add the draft's own
-    fixed state.
+    fixed state. `prefill_cols` / `prefill_gemm` add the CUDA engine's prefill executors
+    (`prefill_executor_bytes`; `engine.gpu_engine.PREFILL_COLS` / `PREFILL_GEMM` are what it builds).
     """
     kv_head_bytes(args.head_dim or 256, kv)  # validates kv
     if lanes < 1:
@@ -280,6 +309,11 @@ def plan_memory(args, weights: dict[str, int], *, model: str = "", source: str =
     rows = lanes * (draft_tokens + 1 if spec else 1)
     fixed.append(PlanItem("activations/workspace", workspace_bytes(args, rows, prefill_chunk),
                           f"{rows} decode row(s), prefill chunk {prefill_chunk}"))
+    pre = prefill_executor_bytes(args, prefill_cols, prefill_gemm)
+    if pre:
+        fixed.append(PlanItem("prefill executors", pre,
+                              f"columns step of {prefill_cols} rows" + (f", tensor-core chunk of {prefill_gemm}"
+                                                                        if prefill_gemm > prefill_cols else "")))
     pools = [KVPool("text", kv_bytes_per_token(args, kv))]
     if spec:
         columns = draft_tokens + 1

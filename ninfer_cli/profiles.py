@@ -209,7 +209,8 @@ def resolve_launch(ref: str | None, args, weights: dict | None, *, profile: str 
     comps, optional = components_for(values)
     plan = mp.plan_memory(args, weights, model=ref or "", source=weights_source, kv=values["kv"],
                           lanes=values["lanes"], components=comps, optional=optional, spec=values["spec"],
-                          draft_tokens=values["draft_tokens"], prefill_chunk=values["prefill_chunk"])
+                          draft_tokens=values["draft_tokens"], prefill_chunk=values["prefill_chunk"],
+                          **mp.engine_prefill_executors())
     launch.plan, launch.budget = plan, mp.budget(vram_limit, memory)
     b = launch.budget
     if b is None:

@@ -143,7 +143,8 @@ def memory_report(ref: str, *, ctx: int | None = None, kv: str | None = None, pr
     short = "artifact header" if source.startswith("object sizes") else "recipe estimate"
     plan = mp.plan_memory(args, weights, model=label, source=short, kv=values["kv"], lanes=values["lanes"],
                           components=comps, optional=optional, spec=values["spec"] if "mtp" in comps else None,
-                          draft_tokens=values["draft_tokens"], prefill_chunk=values["prefill_chunk"])
+                          draft_tokens=values["draft_tokens"], prefill_chunk=values["prefill_chunk"],
+                          **mp.engine_prefill_executors())
     b = mp.budget(vram_limit, memory)
     context, how = values["ctx"], sources["ctx"]
     fits = None

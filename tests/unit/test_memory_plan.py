@@ -246,3 +246,24 @@ def test_build_with_ladder_other_errors_propagate_and_exhaustion_is_a_user_error
 
     with pytest.raises(NinferError, match="refused every context down to 4,096"):
         mp.build_with_ladder(never, [8192, 4096])
+
+
+def test_prefill_executors_are_planned():
+    """The columns step's rows and the tensor-core chunk's scratch are in the plan; MoE has neither."""
+    from engine import memory_plan as mp
+    from engine.config import ModelArgs
+    from engine.synthetic import geometry_config
+
+    dense = ModelArgs.from_config(geometry_config("qwen3.8-27b"))
+    moe = ModelArgs.from_config(geometry_config("qwen3.6-35b-a3b"))
+    assert mp.prefill_executor_bytes(dense, 8, 0) == mp.workspace_bytes(dense, 8)
+    assert mp.prefill_executor_bytes(dense, 1, 0) == 0
+    gemm = mp.prefill_executor_bytes(dense, 8, 256) - mp.prefill_executor_bytes(dense, 8, 0)
+    # the fp16 copy of the 34,816 x 5,120 gate|up, three 1 GiB score blocks and 256 rows of buffers
+    assert gemm > 2 * 34816 * 5120 + 3 * mp.GIB + mp.workspace_bytes(dense, 256) - 255 * 4 * dense.vocab_size
+    assert mp.prefill_executor_bytes(moe, 8, 256) == 0
+    weights = mp.weights_from_recipe(dense, "groupwise-int-w8head")
+    base = mp.plan_memory(dense, weights)
+    cols = mp.plan_memory(dense, weights, prefill_cols=8)
+    assert cols.fixed_bytes - base.fixed_bytes == mp.workspace_bytes(dense, 8)
+    assert any(i.name == "prefill executors" for i in cols.items(4096))
