@@ -6,7 +6,8 @@
 #      step, measured: 271-291 tok/s at pp512);
 #   3. bench/experiments/*.patch applied to a copy: its kernel tests and sweep on the same machine (A/B).
 # Usage (GPU machine, repo root): bash bench/gpu_all.sh main   (parts 1-2, ~7 min)
-#                                 bash bench/gpu_all.sh exp    (part 3, ~2 min a patch; a second call)
+#                                 bash bench/gpu_all.sh exp    (part 3, ~2.5 min a patch: with three patches
+#                                 that is close to the limit; EXP="a b" picks patches by name)
 # Each call must stay under the device's 10-minute command limit. JSON under $OUT.
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.cupy_cache
@@ -33,18 +34,20 @@ fi
 if [ "$PART" = exp ]; then  # main's sweep again, so that every number of this call is from one machine
   log "main sweep (reference)"
   timeout 300 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')"
-  timeout 100 python3 bench/gpu_decode.py --sweep --synthetic qwen3.8-27b --out "$OUT/exp_main.json" 2>&1 \
+  timeout 100 python3 bench/gpu_decode.py --sweep --synthetic qwen3.8-27b,qwen3.6-35b-a3b --out "$OUT/exp_main.json" 2>&1 \
     | grep -E "best|PDL" | head -12
 fi
 [ "$PART" = exp ] && for p in bench/experiments/*.patch; do
   [ -f "$p" ] || continue
   name=$(basename "$p" .patch); dir=/tmp/exp_$name
+  [ -n "${EXP:-}" ] && [[ " $EXP " != *" $name "* ]] && continue
   log "experiment $name"
   rm -rf "$dir" && mkdir -p "$dir" && cp -r . "$dir" && (cd "$dir" && patch -p1 -s < "$p") || continue
   (cd "$dir" && export PYTHONPATH=$dir CUPY_CACHE_DIR=$dir/.cupy_cache && \
    timeout 300 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')" && \
-   timeout 120 python3 -m pytest -q -x tests/gpu/test_kernels.py -p no:cacheprovider 2>&1 | tail -3 && \
-   timeout 100 python3 bench/gpu_decode.py --sweep --synthetic qwen3.8-27b --out "$OUT/exp_$name.json" 2>&1 \
-     | grep -E "best|PDL" | head -12)
+   timeout 120 python3 -m pytest -q -x tests/gpu/test_kernels.py tests/gpu/test_gpu_engine.py -k "not memory_plan" \
+     -p no:cacheprovider 2>&1 | tail -3 && \
+   timeout 100 python3 bench/gpu_decode.py --sweep --synthetic qwen3.8-27b,qwen3.6-35b-a3b --out "$OUT/exp_$name.json" \
+     2>&1 | grep -E "best|PDL" | head -12)
 done
 log done
