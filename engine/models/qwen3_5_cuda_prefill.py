@@ -138,7 +138,7 @@ class CudaQwen35Prefill(CudaQwen35Columns):
 
     def _attn_core_ops(self, L, ldb):
         cp, T = self.cp, self.M
-        hq, hkv = self.Hq, self.Hkv
+        hq = self.Hq
         qw = hq * ATTN_HEAD_DIM
 
         def go():
@@ -148,7 +148,6 @@ class CudaQwen35Prefill(CudaQwen35Columns):
             v = kv_rows(cp, L["vc"], L["vs"], pages, n)
             q = self.qbuf[:, :qw].reshape(T, hq, ATTN_HEAD_DIM)
             self.att[:, :qw] = prefill_attention(cp, q, k, v, self.buf_b[:, :qw], self.start)
-            del hkv
         return [go]
 
     def run_chunk(self, token_ids, start: int) -> None:
