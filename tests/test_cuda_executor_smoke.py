@@ -54,11 +54,12 @@ def test_dense_engine_builds_and_runs_every_path(cp, kv):
     assert K.pdl_ready(m.executor.ops)[1] == len(m.executor.ops)
 
 
-def test_moe_engine_builds_and_runs(cp):
+@pytest.mark.parametrize("shared", [256, 128])  # 128: as wide as a routed expert (the 35B-A3B's shape)
+def test_moe_engine_builds_and_runs(cp, shared):
     from engine.gpu_engine import build_engine
 
     cfg = dict(CFG, architectures=["Qwen3_5MoeForCausalLM"], model_type="qwen3_5_moe_text", num_experts=8,
-               num_experts_per_tok=2, moe_intermediate_size=128, shared_expert_intermediate_size=256)
+               num_experts_per_tok=2, moe_intermediate_size=128, shared_expert_intermediate_size=shared)
     cfg.pop("intermediate_size")
     args, w = _weights(cfg)
     eng = build_engine(args, w, cfg, max_context=256)
