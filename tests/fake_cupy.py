@@ -109,6 +109,8 @@ def make() -> types.ModuleType:
     cp.concatenate = lambda *a, **k: _wrap(np.concatenate(*a, **k))
     cp.flatnonzero = lambda a: _wrap(np.flatnonzero(a))
     cp.exp = np.exp
+    cp.matmul = lambda a, b: _wrap(np.matmul(a, b))
+    cp.where = lambda c, a, b: _wrap(np.where(c, a, b))
     cp.RawModule = _Module
     cuda = types.SimpleNamespace()
     cuda.Stream = _Stream

@@ -48,3 +48,16 @@ def test_prefill_attention_blocks_match_one_pass():
     for score_bytes in (1 << 30, 4 * hq * (start + t) * 5, 1):  # one block, blocks of 5 rows, one row each
         got = prefill_attention(np, q, k, v, gate, start, score_bytes=score_bytes)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_prefill_attention_fp16_products_within_the_attention_tolerance():
+    t, start, hq, hkv, d = 29, 35, 6, 2, 256
+    q = RNG.standard_normal((t, hq, d)).astype(np.float32)
+    k = RNG.standard_normal((start + t, hkv, d)).astype(np.float32)
+    v = RNG.standard_normal((start + t, hkv, d)).astype(np.float32)
+    gate = RNG.standard_normal((t, hq * d)).astype(np.float32)
+    want = prefill_attention(np, q, k, v, gate, start)
+    got = prefill_attention(np, q, k, v, gate, start, half=True, score_bytes=4 * hq * (start + t) * 8)
+    err = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+    assert err < 8e-3, err  # spec/testing.md attention_bf16 rel-L2
+

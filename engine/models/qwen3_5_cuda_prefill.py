@@ -4,7 +4,8 @@ The columns step (8 tokens per CUDA graph, GEMV kernels) reads every weight once
 few dozen tokens the projections are better done as GEMMs: each packed matrix is dequantized to fp16
 once per chunk (`dequant_rs`) and multiplied by the chunk's activations with cuBLAS (`gemmEx`, fp16
 inputs, fp32 accumulate and output). Attention runs over the gathered cache with causal masking
-(`prefill_attention`, query blocks sized to bound the score memory). Everything else is the columns
+(`prefill_attention`: fp16 products on tensor cores, fp32 softmax, query blocks sized to bound the
+score memory). Everything else is the columns
 step's: norms, the GDN conv and recurrence over the T tokens (`gdn_prep_cols`, `gdn_delta_cols`), the
 q/k norm + RoPE + paged KV write, and the head on the chunk's last row.
 
@@ -41,10 +42,25 @@ def kv_rows(xp, codes, scales, pages, length: int):
     return (c.astype(xp.float32).reshape(c.shape[:-1] + (d // 64, 64)) * s[..., None]).reshape(c.shape)
 
 
-def prefill_attention(xp, q, k, v, gate, start: int, score_bytes: int = SCORE_BYTES):
+def _attention_f16(xp, q, k, v, scale: float, q_start: int):
+    """ref.attention with both products on fp16 inputs (tensor cores under CuPy), softmax in fp32."""
+    t, hq, d = q.shape
+    n, hkv, _ = k.shape
+    grp = hq // hkv
+    f16, f32 = xp.float16, xp.float32
+    qg = (q * f32(scale)).astype(f16).reshape(t, hkv, grp, d).transpose(1, 2, 0, 3).reshape(hkv, grp * t, d)
+    scores = xp.matmul(qg, k.astype(f16).transpose(1, 2, 0)).astype(f32).reshape(hkv, grp, t, n)
+    visible = xp.arange(n)[None, :] <= (q_start + xp.arange(t))[:, None]
+    scores = xp.where(visible, scores, f32(-np.inf))
+    p = ref.softmax(scores, axis=-1).astype(f16).reshape(hkv, grp * t, n)
+    o = xp.matmul(p, v.astype(f16).transpose(1, 0, 2)).astype(f32).reshape(hkv, grp, t, d)
+    return o.transpose(2, 0, 1, 3).reshape(t, hq, d)
+
+
+def prefill_attention(xp, q, k, v, gate, start: int, score_bytes: int = SCORE_BYTES, half: bool = False):
     """Causal GQA attention of T queries at positions start.. over k/v [start+T, Hkv, D], times
     sigmoid(gate [T, Hq*D]); returns [T, Hq*D] fp32. Query blocks keep each block's scores under
-    `score_bytes`."""
+    `score_bytes`. half: fp16 inputs to both products (the prefill's choice; fp32 softmax)."""
     t, hq, d = q.shape
     scale = 1.0 / np.sqrt(d)
     out = xp.empty((t, hq * d), dtype=xp.float32)
@@ -52,7 +68,10 @@ def prefill_attention(xp, q, k, v, gate, start: int, score_bytes: int = SCORE_BY
     for b0 in range(0, t, tb):
         b1 = min(t, b0 + tb)
         n = start + b1
-        o = ref.attention(q[b0:b1], k[:n], v[:n], scale, q_start=start + b0)
+        if half:
+            o = _attention_f16(xp, q[b0:b1], k[:n], v[:n], scale, start + b0)
+        else:
+            o = ref.attention(q[b0:b1], k[:n], v[:n], scale, q_start=start + b0)
         out[b0:b1] = o.reshape(b1 - b0, -1) * ref.sigmoid(gate[b0:b1])
     return out
 
@@ -147,7 +166,7 @@ class CudaQwen35Prefill(CudaQwen35Columns):
             k = kv_rows(cp, L["kc"], L["ks"], pages, n)
             v = kv_rows(cp, L["vc"], L["vs"], pages, n)
             q = self.qbuf[:, :qw].reshape(T, hq, ATTN_HEAD_DIM)
-            self.att[:, :qw] = prefill_attention(cp, q, k, v, self.buf_b[:, :qw], self.start)
+            self.att[:, :qw] = prefill_attention(cp, q, k, v, self.buf_b[:, :qw], self.start, half=True)
         return [go]
 
     def run_chunk(self, token_ids, start: int) -> None:
