@@ -38,12 +38,17 @@ def test_kv_rows_bf16_and_int8():
     np.testing.assert_allclose(got, dequantize_kv_int8_g64(codes, scales), rtol=1e-6, atol=1e-6)
 
 
-def test_prefill_attention_blocks_match_one_pass():
-    t, start, hq, hkv, d = 37, 20, 6, 2, 256
+def _case(t, start, hq, hkv, d):
+    """q [t, hq, d], k and v [start + t, hkv, d], gate [t, hq * d]."""
     q = RNG.standard_normal((t, hq, d)).astype(np.float32)
     k = RNG.standard_normal((start + t, hkv, d)).astype(np.float32)
     v = RNG.standard_normal((start + t, hkv, d)).astype(np.float32)
-    gate = RNG.standard_normal((t, hq * d)).astype(np.float32)
+    return q, k, v, RNG.standard_normal((t, hq * d)).astype(np.float32)
+
+
+def test_prefill_attention_blocks_match_one_pass():
+    t, start, hq, d = 37, 20, 6, 256
+    q, k, v, gate = _case(t, start, hq, 2, d)
     want = ref.attention(q, k, v, 1 / np.sqrt(d), q_start=start).reshape(t, -1) * ref.sigmoid(gate)
     for score_bytes in (1 << 30, 4 * hq * (start + t) * 5, 1):  # one block, blocks of 5 rows, one row each
         got = prefill_attention(np, q, k, v, gate, start, score_bytes=score_bytes)
@@ -51,11 +56,8 @@ def test_prefill_attention_blocks_match_one_pass():
 
 
 def test_prefill_attention_fp16_products_within_the_attention_tolerance():
-    t, start, hq, hkv, d = 29, 35, 6, 2, 256
-    q = RNG.standard_normal((t, hq, d)).astype(np.float32)
-    k = RNG.standard_normal((start + t, hkv, d)).astype(np.float32)
-    v = RNG.standard_normal((start + t, hkv, d)).astype(np.float32)
-    gate = RNG.standard_normal((t, hq * d)).astype(np.float32)
+    t, start, hq = 29, 35, 6
+    q, k, v, gate = _case(t, start, hq, 2, 256)
     want = prefill_attention(np, q, k, v, gate, start)
     got = prefill_attention(np, q, k, v, gate, start, half=True, score_bytes=4 * hq * (start + t) * 8)
     err = float(np.linalg.norm(got - want) / np.linalg.norm(want))
