@@ -70,13 +70,14 @@ def build_model(config: Mapping[str, Any], weights: Mapping[str, Any], xp=np, *,
 
 
 def load(path_or_artifact, device: str = "auto", *, max_context: int | None = None, gdn_mode: str = "chunked",
-         prefill_chunk: int = 256, kv: str = "bf16", progress=None) -> "Engine":
+         prefill_chunk: int | None = None, kv: str = "bf16", progress=None) -> "Engine":
     """Load a model: a `.ninfer` path, an opened Artifact, or `{"config": hf_config, "weights": {name: array}}`.
 
     device "auto" | "cpu" | "gpu" ("gpu" runs these reference models on CuPy arrays).
     max_context caps positions (default: the model's max_position_embeddings).
     progress(done_bytes, total_bytes) follows the copy of the weights to the GPU (the CPU path maps the
-    file and copies nothing up front).
+    file and copies nothing up front). prefill_chunk: prompt tokens per pass (default 256; on the GPU
+    also the tensor-core chunk when NINFER_PREFILL_GEMM turns that path on).
     """
     try:
         dev = resolve_device(device)
@@ -115,7 +116,7 @@ def load(path_or_artifact, device: str = "auto", *, max_context: int | None = No
         from engine.gpu_engine import try_build  # noqa: PLC0415
 
         fast = try_build(config, artifact if artifact is not None else weights, max_context=max_context,
-                         tokenizer=tokenizer, kv=kv, progress=progress)
+                         tokenizer=tokenizer, kv=kv, progress=progress, prefill_chunk=prefill_chunk)
         if fast is not None:
             fast.artifact = artifact
             return fast
@@ -124,7 +125,7 @@ def load(path_or_artifact, device: str = "auto", *, max_context: int | None = No
                           "drop --kv int8 (this model/device keeps float KV)")
     model = build_model(config, weights, xp, gdn_mode=gdn_mode)
     return Engine(model, config, device=dev, tokenizer=tokenizer, max_context=max_context,
-                  prefill_chunk=prefill_chunk, artifact=artifact)
+                  prefill_chunk=prefill_chunk or 256, artifact=artifact)
 
 
 def _tokenizer_of(artifact):

@@ -167,12 +167,12 @@ class CudaEngine(Engine):
 
 def build_engine(args, device_weights: dict, config: dict, *, max_context: int = 4096, tokenizer=None,
                  gemv_cfg: dict | None = None, kv: str = "bf16", prefill_cols: int = PREFILL_COLS,
-                 prefill_gemm: int = PREFILL_GEMM) -> CudaEngine:
+                 prefill_gemm: int = PREFILL_GEMM, prefill_chunk: int | None = None) -> CudaEngine:
     model = CudaModel(args, device_weights, max_context=max_context, gemv_cfg=gemv_cfg, kv=kv,
                       prefill_cols=prefill_cols, prefill_gemm=prefill_gemm)
     # the engine hands the model prompt pieces of prefill_chunk tokens: at least one GEMM chunk
     return CudaEngine(model, config, device="gpu", tokenizer=tokenizer, max_context=max_context,
-                      prefill_chunk=max(256, prefill_gemm))
+                      prefill_chunk=max(prefill_chunk or 256, prefill_gemm))
 
 
 def cuda_supported(args) -> bool:
@@ -182,7 +182,7 @@ def cuda_supported(args) -> bool:
 
 
 def try_build(config: dict, source, *, max_context: int | None = None, tokenizer=None, kv: str = "bf16",
-              progress=None):
+              progress=None, prefill_chunk: int | None = None):
     """A CudaEngine for `source` (an Artifact, or a dict of float weights) when the model is supported,
     else None (the caller then runs the reference model on CuPy arrays). `progress(done, total)` follows
     the upload of an artifact's packed objects, in bytes."""
@@ -197,4 +197,7 @@ def try_build(config: dict, source, *, max_context: int | None = None, tokenizer
     else:
         weights = gpu_weights.from_logical(args, source)
     ctx = int(max_context or min(args.max_position_embeddings or 32768, 32768))
-    return build_engine(args, weights, config, max_context=ctx, tokenizer=tokenizer, kv=kv)
+    # --prefill-chunk: the prompt pieces, and the tensor-core chunk when that path is on
+    gemm = int(prefill_chunk) if prefill_chunk and PREFILL_GEMM else PREFILL_GEMM
+    return build_engine(args, weights, config, max_context=ctx, tokenizer=tokenizer, kv=kv, prefill_gemm=gemm,
+                        prefill_chunk=prefill_chunk)

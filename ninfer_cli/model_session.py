@@ -108,7 +108,7 @@ class UploadProgress:
 def open_session(ref: str | None, *, device: str = "auto", ctx: int | None = None, system: str | None = None,
                  think: bool | None = None, effort: str | None = None, thinking_budget: int | None = None,
                  preserve_thinking: bool | None = None, quiet: bool = False, profile: str | None = None,
-                 kv: str | None = None, vram_limit: int | None = None):
+                 kv: str | None = None, vram_limit: int | None = None, prefill_chunk: int | None = None):
     """(engine, ChatSession, display name) ready to answer.
 
     `profile`, `kv` and `vram_limit` settle the launch (`ninfer_cli.profiles.load_fitted`): on the GPU
@@ -124,8 +124,9 @@ def open_session(ref: str | None, *, device: str = "auto", ctx: int | None = Non
     say = None if quiet else (lambda text: sys.stderr.write(text + "\n"))
     upload = None if quiet else UploadProgress(name)
     try:
+        chunk = {"prefill_chunk": int(prefill_chunk)} if prefill_chunk else {}
         model = load_fitted(path, name, lambda n, **kv: eng.load(path, device=device, max_context=n, progress=upload,
-                                                                  **kv),
+                                                                  **chunk, **kv),
                             device=device, profile=profile, ctx=ctx, kv=kv, vram_limit=vram_limit, say=say)
     finally:
         if upload is not None:

@@ -195,6 +195,12 @@ VramLimit = Annotated[
                  help="Plan and allocate as if the GPU had SIZE in all (24GiB checks a 3090 budget on a bigger card).",
                  show_default=False),
 ]
+PrefillChunk = Annotated[
+    Optional[int],
+    typer.Option("--prefill-chunk", min=1, metavar="N", rich_help_panel=RUNTIME, show_default=False,
+                 help="Prompt tokens per prefill pass (default 256; on the GPU also the tensor-core chunk when that "
+                      "path is on)."),
+]
 ProfileOpt = Annotated[
     Optional[str],
     typer.Option("--profile", metavar="NAME", rich_help_panel=RUNTIME, autocompletion=complete_profile,

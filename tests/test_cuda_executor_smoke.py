@@ -67,3 +67,19 @@ def test_moe_engine_builds_and_runs(cp, shared):
     eng.prefill([1, 2, 3])
     assert eng.decode_greedy(4, 3) is not None and eng.position == 6
     assert np.isfinite(eng.info()["weight_bytes_per_token"])
+
+
+def test_try_build_takes_the_prefill_chunk(cp, monkeypatch):
+    """--prefill-chunk on the GPU: the engine's prompt pieces, and the tensor-core chunk when that is on."""
+    from engine import gpu_engine
+    from engine.config import ModelArgs
+    from engine.models.qwen3_5 import random_weights
+
+    w = random_weights(ModelArgs.from_config(CFG), seed=2)
+    eng = gpu_engine.try_build(CFG, w, max_context=512, prefill_chunk=96)
+    assert eng.prefill_chunk == 96 and eng.model.gemm is None  # the GEMM path is off by default
+    monkeypatch.setattr(gpu_engine, "PREFILL_GEMM", 64)
+    eng = gpu_engine.try_build(CFG, w, max_context=512, prefill_chunk=32)
+    assert eng.model.gemm is not None and eng.model.gemm.M == 32 and eng.prefill_chunk == 32
+    eng.prefill(list(range(1, 80)))
+    assert eng.position == 79

@@ -8,7 +8,7 @@ import typer
 
 from ninfer_cli.commands.run import TemplateFile
 from ninfer_cli.options import (
-    Ctx, Device, DeviceOpt, Effort, KvOpt, ModelArg, ProfileOpt, Seed, Temperature, Think, ThinkingBudget, VramLimit,
+    Ctx, Device, DeviceOpt, Effort, KvOpt, ModelArg, PrefillChunk, ProfileOpt, Seed, Temperature, Think, ThinkingBudget, VramLimit,
 )
 
 Plain = Annotated[bool, typer.Option("--plain", help="Line-oriented REPL instead of the full-screen app.")]
@@ -29,7 +29,8 @@ def chat(model: ModelArg = None, plain: Plain = False, system: System = None, th
          listing: Annotated[bool, typer.Option("--list", help="List saved conversations and exit.")] = False,
          resume: Annotated[Optional[str], typer.Option("--resume", metavar="ID|last",
                                                        help="Continue a saved conversation.")] = None,
-         profile: ProfileOpt = None, kv: KvOpt = None, vram_limit: VramLimit = None) -> None:
+         profile: ProfileOpt = None, kv: KvOpt = None, vram_limit: VramLimit = None,
+         prefill_chunk: PrefillChunk = None) -> None:
     """Chat with a model (the default model, pulled on first use, when none is named)."""
     import sys
 
@@ -53,12 +54,12 @@ def chat(model: ModelArg = None, plain: Plain = False, system: System = None, th
             model, system=_read_at_file(system), effort=effort, thinking_budget=thinking_budget,
             sampling=sampling_overrides(temperature=temperature, seed=seed), ctx=ctx, device=device, resume=resume,
             think=think if effort is None else effort.value != "off", preserve_thinking=preserve_thinking,
-            profile=profile, kv=kv, vram_limit=vram_limit)
+            profile=profile, kv=kv, vram_limit=vram_limit, prefill_chunk=prefill_chunk)
     _, session, name = open_session(model, device=device, ctx=ctx, system=_read_at_file(system),
                                     think=think if effort is None else effort.value != "off",
                                     effort=None if effort is None else effort.value,
                                     thinking_budget=thinking_budget, preserve_thinking=preserve_thinking,
-                                    profile=profile, kv=kv, vram_limit=vram_limit)
+                                    profile=profile, kv=kv, vram_limit=vram_limit, prefill_chunk=prefill_chunk)
     use_template_file(session, chat_template)
     config = generation_config(session, sampling_overrides(temperature=temperature, seed=seed))
     Repl(session, config, name=name, interactive=interactive, show_thinking=show_thinking).run()

@@ -22,6 +22,7 @@ from ninfer_cli.options import (
     Ctx,
     Device,
     KvOpt,
+    PrefillChunk,
     ProfileOpt,
     VramLimit,
 )
@@ -51,7 +52,8 @@ def run(model: ModelArg = None, prompt: PromptArg = None, system: System = None,
         thinking_budget: ThinkingBudget = None, show_thinking: ShowThinking = True, ctx: Ctx = None,
         device: DeviceOpt = Device.auto, tools: Tools = None, chat_template: TemplateFile = None,
         json_out: JsonFlag = False,
-        quiet: Quiet = False, profile: ProfileOpt = None, kv: KvOpt = None, vram_limit: VramLimit = None) -> None:
+        quiet: Quiet = False, profile: ProfileOpt = None, kv: KvOpt = None, vram_limit: VramLimit = None,
+        prefill_chunk: PrefillChunk = None) -> None:
     """Answer one prompt with a model (the default model, pulled on first use, when none is named).
 
     Examples: `ninfer run "What is the capital of France?"`, `echo hi | ninfer run smollm2-135m -`,
@@ -84,7 +86,7 @@ def run(model: ModelArg = None, prompt: PromptArg = None, system: System = None,
                                     think=think if effort is None else effort.value != "off",
                                     effort=None if effort is None else effort.value,
                                     thinking_budget=thinking_budget, quiet=json_out, profile=profile, kv=kv,
-                                    vram_limit=vram_limit)
+                                    vram_limit=vram_limit, prefill_chunk=prefill_chunk)
     session.tools = _read_tools(tools)
     use_template_file(session, chat_template)
     note = reasoning_note(session, session.think, session.effort)

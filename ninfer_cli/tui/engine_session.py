@@ -20,7 +20,7 @@ class EngineSession:
     def __init__(self, path: Path | str, name: str, *, device: str = "auto", ctx: int | None = None,
                  think: bool | None = None, **launch) -> None:
         """`think` applies while the effort is the model default; `launch` goes to `open_session`
-        (preserve_thinking, profile, kv, vram_limit)."""
+        (preserve_thinking, profile, kv, vram_limit, prefill_chunk)."""
         self.path = Path(path)
         self.device = getattr(device, "value", device)
         self.ctx = ctx

@@ -333,3 +333,23 @@ def test_run_chat_template_override(cli, tmp_path):
     tpl.write_text("{% if %}")
     res = runner.invoke(app, ["run", "fake", "hello", "--chat-template", str(tpl)])
     assert res.exit_code == 1 and "does not compile" in res.stderr
+
+
+def test_prefill_chunk_flag_reaches_the_session(cli):
+    runner, app, state = cli
+    res = runner.invoke(app, ["run", "fake", "Hi?", "--prefill-chunk", "64", "--temperature", "0"])
+    assert res.exit_code == 0, res.output
+    assert state["kw"]["prefill_chunk"] == 64
+    res = runner.invoke(app, ["run", "fake", "Hi?", "--prefill-chunk", "0"])
+    assert res.exit_code != 0  # at least 1
+
+
+def test_engine_load_takes_the_prefill_chunk():
+    import engine
+    from engine.config import ModelArgs
+    from engine.models.qwen3_5 import random_weights
+    from engine.synthetic import TINY_CUDA as cfg
+
+    w = random_weights(ModelArgs.from_config(cfg), seed=1)
+    assert engine.load({"config": cfg, "weights": w}, device="cpu", prefill_chunk=16).prefill_chunk == 16
+    assert engine.load({"config": cfg, "weights": w}, device="cpu").prefill_chunk == 256
