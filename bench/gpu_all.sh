@@ -30,6 +30,9 @@ for g in 256 1024; do
   NINFER_PREFILL_GEMM=$g timeout 120 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 512,8192 -n 0 -r 1 \
     -o json --out "$OUT/pp_gemm$g.json" 2>&1 | grep -E "^pp|rror" | head -3
 done
+log "prefill pp131072 (issue 8: completes, tok/s reported)"
+NINFER_PREFILL_GEMM=1024 timeout ${LONG_S:-120} python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 131072 -n 0 \
+  -r 1 --warmup 0 -o json --out "$OUT/pp131072_gemm1024.json" 2>&1 | grep -E "^pp|rror" | head -3
 fi
 if [ "$PART" = exp ]; then  # main's sweep again, so that every number of this call is from one machine
   log "main sweep (reference)"
