@@ -170,8 +170,12 @@ class Sampler:
         penalized top can fall by that much). A GPU engine sends back only the ids within it."""
         if self.is_greedy:
             return 0.0
-        most = max(self.counts.values(), default=0)
-        return 30.0 * self.temperature + self.presence * (most > 0) + self.frequency * most
+        margin = 30.0 * self.temperature
+        if self.counts and self.presence:
+            margin += self.presence
+        if self.counts and self.frequency:  # the only case that scans the counts (once a token)
+            margin += self.frequency * max(self.counts.values())
+        return margin
 
     def accept(self, token: int) -> None:
         """Count a generated token (presence/frequency penalties read these counts)."""

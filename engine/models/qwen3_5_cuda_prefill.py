@@ -43,17 +43,18 @@ def kv_rows(xp, codes, scales, pages, length: int):
 
 
 def _attention_f16(xp, q, k, v, scale: float, q_start: int):
-    """ref.attention with both products on fp16 inputs (tensor cores under CuPy), softmax in fp32."""
+    """ref.attention with both products on fp16 inputs (tensor cores under CuPy), softmax in fp32;
+    k and v come in as fp16."""
     t, hq, d = q.shape
     n, hkv, _ = k.shape
     grp = hq // hkv
     f16, f32 = xp.float16, xp.float32
     qg = (q * f32(scale)).astype(f16).reshape(t, hkv, grp, d).transpose(1, 2, 0, 3).reshape(hkv, grp * t, d)
-    scores = xp.matmul(qg, k.astype(f16).transpose(1, 2, 0)).astype(f32).reshape(hkv, grp, t, n)
+    scores = xp.matmul(qg, k.transpose(1, 2, 0)).astype(f32).reshape(hkv, grp, t, n)
     visible = xp.arange(n)[None, :] <= (q_start + xp.arange(t))[:, None]
     scores = xp.where(visible, scores, f32(-np.inf))
     p = ref.softmax(scores, axis=-1).astype(f16).reshape(hkv, grp * t, n)
-    o = xp.matmul(p, v.astype(f16).transpose(1, 0, 2)).astype(f32).reshape(hkv, grp, t, d)
+    o = xp.matmul(p, v.transpose(1, 0, 2)).astype(f32).reshape(hkv, grp, t, d)
     return o.transpose(2, 0, 1, 3).reshape(t, hq, d)
 
 
@@ -65,6 +66,8 @@ def prefill_attention(xp, q, k, v, gate, start: int, score_bytes: int = SCORE_BY
     scale = 1.0 / np.sqrt(d)
     out = xp.empty((t, hq * d), dtype=xp.float32)
     tb = max(1, min(t, score_bytes // max(1, 4 * hq * (start + t))))
+    if half:  # once for every query block
+        k, v = k.astype(xp.float16), v.astype(xp.float16)
     for b0 in range(0, t, tb):
         b1 = min(t, b0 + tb)
         n = start + b1
