@@ -137,7 +137,7 @@ def synthetic_decode(geometry, bw, gemv_cfg, n=128, depth=0, breakdown=False, kv
     build_s = time.perf_counter() - t0
     print(f"{geometry}: built in {build_s:.1f} s; launches ready for PDL: {K.pdl_ready(ex.ops)}", flush=True)
     if depth:
-        ex.pos.fill(depth)  # KV pages past `depth` hold zeros: the attention reads them all the same
+        eng.seek_synthetic(depth)  # the KV pages below `depth` are read all the same, whatever they hold
     eng.decode_greedy(1, 8)  # warm-up
     times = []
     for _ in range(3):
@@ -153,7 +153,7 @@ def synthetic_decode(geometry, bw, gemv_cfg, n=128, depth=0, breakdown=False, kv
             ex.capture()
             eng.reset()
             if depth:
-                ex.pos.fill(depth)
+                eng.seek_synthetic(depth)
             eng.decode_greedy(1, 8)
             t_plain = []
             for _ in range(3):
@@ -166,7 +166,7 @@ def synthetic_decode(geometry, bw, gemv_cfg, n=128, depth=0, breakdown=False, kv
         ex.capture()
         eng.reset()
         if depth:
-            ex.pos.fill(depth)
+            eng.seek_synthetic(depth)
         plain_tps = n / float(np.median(t_plain))
         print(f"{geometry} depth {depth}: PDL {tps:.1f} tok/s, plain launches {plain_tps:.1f} tok/s", flush=True)
     else:
