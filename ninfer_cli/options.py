@@ -71,7 +71,7 @@ def parse_vram_limit(value: str | int | None) -> int | None:
     if value is None or isinstance(value, int):
         return value
     from engine.errors import NinferError  # noqa: PLC0415
-    from engine.memory_plan import parse_size  # noqa: PLC0415
+    from engine.memory_budget import parse_size  # noqa: PLC0415
 
     try:
         return parse_size(value)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.errors import NinferError
+from ninfer_cli.output import human_gib as _gib
 
 FIELDS = ("ctx", "kv", "lanes", "spec", "draft_tokens", "prefill_chunk", "vision")
 SPEC_NOT_IMPLEMENTED = "speculative decoding is not implemented yet"
@@ -169,6 +170,7 @@ def resolve_launch(ref: str | None, args, weights: dict | None, *, profile: str 
     that cannot fit and for a flag asking what is not implemented.
     """
     from engine import memory_plan as mp  # noqa: PLC0415
+    from engine import memory_budget as mb  # noqa: PLC0415
 
     has_mtp = bool(getattr(args, "mtp_num_hidden_layers", 0)) or bool(weights and "mtp" in weights)
     prof = get_profile(ref, profile, has_mtp=has_mtp)
@@ -211,7 +213,7 @@ def resolve_launch(ref: str | None, args, weights: dict | None, *, profile: str 
                           lanes=values["lanes"], components=comps, optional=optional, spec=values["spec"],
                           draft_tokens=values["draft_tokens"], prefill_chunk=values["prefill_chunk"],
                           **mp.engine_prefill_executors())
-    launch.plan, launch.budget = plan, mp.budget(vram_limit, memory)
+    launch.plan, launch.budget = plan, mb.budget(vram_limit, memory)
     b = launch.budget
     if b is None:
         launch.max_context = values["ctx"]
@@ -280,6 +282,7 @@ def load_fitted(path, ref: str | None, load, *, device: str = "auto", profile: s
     the GPU refuses an allocation. `say(text)` hears what was chosen and why. On the CPU with no
     launch flags this is just `load(ctx)`."""
     from engine import memory_plan as mp  # noqa: PLC0415
+    from engine import memory_budget as mb  # noqa: PLC0415
     from engine.backend import resolve_device  # noqa: PLC0415
 
     device = getattr(device, "value", device)
@@ -295,7 +298,7 @@ def load_fitted(path, ref: str | None, load, *, device: str = "auto", profile: s
         if say is not None:
             say(note)
     if dev == "gpu":
-        mp.apply_vram_limit(vram_limit)
+        mb.apply_vram_limit(vram_limit)
     if launch.values["kv"] != "bf16":
         def load_kv(n, _load=load, _kv=launch.values["kv"]):
             return _load(n, kv=_kv)
@@ -309,7 +312,7 @@ def load_fitted(path, ref: str | None, load, *, device: str = "auto", profile: s
         if say is not None:
             say(f"the GPU refused context {ctx_now:,}: trying {ctx_next:,}")
 
-    engine, _ = mp.build_with_ladder(load, rungs, on_step=step)
+    engine, _ = mb.build_with_ladder(load, rungs, on_step=step)
     return engine
 
 
@@ -321,6 +324,7 @@ def prefit_context(ref: str | None, *, device: str = "auto", profile: str | None
     if profile is None and kv is None and vram_limit is None:
         return ctx
     from engine import memory_plan as mp  # noqa: PLC0415
+    from engine import memory_budget as mb  # noqa: PLC0415
     from engine.backend import resolve_device  # noqa: PLC0415
     from ninfer_cli.model_session import resolve_model  # noqa: PLC0415
 
@@ -335,7 +339,7 @@ def prefit_context(ref: str | None, *, device: str = "auto", profile: str | None
         if say is not None:
             say(note)
     if dev == "gpu":
-        mp.apply_vram_limit(vram_limit)
+        mb.apply_vram_limit(vram_limit)
     return launch.max_context
 
 
@@ -345,6 +349,7 @@ def bench_fitter(*, device: str, synthetic: str | None = None, recipe: str | Non
     """For `ninfer bench`: a function kv -> the context to build each instance with (None = what the
     tests need), after fitting it to free memory or `vram_limit` and capping the pool; notes go to `say`."""
     from engine import memory_plan as mp  # noqa: PLC0415
+    from engine import memory_budget as mb  # noqa: PLC0415
 
     def fit(kv: str | None) -> int | None:
         if device != "gpu" or synthetic == "tiny":
@@ -359,7 +364,7 @@ def bench_fitter(*, device: str, synthetic: str | None = None, recipe: str | Non
         for note in launch.notes:
             if say is not None:
                 say(f"[kv={launch.values['kv']}] {note}")
-        mp.apply_vram_limit(vram_limit)
+        mb.apply_vram_limit(vram_limit)
         return launch.max_context
 
     return fit
@@ -373,7 +378,3 @@ def _cuda_runs(args) -> bool:
     except Exception:  # noqa: BLE001 - no CUDA engine importable: nothing to plan for
         return False
     return bool(cuda_supported(args))
-
-
-def _gib(n: int) -> str:
-    return f"{n / 1024**3:.2f} GiB"

@@ -119,8 +119,11 @@ def _plan_source(ref: str):
 def memory_report(ref: str, *, ctx: int | None = None, kv: str | None = None, profile: str | None = None,
                   vram_limit: int | None = None, json_out: bool = False, memory="probe") -> None:
     """Print the memory plan of `ref` (the `ninfer show MODEL --memory` table) without loading weights."""
+    from engine import memory_budget as mb  # noqa: PLC0415
     from engine import memory_plan as mp  # noqa: PLC0415
     from ninfer_cli import output  # noqa: PLC0415
+
+    _gib = output.human_gib
     from ninfer_cli.profiles import INT8_NOT_IN_LOAD, components_for, get_profile, load_takes_kv, merge  # noqa: PLC0415
 
     label, args, weights, source = _plan_source(ref)
@@ -145,7 +148,7 @@ def memory_report(ref: str, *, ctx: int | None = None, kv: str | None = None, pr
                           components=comps, optional=optional, spec=values["spec"] if "mtp" in comps else None,
                           draft_tokens=values["draft_tokens"], prefill_chunk=values["prefill_chunk"],
                           **mp.engine_prefill_executors())
-    b = mp.budget(vram_limit, memory)
+    b = mb.budget(vram_limit, memory)
     context, how = values["ctx"], sources["ctx"]
     fits = None
     if context is None:
@@ -166,7 +169,7 @@ def memory_report(ref: str, *, ctx: int | None = None, kv: str | None = None, pr
         fits = plan.total(context) <= b.free
         if not fits:
             notes.append(f"does not fit: needs {_gib(plan.total(context))}, {_gib(b.free)} free")
-    ladder = {f"{g} GiB": plan.largest_context(mp.budget(g * 2**30, None).free) for g in BUDGETS_GIB}
+    ladder = {f"{g} GiB": plan.largest_context(mb.budget(g * 2**30, None).free) for g in BUDGETS_GIB}
     if json_out:
         data = plan.to_dict(context)
         data.update(context_source=how, budget=None if b is None else {"free": b.free, "total": b.total,
@@ -186,7 +189,3 @@ def memory_report(ref: str, *, ctx: int | None = None, kv: str | None = None, pr
                 + ", ".join(f"{k} {v:,}" if v else f"{k} -" for k, v in ladder.items()))
     for n in notes:
         output.warn(n)
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB"

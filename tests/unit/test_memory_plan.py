@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from engine import memory_budget as mb
 from engine import memory_plan as mp
 from engine.config import ModelArgs
 from engine.errors import NinferError
@@ -192,28 +193,28 @@ def test_check_context(a27):
 
 # ---- budget, sizes, stepping down
 def test_budget_under_a_vram_limit():
-    assert mp.budget(None, None) is None
+    assert mb.budget(None, None) is None
     ctx = mp.CONTEXT_ESTIMATE
     # other programs on a big card do not count against the limit; the CUDA context and our pool do
-    b = mp.budget(24 * GIB, (100 * GIB, 140 * GIB))
+    b = mb.budget(24 * GIB, (100 * GIB, 140 * GIB))
     assert b.free == 24 * GIB - ctx and b.total == 24 * GIB
-    assert mp.budget(24 * GIB, (100 * GIB, 140 * GIB, 2 * GIB)).free == 22 * GIB - ctx
-    b = mp.budget(24 * GIB, (10 * GIB, 140 * GIB))  # the card has less free than the limit leaves
+    assert mb.budget(24 * GIB, (100 * GIB, 140 * GIB, 2 * GIB)).free == 22 * GIB - ctx
+    b = mb.budget(24 * GIB, (10 * GIB, 140 * GIB))  # the card has less free than the limit leaves
     assert b.free == 10 * GIB and "only 10.00 GiB is free" in b.source
-    assert mp.budget(None, (5 * GIB, 24 * GIB)).free == 5 * GIB
-    assert mp.budget(24 * GIB, None).free == 24 * GIB - ctx
+    assert mb.budget(None, (5 * GIB, 24 * GIB)).free == 5 * GIB
+    assert mb.budget(24 * GIB, None).free == 24 * GIB - ctx
 
 
 @pytest.mark.parametrize("text,n", [("24GiB", 24 * GIB), ("24 gib", 24 * GIB), ("24G", 24 * 10**9),
                                     ("22.5GiB", int(22.5 * GIB)), ("512MiB", 512 * MIB), ("1000", 1000)])
 def test_parse_size(text, n):
-    assert mp.parse_size(text) == n
+    assert mb.parse_size(text) == n
 
 
 @pytest.mark.parametrize("text", ["", "lots", "24 parsecs", "0", "-1G"])
 def test_parse_size_rejects(text):
     with pytest.raises(NinferError):
-        mp.parse_size(text)
+        mb.parse_size(text)
 
 
 class OutOfMemoryError(Exception):
@@ -229,7 +230,7 @@ def test_build_with_ladder_steps_down_on_refusal():
             raise OutOfMemoryError(f"{ctx}")
         return f"engine@{ctx}"
 
-    assert mp.build_with_ladder(build, [131072, 98304, 65536, 32768],
+    assert mb.build_with_ladder(build, [131072, 98304, 65536, 32768],
                                 on_step=lambda a, b, e: steps.append((a, b))) == ("engine@65536", 65536)
     assert tried == [131072, 98304, 65536] and steps == [(131072, 98304), (98304, 65536)]
 
@@ -239,13 +240,13 @@ def test_build_with_ladder_other_errors_propagate_and_exhaustion_is_a_user_error
         raise ValueError("bug")
 
     with pytest.raises(ValueError):
-        mp.build_with_ladder(broken, [4096])
+        mb.build_with_ladder(broken, [4096])
 
     def never(ctx):
         raise OutOfMemoryError("no")
 
     with pytest.raises(NinferError, match="refused every context down to 4,096"):
-        mp.build_with_ladder(never, [8192, 4096])
+        mb.build_with_ladder(never, [8192, 4096])
 
 
 def test_prefill_executors_are_planned():

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from engine import memory_budget as mb
 from engine import memory_plan as mp
 from engine.errors import NinferError
 from ninfer_cli import profiles as P
@@ -147,7 +148,7 @@ def _fake_gpu(monkeypatch):
     import engine.backend
 
     monkeypatch.setattr(engine.backend, "resolve_device", lambda d: "gpu")
-    monkeypatch.setattr(mp, "apply_vram_limit", lambda limit: None)
+    monkeypatch.setattr(mb, "apply_vram_limit", lambda limit: None)
     monkeypatch.setattr(P, "launch_for_artifact",
                         lambda path, ref, **k: _launch(profile=k.get("profile"), ctx=k.get("ctx"), kv=k.get("kv"),
                                                        vram_limit=k.get("vram_limit")))
@@ -197,7 +198,7 @@ def test_prefit_context_for_the_tui(monkeypatch):
     assert P.prefit_context("anything", ctx=4096) == 4096  # no launch flag: the loader fits it itself
     monkeypatch.setattr(engine.backend, "resolve_device", lambda d: "gpu")
     monkeypatch.setattr(ms, "resolve_model", lambda ref, quiet=False: ("m.ninfer", "qwen38-27b"))
-    monkeypatch.setattr(mp, "apply_vram_limit", lambda limit: None)
+    monkeypatch.setattr(mb, "apply_vram_limit", lambda limit: None)
     monkeypatch.setattr(P, "launch_for_artifact",
                         lambda path, ref, **k: _launch(profile=k.get("profile"), vram_limit=k.get("vram_limit")))
     said = []

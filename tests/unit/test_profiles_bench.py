@@ -6,6 +6,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from engine import memory_budget as mb
 from engine import memory_plan as mp
 from engine.errors import NinferError
 from ninfer_cli import profiles as P
@@ -33,8 +34,8 @@ def test_bench_context_shorter_than_the_tests_is_an_error():
 
 
 def test_bench_fitter_on_the_gpu_fits_each_kv(monkeypatch):
-    monkeypatch.setattr(mp, "device_memory", lambda: (140 * GIB, 141 * GIB, 0))  # an idle H200
-    monkeypatch.setattr(mp, "apply_vram_limit", lambda limit: None)
+    monkeypatch.setattr(mb, "device_memory", lambda: (140 * GIB, 141 * GIB, 0))  # an idle H200
+    monkeypatch.setattr(mb, "apply_vram_limit", lambda limit: None)
     said = []
     fit = P.bench_fitter(device="gpu", synthetic="qwen3.8-27b", vram_limit=24 * GIB, say=said.append)
     assert fit("int8") == 163840 and fit(None) == 98304

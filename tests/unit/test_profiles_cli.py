@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from engine import memory_budget as mb
 from engine import memory_plan as mp
 from ninfer_cli.main import app
 from ninfer_cli.store import Store
@@ -22,7 +23,7 @@ def invoke(*args):
 @pytest.fixture(autouse=True)
 def no_gpu(tmp_path, monkeypatch):
     monkeypatch.setenv("NINFER_HOME", str(tmp_path / "store"))
-    monkeypatch.setattr(mp, "device_memory", lambda: None)
+    monkeypatch.setattr(mb, "device_memory", lambda: None)
 
 
 def test_profile_ls_lists_every_catalog_model():
