@@ -60,12 +60,38 @@ __device__ __forceinline__ DecodeK decode_constants(unsigned int one) {
   return k;
 }
 
+// q4/q5: the 4 words of a uint4 against their x pairs, 8 products per half lane between flushes to
+// fp32. `decode(c, v)` gives word c's value pairs: v[0] (k, k+4), v[1] the odd nibbles in place,
+// v[2] and v[3] the same from q >> 8.
+template <typename Decode>
+__device__ __forceinline__ float dot_words(const uint4* __restrict__ xp, int key, Decode decode) {
+  float s = 0.f;
+#pragma unroll
+  for (int c2 = 0; c2 < 4; c2 += 2) {
+    __half2 a;
+#pragma unroll
+    for (int cc = 0; cc < 2; ++cc) {
+      const int c = c2 + cc;
+      const uint4 xv = xp[(c + key) & 3];
+      __half2 v[4];
+      decode(c, v);
+      a = cc == 0 ? __hmul2(v[0], u32_as_half2(xv.x)) : __hfma2(v[0], u32_as_half2(xv.x), a);
+      a = __hfma2(v[1], u32_as_half2(xv.y), a);
+      a = __hfma2(v[2], u32_as_half2(xv.z), a);
+      a = __hfma2(v[3], u32_as_half2(xv.w), a);
+    }
+    const float2 f = __half22float2(a);  // |sum| <= 8 * 16 * 256 (q5), 8 * 8 * 256 (q4)
+    s += f.x + f.y;
+  }
+  return s;
+}
+
 template <int FMT>
 __device__ __forceinline__ float dot_u4(uint4 w, uint2 hi, const uint4* __restrict__ xp, int key, const DecodeK& dk) {
   const unsigned int ws[4] = {w.x, w.y, w.z, w.w};
-  float s = 0.f;
   if constexpr (FMT == FMT_W8) {
     const __half2 B = __floats2half2_rn(1152.f, 1152.f);
+    float s = 0.f;
 #pragma unroll
     for (int sl = 0; sl < 2; ++sl) {
       const uint4 xv = xp[(sl + key) & 1];
@@ -79,32 +105,20 @@ __device__ __forceinline__ float dot_u4(uint4 w, uint2 hi, const uint4* __restri
         s += f.x + f.y;
       }
     }
+    return s;
   } else if constexpr (FMT == FMT_Q4) {
     // (q & 0x000F000F) ^ 0x64086408 = fp16 pair 1024 + (n ^ 8) = 1032 + code: one LOP3 per two codes
     // (the XOR turns the two's-complement nibble into offset binary). The odd pairs are taken in place
     // (1024 + 16 u) and scaled by 1/16 inside the HFMA2 that removes the offset, so q is shifted once.
     const __half2 B = __floats2half2_rn(1032.f, 1032.f);
     const __half2 S16 = __floats2half2_rn(0.0625f, 0.0625f), B16 = __floats2half2_rn(-72.f, -72.f);
-#pragma unroll
-    for (int c2 = 0; c2 < 4; c2 += 2) {
-      __half2 a;
-#pragma unroll
-      for (int cc = 0; cc < 2; ++cc) {
-        const int c = c2 + cc;
-        const uint4 xv = xp[(c + key) & 3];
-        const unsigned int q = ws[c], q8 = q >> 8;
-        const __half2 v0 = __hsub2(u32_as_half2((q & dk.lo) ^ 0x64086408u), B);
-        const __half2 v1 = __hfma2(u32_as_half2((q & dk.hi) ^ 0x64806480u), S16, B16);
-        const __half2 v2 = __hsub2(u32_as_half2((q8 & dk.lo) ^ 0x64086408u), B);
-        const __half2 v3 = __hfma2(u32_as_half2((q8 & dk.hi) ^ 0x64806480u), S16, B16);
-        a = cc == 0 ? __hmul2(v0, u32_as_half2(xv.x)) : __hfma2(v0, u32_as_half2(xv.x), a);
-        a = __hfma2(v1, u32_as_half2(xv.y), a);
-        a = __hfma2(v2, u32_as_half2(xv.z), a);
-        a = __hfma2(v3, u32_as_half2(xv.w), a);
-      }
-      const float2 f = __half22float2(a);  // 8 products per half lane: |sum| <= 8 * 8 * 256
-      s += f.x + f.y;
-    }
+    return dot_words(xp, key, [&](int c, __half2* v) {
+      const unsigned int q = ws[c], q8 = q >> 8;
+      v[0] = __hsub2(u32_as_half2((q & dk.lo) ^ 0x64086408u), B);
+      v[1] = __hfma2(u32_as_half2((q & dk.hi) ^ 0x64806480u), S16, B16);
+      v[2] = __hsub2(u32_as_half2((q8 & dk.lo) ^ 0x64086408u), B);
+      v[3] = __hfma2(u32_as_half2((q8 & dk.hi) ^ 0x64806480u), S16, B16);
+    });
   } else if constexpr (FMT == FMT_Q5) {
     // As q4, plus the (complemented) high bit of each code OR-ed into the magic word at 4/20 (even
     // pairs) or 8/24 (odd pairs, taken in place in the x16 domain): one PRMT picks the word's 8 bits,
@@ -112,62 +126,39 @@ __device__ __forceinline__ float dot_u4(uint4 w, uint2 hi, const uint4* __restri
     const __half2 B = __floats2half2_rn(1040.f, 1040.f);
     const __half2 S16 = __floats2half2_rn(0.0625f, 0.0625f), B16 = __floats2half2_rn(-80.f, -80.f);
     const unsigned int nh = ~hi.x;
-#pragma unroll
-    for (int c2 = 0; c2 < 4; c2 += 2) {
-      __half2 a;
-#pragma unroll
-      for (int cc = 0; cc < 2; ++cc) {
-        const int c = c2 + cc;
-        const uint4 xv = xp[(c + key) & 3];
-        const unsigned int q = ws[c], q8 = q >> 8;
-        const unsigned int hm = __byte_perm(nh, 0u, 0x4440u | c);  // byte c of nh, zero above
-        const unsigned int p0 = hm * dk.q5m.x, p1 = hm * dk.q5m.y, p2 = hm * dk.q5m.z, p3 = hm * dk.q5m.w;
-        // two LOP3 per pair: t = (p & bits) | magic (one immediate, magic in a register), then (q & mask) | t
-        const __half2 v0 = __hsub2(u32_as_half2((q & dk.lo) | ((p0 & 0x00100010u) | dk.magic)), B);
-        const __half2 v1 = __hfma2(u32_as_half2((q & dk.hi) | ((p1 & 0x01000100u) | dk.magic)), S16, B16);
-        const __half2 v2 = __hsub2(u32_as_half2((q8 & dk.lo) | ((p2 & 0x00100010u) | dk.magic)), B);
-        const __half2 v3 = __hfma2(u32_as_half2((q8 & dk.hi) | ((p3 & 0x01000100u) | dk.magic)), S16, B16);
-        a = cc == 0 ? __hmul2(v0, u32_as_half2(xv.x)) : __hfma2(v0, u32_as_half2(xv.x), a);
-        a = __hfma2(v1, u32_as_half2(xv.y), a);
-        a = __hfma2(v2, u32_as_half2(xv.z), a);
-        a = __hfma2(v3, u32_as_half2(xv.w), a);
-      }
-      const float2 f = __half22float2(a);  // 8 products per half lane: |sum| <= 8 * 16 * 256
-      s += f.x + f.y;
-    }
+    return dot_words(xp, key, [&](int c, __half2* v) {
+      const unsigned int q = ws[c], q8 = q >> 8;
+      const unsigned int hm = __byte_perm(nh, 0u, 0x4440u | c);  // byte c of nh, zero above
+      const unsigned int p0 = hm * dk.q5m.x, p1 = hm * dk.q5m.y, p2 = hm * dk.q5m.z, p3 = hm * dk.q5m.w;
+      // two LOP3 per pair: t = (p & bits) | magic (one immediate, magic in a register), then (q & mask) | t
+      v[0] = __hsub2(u32_as_half2((q & dk.lo) | ((p0 & 0x00100010u) | dk.magic)), B);
+      v[1] = __hfma2(u32_as_half2((q & dk.hi) | ((p1 & 0x01000100u) | dk.magic)), S16, B16);
+      v[2] = __hsub2(u32_as_half2((q8 & dk.lo) | ((p2 & 0x00100010u) | dk.magic)), B);
+      v[3] = __hfma2(u32_as_half2((q8 & dk.hi) | ((p3 & 0x01000100u) | dk.magic)), S16, B16);
+    });
   } else {
-    const float bias = 1056.f;
-    const __half2 B = __floats2half2_rn(bias, bias);
-    __half2 a;
+    // q6: two high bits a code, spread per word; 4 products per half lane between flushes (4 * 32 * 256)
+    const __half2 B = __floats2half2_rn(1056.f, 1056.f);
+    float s = 0.f;
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       const uint4 xv = xp[(c + key) & 3];
       const unsigned int q = ws[c];
-      unsigned int s4;
-      if constexpr (FMT == FMT_Q5) {
-        const unsigned int hm = (~hi.x >> (8 * c)) & 0xffu;
-        s4 = ((hm & 0x0fu) | ((hm & 0xf0u) << 12)) << 4;
-      } else {
-        const unsigned int hh = (((c < 2 ? hi.x : hi.y) ^ 0xaaaaaaaau) >> (16 * (c & 1))) & 0xffffu;
-        s4 = ((hh & 0xffu) | ((hh & 0xff00u) << 8)) << 4;
-      }
+      const unsigned int hh = (((c < 2 ? hi.x : hi.y) ^ 0xaaaaaaaau) >> (16 * (c & 1))) & 0xffffu;
+      const unsigned int s4 = ((hh & 0xffu) | ((hh & 0xff00u) << 8)) << 4;
+      __half2 a;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const unsigned int hp = FMT == FMT_Q5 ? ((s4 >> j) & 0x00100010u) | 0x64006400u
-                                              : ((s4 >> (2 * j)) & 0x00300030u) | 0x64006400u;
-        const unsigned int t = ((q >> (4 * j)) & 0x000f000fu) | hp;
+        const unsigned int t = ((q >> (4 * j)) & 0x000f000fu) | ((s4 >> (2 * j)) & 0x00300030u) | 0x64006400u;
         const unsigned int xw = j == 0 ? xv.x : (j == 1 ? xv.y : (j == 2 ? xv.z : xv.w));
         const __half2 v = __hsub2(u32_as_half2(t), B);
-        a = (j == 0 && (FMT == FMT_Q6 || (c & 1) == 0)) ? __hmul2(v, u32_as_half2(xw)) : __hfma2(v, u32_as_half2(xw), a);
+        a = j == 0 ? __hmul2(v, u32_as_half2(xw)) : __hfma2(v, u32_as_half2(xw), a);
       }
-      // q5: 8 products per half lane between flushes (|sum| <= 8 * 16 * 256); q6: 4 (4 * 32 * 256)
-      if (FMT == FMT_Q6 || (c & 1) == 1) {
-        const float2 f = __half22float2(a);
-        s += f.x + f.y;
-      }
+      const float2 f = __half22float2(a);
+      s += f.x + f.y;
     }
+    return s;
   }
-  return s;
 }
 
 template <int FMT, int ROWS, int M, int U>
