@@ -143,16 +143,22 @@ class CudaQwen35Prefill(CudaQwen35Columns):
                 self._matmul(w, x, self._gu, self._gu.shape[1])
                 g, u = self._gu[:, :n], self._gu[:, n: 2 * n]
                 y[:, :n] = g / (1 + cp.exp(-g)) * u
+            go.name = f"gemm+swiglu {w.fmt} {w.n}x{w.k}"
             return go
         if epi != "store" or y_offset:
             raise NotImplementedError(f"prefill GEMM epilogue {epi!r}")
-        return lambda: self._matmul(w, x, y, y.shape[1])
+        return self._named(lambda: self._matmul(w, x, y, y.shape[1]), f"gemm {w.fmt} {w.n}x{w.k}")
+
+    @staticmethod
+    def _named(fn, name: str):
+        fn.name = name  # what bench/prefill_profile.py groups op times by
+        return fn
 
     def _plan_gemv(self, w, x, y, epi, splits, xpre):
         """Out- and down-projections: the whole sum into split 0 of the partials (the next norm adds it)."""
         plan = type("PrefillPlan", (), {})()
         plan.splits = 1
-        plan.launch = lambda: self._matmul(w, x, y[0], y.shape[-1])
+        plan.launch = self._named(lambda: self._matmul(w, x, y[0], y.shape[-1]), f"gemm {w.fmt} {w.n}x{w.k}")
         return plan
 
     def _stage(self, x, k, kpad, xh, xinv):
@@ -170,6 +176,7 @@ class CudaQwen35Prefill(CudaQwen35Columns):
             v = kv_rows(cp, L["vc"], L["vs"], pages, n)
             q = self.qbuf[:, :qw].reshape(T, hq, ATTN_HEAD_DIM)
             self.att[:, :qw] = prefill_attention(cp, q, k, v, self.buf_b[:, :qw], self.start, half=True)
+        go.name = "attention (gather + fp16 products)"
         return [go]
 
     def run_chunk(self, token_ids, start: int) -> None:

@@ -1,0 +1,48 @@
+"""Launch the 27B's main decode GEMVs a few times with plain launches, for Nsight Compute:
+
+  ncu --clock-control none -k regex:gemv_rs --section SpeedOfLight --section WarpStateStats ... \
+      python bench/gemv_ncu.py
+Each shape runs with the engine's tuning table (`engine.ops.gemv_tuning`), x pre-staged as in decode.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import cupy as cp  # noqa: E402
+
+from engine.gpu_weights import random_matrix  # noqa: E402
+from engine.ops import kernels as K  # noqa: E402
+from engine.ops.gemv_tuning import default_cfg  # noqa: E402
+
+SHAPES = [("mlp gate|up", "q4_g64_fp16", 34816, 5120, "swiglu"), ("mlp down", "q5_g64_fp16", 5120, 17408, "partial"),
+          ("gdn v|z", "q5_g64_fp16", 12288, 5120, "store")]
+
+
+def main():
+    cfg = default_cfg()
+    rng = cp.random.default_rng(0)
+    for name, fmt, n, k, epi in SHAPES:
+        w = random_matrix(cp, rng, fmt, n, k)
+        x = cp.asarray(np.random.default_rng(1).standard_normal((1, k)).astype(np.float32))
+        pad = getattr(K, "XPAD", 128)  # the executor's padding of staged x
+        kpad = -(-k // pad) * pad
+        xpre = (cp.zeros((1, kpad // 2), dtype=cp.uint32), cp.zeros(1, dtype=cp.float32))
+        K.prepared("stage_x", (1,), (x, k, k, kpad, xpre[0], xpre[1]), block=1024)()
+        out_n = n // 2 if epi == "swiglu" else n
+        c = cfg.get((fmt, n, k), {})
+        y = cp.zeros((8, out_n), cp.float32)
+        plan = K.GemvPlan(w, x, k, y, out_n, epi=epi, splits=c.get("splits", 1), rows=c.get("rows"),
+                          unroll=c.get("unroll", 2), xpre=xpre)
+        for _ in range(2):
+            plan.launch()
+        cp.cuda.Device().synchronize()
+        print(name, fmt, n, k, c, flush=True)
+
+
+if __name__ == "__main__":
+    main()
