@@ -86,7 +86,7 @@ def kernel_sweep(bw):
         x = cp.asarray(np.random.default_rng(1).standard_normal((1, k)).astype(np.float32))
         xpre = None
         if fmt != "q8_g32_fp16":
-            kpad = -(-k // 128) * 128
+            kpad = -(-k // K.XPAD) * K.XPAD
             xpre = (cp.zeros((1, kpad // 2), dtype=cp.uint32), cp.zeros(1, dtype=cp.float32))
             K.prepared("stage_x", (1,), (x, k, k, kpad, xpre[0], xpre[1]), block=1024)()
         out_n = n // 2 if epi == "swiglu" else n

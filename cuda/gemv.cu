@@ -34,7 +34,8 @@ template <> struct Fmt<FMT_Q6> { static constexpr int VPU = 32, HB = 16; static 
 template <> struct Fmt<FMT_W8> { static constexpr int VPU = 16, HB = 0;  static constexpr float XMAX = 128.f; };
 
 // Dot product of one 16-byte word of codes (and its high bits) with the matching x pairs.
-// xp: the x pairs of this uint4 in shared memory (4 slots of 16 B for q4-q6, 2 for w8), slot swizzle key.
+// xp: the x pairs of this uint4 (4 slots of 16 B for q4-q6, 32 uint4 apart: the slot-major layout of
+// stage_pairs; 2 swizzled adjacent slots for w8, with the swizzle key).
 // q5: the multipliers that spread a word's 8 high bits onto the magic positions of its 4 pairs
 // (hm * (2^a + 2^b) puts bit i at i+a and i+b with no carries, as the two copies never overlap).
 // Passed in registers so that the products are IMADs, which issue on the FMA pipe, not the ALU pipe
@@ -63,16 +64,19 @@ __device__ __forceinline__ DecodeK decode_constants(unsigned int one) {
 // q4/q5: the 4 words of a uint4 against their x pairs, 8 products per half lane between flushes to
 // fp32. `decode(c, v)` gives word c's value pairs: v[0] (k, k+4), v[1] the odd nibbles in place,
 // v[2] and v[3] the same from q >> 8.
-template <typename Decode>
+// MERGE16 (q4: codes -8..7): the two 8-product chains are added in fp16 and converted once,
+// |sum| <= 16 * 8 * 256 = 32768.
+template <bool MERGE16 = false, typename Decode>
 __device__ __forceinline__ float dot_words(const uint4* __restrict__ xp, int key, Decode decode) {
   float s = 0.f;
+  __half2 part[2];
 #pragma unroll
   for (int c2 = 0; c2 < 4; c2 += 2) {
     __half2 a;
 #pragma unroll
     for (int cc = 0; cc < 2; ++cc) {
       const int c = c2 + cc;
-      const uint4 xv = xp[(c + key) & 3];
+      const uint4 xv = xp[c * 32];
       __half2 v[4];
       decode(c, v);
       a = cc == 0 ? __hmul2(v[0], u32_as_half2(xv.x)) : __hfma2(v[0], u32_as_half2(xv.x), a);
@@ -80,8 +84,16 @@ __device__ __forceinline__ float dot_words(const uint4* __restrict__ xp, int key
       a = __hfma2(v[2], u32_as_half2(xv.z), a);
       a = __hfma2(v[3], u32_as_half2(xv.w), a);
     }
-    const float2 f = __half22float2(a);  // |sum| <= 8 * 16 * 256 (q5), 8 * 8 * 256 (q4)
-    s += f.x + f.y;
+    if constexpr (MERGE16) {
+      part[c2 >> 1] = a;
+    } else {
+      const float2 f = __half22float2(a);  // |sum| <= 8 * 16 * 256 (q5), 8 * 8 * 256 (q4)
+      s += f.x + f.y;
+    }
+  }
+  if constexpr (MERGE16) {
+    const float2 f = __half22float2(__hadd2(part[0], part[1]));
+    s = f.x + f.y;
   }
   return s;
 }
@@ -112,7 +124,7 @@ __device__ __forceinline__ float dot_u4(uint4 w, uint2 hi, const uint4* __restri
     // (1024 + 16 u) and scaled by 1/16 inside the HFMA2 that removes the offset, so q is shifted once.
     const __half2 B = __floats2half2_rn(1032.f, 1032.f);
     const __half2 S16 = __floats2half2_rn(0.0625f, 0.0625f), B16 = __floats2half2_rn(-72.f, -72.f);
-    return dot_words(xp, key, [&](int c, __half2* v) {
+    return dot_words<true>(xp, key, [&](int c, __half2* v) {
       const unsigned int q = ws[c], q8 = q >> 8;
       v[0] = __hsub2(u32_as_half2((q & dk.lo) ^ 0x64086408u), B);
       v[1] = __hfma2(u32_as_half2((q & dk.hi) ^ 0x64806480u), S16, B16);
@@ -142,7 +154,7 @@ __device__ __forceinline__ float dot_u4(uint4 w, uint2 hi, const uint4* __restri
     float s = 0.f;
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      const uint4 xv = xp[(c + key) & 3];
+      const uint4 xv = xp[c * 32];
       const unsigned int q = ws[c];
       const unsigned int hh = (((c < 2 ? hi.x : hi.y) ^ 0xaaaaaaaau) >> (16 * (c & 1))) & 0xffffu;
       const unsigned int s4 = ((hh & 0xffu) | ((hh & 0xff00u) << 8)) << 4;
@@ -162,9 +174,10 @@ __device__ __forceinline__ float dot_u4(uint4 w, uint2 hi, const uint4* __restri
 }
 
 template <int FMT, int ROWS, int M, int U>
-// The one-row decode variant (the sweep's pick for the long-K q5 shapes) is held to 51 registers so
-// that 5 blocks fit on an SM; it fits without spilling (the others would spill, so they are left free).
-__global__ void __launch_bounds__(256, (ROWS == 1 && M == 1 && U == 2) ? 5 : 1) gemv_rs(
+// One-token decode variants held to an occupancy: one row at 5 blocks/SM (51 registers), two rows at
+// 4 (64; not q5, which would spill). With the slot-major x the compiler otherwise hoists every x load
+// of an iteration (immediate offsets) and grows to 96-116 registers.
+__global__ void __launch_bounds__(256, (M == 1 && U == 2) ? (ROWS == 1 ? 5 : (ROWS == 2 && FMT != FMT_Q5 ? 4 : 1)) : 1) gemv_rs(
     const unsigned char* __restrict__ base, const unsigned char* __restrict__ high,
     const __half* __restrict__ scales, int N, int gpr, int pair_stride,
     const float* __restrict__ x, int ldx, int K, int u4_per_split,
@@ -219,7 +232,11 @@ __global__ void __launch_bounds__(256, (ROWS == 1 && M == 1 && U == 2) ? 5 : 1) 
   const int nloc = je - js;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __half2* xs = reinterpret_cast<__half2*>(smem_raw);
-  float* red = reinterpret_cast<float*>(smem_raw + (size_t)M * nloc * VPU * 2);
+  // q4-q6: x pairs in slot-major blocks of 32 chunks (a block: 4 slots x 32 chunks x 16 B), so a warp's
+  // 16-byte reads of one slot are 512 contiguous bytes (4 L1 wavefronts, no bank conflicts); rows padded
+  // to whole blocks. w8: chunk-major with a 2-slot swizzle, as before.
+  const int nloc_pad = VPU == 32 ? ((nloc + 31) & ~31) : nloc;
+  float* red = reinterpret_cast<float*>(smem_raw + (size_t)M * nloc_pad * VPU * 2);
 
   // x arrives pre-staged (xinv != nullptr: fp16 pairs in decode order for the whole row, written once
   // by the producing kernel) or is staged here from fp32: x[m][js*VPU : je*VPU) -> shared memory.
@@ -257,8 +274,7 @@ __global__ void __launch_bounds__(256, (ROWS == 1 && M == 1 && U == 2) ? 5 : 1) 
           const int c = pi >> 2, jp = pi & 3;
           ka = (js + jl) * 32 + 8 * c + jp;
           kb = ka + 4;
-          const int phys = (c + (jl >> 1)) & 3;
-          dst = (m * nloc + jl) * 16 + phys * 4 + jp;
+          dst = m * nloc_pad * 16 + (jl >> 5) * 512 + c * 128 + (jl & 31) * 4 + jp;
         }
         xs[dst] = __floats2half2_rn(ka < K ? xm[ka] * sc : 0.f, kb < K ? xm[kb] * sc : 0.f);
       }
@@ -267,7 +283,7 @@ __global__ void __launch_bounds__(256, (ROWS == 1 && M == 1 && U == 2) ? 5 : 1) 
   }
   const DecodeK dk = decode_constants(gpr > 0 ? 1u : 0u);  // gpr >= 1 always; the compiler cannot know
   const uint4* xs4 = pre ? reinterpret_cast<const uint4*>(x) : reinterpret_cast<const uint4*>(xs);
-  const int xrow = pre ? u4_per_row : nloc;  // uint4 chunks per token row of the x pairs
+  const int xrow = pre ? ((u4_per_row + 31) & ~31) : nloc_pad;  // chunks per token row of the x pairs
   const int xoff = pre ? js : 0;
   constexpr int SLOTS = VPU == 32 ? 4 : 2;
 
@@ -309,10 +325,12 @@ __global__ void __launch_bounds__(256, (ROWS == 1 && M == 1 && U == 2) ? 5 : 1) 
         const int j = jj + 32 * u;
         if (j < je) {
           const int jl = j - js;
-          const int key = SLOTS == 4 ? ((jl + xoff) >> 1) : ((jl + xoff) >> 2);
+          const int key = SLOTS == 4 ? 0 : ((jl + xoff) >> 2);
+          const int jx = jl + xoff;  // chunk index in the staged row
 #pragma unroll
           for (int m = 0; m < M; ++m) {
-            const uint4* xp = xs4 + (size_t)(m * xrow + jl + xoff) * SLOTS;
+            const uint4* xp = SLOTS == 4 ? xs4 + (size_t)m * xrow * 4 + (jx >> 5) * 128 + (jx & 31)
+                                         : xs4 + (size_t)(m * xrow + jx) * SLOTS;
 #pragma unroll
             for (int r = 0; r < ROWS; ++r) acc[r][m] += sc[u][r] * dot_u4<FMT>(w[u][r], hb[u][r], xp, key, dk);
           }

@@ -5,28 +5,6 @@
 // gated_rmsnorm: out[h] = rmsnorm(o[h]) * w * silu(z[h]) per 128-wide GDN value head (plain weight).
 #include "common.cuh"
 
-// Write x[0:K) (fp32, block-shared input) as the fp16 pairs the q4/q5/q6 GEMV decodes, scaled by a
-// power of two so that |x| <= 256, in the bank-swizzled order of gemv.cu; *xinv = 1 / scale.
-// kpad = K rounded up to 128; pairs past K are zero.
-__device__ void stage_pairs(const float* xm, int K, int kpad, __half2* dst, float* xinv, float* red) {
-  float mx = 0.f;
-  for (int k = threadIdx.x; k < K; k += blockDim.x) mx = fmaxf(mx, fabsf(xm[k]));
-  mx = block_max(mx, red);
-  float sc = 1.f;
-  if (mx > 0.f) {
-    int e;
-    frexpf(256.f / mx, &e);
-    sc = ldexpf(1.f, e - 1);
-  }
-  for (int p = threadIdx.x; p < kpad / 2; p += blockDim.x) {
-    const int jl = p >> 4, pi = p & 15, c = pi >> 2, jp = pi & 3;
-    const int ka = jl * 32 + 8 * c + jp, kb = ka + 4;
-    const int phys = (c + (jl >> 1)) & 3;
-    dst[jl * 16 + phys * 4 + jp] = __floats2half2_rn(ka < K ? xm[ka] * sc : 0.f, kb < K ? xm[kb] * sc : 0.f);
-  }
-  if (threadIdx.x == 0) *xinv = 1.f / sc;
-}
-
 // Multi-block forms (grid (nb, M)): every block reduces over the whole row (redundantly, from L2) and
 // then writes only its own slice, so a 5120-wide norm is not left to a single multiprocessor.
 
@@ -35,8 +13,8 @@ __device__ __forceinline__ void stage_slice(const float* xm, int K, int c0, int 
   for (int p = c0 * 16 + threadIdx.x; p < c1 * 16; p += blockDim.x) {
     const int jl = p >> 4, pi = p & 15, c = pi >> 2, jp = pi & 3;
     const int ka = jl * 32 + 8 * c + jp, kb = ka + 4;
-    const int phys = (c + (jl >> 1)) & 3;
-    dst[jl * 16 + phys * 4 + jp] = __floats2half2_rn(ka < K ? xm[ka] * sc : 0.f, kb < K ? xm[kb] * sc : 0.f);
+    dst[(jl >> 5) * 512 + c * 128 + (jl & 31) * 4 + jp] =
+        __floats2half2_rn(ka < K ? xm[ka] * sc : 0.f, kb < K ? xm[kb] * sc : 0.f);
   }
 }
 
@@ -49,6 +27,20 @@ __device__ __forceinline__ float pow2_scale(float mx) {
   }
   return sc;
 }
+
+// Write x[0:K) (fp32, block-shared input) as the fp16 pairs the q4/q5/q6 GEMV decodes, scaled by a
+// power of two so that |x| <= 256, in the slot-major order of gemv.cu (blocks of 32 chunks of 32
+// values: slot c of chunk j at pair (j >> 5) * 512 + c * 128 + (j & 31) * 4); *xinv = 1 / scale.
+// kpad = K rounded up to 1024 (whole blocks); pairs past K are zero.
+__device__ void stage_pairs(const float* xm, int K, int kpad, __half2* dst, float* xinv, float* red) {
+  float mx = 0.f;
+  for (int k = threadIdx.x; k < K; k += blockDim.x) mx = fmaxf(mx, fabsf(xm[k]));
+  mx = block_max(mx, red);
+  const float sc = pow2_scale(mx);
+  stage_slice(xm, K, 0, kpad / 32, dst, sc);
+  if (threadIdx.x == 0) *xinv = 1.f / sc;
+}
+
 
 extern "C" __global__ void stage_x_mb(const float* __restrict__ x, int ldx, int K, int kpad,
                                       __half2* __restrict__ xh, float* __restrict__ xinv) {

@@ -192,7 +192,7 @@ class CudaQwen35:
             self.eidx = cp.zeros((M, self.topk), dtype=cp.int32)
             self.ewts = cp.zeros((M, self.topk + 1), dtype=f32)
             self.act_e = cp.zeros((self.topk, self.inter_e), dtype=f32)
-            self.kpad_e = -(-self.inter_e // 128) * 128
+            self.kpad_e = -(-self.inter_e // K.XPAD) * K.XPAD
             self.xh_e = cp.zeros((self.topk, self.kpad_e // 2), dtype=cp.uint32)
             self.xinv_e = cp.ones(self.topk, dtype=f32)
             self.max_splits = max(self.max_splits, self.topk + 1)
@@ -204,7 +204,7 @@ class CudaQwen35:
         self.qbuf = cp.zeros((M, self.Hq * ATTN_HEAD_DIM), dtype=f32)
         self.logits = cp.zeros((self._logit_rows(), self.V), dtype=f32)
         # x pre-staged as fp16 pairs for the q4/q5/q6 GEMVs (written once by the producer kernel)
-        kp = lambda k: -(-k // 128) * 128  # noqa: E731
+        kp = lambda k: -(-k // K.XPAD) * K.XPAD  # noqa: E731  (whole slot-major blocks)
         self.kpad_h, self.kpad_att, self.kpad_act = kp(H), kp(att_w), kp(self.inter)
         self.xh_n, self.xinv_n = cp.zeros((M, self.kpad_h // 2), dtype=cp.uint32), cp.ones(M, dtype=f32)
         self.xh_att, self.xinv_att = cp.zeros((M, self.kpad_att // 2), dtype=cp.uint32), cp.ones(M, dtype=f32)
@@ -359,7 +359,8 @@ class CudaQwen35:
                                       (self.att2, self.buf_b[:, zoff:], ldb, L["norm"], self.att, self.att.shape[1],
                                        Hv, eps)))
             att_k = L["o"].k
-            ops.append(self._stage(self.att, att_k, -(-att_k // 128) * 128, self.xh_att, self.xinv_att))
+            # per layer: the staged row stride must be the one the o-projection's K implies
+            ops.append(self._stage(self.att, att_k, -(-att_k // K.XPAD) * K.XPAD, self.xh_att, self.xinv_att))
             o_plan = self._plan_gemv(L["o"], self.att, self.part, "partial", self._splits(L["o"]),
                                      (self.xh_att, self.xinv_att))
             ops.append(o_plan.launch)

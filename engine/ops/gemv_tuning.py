@@ -12,12 +12,12 @@ from __future__ import annotations
 H200 = {
     ("q4_g64_fp16", 7168, 5120): dict(rows=2, unroll=2, splits=1),
     ("q5_g64_fp16", 7168, 5120): dict(rows=1, unroll=2, splits=1),
-    ("q4_g64_fp16", 4096, 5120): dict(rows=2, unroll=2, splits=1),
+    ("q4_g64_fp16", 4096, 5120): dict(rows=2, unroll=4, splits=1),
     ("q5_g64_fp16", 12288, 5120): dict(rows=1, unroll=2, splits=1),
     ("q5_g64_fp16", 5120, 6144): dict(rows=1, unroll=2, splits=1),
-    ("q4_g64_fp16", 34816, 5120): dict(rows=2, unroll=4, splits=1),
-    ("q5_g64_fp16", 5120, 17408): dict(rows=1, unroll=2, splits=1),
-    ("q8_g32_fp16", 248320, 5120): dict(rows=2, unroll=4, splits=1),
+    ("q4_g64_fp16", 34816, 5120): dict(rows=2, unroll=2, splits=1),
+    ("q5_g64_fp16", 5120, 17408): dict(rows=1, unroll=2, splits=2),
+    ("q8_g32_fp16", 248320, 5120): dict(rows=2, unroll=2, splits=1),
 }
 
 

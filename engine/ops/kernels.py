@@ -22,6 +22,8 @@ from engine.artifact import formats
 from engine.backend import cupy_or_none
 
 SOURCES = ("common.cuh", "gemv.cu", "norm.cu", "attention.cu", "gdn.cu", "sample.cu", "moe.cu")
+# Pre-staged GEMV input rows (fp16 pairs, slot-major blocks of 32 chunks) are padded to this many values.
+XPAD = 1024
 FMT_IDS = {"q4_g64_fp16": 0, "q5_g64_fp16": 1, "q6_g64_fp16": 2, "q8_g32_fp16": 3}
 EPI = {"store": 0, "partial": 1, "swiglu": 2, "add": 3}
 GEMV_ROWS = (1, 2, 4)
@@ -232,11 +234,12 @@ class GemvPlan:
         u4_per_row = w.gpr * 2
         pre = xpre is not None and w.fmt != "q8_g32_fp16"
         u4ps = -(-u4_per_row // splits)
-        if pre:  # slices start on a swizzle period (8 chunks) of the pre-staged pairs
-            u4ps = -(-u4ps // 8) * 8
+        if pre:  # slices start on a block (32 chunks) of the slot-major pre-staged pairs
+            u4ps = -(-u4ps // 32) * 32
             splits = -(-u4_per_row // u4ps)
         vpu = 16 if w.fmt == "q8_g32_fp16" else 32
-        self.smem = 0 if pre else m * u4ps * vpu * 2 + 32 * 4
+        staged = u4ps if vpu == 16 else -(-u4ps // 32) * 32  # q4-q6 stage whole 32-chunk blocks
+        self.smem = 0 if pre else m * staged * vpu * 2 + 32 * 4
         ngroups = w.n // 2 if epi == "swiglu" else -(-w.n // rows)
         per_sm = 8 if pre else max(1, min(8, (200 * 1024) // max(self.smem, 1)))
         bx = max(1, min(-(-ngroups // WARPS), sm_count() * per_sm // splits))

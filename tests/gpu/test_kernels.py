@@ -81,7 +81,7 @@ def test_gemv_prestaged(cp, fmt, n, k, splits, pf):
     dm = upload_matrix(cp, fmt, w)
     wq = formats.decode(fmt, "row_split_k128_v1", (n, k), cp.asnumpy(dm.buf))
     x = RNG.standard_normal((m, k)).astype(np.float32)
-    kpad = -(-k // 128) * 128
+    kpad = -(-k // K.XPAD) * K.XPAD
     xh, xinv = cp.zeros((m, kpad // 2), dtype=cp.uint32), cp.zeros(m, dtype=cp.float32)
     K.prepared("stage_x_mb", (3, m), (cp.asarray(x), k, k, kpad, xh, xinv))()
     part = cp.full((splits, m, n), np.nan, dtype=cp.float32)
@@ -156,7 +156,7 @@ def test_residual_rmsnorm_and_gated(cp):
     part = RNG.standard_normal((s, m, h)).astype(np.float32)
     w = RNG.standard_normal(h).astype(np.float32) * 0.1
     xd, out = cp.asarray(x), cp.full((m, h), np.nan, dtype=cp.float32)
-    kpad = -(-h // 128) * 128
+    kpad = -(-h // K.XPAD) * K.XPAD
     xh, xinv = cp.zeros((m, kpad // 2), dtype=cp.uint32), cp.zeros(m, dtype=cp.float32)
     K.prepared("residual_rmsnorm", (m,), (xd, cp.asarray(part), s, m * h, cp.asarray(w), out, h, 1e-6, 1,
                                           xh, xinv, kpad), block=1024)()
