@@ -212,3 +212,42 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part_ml, const
   const float gv = gate[(size_t)m * ldg + h * 256 + d];
   out[(size_t)m * ldo + h * 256 + d] = A / L * sigmoidf_(gv);
 }
+
+// Prefill attention's softmax over fp32 scores [rows, n] (rows = query heads x T of a query block, the
+// query index t = row % T at position q_start + t sees keys 0..q_start + t): p = softmax as fp16 [rows, n],
+// zero past the causal limit. One block per row; one pass for the running max and sum, one to write.
+extern "C" __global__ void causal_softmax_f16(const float* __restrict__ s, __half* __restrict__ p, int n, int T,
+                                              int q_start) {
+  NI_PDL_ENTRY();
+  __shared__ float rm[32], rl[32];
+  const size_t r = blockIdx.x;
+  const int lim = min(n, q_start + (int)(r % T) + 1);
+  const float* sr = s + r * n;
+  __half* pr = p + r * n;
+  float m = -INFINITY, l = 0.f;
+  for (int j = threadIdx.x; j < lim; j += blockDim.x) {
+    const float v = sr[j];
+    if (v > m) {
+      l = l * __expf(m - v) + 1.f;
+      m = v;
+    } else {
+      l += __expf(v - m);
+    }
+  }
+  // combine the (max, sum) pairs: within the warp, then across warps
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, o), l2 = __shfl_xor_sync(0xffffffffu, l, o);
+    const float mm = fmaxf(m, m2);
+    l = (m == -INFINITY ? 0.f : l * __expf(m - mm)) + (m2 == -INFINITY ? 0.f : l2 * __expf(m2 - mm));
+    m = mm;
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  if (lane == 0) { rm[warp] = m; rl[warp] = l; }
+  __syncthreads();
+  float mb = -INFINITY;
+  for (int i = 0; i < nw; ++i) mb = fmaxf(mb, rm[i]);
+  float lb = 0.f;
+  for (int i = 0; i < nw; ++i) lb += rm[i] == -INFINITY ? 0.f : rl[i] * __expf(rm[i] - mb);
+  const float inv = 1.f / lb;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) pr[j] = __float2half_rn(j < lim ? __expf(sr[j] - mb) * inv : 0.f);
+}

@@ -102,16 +102,29 @@ extern "C" __global__ void gdn_prep_cols(const float* __restrict__ qk, int ldqk,
   if (head >= nheads) return;
   const int C = nheads * 128;
   const int c0 = head * 128 + lane * 4;
-  float s0[4], s1[4], s2[4], w[4][4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    s0[i] = conv_state[c0 + i]; s1[i] = conv_state[C + c0 + i]; s2[i] = conv_state[2 * C + c0 + i];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) w[j][i] = conv_w[j * C + c0 + i];
-  }
-  for (int t = 0; t < T; ++t) {
+  // grid.y splits the T tokens (prefill chunks): a slice starts from the three inputs before it (the
+  // conv state before token 0) and leaves the conv state to gdn_conv_tail; with one slice (the columns
+  // step) the state is carried in registers and written back here.
+  const int tper = (T + gridDim.y - 1) / gridDim.y;
+  const int t0 = blockIdx.y * tper, t1 = min(T, t0 + tper);
+  auto input = [&](int t) {  // token t's 4 conv inputs of this lane; t in [-3, 0) is the conv state
+    if (t < 0) return *reinterpret_cast<const float4*>(conv_state + (3 + t) * C + c0);
     const float* src = head < 2 * Hk ? qk + (size_t)t * ldqk + c0 : vv + (size_t)t * ldv + (c0 - 2 * Hk * 128);
-    const float4 xin = *reinterpret_cast<const float4*>(src);
+    return *reinterpret_cast<const float4*>(src);
+  };
+  float s0[4], s1[4], s2[4], w[4][4];
+  {
+    const float4 a = input(t0 - 3), b = input(t0 - 2), c = input(t0 - 1);
+    const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w}, cv[4] = {c.x, c.y, c.z, c.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      s0[i] = av[i]; s1[i] = bv[i]; s2[i] = cv[i];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) w[j][i] = conv_w[j * C + c0 + i];
+    }
+  }
+  for (int t = t0; t < t1; ++t) {
+    const float4 xin = input(t);
     const float xi[4] = {xin.x, xin.y, xin.z, xin.w};
     float y[4];
 #pragma unroll
@@ -137,10 +150,29 @@ extern "C" __global__ void gdn_prep_cols(const float* __restrict__ qk, int ldqk,
       }
     }
   }
+  if (gridDim.y > 1) return;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     conv_state[c0 + i] = s0[i]; conv_state[C + c0 + i] = s1[i]; conv_state[2 * C + c0 + i] = s2[i];
   }
+}
+
+// After a token-split gdn_prep_cols: the conv state becomes the last three inputs of [state, x_0..x_T-1].
+// One thread per channel (C = (2 Hk + Hv) * 128 channels: q and k from qk, v from vv).
+extern "C" __global__ void gdn_conv_tail(const float* __restrict__ qk, int ldqk, const float* __restrict__ vv, int ldv,
+                                         float* __restrict__ conv_state, int Hk, int Hv, int T) {
+  NI_PDL_ENTRY();
+  const int C = (2 * Hk + Hv) * 128;
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  const float old[3] = {conv_state[c], conv_state[C + c], conv_state[2 * C + c]};
+  float nw[3];
+#pragma unroll
+  for (int i = 0; i < 3; ++i) {
+    const int t = T - 3 + i;
+    nw[i] = t < 0 ? old[3 + t] : (c < 2 * Hk * 128 ? qk[(size_t)t * ldqk + c] : vv[(size_t)t * ldv + c - 2 * Hk * 128]);
+  }
+  conv_state[c] = nw[0]; conv_state[C + c] = nw[1]; conv_state[2 * C + c] = nw[2];
 }
 
 extern "C" __global__ void __launch_bounds__(256) gdn_delta_cols(const float* __restrict__ qn, const float* __restrict__ kn,
@@ -155,17 +187,30 @@ extern "C" __global__ void __launch_bounds__(256) gdn_delta_cols(const float* __
   const int kh = tiled ? h % Hk : h / (Hv / Hk);
   float4* sp = reinterpret_cast<float4*>(state + ((size_t)h * 128 + dv) * 128) + lane;
   float4 s = *sp;
+  // token t+1's inputs are loaded while token t is computed (the loop is a chain of dependent steps)
+  auto ld = [&](int t, float4& q, float4& k, float& gt, float& bt, float& vt) {
+    q = reinterpret_cast<const float4*>(qn + ((size_t)t * Hk + kh) * 128)[lane];
+    k = reinterpret_cast<const float4*>(kn + ((size_t)t * Hk + kh) * 128)[lane];
+    gt = g[(size_t)t * Hv + h];
+    bt = beta[(size_t)t * Hv + h];
+    vt = vo[((size_t)t * Hv + h) * 128 + dv];
+  };
+  float4 q, k;
+  float gt, bt, vt;
+  if (T > 0) ld(0, q, k, gt, bt, vt);
   for (int t = 0; t < T; ++t) {
-    const float4 q = reinterpret_cast<const float4*>(qn + ((size_t)t * Hk + kh) * 128)[lane];
-    const float4 k = reinterpret_cast<const float4*>(kn + ((size_t)t * Hk + kh) * 128)[lane];
-    const float alpha = __expf(g[(size_t)t * Hv + h]);
+    float4 q2, k2;
+    float g2, b2, v2;
+    ld(t + 1 < T ? t + 1 : t, q2, k2, g2, b2, v2);
+    const float alpha = __expf(gt);
     s.x *= alpha; s.y *= alpha; s.z *= alpha; s.w *= alpha;
     const float sk = warp_sum(s.x * k.x + s.y * k.y + s.z * k.z + s.w * k.w);
     const float sq = warp_sum(s.x * q.x + s.y * q.y + s.z * q.z + s.w * q.w);
     const float kq = warp_sum(k.x * q.x + k.y * q.y + k.z * q.z + k.w * q.w);
-    const float u = beta[(size_t)t * Hv + h] * (vo[((size_t)t * Hv + h) * 128 + dv] - sk);
+    const float u = bt * (vt - sk);
     s.x += u * k.x; s.y += u * k.y; s.z += u * k.z; s.w += u * k.w;
     if (lane == 0) o[((size_t)t * Hv + h) * 128 + dv] = sq + u * kq;
+    q = q2; k = k2; gt = g2; bt = b2; vt = v2;
   }
   *sp = s;
 }

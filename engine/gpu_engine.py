@@ -15,11 +15,13 @@ from engine.models.qwen3_5_cuda import CudaQwen35
 # the H200. NINFER_PREFILL_COLS=1 turns it off.
 PREFILL_COLS = int(os.environ.get("NINFER_PREFILL_COLS", "8"))
 # Streamed sampling reads back only the ids within the sampler's margin of the top logit (a few
-# hundred values instead of the 248,320-entry row). Written without device time to check it: on with
-# NINFER_SPARSE_LOGITS=1 until tests/gpu/test_gpu_engine.py::test_sparse_logits_step has passed on a GPU.
-SPARSE_LOGITS = os.environ.get("NINFER_SPARSE_LOGITS", "0") == "1"
-# Prompt tokens per tensor-core prefill chunk (`qwen3_5_cuda_prefill`); 0 = off. Written without device
-# time to check it, so off until tests/gpu/test_prefill.py has passed on a GPU: NINFER_PREFILL_GEMM=256.
+# hundred values instead of the 248,320-entry row); tests/gpu/test_gpu_engine.py::test_sparse_logits_step
+# passed on the H200. NINFER_SPARSE_LOGITS=0 turns it off.
+SPARSE_LOGITS = os.environ.get("NINFER_SPARSE_LOGITS", "1") == "1"
+# Prompt tokens per tensor-core prefill chunk (`qwen3_5_cuda_prefill`); 0 = off. tests/gpu/test_prefill.py
+# passed on the H200 (pp8192 ~8x the columns step). Off by default for its memory: ~1.5-2.5 GiB of
+# fixed scratch and 12 B per context token for the gathered K/V would cut the context a 24 GiB card
+# fits by a third; on with NINFER_PREFILL_GEMM=1024 until the attention reads the paged cache directly.
 PREFILL_GEMM = int(os.environ.get("NINFER_PREFILL_GEMM", "0"))
 
 

@@ -92,8 +92,9 @@ def workspace_bytes(args, rows: int, prefill_chunk: int = 0) -> int:
 def prefill_executor_bytes(args, cols: int = 0, gemm: int = 0, score_bytes: int = GIB) -> int:
     """The CUDA engine's prefill executors beside the decode step: the columns step (`cols` token rows of
     the same buffers) and the tensor-core chunk (`gemm` rows, one logits row, plus its fp16 copy of the
-    largest layer matrix, the fp16 activations, the gate|up product and up to three query blocks of
-    attention scores). Neither exists for MoE models."""
+    largest layer matrix, the fp16 activations, the gate|up product, one query block of attention scores
+    in fp32 and fp16 (`score_bytes`) and the queries and outputs per KV head). Neither exists for MoE
+    models. The cache rows the attention gathers grow with the context: `prefill_gather_bytes_per_token`."""
     if args.is_moe:
         return 0
     total = workspace_bytes(args, cols) if cols > 1 else 0
@@ -106,8 +107,16 @@ def prefill_executor_bytes(args, cols: int = 0, gemm: int = 0, score_bytes: int 
         logits_row = 4 * args.vocab_size
         total += workspace_bytes(args, gemm) - (gemm - 1) * logits_row
         total += 2 * max(2 * inter, widest) * max(h, inter, q, vd)  # fp16 weights of the largest matrix
-        total += 2 * gemm * max(h, inter, q, vd) + 4 * gemm * 2 * inter + 3 * score_bytes
+        total += 2 * gemm * max(h, inter, q, vd) + 4 * gemm * 2 * inter + score_bytes + 6 * gemm * q
     return total
+
+
+def prefill_gather_bytes_per_token(args, cols: int = 0, gemm: int = 0) -> int:
+    """The tensor-core prefill's attention reads one layer's cache as fp32 and fp16 rows of K and V:
+    per token of context, 2 x (4 + 2) bytes a value (0 when that path is off or the model is MoE)."""
+    if args.is_moe or gemm <= cols:
+        return 0
+    return 12 * args.num_key_value_heads * args.head_dim
 
 
 def engine_prefill_executors() -> dict:
@@ -316,6 +325,9 @@ def plan_memory(args, weights: dict[str, int], *, model: str = "", source: str =
                               f"columns step of {prefill_cols} rows" + (f", tensor-core chunk of {prefill_gemm}"
                                                                         if prefill_gemm > prefill_cols else "")))
     pools = [KVPool("text", kv_bytes_per_token(args, kv))]
+    gather = prefill_gather_bytes_per_token(args, prefill_cols, prefill_gemm)
+    if gather:
+        pools.append(KVPool("prefill attention gather", gather))
     if spec:
         columns = draft_tokens + 1
         if args.linear_num_value_heads:

@@ -133,7 +133,7 @@ def install(monkeypatch) -> types.ModuleType:
     cublas = types.ModuleType("cupy_backends.cuda.libs.cublas")
     cublas.CUBLAS_POINTER_MODE_HOST = 0
     cublas.setPointerMode = lambda *a: None
-    cublas.gemmEx = lambda *a: None
+    cublas.gemmEx = cublas.gemmStridedBatchedEx = lambda *a: None
     for name in ("cupy_backends", "cupy_backends.cuda", "cupy_backends.cuda.libs"):
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     monkeypatch.setitem(sys.modules, "cupy_backends.cuda.libs.cublas", cublas)

@@ -76,8 +76,9 @@ def test_try_build_takes_the_prefill_chunk(cp, monkeypatch):
     from engine.models.qwen3_5 import random_weights
 
     w = random_weights(ModelArgs.from_config(CFG), seed=2)
+    monkeypatch.setattr(gpu_engine, "PREFILL_GEMM", 0)  # the GEMM path off: the chunk only sets the pieces
     eng = gpu_engine.try_build(CFG, w, max_context=512, prefill_chunk=96)
-    assert eng.prefill_chunk == 96 and eng.model.gemm is None  # the GEMM path is off by default
+    assert eng.prefill_chunk == 96 and eng.model.gemm is None
     monkeypatch.setattr(gpu_engine, "PREFILL_GEMM", 64)
     eng = gpu_engine.try_build(CFG, w, max_context=512, prefill_chunk=32)
     assert eng.model.gemm is not None and eng.model.gemm.M == 32 and eng.prefill_chunk == 32

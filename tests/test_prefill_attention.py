@@ -1,9 +1,9 @@
-"""The GEMM prefill's attention pieces on NumPy: cache gathering and blocked causal attention."""
+"""The GEMM prefill's cache gathering on NumPy (its tensor-core attention is checked against
+`ref.attention` on the GPU: tests/gpu/test_prefill.py)."""
 import numpy as np
 
 from engine.artifact import formats
-from engine.models.qwen3_5_cuda_prefill import kv_rows, prefill_attention
-from engine.ops import ref
+from engine.models.qwen3_5_cuda_prefill import kv_rows
 from engine.ops.kvquant import dequantize_kv_int8_g64, quantize_kv_int8_g64
 
 RNG = np.random.default_rng(7)
@@ -36,30 +36,3 @@ def test_kv_rows_bf16_and_int8():
         spool[p, : len(chunk)] = chunk
     got = kv_rows(np, cpool, spool, pages, length)
     np.testing.assert_allclose(got, dequantize_kv_int8_g64(codes, scales), rtol=1e-6, atol=1e-6)
-
-
-def _case(t, start, hq, hkv, d):
-    """q [t, hq, d], k and v [start + t, hkv, d], gate [t, hq * d]."""
-    q = RNG.standard_normal((t, hq, d)).astype(np.float32)
-    k = RNG.standard_normal((start + t, hkv, d)).astype(np.float32)
-    v = RNG.standard_normal((start + t, hkv, d)).astype(np.float32)
-    return q, k, v, RNG.standard_normal((t, hq * d)).astype(np.float32)
-
-
-def test_prefill_attention_blocks_match_one_pass():
-    t, start, hq, d = 37, 20, 6, 256
-    q, k, v, gate = _case(t, start, hq, 2, d)
-    want = ref.attention(q, k, v, 1 / np.sqrt(d), q_start=start).reshape(t, -1) * ref.sigmoid(gate)
-    for score_bytes in (1 << 30, 4 * hq * (start + t) * 5, 1):  # one block, blocks of 5 rows, one row each
-        got = prefill_attention(np, q, k, v, gate, start, score_bytes=score_bytes)
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-
-
-def test_prefill_attention_fp16_products_within_the_attention_tolerance():
-    t, start, hq = 29, 35, 6
-    q, k, v, gate = _case(t, start, hq, 2, 256)
-    want = prefill_attention(np, q, k, v, gate, start)
-    got = prefill_attention(np, q, k, v, gate, start, half=True, score_bytes=4 * hq * (start + t) * 8)
-    err = float(np.linalg.norm(got - want) / np.linalg.norm(want))
-    assert err < 8e-3, err  # spec/testing.md attention_bf16 rel-L2
-

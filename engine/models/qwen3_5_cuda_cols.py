@@ -43,12 +43,19 @@ class CudaQwen35Columns(CudaQwen35):
     def _pre_ops(self):
         return [K.prepared("cols_positions", (1,), (self.pos, self.posc, self.M), block=32)]
 
+    PREP_SPLIT = 1  # token slices of gdn_prep_cols (grid.y); more than one leaves the conv state to gdn_conv_tail
+
     def _gdn_core_ops(self, L, lda, ldb):
         Hk, Hv, T = self.Hk, self.Hv, self.M
-        return [K.prepared("gdn_prep_cols", (-(-(2 * Hk + Hv) // K.WARPS),),
+        split = max(1, min(self.PREP_SPLIT, T // 8))
+        prep = [K.prepared("gdn_prep_cols", (-(-(2 * Hk + Hv) // K.WARPS), split),
                            (self.buf_a, lda, self.buf_b, ldb, self.ab, self.ab.shape[1], L["conv_state"], L["conv"],
                             L["a_log"], L["dt_bias"], self.gdn_q, self.gdn_k, self.gdn_v, self.gdn_g, self.gdn_beta,
-                            Hk, Hv, float(1.0 / math.sqrt(GDN_HEAD_DIM)), T)),
+                            Hk, Hv, float(1.0 / math.sqrt(GDN_HEAD_DIM)), T))]
+        if split > 1:
+            prep.append(K.prepared("gdn_conv_tail", (-(-(2 * Hk + Hv) * GDN_HEAD_DIM // 256),),
+                                   (self.buf_a, lda, self.buf_b, ldb, L["conv_state"], Hk, Hv, T), block=256))
+        return prep + [
                 K.prepared("gdn_delta_cols", (-(-Hv * GDN_HEAD_DIM // K.WARPS),),
                            (self.gdn_q, self.gdn_k, self.gdn_v, self.gdn_g, self.gdn_beta, L["state"], self.att2,
                             Hk, Hv, 0, T))]

@@ -4,8 +4,8 @@ The columns step (8 tokens per CUDA graph, GEMV kernels) reads every weight once
 few dozen tokens the projections are better done as GEMMs: each packed matrix is dequantized to fp16
 once per chunk (`dequant_rs`) and multiplied by the chunk's activations with cuBLAS (`gemmEx`, fp16
 inputs, fp32 accumulate and output). Attention runs over the gathered cache with causal masking
-(`prefill_attention`: fp16 products on tensor cores, fp32 softmax, query blocks sized to bound the
-score memory). Everything else is the columns
+(`attention_cublas`: fp16 products on tensor cores through cuBLAS, a causal softmax kernel in between,
+query blocks sized to bound the score memory). Everything else is the columns
 step's: norms, the GDN conv and recurrence over the T tokens (`gdn_prep_cols`, `gdn_delta_cols`), the
 q/k norm + RoPE + paged KV write, and the head on the chunk's last row.
 
@@ -27,7 +27,7 @@ _OP_N, _OP_T = 0, 1
 _R_16F, _R_32F = 2, 0
 _COMPUTE_32F = 68
 _GEMM_DEFAULT = -1
-SCORE_BYTES = 1 << 30  # bound on one query block's fp32 scores
+SCORE_BYTES = 1 << 30  # bound on one query block's scores (fp32 and fp16)
 
 
 def kv_rows(xp, codes, scales, pages, length: int):
@@ -42,45 +42,53 @@ def kv_rows(xp, codes, scales, pages, length: int):
     return (c.astype(xp.float32).reshape(c.shape[:-1] + (d // 64, 64)) * s[..., None]).reshape(c.shape)
 
 
-def _attention_f16(xp, q, k, v, scale: float, q_start: int):
-    """ref.attention with both products on fp16 inputs (tensor cores under CuPy), softmax in fp32;
-    k and v come in as fp16."""
+def attention_cublas(cp, q, k16, v16, gate, start: int, score_bytes: int = SCORE_BYTES):
+    """Causal GQA attention of T queries at positions start.. on tensor cores, times sigmoid(gate).
+
+    q [T, Hq, D] fp32; k16, v16 [Hkv, n, D] fp16 contiguous (n >= start + T); gate [T, Hq*D].
+    Per KV head and query block: S = scale Q K^T (cuBLAS, batched over the head's query heads with K
+    shared), `causal_softmax_f16` to fp16 P, O = P V (fp32 out). A block holds grp x tb x n scores in
+    fp32 and fp16, under `score_bytes`. Returns [T, Hq*D] fp32."""
+    from cupy_backends.cuda.libs import cublas  # noqa: PLC0415
+
     t, hq, d = q.shape
-    n, hkv, _ = k.shape
+    hkv = k16.shape[0]
     grp = hq // hkv
-    f16, f32 = xp.float16, xp.float32
-    qg = (q * f32(scale)).astype(f16).reshape(t, hkv, grp, d).transpose(1, 2, 0, 3).reshape(hkv, grp * t, d)
-    scores = xp.matmul(qg, k.transpose(1, 2, 0)).astype(f32).reshape(hkv, grp, t, n)
-    visible = xp.arange(n)[None, :] <= (q_start + xp.arange(t))[:, None]
-    scores = xp.where(visible, scores, f32(-np.inf))
-    p = ref.softmax(scores, axis=-1).astype(f16).reshape(hkv, grp * t, n)
-    o = xp.matmul(p, v.transpose(1, 0, 2)).astype(f32).reshape(hkv, grp, t, d)
-    return o.transpose(2, 0, 1, 3).reshape(t, hq, d)
-
-
-def prefill_attention(xp, q, k, v, gate, start: int, score_bytes: int = SCORE_BYTES, half: bool = False):
-    """Causal GQA attention of T queries at positions start.. over k/v [start+T, Hkv, D], times
-    sigmoid(gate [T, Hq*D]); returns [T, Hq*D] fp32. Query blocks keep each block's scores under
-    `score_bytes`. half: fp16 inputs to both products (the prefill's choice; fp32 softmax)."""
-    t, hq, d = q.shape
-    scale = 1.0 / np.sqrt(d)
-    out = xp.empty((t, hq * d), dtype=xp.float32)
-    tb = max(1, min(t, score_bytes // max(1, 4 * hq * (start + t))))
-    if half:  # once for every query block
-        k, v = k.astype(xp.float16), v.astype(xp.float16)
-    for b0 in range(0, t, tb):
-        b1 = min(t, b0 + tb)
-        n = start + b1
-        if half:
-            o = _attention_f16(xp, q[b0:b1], k[:n], v[:n], scale, start + b0)
-        else:
-            o = ref.attention(q[b0:b1], k[:n], v[:n], scale, q_start=start + b0)
-        out[b0:b1] = o.reshape(b1 - b0, -1) * ref.sigmoid(gate[b0:b1])
-    return out
+    n_max = start + t
+    qg = q.reshape(t, hkv, grp, d).transpose(1, 2, 0, 3).astype(cp.float16, order="C")  # [Hkv, grp, T, D]
+    og = cp.empty((hkv, grp, t, d), dtype=cp.float32)
+    tb = max(1, min(t, score_bytes // max(1, 6 * grp * n_max)))
+    s = cp.empty(grp * tb * n_max, dtype=cp.float32)
+    p = cp.empty(grp * tb * n_max, dtype=cp.float16)
+    handle = cp.cuda.device.get_cublas_handle()
+    cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)  # alpha and beta live on the host
+    scale = np.array(1.0 / np.sqrt(d), dtype=np.float32)
+    one, zero = np.array(1.0, dtype=np.float32), np.array(0.0, dtype=np.float32)
+    softmax = K.kernel("causal_softmax_f16")
+    for h in range(hkv):
+        for b0 in range(0, t, tb):
+            m = min(t, b0 + tb) - b0
+            nk = start + b0 + m  # the keys the block's last query sees
+            q_ptr = qg.data.ptr + ((h * grp) * t + b0) * d * 2
+            # per query head g: column-major S_g [nk, m] = K (op T of [D, nk]) . Q_g (op N of [D, m])
+            cublas.gemmStridedBatchedEx(handle, _OP_T, _OP_N, nk, m, d, scale.ctypes.data,
+                                        k16[h].data.ptr, _R_16F, d, 0, q_ptr, _R_16F, d, t * d,
+                                        zero.ctypes.data, s.data.ptr, _R_32F, nk, m * nk, grp, _COMPUTE_32F,
+                                        _GEMM_DEFAULT)
+            softmax((grp * m,), (256,), (s, p, np.int32(nk), np.int32(m), np.int32(start + b0)))
+            # O_g [D, m] (column-major) = V (op N of [D, nk]) . P_g (op N of [nk, m])
+            cublas.gemmStridedBatchedEx(handle, _OP_N, _OP_N, d, m, nk, one.ctypes.data,
+                                        v16[h].data.ptr, _R_16F, d, 0, p.data.ptr, _R_16F, nk, m * nk,
+                                        zero.ctypes.data, og.data.ptr + ((h * grp) * t + b0) * d * 4, _R_32F, d,
+                                        t * d, grp, _COMPUTE_32F, _GEMM_DEFAULT)
+    return og.transpose(2, 0, 1, 3).reshape(t, hq * d) * ref.sigmoid(gate)
 
 
 class CudaQwen35Prefill(CudaQwen35Columns):
     """T-token prefill chunks over the sequence of `decode` (a one-lane CudaQwen35)."""
+
+    NORM_BLOCKS = 1  # T rows give the norms their parallelism; more blocks a row would re-read it
+    PREP_SPLIT = 64  # token slices of the GDN conv/norm kernel (16 tokens each at T = 1024)
 
     def __init__(self, decode, chunk: int):
         self._w16 = None
@@ -174,9 +182,11 @@ class CudaQwen35Prefill(CudaQwen35Columns):
             pages = self.page_table[0, : -(-n // KV_PAGE)]
             k = kv_rows(cp, L["kc"], L["ks"], pages, n)
             v = kv_rows(cp, L["vc"], L["vs"], pages, n)
+            k16 = k.transpose(1, 0, 2).astype(cp.float16, order="C")  # [Hkv, n, D]
+            v16 = v.transpose(1, 0, 2).astype(cp.float16, order="C")
             q = self.qbuf[:, :qw].reshape(T, hq, ATTN_HEAD_DIM)
-            self.att[:, :qw] = prefill_attention(cp, q, k, v, self.buf_b[:, :qw], self.start, half=True)
-        go.name = "attention (gather + fp16 products)"
+            self.att[:, :qw] = attention_cublas(cp, q, k16, v16, self.buf_b[:, :qw], self.start)
+        go.name = "attention (gather, cuBLAS, softmax kernel)"
         return [go]
 
     def run_chunk(self, token_ids, start: int) -> None:

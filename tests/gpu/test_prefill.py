@@ -59,10 +59,14 @@ def test_gemm_prefill_matches_numpy_engine(t):
     prompt = [int(x) for x in np.random.default_rng(t).integers(0, CFG["vocab_size"], t)]
     a, b = ref.prefill(prompt), gpu.prefill(prompt)
     assert rel(b, a) < 3e-2, rel(b, a)
-    # the next decode steps go on from the state the prefill left
+    # the next decode steps go on from the state the prefill left: as on an engine that took the prompt
+    # token by token (the decode step's own distance to NumPy is test_gpu_engine's; at T = 1 both
+    # engines run the decode graph, and one step of this sequence measured 3.9e-2 there)
+    slow = build_engine(args, dev, CFG, max_context=1152, prefill_gemm=0, prefill_cols=1)
+    slow.prefill(prompt)
     for tok in (5, 77, 901):
-        a, b = ref.decode_step(tok), gpu.decode_step(tok)
-        assert rel(b, a) < 3e-2
+        a, b = slow.decode_step(tok), gpu.decode_step(tok)
+        assert rel(b, a) < 2e-2, rel(b, a)
 
 
 def test_gemm_prefill_state_and_cache_match_token_by_token():
@@ -81,3 +85,26 @@ def test_gemm_prefill_state_and_cache_match_token_by_token():
             ks = Ls["kc"].get().astype(np.uint32) << 16
             assert rel(kf.view(np.float32), ks.view(np.float32)) < 2e-2
     assert fast.model.executor.position == slow.model.executor.position == 128
+
+
+@pytest.mark.parametrize("t,start,score_bytes", [(100, 37, 1 << 30), (100, 37, 6 * 6 * 137 * 16), (1, 300, 1 << 30)])
+def test_attention_cublas_matches_reference(t, start, score_bytes):
+    """S = QK^T and O = PV through cuBLAS with the causal softmax kernel between, in one query block or
+    several (blocks of 16 rows), against ref.attention: within the attention_bf16 rel-L2 of spec/testing.md."""
+    import cupy as cp
+
+    from engine.models.qwen3_5_cuda_prefill import attention_cublas
+    from engine.ops import ref
+
+    rng = np.random.default_rng(3)
+    hq, hkv, d = 24, 4, 256
+    n = start + t
+    q = rng.standard_normal((t, hq, d)).astype(np.float32)
+    k = rng.standard_normal((n, hkv, d)).astype(np.float32)
+    v = rng.standard_normal((n, hkv, d)).astype(np.float32)
+    gate = rng.standard_normal((t, hq * d)).astype(np.float32)
+    want = ref.attention(q, k, v, 1 / np.sqrt(d), q_start=start).reshape(t, -1) * ref.sigmoid(gate)
+    k16 = cp.asarray(k.transpose(1, 0, 2).astype(np.float16, order="C"))
+    v16 = cp.asarray(v.transpose(1, 0, 2).astype(np.float16, order="C"))
+    got = attention_cublas(cp, cp.asarray(q), k16, v16, cp.asarray(gate), start, score_bytes=score_bytes).get()
+    assert rel(got, want) < 8e-3, rel(got, want)

@@ -260,9 +260,15 @@ def test_prefill_executors_are_planned():
     assert mp.prefill_executor_bytes(dense, 8, 0) == mp.workspace_bytes(dense, 8)
     assert mp.prefill_executor_bytes(dense, 1, 0) == 0
     gemm = mp.prefill_executor_bytes(dense, 8, 256) - mp.prefill_executor_bytes(dense, 8, 0)
-    # the fp16 copy of the 34,816 x 5,120 gate|up, three 1 GiB score blocks and 256 rows of buffers
-    assert gemm > 2 * 34816 * 5120 + 3 * mp.GIB + mp.workspace_bytes(dense, 256) - 255 * 4 * dense.vocab_size
+    # the fp16 copy of the 34,816 x 5,120 gate|up, a 1 GiB score block and 256 rows of buffers
+    assert gemm > 2 * 34816 * 5120 + mp.GIB + mp.workspace_bytes(dense, 256) - 255 * 4 * dense.vocab_size
     assert mp.prefill_executor_bytes(moe, 8, 256) == 0
+    # the attention's gathered K and V (fp32 and fp16) grow with the context, as a pool of their own
+    assert mp.prefill_gather_bytes_per_token(dense, 8, 256) == 12 * 4 * 256
+    assert mp.prefill_gather_bytes_per_token(dense, 8, 0) == mp.prefill_gather_bytes_per_token(moe, 8, 256) == 0
+    gemm_plan = mp.plan_memory(dense, mp.weights_from_recipe(dense, "groupwise-int-w8head"), prefill_cols=8,
+                               prefill_gemm=256)
+    assert [p.name for p in gemm_plan.pools] == ["text", "prefill attention gather"]
     weights = mp.weights_from_recipe(dense, "groupwise-int-w8head")
     base = mp.plan_memory(dense, weights)
     cols = mp.plan_memory(dense, weights, prefill_cols=8)
