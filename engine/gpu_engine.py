@@ -141,7 +141,9 @@ class CudaEngine(Engine):
         with ex.stream:
             row = ex.logits[0, : self.domain]
             top = row.max()
-            ids = cp.flatnonzero(row >= top - cp.float32(margin))
+            # a Python float keeps the threshold a CuPy scalar op (a NumPy scalar goes through
+            # __array_ufunc__, which imports cupyx and SciPy)
+            ids = cp.flatnonzero(row >= top - float(margin))
             vals = row[ids]
             out = SparseLogits(ids.get(), vals.get(), self.domain)
         return out
