@@ -7,6 +7,38 @@
 //   S' = e^g S;  u = beta (v - S' k);  S = S' + u k^T;  o = S q = S' q + u (k . q).
 #include "common.cuh"
 
+// Where channel c (of C = (2*Hk + Hv) * 128) of token row m is read: q and k from qk, v from vv.
+__device__ __forceinline__ const float* conv_src(const float* qk, int ldqk, const float* vv, int ldv, int Hk,
+                                                 size_t m, int c) {
+  return c < 2 * Hk * 128 ? qk + m * ldqk + c : vv + m * ldv + (c - 2 * Hk * 128);
+}
+
+// One head's conv outputs y (4 channels a lane) of token row m: q and k heads L2-normed (q also scaled),
+// v heads stored with the row's gates g and beta.
+__device__ __forceinline__ void prep_store(const float (&y)[4], int head, size_t m, int lane, int Hk, int Hv,
+                                           float q_scale, const float* __restrict__ ab, int ldab,
+                                           const float* __restrict__ a_log, const float* __restrict__ dt_bias,
+                                           float* __restrict__ qn, float* __restrict__ kn, float* __restrict__ vo,
+                                           float* __restrict__ g, float* __restrict__ beta) {
+  if (head < 2 * Hk) {
+    const float ss = warp_sum(y[0] * y[0] + y[1] * y[1] + y[2] * y[2] + y[3] * y[3]);
+    float r = rsqrtf(ss + 1e-6f);
+    float* dst;
+    if (head < Hk) { r *= q_scale; dst = qn + (m * Hk + head) * 128; }
+    else dst = kn + (m * Hk + head - Hk) * 128;
+    *reinterpret_cast<float4*>(dst + lane * 4) = make_float4(y[0] * r, y[1] * r, y[2] * r, y[3] * r);
+  } else {
+    const int hv = head - 2 * Hk;
+    *reinterpret_cast<float4*>(vo + (m * Hv + hv) * 128 + lane * 4) = make_float4(y[0], y[1], y[2], y[3]);
+    if (lane == 0) {
+      const float a = ab[m * ldab + hv] + dt_bias[hv];
+      const float sp = a > 20.f ? a : log1pf(__expf(a));
+      g[m * Hv + hv] = -__expf(a_log[hv]) * sp;
+      beta[m * Hv + hv] = sigmoidf_(ab[m * ldab + Hv + hv]);
+    }
+  }
+}
+
 // qk: [M, 2*Hk*128] (q then k), vv: [M, Hv*128] with row stride ldv, ab: [M, 2*Hv] (a then b).
 // conv_state: [M, 3, C] oldest first; conv_w: [4, C] tap-major; C = (2*Hk + Hv) * 128.
 // Outputs: qn, kn [M, Hk, 128], vo [M, Hv, 128], g, beta [M, Hv].
@@ -24,8 +56,7 @@ extern "C" __global__ void gdn_prep(const float* __restrict__ qk, int ldqk, cons
   if (head >= nheads) return;
   const int C = nheads * 128;
   const int c0 = head * 128 + lane * 4;
-  const float* src = head < 2 * Hk ? qk + (size_t)m * ldqk + c0 : vv + (size_t)m * ldv + (c0 - 2 * Hk * 128);
-  const float4 xin = *reinterpret_cast<const float4*>(src);
+  const float4 xin = *reinterpret_cast<const float4*>(conv_src(qk, ldqk, vv, ldv, Hk, m, c0));
   const float xi[4] = {xin.x, xin.y, xin.z, xin.w};
   float* st = conv_state + (size_t)m * 3 * C;
   float y[4];
@@ -39,23 +70,7 @@ extern "C" __global__ void gdn_prep(const float* __restrict__ qk, int ldqk, cons
     st[2 * C + c] = xi[i];
     y[i] = silu(acc);
   }
-  if (head < 2 * Hk) {
-    const float ss = warp_sum(y[0] * y[0] + y[1] * y[1] + y[2] * y[2] + y[3] * y[3]);
-    float r = rsqrtf(ss + 1e-6f);
-    float* dst;
-    if (head < Hk) { r *= q_scale; dst = qn + ((size_t)m * Hk + head) * 128; }
-    else dst = kn + ((size_t)m * Hk + head - Hk) * 128;
-    *reinterpret_cast<float4*>(dst + lane * 4) = make_float4(y[0] * r, y[1] * r, y[2] * r, y[3] * r);
-  } else {
-    const int hv = head - 2 * Hk;
-    *reinterpret_cast<float4*>(vo + ((size_t)m * Hv + hv) * 128 + lane * 4) = make_float4(y[0], y[1], y[2], y[3]);
-    if (lane == 0) {
-      const float a = ab[(size_t)m * ldab + hv] + dt_bias[hv];
-      const float sp = a > 20.f ? a : log1pf(__expf(a));
-      g[(size_t)m * Hv + hv] = -__expf(a_log[hv]) * sp;
-      beta[(size_t)m * Hv + hv] = sigmoidf_(ab[(size_t)m * ldab + Hv + hv]);
-    }
-  }
+  prep_store(y, head, m, lane, Hk, Hv, q_scale, ab, ldab, a_log, dt_bias, qn, kn, vo, g, beta);
 }
 
 // state: [M, Hv, 128 (dv), 128 (dk)] fp32. o: [M, Hv, 128]. tiled=1: value head h reads qk head h % Hk.
@@ -108,9 +123,8 @@ extern "C" __global__ void gdn_prep_cols(const float* __restrict__ qk, int ldqk,
   const int tper = (T + gridDim.y - 1) / gridDim.y;
   const int t0 = blockIdx.y * tper, t1 = min(T, t0 + tper);
   auto input = [&](int t) {  // token t's 4 conv inputs of this lane; t in [-3, 0) is the conv state
-    if (t < 0) return *reinterpret_cast<const float4*>(conv_state + (3 + t) * C + c0);
-    const float* src = head < 2 * Hk ? qk + (size_t)t * ldqk + c0 : vv + (size_t)t * ldv + (c0 - 2 * Hk * 128);
-    return *reinterpret_cast<const float4*>(src);
+    return *reinterpret_cast<const float4*>(t < 0 ? conv_state + (3 + t) * C + c0
+                                                  : conv_src(qk, ldqk, vv, ldv, Hk, t, c0));
   };
   float s0[4], s1[4], s2[4], w[4][4];
   {
@@ -132,23 +146,7 @@ extern "C" __global__ void gdn_prep_cols(const float* __restrict__ qk, int ldqk,
       y[i] = silu(w[0][i] * s0[i] + w[1][i] * s1[i] + w[2][i] * s2[i] + w[3][i] * xi[i]);
       s0[i] = s1[i]; s1[i] = s2[i]; s2[i] = xi[i];
     }
-    if (head < 2 * Hk) {
-      const float ss = warp_sum(y[0] * y[0] + y[1] * y[1] + y[2] * y[2] + y[3] * y[3]);
-      float r = rsqrtf(ss + 1e-6f);
-      float* dst;
-      if (head < Hk) { r *= q_scale; dst = qn + ((size_t)t * Hk + head) * 128; }
-      else dst = kn + ((size_t)t * Hk + head - Hk) * 128;
-      *reinterpret_cast<float4*>(dst + lane * 4) = make_float4(y[0] * r, y[1] * r, y[2] * r, y[3] * r);
-    } else {
-      const int hv = head - 2 * Hk;
-      *reinterpret_cast<float4*>(vo + ((size_t)t * Hv + hv) * 128 + lane * 4) = make_float4(y[0], y[1], y[2], y[3]);
-      if (lane == 0) {
-        const float a = ab[(size_t)t * ldab + hv] + dt_bias[hv];
-        const float sp = a > 20.f ? a : log1pf(__expf(a));
-        g[(size_t)t * Hv + hv] = -__expf(a_log[hv]) * sp;
-        beta[(size_t)t * Hv + hv] = sigmoidf_(ab[(size_t)t * ldab + Hv + hv]);
-      }
-    }
+    prep_store(y, head, t, lane, Hk, Hv, q_scale, ab, ldab, a_log, dt_bias, qn, kn, vo, g, beta);
   }
   if (gridDim.y > 1) return;
 #pragma unroll
@@ -170,7 +168,7 @@ extern "C" __global__ void gdn_conv_tail(const float* __restrict__ qk, int ldqk,
 #pragma unroll
   for (int i = 0; i < 3; ++i) {
     const int t = T - 3 + i;
-    nw[i] = t < 0 ? old[3 + t] : (c < 2 * Hk * 128 ? qk[(size_t)t * ldqk + c] : vv[(size_t)t * ldv + c - 2 * Hk * 128]);
+    nw[i] = t < 0 ? old[3 + t] : *conv_src(qk, ldqk, vv, ldv, Hk, t, c);
   }
   conv_state[c] = nw[0]; conv_state[C + c] = nw[1]; conv_state[2 * C + c] = nw[2];
 }
