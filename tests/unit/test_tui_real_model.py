@@ -18,13 +18,19 @@ def _default_model():
     return found
 
 
-def test_real_default_model_answers_in_the_app(tmp_path):
+def _real_app(tmp_path, max_tokens: int):
+    """The stored default model, its CPU session and the chat app over it (greedy, at most `max_tokens`
+    a reply)."""
     found = _default_model()
     from ninfer_cli.tui.engine_session import EngineSession
     from ninfer_cli.tui.session import ChatSettings
 
     session = EngineSession(found.artifact_path, found.ref, device="cpu")
-    app = make_app(tmp_path, session, settings=ChatSettings(temperature=0.0, max_tokens=24))
+    return found, session, make_app(tmp_path, session, settings=ChatSettings(temperature=0.0, max_tokens=max_tokens))
+
+
+def test_real_default_model_answers_in_the_app(tmp_path):
+    _, session, app = _real_app(tmp_path, 24)
 
     async def body():
         async with app.run_test(size=(100, 30)) as pilot:
@@ -43,12 +49,7 @@ def test_real_default_model_answers_in_the_app(tmp_path):
 
 
 def test_real_default_model_stops_on_escape(tmp_path):
-    found = _default_model()
-    from ninfer_cli.tui.engine_session import EngineSession
-    from ninfer_cli.tui.session import ChatSettings
-
-    session = EngineSession(found.artifact_path, found.ref, device="cpu")
-    app = make_app(tmp_path, session, settings=ChatSettings(temperature=0.0, max_tokens=400))
+    found, session, app = _real_app(tmp_path, 400)
 
     async def body():
         async with app.run_test(size=(100, 30)) as pilot:
