@@ -1,8 +1,6 @@
-"""Launch the 27B's main decode GEMVs a few times with plain launches, for Nsight Compute:
-
-  ncu --clock-control none -k regex:gemv_rs --section SpeedOfLight --section WarpStateStats ... \
-      python bench/gemv_ncu.py
-Each shape runs with the engine's tuning table (`engine.ops.gemv_tuning`), x pre-staged as in decode.
+"""Launch the 27B's main decode GEMVs twice each with plain launches, for Nsight Compute
+(`bash bench/gpu_profile.sh` runs it under ncu). Each shape runs with the engine's tuning table
+(`engine.ops.gemv_tuning`), x pre-staged as in decode.
 """
 from __future__ import annotations
 
