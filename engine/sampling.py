@@ -64,6 +64,11 @@ def apply_penalties(logits, counts: Counter | dict, presence: float, frequency: 
     return x
 
 
+# How many temperatures below the top logit an id can be and still carry weight (e^-30 of the top's);
+# the sampler drops the rest before sorting, and a GPU engine reads back only those (`Sampler.margin`).
+MARGIN_TEMPERATURES = 30.0
+
+
 def candidates(
     logits,
     *,
@@ -95,7 +100,10 @@ def candidates(
         x = apply_penalties(logits, counts or {}, presence_penalty, frequency_penalty)
         if domain:
             x = x[:domain]
-        ids = None
+        # only ids within MARGIN_TEMPERATURES of the top carry weight above e^-30 of the top's: sort those
+        # (a 248,320-entry row sorted whole took ~30 ms a token on the host)
+        ids = np.flatnonzero(x >= x.max() - MARGIN_TEMPERATURES * float(temperature))
+        x = x[ids]
     n = x.size
     if 0 < top_k < n:
         kth = np.partition(-x, top_k - 1)[top_k - 1]
@@ -112,7 +120,7 @@ def candidates(
         keep = min(keep, int(np.searchsorted(cum, top_p, side="left")) + 1)
     keep = max(keep, 1)
     w = w[:keep]
-    chosen = pool[:keep] if ids is None else ids[pool[:keep]]
+    chosen = ids[pool[:keep]]
     return chosen, w / w.sum()
 
 
@@ -170,7 +178,7 @@ class Sampler:
         penalized top can fall by that much). A GPU engine sends back only the ids within it."""
         if self.is_greedy:
             return 0.0
-        margin = 30.0 * self.temperature
+        margin = MARGIN_TEMPERATURES * self.temperature
         if self.counts and self.presence:
             margin += self.presence
         if self.counts and self.frequency:  # the only case that scans the counts (once a token)
