@@ -64,6 +64,32 @@ def apply_penalties(logits, counts: Counter | dict, presence: float, frequency: 
     return x
 
 
+def _head(x: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the k largest of x (with every tie at the boundary) in the order (-x, position):
+    a prefix of the full order, found by partition instead of a sort of all of x."""
+    kth = np.partition(-x, k - 1)[k - 1]
+    pool = np.flatnonzero(-x <= kth)  # ascending positions
+    return pool[np.argsort(-x[pool], kind="stable")]
+
+
+def _top_p_head(x: np.ndarray, temperature: float, top_p: float, min_p: float) -> tuple[np.ndarray, float]:
+    """The prefix of x's order (-x, position) that top_p and min_p can keep, and the weight of every id
+    min_p keeps (top_p's denominator). Candidates grow 8x from 256 until their weight reaches top_p of
+    that total or they hold every id min_p keeps."""
+    w_all = np.exp((x - x.max()) / temperature)
+    total = float(w_all[w_all >= min_p].sum()) if min_p > 0.0 else float(w_all.sum())
+    k = 256
+    while k < x.size:
+        pool = _head(x, k)
+        w = w_all[pool]
+        if min_p > 0.0 and w[-1] < min_p:  # past the last id min_p keeps
+            return pool, total
+        if top_p < 1.0 and w[w >= min_p].sum() >= top_p * total:
+            return pool, total
+        k *= 8
+    return np.argsort(-x, kind="stable"), total
+
+
 # How many temperatures below the top logit an id can be and still carry weight (e^-30 of the top's);
 # the sampler drops the rest before sorting, and a GPU engine reads back only those (`Sampler.margin`).
 MARGIN_TEMPERATURES = 30.0
@@ -105,18 +131,19 @@ def candidates(
         ids = np.flatnonzero(x >= x.max() - MARGIN_TEMPERATURES * float(temperature))
         x = x[ids]
     n = x.size
+    total = None  # the weight of every id min_p keeps, when the pool below is only a prefix of them
     if 0 < top_k < n:
-        kth = np.partition(-x, top_k - 1)[top_k - 1]
-        pool = np.flatnonzero(-x <= kth)  # ascending ids, includes every tie at the boundary
-        pool = pool[np.lexsort((pool, -x[pool]))][:top_k]
+        pool = _head(x, top_k)[:top_k]
+    elif top_p < 1.0 or min_p > 0.0:
+        pool, total = _top_p_head(x, float(temperature), top_p, min_p)
     else:
-        pool = np.lexsort((np.arange(n), -x))
+        pool = np.argsort(-x, kind="stable")  # by score, lower id first among equals
     w = np.exp((x[pool] - x[pool[0]]) / float(temperature))
     keep = w.size
     if min_p > 0.0:
         keep = int(np.count_nonzero(w >= min_p * w[0]))  # w is non-increasing, so this is a prefix
     if top_p < 1.0:
-        cum = np.cumsum(w[:keep]) / w[:keep].sum()
+        cum = np.cumsum(w[:keep]) / (w[:keep].sum() if total is None else total)
         keep = min(keep, int(np.searchsorted(cum, top_p, side="left")) + 1)
     keep = max(keep, 1)
     w = w[:keep]

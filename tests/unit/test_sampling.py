@@ -127,3 +127,22 @@ def test_make_sampler_from_config_object():
 
     s = make_sampler(Cfg(), domain=100)
     assert (s.temperature, s.top_k, s.top_p, s.min_p, s.seed, s.domain) == (0.5, 3, 0.9, 0.1, 11, 100)
+
+
+@pytest.mark.parametrize("top_p,min_p", [(0.9, 0.0), (0.5, 0.0), (0.99, 0.05), (1.0, 0.05)])
+def test_large_rows_sort_only_the_head_and_keep_what_a_full_sort_keeps(top_p, min_p):
+    """On a vocabulary-sized row with many ties the sampler sorts only a head found by partition; the
+    ids and probabilities equal the full sort's (order by score, lower id first) within the margin."""
+    rng = np.random.default_rng(4)
+    for trial in range(4):
+        x = np.round(rng.standard_normal(248_320) * (1.0 + trial)).astype(np.float32)  # ties everywhere
+        x[rng.integers(0, x.size, 8)] += 12.0
+        ids, probs = candidates(x, temperature=0.8, top_p=top_p, min_p=min_p)
+        order = np.lexsort((np.arange(x.size), -x.astype(np.float64)))
+        w = np.exp((x[order].astype(np.float64) - x.max()) / 0.8)
+        w = w[w >= np.exp(-30.0)]  # the margin: weights under e^-30 of the top's
+        keep = int(np.count_nonzero(w >= min_p)) if min_p else w.size
+        if top_p < 1.0:
+            keep = min(keep, int(np.searchsorted(np.cumsum(w[:keep]) / w[:keep].sum(), top_p)) + 1)
+        assert np.array_equal(ids, order[:keep])
+        np.testing.assert_allclose(probs, w[:keep] / w[:keep].sum(), rtol=1e-9)
