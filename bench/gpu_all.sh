@@ -6,7 +6,8 @@
 #   exp:  bench/experiments/*.patch applied to a copy, its tests and sweep beside main's on the same
 #         machine (EXP="a b" picks patches). Copies made with cp -r on the device have read as NUL bytes
 #         (bench/NOTES-decode.md, session 3): check its test output before trusting a sweep.
-# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | exp
+#   quick: compile, tests/gpu/test_kernels.py -k $TESTK, sweep, decode $GEOS with the sweep's table.
+# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | exp | quick
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.cupy_cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -32,6 +33,17 @@ NINFER_PREFILL_GEMM=1024 timeout 100 python3 -m ninfer_cli.main bench --syntheti
 log "bench pp131072 (issue 8: completes, tok/s reported)"
 NINFER_PREFILL_GEMM=1024 timeout ${LONG_S:-150} python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 131072 -n 0 \
   -r 1 --warmup 0 -o json --out "$OUT/pp131072_gemm1024.json" 2>&1 | grep -E "^pp|rror" | head -3
+fi
+if [ "$PART" = quick ]; then  # kernel tests (-k $TESTK), sweep, 27B decode with the sweep's table + breakdown
+log compile
+timeout 240 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')"
+log "kernel tests"
+timeout 150 python3 -m pytest -q -p no:cacheprovider --tb=short tests/gpu/test_kernels.py -k "${TESTK:-gemv}" \
+  > "$OUT/gpu_tests.txt" 2>&1
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | head -12
+log "sweep + decode"
+timeout 300 python3 bench/gpu_decode.py --sweep --synthetic ${GEOS:-qwen3.8-27b} --breakdown --out "$OUT/quick.json" 2>&1 \
+  | grep -E "best|PDL|sum of|^  gemv|^  resid|^  stage|tok/s" | head -40
 fi
 if [ "$PART" = exp ]; then  # main's sweep again, so that every number of this call is from one machine
   log "main sweep (reference)"

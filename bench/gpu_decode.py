@@ -80,6 +80,7 @@ def kernel_sweep(bw):
 
     rng = cp.random.default_rng(0)
     rows_opts, unroll_opts, pf_opts = (1, 2, 4), (2, 4), (0,)  # pf > 0 measured: no gain
+    stage_opts = K.GEMV_ASYNC_STAGES  # gemv_rs_async ring depths (0: the register kernel)
     results = []
     for name, fmt, n, k, epi in SHAPES_27B:
         copies = [random_matrix(cp, rng, fmt, n, k) for _ in range(2)]  # two copies: nothing stays in L2
@@ -93,25 +94,43 @@ def kernel_sweep(bw):
         y = cp.zeros((8, out_n), cp.float32)
         best = None
         for rows in rows_opts if epi != "swiglu" else (2,):
-            for unroll in unroll_opts:
+            for unroll, stages in [(u_, 0) for u_ in unroll_opts] + [(2, s_) for s_ in stage_opts]:
+                if stages and xpre is None:
+                    continue
                 for splits, pf in [(s_, p_) for s_ in ((1, 2, 4, 8) if epi == "partial" else (1,)) for p_ in pf_opts]:
                     plans = [K.GemvPlan(w, x, k, y, out_n, epi=epi, splits=splits, rows=rows, unroll=unroll,
-                                        xpre=xpre, pf=pf) for w in copies]
+                                        xpre=xpre, pf=pf, stages=stages) for w in copies]
 
                     def run(plans=plans):
                         for p in plans:
                             p.launch()
                     ms = time_graph(run) / 2
                     gbs = copies[0].nbytes / (ms * 1e-3) / 1e9
-                    r = dict(shape=name, fmt=fmt, n=n, k=k, rows=rows, unroll=unroll, splits=splits, pf=pf,
+                    r = dict(shape=name, fmt=fmt, n=n, k=k, rows=rows, unroll=unroll, splits=splits, pf=pf, stages=stages,
                              us=round(ms * 1e3, 2), gbs=round(gbs, 1), pct_copy=round(100 * gbs / bw, 1))
                     results.append(r)
                     if best is None or r["gbs"] > best["gbs"]:
                         best = r
-        base = max((r for r in results if r["shape"] == name and r["pf"] == 0), key=lambda r: r["gbs"])
+        for mma in (K.GEMV_MMA if fmt in ("q4_g64_fp16", "q5_g64_fp16") else ()):
+            for splits in (1, 2, 4) if epi == "partial" else (1,):
+                plans = [K.GemvPlan(w, x, k, y, out_n, epi=epi, splits=splits, xpre=xpre, mma=mma) for w in copies]
+
+                def run(plans=plans):
+                    for p in plans:
+                        p.launch()
+                ms = time_graph(run) / 2
+                gbs = copies[0].nbytes / (ms * 1e-3) / 1e9
+                r = dict(shape=name, fmt=fmt, n=n, k=k, rows=0, unroll=0, splits=splits, pf=0, stages=0, mma=list(mma),
+                         us=round(ms * 1e3, 2), gbs=round(gbs, 1), pct_copy=round(100 * gbs / bw, 1))
+                results.append(r)
+                if r["gbs"] > best["gbs"]:
+                    best = r
+        reg = max((r for r in results if r["shape"] == name and not r["stages"] and not r.get("mma")),
+                  key=lambda r: r["gbs"])
         print(f"{name:12s} {fmt:12s} {n:6d}x{k:<6d} best rows={best['rows']} unroll={best['unroll']} "
-              f"splits={best['splits']} pf={best['pf']}: {best['us']:8.1f} us {best['gbs']:7.1f} GB/s "
-              f"({best['pct_copy']}%); best without prefetch {base['us']:.1f} us ({base['pct_copy']}%)",
+              f"splits={best['splits']} stages={best['stages']} mma={best.get('mma')}: {best['us']:8.1f} us "
+              f"{best['gbs']:7.1f} GB/s "
+              f"({best['pct_copy']}%); best register kernel {reg['us']:.1f} us ({reg['pct_copy']}%)",
               flush=True)
         del copies
     return results
@@ -123,7 +142,8 @@ def best_cfg(sweep):
         key = (r["fmt"], r["n"], r["k"])
         if key not in cfg or r["gbs"] > cfg[key]["gbs"]:
             cfg[key] = r
-    return {k: dict(rows=v["rows"], unroll=v["unroll"], splits=v["splits"], pf=v.get("pf", 0)) for k, v in cfg.items()}
+    return {k: dict(rows=v["rows"], unroll=v["unroll"], splits=v["splits"], pf=v.get("pf", 0),
+                    stages=v.get("stages", 0), mma=v.get("mma")) for k, v in cfg.items()}
 
 
 def synthetic_decode(geometry, bw, gemv_cfg, n=128, depth=0, breakdown=False, kv="bf16"):

@@ -173,6 +173,33 @@ __device__ __forceinline__ float dot_u4(uint4 w, uint2 hi, const uint4* __restri
   }
 }
 
+// A warp's finished row group: reduce each row's lane partials and apply the epilogue.
+template <int ROWS, int M>
+__device__ __forceinline__ void gemv_store(float (&acc)[ROWS][M], int g, int N, int pair_stride, int epi,
+                                           const float* inv_sc, float yw, float* __restrict__ y, int ldy, int lane) {
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    float v[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) v[r] = warp_sum(acc[r][m]) * inv_sc[m] * yw;
+    if (lane == 0) {
+      if (epi == EPI_SWIGLU) {
+        if (g < pair_stride) y[(size_t)m * ldy + g] = silu(v[0]) * v[ROWS - 1];
+      } else {
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+          const int row = g * ROWS + r;
+          if (row < N) {
+            if (epi == EPI_STORE) y[(size_t)m * ldy + row] = v[r];
+            else if (epi == EPI_ADD) y[(size_t)m * ldy + row] += v[r];
+            else y[((size_t)blockIdx.y * M + m) * ldy + row] = v[r];
+          }
+        }
+      }
+    }
+  }
+}
+
 template <int FMT, int ROWS, int M, int U>
 // One-token decode variants held to an occupancy: one row at 5 blocks/SM (51 registers), two rows at
 // 4 (64; not q5, which would spill). With the slot-major x the compiler otherwise hoists every x load
@@ -338,22 +365,377 @@ __global__ void __launch_bounds__(256, (M == 1 && U == 2) ? (ROWS == 1 ? 5 : (RO
       }
     }
 
+    gemv_store<ROWS, M>(acc, g, N, pair_stride, epi, inv_sc, yw, y, ldy, lane);
+  }
+}
+
+// cp.async: 16 bytes (L2 only) or 4/8 bytes (through L1) from global to this thread's shared slot.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
+}
+template <int BYTES>
+__device__ __forceinline__ void cp_async_small(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src), "n"(BYTES) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
+
+// Pre-staged decode GEMV with the weights streamed through shared memory (M token rows, q4/q5/q6).
+//
+// gemv_rs keeps its U loads per row in registers, so a warp has at most U x ROWS x 16 B in flight and
+// waits for them before it decodes; a 5120-wide row is only 2.5 such rounds, so each row group starts
+// with a full memory latency (Nsight: 45% of the issue gaps on L1TEX, DRAM 59%). Here every lane copies
+// its 16-byte chunk of each row (plus the group's scale word and high bits) with cp.async into its own
+// slots of a per-warp ring of S stages, S - 1 work items ahead of the one it decodes. A work item is
+// one 32-chunk slice of one row group, and the sequence runs across row groups, so the next group's
+// weights are already arriving while a group is reduced and stored. Each lane reads back only what it
+// copied itself: cp.async.wait_group orders it, no barrier. The first S - 1 items are requested before
+// the programmatic-dependent-launch wait (weights depend on no kernel; MoE expert ids do, so routed
+// launches wait first).
+template <int FMT, int ROWS, int M, int S>
+__global__ void __launch_bounds__(256, 4) gemv_rs_async(
+    const unsigned char* __restrict__ base, const unsigned char* __restrict__ high,
+    const __half* __restrict__ scales, int N, int gpr, int pair_stride,
+    const float* __restrict__ x, int ldx, int K, int u4_per_split,
+    float* __restrict__ y, int ldy, int epi, const float* __restrict__ xinv,
+    const int* __restrict__ eidx, int erows, long long xz, int yz, const float* __restrict__ ywt, int pf) {
+  using F = Fmt<FMT>;
+  constexpr int HW = F::HB == 16 ? 2 : 1;  // 32-bit words of high bits per 16-byte chunk
+  const int u4_per_row = gpr * 2;
+  const int z = blockIdx.z;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wpb = blockDim.x >> 5;
+  const int ngroups = epi == EPI_SWIGLU ? pair_stride : (N + ROWS - 1) / ROWS;
+  const int js = blockIdx.y * u4_per_split;
+  const int je = min(js + u4_per_split, u4_per_row);
+  const int ipg = (je - js + 31) >> 5;  // work items per row group
+  const int gstride = gridDim.x * wpb;
+  const int g0 = blockIdx.x * wpb + warp;
+  const int ntask = g0 < ngroups ? ((ngroups - 1 - g0) / gstride + 1) * ipg : 0;
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  constexpr int WB = S * ROWS * 32 * 16, SB = S * ROWS * 32 * 4, HBB = F::HB > 0 ? S * ROWS * 32 * 4 * HW : 0;
+  unsigned char* ring = smem_raw + (size_t)warp * (WB + SB + HBB);
+  uint4* wring = reinterpret_cast<uint4*>(ring);
+  unsigned int* sring = reinterpret_cast<unsigned int*>(ring + WB);
+  unsigned int* hring = reinterpret_cast<unsigned int*>(ring + WB + SB);
+  const unsigned long long sbase = reinterpret_cast<unsigned long long>(scales);
+
+  long long row_off = 0;
+  const bool routed = eidx != nullptr;
+  if (routed) {
+    NI_PDL_ENTRY();
+    row_off = (long long)eidx[z] * erows;
+  }
+  // issue: the copies of work item (it_g, it_i) into ring slot `slot`
+  int it_g = g0, it_i = 0, it_n = 0, it_slot = 0;
+  auto issue = [&]() {
+    if (it_n < ntask) {
+      const int j = js + it_i * 32 + lane;
+      if (j < je) {
 #pragma unroll
-    for (int m = 0; m < M; ++m) {
-      float v[ROWS];
+        for (int r = 0; r < ROWS; ++r) {
+          const int row0 = epi == EPI_SWIGLU ? it_g + r * pair_stride : it_g * ROWS + r;
+          const long long row = (row0 < N ? row0 : N - 1) + row_off;
+          const size_t rg = (size_t)row * gpr + (j >> 1);
+          const int sl = (it_slot * ROWS + r) * 32 + lane;
+          cp_async16(wring + sl, reinterpret_cast<const uint4*>(base) + (size_t)row * u4_per_row + j);
+          cp_async_small<4>(sring + sl, reinterpret_cast<const void*>((sbase + rg * 2) & ~3ull));
+          if constexpr (F::HB > 0) cp_async_small<4 * HW>(hring + sl * HW, high + rg * F::HB + (j & 1) * 4 * HW);
+        }
+      }
+    }
+    cp_async_commit();
+    ++it_n;
+    it_slot = it_slot == S - 1 ? 0 : it_slot + 1;
+    if (++it_i == ipg) { it_i = 0; it_g += gstride; }
+  };
 #pragma unroll
-      for (int r = 0; r < ROWS; ++r) v[r] = warp_sum(acc[r][m]) * inv_sc[m] * yw;
-      if (lane == 0) {
-        if (epi == EPI_SWIGLU) {
-          if (g < pair_stride) y[(size_t)m * ldy + g] = silu(v[0]) * v[ROWS - 1];
+  for (int s = 0; s < S - 1; ++s) issue();
+  if (!routed) NI_PDL_ENTRY();
+
+  x = reinterpret_cast<const float*>(reinterpret_cast<const unsigned char*>(x) + z * xz);
+  if (xinv != nullptr) xinv += xz != 0 ? z : 0;
+  y += (size_t)z * yz;
+  const float yw = ywt != nullptr ? ywt[z] : 1.f;
+  float inv_sc[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) inv_sc[m] = xinv[m];
+  const DecodeK dk = decode_constants(gpr > 0 ? 1u : 0u);
+  const uint4* xs4 = reinterpret_cast<const uint4*>(x);
+  const int xrow = (u4_per_row + 31) & ~31;
+
+  float acc[ROWS][M];
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
+  int g = g0, i = 0, slot = 0;
+  for (int n = 0; n < ntask; ++n) {
+    issue();
+    cp_async_wait<S - 1>();
+    const int j = js + i * 32 + lane;
+    if (j < je) {
+      const size_t rg0 = (size_t)(j >> 1);
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
+        const int sl = (slot * ROWS + r) * 32 + lane;
+        const uint4 w = wring[sl];
+        const unsigned int sw = sring[sl];
+        const int row0 = epi == EPI_SWIGLU ? g + r * pair_stride : g * ROWS + r;
+        const long long row = (row0 < N ? row0 : N - 1) + row_off;
+        const bool hi_half = ((sbase + ((size_t)row * gpr + rg0) * 2) & 2) != 0;
+        const float sc = __half2float(__ushort_as_half((unsigned short)(hi_half ? sw >> 16 : sw & 0xffffu)));
+        uint2 hb = make_uint2(0u, 0u);
+        if constexpr (F::HB > 0) {
+          hb.x = hring[sl * HW];
+          if constexpr (HW == 2) hb.y = hring[sl * HW + 1];
+        }
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          const uint4* xp = xs4 + (size_t)m * xrow * 4 + (j >> 5) * 128 + (j & 31);
+          acc[r][m] += sc * dot_u4<FMT>(w, hb, xp, 0, dk);
+        }
+      }
+    }
+    slot = slot == S - 1 ? 0 : slot + 1;
+    if (++i == ipg) {
+      gemv_store<ROWS, M>(acc, g, N, pair_stride, epi, inv_sc, yw, y, ldy, lane);
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
+      i = 0;
+      g += gstride;
+    }
+  }
+  cp_async_wait<0>();
+}
+
+// ---- Tensor-core decode GEMV (q4/q5, pre-staged x, 1-8 token columns) ----------------------------
+//
+// The register kernels spend ~80 instructions per 16-byte chunk and row (decode, offset removal,
+// HFMA2 with x, fp16->fp32 flushes, address math): at 85% of the bandwidth that is more issue slots
+// than an SM has (SASS count, session 4). Here the multiply-accumulate is mma.sync.m16n8k16 (fp16 in,
+// fp32 accumulate): A = 16 weight rows x 16 k, B = 16 k x 8 token columns (x; columns >= M are zero,
+// so 2..8 tokens cost the same as one), C = 16 rows x 8 tokens.
+// * A is decoded without removing the offset: (q & 0x000f000f) ^ 0x00080008 is the fp16 pair of
+//   SUBNORMALS (code + 8) * 2^-24 (exact; q5: code + 16 with the complemented high bit); odd nibbles
+//   are taken in place, 16 (code + 8) 2^-24, and their x is multiplied by 1/16 once per group. The
+//   offsets are removed by four more MMAs per group with a constant A (-8 * 2^-24 even, -128 * 2^-24
+//   odd) whose result seeds every tile's accumulator: C = 2^-24 sum code * x, exact products in fp32.
+//   One LOP3 per two codes (q4), no HSUB2, no HFMA2, no conversions.
+// * A 64-code group shares one scale per row, so an MMA may only mix k of one group: each lane (row
+//   group gid = lane / 4, q = lane % 4) takes bytes [8q, 8q + 8) of the group for rows gid and gid + 8
+//   of a 16-row tile, i.e. words 2(q&1), 2(q&1)+1 of the group's 16-byte chunk q >> 1. The staged x
+//   pairs of those words are the B fragments of the same lane (token column gid).
+// * A warp handles TILES tiles of 16 rows (SwiGLU: the gate tile and its up tile) over every KW-th
+//   group of its slice; the KW warps of a row unit reduce through shared memory. U groups are loaded
+//   before any is decoded.
+__device__ __forceinline__ void mma16816(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                         unsigned b0, unsigned b1, const float (&c)[4]) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%10,%11,%12,%13};"
+               : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
+}
+
+// The 4 value pairs of one word of codes as fp16 subnormal pairs (code + off) * 2^-24 (odd pairs x16):
+// v[0] (k0, k4), v[1] (k1, k5) in place, v[2] (k2, k6), v[3] (k3, k7). hm: the word's 8 high bits (q5),
+// complemented, zero above.
+template <int FMT>
+__device__ __forceinline__ void decode_sub(unsigned int q, unsigned int hm, const DecodeK& dk, unsigned int (&v)[4]) {
+  const unsigned int q8 = q >> 8;
+  if constexpr (FMT == FMT_Q4) {
+    v[0] = (q & dk.lo) ^ 0x00080008u;
+    v[1] = (q & dk.hi) ^ 0x00800080u;
+    v[2] = (q8 & dk.lo) ^ 0x00080008u;
+    v[3] = (q8 & dk.hi) ^ 0x00800080u;
+  } else {
+    v[0] = (q & dk.lo) | ((hm * dk.q5m.x) & 0x00100010u);
+    v[1] = (q & dk.hi) | ((hm * dk.q5m.y) & 0x01000100u);
+    v[2] = (q8 & dk.lo) | ((hm * dk.q5m.z) & 0x00100010u);
+    v[3] = (q8 & dk.hi) | ((hm * dk.q5m.w) & 0x01000100u);
+  }
+}
+
+template <int FMT, int TILES, int KW, int U>
+__global__ void __launch_bounds__(256) gemv_mma(
+    const unsigned char* __restrict__ base, const unsigned char* __restrict__ high,
+    const __half* __restrict__ scales, int N, int gpr, int pair_stride,
+    const uint4* __restrict__ xs4, int M, int gps,
+    float* __restrict__ y, int ldy, int epi, const float* __restrict__ xinv) {
+  static_assert(FMT == FMT_Q4 || FMT == FMT_Q5, "q4/q5 only");
+  constexpr int UPB = 8 / KW;  // row units per block
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int gid = lane >> 2, q = lane & 3;
+  const int wk = warp % KW, wu = warp / KW;
+  const bool swiglu = epi == EPI_SWIGLU;
+  const int unit_rows = 16 * TILES;
+  const int units = swiglu ? pair_stride / 16 : (N + unit_rows - 1) / unit_rows;
+  const int gs = blockIdx.y * gps, ge = min(gs + gps, gpr);
+  const int xrow = ((gpr * 2 + 31) & ~31) * 4;  // uint4 per token row of the staged pairs
+  // constant A of the offset MMAs (q4: code + 8, q5: code + 16; odd pairs x16), negated
+  const unsigned int ce = FMT == FMT_Q4 ? 0x80088008u : 0x80108010u;
+  const unsigned int co = FMT == FMT_Q4 ? 0x80808080u : 0x81008100u;
+  const __half2 s16 = __floats2half2_rn(0.0625f, 0.0625f);
+  __shared__ float red[8][TILES][16][8];
+  NI_PDL_ENTRY();
+  const DecodeK dk = decode_constants(gpr > 0 ? 1u : 0u);
+  const int c0 = 2 * (q & 1);  // this lane's first word in its 16-byte chunk
+  const bool xlane = gid < M;
+  float inv[2];
+  inv[0] = 2 * q < M ? xinv[2 * q] * 16777216.f : 0.f;
+  inv[1] = 2 * q + 1 < M ? xinv[2 * q + 1] * 16777216.f : 0.f;
+
+  for (int ub = blockIdx.x * UPB; ub < units; ub += gridDim.x * UPB) {
+    const int u = ub + wu;
+    const bool live = u < units;
+    int rows[TILES][2];
+#pragma unroll
+    for (int t = 0; t < TILES; ++t) {
+      const int r0 = swiglu ? u * 16 + t * pair_stride : u * unit_rows + t * 16;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) rows[t][h] = min(r0 + gid + 8 * h, N - 1);
+    }
+    float acc[TILES][4];
+#pragma unroll
+    for (int t = 0; t < TILES; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[t][e] = 0.f;
+    // per-row plane pointers at this warp's first group, advanced by KW * U groups a round
+    const uint2* wp[TILES][2];
+    const __half* sp[TILES][2];
+    const unsigned short* hp[TILES][2];
+#pragma unroll
+    for (int t = 0; t < TILES; ++t)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const size_t rg = (size_t)rows[t][h] * gpr + gs + wk;
+        wp[t][h] = reinterpret_cast<const uint2*>(base + rg * 32 + 8 * q);
+        sp[t][h] = scales + rg;
+        hp[t][h] = reinterpret_cast<const unsigned short*>(high + rg * 8 + 2 * q);
+      }
+    const uint4* xlp = xs4 + (size_t)gid * xrow + c0 * 32;
+
+    for (int g0 = gs + wk; live && g0 < ge; g0 += KW * U) {
+      uint2 w[U][TILES][2];
+      unsigned int hb[U][TILES][2];
+      float sc[U][TILES][2];
+      uint4 xa[U], xb[U];
+#pragma unroll
+      for (int uu = 0; uu < U; ++uu) {
+        const int g = g0 + uu * KW;
+        if (g < ge) {
+#pragma unroll
+          for (int t = 0; t < TILES; ++t)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              w[uu][t][h] = __ldg(wp[t][h] + uu * KW * 4);
+              sc[uu][t][h] = __half2float(sp[t][h][uu * KW]);
+              if constexpr (FMT == FMT_Q5) hb[uu][t][h] = ~(unsigned int)__ldg(hp[t][h] + uu * KW * 4);
+            }
+          if (xlane) {
+            const int jx = 2 * g + (q >> 1);
+            const uint4* xp = xlp + (jx >> 5) * 128 + (jx & 31);
+            xa[uu] = xp[0];
+            xb[uu] = xp[32];
+          } else {
+            xa[uu] = make_uint4(0u, 0u, 0u, 0u);
+            xb[uu] = xa[uu];
+          }
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < TILES; ++t)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          wp[t][h] += KW * U * 4;
+          sp[t][h] += KW * U;
+          hp[t][h] += KW * U * 4;
+        }
+#pragma unroll
+      for (int uu = 0; uu < U; ++uu) {
+        const int g = g0 + uu * KW;
+        if (g < ge) {
+          // B fragments: (even pair, odd pair / 16) of MMA m = 0..3
+          unsigned int b[4][2];
+          const unsigned int xw[8] = {xa[uu].x, xa[uu].y, xa[uu].z, xa[uu].w, xb[uu].x, xb[uu].y, xb[uu].z, xb[uu].w};
+#pragma unroll
+          for (int m = 0; m < 4; ++m) {
+            b[m][0] = xw[2 * m];
+            const __half2 o = __hmul2(u32_as_half2(xw[2 * m + 1]), s16);
+            b[m][1] = *reinterpret_cast<const unsigned int*>(&o);
+          }
+          float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+          for (int m = 0; m < 4; ++m) mma16816(d, ce, ce, co, co, b[m][0], b[m][1], d);
+#pragma unroll
+          for (int t = 0; t < TILES; ++t) {
+            unsigned int v[2][2][4];  // [row half][word][pair]
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const unsigned int hm0 = FMT == FMT_Q5 ? (hb[uu][t][h] & 0xffu) : 0u;
+              const unsigned int hm1 = FMT == FMT_Q5 ? ((hb[uu][t][h] >> 8) & 0xffu) : 0u;
+              decode_sub<FMT>(w[uu][t][h].x, hm0, dk, v[h][0]);
+              decode_sub<FMT>(w[uu][t][h].y, hm1, dk, v[h][1]);
+            }
+            float c[4];
+            mma16816(c, v[0][0][0], v[1][0][0], v[0][0][1], v[1][0][1], b[0][0], b[0][1], d);
+            mma16816(c, v[0][0][2], v[1][0][2], v[0][0][3], v[1][0][3], b[1][0], b[1][1], c);
+            mma16816(c, v[0][1][0], v[1][1][0], v[0][1][1], v[1][1][1], b[2][0], b[2][1], c);
+            mma16816(c, v[0][1][2], v[1][1][2], v[0][1][3], v[1][1][3], b[3][0], b[3][1], c);
+            acc[t][0] += sc[uu][t][0] * c[0];
+            acc[t][1] += sc[uu][t][0] * c[1];
+            acc[t][2] += sc[uu][t][1] * c[2];
+            acc[t][3] += sc[uu][t][1] * c[3];
+          }
+        }
+      }
+    }
+    // lane (gid, q) holds rows gid, gid + 8 of each tile for tokens 2q, 2q + 1
+    if (KW > 1) {
+#pragma unroll
+      for (int t = 0; t < TILES; ++t) {
+        red[warp][t][gid][2 * q] = acc[t][0];
+        red[warp][t][gid][2 * q + 1] = acc[t][1];
+        red[warp][t][gid + 8][2 * q] = acc[t][2];
+        red[warp][t][gid + 8][2 * q + 1] = acc[t][3];
+      }
+      __syncthreads();
+      if (wk == 0) {
+#pragma unroll
+        for (int t = 0; t < TILES; ++t)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float s = 0.f;
+#pragma unroll
+            for (int p = 0; p < KW; ++p) s += red[warp + p][t][gid + 8 * (e >> 1)][2 * q + (e & 1)];
+            acc[t][e] = s;
+          }
+      }
+      __syncthreads();
+    }
+    if (wk == 0 && live) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int m = 2 * q + (e & 1);
+        if (m >= M) continue;
+        const int rl = gid + 8 * (e >> 1);  // row within a tile
+        float* ym = y + (size_t)m * ldy;
+        if (swiglu) {
+          const float gt = acc[0][e] * inv[e & 1], up = acc[TILES - 1][e] * inv[e & 1];
+          const int row = u * 16 + rl;
+          if (row < pair_stride) ym[row] = silu(gt) * up;
         } else {
 #pragma unroll
-          for (int r = 0; r < ROWS; ++r) {
-            const int row = g * ROWS + r;
+          for (int t = 0; t < TILES; ++t) {
+            const int row = u * unit_rows + t * 16 + rl;
+            const float v = acc[t][e] * inv[e & 1];
             if (row < N) {
-              if (epi == EPI_STORE) y[(size_t)m * ldy + row] = v[r];
-              else if (epi == EPI_ADD) y[(size_t)m * ldy + row] += v[r];
-              else y[((size_t)blockIdx.y * M + m) * ldy + row] = v[r];
+              if (epi == EPI_STORE) ym[row] = v;
+              else if (epi == EPI_ADD) ym[row] += v;
+              else y[((size_t)blockIdx.y * M + m) * ldy + row] = v;
             }
           }
         }

@@ -269,12 +269,13 @@ class CudaQwen35:
         cfg = self.gemv_cfg.get((w.fmt, w.n, w.k), {})
         return GemvPlan(w, x, x.shape[-1], y, y.shape[-1], m=self.M, epi=epi, splits=cfg.get("splits", splits),
                         rows=cfg.get("rows"), unroll=cfg.get("unroll", 2), y_offset=y_offset, xpre=xpre,
-                        pf=cfg.get("pf")).launch
+                        pf=cfg.get("pf"), stages=cfg.get("stages", 0), mma=cfg.get("mma")).launch
 
     def _plan_gemv(self, w, x, y, epi, splits, xpre):
         cfg = self.gemv_cfg.get((w.fmt, w.n, w.k), {})
         return GemvPlan(w, x, x.shape[-1], y, y.shape[-1], m=self.M, epi=epi, splits=cfg.get("splits", splits),
-                        rows=cfg.get("rows"), unroll=cfg.get("unroll", 2), xpre=xpre, pf=cfg.get("pf"))
+                        rows=cfg.get("rows"), unroll=cfg.get("unroll", 2), xpre=xpre, pf=cfg.get("pf"),
+                        stages=cfg.get("stages", 0), mma=cfg.get("mma"))
 
     NORM_BLOCKS = 8
 

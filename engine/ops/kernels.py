@@ -29,6 +29,12 @@ EPI = {"store": 0, "partial": 1, "swiglu": 2, "add": 3}
 GEMV_ROWS = (1, 2, 4)
 GEMV_UNROLL = (2, 4)  # 8 was never the best in the sweep; fewer variants compile faster
 GEMV_M = (1, 2, 8)
+# gemv_mma (tensor-core MMA, q4/q5, pre-staged x, 1-8 token columns): (tiles of 16 rows, warps splitting K
+# within a block, groups loaded per round) variants compiled
+GEMV_MMA = ((1, 1, 2), (1, 2, 2), (1, 4, 2), (1, 8, 2), (2, 1, 2), (2, 2, 2), (2, 4, 2), (1, 4, 4), (2, 2, 4))
+# gemv_rs_async (weights streamed through a per-warp shared-memory ring): formats q4-q6, pre-staged x
+GEMV_ASYNC_STAGES = (3, 4)
+GEMV_ASYNC_M = (1,)
 ATTN_GROUPS = (1, 2, 3, 4, 6, 8)
 WARPS = 8  # every kernel runs 256-thread blocks
 # Programmatic dependent launch: each kernel may start while the one before it finishes (its blocks
@@ -62,6 +68,9 @@ def _source() -> str:
 
 def _names() -> list[str]:
     names = [f"gemv_rs<{f},{r},{m},{u}>" for f in range(4) for r in GEMV_ROWS for m in GEMV_M for u in GEMV_UNROLL]
+    names += [f"gemv_rs_async<{f},{r},{m},{st}>" for f in range(3) for r in GEMV_ROWS for m in GEMV_ASYNC_M
+              for st in GEMV_ASYNC_STAGES]
+    names += [f"gemv_mma<{f},{t},{kw},{u}>" for f in range(2) for t, kw, u in GEMV_MMA]
     names += [f"gemv_bf16<{m}>" for m in GEMV_M]
     names += [f"embed_rs<{f}>" for f in range(4)]
     names += [f"dequant_rs<{f}>" for f in range(4)]
@@ -149,6 +158,21 @@ _CTYPE = {np.dtype(np.uint64): ctypes.c_uint64, np.dtype(np.int64): ctypes.c_int
 
 
 @functools.cache
+def blocks_per_sm(name: str, block: int = 256, smem: int = 0) -> int:
+    """Resident blocks of kernel `name` per multiprocessor (the driver's occupancy calculator)."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        out = ctypes.c_int(0)
+        rc = lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(out), ctypes.c_void_p(int(kernel(name).kernel.ptr)),
+                                                            ctypes.c_int(block), ctypes.c_size_t(smem))
+        if rc == 0 and out.value > 0:
+            return out.value
+    except (OSError, AttributeError):
+        pass
+    return 2
+
+
+@functools.cache
 def _cu_launch_ex():
     """The driver's cuLaunchKernelEx (CUDA >= 12), or None."""
     try:
@@ -208,14 +232,21 @@ def _p(a) -> int:
     return a.data.ptr if hasattr(a, "data") else int(a)
 
 
+_SMEM_SET: dict[str, int] = {}
+
+
 class GemvPlan:
     """A GEMV launch fixed at build time: y (+)= W x for M token rows. Call `launch(stream)`."""
 
     def __init__(self, w: DevMatrix, x, ldx: int, y, ldy: int, m: int = 1, epi: str = "store",
                  splits: int = 1, rows: int | None = None, unroll: int = 4, y_offset: int = 0, xpre=None,
-                 experts=None, pf: int | None = None):
+                 experts=None, pf: int | None = None, stages: int = 0, mma=None):
         cp = cupy_or_none()
         self.w, self.m, self.epi = w, m, EPI[epi]
+        self.stages = 0
+        if mma and xpre is not None and experts is None and w.fmt in ("q4_g64_fp16", "q5_g64_fp16") and m <= 8:
+            self._mma_plan(w, xpre, y, ldy, m, epi, splits, tuple(mma), y_offset)
+            return
         if w.fmt == "bf16":
             self.fn = kernel(f"gemv_bf16<{m}>")
             kw = WARPS if -(-w.n // WARPS) < sm_count() else 1  # few rows: a block's 8 warps split K
@@ -242,15 +273,22 @@ class GemvPlan:
         self.smem = 0 if pre else m * staged * vpu * 2 + 32 * 4
         ngroups = w.n // 2 if epi == "swiglu" else -(-w.n // rows)
         per_sm = 8 if pre else max(1, min(8, (200 * 1024) // max(self.smem, 1)))
+        self.stages = stages if (pre and stages and vpu == 32 and m in GEMV_ASYNC_M) else 0
+        if self.stages:
+            self.smem = WARPS * self.stages * rows * 32 * (16 + 4 + {0: 0, 1: 4, 2: 8}[f])
+            per_sm = max(1, min(4, (227 * 1024) // (self.smem + 1024)))
         bx = max(1, min(-(-ngroups // WARPS), sm_count() * per_sm // splits))
         # experts = (eidx, rows per expert, x stride in bytes, y stride in floats, y weights or None, slots)
         ex = experts or (None, 0, 0, 0, None, 1)
         if experts is not None:
             bx = max(1, min(-(-ngroups // WARPS), sm_count() * per_sm // max(ex[5], 1)))
         self.grid = (bx, splits, ex[5])
-        self.fn = kernel(f"gemv_rs<{f},{rows},{m},{unroll}>")
-        if self.smem > 48 * 1024:
+        kname = (f"gemv_rs_async<{f},{rows},{m},{self.stages}>" if self.stages
+                 else f"gemv_rs<{f},{rows},{m},{unroll}>")
+        self.fn = kernel(kname)
+        if self.smem > _SMEM_SET.get(kname, 48 * 1024):  # the attribute is the kernel's: only raise it
             self.fn.max_dynamic_shared_size_bytes = self.smem
+            _SMEM_SET[kname] = self.smem
         self.args = (np.uint64(w.ptr(w.base)), np.uint64(w.ptr(w.high)), np.uint64(w.ptr(w.scales)),
                      np.int32(w.n), np.int32(w.gpr), np.int32(w.n // 2 if epi == "swiglu" else 0),
                      np.uint64(_p(xpre[0]) if pre else _p(x)), np.int32(ldx), np.int32(w.k), np.int32(u4ps),
@@ -260,8 +298,30 @@ class GemvPlan:
                      np.int32(ex[3]), np.uint64(_p(ex[4]) if ex[4] is not None else 0),
                      np.int32(GEMV_PF if pf is None else pf))
         self.splits = splits
-        self._go = Launch(self.fn, self.grid, WARPS * 32, self.args, self.smem, name=f"gemv_rs<{f},{rows},{m},{unroll}>")
+        self._go = Launch(self.fn, self.grid, WARPS * 32, self.args, self.smem, name=kname)
         del cp
+
+    def _mma_plan(self, w, xpre, y, ldy, m, epi, splits, mma, y_offset):
+        tiles, kw, u = mma
+        if epi == "swiglu":
+            tiles = 2
+            if (w.n // 2) % 16:
+                raise ValueError("gemv_mma SwiGLU needs N / 2 a multiple of 16")
+        if (tiles, kw, u) not in GEMV_MMA:
+            raise ValueError(f"gemv_mma variant {(tiles, kw, u)} is not compiled (GEMV_MMA)")
+        f = FMT_IDS[w.fmt]
+        gps = -(-w.gpr // splits)
+        splits = -(-w.gpr // gps)
+        units = (w.n // 2) // 16 if epi == "swiglu" else -(-w.n // (16 * tiles))
+        upb = WARPS // kw
+        name = f"gemv_mma<{f},{tiles},{kw},{u}>"
+        bx = max(1, min(-(-units // upb), sm_count() * blocks_per_sm(name) // splits))
+        self.grid, self.splits, self.smem, self.fn = (bx, splits, 1), splits, 0, kernel(name)
+        self.args = (np.uint64(w.ptr(w.base)), np.uint64(w.ptr(w.high)), np.uint64(w.ptr(w.scales)),
+                     np.int32(w.n), np.int32(w.gpr), np.int32(w.n // 2 if epi == "swiglu" else 0),
+                     np.uint64(_p(xpre[0])), np.int32(m), np.int32(gps),
+                     np.uint64(_p(y) + 4 * y_offset), np.int32(ldy), np.int32(self.epi), np.uint64(_p(xpre[1])))
+        self._go = Launch(self.fn, self.grid, WARPS * 32, self.args, 0, name=name)
 
     def launch(self):
         self._go()

@@ -91,6 +91,73 @@ def test_gemv_prestaged(cp, fmt, n, k, splits, pf):
     check(f"gemv prestaged {fmt}", part.get().sum(axis=0), ref.linear(x, wq), **LINEAR)
 
 
+@pytest.mark.parametrize("fmt", QFMTS[:3])
+@pytest.mark.parametrize("n,k", [(512, 5120), (37, 1000), (300, 130)], ids=["512x5120", "37x1000", "300x130"])
+@pytest.mark.parametrize("rows", [1, 2, 4])
+@pytest.mark.parametrize("stages", [3, 4])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_gemv_async(cp, fmt, n, k, rows, stages, splits):
+    """gemv_rs_async (weights through a shared-memory ring) on pre-staged x, partial and swiglu."""
+    from engine.gpu_weights import upload_matrix
+    from engine.ops import kernels as K
+
+    w = (RNG.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
+    dm = upload_matrix(cp, fmt, w)
+    wq = formats.decode(fmt, "row_split_k128_v1", (n, k), cp.asnumpy(dm.buf))
+    x = RNG.standard_normal((1, k)).astype(np.float32)
+    kpad = -(-k // K.XPAD) * K.XPAD
+    xh, xinv = cp.zeros((1, kpad // 2), dtype=cp.uint32), cp.zeros(1, dtype=cp.float32)
+    K.prepared("stage_x_mb", (3, 1), (cp.asarray(x), k, k, kpad, xh, xinv))()
+    part = cp.full((splits, 1, n), np.nan, dtype=cp.float32)
+    plan = K.GemvPlan(dm, None, k, part, n, m=1, epi="partial", splits=splits, rows=rows, xpre=(xh, xinv),
+                      stages=stages)
+    assert plan.stages == stages
+    part = part[: plan.splits]
+    plan.launch()
+    h = ref.linear(x, wq)
+    check(f"gemv async {fmt}", part.get().sum(axis=0), h, **LINEAR)
+    if n % 2 == 0 and splits == 1:
+        y = cp.full((1, n // 2), np.nan, dtype=cp.float32)
+        K.GemvPlan(dm, None, k, y, n // 2, m=1, epi="swiglu", xpre=(xh, xinv), stages=stages).launch()
+        check(f"gemv async swiglu {fmt}", y.get(), ref.swiglu(h[:, : n // 2], h[:, n // 2:]), **LINEAR)
+
+
+@pytest.mark.parametrize("fmt", QFMTS[:2])
+@pytest.mark.parametrize("n,k", [(512, 5120), (37, 1000), (300, 130), (48, 17408)],
+                         ids=["512x5120", "37x1000", "300x130", "48x17408"])
+@pytest.mark.parametrize("m", [1, 3, 8])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_gemv_mma(cp, fmt, n, k, m, splits):
+    """gemv_mma (tensor-core MMA on subnormal-coded weights) on pre-staged x: every compiled variant,
+    partial (split-K), store, add and SwiGLU epilogues, 1-8 token columns."""
+    from engine.gpu_weights import upload_matrix
+    from engine.ops import kernels as K
+
+    w = (RNG.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
+    dm = upload_matrix(cp, fmt, w)
+    wq = formats.decode(fmt, "row_split_k128_v1", (n, k), cp.asnumpy(dm.buf))
+    x = (RNG.standard_normal((m, k)) * 3).astype(np.float32)
+    kpad = -(-k // K.XPAD) * K.XPAD
+    xh, xinv = cp.zeros((m, kpad // 2), dtype=cp.uint32), cp.zeros(m, dtype=cp.float32)
+    K.prepared("stage_x_mb", (3, m), (cp.asarray(x), k, k, kpad, xh, xinv))()
+    h = ref.linear(x, wq)
+    for mma in K.GEMV_MMA:
+        part = cp.full((splits, m, n), np.nan, dtype=cp.float32)
+        plan = K.GemvPlan(dm, None, k, part, n, m=m, epi="partial", splits=splits, xpre=(xh, xinv), mma=mma)
+        assert plan.fn is K.kernel(f"gemv_mma<{K.FMT_IDS[fmt]},{mma[0]},{mma[1]},{mma[2]}>")
+        part = part[: plan.splits]
+        plan.launch()
+        check(f"gemv mma {fmt} {mma}", part.get().sum(axis=0), h, **LINEAR)
+    if splits == 1:
+        y = cp.asarray(np.ones((m, n), np.float32))
+        K.GemvPlan(dm, None, k, y, n, m=m, epi="add", xpre=(xh, xinv), mma=(1, 4, 2)).launch()
+        check(f"gemv mma add {fmt}", y.get(), h + 1, **LINEAR)
+    if n % 32 == 0 and splits == 1:
+        y = cp.full((m, n // 2), np.nan, dtype=cp.float32)
+        K.GemvPlan(dm, None, k, y, n // 2, m=m, epi="swiglu", xpre=(xh, xinv), mma=(2, 2, 2)).launch()
+        check(f"gemv mma swiglu {fmt}", y.get(), ref.swiglu(h[:, : n // 2], h[:, n // 2:]), **LINEAR)
+
+
 @pytest.mark.parametrize("fmt", QFMTS)
 @pytest.mark.parametrize("splits", [1, 3])
 def test_gemv_partial_splits(cp, fmt, splits):
