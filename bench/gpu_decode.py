@@ -111,14 +111,18 @@ def kernel_sweep(bw):
                     results.append(r)
                     if best is None or r["gbs"] > best["gbs"]:
                         best = r
-        for mma in (K.GEMV_MMA if fmt in ("q4_g64_fp16", "q5_g64_fp16") else ()):
+        for mma in (K.GEMV_MMA + K.GEMV_MMA_ASYNC if fmt in ("q4_g64_fp16", "q5_g64_fp16") else ()):
             for splits in (1, 2, 4) if epi == "partial" else (1,):
-                plans = [K.GemvPlan(w, x, k, y, out_n, epi=epi, splits=splits, xpre=xpre, mma=mma) for w in copies]
+                try:
+                    plans = [K.GemvPlan(w, x, k, y, out_n, epi=epi, splits=splits, xpre=xpre, mma=mma) for w in copies]
 
-                def run(plans=plans):
-                    for p in plans:
-                        p.launch()
-                ms = time_graph(run) / 2
+                    def run(plans=plans):
+                        for p in plans:
+                            p.launch()
+                    ms = time_graph(run) / 2
+                except Exception as e:  # noqa: BLE001 - report and go on with the other variants
+                    print(f"{name}: gemv_mma {mma} splits {splits}: error {type(e).__name__}: {e}", flush=True)
+                    continue
                 gbs = copies[0].nbytes / (ms * 1e-3) / 1e9
                 r = dict(shape=name, fmt=fmt, n=n, k=k, rows=0, unroll=0, splits=splits, pf=0, stages=0, mma=list(mma),
                          us=round(ms * 1e3, 2), gbs=round(gbs, 1), pct_copy=round(100 * gbs / bw, 1))
@@ -127,6 +131,10 @@ def kernel_sweep(bw):
                     best = r
         reg = max((r for r in results if r["shape"] == name and not r["stages"] and not r.get("mma")),
                   key=lambda r: r["gbs"])
+        mm = [r for r in results if r["shape"] == name and r.get("mma")]
+        if mm:
+            b = max(mm, key=lambda r: r["gbs"])
+            print(f"{name:12s} mma best {b['mma']} splits={b['splits']}: {b['us']:.1f} us ({b['pct_copy']}%)", flush=True)
         print(f"{name:12s} {fmt:12s} {n:6d}x{k:<6d} best rows={best['rows']} unroll={best['unroll']} "
               f"splits={best['splits']} stages={best['stages']} mma={best.get('mma')}: {best['us']:8.1f} us "
               f"{best['gbs']:7.1f} GB/s "

@@ -559,6 +559,107 @@ __device__ __forceinline__ void decode_sub(unsigned int q, unsigned int hm, cons
   }
 }
 
+// One 64-code group for TILES tiles: offset MMAs, decode, 4 MMAs a tile, scale into acc.
+template <int FMT, int TILES>
+__device__ __forceinline__ void mma_group(const uint2 (&w)[TILES][2], const unsigned int (&hb)[TILES][2],
+                                          const float (&sc)[TILES][2], uint4 xa, uint4 xb, float (&acc)[TILES][4],
+                                          const DecodeK& dk) {
+  const unsigned int ce = FMT == FMT_Q4 ? 0x80088008u : 0x80108010u;
+  const unsigned int co = FMT == FMT_Q4 ? 0x80808080u : 0x81008100u;
+  const __half2 s16 = __floats2half2_rn(0.0625f, 0.0625f);
+  // B fragments: (even pair, odd pair / 16) of MMA m = 0..3
+  unsigned int b[4][2];
+  const unsigned int xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    b[m][0] = xw[2 * m];
+    const __half2 o = __hmul2(u32_as_half2(xw[2 * m + 1]), s16);
+    b[m][1] = *reinterpret_cast<const unsigned int*>(&o);
+  }
+  float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int m = 0; m < 4; ++m) mma16816(d, ce, ce, co, co, b[m][0], b[m][1], d);
+#pragma unroll
+  for (int t = 0; t < TILES; ++t) {
+    unsigned int v[2][2][4];  // [row half][word][pair]
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const unsigned int hm0 = FMT == FMT_Q5 ? (hb[t][h] & 0xffu) : 0u;
+      const unsigned int hm1 = FMT == FMT_Q5 ? ((hb[t][h] >> 8) & 0xffu) : 0u;
+      decode_sub<FMT>(w[t][h].x, hm0, dk, v[h][0]);
+      decode_sub<FMT>(w[t][h].y, hm1, dk, v[h][1]);
+    }
+    float c[4];
+    mma16816(c, v[0][0][0], v[1][0][0], v[0][0][1], v[1][0][1], b[0][0], b[0][1], d);
+    mma16816(c, v[0][0][2], v[1][0][2], v[0][0][3], v[1][0][3], b[1][0], b[1][1], c);
+    mma16816(c, v[0][1][0], v[1][1][0], v[0][1][1], v[1][1][1], b[2][0], b[2][1], c);
+    mma16816(c, v[0][1][2], v[1][1][2], v[0][1][3], v[1][1][3], b[3][0], b[3][1], c);
+    acc[t][0] += sc[t][0] * c[0];
+    acc[t][1] += sc[t][0] * c[1];
+    acc[t][2] += sc[t][1] * c[2];
+    acc[t][3] += sc[t][1] * c[3];
+  }
+}
+
+// A row unit's results: the KW warps of the unit reduce through shared memory (block-wide barriers:
+// every warp of the block calls this the same number of times), the first stores.
+template <int TILES, int KW>
+__device__ __forceinline__ void mma_unit_store(float (&acc)[TILES][4], float (*red)[TILES][16][8], int warp, int wk,
+                                               bool live, int u, int N, int pair_stride, int epi, int M,
+                                               const float (&inv)[2], float* __restrict__ y, int ldy) {
+  const int lane = threadIdx.x & 31, gid = lane >> 2, q = lane & 3;
+  const bool swiglu = epi == EPI_SWIGLU;
+  const int unit_rows = 16 * TILES;
+  // lane (gid, q) holds rows gid, gid + 8 of each tile for tokens 2q, 2q + 1
+  if (KW > 1) {
+#pragma unroll
+    for (int t = 0; t < TILES; ++t) {
+      red[warp][t][gid][2 * q] = acc[t][0];
+      red[warp][t][gid][2 * q + 1] = acc[t][1];
+      red[warp][t][gid + 8][2 * q] = acc[t][2];
+      red[warp][t][gid + 8][2 * q + 1] = acc[t][3];
+    }
+    __syncthreads();
+    if (wk == 0) {
+#pragma unroll
+      for (int t = 0; t < TILES; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float s = 0.f;
+#pragma unroll
+          for (int p = 0; p < KW; ++p) s += red[warp + p][t][gid + 8 * (e >> 1)][2 * q + (e & 1)];
+          acc[t][e] = s;
+        }
+    }
+    __syncthreads();
+  }
+  if (wk == 0 && live) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int m = 2 * q + (e & 1);
+      if (m >= M) continue;
+      const int rl = gid + 8 * (e >> 1);  // row within a tile
+      float* ym = y + (size_t)m * ldy;
+      if (swiglu) {
+        const float gt = acc[0][e] * inv[e & 1], up = acc[TILES - 1][e] * inv[e & 1];
+        const int row = u * 16 + rl;
+        if (row < pair_stride) ym[row] = silu(gt) * up;
+      } else {
+#pragma unroll
+        for (int t = 0; t < TILES; ++t) {
+          const int row = u * unit_rows + t * 16 + rl;
+          const float v = acc[t][e] * inv[e & 1];
+          if (row < N) {
+            if (epi == EPI_STORE) ym[row] = v;
+            else if (epi == EPI_ADD) ym[row] += v;
+            else y[((size_t)blockIdx.y * M + m) * ldy + row] = v;
+          }
+        }
+      }
+    }
+  }
+}
+
 template <int FMT, int TILES, int KW, int U>
 __global__ void __launch_bounds__(256) gemv_mma(
     const unsigned char* __restrict__ base, const unsigned char* __restrict__ high,
@@ -575,10 +676,6 @@ __global__ void __launch_bounds__(256) gemv_mma(
   const int units = swiglu ? pair_stride / 16 : (N + unit_rows - 1) / unit_rows;
   const int gs = blockIdx.y * gps, ge = min(gs + gps, gpr);
   const int xrow = ((gpr * 2 + 31) & ~31) * 4;  // uint4 per token row of the staged pairs
-  // constant A of the offset MMAs (q4: code + 8, q5: code + 16; odd pairs x16), negated
-  const unsigned int ce = FMT == FMT_Q4 ? 0x80088008u : 0x80108010u;
-  const unsigned int co = FMT == FMT_Q4 ? 0x80808080u : 0x81008100u;
-  const __half2 s16 = __floats2half2_rn(0.0625f, 0.0625f);
   __shared__ float red[8][TILES][16][8];
   NI_PDL_ENTRY();
   const DecodeK dk = decode_constants(gpr > 0 ? 1u : 0u);
@@ -655,93 +752,136 @@ __global__ void __launch_bounds__(256) gemv_mma(
           hp[t][h] += KW * U * 4;
         }
 #pragma unroll
-      for (int uu = 0; uu < U; ++uu) {
-        const int g = g0 + uu * KW;
-        if (g < ge) {
-          // B fragments: (even pair, odd pair / 16) of MMA m = 0..3
-          unsigned int b[4][2];
-          const unsigned int xw[8] = {xa[uu].x, xa[uu].y, xa[uu].z, xa[uu].w, xb[uu].x, xb[uu].y, xb[uu].z, xb[uu].w};
-#pragma unroll
-          for (int m = 0; m < 4; ++m) {
-            b[m][0] = xw[2 * m];
-            const __half2 o = __hmul2(u32_as_half2(xw[2 * m + 1]), s16);
-            b[m][1] = *reinterpret_cast<const unsigned int*>(&o);
-          }
-          float d[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-          for (int m = 0; m < 4; ++m) mma16816(d, ce, ce, co, co, b[m][0], b[m][1], d);
-#pragma unroll
-          for (int t = 0; t < TILES; ++t) {
-            unsigned int v[2][2][4];  // [row half][word][pair]
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const unsigned int hm0 = FMT == FMT_Q5 ? (hb[uu][t][h] & 0xffu) : 0u;
-              const unsigned int hm1 = FMT == FMT_Q5 ? ((hb[uu][t][h] >> 8) & 0xffu) : 0u;
-              decode_sub<FMT>(w[uu][t][h].x, hm0, dk, v[h][0]);
-              decode_sub<FMT>(w[uu][t][h].y, hm1, dk, v[h][1]);
-            }
-            float c[4];
-            mma16816(c, v[0][0][0], v[1][0][0], v[0][0][1], v[1][0][1], b[0][0], b[0][1], d);
-            mma16816(c, v[0][0][2], v[1][0][2], v[0][0][3], v[1][0][3], b[1][0], b[1][1], c);
-            mma16816(c, v[0][1][0], v[1][1][0], v[0][1][1], v[1][1][1], b[2][0], b[2][1], c);
-            mma16816(c, v[0][1][2], v[1][1][2], v[0][1][3], v[1][1][3], b[3][0], b[3][1], c);
-            acc[t][0] += sc[uu][t][0] * c[0];
-            acc[t][1] += sc[uu][t][0] * c[1];
-            acc[t][2] += sc[uu][t][1] * c[2];
-            acc[t][3] += sc[uu][t][1] * c[3];
-          }
-        }
-      }
+      for (int uu = 0; uu < U; ++uu)
+        if (g0 + uu * KW < ge) mma_group<FMT, TILES>(w[uu], hb[uu], sc[uu], xa[uu], xb[uu], acc, dk);
     }
-    // lane (gid, q) holds rows gid, gid + 8 of each tile for tokens 2q, 2q + 1
-    if (KW > 1) {
-#pragma unroll
-      for (int t = 0; t < TILES; ++t) {
-        red[warp][t][gid][2 * q] = acc[t][0];
-        red[warp][t][gid][2 * q + 1] = acc[t][1];
-        red[warp][t][gid + 8][2 * q] = acc[t][2];
-        red[warp][t][gid + 8][2 * q + 1] = acc[t][3];
-      }
-      __syncthreads();
-      if (wk == 0) {
+    mma_unit_store<TILES, KW>(acc, red, warp, wk, live, u, N, pair_stride, epi, M, inv, y, ldy);
+  }
+}
+
+// gemv_mma with the weights, scales and high bits streamed through a per-warp shared-memory ring of S
+// stages (cp.async, S - 1 groups ahead, across row units), so a warp keeps ~(S - 1) x TILES x 512 B in
+// flight without holding it in registers. Each lane reads back only its own slots (no barrier); x comes
+// from L1 (the staged row is read by every warp of the SM).
+template <int FMT, int TILES, int KW, int S>
+__global__ void __launch_bounds__(256) gemv_mma_async(
+    const unsigned char* __restrict__ base, const unsigned char* __restrict__ high,
+    const __half* __restrict__ scales, int N, int gpr, int pair_stride,
+    const uint4* __restrict__ xs4, int M, int gps,
+    float* __restrict__ y, int ldy, int epi, const float* __restrict__ xinv) {
+  static_assert(FMT == FMT_Q4 || FMT == FMT_Q5, "q4/q5 only");
+  constexpr int UPB = 8 / KW;
+  constexpr int NS = TILES * 2 * 32;  // slots per stage (tile, row half, lane)
+  constexpr int STAGE = NS * (8 + 4 + (FMT == FMT_Q5 ? 4 : 0));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int gid = lane >> 2, q = lane & 3;
+  const int wk = warp % KW, wu = warp / KW;
+  const bool swiglu = epi == EPI_SWIGLU;
+  const int unit_rows = 16 * TILES;
+  const int units = swiglu ? pair_stride / 16 : (N + unit_rows - 1) / unit_rows;
+  const int gs = blockIdx.y * gps, ge = min(gs + gps, gpr);
+  const int xrow = ((gpr * 2 + 31) & ~31) * 4;
+  const int ng = (ge - gs + KW - 1) / KW;  // items per unit, the same for every warp of the block
+  const int ustride = gridDim.x * UPB;
+  const int nub = blockIdx.x * UPB < units ? (units - blockIdx.x * UPB + ustride - 1) / ustride : 0;
+  const int total = nub * ng;
+  __shared__ float red[8][TILES][16][8];
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* ring = smem_raw + (size_t)warp * S * STAGE;
+  const unsigned long long sbase = reinterpret_cast<unsigned long long>(scales);
+
+  int is_r = 0, is_k = 0, is_slot = 0;  // next item to issue: unit round, group index, ring slot
+  auto issue = [&](int n) {
+    if (n < total) {
+      const int u = blockIdx.x * UPB + is_r * ustride + wu;
+      const int g = gs + wk + is_k * KW;
+      if (u < units && g < ge) {
+        unsigned char* st = ring + is_slot * STAGE;
 #pragma unroll
         for (int t = 0; t < TILES; ++t)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            float s = 0.f;
-#pragma unroll
-            for (int p = 0; p < KW; ++p) s += red[warp + p][t][gid + 8 * (e >> 1)][2 * q + (e & 1)];
-            acc[t][e] = s;
+          for (int h = 0; h < 2; ++h) {
+            const int r0 = swiglu ? u * 16 + t * pair_stride : u * unit_rows + t * 16;
+            const size_t rg = (size_t)min(r0 + gid + 8 * h, N - 1) * gpr + g;
+            const int sl = (t * 2 + h) * 32 + lane;
+            cp_async_small<8>(st + sl * 8, base + rg * 32 + 8 * q);
+            cp_async_small<4>(st + NS * 8 + sl * 4, reinterpret_cast<const void*>((sbase + rg * 2) & ~3ull));
+            if constexpr (FMT == FMT_Q5)
+              cp_async_small<4>(st + NS * 12 + sl * 4, high + rg * 8 + 4 * (q >> 1));
           }
       }
-      __syncthreads();
     }
-    if (wk == 0 && live) {
+    cp_async_commit();
+    is_slot = is_slot == S - 1 ? 0 : is_slot + 1;
+    if (++is_k == ng) { is_k = 0; ++is_r; }
+  };
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int m = 2 * q + (e & 1);
-        if (m >= M) continue;
-        const int rl = gid + 8 * (e >> 1);  // row within a tile
-        float* ym = y + (size_t)m * ldy;
-        if (swiglu) {
-          const float gt = acc[0][e] * inv[e & 1], up = acc[TILES - 1][e] * inv[e & 1];
-          const int row = u * 16 + rl;
-          if (row < pair_stride) ym[row] = silu(gt) * up;
-        } else {
+  for (int s = 0; s < S - 1; ++s) issue(s);
+  NI_PDL_ENTRY();
+  const DecodeK dk = decode_constants(gpr > 0 ? 1u : 0u);
+  const int c0 = 2 * (q & 1);
+  const bool xlane = gid < M;
+  float inv[2];
+  inv[0] = 2 * q < M ? xinv[2 * q] * 16777216.f : 0.f;
+  inv[1] = 2 * q + 1 < M ? xinv[2 * q + 1] * 16777216.f : 0.f;
+  const uint4* xlp = xs4 + (size_t)gid * xrow + c0 * 32;
+
+  float acc[TILES][4];
 #pragma unroll
-          for (int t = 0; t < TILES; ++t) {
-            const int row = u * unit_rows + t * 16 + rl;
-            const float v = acc[t][e] * inv[e & 1];
-            if (row < N) {
-              if (epi == EPI_STORE) ym[row] = v;
-              else if (epi == EPI_ADD) ym[row] += v;
-              else y[((size_t)blockIdx.y * M + m) * ldy + row] = v;
-            }
+  for (int t = 0; t < TILES; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[t][e] = 0.f;
+  int r = 0, k = 0, slot = 0;
+  for (int n = 0; n < total; ++n) {
+    issue(n + S - 1);
+    const int u = blockIdx.x * UPB + r * ustride + wu;
+    const int g = gs + wk + k * KW;
+    uint4 xa = make_uint4(0u, 0u, 0u, 0u), xb = xa;
+    const bool work = u < units && g < ge;
+    if (work && xlane) {
+      const int jx = 2 * g + (q >> 1);
+      const uint4* xp = xlp + (jx >> 5) * 128 + (jx & 31);
+      xa = xp[0];
+      xb = xp[32];
+    }
+    cp_async_wait<S - 1>();
+    if (work) {
+      const unsigned char* st = ring + slot * STAGE;
+      uint2 w[TILES][2];
+      unsigned int hb[TILES][2];
+      float sc[TILES][2];
+#pragma unroll
+      for (int t = 0; t < TILES; ++t)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int sl = (t * 2 + h) * 32 + lane;
+          w[t][h] = *reinterpret_cast<const uint2*>(st + sl * 8);
+          const unsigned int sw = *reinterpret_cast<const unsigned int*>(st + NS * 8 + sl * 4);
+          const int r0 = swiglu ? u * 16 + t * pair_stride : u * unit_rows + t * 16;
+          const size_t rg = (size_t)min(r0 + gid + 8 * h, N - 1) * gpr + g;
+          const bool hi_half = ((sbase + rg * 2) & 2) != 0;
+          sc[t][h] = __half2float(__ushort_as_half((unsigned short)(hi_half ? sw >> 16 : sw & 0xffffu)));
+          if constexpr (FMT == FMT_Q5) {
+            const unsigned int hw = *reinterpret_cast<const unsigned int*>(st + NS * 12 + sl * 4);
+            hb[t][h] = ~((q & 1) ? hw >> 16 : hw);
+          } else {
+            hb[t][h] = 0u;
           }
         }
-      }
+      mma_group<FMT, TILES>(w, hb, sc, xa, xb, acc, dk);
+    }
+    slot = slot == S - 1 ? 0 : slot + 1;
+    if (++k == ng) {
+      mma_unit_store<TILES, KW>(acc, red, warp, wk, u < units, u, N, pair_stride, epi, M, inv, y, ldy);
+#pragma unroll
+      for (int t = 0; t < TILES; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[t][e] = 0.f;
+      k = 0;
+      ++r;
     }
   }
+  cp_async_wait<0>();
 }
 
 // bf16 weights [N, K] (row-major, K % 8 == 0), fp32 x [M, K], fp32 math. kw warps share a row (1 or 8):
