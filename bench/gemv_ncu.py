@@ -1,9 +1,11 @@
 """Launch the 27B's main decode GEMVs twice each with plain launches, for Nsight Compute
 (`bash bench/gpu_profile.sh` runs it under ncu). Each shape runs with the engine's tuning table
-(`engine.ops.gemv_tuning`), x pre-staged as in decode.
+(`engine.ops.gemv_tuning`), x pre-staged as in decode. NCU_MMA="t,kw,u" launches gemv_mma instead;
+NCU_SHAPES="mlp gate|up,..." picks shapes.
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -23,8 +25,11 @@ SHAPES = [("mlp gate|up", "q4_g64_fp16", 34816, 5120, "swiglu"), ("mlp down", "q
 
 def main():
     cfg = default_cfg()
+    only = os.environ.get("NCU_SHAPES")  # e.g. "mlp gate|up"
     rng = cp.random.default_rng(0)
     for name, fmt, n, k, epi in SHAPES:
+        if only and name not in only.split(","):
+            continue
         w = random_matrix(cp, rng, fmt, n, k)
         x = cp.asarray(np.random.default_rng(1).standard_normal((1, k)).astype(np.float32))
         pad = getattr(K, "XPAD", 128)  # the executor's padding of staged x
@@ -34,8 +39,9 @@ def main():
         out_n = n // 2 if epi == "swiglu" else n
         c = cfg.get((fmt, n, k), {})
         y = cp.zeros((8, out_n), cp.float32)
+        mma = tuple(int(v) for v in os.environ["NCU_MMA"].split(",")) if os.environ.get("NCU_MMA") else None
         plan = K.GemvPlan(w, x, k, y, out_n, epi=epi, splits=c.get("splits", 1), rows=c.get("rows"),
-                          unroll=c.get("unroll", 2), xpre=xpre)
+                          unroll=c.get("unroll", 2), xpre=xpre, mma=mma)
         for _ in range(2):
             plan.launch()
         cp.cuda.Device().synchronize()

@@ -56,6 +56,11 @@ log "sweep + decode"
 timeout 300 python3 bench/gpu_decode.py --sweep --synthetic ${GEOS:-qwen3.8-27b} --breakdown --out "$OUT/quick.json" 2>&1 \
   | grep -E "best|PDL|sum of|^  gemv|^  resid|^  stage|tok/s|Error|error" | head -60
 fi
+if [ "$PART" = probe ]; then  # bench/mma_probe.py (L2-resident vs DRAM-streamed GEMV variants)
+log compile
+timeout 240 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')"
+timeout 120 python3 bench/mma_probe.py 2>&1 | tail -20
+fi
 if [ "$PART" = exp ]; then  # main's sweep again, so that every number of this call is from one machine
   log "main sweep (reference)"
   timeout 300 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')"
@@ -76,3 +81,17 @@ fi
      2>&1 | grep -E "best|PDL" | head -12)
 done
 log done
+if [ "$PART" = ncu_mma ]; then  # Nsight Compute: gemv_mma against the register kernel on gate|up
+  timeout 240 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')"
+  NCU_SHAPES="mlp gate|up" NCU_KERNEL=gemv_ bash bench/gpu_profile.sh; cp "$OUT/ncu.txt" "$OUT/ncu_reg.txt"
+  NCU_SHAPES="mlp gate|up" NCU_MMA=2,4,2 NCU_KERNEL=gemv_ bash bench/gpu_profile.sh
+  grep -E "Stall|stall|Warp Cycles|Issue Slot|Executed Ipc|L1/TEX Hit|Mem Busy|Max Bandwidth|DRAM Through|Registers Per|Achieved Occ|Theoretical Occ|Duration" "$OUT/ncu.txt" | head -50
+fi
+if [ "$PART" = ppchunk ]; then  # pp8192 with larger tensor-core prefill chunks (dequantized weights amortized)
+  timeout 240 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')"
+  for T in ${CHUNKS:-2048 4096 8192}; do
+    log "pp8192 NINFER_PREFILL_GEMM=$T"
+    NINFER_PREFILL_GEMM=$T timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 8192 -n 0 -r 2 \
+      -o json --out "$OUT/pp8192_gemm$T.json" 2>&1 | grep -E "^pp|rror|GiB" | head -4
+  done
+fi

@@ -4,8 +4,8 @@
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.cupy_cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-ncu --clock-control none -k regex:gemv_rs --section SpeedOfLight --section ComputeWorkloadAnalysis \
+ncu --clock-control none -k regex:${NCU_KERNEL:-gemv_rs} --section SpeedOfLight --section ComputeWorkloadAnalysis \
     --section MemoryWorkloadAnalysis --section Occupancy --section SchedulerStats --section WarpStateStats \
-    --section InstructionStats python3 bench/gemv_ncu.py > "$OUT/ncu.txt" 2>&1
-grep -E "gemv_rs|Duration|DRAM Throughput|Issued Warp|Eligible Warps|Warp Cycles Per Issued|Achieved Occupancy|Block Limit Registers" \
+    --section InstructionStats --section SourceCounters python3 bench/gemv_ncu.py > "$OUT/ncu.txt" 2>&1
+grep -E "gemv_|Duration|DRAM Throughput|Issued Warp|Eligible Warps|Warp Cycles Per Issued|Achieved Occupancy|Block Limit Registers" \
   "$OUT/ncu.txt" | cut -c1-110 | head -60

@@ -130,13 +130,11 @@ extern "C" __global__ void residual_rmsnorm(float* __restrict__ xres, const floa
 
 // o: [M, Hv, D] packed, z: [M, ldz], out: [M, ldo] (the attention-width buffer, which may be wider than
 // Hv * D); D == 128; one warp per (token, head).
-extern "C" __global__ void gated_rmsnorm(const float* __restrict__ o, const float* __restrict__ z, int ldz,
-                              const float* __restrict__ w, float* __restrict__ out, int ldo, int Hv, float eps) {
-  NI_PDL_ENTRY();
+// One warp: head gw of token row m; returns the largest |value| this lane wrote.
+__device__ __forceinline__ float gated_head(const float* __restrict__ o, const float* __restrict__ z, int ldz,
+                                            const float* __restrict__ w, float* __restrict__ out, int ldo, int Hv,
+                                            float eps, int m, int gw) {
   const int lane = threadIdx.x & 31;
-  const int gw = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  const int m = blockIdx.y;
-  if (gw >= Hv) return;
   const float4 ov = reinterpret_cast<const float4*>(o + ((size_t)m * Hv + gw) * 128)[lane];
   const float4 zv = reinterpret_cast<const float4*>(z + (size_t)m * ldz + (size_t)gw * 128)[lane];
   const float4 wv = reinterpret_cast<const float4*>(w)[lane];
@@ -148,4 +146,30 @@ extern "C" __global__ void gated_rmsnorm(const float* __restrict__ o, const floa
   res.z = ov.z * r * wv.z * silu(zv.z);
   res.w = ov.w * r * wv.w * silu(zv.w);
   reinterpret_cast<float4*>(out + (size_t)m * ldo + (size_t)gw * 128)[lane] = res;
+  return fmaxf(fmaxf(fabsf(res.x), fabsf(res.y)), fmaxf(fabsf(res.z), fabsf(res.w)));
+}
+
+extern "C" __global__ void gated_rmsnorm(const float* __restrict__ o, const float* __restrict__ z, int ldz,
+                              const float* __restrict__ w, float* __restrict__ out, int ldo, int Hv, float eps) {
+  NI_PDL_ENTRY();
+  const int gw = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (gw >= Hv) return;
+  gated_head(o, z, ldz, w, out, ldo, Hv, eps, blockIdx.y, gw);
+}
+
+// gated_rmsnorm of every head of token row blockIdx.x (one block of up to 1024 threads, a warp per head
+// in turn), then the row [0, K) staged as the GEMV's fp16 pairs: gated_rmsnorm + stage_x in one launch.
+extern "C" __global__ void gated_rmsnorm_stage(const float* __restrict__ o, const float* __restrict__ z, int ldz,
+                                               const float* __restrict__ w, float* __restrict__ out, int ldo,
+                                               int Hv, float eps, int K, int kpad, __half2* __restrict__ xh,
+                                               float* __restrict__ xinv) {
+  NI_PDL_ENTRY();
+  __shared__ float red[32];
+  const int m = blockIdx.x;
+  float mx = 0.f;
+  for (int gw = threadIdx.x >> 5; gw < Hv; gw += blockDim.x >> 5)
+    mx = fmaxf(mx, gated_head(o, z, ldz, w, out, ldo, Hv, eps, m, gw));
+  const float sc = pow2_scale(block_max(mx, red));  // its barriers also publish the block's writes of out
+  stage_slice(out + (size_t)m * ldo, K, 0, kpad / 32, xh + (size_t)m * kpad / 2, sc);
+  if (threadIdx.x == 0) xinv[m] = 1.f / sc;
 }

@@ -18,11 +18,42 @@ PREFILL_COLS = int(os.environ.get("NINFER_PREFILL_COLS", "8"))
 # hundred values instead of the 248,320-entry row); tests/gpu/test_gpu_engine.py::test_sparse_logits_step
 # passed on the H200. NINFER_SPARSE_LOGITS=0 turns it off.
 SPARSE_LOGITS = os.environ.get("NINFER_SPARSE_LOGITS", "1") == "1"
-# Prompt tokens per tensor-core prefill chunk (`qwen3_5_cuda_prefill`); 0 = off. tests/gpu/test_prefill.py
-# passed on the H200 (pp8192 ~8x the columns step). Off by default for its memory: ~1.5-2.5 GiB of
-# fixed scratch and 12 B per context token for the gathered K/V would cut the context a 24 GiB card
-# fits by a third; on with NINFER_PREFILL_GEMM=1024 until the attention reads the paged cache directly.
-PREFILL_GEMM = int(os.environ.get("NINFER_PREFILL_GEMM", "0"))
+# Prompt tokens per tensor-core prefill chunk (`qwen3_5_cuda_prefill`); tests/gpu/test_prefill.py passed
+# on the H200. 27B pp8192: 4,264 tok/s at chunk 1,024, 4,987 at 2,048, 5,432 at 4,096, 5,657 at 8,192,
+# against ~300 for the columns step alone. Its memory (~1.5-3 GiB of scratch, 12 B per context token for
+# the gathered K/V) would cut the context a 24 GiB card fits by a third, so by default ("auto", -1) it is
+# built only when the device still has that room after the decode step and its KV cache: the largest of
+# AUTO_CHUNKS that fits, else off. NINFER_PREFILL_GEMM=N forces chunk N (0: off).
+AUTO = -1
+AUTO_CHUNKS = (4096, 2048, 1024)
+# Smaller tensor-core executors for the rest of a prompt (sharing the largest one's scratch): a prompt
+# of L tokens runs as chunks of the largest size, then of these, then the 8-token columns step.
+PREFILL_TAILS = (1024, 256, 64)
+_env_gemm = os.environ.get("NINFER_PREFILL_GEMM", "auto").strip().lower()
+PREFILL_GEMM = AUTO if _env_gemm in ("", "auto") else int(_env_gemm)
+
+
+def auto_prefill_chunk(args, cols: int, max_context: int, cap: int = AUTO_CHUNKS[0]) -> int:
+    """The largest of AUTO_CHUNKS (at most `cap`) whose prefill executors, tails included, and K/V gather
+    for `max_context` fit in the device's free memory with 1 GiB to spare; 0 when none does."""
+    from engine.backend import cupy_or_none  # noqa: PLC0415
+    from engine.memory_plan import prefill_executor_bytes, prefill_gather_bytes_per_token  # noqa: PLC0415
+
+    cp = cupy_or_none()
+    try:
+        pool = cp.get_default_memory_pool()
+        free = int(cp.cuda.runtime.memGetInfo()[0]) + int(getattr(pool, "free_bytes", lambda: 0)())
+    except Exception:  # noqa: BLE001 - no device query (CPU stand-in): leave the path off
+        return 0
+    for chunk in AUTO_CHUNKS:
+        if chunk > cap:
+            continue
+        need = prefill_executor_bytes(args, cols, chunk) + (1 << 30)
+        need += sum(prefill_executor_bytes(args, cols, t) for t in PREFILL_TAILS if cols < t < chunk)
+        need += prefill_gather_bytes_per_token(args, cols, chunk) * max_context
+        if need <= free:
+            return chunk
+    return 0
 
 
 class _CudaCache:
@@ -63,10 +94,17 @@ class CudaModel:
             self.cols = CudaQwen35Columns(self.executor, prefill_cols)
             self.cols.capture()
         self.gemm = None
+        self.gemms = []  # tensor-core prefill executors, largest chunk first
+        if prefill_gemm < 0 and not args.is_moe:  # auto: where the memory allows (-N caps the chunk at N)
+            prefill_gemm = auto_prefill_chunk(args, max(prefill_cols, 1), max_context,
+                                              cap=-prefill_gemm if prefill_gemm < -1 else AUTO_CHUNKS[0])
+        self.gemm_chunk = max(prefill_gemm, 0)
         if prefill_gemm > prefill_cols and not args.is_moe:
             from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill  # noqa: PLC0415
 
             self.gemm = CudaQwen35Prefill(self.executor, prefill_gemm)
+            self.gemms = [self.gemm] + [CudaQwen35Prefill(self.executor, t, share=self.gemm)
+                                        for t in PREFILL_TAILS if prefill_cols < t < prefill_gemm]
 
     def make_cache(self, *_):
         self.executor.reset()
@@ -77,13 +115,13 @@ class CudaModel:
         ex = self.executor
         ids = [int(t) for t in np.asarray(tokens).ravel()]
         rows, i, last = [], 0, None
-        if self.gemm is not None and last_only:
-            T = self.gemm.M
+        for gemm in self.gemms if last_only else ():
+            T = gemm.M
             while len(ids) - i >= T:
-                self.gemm.run_chunk(ids[i:i + T], cache.position)
+                gemm.run_chunk(ids[i:i + T], cache.position)
                 i += T
                 cache.position += T
-                last = self.gemm.logits
+                last = gemm.logits
         if self.cols is not None and last_only:
             T = self.cols.M
             while len(ids) - i >= T:
@@ -176,7 +214,7 @@ def build_engine(args, device_weights: dict, config: dict, *, max_context: int =
                       prefill_cols=prefill_cols, prefill_gemm=prefill_gemm)
     # the engine hands the model prompt pieces of prefill_chunk tokens: at least one GEMM chunk
     return CudaEngine(model, config, device="gpu", tokenizer=tokenizer, max_context=max_context,
-                      prefill_chunk=max(prefill_chunk or 256, prefill_gemm))
+                      prefill_chunk=max(prefill_chunk or 256, model.gemm_chunk))
 
 
 def cuda_supported(args) -> bool:
@@ -202,6 +240,9 @@ def try_build(config: dict, source, *, max_context: int | None = None, tokenizer
         weights = gpu_weights.from_logical(args, source)
     ctx = int(max_context or min(args.max_position_embeddings or 32768, 32768))
     # --prefill-chunk: the prompt pieces, and the tensor-core chunk when that path is on
-    gemm = int(prefill_chunk) if prefill_chunk and PREFILL_GEMM else PREFILL_GEMM
+    # --prefill-chunk sets the tensor-core chunk when that path is forced on, caps it when auto
+    gemm = PREFILL_GEMM
+    if prefill_chunk and PREFILL_GEMM:
+        gemm = -int(prefill_chunk) if PREFILL_GEMM == AUTO else int(prefill_chunk)
     return build_engine(args, weights, config, max_context=ctx, tokenizer=tokenizer, kv=kv, prefill_gemm=gemm,
                         prefill_chunk=prefill_chunk)

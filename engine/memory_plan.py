@@ -123,7 +123,8 @@ def engine_prefill_executors() -> dict:
     """`plan_memory` keywords for the prefill executors the CUDA engine builds by default (env-driven)."""
     from engine.gpu_engine import PREFILL_COLS, PREFILL_GEMM  # noqa: PLC0415
 
-    return {"prefill_cols": PREFILL_COLS, "prefill_gemm": PREFILL_GEMM}
+    # auto (< 0) reserves nothing: the engine builds that path only in memory the plan leaves free
+    return {"prefill_cols": PREFILL_COLS, "prefill_gemm": max(PREFILL_GEMM, 0)}
 
 
 # ---------------------------------------------------------------------------------- weights

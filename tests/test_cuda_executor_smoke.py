@@ -15,7 +15,7 @@ def cp(monkeypatch):
     yield cp
     from engine.ops import kernels as K
 
-    for fn in (K.module, K.kernel, K.sm_count):
+    for fn in (K.module, K.kernel, K.sm_count, K.blocks_per_sm):
         fn.cache_clear()
 
 
@@ -84,3 +84,26 @@ def test_try_build_takes_the_prefill_chunk(cp, monkeypatch):
     assert eng.model.gemm is not None and eng.model.gemm.M == 32 and eng.prefill_chunk == 32
     eng.prefill(list(range(1, 80)))
     assert eng.position == 79
+
+
+def test_tensor_core_prefill_is_on_where_the_memory_allows(cp, monkeypatch):
+    """Default ("auto"): the largest chunk of AUTO_CHUNKS that fits the free memory, with the smaller
+    tail executors sharing its scratch; off when the device has no room; --prefill-chunk caps it."""
+    from engine import gpu_engine
+    from engine.config import ModelArgs
+    from engine.models.qwen3_5 import random_weights
+
+    w = random_weights(ModelArgs.from_config(CFG), seed=2)
+    monkeypatch.setattr(gpu_engine, "PREFILL_GEMM", gpu_engine.AUTO)
+    eng = gpu_engine.try_build(CFG, w, max_context=512)  # fake device: 100 GiB free
+    m = eng.model
+    assert [g.M for g in m.gemms] == [4096, 1024, 256, 64] and eng.prefill_chunk == 4096
+    assert all(g._w16 is m.gemm._w16 for g in m.gemms)
+    eng.prefill(list(range(1, 80)))  # one 64-row chunk, then the columns step, then single tokens
+    assert eng.position == 79
+    eng = gpu_engine.try_build(CFG, w, max_context=512, prefill_chunk=1024)
+    assert [g.M for g in eng.model.gemms] == [1024, 256, 64]
+    monkeypatch.setattr(cp.cuda.runtime, "memGetInfo", lambda: (0, 141 << 30))
+    monkeypatch.setattr(cp, "get_default_memory_pool", lambda: type("P", (), {"free_bytes": lambda self: 0})())
+    eng = gpu_engine.try_build(CFG, w, max_context=512)
+    assert eng.model.gemm is None and eng.model.gemms == [] and eng.prefill_chunk == 256

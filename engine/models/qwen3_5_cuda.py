@@ -356,12 +356,14 @@ class CudaQwen35:
                 lda, ldb = self.buf_a.shape[1], self.buf_b.shape[1]
                 ops.extend(self._gdn_core_ops(L, lda, ldb))
                 zoff = Hv * GDN_HEAD_DIM
-                ops.append(K.prepared("gated_rmsnorm", (-(-Hv // K.WARPS), M),
-                                      (self.att2, self.buf_b[:, zoff:], ldb, L["norm"], self.att, self.att.shape[1],
-                                       Hv, eps)))
             att_k = L["o"].k
-            # per layer: the staged row stride must be the one the o-projection's K implies
-            ops.append(self._stage(self.att, att_k, -(-att_k // K.XPAD) * K.XPAD, self.xh_att, self.xinv_att))
+            att_kpad = -(-att_k // K.XPAD) * K.XPAD  # per layer: the staged row stride the o-projection's K implies
+            if L["kind"] == "full_attention":
+                ops.append(self._stage(self.att, att_k, att_kpad, self.xh_att, self.xinv_att))
+            else:  # gated norm and staging in one launch (one block a token row)
+                ops.append(K.prepared("gated_rmsnorm_stage", (M,),
+                                      (self.att2, self.buf_b[:, zoff:], ldb, L["norm"], self.att, self.att.shape[1],
+                                       Hv, eps, att_k, att_kpad, self.xh_att, self.xinv_att), block=1024))
             o_plan = self._plan_gemv(L["o"], self.att, self.part, "partial", self._splits(L["o"]),
                                      (self.xh_att, self.xinv_att))
             ops.append(o_plan.launch)

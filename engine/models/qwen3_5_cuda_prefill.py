@@ -11,7 +11,8 @@ q/k norm + RoPE + paged KV write, and the head on the chunk's last row.
 
 Not graph-captured (cuBLAS calls cannot be captured through CuPy); one chunk is a few hundred launches.
 tests/gpu/test_prefill.py passes on the H200; pp8192 4,264 tok/s at chunk 1,024 (bench/NOTES-decode.md).
-Off unless NINFER_PREFILL_GEMM is set (the chunk length): see `engine.gpu_engine.PREFILL_GEMM`.
+On by default where the free memory allows (`engine.gpu_engine.PREFILL_GEMM`), with smaller chunks for
+the rest of a prompt (`PREFILL_TAILS`).
 """
 from __future__ import annotations
 
@@ -90,17 +91,22 @@ class CudaQwen35Prefill(CudaQwen35Columns):
     NORM_BLOCKS = 1  # T rows give the norms their parallelism; more blocks a row would re-read it
     PREP_SPLIT = 64  # token slices of the GDN conv/norm kernel (16 tokens each at T = 1024)
 
-    def __init__(self, decode, chunk: int):
+    def __init__(self, decode, chunk: int, share: "CudaQwen35Prefill | None" = None):
+        """`share`: a larger-chunk executor over the same sequence whose fp16 weight, fp16 input and
+        gate|up scratch this one uses too (the executors of one engine never run at the same time)."""
         self._w16 = None
         super().__init__(decode, chunk)
         cp = self.cp
-        n_max = max(L[key].n * L[key].k for L in self.layers for key in ("qk", "gv", "vz", "ab", "o", "gate_up", "down")
-                    if key in L)
-        self._w16 = cp.empty(n_max, dtype=cp.float16)
-        k_max = max(self.H, self.att.shape[1], self.inter)
-        self._x16 = cp.empty(self.M * k_max, dtype=cp.float16)
-        n_gu = max((L["gate_up"].n for L in self.layers if "gate_up" in L), default=0)
-        self._gu = cp.empty((self.M, n_gu), dtype=cp.float32)
+        if share is not None and share.M >= chunk:
+            self._w16, self._x16, self._gu = share._w16, share._x16, share._gu[:chunk]
+        else:
+            n_max = max(L[key].n * L[key].k for L in self.layers
+                        for key in ("qk", "gv", "vz", "ab", "o", "gate_up", "down") if key in L)
+            self._w16 = cp.empty(n_max, dtype=cp.float16)
+            k_max = max(self.H, self.att.shape[1], self.inter)
+            self._x16 = cp.empty(self.M * k_max, dtype=cp.float16)
+            n_gu = max((L["gate_up"].n for L in self.layers if "gate_up" in L), default=0)
+            self._gu = cp.empty((self.M, n_gu), dtype=cp.float32)
         self._one = np.array(1.0, dtype=np.float32)
         self._zero = np.array(0.0, dtype=np.float32)
         self.start = 0

@@ -254,6 +254,22 @@ def test_residual_rmsnorm_and_gated(cp):
                                          1e-6))()
     check("gated_rmsnorm", go.get()[:, : hv * 128],
           ref.gated_rmsnorm(o, z.reshape(m, hv, 128), gw, 1e-6).reshape(m, -1), **ELEM)
+    # fused with the staging: the same rows, and the pairs stage_x_mb writes from them
+    for hv2 in (5, 48):  # 48 heads: more than the 32 warps of the block
+        o2 = RNG.standard_normal((m, hv2, 128)).astype(np.float32)
+        z2 = RNG.standard_normal((m, hv2 * 128)).astype(np.float32)
+        k2 = hv2 * 128
+        kp2 = -(-k2 // K.XPAD) * K.XPAD
+        ld2 = k2 + 256
+        g2 = cp.full((m, ld2), np.nan, dtype=cp.float32)
+        xh3, xinv3 = cp.zeros((m, kp2 // 2), dtype=cp.uint32), cp.zeros(m, dtype=cp.float32)
+        K.prepared("gated_rmsnorm_stage", (m,), (cp.asarray(o2), cp.asarray(z2), k2, cp.asarray(gw), g2, ld2, hv2,
+                                                 1e-6, k2, kp2, xh3, xinv3), block=1024)()
+        check(f"gated_rmsnorm_stage {hv2}", g2.get()[:, :k2],
+              ref.gated_rmsnorm(o2, z2.reshape(m, hv2, 128), gw, 1e-6).reshape(m, -1), **ELEM)
+        xh4, xinv4 = cp.zeros_like(xh3), cp.zeros_like(xinv3)
+        K.prepared("stage_x_mb", (3, m), (g2, ld2, k2, kp2, xh4, xinv4), block=1024)()
+        assert np.array_equal(xh3.get(), xh4.get()) and np.array_equal(xinv3.get(), xinv4.get())
 
 
 def test_gdn_step(cp):
