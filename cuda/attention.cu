@@ -193,10 +193,10 @@ __global__ void __launch_bounds__(256) attn_decode_split(
 }
 
 // out[m][h*256 + d] (row stride ldo) = (sum_s acc_s e^{m_s - M}) / (sum_s l_s e^{m_s - M}) * sigmoid(gate[m][h][d]). grid (Hq, M), block 256.
-extern "C" __global__ void attn_combine(const float* __restrict__ part_ml, const float* __restrict__ part_acc, int nsplit,
-                             const float* __restrict__ gate, int ldg, float* __restrict__ out, int ldo, int Hq) {
-  NI_PDL_ENTRY();
-  const int h = blockIdx.x, m = blockIdx.y, d = threadIdx.x;
+// Output value d of query head h, token row m, from the nsplit partial results; written to out.
+__device__ __forceinline__ float combine_one(const float* __restrict__ part_ml, const float* __restrict__ part_acc,
+                                             int nsplit, const float* __restrict__ gate, int ldg,
+                                             float* __restrict__ out, int ldo, int Hq, int m, int h, int d) {
   const size_t hs0 = ((size_t)m * Hq + h) * nsplit;
   float M_ = -INFINITY;
   for (int s = 0; s < nsplit; ++s) M_ = fmaxf(M_, part_ml[(hs0 + s) * 2]);
@@ -210,7 +210,32 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part_ml, const
     }
   }
   const float gv = gate[(size_t)m * ldg + h * 256 + d];
-  out[(size_t)m * ldo + h * 256 + d] = A / L * sigmoidf_(gv);
+  const float v = A / L * sigmoidf_(gv);
+  out[(size_t)m * ldo + h * 256 + d] = v;
+  return v;
+}
+
+extern "C" __global__ void attn_combine(const float* __restrict__ part_ml, const float* __restrict__ part_acc, int nsplit,
+                             const float* __restrict__ gate, int ldg, float* __restrict__ out, int ldo, int Hq) {
+  NI_PDL_ENTRY();
+  combine_one(part_ml, part_acc, nsplit, gate, ldg, out, ldo, Hq, blockIdx.y, blockIdx.x, threadIdx.x);
+}
+
+// attn_combine for every head of token row blockIdx.x (one block), then the row [0, K) staged as the
+// GEMV's fp16 pairs: attn_combine + stage_x in one launch.
+extern "C" __global__ void attn_combine_stage(const float* __restrict__ part_ml, const float* __restrict__ part_acc,
+                                              int nsplit, const float* __restrict__ gate, int ldg,
+                                              float* __restrict__ out, int ldo, int Hq, int K, int kpad,
+                                              __half2* __restrict__ xh, float* __restrict__ xinv) {
+  NI_PDL_ENTRY();
+  __shared__ float red[32];
+  const int m = blockIdx.x;
+  float mx = 0.f;
+  for (int i = threadIdx.x; i < Hq * 256; i += blockDim.x)
+    mx = fmaxf(mx, fabsf(combine_one(part_ml, part_acc, nsplit, gate, ldg, out, ldo, Hq, m, i >> 8, i & 255)));
+  const float sc = pow2_scale(block_max(mx, red));  // its barriers also publish the block's writes of out
+  stage_slice(out + (size_t)m * ldo, K, 0, kpad / 32, xh + (size_t)m * kpad / 2, sc);
+  if (threadIdx.x == 0) xinv[m] = 1.f / sc;
 }
 
 // Prefill attention's softmax over fp32 scores [rows, n] (rows = query heads x T of a query block, the

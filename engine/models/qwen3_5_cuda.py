@@ -336,6 +336,9 @@ class CudaQwen35:
         for L in self.layers:
             ops.append(self._norm(prev_splits, L["in_norm"]))
             xn = (self.xh_n, self.xinv_n)
+            att_k = L["o"].k
+            att_kpad = -(-att_k // K.XPAD) * K.XPAD  # per layer: the staged row stride the o-projection's K implies
+            att_stage = (att_k, att_kpad, self.xh_att, self.xinv_att)
             ops.append(self._gemv(L["qk"], self.xn, self.buf_a, xpre=xn))
             if L["kind"] == "full_attention":
                 qw, kw = self.Hq * ATTN_HEAD_DIM, self.Hkv * ATTN_HEAD_DIM
@@ -347,7 +350,7 @@ class CudaQwen35:
                                        L["qn"], L["kn"], self.qpos, self.page_table, self.pt_stride,
                                        L["kc"], L["vc"], self.qbuf, self.Hq, self.Hkv, rot, log2_theta, eps,
                                        _ptr(L["ks"]), _ptr(L["vs"]))))
-                ops.extend(self._attn_core_ops(L, ldb))
+                ops.extend(self._attn_core_ops(L, ldb, att_stage))
                 del kw
             else:
                 Hk, Hv = self.Hk, self.Hv
@@ -356,14 +359,10 @@ class CudaQwen35:
                 lda, ldb = self.buf_a.shape[1], self.buf_b.shape[1]
                 ops.extend(self._gdn_core_ops(L, lda, ldb))
                 zoff = Hv * GDN_HEAD_DIM
-            att_k = L["o"].k
-            att_kpad = -(-att_k // K.XPAD) * K.XPAD  # per layer: the staged row stride the o-projection's K implies
-            if L["kind"] == "full_attention":
-                ops.append(self._stage(self.att, att_k, att_kpad, self.xh_att, self.xinv_att))
-            else:  # gated norm and staging in one launch (one block a token row)
+                # gated norm and the o-projection's staging in one launch (one block a token row)
                 ops.append(K.prepared("gated_rmsnorm_stage", (M,),
                                       (self.att2, self.buf_b[:, zoff:], ldb, L["norm"], self.att, self.att.shape[1],
-                                       Hv, eps, att_k, att_kpad, self.xh_att, self.xinv_att), block=1024))
+                                       Hv, eps) + att_stage, block=1024))
             o_plan = self._plan_gemv(L["o"], self.att, self.part, "partial", self._splits(L["o"]),
                                      (self.xh_att, self.xinv_att))
             ops.append(o_plan.launch)
@@ -385,9 +384,10 @@ class CudaQwen35:
     def _pre_ops(self):
         return []
 
-    def _attn_core_ops(self, L, ldb):
+    def _attn_core_ops(self, L, ldb, stage):
         """Attention of each token row over its sequence's cache (q in qbuf, K/V already written), times
-        the sigmoid gate (the first Hq*256 columns of buf_b), into att: split-K decode attention."""
+        the sigmoid gate (the first Hq*256 columns of buf_b), into att: split-K decode attention; the
+        combine also stages att for the o-projection (stage = (K, kpad, xh, xinv))."""
         M = self.M
         g = self.Hq // self.Hkv
         kv8 = "true" if self.kv == "int8" else "false"
@@ -396,9 +396,9 @@ class CudaQwen35:
                             self.pt_stride, self.Hkv, self.chunk,
                             float(1.0 / math.sqrt(ATTN_HEAD_DIM)), self.attn_ml, self.attn_acc,
                             self.nsplit, _ptr(L["ks"]), _ptr(L["vs"]))),
-                K.prepared("attn_combine", (self.Hq, M),
+                K.prepared("attn_combine_stage", (M,),
                            (self.attn_ml, self.attn_acc, self.nsplit, self.buf_b, ldb, self.att,
-                            self.att.shape[1], self.Hq))]
+                            self.att.shape[1], self.Hq) + tuple(stage), block=1024)]
 
     def _gdn_core_ops(self, L, lda, ldb):
         """Conv + SiLU + norms + gates, then the delta rule: one token per lane row."""
