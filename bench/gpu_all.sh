@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The device calls, every step under its own timeout, output streamed, JSON and logs under $OUT:
 #   main: compile, every GPU test (tracebacks in gpu_tests.txt), the tensor-core prefill's op profile
-#         (pp8192), GEMV sweep, decode 27B + 35B with breakdown and depth 32K, `ninfer bench` pp512/pp8192
-#         and pp131072 with NINFER_PREFILL_GEMM=1024 (~5 min on a cold machine);
+#         (pp8192, chunk 4096), decode 27B + 35B with breakdown and depth 32K (the tuning table),
+#         `ninfer bench` pp512/pp2000/pp8192 and pp131072 with the defaults (~5 min on a cold machine);
 #   exp:  bench/experiments/*.patch applied to a copy, its tests and sweep beside main's on the same
 #         machine (EXP="a b" picks patches). Copies made with cp -r on the device have read as NUL bytes
 #         (bench/NOTES-decode.md, session 3): check its test output before trusting a sweep.
@@ -14,26 +14,6 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 log() { echo "== $(date +%T) $*"; }
 PART=${1:-main}
 log start; nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
-if [ "$PART" = main ]; then
-log compile
-timeout 240 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')"
-log tests
-timeout 150 python3 -m pytest -q -p no:cacheprovider --tb=short tests/gpu > "$OUT/gpu_tests.txt" 2>&1
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | head -24
-log "prefill profile (pp8192, chunk 1024)"
-NINFER_PREFILL_GEMM=1024 timeout 90 python3 bench/prefill_profile.py --tokens 8192 --chunk 1024 \
-  --out "$OUT/pp_profile.json" 2>&1 | head -22
-log "sweep, decode"
-timeout 100 python3 bench/gpu_decode.py --sweep --out "$OUT/sweep.json" 2>&1 | grep -E "best" | head -10
-timeout 120 python3 bench/gpu_decode.py --synthetic qwen3.8-27b,qwen3.6-35b-a3b --depth 32768 --breakdown \
-  --out "$OUT/decode.json" 2>&1 | grep -E "PDL|sum of|^  gemv|^  resid|^  stage" | head -22
-log "bench pp512,pp8192 (NINFER_PREFILL_GEMM=1024)"
-NINFER_PREFILL_GEMM=1024 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 512,8192 -n 0 -r 2 \
-  -o json --out "$OUT/pp_gemm1024.json" 2>&1 | grep -E "^pp|rror" | head -4
-log "bench pp131072 (issue 8: completes, tok/s reported)"
-NINFER_PREFILL_GEMM=1024 timeout ${LONG_S:-150} python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 131072 -n 0 \
-  -r 1 --warmup 0 -o json --out "$OUT/pp131072_gemm1024.json" 2>&1 | grep -E "^pp|rror" | head -3
-fi
 # CuPy's own kernels (cp.full, ufuncs) compile through NVRTC with headers read from the image; on a fresh
 # machine those reads have returned junk for a while (NOTES, session 3): retry until one compiles.
 cupy_ready() {
@@ -44,6 +24,25 @@ cupy_ready() {
   done
   log "cupy still failing to compile its own kernels"
 }
+if [ "$PART" = main ]; then
+log compile
+timeout 240 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')"
+cupy_ready
+log tests
+timeout 200 python3 -m pytest -q -p no:cacheprovider --tb=short tests/gpu > "$OUT/gpu_tests.txt" 2>&1
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | head -24
+log "prefill profile (pp8192, chunk 4096)"
+timeout 90 python3 bench/prefill_profile.py --tokens 8192 --chunk 4096 --out "$OUT/pp_profile.json" 2>&1 | head -22
+log "decode (tuning table)"
+timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.8-27b,qwen3.6-35b-a3b --depth 32768 --breakdown \
+  --out "$OUT/decode.json" 2>&1 | grep -E "PDL|sum of|^  gemv|^  resid|^  stage|^  gated|^  attn|rror" | head -30
+log "bench pp512,pp2000,pp8192 (defaults: tensor-core prefill where memory allows)"
+timeout 120 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 512,2000,8192 -n 0 -r 2 \
+  -o json --out "$OUT/pp_default.json" 2>&1 | grep -E "^pp|rror" | head -6
+log "bench pp131072 (issue 8: completes, tok/s reported)"
+timeout ${LONG_S:-150} python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 131072 -n 0 \
+  -r 1 --warmup 0 -o json --out "$OUT/pp131072_default.json" 2>&1 | grep -E "^pp|rror" | head -3
+fi
 if [ "$PART" = quick ]; then  # kernel tests (-k $TESTK), sweep, 27B decode with the sweep's table + breakdown
 log compile
 timeout 240 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')"
