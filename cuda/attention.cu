@@ -221,23 +221,6 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part_ml, const
   combine_one(part_ml, part_acc, nsplit, gate, ldg, out, ldo, Hq, blockIdx.y, blockIdx.x, threadIdx.x);
 }
 
-// attn_combine for every head of token row blockIdx.x (one block), then the row [0, K) staged as the
-// GEMV's fp16 pairs: attn_combine + stage_x in one launch.
-extern "C" __global__ void attn_combine_stage(const float* __restrict__ part_ml, const float* __restrict__ part_acc,
-                                              int nsplit, const float* __restrict__ gate, int ldg,
-                                              float* __restrict__ out, int ldo, int Hq, int K, int kpad,
-                                              __half2* __restrict__ xh, float* __restrict__ xinv) {
-  NI_PDL_ENTRY();
-  __shared__ float red[32];
-  const int m = blockIdx.x;
-  float mx = 0.f;
-  for (int i = threadIdx.x; i < Hq * 256; i += blockDim.x)
-    mx = fmaxf(mx, fabsf(combine_one(part_ml, part_acc, nsplit, gate, ldg, out, ldo, Hq, m, i >> 8, i & 255)));
-  const float sc = pow2_scale(block_max(mx, red));  // its barriers also publish the block's writes of out
-  stage_slice(out + (size_t)m * ldo, K, 0, kpad / 32, xh + (size_t)m * kpad / 2, sc);
-  if (threadIdx.x == 0) xinv[m] = 1.f / sc;
-}
-
 // Prefill attention's softmax over fp32 scores [rows, n] (rows = query heads x T of a query block, the
 // query index t = row % T at position q_start + t sees keys 0..q_start + t): p = softmax as fp16 [rows, n],
 // zero past the causal limit. One block per row; one pass for the running max and sum, one to write.

@@ -58,38 +58,72 @@ extern "C" __global__ void stage_x_mb(const float* __restrict__ x, int ldx, int 
 }
 
 // x_out = x_in + sum of S partials; out = rmsnorm(x_out) * (1 + w) (offset) or * w; out also staged.
-// x_in and x_out must differ (other blocks still read x_in).
-extern "C" __global__ void residual_rmsnorm_mb(const float* __restrict__ x_in, float* __restrict__ x_out,
-                                               const float* __restrict__ part, int S, int part_stride,
-                                               const float* __restrict__ w, float* __restrict__ out, int H,
-                                               float eps, int offset, __half2* __restrict__ xh,
-                                               float* __restrict__ xinv, int kpad) {
+// x_in and x_out must differ (other blocks still read x_in). Blocks of 1024 threads, H <= 8 x 1024: each
+// thread keeps its values of the row in registers, the sum of squares and the largest |out| are reduced
+// together (the same operation order as block_sum / block_max, so the same bits as residual_rmsnorm),
+// and the block's slice of out is staged from shared memory (no second pass over global memory).
+#define NORM_VPT 8
+#define NORM_SLICE 8192
+extern "C" __global__ void __launch_bounds__(1024) residual_rmsnorm_mb(
+    const float* __restrict__ x_in, float* __restrict__ x_out, const float* __restrict__ part, int S,
+    int part_stride, const float* __restrict__ w, float* __restrict__ out, int H, float eps, int offset,
+    __half2* __restrict__ xh, float* __restrict__ xinv, int kpad) {
   NI_PDL_ENTRY();
-  __shared__ float red[32];
-  const int m = blockIdx.y;
+  __shared__ float red[64];
+  __shared__ float slice[NORM_SLICE];
+  const int m = blockIdx.y, bd = blockDim.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float* xi = x_in + (size_t)m * H;
+  float v[NORM_VPT];
   float ss = 0.f, mx = 0.f;
-  for (int k = threadIdx.x; k < H; k += blockDim.x) {
-    float v = xi[k];
-    for (int s = 0; s < S; ++s) v += part[(size_t)s * part_stride + (size_t)m * H + k];
-    ss += v * v;
-    mx = fmaxf(mx, fabsf(v * (offset ? 1.f + w[k] : w[k])));
+#pragma unroll
+  for (int i = 0; i < NORM_VPT; ++i) {
+    const int k = threadIdx.x + i * bd;
+    v[i] = 0.f;
+    if (k < H) {
+      float t = xi[k];
+      for (int s = 0; s < S; ++s) t += part[(size_t)s * part_stride + (size_t)m * H + k];
+      v[i] = t;
+      ss += t * t;
+      mx = fmaxf(mx, fabsf(t * (offset ? 1.f + w[k] : w[k])));
+    }
   }
-  ss = block_sum(ss, red);
-  mx = block_max(mx, red);
+  ss = warp_sum(ss);
+  mx = warp_max(mx);
+  if (lane == 0) {
+    red[warp] = ss;
+    red[32 + warp] = mx;
+  }
+  __syncthreads();
+  const int nwarp = (bd + 31) >> 5;
+  ss = warp_sum(lane < nwarp ? red[lane] : 0.f);
+  mx = warp_max(lane < nwarp ? red[32 + lane] : 0.f);
   const float r = rsqrtf(ss / H + eps);
   const float sc = pow2_scale(mx * r);
   const int nch = kpad / 32, per = (nch + gridDim.x - 1) / gridDim.x;
   const int c0 = blockIdx.x * per, c1 = min(c0 + per, nch);
+  const int k0 = c0 * 32, k1 = c1 * 32;
   float* o = out + (size_t)m * H;
-  for (int k = c0 * 32 + threadIdx.x; k < min(c1 * 32, H); k += blockDim.x) {
-    float v = xi[k];
-    for (int s = 0; s < S; ++s) v += part[(size_t)s * part_stride + (size_t)m * H + k];
-    x_out[(size_t)m * H + k] = v;
-    o[k] = v * r * (offset ? 1.f + w[k] : w[k]);
+#pragma unroll
+  for (int i = 0; i < NORM_VPT; ++i) {
+    const int k = threadIdx.x + i * bd;
+    if (k >= k0 && k < k1) {
+      float ov = 0.f;
+      if (k < H) {
+        x_out[(size_t)m * H + k] = v[i];
+        ov = v[i] * r * (offset ? 1.f + w[k] : w[k]);
+        o[k] = ov;
+      }
+      slice[k - k0] = ov;
+    }
   }
+  for (int k = max(k0, NORM_VPT * bd) + threadIdx.x; k < k1; k += bd) slice[k - k0] = 0.f;  // padding past the registers
   __syncthreads();
-  stage_slice(o, H, c0, c1, xh + (size_t)m * kpad / 2, sc);
+  __half2* dst = xh + (size_t)m * kpad / 2;
+  for (int p = c0 * 16 + threadIdx.x; p < c1 * 16; p += bd) {
+    const int jl = p >> 4, pi = p & 15, c = pi >> 2, jp = pi & 3;
+    const int ka = jl * 32 + 8 * c + jp;
+    dst[(jl >> 5) * 512 + c * 128 + (jl & 31) * 4 + jp] = __floats2half2_rn(slice[ka - k0] * sc, slice[ka + 4 - k0] * sc);
+  }
   if (blockIdx.x == 0 && threadIdx.x == 0) xinv[m] = 1.f / sc;
 }
 

@@ -7,6 +7,7 @@ import os
 import numpy as np
 
 from engine.api import Engine
+from engine.memory_plan import PREFILL_TAILS
 from engine.models.qwen3_5_cuda import CudaQwen35
 
 
@@ -26,9 +27,8 @@ SPARSE_LOGITS = os.environ.get("NINFER_SPARSE_LOGITS", "1") == "1"
 # AUTO_CHUNKS that fits, else off. NINFER_PREFILL_GEMM=N forces chunk N (0: off).
 AUTO = -1
 AUTO_CHUNKS = (4096, 2048, 1024)
-# Smaller tensor-core executors for the rest of a prompt (sharing the largest one's scratch): a prompt
-# of L tokens runs as chunks of the largest size, then of these, then the 8-token columns step.
-PREFILL_TAILS = (1024, 256, 64)
+# Smaller tensor-core executors for the rest of a prompt (`memory_plan.PREFILL_TAILS`, sharing the largest
+# one's scratch): a prompt runs as chunks of the largest size, then of these, then the columns step.
 _env_gemm = os.environ.get("NINFER_PREFILL_GEMM", "auto").strip().lower()
 PREFILL_GEMM = AUTO if _env_gemm in ("", "auto") else int(_env_gemm)
 
@@ -48,8 +48,7 @@ def auto_prefill_chunk(args, cols: int, max_context: int, cap: int = AUTO_CHUNKS
     for chunk in AUTO_CHUNKS:
         if chunk > cap:
             continue
-        need = prefill_executor_bytes(args, cols, chunk) + (1 << 30)
-        need += sum(prefill_executor_bytes(args, cols, t) for t in PREFILL_TAILS if cols < t < chunk)
+        need = prefill_executor_bytes(args, cols, chunk) + (1 << 30)  # tails included
         need += prefill_gather_bytes_per_token(args, cols, chunk) * max_context
         if need <= free:
             return chunk

@@ -89,12 +89,18 @@ def workspace_bytes(args, rows: int, prefill_chunk: int = 0) -> int:
     return rows * per_row + prefill_chunk * prefill_row
 
 
+# Row counts of the smaller tensor-core prefill executors built beside a larger chunk (the rest of a
+# prompt runs through them before the columns step); they share the largest one's fp16 scratch.
+PREFILL_TAILS = (1024, 256, 64)
+
+
 def prefill_executor_bytes(args, cols: int = 0, gemm: int = 0, score_bytes: int = GIB) -> int:
     """The CUDA engine's prefill executors beside the decode step: the columns step (`cols` token rows of
     the same buffers) and the tensor-core chunk (`gemm` rows, one logits row, plus its fp16 copy of the
     largest layer matrix, the fp16 activations, the gate|up product, one query block of attention scores
     in fp32 and fp16 (`score_bytes`) and the queries and outputs per KV head). Neither exists for MoE
-    models. The cache rows the attention gathers grow with the context: `prefill_gather_bytes_per_token`."""
+    models; the tail executors (`PREFILL_TAILS`) add their own rows. The cache rows the attention
+    gathers grow with the context: `prefill_gather_bytes_per_token`."""
     if args.is_moe:
         return 0
     total = workspace_bytes(args, cols) if cols > 1 else 0
@@ -108,6 +114,7 @@ def prefill_executor_bytes(args, cols: int = 0, gemm: int = 0, score_bytes: int 
         total += workspace_bytes(args, gemm) - (gemm - 1) * logits_row
         total += 2 * max(2 * inter, widest) * max(h, inter, q, vd)  # fp16 weights of the largest matrix
         total += 2 * gemm * max(h, inter, q, vd) + 4 * gemm * 2 * inter + score_bytes + 6 * gemm * q
+        total += sum(workspace_bytes(args, t) - (t - 1) * logits_row for t in PREFILL_TAILS if cols < t < gemm)
     return total
 
 

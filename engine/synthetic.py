@@ -44,8 +44,9 @@ def geometry_config(geometry: str) -> dict:
 
 
 def build_engine(geometry: str, recipe: str | None = None, device: str = "gpu", max_context: int = 4096,
-                 kv: str = "bf16", seed: int = 0, gemv_cfg: dict | None = None):
-    """An Engine over random weights of `geometry` in `recipe`, built directly in device memory."""
+                 kv: str = "bf16", seed: int = 0, gemv_cfg: dict | None = None, **engine_kw):
+    """An Engine over random weights of `geometry` in `recipe`, built directly in device memory
+    (`engine_kw`: `engine.gpu_engine.build_engine` options such as prefill_gemm)."""
     from engine.backend import gpu_available  # noqa: PLC0415
 
     if device != "gpu" or not gpu_available():
@@ -59,7 +60,7 @@ def build_engine(geometry: str, recipe: str | None = None, device: str = "gpu", 
     from engine.gpu_engine import build_engine as build  # noqa: PLC0415
 
     weights = gpu_weights.synthetic(args, recipe or GEOMETRIES[geometry][1], seed=seed)
-    eng = build(args, weights, config, max_context=max_context, gemv_cfg=gemv_cfg, kv=kv)
+    eng = build(args, weights, config, max_context=max_context, gemv_cfg=gemv_cfg, kv=kv, **engine_kw)
     eng.synthetic_depth = True  # bench -d seeks instead of prefilling (`CudaEngine.seek_synthetic`)
     return eng
 

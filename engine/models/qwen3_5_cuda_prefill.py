@@ -178,7 +178,7 @@ class CudaQwen35Prefill(CudaQwen35Columns):
     def _stage(self, x, k, kpad, xh, xinv):
         return lambda: None  # the GEMMs read fp32 rows; nothing to stage
 
-    def _attn_core_ops(self, L, ldb, stage=None):  # the GEMMs read att in fp32: no staging
+    def _attn_core_ops(self, L, ldb):
         cp, T = self.cp, self.M
         hq = self.Hq
         qw = hq * ATTN_HEAD_DIM

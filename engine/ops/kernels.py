@@ -321,7 +321,7 @@ class GemvPlan:
         name = f"gemv_mma<{f},{tiles},{kw},{u}>" if u > 0 else f"gemv_mma_async<{f},{tiles},{kw},{-u}>"
         smem = 0 if u > 0 else WARPS * (-u) * tiles * 64 * (8 + 4 + (4 if f == 1 else 0))
         fn = kernel(name)
-        if smem > _SMEM_SET.get(name, 48 * 1024):
+        if smem > _SMEM_SET.get(name, 0):  # (static shared memory counts toward the 48 KiB default too)
             fn.max_dynamic_shared_size_bytes = smem
             _SMEM_SET[name] = smem
         bx = max(1, min(-(-units // upb), sm_count() * blocks_per_sm(name, WARPS * 32, smem) // splits))

@@ -353,16 +353,6 @@ def test_attention_decode(cp, g, length, kv):
     K.prepared(f"attn_decode_split<{g},{'true' if int8 else 'false'}>", (hkv, nsplit, 1),
                (qbuf, kc, vc, pos, pt, pages, hkv, chunk, 1 / 16, ml, acc, nsplit, ptr(ksc), ptr(vsc)))()
     K.prepared("attn_combine", (hq, 1), (ml, acc, nsplit, cp.asarray(gate), hq * d, out, hq * d, hq))()
-    # fused with the o-projection's staging: the same row, and the pairs stage_x_mb makes of it
-    kp = -(-hq * d // K.XPAD) * K.XPAD
-    out2 = cp.full((1, hq * d), np.nan, dtype=cp.float32)
-    xh, xinv = cp.zeros((1, kp // 2), dtype=cp.uint32), cp.zeros(1, dtype=cp.float32)
-    K.prepared("attn_combine_stage", (1,), (ml, acc, nsplit, cp.asarray(gate), hq * d, out2, hq * d, hq, hq * d, kp,
-                                            xh, xinv), block=1024)()
-    assert np.array_equal(out2.get(), out.get())
-    xh2, xinv2 = cp.zeros_like(xh), cp.zeros_like(xinv)
-    K.prepared("stage_x_mb", (3, 1), (out, hq * d, hq * d, kp, xh2, xinv2), block=1024)()
-    assert np.array_equal(xh.get(), xh2.get()) and np.array_equal(xinv.get(), xinv2.get())
     if int8:
         store = lambda a: dequantize_kv_int8_g64(*quantize_kv_int8_g64(np.asarray(a, np.float32)))  # noqa: E731
         # the cache holds what the reference quantizer makes of the same rows (page-table order undone)
