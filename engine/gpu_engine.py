@@ -177,9 +177,10 @@ class CudaEngine(Engine):
         self._last = None
         with ex.stream:
             row = ex.logits[0, : self.domain]
-            top = row.max()
-            # a Python float keeps the threshold a CuPy scalar op (a NumPy scalar goes through
-            # __array_ufunc__, which imports cupyx and SciPy)
+            # the threshold as a host float: arithmetic on the 0-d max (with a NumPy or Python scalar)
+            # goes through __array_ufunc__, which imports cupyx and SciPy (and that import has failed on
+            # device images whose site-packages read back as NUL bytes); one 4-byte read-back more
+            top = float(row.max().get())
             ids = cp.flatnonzero(row >= top - float(margin))
             vals = row[ids]
             out = SparseLogits(ids.get(), vals.get(), self.domain)
