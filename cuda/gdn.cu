@@ -212,3 +212,72 @@ extern "C" __global__ void __launch_bounds__(256) gdn_delta_cols(const float* __
   }
   *sp = s;
 }
+
+// gdn_delta_cols with R state rows a warp (32 / R lanes a row, 4R values a lane): the dot products over a
+// row reduce in log2(32 / R) shuffle levels instead of 5, q and k are read once for R rows, and k.q is
+// computed once a warp. For long prefill chunks, where the per-token chain (not the parallelism) bounds
+// the time. grid: Hv * 128 / (8 R) blocks of 256 threads. Same arithmetic per row as gdn_delta_cols up
+// to the order of the partial sums.
+template <int R>
+__global__ void __launch_bounds__(256) gdn_delta_rows(const float* __restrict__ qn, const float* __restrict__ kn,
+                                                      const float* __restrict__ vo, const float* __restrict__ g,
+                                                      const float* __restrict__ beta, float* __restrict__ state,
+                                                      float* __restrict__ o, int Hk, int Hv, int tiled, int T) {
+  NI_PDL_ENTRY();
+  constexpr int LPR = 32 / R, V4 = R;  // lanes a row, float4 a lane
+  const int lane = threadIdx.x & 31;
+  const int wid = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int rowid = wid * R + lane / LPR, p = lane % LPR;
+  if (wid * R >= Hv * 128) return;
+  const int h = rowid >> 7, dv = rowid & 127;
+  const int kh = tiled ? h % Hk : h / (Hv / Hk);
+  float4* sp = reinterpret_cast<float4*>(state + ((size_t)h * 128 + dv) * 128) + p * V4;
+  float4 s[V4];
+#pragma unroll
+  for (int i = 0; i < V4; ++i) s[i] = sp[i];
+  auto red = [](float v) {
+#pragma unroll
+    for (int o2 = LPR / 2; o2 > 0; o2 >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o2);
+    return v;
+  };
+  auto ld = [&](int t, float4 (&q)[V4], float4 (&k)[V4], float& gt, float& bt, float& vt) {
+    const float4* qp = reinterpret_cast<const float4*>(qn + ((size_t)t * Hk + kh) * 128) + p * V4;
+    const float4* kp = reinterpret_cast<const float4*>(kn + ((size_t)t * Hk + kh) * 128) + p * V4;
+#pragma unroll
+    for (int i = 0; i < V4; ++i) { q[i] = qp[i]; k[i] = kp[i]; }
+    gt = g[(size_t)t * Hv + h];
+    bt = beta[(size_t)t * Hv + h];
+    vt = vo[((size_t)t * Hv + h) * 128 + dv];
+  };
+  float4 q[V4], k[V4];
+  float gt = 0.f, bt = 0.f, vt = 0.f;
+  if (T > 0) ld(0, q, k, gt, bt, vt);
+  for (int t = 0; t < T; ++t) {
+    float4 q2[V4], k2[V4];
+    float g2, b2, v2;
+    ld(t + 1 < T ? t + 1 : t, q2, k2, g2, b2, v2);
+    const float alpha = __expf(gt);
+    float sk = 0.f, sq = 0.f, kq = 0.f;
+#pragma unroll
+    for (int i = 0; i < V4; ++i) {
+      s[i].x *= alpha; s[i].y *= alpha; s[i].z *= alpha; s[i].w *= alpha;
+      sk += s[i].x * k[i].x + s[i].y * k[i].y + s[i].z * k[i].z + s[i].w * k[i].w;
+      sq += s[i].x * q[i].x + s[i].y * q[i].y + s[i].z * q[i].z + s[i].w * q[i].w;
+      kq += k[i].x * q[i].x + k[i].y * q[i].y + k[i].z * q[i].z + k[i].w * q[i].w;
+    }
+    sk = red(sk);
+    sq = red(sq);
+    kq = red(kq);
+    const float u = bt * (vt - sk);
+#pragma unroll
+    for (int i = 0; i < V4; ++i) {
+      s[i].x += u * k[i].x; s[i].y += u * k[i].y; s[i].z += u * k[i].z; s[i].w += u * k[i].w;
+    }
+    if (p == 0) o[((size_t)t * Hv + h) * 128 + dv] = sq + u * kq;
+#pragma unroll
+    for (int i = 0; i < V4; ++i) { q[i] = q2[i]; k[i] = k2[i]; }
+    gt = g2; bt = b2; vt = v2;
+  }
+#pragma unroll
+  for (int i = 0; i < V4; ++i) sp[i] = s[i];
+}

@@ -44,6 +44,7 @@ class CudaQwen35Columns(CudaQwen35):
         return [K.prepared("cols_positions", (1,), (self.pos, self.posc, self.M), block=32)]
 
     PREP_SPLIT = 1  # token slices of gdn_prep_cols (grid.y); more than one leaves the conv state to gdn_conv_tail
+    DELTA_ROWS = 1  # GDN state rows a warp in the recurrence (gdn_delta_rows for > 1)
 
     def _gdn_core_ops(self, L, lda, ldb):
         Hk, Hv, T = self.Hk, self.Hv, self.M
@@ -55,8 +56,10 @@ class CudaQwen35Columns(CudaQwen35):
         if split > 1:
             prep.append(K.prepared("gdn_conv_tail", (-(-(2 * Hk + Hv) * GDN_HEAD_DIM // 256),),
                                    (self.buf_a, lda, self.buf_b, ldb, L["conv_state"], Hk, Hv, T), block=256))
+        rows = self.DELTA_ROWS  # state rows a warp (1: gdn_delta_cols)
+        name = "gdn_delta_cols" if rows == 1 else f"gdn_delta_rows<{rows}>"
         return prep + [
-                K.prepared("gdn_delta_cols", (-(-Hv * GDN_HEAD_DIM // K.WARPS),),
+                K.prepared(name, (-(-Hv * GDN_HEAD_DIM // (K.WARPS * rows)),),
                            (self.gdn_q, self.gdn_k, self.gdn_v, self.gdn_g, self.gdn_beta, L["state"], self.att2,
                             Hk, Hv, 0, T))]
 

@@ -16,6 +16,8 @@ the rest of a prompt (`PREFILL_TAILS`).
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from engine.ops import kernels as K
@@ -90,6 +92,8 @@ class CudaQwen35Prefill(CudaQwen35Columns):
 
     NORM_BLOCKS = 1  # T rows give the norms their parallelism; more blocks a row would re-read it
     PREP_SPLIT = 64  # token slices of the GDN conv/norm kernel (16 tokens each at T = 1024)
+    # state rows a warp in the recurrence; NINFER_GDN_ROWS=1 takes gdn_delta_cols (a row a warp)
+    DELTA_ROWS = int(os.environ.get("NINFER_GDN_ROWS", "4"))
 
     def __init__(self, decode, chunk: int, share: "CudaQwen35Prefill | None" = None):
         """`share`: a larger-chunk executor over the same sequence whose fp16 weight, fp16 input and

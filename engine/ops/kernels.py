@@ -38,6 +38,7 @@ GEMV_MMA_ASYNC = ((1, 4, -4), (1, 8, -4), (2, 4, -4), (1, 4, -8), (2, 2, -6), (1
 GEMV_ASYNC_STAGES = (3, 4)
 GEMV_ASYNC_M = (1,)
 ATTN_GROUPS = (1, 2, 3, 4, 6, 8)
+GDN_DELTA_ROWS = (2, 4)  # state rows a warp of gdn_delta_rows (the prefill's GDN recurrence)
 WARPS = 8  # every kernel runs 256-thread blocks
 # Programmatic dependent launch: each kernel may start while the one before it finishes (its blocks
 # wait at griddepcontrol.wait before reading what that kernel wrote; GEMVs prefetch weights first).
@@ -78,6 +79,7 @@ def _names() -> list[str]:
     names += [f"embed_rs<{f}>" for f in range(4)]
     names += [f"dequant_rs<{f}>" for f in range(4)]
     names += [f"attn_decode_split<{g},{kv8}>" for g in ATTN_GROUPS for kv8 in ("false", "true")]
+    names += [f"gdn_delta_rows<{r}>" for r in GDN_DELTA_ROWS]
     return names
 
 

@@ -380,3 +380,26 @@ def test_argmax_step(cp):
     K.prepared("argmax_step", (2,), (cp.asarray(logits), v, v, toks, pos, hist, step, 8), block=1024)()
     assert toks.get().tolist() == [int(np.argmax(logits[0])), 5]
     assert pos.get().tolist() == [4, 10] and hist.get()[:, 0].tolist() == toks.get().tolist()
+
+
+@pytest.mark.parametrize("rows", [2, 4])
+def test_gdn_delta_rows_matches_delta_cols(cp, rows):
+    """The prefill's recurrence with several state rows a warp against the row-a-warp kernel."""
+    from engine.ops import kernels as K
+
+    hk, hv, t = 2, 6, 37
+    q = RNG.standard_normal((t, hk, 128)).astype(np.float32) / 11
+    k = RNG.standard_normal((t, hk, 128)).astype(np.float32) / 11
+    v = RNG.standard_normal((t, hv, 128)).astype(np.float32)
+    g = -np.abs(RNG.standard_normal((t, hv))).astype(np.float32) * 0.1
+    beta = (1 / (1 + np.exp(-RNG.standard_normal((t, hv))))).astype(np.float32)
+    s0 = RNG.standard_normal((hv, 128, 128)).astype(np.float32) * 0.1
+    outs = []
+    for name, per in (("gdn_delta_cols", 1), (f"gdn_delta_rows<{rows}>", rows)):
+        st = cp.asarray(s0)
+        o = cp.full((t, hv, 128), np.nan, dtype=cp.float32)
+        K.prepared(name, (-(-hv * 128 // (8 * per)),), (cp.asarray(q), cp.asarray(k), cp.asarray(v), cp.asarray(g),
+                                                       cp.asarray(beta), st, o, hk, hv, 0, t))()
+        outs.append((st.get(), o.get()))
+    check("gdn_delta_rows state", outs[1][0], outs[0][0], **GDN_STATE)
+    check("gdn_delta_rows out", outs[1][1], outs[0][1], **ELEM)
