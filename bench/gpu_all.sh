@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The device calls, every step under its own timeout, output streamed, JSON and logs under $OUT:
 #   main: compile, every GPU test (tracebacks in gpu_tests.txt), the tensor-core prefill's op profile
-#         (pp8192, chunk 4096), decode 27B + 35B with breakdown and depth 32K (the tuning table),
+#         (pp8192, chunk 8192, GDN rows 4/1/2), decode 27B + 35B with breakdown and depth 32K (the tuning table),
 #         `ninfer bench` pp512/pp2000/pp8192 and pp131072 with the defaults (~5 min on a cold machine);
 #   exp:  bench/experiments/*.patch applied to a copy, its tests and sweep beside main's on the same
 #         machine (EXP="a b" picks patches). Copies made with cp -r on the device have read as NUL bytes
@@ -31,8 +31,12 @@ cupy_ready
 log tests
 timeout 200 python3 -m pytest -q -p no:cacheprovider --tb=short tests/gpu > "$OUT/gpu_tests.txt" 2>&1
 grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | head -24
-log "prefill profile (pp8192, chunk 4096)"
-timeout 90 python3 bench/prefill_profile.py --tokens 8192 --chunk 4096 --out "$OUT/pp_profile.json" 2>&1 | head -22
+log "prefill profile (pp8192, chunk 8192; then the GDN recurrence a row a warp, NINFER_GDN_ROWS=1 and 2)"
+timeout 90 python3 bench/prefill_profile.py --tokens 8192 --chunk 8192 --out "$OUT/pp_profile.json" 2>&1 | head -22
+for r in 1 2; do
+  NINFER_GDN_ROWS=$r timeout 60 python3 bench/prefill_profile.py --tokens 8192 --chunk 8192 \
+    --out "$OUT/pp_profile_gdnrows$r.json" 2>&1 | grep -E "tok/s|gdn_delta" | head -3
+done
 log "decode (tuning table)"
 timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.8-27b,qwen3.6-35b-a3b --depth 32768 --breakdown \
   --out "$OUT/decode.json" 2>&1 | grep -E "PDL|sum of|^  gemv|^  resid|^  stage|^  gated|^  attn|rror" | head -30

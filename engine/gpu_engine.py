@@ -26,7 +26,7 @@ SPARSE_LOGITS = os.environ.get("NINFER_SPARSE_LOGITS", "1") == "1"
 # built only when the device still has that room after the decode step and its KV cache: the largest of
 # AUTO_CHUNKS that fits, else off. NINFER_PREFILL_GEMM=N forces chunk N (0: off).
 AUTO = -1
-AUTO_CHUNKS = (4096, 2048, 1024)
+AUTO_CHUNKS = (8192, 4096, 2048, 1024)
 # Smaller tensor-core executors for the rest of a prompt (`memory_plan.PREFILL_TAILS`, sharing the largest
 # one's scratch): a prompt runs as chunks of the largest size, then of these, then the columns step.
 _env_gemm = os.environ.get("NINFER_PREFILL_GEMM", "auto").strip().lower()
