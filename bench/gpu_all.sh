@@ -46,6 +46,8 @@ timeout 120 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 512,2000
 log "bench pp131072 (issue 8: completes, tok/s reported)"
 timeout ${LONG_S:-150} python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 131072 -n 0 \
   -r 1 --warmup 0 -o json --out "$OUT/pp131072_default.json" 2>&1 | grep -E "^pp|rror" | head -3
+log "sampled decode through the generate loop (T 0.7, top-p 0.9)"
+timeout 90 python3 bench/sampled_decode.py --tokens 64 2>&1 | tail -4
 fi
 if [ "$PART" = quick ]; then  # kernel tests (-k $TESTK), sweep, 27B decode with the sweep's table + breakdown
 log compile
