@@ -177,11 +177,11 @@ class CudaEngine(Engine):
         self._last = None
         with ex.stream:
             row = ex.logits[0, : self.domain]
-            # the threshold as a host float: arithmetic on the 0-d max (with a NumPy or Python scalar)
-            # goes through __array_ufunc__, which imports cupyx and SciPy (and that import has failed on
-            # device images whose site-packages read back as NUL bytes); one 4-byte read-back more
-            top = float(row.max().get())
-            ids = cp.flatnonzero(row >= top - float(margin))
+            # ufuncs called directly: CuPy's operators with a scalar operand go through __array_ufunc__,
+            # which imports cupyx and SciPy (an import that has failed on device images whose
+            # site-packages read back as NUL bytes)
+            thr = cp.subtract(row.max(keepdims=True), cp.float32(margin))
+            ids = cp.flatnonzero(cp.greater_equal(row, thr))
             vals = row[ids]
             out = SparseLogits(ids.get(), vals.get(), self.domain)
         return out

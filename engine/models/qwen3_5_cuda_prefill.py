@@ -92,8 +92,9 @@ class CudaQwen35Prefill(CudaQwen35Columns):
 
     NORM_BLOCKS = 1  # T rows give the norms their parallelism; more blocks a row would re-read it
     PREP_SPLIT = 64  # token slices of the GDN conv/norm kernel (16 tokens each at T = 1024)
-    # state rows a warp in the recurrence; NINFER_GDN_ROWS=1 takes gdn_delta_cols (a row a warp)
-    DELTA_ROWS = int(os.environ.get("NINFER_GDN_ROWS", "4"))
+    # state rows a warp in the recurrence; NINFER_GDN_ROWS=1 takes gdn_delta_cols (a row a warp).
+    # 27B pp8192 at chunk 8192 (H200): 1 row 363 ms, 2 rows 287 ms, 4 rows 471 ms (the recurrence's total)
+    DELTA_ROWS = int(os.environ.get("NINFER_GDN_ROWS", "2"))
 
     def __init__(self, decode, chunk: int, share: "CudaQwen35Prefill | None" = None):
         """`share`: a larger-chunk executor over the same sequence whose fp16 weight, fp16 input and
