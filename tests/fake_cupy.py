@@ -109,6 +109,9 @@ def make() -> types.ModuleType:
     cp.concatenate = lambda *a, **k: _wrap(np.concatenate(*a, **k))
     cp.flatnonzero = lambda a: _wrap(np.flatnonzero(a))
     cp.exp = np.exp
+    cp.subtract = lambda a, b: _wrap(np.subtract(a, b))
+    cp.greater_equal = lambda a, b: _wrap(np.greater_equal(a, b))
+    cp.float32 = np.float32
     cp.matmul = lambda a, b: _wrap(np.matmul(a, b))
     cp.where = lambda c, a, b: _wrap(np.where(c, a, b))
     cp.RawModule = _Module

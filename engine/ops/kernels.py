@@ -31,9 +31,9 @@ GEMV_UNROLL = (2, 4)  # 8 was never the best in the sweep; fewer variants compil
 GEMV_M = (1, 2, 8)
 # gemv_mma (tensor-core MMA, q4/q5, pre-staged x, 1-8 token columns): (tiles of 16 rows, warps splitting K
 # within a block, groups loaded per round) variants compiled
+# (measured slower than gemv_rs on every 27B shape, also through a cp.async ring: bench/NOTES-decode.md,
+# session 4; kept as the base of the MMA route, not in the tuning table)
 GEMV_MMA = ((1, 4, 2), (1, 8, 2), (2, 4, 2), (1, 4, 4), (1, 8, 8))
-# gemv_mma_async (the same through a cp.async ring of S stages): (tiles, KW, -S)
-GEMV_MMA_ASYNC = ((1, 4, -4), (1, 8, -4), (2, 4, -4), (1, 4, -8), (2, 2, -6), (1, 8, -8))
 # gemv_rs_async (weights streamed through a per-warp shared-memory ring): formats q4-q6, pre-staged x
 GEMV_ASYNC_STAGES = (3, 4)
 GEMV_ASYNC_M = (1,)
@@ -74,7 +74,6 @@ def _names() -> list[str]:
     names += [f"gemv_rs_async<{f},{r},{m},{st}>" for f in range(3) for r in GEMV_ROWS for m in GEMV_ASYNC_M
               for st in GEMV_ASYNC_STAGES]
     names += [f"gemv_mma<{f},{t},{kw},{u}>" for f in range(2) for t, kw, u in GEMV_MMA]
-    names += [f"gemv_mma_async<{f},{t},{kw},{-s}>" for f in range(2) for t, kw, s in GEMV_MMA_ASYNC]
     names += [f"gemv_bf16<{m}>" for m in GEMV_M]
     names += [f"embed_rs<{f}>" for f in range(4)]
     names += [f"dequant_rs<{f}>" for f in range(4)]
@@ -312,27 +311,21 @@ class GemvPlan:
             tiles = 2
             if (w.n // 2) % 16:
                 raise ValueError("gemv_mma SwiGLU needs N / 2 a multiple of 16")
-        if (tiles, kw, u) not in GEMV_MMA + GEMV_MMA_ASYNC:
-            raise ValueError(f"gemv_mma variant {(tiles, kw, u)} is not compiled (GEMV_MMA, GEMV_MMA_ASYNC)")
+        if (tiles, kw, u) not in GEMV_MMA:
+            raise ValueError(f"gemv_mma variant {(tiles, kw, u)} is not compiled (GEMV_MMA)")
         f = FMT_IDS[w.fmt]
         gps = -(-w.gpr // splits)
         splits = -(-w.gpr // gps)
         units = (w.n // 2) // 16 if epi == "swiglu" else -(-w.n // (16 * tiles))
         upb = WARPS // kw
-        # u < 0: the cp.async ring of -u stages (dynamic shared memory per warp)
-        name = f"gemv_mma<{f},{tiles},{kw},{u}>" if u > 0 else f"gemv_mma_async<{f},{tiles},{kw},{-u}>"
-        smem = 0 if u > 0 else WARPS * (-u) * tiles * 64 * (8 + 4 + (4 if f == 1 else 0))
-        fn = kernel(name)
-        if smem > _SMEM_SET.get(name, 0):  # (static shared memory counts toward the 48 KiB default too)
-            fn.max_dynamic_shared_size_bytes = smem
-            _SMEM_SET[name] = smem
-        bx = max(1, min(-(-units // upb), sm_count() * blocks_per_sm(name, WARPS * 32, smem) // splits))
-        self.grid, self.splits, self.smem, self.fn = (bx, splits, 1), splits, smem, fn
+        name = f"gemv_mma<{f},{tiles},{kw},{u}>"
+        bx = max(1, min(-(-units // upb), sm_count() * blocks_per_sm(name) // splits))
+        self.grid, self.splits, self.smem, self.fn = (bx, splits, 1), splits, 0, kernel(name)
         self.args = (np.uint64(w.ptr(w.base)), np.uint64(w.ptr(w.high)), np.uint64(w.ptr(w.scales)),
                      np.int32(w.n), np.int32(w.gpr), np.int32(w.n // 2 if epi == "swiglu" else 0),
                      np.uint64(_p(xpre[0])), np.int32(m), np.int32(gps),
                      np.uint64(_p(y) + 4 * y_offset), np.int32(ldy), np.int32(self.epi), np.uint64(_p(xpre[1])))
-        self._go = Launch(self.fn, self.grid, WARPS * 32, self.args, smem, name=name)
+        self._go = Launch(self.fn, self.grid, WARPS * 32, self.args, 0, name=name)
 
     def launch(self):
         self._go()
