@@ -77,7 +77,7 @@ def load(path_or_artifact, device: str = "auto", *, max_context: int | None = No
     max_context caps positions (default: the model's max_position_embeddings).
     progress(done_bytes, total_bytes) follows the copy of the weights to the GPU (the CPU path maps the
     file and copies nothing up front). prefill_chunk: prompt tokens per pass (default 256; on the GPU
-    also the tensor-core chunk when NINFER_PREFILL_GEMM turns that path on).
+    it caps the tensor-core chunk, which is on where the memory allows: `engine.gpu_engine.PREFILL_GEMM`).
     """
     try:
         dev = resolve_device(device)

@@ -198,8 +198,8 @@ VramLimit = Annotated[
 PrefillChunk = Annotated[
     Optional[int],
     typer.Option("--prefill-chunk", min=1, metavar="N", rich_help_panel=RUNTIME, show_default=False,
-                 help="Prompt tokens per prefill pass (default 256; on the GPU also the tensor-core chunk when that "
-                      "path is on)."),
+                 help="Prompt tokens per prefill pass (default 256 on the CPU; on the GPU the largest tensor-core "
+                      "chunk, up to 8192 by default where memory allows)."),
 ]
 ProfileOpt = Annotated[
     Optional[str],
