@@ -94,12 +94,13 @@ def kernel_sweep(bw):
         y = cp.zeros((8, out_n), cp.float32)
         best = None
         for rows in rows_opts if epi != "swiglu" else (2,):
-            for unroll, stages in [(u_, 0) for u_ in unroll_opts] + [(2, s_) for s_ in stage_opts]:
-                if stages and xpre is None:
+            for unroll, stages, pre2 in ([(u_, 0, False) for u_ in unroll_opts] + [(2, s_, False) for s_ in stage_opts]
+                                         + [(u_, 0, True) for u_ in unroll_opts]):
+                if (stages or pre2) and xpre is None:
                     continue
                 for splits, pf in [(s_, p_) for s_ in ((1, 2, 4, 8) if epi == "partial" else (1,)) for p_ in pf_opts]:
                     plans = [K.GemvPlan(w, x, k, y, out_n, epi=epi, splits=splits, rows=rows, unroll=unroll,
-                                        xpre=xpre, pf=pf, stages=stages) for w in copies]
+                                        xpre=xpre, pf=pf, stages=stages, pre2=pre2) for w in copies]
 
                     def run(plans=plans):
                         for p in plans:
@@ -107,6 +108,7 @@ def kernel_sweep(bw):
                     ms = time_graph(run) / 2
                     gbs = copies[0].nbytes / (ms * 1e-3) / 1e9
                     r = dict(shape=name, fmt=fmt, n=n, k=k, rows=rows, unroll=unroll, splits=splits, pf=pf, stages=stages,
+                             pre2=pre2,
                              us=round(ms * 1e3, 2), gbs=round(gbs, 1), pct_copy=round(100 * gbs / bw, 1))
                     results.append(r)
                     if best is None or r["gbs"] > best["gbs"]:
@@ -129,8 +131,13 @@ def kernel_sweep(bw):
                 results.append(r)
                 if r["gbs"] > best["gbs"]:
                     best = r
-        reg = max((r for r in results if r["shape"] == name and not r["stages"] and not r.get("mma")),
-                  key=lambda r: r["gbs"])
+        reg = max((r for r in results if r["shape"] == name and not r["stages"] and not r.get("mma")
+                   and not r.get("pre2")), key=lambda r: r["gbs"])
+        p2 = [r for r in results if r["shape"] == name and r.get("pre2")]
+        if p2:
+            b = max(p2, key=lambda r: r["gbs"])
+            print(f"{name:12s} gemv_rs_pre best rows={b['rows']} unroll={b['unroll']} splits={b['splits']}: "
+                  f"{b['us']:.1f} us ({b['pct_copy']}%)", flush=True)
         mm = [r for r in results if r["shape"] == name and r.get("mma")]
         if mm:
             b = max(mm, key=lambda r: r["gbs"])
@@ -151,7 +158,7 @@ def best_cfg(sweep):
         if key not in cfg or r["gbs"] > cfg[key]["gbs"]:
             cfg[key] = r
     return {k: dict(rows=v["rows"], unroll=v["unroll"], splits=v["splits"], pf=v.get("pf", 0),
-                    stages=v.get("stages", 0), mma=v.get("mma")) for k, v in cfg.items()}
+                    stages=v.get("stages", 0), mma=v.get("mma"), pre2=v.get("pre2", False)) for k, v in cfg.items()}
 
 
 def synthetic_decode(geometry, bw, gemv_cfg, n=128, depth=0, breakdown=False, kv="bf16"):

@@ -66,8 +66,8 @@ __device__ __forceinline__ DecodeK decode_constants(unsigned int one) {
 // v[2] and v[3] the same from q >> 8.
 // MERGE16 (q4: codes -8..7): the two 8-product chains are added in fp16 and converted once,
 // |sum| <= 16 * 8 * 256 = 32768.
-template <bool MERGE16 = false, typename Decode>
-__device__ __forceinline__ float dot_words(const uint4* __restrict__ xp, int key, Decode decode) {
+template <bool MERGE16 = false, typename XAt, typename Decode>
+__device__ __forceinline__ float dot_words(XAt xat, Decode decode) {
   float s = 0.f;
   __half2 part[2];
 #pragma unroll
@@ -76,7 +76,7 @@ __device__ __forceinline__ float dot_words(const uint4* __restrict__ xp, int key
 #pragma unroll
     for (int cc = 0; cc < 2; ++cc) {
       const int c = c2 + cc;
-      const uint4 xv = xp[c * 32];
+      const uint4 xv = xat(c);
       __half2 v[4];
       decode(c, v);
       a = cc == 0 ? __hmul2(v[0], u32_as_half2(xv.x)) : __hfma2(v[0], u32_as_half2(xv.x), a);
@@ -98,15 +98,16 @@ __device__ __forceinline__ float dot_words(const uint4* __restrict__ xp, int key
   return s;
 }
 
-template <int FMT>
-__device__ __forceinline__ float dot_u4(uint4 w, uint2 hi, const uint4* __restrict__ xp, int key, const DecodeK& dk) {
+// xat(c): the x pairs of slot c of this chunk (q4-q6: 4 slots; w8: 2 swizzled slots, see key).
+template <int FMT, typename XAt>
+__device__ __forceinline__ float dot_core(uint4 w, uint2 hi, XAt xat, int key, const DecodeK& dk) {
   const unsigned int ws[4] = {w.x, w.y, w.z, w.w};
   if constexpr (FMT == FMT_W8) {
     const __half2 B = __floats2half2_rn(1152.f, 1152.f);
     float s = 0.f;
 #pragma unroll
     for (int sl = 0; sl < 2; ++sl) {
-      const uint4 xv = xp[(sl + key) & 1];
+      const uint4 xv = xat((sl + key) & 1);
       const unsigned int xs[4] = {xv.x, xv.y, xv.z, xv.w};
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -124,7 +125,7 @@ __device__ __forceinline__ float dot_u4(uint4 w, uint2 hi, const uint4* __restri
     // (1024 + 16 u) and scaled by 1/16 inside the HFMA2 that removes the offset, so q is shifted once.
     const __half2 B = __floats2half2_rn(1032.f, 1032.f);
     const __half2 S16 = __floats2half2_rn(0.0625f, 0.0625f), B16 = __floats2half2_rn(-72.f, -72.f);
-    return dot_words<true>(xp, key, [&](int c, __half2* v) {
+    return dot_words<true>(xat, [&](int c, __half2* v) {
       const unsigned int q = ws[c], q8 = q >> 8;
       v[0] = __hsub2(u32_as_half2((q & dk.lo) ^ 0x64086408u), B);
       v[1] = __hfma2(u32_as_half2((q & dk.hi) ^ 0x64806480u), S16, B16);
@@ -138,7 +139,7 @@ __device__ __forceinline__ float dot_u4(uint4 w, uint2 hi, const uint4* __restri
     const __half2 B = __floats2half2_rn(1040.f, 1040.f);
     const __half2 S16 = __floats2half2_rn(0.0625f, 0.0625f), B16 = __floats2half2_rn(-80.f, -80.f);
     const unsigned int nh = ~hi.x;
-    return dot_words(xp, key, [&](int c, __half2* v) {
+    return dot_words(xat, [&](int c, __half2* v) {
       const unsigned int q = ws[c], q8 = q >> 8;
       const unsigned int hm = __byte_perm(nh, 0u, 0x4440u | c);  // byte c of nh, zero above
       const unsigned int p0 = hm * dk.q5m.x, p1 = hm * dk.q5m.y, p2 = hm * dk.q5m.z, p3 = hm * dk.q5m.w;
@@ -154,7 +155,7 @@ __device__ __forceinline__ float dot_u4(uint4 w, uint2 hi, const uint4* __restri
     float s = 0.f;
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      const uint4 xv = xp[c * 32];
+      const uint4 xv = xat(c);
       const unsigned int q = ws[c];
       const unsigned int hh = (((c < 2 ? hi.x : hi.y) ^ 0xaaaaaaaau) >> (16 * (c & 1))) & 0xffffu;
       const unsigned int s4 = ((hh & 0xffu) | ((hh & 0xff00u) << 8)) << 4;
@@ -171,6 +172,12 @@ __device__ __forceinline__ float dot_u4(uint4 w, uint2 hi, const uint4* __restri
     }
     return s;
   }
+}
+
+// x pairs from memory: xp points at the chunk's first slot (q4-q6: slots 32 uint4 apart; w8: adjacent).
+template <int FMT>
+__device__ __forceinline__ float dot_u4(uint4 w, uint2 hi, const uint4* __restrict__ xp, int key, const DecodeK& dk) {
+  return dot_core<FMT>(w, hi, [&](int c) { return FMT == FMT_W8 ? xp[c] : xp[c * 32]; }, key, dk);
 }
 
 // A warp's finished row group: reduce each row's lane partials and apply the epilogue.
@@ -365,6 +372,109 @@ __global__ void __launch_bounds__(256, (M == 1 && U == 2) ? (ROWS == 1 ? 5 : (RO
       }
     }
 
+    gemv_store<ROWS, M>(acc, g, N, pair_stride, epi, inv_sc, yw, y, ldy, lane);
+  }
+}
+
+// gemv_rs for pre-staged x only (the decode step's GEMVs), with the two cuts its SASS asked for: x is
+// read with __ldg from global memory (gemv_rs reads it through a generic pointer that may be shared
+// memory, so every x load is a generic LD), and each row's weight, scale and high-bit pointers are
+// computed once per row group and advanced by constants (gemv_rs recomputes a 64-bit address, ~12
+// instructions, for every load). Same arithmetic and epilogues as gemv_rs; MoE routing included.
+template <int FMT, int ROWS, int M, int U>
+__global__ void __launch_bounds__(256, (M == 1 && U == 2) ? (ROWS == 1 ? 5 : (ROWS == 2 && FMT != FMT_Q5 ? 4 : 1)) : 1)
+gemv_rs_pre(const unsigned char* __restrict__ base, const unsigned char* __restrict__ high,
+            const __half* __restrict__ scales, int N, int gpr, int pair_stride,
+            const float* __restrict__ x, int ldx, int K, int u4_per_split,
+            float* __restrict__ y, int ldy, int epi, const float* __restrict__ xinv,
+            const int* __restrict__ eidx, int erows, long long xz, int yz, const float* __restrict__ ywt, int pf) {
+  using F = Fmt<FMT>;
+  static_assert(F::VPU == 32, "q4-q6 (slot-major staged x)");
+  const int u4_per_row = gpr * 2;
+  const int z = blockIdx.z;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wpb = blockDim.x >> 5;
+  const int ngroups = epi == EPI_SWIGLU ? pair_stride : (N + ROWS - 1) / ROWS;
+  const int js = blockIdx.y * u4_per_split;  // a multiple of 32 (the executor's rule for pre-staged x)
+  const int je = min(js + u4_per_split, u4_per_row);
+  const int iters = je - js > lane ? (je - js - lane + 31) >> 5 : 0;  // chunks j = js + lane + 32 i
+  NI_PDL_ENTRY();
+  const long long row_off = eidx != nullptr ? (long long)eidx[z] * erows : 0;
+  x = reinterpret_cast<const float*>(reinterpret_cast<const unsigned char*>(x) + z * xz);
+  xinv += xz != 0 ? z : 0;
+  y += (size_t)z * yz;
+  const float yw = ywt != nullptr ? ywt[z] : 1.f;
+  float inv_sc[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) inv_sc[m] = xinv[m];
+  const DecodeK dk = decode_constants(gpr > 0 ? 1u : 0u);
+  const int xrow4 = ((u4_per_row + 31) & ~31) * 4;  // uint4 per token row of the staged pairs
+  const uint4* xlane = reinterpret_cast<const uint4*>(x) + (js >> 5) * 128 + lane;
+
+  for (int g = blockIdx.x * wpb + warp; g < ngroups; g += gridDim.x * wpb) {
+    const uint4* wp[ROWS];
+    const __half* sp[ROWS];
+    const unsigned char* hp[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      const int row0 = epi == EPI_SWIGLU ? g + r * pair_stride : g * ROWS + r;
+      const long long row = (row0 < N ? row0 : N - 1) + row_off;  // clamp: duplicates are computed, never stored
+      const int j0 = js + lane;
+      wp[r] = reinterpret_cast<const uint4*>(base) + (size_t)row * u4_per_row + j0;
+      sp[r] = scales + (size_t)row * gpr + (j0 >> 1);
+      hp[r] = high + ((size_t)row * gpr + (j0 >> 1)) * F::HB + (j0 & 1) * (F::HB / 2);
+    }
+    float acc[ROWS][M];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+      for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
+    const uint4* xp0 = xlane;
+    for (int i = 0; i < iters; i += U) {
+      uint4 w[U][ROWS];
+      uint2 hb[U][ROWS];
+      float sc[U][ROWS];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (i + u < iters) {
+#pragma unroll
+          for (int r = 0; r < ROWS; ++r) {
+            w[u][r] = __ldg(wp[r] + 32 * u);
+            sc[u][r] = __half2float(sp[r][16 * u]);
+            if constexpr (FMT == FMT_Q5) {
+              hb[u][r].x = __ldg(reinterpret_cast<const unsigned int*>(hp[r] + 16 * F::HB * u));
+              hb[u][r].y = 0u;
+            } else if constexpr (FMT == FMT_Q6) {
+              hb[u][r] = __ldg(reinterpret_cast<const uint2*>(hp[r] + 16 * F::HB * u));
+            } else {
+              hb[u][r] = make_uint2(0u, 0u);
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (i + u < iters) {
+#pragma unroll
+          for (int m = 0; m < M; ++m) {
+            // the slot-major x of chunk j sits at (j >> 5) * 128 + (j & 31) uint4; xp[c * 32] is slot c
+            const uint4* xp = xp0 + (size_t)m * xrow4 + 128 * u;
+            uint4 xv[4];
+#pragma unroll
+            for (int c = 0; c < 4; ++c) xv[c] = __ldg(xp + 32 * c);
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r)
+              acc[r][m] += sc[u][r] * dot_core<FMT>(w[u][r], hb[u][r], [&](int c) { return xv[c]; }, 0, dk);
+          }
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
+        wp[r] += 32 * U;
+        sp[r] += 16 * U;
+        hp[r] += 16 * F::HB * U;
+      }
+      xp0 += 128 * U;
+    }
     gemv_store<ROWS, M>(acc, g, N, pair_stride, epi, inv_sc, yw, y, ldy, lane);
   }
 }

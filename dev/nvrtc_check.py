@@ -22,7 +22,7 @@ def main() -> int:
     src = kernels._source().encode()
     rc = lib.nvrtcCreateProgram(ctypes.byref(prog), src, b"ninfer.cu", 0, None, None)
     assert rc == 0, rc
-    names = kernels._names()
+    names = kernels._names() + kernels._names(experimental=True)
     for n in names:
         assert lib.nvrtcAddNameExpression(prog, n.encode()) == 0
     opts = [b"-std=c++17", b"-arch=sm_90"]

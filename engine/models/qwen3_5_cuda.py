@@ -269,13 +269,14 @@ class CudaQwen35:
         cfg = self.gemv_cfg.get((w.fmt, w.n, w.k), {})
         return GemvPlan(w, x, x.shape[-1], y, y.shape[-1], m=self.M, epi=epi, splits=cfg.get("splits", splits),
                         rows=cfg.get("rows"), unroll=cfg.get("unroll", 2), y_offset=y_offset, xpre=xpre,
-                        pf=cfg.get("pf"), stages=cfg.get("stages", 0), mma=cfg.get("mma")).launch
+                        pf=cfg.get("pf"), stages=cfg.get("stages", 0), mma=cfg.get("mma"),
+                        pre2=cfg.get("pre2", False)).launch
 
     def _plan_gemv(self, w, x, y, epi, splits, xpre):
         cfg = self.gemv_cfg.get((w.fmt, w.n, w.k), {})
         return GemvPlan(w, x, x.shape[-1], y, y.shape[-1], m=self.M, epi=epi, splits=cfg.get("splits", splits),
                         rows=cfg.get("rows"), unroll=cfg.get("unroll", 2), xpre=xpre, pf=cfg.get("pf"),
-                        stages=cfg.get("stages", 0), mma=cfg.get("mma"))
+                        stages=cfg.get("stages", 0), mma=cfg.get("mma"), pre2=cfg.get("pre2", False))
 
     NORM_BLOCKS = 8
 

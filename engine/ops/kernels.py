@@ -69,11 +69,20 @@ def _source() -> str:
     return "\n".join(p.replace("#pragma once\n", "") for p in parts)
 
 
-def _names() -> list[str]:
+# GEMV variants under measurement (bench/NOTES-decode.md), not in the tuning table: compiled into a second
+# module on first use, so the engine's first run does not wait for them.
+EXPERIMENTAL = ("gemv_rs_pre<", "gemv_rs_async<", "gemv_mma<")
+
+
+def _names(experimental: bool = False) -> list[str]:
+    if experimental:
+        names = [f"gemv_rs_pre<{f},{r},{m},{u}>" for f in range(3) for r in GEMV_ROWS for m in GEMV_M
+                 for u in GEMV_UNROLL]
+        names += [f"gemv_rs_async<{f},{r},{m},{st}>" for f in range(3) for r in GEMV_ROWS for m in GEMV_ASYNC_M
+                  for st in GEMV_ASYNC_STAGES]
+        names += [f"gemv_mma<{f},{t},{kw},{u}>" for f in range(2) for t, kw, u in GEMV_MMA]
+        return names
     names = [f"gemv_rs<{f},{r},{m},{u}>" for f in range(4) for r in GEMV_ROWS for m in GEMV_M for u in GEMV_UNROLL]
-    names += [f"gemv_rs_async<{f},{r},{m},{st}>" for f in range(3) for r in GEMV_ROWS for m in GEMV_ASYNC_M
-              for st in GEMV_ASYNC_STAGES]
-    names += [f"gemv_mma<{f},{t},{kw},{u}>" for f in range(2) for t, kw, u in GEMV_MMA]
     names += [f"gemv_bf16<{m}>" for m in GEMV_M]
     names += [f"embed_rs<{f}>" for f in range(4)]
     names += [f"dequant_rs<{f}>" for f in range(4)]
@@ -83,18 +92,18 @@ def _names() -> list[str]:
 
 
 @functools.cache
-def module():
-    """The compiled RawModule (compiled once per process; CuPy caches the cubin on disk)."""
+def module(experimental: bool = False):
+    """The compiled RawModule (compiled once per process; CuPy caches the cubin on disk); the
+    EXPERIMENTAL variants live in a second one."""
     cp = cupy_or_none()
     if cp is None:
         raise RuntimeError("CUDA kernels need CuPy and a GPU")
-    return cp.RawModule(code=_source(), options=("-std=c++17",), name_expressions=_names())
+    return cp.RawModule(code=_source(), options=("-std=c++17",), name_expressions=_names(experimental))
 
 
 @functools.cache
 def kernel(name: str):
-    k = module().get_function(name)
-    return k
+    return module(name.startswith(EXPERIMENTAL)).get_function(name)
 
 
 @functools.cache
@@ -244,10 +253,10 @@ class GemvPlan:
 
     def __init__(self, w: DevMatrix, x, ldx: int, y, ldy: int, m: int = 1, epi: str = "store",
                  splits: int = 1, rows: int | None = None, unroll: int = 4, y_offset: int = 0, xpre=None,
-                 experts=None, pf: int | None = None, stages: int = 0, mma=None):
+                 experts=None, pf: int | None = None, stages: int = 0, mma=None, pre2: bool = False):
         cp = cupy_or_none()
         self.w, self.m, self.epi = w, m, EPI[epi]
-        self.stages = 0
+        self.stages, self.pre2 = 0, False
         if mma and xpre is not None and experts is None and w.fmt in ("q4_g64_fp16", "q5_g64_fp16") and m <= 8:
             self._mma_plan(w, xpre, y, ldy, m, epi, splits, tuple(mma), y_offset)
             return
@@ -287,8 +296,10 @@ class GemvPlan:
         if experts is not None:
             bx = max(1, min(-(-ngroups // WARPS), sm_count() * per_sm // max(ex[5], 1)))
         self.grid = (bx, splits, ex[5])
+        # pre2: gemv_rs_pre (x through __ldg, pointers advanced by constants); measured next session
+        self.pre2 = bool(pre2 and pre and vpu == 32 and not self.stages)
         kname = (f"gemv_rs_async<{f},{rows},{m},{self.stages}>" if self.stages
-                 else f"gemv_rs<{f},{rows},{m},{unroll}>")
+                 else f"gemv_rs_pre<{f},{rows},{m},{unroll}>" if self.pre2 else f"gemv_rs<{f},{rows},{m},{unroll}>")
         self.fn = kernel(kname)
         if self.smem > _SMEM_SET.get(kname, 48 * 1024):  # the attribute is the kernel's: only raise it
             self.fn.max_dynamic_shared_size_bytes = self.smem

@@ -70,9 +70,11 @@ def test_gemv_store(cp, fmt, n, k, m, rows, unroll, pf):
 @pytest.mark.parametrize("fmt", QFMTS[:3])
 @pytest.mark.parametrize("n,k", [(512, 5120), (37, 1000), (300, 130)], ids=["512x5120", "37x1000", "300x130"])
 @pytest.mark.parametrize("splits", [1, 3])
-@pytest.mark.parametrize("pf", [0, 1, 3])
-def test_gemv_prestaged(cp, fmt, n, k, splits, pf):
-    """x staged once by stage_x (as the producer kernels do), read by the GEMV from global memory."""
+@pytest.mark.parametrize("pf,pre2", [(0, False), (1, False), (3, False), (0, True)])
+@pytest.mark.parametrize("rows,unroll", [(2, 4), (1, 2), (4, 2)])
+def test_gemv_prestaged(cp, fmt, n, k, splits, pf, pre2, rows, unroll):
+    """x staged once by stage_x (as the producer kernels do), read by the GEMV from global memory
+    (gemv_rs, and gemv_rs_pre with pre2)."""
     from engine.gpu_weights import upload_matrix
     from engine.ops import kernels as K
 
@@ -85,10 +87,17 @@ def test_gemv_prestaged(cp, fmt, n, k, splits, pf):
     xh, xinv = cp.zeros((m, kpad // 2), dtype=cp.uint32), cp.zeros(m, dtype=cp.float32)
     K.prepared("stage_x_mb", (3, m), (cp.asarray(x), k, k, kpad, xh, xinv))()
     part = cp.full((splits, m, n), np.nan, dtype=cp.float32)
-    plan = K.GemvPlan(dm, None, k, part, n, m=m, epi="partial", splits=splits, xpre=(xh, xinv), pf=pf)
+    plan = K.GemvPlan(dm, None, k, part, n, m=m, epi="partial", splits=splits, xpre=(xh, xinv), pf=pf,
+                      rows=rows, unroll=unroll, pre2=pre2)
+    assert plan.pre2 == pre2
     part = part[: plan.splits]
     plan.launch()
     check(f"gemv prestaged {fmt}", part.get().sum(axis=0), ref.linear(x, wq), **LINEAR)
+    if pre2 and splits == 1 and n % 2 == 0:
+        y = cp.full((m, n // 2), np.nan, dtype=cp.float32)
+        K.GemvPlan(dm, None, k, y, n // 2, m=m, epi="swiglu", xpre=(xh, xinv), pre2=True).launch()
+        h = ref.linear(x, wq)
+        check(f"gemv prestaged swiglu {fmt}", y.get(), ref.swiglu(h[:, : n // 2], h[:, n // 2:]), **LINEAR)
 
 
 @pytest.mark.parametrize("fmt", QFMTS[:3])
