@@ -35,7 +35,8 @@ PREFILL_GEMM = AUTO if _env_gemm in ("", "auto") else int(_env_gemm)
 
 def auto_prefill_chunk(args, cols: int, max_context: int, cap: int = AUTO_CHUNKS[0]) -> int:
     """The largest of AUTO_CHUNKS (at most `cap`) whose prefill executors, tails included, and K/V gather
-    for `max_context` fit in the device's free memory with 1 GiB to spare; 0 when none does."""
+    for `max_context` fit in the device's free memory (within the pool's --vram-limit cap) with 1 GiB to
+    spare; 0 when none does."""
     from engine.backend import cupy_or_none  # noqa: PLC0415
     from engine.memory_plan import prefill_executor_bytes, prefill_gather_bytes_per_token  # noqa: PLC0415
 
@@ -43,6 +44,9 @@ def auto_prefill_chunk(args, cols: int, max_context: int, cap: int = AUTO_CHUNKS
     try:
         pool = cp.get_default_memory_pool()
         free = int(cp.cuda.runtime.memGetInfo()[0]) + int(getattr(pool, "free_bytes", lambda: 0)())
+        limit = int(getattr(pool, "get_limit", lambda: 0)())  # --vram-limit caps the pool
+        if limit > 0:
+            free = min(free, limit - int(pool.used_bytes()))
     except Exception:  # noqa: BLE001 - no device query (CPU stand-in): leave the path off
         return 0
     for chunk in AUTO_CHUNKS:

@@ -103,6 +103,12 @@ def test_tensor_core_prefill_is_on_where_the_memory_allows(cp, monkeypatch):
     assert eng.position == 79
     eng = gpu_engine.try_build(CFG, w, max_context=512, prefill_chunk=1024)
     assert [g.M for g in eng.model.gemms] == [1024, 256, 64]
+    # a --vram-limit pool cap leaves no room either, whatever the device has free
+    pool = type("P", (), {"free_bytes": lambda self: 0, "get_limit": lambda self: 20 << 30,
+                          "used_bytes": lambda self: 20 << 30})()
+    monkeypatch.setattr(cp, "get_default_memory_pool", lambda: pool)
+    eng = gpu_engine.try_build(CFG, w, max_context=512)
+    assert eng.model.gemm is None
     monkeypatch.setattr(cp.cuda.runtime, "memGetInfo", lambda: (0, 141 << 30))
     monkeypatch.setattr(cp, "get_default_memory_pool", lambda: type("P", (), {"free_bytes": lambda self: 0})())
     eng = gpu_engine.try_build(CFG, w, max_context=512)
