@@ -99,6 +99,7 @@ def test_tensor_core_prefill_is_on_where_the_memory_allows(cp, monkeypatch):
     m = eng.model
     assert [g.M for g in m.gemms] == [8192, 4096, 1024, 256, 64] and eng.prefill_chunk == 8192
     assert all(g._w16 is m.gemm._w16 for g in m.gemms)
+    assert eng.info()["prefill_chunks"] == "8192,4096,1024,256,64" and eng.info()["prefill_cols"] == 8
     eng.prefill(list(range(1, 80)))  # one 64-row chunk, then the columns step, then single tokens
     assert eng.position == 79
     eng = gpu_engine.try_build(CFG, w, max_context=512, prefill_chunk=1024)
