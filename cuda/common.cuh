@@ -54,6 +54,18 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
   return warp_max(t);
 }
 
+// The power of two that scales a row whose largest |value| is mx to at most 256: the staged GEMV input
+// (fp16 pairs; the decode's fp16 partial sums stay in range, see gemv.cu).
+__device__ __forceinline__ float pow2_scale(float mx) {
+  float sc = 1.f;
+  if (mx > 0.f) {
+    int e;
+    frexpf(256.f / mx, &e);
+    sc = ldexpf(1.f, e - 1);
+  }
+  return sc;
+}
+
 __device__ __forceinline__ float silu(float x) { return x / (1.f + __expf(-x)); }
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + __expf(-x)); }
 

@@ -180,10 +180,12 @@ __device__ __forceinline__ float dot_u4(uint4 w, uint2 hi, const uint4* __restri
   return dot_core<FMT>(w, hi, [&](int c) { return FMT == FMT_W8 ? xp[c] : xp[c * 32]; }, key, dk);
 }
 
-// A warp's finished row group: reduce each row's lane partials and apply the epilogue.
-template <int ROWS, int M>
-__device__ __forceinline__ void gemv_store(float (&acc)[ROWS][M], int g, int N, int pair_stride, int epi,
-                                           const float* inv_sc, float yw, float* __restrict__ y, int ldy, int lane) {
+// A warp's finished row group: reduce each row's lane partials and apply the epilogue. TRACK: returns
+// the largest |SwiGLU output| this lane wrote (0 elsewhere; gemv_rs_pre's fused staging reads it).
+template <int ROWS, int M, bool TRACK = false>
+__device__ __forceinline__ float gemv_store(float (&acc)[ROWS][M], int g, int N, int pair_stride, int epi,
+                                            const float* inv_sc, float yw, float* __restrict__ y, int ldy, int lane) {
+  float wrote = 0.f;
 #pragma unroll
   for (int m = 0; m < M; ++m) {
     float v[ROWS];
@@ -191,7 +193,15 @@ __device__ __forceinline__ void gemv_store(float (&acc)[ROWS][M], int g, int N, 
     for (int r = 0; r < ROWS; ++r) v[r] = warp_sum(acc[r][m]) * inv_sc[m] * yw;
     if (lane == 0) {
       if (epi == EPI_SWIGLU) {
-        if (g < pair_stride) y[(size_t)m * ldy + g] = silu(v[0]) * v[ROWS - 1];
+        if constexpr (TRACK) {
+          if (g < pair_stride) {
+            const float o = silu(v[0]) * v[ROWS - 1];
+            y[(size_t)m * ldy + g] = o;
+            wrote = fmaxf(wrote, fabsf(o));
+          }
+        } else {
+          if (g < pair_stride) y[(size_t)m * ldy + g] = silu(v[0]) * v[ROWS - 1];
+        }
       } else {
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
@@ -205,6 +215,7 @@ __device__ __forceinline__ void gemv_store(float (&acc)[ROWS][M], int g, int N, 
       }
     }
   }
+  return wrote;
 }
 
 template <int FMT, int ROWS, int M, int U>
@@ -387,9 +398,15 @@ gemv_rs_pre(const unsigned char* __restrict__ base, const unsigned char* __restr
             const __half* __restrict__ scales, int N, int gpr, int pair_stride,
             const float* __restrict__ x, int ldx, int K, int u4_per_split,
             float* __restrict__ y, int ldy, int epi, const float* __restrict__ xinv,
-            const int* __restrict__ eidx, int erows, long long xz, int yz, const float* __restrict__ ywt, int pf) {
+            const int* __restrict__ eidx, int erows, long long xz, int yz, const float* __restrict__ ywt, int pf,
+            __half2* __restrict__ sxh, float* __restrict__ sxinv, int skpad, unsigned int* __restrict__ sslot) {
+  // sxh != nullptr (SwiGLU, one token, no split, no routing): the output row is also staged for the
+  // next GEMV, as stage_x would: every block folds the largest |output| it wrote into sslot[0]
+  // (atomicMax on the float bits), takes a ticket in sslot[1], and the last block stages the whole row
+  // and resets both words for the next launch. (Written without device time: measure before use.)
   using F = Fmt<FMT>;
   static_assert(F::VPU == 32, "q4-q6 (slot-major staged x)");
+  float wrote = 0.f;
   const int u4_per_row = gpr * 2;
   const int z = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wpb = blockDim.x >> 5;
@@ -475,7 +492,34 @@ gemv_rs_pre(const unsigned char* __restrict__ base, const unsigned char* __restr
       }
       xp0 += 128 * U;
     }
-    gemv_store<ROWS, M>(acc, g, N, pair_stride, epi, inv_sc, yw, y, ldy, lane);
+    wrote = fmaxf(wrote, gemv_store<ROWS, M, true>(acc, g, N, pair_stride, epi, inv_sc, yw, y, ldy, lane));
+  }
+  if (sxh != nullptr) {
+    __shared__ float red[32];
+    __shared__ bool last;
+    const float bmax = block_max(wrote, red);
+    if (threadIdx.x == 0) {
+      atomicMax(sslot, __float_as_uint(bmax));  // non-negative floats order as their bits
+      __threadfence();
+      last = atomicAdd(sslot + 1, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (last) {
+      __threadfence();
+      const float sc = pow2_scale(__uint_as_float(atomicAdd(sslot, 0u)));
+      const int K2 = pair_stride;  // the staged row: the N / 2 SwiGLU outputs
+      for (int p = threadIdx.x; p < skpad / 2; p += blockDim.x) {
+        const int jl = p >> 4, pi = p & 15, c = pi >> 2, jp = pi & 3;
+        const int ka = jl * 32 + 8 * c + jp, kb = ka + 4;
+        sxh[(jl >> 5) * 512 + c * 128 + (jl & 31) * 4 + jp] =
+            __floats2half2_rn(ka < K2 ? __ldcg(y + ka) * sc : 0.f, kb < K2 ? __ldcg(y + kb) * sc : 0.f);
+      }
+      if (threadIdx.x == 0) {
+        sxinv[0] = 1.f / sc;
+        sslot[0] = 0u;
+        sslot[1] = 0u;
+      }
+    }
   }
 }
 

@@ -18,15 +18,6 @@ __device__ __forceinline__ void stage_slice(const float* xm, int K, int c0, int 
   }
 }
 
-__device__ __forceinline__ float pow2_scale(float mx) {
-  float sc = 1.f;
-  if (mx > 0.f) {
-    int e;
-    frexpf(256.f / mx, &e);
-    sc = ldexpf(1.f, e - 1);
-  }
-  return sc;
-}
 
 // Write x[0:K) (fp32, block-shared input) as the fp16 pairs the q4/q5/q6 GEMV decodes, scaled by a
 // power of two so that |x| <= 256, in the slot-major order of gemv.cu (blocks of 32 chunks of 32

@@ -209,6 +209,7 @@ class CudaQwen35:
         self.xh_n, self.xinv_n = cp.zeros((M, self.kpad_h // 2), dtype=cp.uint32), cp.ones(M, dtype=f32)
         self.xh_att, self.xinv_att = cp.zeros((M, self.kpad_att // 2), dtype=cp.uint32), cp.ones(M, dtype=f32)
         self.xh_act, self.xinv_act = cp.zeros((M, self.kpad_act // 2), dtype=cp.uint32), cp.ones(M, dtype=f32)
+        self.stage_slot = cp.zeros(2, dtype=cp.uint32)  # gemv_rs_pre fused staging: max bits, block tickets
         self.gdn_q = cp.zeros((M, self.Hk, GDN_HEAD_DIM), dtype=f32)
         self.gdn_k = cp.zeros((M, self.Hk, GDN_HEAD_DIM), dtype=f32)
         self.gdn_v = cp.zeros((M, self.Hv, GDN_HEAD_DIM), dtype=f32)
@@ -272,11 +273,12 @@ class CudaQwen35:
                         pf=cfg.get("pf"), stages=cfg.get("stages", 0), mma=cfg.get("mma"),
                         pre2=cfg.get("pre2", False)).launch
 
-    def _plan_gemv(self, w, x, y, epi, splits, xpre):
+    def _plan_gemv(self, w, x, y, epi, splits, xpre, stage_out=None):
         cfg = self.gemv_cfg.get((w.fmt, w.n, w.k), {})
         return GemvPlan(w, x, x.shape[-1], y, y.shape[-1], m=self.M, epi=epi, splits=cfg.get("splits", splits),
                         rows=cfg.get("rows"), unroll=cfg.get("unroll", 2), xpre=xpre, pf=cfg.get("pf"),
-                        stages=cfg.get("stages", 0), mma=cfg.get("mma"), pre2=cfg.get("pre2", False))
+                        stages=cfg.get("stages", 0), mma=cfg.get("mma"), pre2=cfg.get("pre2", False),
+                        stage_out=stage_out if cfg.get("fuse_stage") else None)
 
     NORM_BLOCKS = 8
 
@@ -377,8 +379,11 @@ class CudaQwen35:
                 ops.extend(self._moe_ops(L, xn))
                 prev_splits = self.topk + 1
             else:
-                ops.append(self._gemv(L["gate_up"], self.xn, self.act, epi="swiglu", xpre=xn))
-                ops.append(self._stage(self.act, self.inter, self.kpad_act, self.xh_act, self.xinv_act))
+                gu_plan = self._plan_gemv(L["gate_up"], self.xn, self.act, "swiglu", 1, xn,
+                                          stage_out=(self.xh_act, self.xinv_act, self.kpad_act, self.stage_slot))
+                ops.append(gu_plan.launch)
+                if not gu_plan.stages_out:  # (gemv_rs_pre with fuse_stage in its tuning entry stages it itself)
+                    ops.append(self._stage(self.act, self.inter, self.kpad_act, self.xh_act, self.xinv_act))
                 d_plan = self._plan_gemv(L["down"], self.act, self.part, "partial", self._splits(L["down"]),
                                          (self.xh_act, self.xinv_act))
                 ops.append(d_plan.launch)

@@ -173,10 +173,14 @@ class CudaQwen35Prefill(CudaQwen35Columns):
         fn.name = name  # what bench/prefill_profile.py groups op times by
         return fn
 
-    def _plan_gemv(self, w, x, y, epi, splits, xpre):
-        """Out- and down-projections: the whole sum into split 0 of the partials (the next norm adds it)."""
+    def _plan_gemv(self, w, x, y, epi, splits, xpre, stage_out=None):
+        """Projections as GEMMs. SwiGLU (gate|up) goes through `_gemv`'s GEMM + SwiGLU; the out- and
+        down-projections put the whole sum into split 0 of the partials (the next norm adds it)."""
         plan = type("PrefillPlan", (), {})()
-        plan.splits = 1
+        plan.splits, plan.stages_out = 1, False
+        if epi == "swiglu":
+            plan.launch = self._gemv(w, x, y, epi="swiglu")
+            return plan
         plan.launch = self._named(lambda: self._matmul(w, x, y[0], y.shape[-1]), f"gemm {w.fmt} {w.n}x{w.k}")
         return plan
 

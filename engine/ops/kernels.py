@@ -253,10 +253,11 @@ class GemvPlan:
 
     def __init__(self, w: DevMatrix, x, ldx: int, y, ldy: int, m: int = 1, epi: str = "store",
                  splits: int = 1, rows: int | None = None, unroll: int = 4, y_offset: int = 0, xpre=None,
-                 experts=None, pf: int | None = None, stages: int = 0, mma=None, pre2: bool = False):
+                 experts=None, pf: int | None = None, stages: int = 0, mma=None, pre2: bool = False,
+                 stage_out=None):
         cp = cupy_or_none()
         self.w, self.m, self.epi = w, m, EPI[epi]
-        self.stages, self.pre2 = 0, False
+        self.stages, self.pre2, self.stages_out = 0, False, False
         if mma and xpre is not None and experts is None and w.fmt in ("q4_g64_fp16", "q5_g64_fp16") and m <= 8:
             self._mma_plan(w, xpre, y, ldy, m, epi, splits, tuple(mma), y_offset)
             return
@@ -312,6 +313,14 @@ class GemvPlan:
                      np.uint64(_p(ex[0]) if ex[0] is not None else 0), np.int32(ex[1]), np.int64(ex[2]),
                      np.int32(ex[3]), np.uint64(_p(ex[4]) if ex[4] is not None else 0),
                      np.int32(GEMV_PF if pf is None else pf))
+        # stage_out = (xh, xinv, kpad, slot): gemv_rs_pre's SwiGLU also stages its output row (one token,
+        # no split, no routing), so the next GEMV needs no stage_x launch; slot: 2 zeroed uint32 words
+        self.stages_out = bool(stage_out is not None and self.pre2 and epi == "swiglu" and m == 1
+                               and splits == 1 and experts is None)
+        if self.pre2:
+            so = stage_out if self.stages_out else (0, 0, 0, 0)
+            self.args += (np.uint64(_p(so[0]) if self.stages_out else 0), np.uint64(_p(so[1]) if self.stages_out else 0),
+                          np.int32(so[2]), np.uint64(_p(so[3]) if self.stages_out else 0))
         self.splits = splits
         self._go = Launch(self.fn, self.grid, WARPS * 32, self.args, self.smem, name=kname)
         del cp

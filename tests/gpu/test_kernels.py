@@ -98,6 +98,21 @@ def test_gemv_prestaged(cp, fmt, n, k, splits, pf, pre2, rows, unroll):
         K.GemvPlan(dm, None, k, y, n // 2, m=m, epi="swiglu", xpre=(xh, xinv), pre2=True).launch()
         h = ref.linear(x, wq)
         check(f"gemv prestaged swiglu {fmt}", y.get(), ref.swiglu(h[:, : n // 2], h[:, n // 2:]), **LINEAR)
+        # one token: the SwiGLU output also staged by the last block, as stage_x_mb stages it
+        k2 = n // 2
+        kp2 = -(-k2 // K.XPAD) * K.XPAD
+        y1 = cp.full((1, k2), np.nan, dtype=cp.float32)
+        sh, sinv, slot = cp.zeros((1, kp2 // 2), cp.uint32), cp.zeros(1, cp.float32), cp.zeros(2, cp.uint32)
+        plan = K.GemvPlan(dm, None, k, y1, k2, m=1, epi="swiglu", xpre=(xh, xinv), pre2=True,
+                          stage_out=(sh, sinv, kp2, slot), rows=rows, unroll=unroll)
+        assert plan.stages_out
+        for _ in range(2):  # the second launch finds the slot reset by the first
+            sh.fill(0)
+            plan.launch()
+            rh, rinv = cp.zeros_like(sh), cp.zeros_like(sinv)
+            K.prepared("stage_x_mb", (3, 1), (y1, k2, k2, kp2, rh, rinv), block=1024)()
+            assert np.array_equal(sh.get(), rh.get()) and np.array_equal(sinv.get(), rinv.get())
+            assert not slot.get().any()
 
 
 @pytest.mark.parametrize("fmt", QFMTS[:3])
