@@ -7,7 +7,8 @@
 #         machine (EXP="a b" picks patches). Copies made with cp -r on the device have read as NUL bytes
 #         (bench/NOTES-decode.md, session 3): check its test output before trusting a sweep.
 #   quick: compile, tests/gpu/test_kernels.py -k $TESTK, sweep, decode $GEOS with the sweep's table.
-# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | exp | quick
+#   pre2: gemv_rs_pre tests, decode with and without the fused gate|up staging, sweep with gemv_rs_pre.
+# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | exp | quick | pre2
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.cupy_cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -60,6 +61,23 @@ grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | head -12
 log "sweep + decode"
 timeout 300 python3 bench/gpu_decode.py --sweep --synthetic ${GEOS:-qwen3.8-27b} --breakdown --out "$OUT/quick.json" 2>&1 \
   | grep -E "best|PDL|sum of|^  gemv|^  resid|^  stage|tok/s|Error|error" | head -60
+fi
+if [ "$PART" = pre2 ]; then  # gemv_rs_pre and its fused staging, A/B against the tuning table (session 5's first call)
+log compile
+timeout 240 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')"
+cupy_ready
+log "kernel tests (prestaged, gemv_mma)"
+timeout 200 python3 -m pytest -q -p no:cacheprovider --tb=short tests/gpu/test_kernels.py -k "prestaged or gemv_mma" \
+  > "$OUT/gpu_tests.txt" 2>&1
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | head -12
+log "decode: tuning table, then gate|up fused staging"
+timeout 120 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --breakdown --out "$OUT/decode_table.json" 2>&1 \
+  | grep -E "PDL|sum of|^  gemv|^  stage|rror" | head -12
+timeout 120 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --breakdown --fuse-stage --out "$OUT/decode_fuse.json" 2>&1 \
+  | grep -E "PDL|sum of|^  gemv|^  stage|rror" | head -12
+log "sweep with gemv_rs_pre, decode with its table"
+timeout 300 python3 bench/gpu_decode.py --sweep --synthetic qwen3.8-27b --out "$OUT/sweep_pre2.json" 2>&1 \
+  | grep -E "best|PDL|rror" | head -30
 fi
 if [ "$PART" = probe ]; then  # bench/mma_probe.py (L2-resident vs DRAM-streamed GEMV variants)
 log compile

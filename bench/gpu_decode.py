@@ -282,6 +282,8 @@ def main():
     ap.add_argument("--breakdown", action="store_true")
     ap.add_argument("--out", default="")
     ap.add_argument("--cfg", default="", help="take the GEMV choices of an earlier --sweep report")
+    ap.add_argument("--fuse-stage", action="store_true",
+                    help="gate|up through gemv_rs_pre with its output staged in the same launch (no stage_x)")
     a = ap.parse_args()
     dev = cp.cuda.Device()
     props = cp.cuda.runtime.getDeviceProperties(dev.id)
@@ -306,6 +308,18 @@ def main():
         report["gemv_cfg"] = {f"{k[0]}:{k[1]}x{k[2]}": v for k, v in cfg.items()}
         if a.out:
             Path(a.out).write_text(json.dumps(report, indent=1, default=str))
+    if a.fuse_stage:  # every (N, K) the geometries' gate|up matrices have: pre2 + fuse_stage
+        from engine.ops.gemv_tuning import default_cfg
+        from engine.synthetic import geometry_config
+
+        cfg = dict(cfg) if cfg else default_cfg()
+        for geo in a.synthetic.split(","):
+            c = geometry_config(geo)
+            n, k = 2 * c.get("intermediate_size", 0), c["hidden_size"]
+            for f in ("q4_g64_fp16", "q5_g64_fp16", "q6_g64_fp16"):
+                cfg[(f, n, k)] = dict(cfg.get((f, n, k), {"rows": 2, "unroll": 2, "splits": 1}), pre2=True,
+                                      fuse_stage=True)
+        report["fuse_stage"] = True
     if a.synthetic:
         report["decode"] = []
         geos = a.synthetic.split(",")

@@ -114,3 +114,27 @@ def test_tensor_core_prefill_is_on_where_the_memory_allows(cp, monkeypatch):
     monkeypatch.setattr(cp, "get_default_memory_pool", lambda: type("P", (), {"free_bytes": lambda self: 0})())
     eng = gpu_engine.try_build(CFG, w, max_context=512)
     assert eng.model.gemm is None and eng.model.gemms == [] and eng.prefill_chunk == 256
+
+
+def test_fused_gate_up_staging_drops_the_stage_launch(cp):
+    """pre2 + fuse_stage in the gate|up tuning entry: gemv_rs_pre stages its own output, one stage_x_mb
+    launch fewer a layer; the rest of the step is unchanged."""
+    from engine.gpu_engine import build_engine
+
+    args, w = _weights(CFG)
+
+    def launches(cfg):
+        eng = build_engine(args, w, CFG, max_context=256, prefill_cols=1, prefill_gemm=0, gemv_cfg=cfg)
+        ops = eng.model.executor.ops
+        names = [getattr(getattr(getattr(op, "__self__", None), "_go", op), "name", "") for op in ops]
+        eng.decode_step(1)
+        return names
+
+    gu = next(L["gate_up"] for L in build_engine(args, w, CFG, max_context=256, prefill_cols=1,
+                                                 prefill_gemm=0).model.executor.layers if "gate_up" in L)
+    key = (gu.fmt, gu.n, gu.k)
+    plain = launches({key: dict(rows=2, unroll=2, splits=1)})
+    fused = launches({key: dict(rows=2, unroll=2, splits=1, pre2=True, fuse_stage=True)})
+    n_layers = args.num_hidden_layers
+    assert plain.count("stage_x_mb") - fused.count("stage_x_mb") == n_layers
+    assert sum(n.startswith("gemv_rs_pre<") for n in fused) == n_layers
