@@ -50,26 +50,24 @@ timeout ${LONG_S:-150} python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b 
 log "sampled decode through the generate loop (T 0.7, top-p 0.9)"
 timeout 90 python3 bench/sampled_decode.py --tokens 64 2>&1 | tail -4
 fi
+# compile the engine's module, wait for CuPy, then tests/gpu/test_kernels.py -k "$1"
+kernel_tests() {
+  log compile
+  timeout 240 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')"
+  cupy_ready
+  log "kernel tests (-k $1)"
+  timeout 200 python3 -m pytest -q -p no:cacheprovider --tb=short tests/gpu/test_kernels.py -k "$1" \
+    > "$OUT/gpu_tests.txt" 2>&1
+  grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | head -12
+}
 if [ "$PART" = quick ]; then  # kernel tests (-k $TESTK), sweep, 27B decode with the sweep's table + breakdown
-log compile
-timeout 240 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')"
-cupy_ready
-log "kernel tests"
-timeout 150 python3 -m pytest -q -p no:cacheprovider --tb=short tests/gpu/test_kernels.py -k "${TESTK:-gemv}" \
-  > "$OUT/gpu_tests.txt" 2>&1
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | head -12
+kernel_tests "${TESTK:-gemv}"
 log "sweep + decode"
 timeout 300 python3 bench/gpu_decode.py --sweep --synthetic ${GEOS:-qwen3.8-27b} --breakdown --out "$OUT/quick.json" 2>&1 \
   | grep -E "best|PDL|sum of|^  gemv|^  resid|^  stage|tok/s|Error|error" | head -60
 fi
 if [ "$PART" = pre2 ]; then  # gemv_rs_pre and its fused staging, A/B against the tuning table (session 5's first call)
-log compile
-timeout 240 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')"
-cupy_ready
-log "kernel tests (prestaged, gemv_mma)"
-timeout 200 python3 -m pytest -q -p no:cacheprovider --tb=short tests/gpu/test_kernels.py -k "prestaged or gemv_mma" \
-  > "$OUT/gpu_tests.txt" 2>&1
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | head -12
+kernel_tests "prestaged or gemv_mma"
 log "decode: tuning table, then gate|up fused staging"
 timeout 120 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --breakdown --out "$OUT/decode_table.json" 2>&1 \
   | grep -E "PDL|sum of|^  gemv|^  stage|rror" | head -12
