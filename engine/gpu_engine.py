@@ -49,9 +49,9 @@ def auto_prefill_chunk(args, cols: int, max_context: int, cap: int = AUTO_CHUNKS
             free = min(free, limit - int(pool.used_bytes()))
     except Exception:  # noqa: BLE001 - no device query (CPU stand-in): leave the path off
         return 0
-    for chunk in AUTO_CHUNKS:
-        if chunk > cap:
-            continue
+    # a --prefill-chunk below the smallest automatic size is taken as the chunk itself
+    sizes = [c for c in AUTO_CHUNKS if c <= cap] or ([cap] if cap > cols else [])
+    for chunk in sizes:
         need = prefill_executor_bytes(args, cols, chunk) + (1 << 30)  # tails included
         need += prefill_gather_bytes_per_token(args, cols, chunk) * max_context
         if need <= free:
@@ -83,7 +83,8 @@ class CudaModel:
     xp = np
 
     def __init__(self, args, weights: dict, *, max_context: int = 4096, gemv_cfg: dict | None = None,
-                 kv: str = "bf16", prefill_cols: int = PREFILL_COLS, prefill_gemm: int = PREFILL_GEMM):
+                 kv: str = "bf16", prefill_cols: int = PREFILL_COLS, prefill_gemm: int = PREFILL_GEMM,
+                 prefill_cap: int | None = None):
         self.args = args
         self.executor = CudaQwen35(args, weights, max_context=max_context, gemv_cfg=gemv_cfg, kv=kv)
         self.weight_bytes = self.executor.weight_bytes()
@@ -98,9 +99,9 @@ class CudaModel:
             self.cols.capture()
         self.gemm = None
         self.gemms = []  # tensor-core prefill executors, largest chunk first
-        if prefill_gemm < 0 and not args.is_moe:  # auto: where the memory allows (-N caps the chunk at N)
+        if prefill_gemm < 0 and not args.is_moe:  # auto: where the memory allows, at most prefill_cap rows
             prefill_gemm = auto_prefill_chunk(args, max(prefill_cols, 1), max_context,
-                                              cap=-prefill_gemm if prefill_gemm < -1 else AUTO_CHUNKS[0])
+                                              cap=prefill_cap or AUTO_CHUNKS[0])
         self.gemm_chunk = max(prefill_gemm, 0)
         if prefill_gemm > prefill_cols and not args.is_moe:
             from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill  # noqa: PLC0415
@@ -218,8 +219,9 @@ class CudaEngine(Engine):
 def build_engine(args, device_weights: dict, config: dict, *, max_context: int = 4096, tokenizer=None,
                  gemv_cfg: dict | None = None, kv: str = "bf16", prefill_cols: int = PREFILL_COLS,
                  prefill_gemm: int = PREFILL_GEMM, prefill_chunk: int | None = None) -> CudaEngine:
+    # auto (prefill_gemm < 0): prefill_chunk, when given, caps the tensor-core chunk
     model = CudaModel(args, device_weights, max_context=max_context, gemv_cfg=gemv_cfg, kv=kv,
-                      prefill_cols=prefill_cols, prefill_gemm=prefill_gemm)
+                      prefill_cols=prefill_cols, prefill_gemm=prefill_gemm, prefill_cap=prefill_chunk)
     # the engine hands the model prompt pieces of prefill_chunk tokens: at least one GEMM chunk
     return CudaEngine(model, config, device="gpu", tokenizer=tokenizer, max_context=max_context,
                       prefill_chunk=max(prefill_chunk or 256, model.gemm_chunk))
@@ -247,10 +249,8 @@ def try_build(config: dict, source, *, max_context: int | None = None, tokenizer
     else:
         weights = gpu_weights.from_logical(args, source)
     ctx = int(max_context or min(args.max_position_embeddings or 32768, 32768))
-    # --prefill-chunk: the prompt pieces, and the tensor-core chunk when that path is on
-    # --prefill-chunk sets the tensor-core chunk when that path is forced on, caps it when auto
-    gemm = PREFILL_GEMM
-    if prefill_chunk and PREFILL_GEMM:
-        gemm = -int(prefill_chunk) if PREFILL_GEMM == AUTO else int(prefill_chunk)
+    # --prefill-chunk: the prompt pieces; it sets the tensor-core chunk when that path is forced on
+    # (NINFER_PREFILL_GEMM=N) and caps it when auto (build_engine)
+    gemm = int(prefill_chunk) if prefill_chunk and PREFILL_GEMM > 0 else PREFILL_GEMM
     return build_engine(args, weights, config, max_context=ctx, tokenizer=tokenizer, kv=kv, prefill_gemm=gemm,
                         prefill_chunk=prefill_chunk)

@@ -104,6 +104,10 @@ def test_tensor_core_prefill_is_on_where_the_memory_allows(cp, monkeypatch):
     assert eng.position == 79
     eng = gpu_engine.try_build(CFG, w, max_context=512, prefill_chunk=1024)
     assert [g.M for g in eng.model.gemms] == [1024, 256, 64]
+    eng = gpu_engine.try_build(CFG, w, max_context=512, prefill_chunk=512)  # below AUTO_CHUNKS: itself
+    assert [g.M for g in eng.model.gemms] == [512, 256, 64] and eng.prefill_chunk == 512
+    eng = gpu_engine.try_build(CFG, w, max_context=512, prefill_chunk=4)  # under the columns step: no GEMMs
+    assert eng.model.gemms == [] and eng.prefill_chunk == 4
     # a --vram-limit pool cap leaves no room either, whatever the device has free
     pool = type("P", (), {"free_bytes": lambda self: 0, "get_limit": lambda self: 20 << 30,
                           "used_bytes": lambda self: 20 << 30})()
