@@ -21,7 +21,7 @@ import numpy as np
 from engine.artifact import formats
 from engine.backend import cupy_or_none
 
-SOURCES = ("common.cuh", "gemv.cu", "norm.cu", "attention.cu", "gdn.cu", "sample.cu", "moe.cu")
+SOURCES = ("common.cuh", "gemv.cu", "gemv_variants.cu", "gemv_mma.cu", "norm.cu", "attention.cu", "gdn.cu", "sample.cu", "moe.cu")
 # Pre-staged GEMV input rows (fp16 pairs, slot-major blocks of 32 chunks) are padded to this many values.
 XPAD = 1024
 FMT_IDS = {"q4_g64_fp16": 0, "q5_g64_fp16": 1, "q6_g64_fp16": 2, "q8_g32_fp16": 3}

@@ -1,0 +1,278 @@
+// GEMV variants under measurement (kernels.EXPERIMENTAL; compiled into a second module on first use, not
+// in the tuning table): gemv_rs_pre (pre-staged x only, __ldg x, constant-stride pointers, optional
+// fused staging of its SwiGLU output) and gemv_rs_async (weights through a cp.async ring); gemv_mma.cu
+// holds the tensor-core one. They share gemv.cu's decode (dot_core) and epilogue (gemv_store); the
+// measurements are in bench/NOTES-decode.md (session 4).
+#include "common.cuh"
+
+// Slot z of a routed (MoE) launch, pre-staged x: x, xinv and y move to the slot's rows (no-ops for
+// z = 0 / xz = 0), inv_sc takes the M token rows' inverse x scales; returns the slot's output weight.
+template <int M, typename XP, typename IP, typename YP>  // (the kernels' __restrict__ pointer parameters)
+__device__ __forceinline__ float routed_slot(XP& x, IP& xinv, YP& y, long long xz, int yz,
+                                             const float* __restrict__ ywt, int z, float (&inv_sc)[M]) {
+  x = reinterpret_cast<const float*>(reinterpret_cast<const unsigned char*>(x) + z * xz);
+  xinv += xz != 0 ? z : 0;
+  y += (size_t)z * yz;
+#pragma unroll
+  for (int m = 0; m < M; ++m) inv_sc[m] = xinv[m];
+  return ywt != nullptr ? ywt[z] : 1.f;
+}
+
+// gemv_rs for pre-staged x only (the decode step's GEMVs), with the two cuts its SASS asked for: x is
+// read with __ldg from global memory (gemv_rs reads it through a generic pointer that may be shared
+// memory, so every x load is a generic LD), and each row's weight, scale and high-bit pointers are
+// computed once per row group and advanced by constants (gemv_rs recomputes a 64-bit address, ~12
+// instructions, for every load). Same arithmetic and epilogues as gemv_rs; MoE routing included.
+template <int FMT, int ROWS, int M, int U>
+__global__ void __launch_bounds__(256, (M == 1 && U == 2) ? (ROWS == 1 ? 5 : (ROWS == 2 && FMT != FMT_Q5 ? 4 : 1)) : 1)
+gemv_rs_pre(GEMV_RS_PARAMS, __half2* __restrict__ sxh, float* __restrict__ sxinv, int skpad, unsigned int* __restrict__ sslot) {
+  // sxh != nullptr (SwiGLU, one token, no split, no routing): the output row is also staged for the
+  // next GEMV, as stage_x would: every block folds the largest |output| it wrote into sslot[0]
+  // (atomicMax on the float bits), takes a ticket in sslot[1], and the last block stages the whole row
+  // and resets both words for the next launch. (Written without device time: measure before use.)
+  using F = Fmt<FMT>;
+  static_assert(F::VPU == 32, "q4-q6 (slot-major staged x)");
+  float wrote = 0.f;
+  const int u4_per_row = gpr * 2;
+  const int z = blockIdx.z;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wpb = blockDim.x >> 5;
+  const int ngroups = epi == EPI_SWIGLU ? pair_stride : (N + ROWS - 1) / ROWS;
+  const int js = blockIdx.y * u4_per_split;  // a multiple of 32 (the executor's rule for pre-staged x)
+  const int je = min(js + u4_per_split, u4_per_row);
+  const int iters = je - js > lane ? (je - js - lane + 31) >> 5 : 0;  // chunks j = js + lane + 32 i
+  NI_PDL_ENTRY();
+  const long long row_off = eidx != nullptr ? (long long)eidx[z] * erows : 0;
+  float inv_sc[M];
+  const float yw = routed_slot<M>(x, xinv, y, xz, yz, ywt, z, inv_sc);
+  const DecodeK dk = decode_constants(gpr > 0 ? 1u : 0u);
+  const int xrow4 = ((u4_per_row + 31) & ~31) * 4;  // uint4 per token row of the staged pairs
+  const uint4* xlane = reinterpret_cast<const uint4*>(x) + (js >> 5) * 128 + lane;
+
+  for (int g = blockIdx.x * wpb + warp; g < ngroups; g += gridDim.x * wpb) {
+    const uint4* wp[ROWS];
+    const __half* sp[ROWS];
+    const unsigned char* hp[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      const int row0 = epi == EPI_SWIGLU ? g + r * pair_stride : g * ROWS + r;
+      const long long row = (row0 < N ? row0 : N - 1) + row_off;  // clamp: duplicates are computed, never stored
+      const int j0 = js + lane;
+      wp[r] = reinterpret_cast<const uint4*>(base) + (size_t)row * u4_per_row + j0;
+      sp[r] = scales + (size_t)row * gpr + (j0 >> 1);
+      hp[r] = high + ((size_t)row * gpr + (j0 >> 1)) * F::HB + (j0 & 1) * (F::HB / 2);
+    }
+    float acc[ROWS][M];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+      for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
+    const uint4* xp0 = xlane;
+    for (int i = 0; i < iters; i += U) {
+      uint4 w[U][ROWS];
+      uint2 hb[U][ROWS];
+      float sc[U][ROWS];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (i + u < iters) {
+#pragma unroll
+          for (int r = 0; r < ROWS; ++r) {
+            w[u][r] = __ldg(wp[r] + 32 * u);
+            sc[u][r] = __half2float(sp[r][16 * u]);
+            if constexpr (FMT == FMT_Q5) {
+              hb[u][r].x = __ldg(reinterpret_cast<const unsigned int*>(hp[r] + 16 * F::HB * u));
+              hb[u][r].y = 0u;
+            } else if constexpr (FMT == FMT_Q6) {
+              hb[u][r] = __ldg(reinterpret_cast<const uint2*>(hp[r] + 16 * F::HB * u));
+            } else {
+              hb[u][r] = make_uint2(0u, 0u);
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (i + u < iters) {
+#pragma unroll
+          for (int m = 0; m < M; ++m) {
+            // the slot-major x of chunk j sits at (j >> 5) * 128 + (j & 31) uint4; xp[c * 32] is slot c
+            const uint4* xp = xp0 + (size_t)m * xrow4 + 128 * u;
+            uint4 xv[4];
+#pragma unroll
+            for (int c = 0; c < 4; ++c) xv[c] = __ldg(xp + 32 * c);
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r)
+              acc[r][m] += sc[u][r] * dot_core<FMT>(w[u][r], hb[u][r], [&](int c) { return xv[c]; }, 0, dk);
+          }
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
+        wp[r] += 32 * U;
+        sp[r] += 16 * U;
+        hp[r] += 16 * F::HB * U;
+      }
+      xp0 += 128 * U;
+    }
+    wrote = fmaxf(wrote, gemv_store<ROWS, M, true>(acc, g, N, pair_stride, epi, inv_sc, yw, y, ldy, lane));
+  }
+  if (sxh != nullptr) {
+    __shared__ float red[32];
+    __shared__ bool last;
+    const float bmax = block_max(wrote, red);
+    if (threadIdx.x == 0) {
+      atomicMax(sslot, __float_as_uint(bmax));  // non-negative floats order as their bits
+      __threadfence();
+      last = atomicAdd(sslot + 1, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (last) {
+      __threadfence();
+      const float sc = pow2_scale(__uint_as_float(atomicAdd(sslot, 0u)));
+      const int K2 = pair_stride;  // the staged row: the N / 2 SwiGLU outputs
+      for (int p = threadIdx.x; p < skpad / 2; p += blockDim.x) {
+        const int jl = p >> 4, pi = p & 15, c = pi >> 2, jp = pi & 3;
+        const int ka = jl * 32 + 8 * c + jp, kb = ka + 4;
+        sxh[(jl >> 5) * 512 + c * 128 + (jl & 31) * 4 + jp] =
+            __floats2half2_rn(ka < K2 ? __ldcg(y + ka) * sc : 0.f, kb < K2 ? __ldcg(y + kb) * sc : 0.f);
+      }
+      if (threadIdx.x == 0) {
+        sxinv[0] = 1.f / sc;
+        sslot[0] = 0u;
+        sslot[1] = 0u;
+      }
+    }
+  }
+}
+
+// cp.async: 16 bytes (L2 only) or 4/8 bytes (through L1) from global to this thread's shared slot.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
+}
+template <int BYTES>
+__device__ __forceinline__ void cp_async_small(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src), "n"(BYTES) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
+
+// Pre-staged decode GEMV with the weights streamed through shared memory (M token rows, q4/q5/q6).
+//
+// gemv_rs keeps its U loads per row in registers, so a warp has at most U x ROWS x 16 B in flight and
+// waits for them before it decodes; a 5120-wide row is only 2.5 such rounds, so each row group starts
+// with a full memory latency (Nsight: 45% of the issue gaps on L1TEX, DRAM 59%). Here every lane copies
+// its 16-byte chunk of each row (plus the group's scale word and high bits) with cp.async into its own
+// slots of a per-warp ring of S stages, S - 1 work items ahead of the one it decodes. A work item is
+// one 32-chunk slice of one row group, and the sequence runs across row groups, so the next group's
+// weights are already arriving while a group is reduced and stored. Each lane reads back only what it
+// copied itself: cp.async.wait_group orders it, no barrier. The first S - 1 items are requested before
+// the programmatic-dependent-launch wait (weights depend on no kernel; MoE expert ids do, so routed
+// launches wait first).
+template <int FMT, int ROWS, int M, int S>
+__global__ void __launch_bounds__(256, 4) gemv_rs_async(GEMV_RS_PARAMS) {
+  using F = Fmt<FMT>;
+  constexpr int HW = F::HB == 16 ? 2 : 1;  // 32-bit words of high bits per 16-byte chunk
+  const int u4_per_row = gpr * 2;
+  const int z = blockIdx.z;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wpb = blockDim.x >> 5;
+  const int ngroups = epi == EPI_SWIGLU ? pair_stride : (N + ROWS - 1) / ROWS;
+  const int js = blockIdx.y * u4_per_split;
+  const int je = min(js + u4_per_split, u4_per_row);
+  const int ipg = (je - js + 31) >> 5;  // work items per row group
+  const int gstride = gridDim.x * wpb;
+  const int g0 = blockIdx.x * wpb + warp;
+  const int ntask = g0 < ngroups ? ((ngroups - 1 - g0) / gstride + 1) * ipg : 0;
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  constexpr int WB = S * ROWS * 32 * 16, SB = S * ROWS * 32 * 4, HBB = F::HB > 0 ? S * ROWS * 32 * 4 * HW : 0;
+  unsigned char* ring = smem_raw + (size_t)warp * (WB + SB + HBB);
+  uint4* wring = reinterpret_cast<uint4*>(ring);
+  unsigned int* sring = reinterpret_cast<unsigned int*>(ring + WB);
+  unsigned int* hring = reinterpret_cast<unsigned int*>(ring + WB + SB);
+  const unsigned long long sbase = reinterpret_cast<unsigned long long>(scales);
+
+  long long row_off = 0;
+  const bool routed = eidx != nullptr;
+  if (routed) {
+    NI_PDL_ENTRY();
+    row_off = (long long)eidx[z] * erows;
+  }
+  // issue: the copies of work item (it_g, it_i) into ring slot `slot`
+  int it_g = g0, it_i = 0, it_n = 0, it_slot = 0;
+  auto issue = [&]() {
+    if (it_n < ntask) {
+      const int j = js + it_i * 32 + lane;
+      if (j < je) {
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+          const int row0 = epi == EPI_SWIGLU ? it_g + r * pair_stride : it_g * ROWS + r;
+          const long long row = (row0 < N ? row0 : N - 1) + row_off;
+          const size_t rg = (size_t)row * gpr + (j >> 1);
+          const int sl = (it_slot * ROWS + r) * 32 + lane;
+          cp_async16(wring + sl, reinterpret_cast<const uint4*>(base) + (size_t)row * u4_per_row + j);
+          cp_async_small<4>(sring + sl, reinterpret_cast<const void*>((sbase + rg * 2) & ~3ull));
+          if constexpr (F::HB > 0) cp_async_small<4 * HW>(hring + sl * HW, high + rg * F::HB + (j & 1) * 4 * HW);
+        }
+      }
+    }
+    cp_async_commit();
+    ++it_n;
+    it_slot = it_slot == S - 1 ? 0 : it_slot + 1;
+    if (++it_i == ipg) { it_i = 0; it_g += gstride; }
+  };
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) issue();
+  if (!routed) NI_PDL_ENTRY();
+
+  float inv_sc[M];
+  const float yw = routed_slot<M>(x, xinv, y, xz, yz, ywt, z, inv_sc);
+  const DecodeK dk = decode_constants(gpr > 0 ? 1u : 0u);
+  const uint4* xs4 = reinterpret_cast<const uint4*>(x);
+  const int xrow = (u4_per_row + 31) & ~31;
+
+  float acc[ROWS][M];
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
+  int g = g0, i = 0, slot = 0;
+  for (int n = 0; n < ntask; ++n) {
+    issue();
+    cp_async_wait<S - 1>();
+    const int j = js + i * 32 + lane;
+    if (j < je) {
+      const size_t rg0 = (size_t)(j >> 1);
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
+        const int sl = (slot * ROWS + r) * 32 + lane;
+        const uint4 w = wring[sl];
+        const unsigned int sw = sring[sl];
+        const int row0 = epi == EPI_SWIGLU ? g + r * pair_stride : g * ROWS + r;
+        const long long row = (row0 < N ? row0 : N - 1) + row_off;
+        const bool hi_half = ((sbase + ((size_t)row * gpr + rg0) * 2) & 2) != 0;
+        const float sc = __half2float(__ushort_as_half((unsigned short)(hi_half ? sw >> 16 : sw & 0xffffu)));
+        uint2 hb = make_uint2(0u, 0u);
+        if constexpr (F::HB > 0) {
+          hb.x = hring[sl * HW];
+          if constexpr (HW == 2) hb.y = hring[sl * HW + 1];
+        }
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          const uint4* xp = xs4 + (size_t)m * xrow * 4 + (j >> 5) * 128 + (j & 31);
+          acc[r][m] += sc * dot_u4<FMT>(w, hb, xp, 0, dk);
+        }
+      }
+    }
+    slot = slot == S - 1 ? 0 : slot + 1;
+    if (++i == ipg) {
+      gemv_store<ROWS, M>(acc, g, N, pair_stride, epi, inv_sc, yw, y, ldy, lane);
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
+      i = 0;
+      g += gstride;
+    }
+  }
+  cp_async_wait<0>();
+}
