@@ -209,7 +209,7 @@ class CudaEngine(Engine):
         d.update(backend="cuda-graph", weight_bytes=ex.weight_bytes(),
                  weight_bytes_per_token=ex.weight_bytes_per_token(), state_bytes=ex.state_bytes(),
                  kv_bytes_per_token=ex.kv_bytes_per_token(),
-                 # prompt chunks on tensor cores, largest first ([] when that path is off), then the
+                 # prompt chunks on tensor cores, largest first ("" when that path is off), then the
                  # columns step's rows
                  prefill_chunks=",".join(str(g.M) for g in self.model.gemms),
                  prefill_cols=self.model.cols.M if self.model.cols is not None else 0)
