@@ -116,6 +116,43 @@ def test_gemv_prestaged(cp, fmt, n, k, splits, pf, pre2, rows, unroll):
 
 
 @pytest.mark.parametrize("fmt", QFMTS[:3])
+@pytest.mark.parametrize("n,k", [(512, 5120), (300, 2048), (40, 1024), (4096, 3072)],
+                         ids=["512x5120", "300x2048", "40x1024", "4096x3072"])
+@pytest.mark.parametrize("m", [1, 2, 8])
+@pytest.mark.parametrize("u", [2, 4])
+def test_gemv_flat(cp, fmt, n, k, m, u):
+    """gemv_flat (equal tile ranges a warp, groups cut at range boundaries finished by the second warp):
+    store, add and SwiGLU against the reference; two launches give the same bits and leave the boundary
+    counters at zero."""
+    from engine.gpu_weights import upload_matrix
+    from engine.ops import kernels as K
+
+    w = (RNG.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
+    dm = upload_matrix(cp, fmt, w)
+    wq = formats.decode(fmt, "row_split_k128_v1", (n, k), cp.asnumpy(dm.buf))
+    x = RNG.standard_normal((m, k)).astype(np.float32)
+    kpad = -(-k // K.XPAD) * K.XPAD
+    xh, xinv = cp.zeros((m, kpad // 2), dtype=cp.uint32), cp.zeros(m, dtype=cp.float32)
+    K.prepared("stage_x_mb", (3, m), (cp.asarray(x), k, k, kpad, xh, xinv))()
+    h = ref.linear(x, wq)
+    y = cp.full((1, m, n), np.nan, dtype=cp.float32)
+    plan = K.GemvPlan(dm, None, k, y, n, m=m, epi="partial", splits=3, xpre=(xh, xinv), flat=u)
+    assert plan.flat == u and plan.splits == 1
+    plan.launch()
+    first = y.get()
+    check(f"gemv_flat {fmt}", first[0], h, **LINEAR)
+    plan.launch()
+    assert np.array_equal(first, y.get())
+    add = cp.asarray(np.ones((m, n), np.float32))
+    K.GemvPlan(dm, None, k, add, n, m=m, epi="add", xpre=(xh, xinv), flat=u).launch()
+    check(f"gemv_flat add {fmt}", add.get() - 1.0, h, **LINEAR)
+    g = cp.full((m, n // 2), np.nan, dtype=cp.float32)
+    K.GemvPlan(dm, None, k, g, n // 2, m=m, epi="swiglu", xpre=(xh, xinv), flat=u).launch()
+    check(f"gemv_flat swiglu {fmt}", g.get(), ref.swiglu(h[:, : n // 2], h[:, n // 2:]), **LINEAR)
+    assert not K._flat_scratch()[0].get().any()
+
+
+@pytest.mark.parametrize("fmt", QFMTS[:3])
 @pytest.mark.parametrize("n,k", [(512, 5120), (37, 1000), (300, 130)], ids=["512x5120", "37x1000", "300x130"])
 @pytest.mark.parametrize("rows", [1, 2, 4])
 @pytest.mark.parametrize("stages", [3, 4])
