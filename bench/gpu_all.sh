@@ -7,7 +7,7 @@
 #         machine (EXP="a b" picks patches). Copies made with cp -r on the device have read as NUL bytes
 #         (bench/NOTES-decode.md, session 3): check its test output before trusting a sweep.
 #   quick: compile, tests/gpu/test_kernels.py -k $TESTK, sweep, decode $GEOS with the sweep's table.
-#   flat: gemv_flat tests, sweep, decode with it by default (U 2 and 4).
+#   s5: tests (prefill, engine, prestaged GEMVs), decode, prefill profile and bench.
 #   pre2: gemv_rs_pre tests, decode with and without the fused gate|up staging, sweep with gemv_rs_pre.
 # Usage (GPU machine, repo root): bash bench/gpu_all.sh main | exp | quick | pre2
 set -u
@@ -82,15 +82,26 @@ log "sweep with gemv_rs_pre, decode with its table"
 timeout 300 python3 bench/gpu_decode.py --sweep --synthetic qwen3.8-27b --out "$OUT/sweep_pre2.json" 2>&1 \
   | grep -E "best|PDL|rror" | head -30
 fi
-if [ "$PART" = flat ]; then  # gemv_flat: tests, sweep, decode with it everywhere it applies (U 2 and 4)
-kernel_tests "gemv_flat"
-log "sweep with gemv_flat"
-timeout 300 python3 bench/gpu_decode.py --sweep --out "$OUT/sweep_flat.json" 2>&1 | grep -E "best|rror" | head -40
-for u in 2 4; do
-  log "decode, gemv_flat u=$u by default"
-  timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.8-27b,qwen3.6-35b-a3b --breakdown --flat $u \
-    --out "$OUT/decode_flat$u.json" 2>&1 | grep -E "PDL|sum of|^  gemv|^  stage|rror" | head -14
+if [ "$PART" = s5 ]; then  # session 5: pre2 in the table, one-pass prefill SwiGLU
+log compile
+timeout 240 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')"
+cupy_ready
+log "tests: kernels (prestaged), prefill, engine"
+for attempt in 1 2; do
+  timeout 240 python3 -m pytest -q -p no:cacheprovider --tb=short tests/gpu/test_prefill.py tests/gpu/test_gpu_engine.py \
+    "tests/gpu/test_kernels.py::test_gemv_prestaged" > "$OUT/gpu_tests.txt" 2>&1
+  grep -q "unrecognized token" "$OUT/gpu_tests.txt" || break
+  log "compile saw junk; again"; sleep 20
 done
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | head -16
+log "decode (tuning table with gemv_rs_pre on four shapes)"
+timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.8-27b,qwen3.6-35b-a3b --depth 32768 --breakdown \
+  --out "$OUT/decode.json" 2>&1 | grep -E "PDL|sum of|^  gemv|^  resid|^  stage|rror" | head -24
+log "prefill profile pp8192 chunk 8192"
+timeout 90 python3 bench/prefill_profile.py --tokens 8192 --chunk 8192 --out "$OUT/pp_profile.json" 2>&1 | head -12
+log "bench pp512,pp2000,pp8192"
+timeout 120 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 512,2000,8192 -n 0 -r 2 \
+  -o json --out "$OUT/pp_default.json" 2>&1 | grep -E "^pp|rror" | head -6
 fi
 if [ "$PART" = probe ]; then  # bench/mma_probe.py (L2-resident vs DRAM-streamed GEMV variants)
 log compile

@@ -113,21 +113,6 @@ def kernel_sweep(bw):
                     results.append(r)
                     if best is None or r["gbs"] > best["gbs"]:
                         best = r
-        for u in (K.GEMV_FLAT_U if xpre is not None else ()):
-            plans = [K.GemvPlan(w, x, k, y, out_n, epi=epi, xpre=xpre, flat=u) for w in copies]
-            if not plans[0].flat:
-                continue
-
-            def run(plans=plans):
-                for p in plans:
-                    p.launch()
-            ms = time_graph(run) / 2
-            gbs = copies[0].nbytes / (ms * 1e-3) / 1e9
-            r = dict(shape=name, fmt=fmt, n=n, k=k, rows=0, unroll=0, splits=1, pf=0, stages=0, flat=u,
-                     us=round(ms * 1e3, 2), gbs=round(gbs, 1), pct_copy=round(100 * gbs / bw, 1))
-            results.append(r)
-            if r["gbs"] > best["gbs"]:
-                best = r
         for mma in (K.GEMV_MMA if fmt in ("q4_g64_fp16", "q5_g64_fp16") else ()):
             for splits in (1, 2, 4) if epi == "partial" else (1,):
                 try:
@@ -147,23 +132,18 @@ def kernel_sweep(bw):
                 if r["gbs"] > best["gbs"]:
                     best = r
         reg = max((r for r in results if r["shape"] == name and not r["stages"] and not r.get("mma")
-                   and not r.get("pre2") and not r.get("flat")), key=lambda r: r["gbs"])
+                   and not r.get("pre2")), key=lambda r: r["gbs"])
         p2 = [r for r in results if r["shape"] == name and r.get("pre2")]
         if p2:
             b = max(p2, key=lambda r: r["gbs"])
             print(f"{name:12s} gemv_rs_pre best rows={b['rows']} unroll={b['unroll']} splits={b['splits']}: "
                   f"{b['us']:.1f} us ({b['pct_copy']}%)", flush=True)
-        fl = [r for r in results if r["shape"] == name and r.get("flat")]
-        if fl:
-            b = max(fl, key=lambda r: r["gbs"])
-            print(f"{name:12s} gemv_flat best u={b['flat']}: {b['us']:.1f} us ({b['pct_copy']}%)", flush=True)
         mm = [r for r in results if r["shape"] == name and r.get("mma")]
         if mm:
             b = max(mm, key=lambda r: r["gbs"])
             print(f"{name:12s} mma best {b['mma']} splits={b['splits']}: {b['us']:.1f} us ({b['pct_copy']}%)", flush=True)
         print(f"{name:12s} {fmt:12s} {n:6d}x{k:<6d} best rows={best['rows']} unroll={best['unroll']} "
-              f"splits={best['splits']} stages={best['stages']} mma={best.get('mma')} flat={best.get('flat', 0)}: "
-              f"{best['us']:8.1f} us "
+              f"splits={best['splits']} stages={best['stages']} mma={best.get('mma')}: {best['us']:8.1f} us "
               f"{best['gbs']:7.1f} GB/s "
               f"({best['pct_copy']}%); best register kernel {reg['us']:.1f} us ({reg['pct_copy']}%)",
               flush=True)
@@ -178,8 +158,7 @@ def best_cfg(sweep):
         if key not in cfg or r["gbs"] > cfg[key]["gbs"]:
             cfg[key] = r
     return {k: dict(rows=v["rows"], unroll=v["unroll"], splits=v["splits"], pf=v.get("pf", 0),
-                    stages=v.get("stages", 0), mma=v.get("mma"), pre2=v.get("pre2", False), flat=v.get("flat", 0))
-            for k, v in cfg.items()}
+                    stages=v.get("stages", 0), mma=v.get("mma"), pre2=v.get("pre2", False)) for k, v in cfg.items()}
 
 
 def synthetic_decode(geometry, bw, gemv_cfg, n=128, depth=0, breakdown=False, kv="bf16"):
@@ -303,7 +282,6 @@ def main():
     ap.add_argument("--breakdown", action="store_true")
     ap.add_argument("--out", default="")
     ap.add_argument("--cfg", default="", help="take the GEMV choices of an earlier --sweep report")
-    ap.add_argument("--flat", type=int, default=0, help="gemv_flat with this many tiles a batch (2 or 4) by default")
     ap.add_argument("--fuse-stage", action="store_true",
                     help="gate|up through gemv_rs_pre with its output staged in the same launch (no stage_x)")
     a = ap.parse_args()
@@ -330,9 +308,6 @@ def main():
         report["gemv_cfg"] = {f"{k[0]}:{k[1]}x{k[2]}": v for k, v in cfg.items()}
         if a.out:
             Path(a.out).write_text(json.dumps(report, indent=1, default=str))
-    if a.flat:  # gemv_flat with U tiles a batch wherever the table says nothing (ineligible shapes fall back)
-        K.GEMV_FLAT = a.flat
-        report["flat"] = a.flat
     if a.fuse_stage:  # every (N, K) the geometries' gate|up matrices have: pre2 + fuse_stage
         from engine.ops.gemv_tuning import default_cfg
         from engine.synthetic import geometry_config

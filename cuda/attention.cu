@@ -259,3 +259,26 @@ extern "C" __global__ void causal_softmax_f16(const float* __restrict__ s, __hal
   const float inv = 1.f / lb;
   for (int j = threadIdx.x; j < n; j += blockDim.x) pr[j] = __float2half_rn(j < lim ? __expf(sr[j] - mb) * inv : 0.f);
 }
+
+// Prefill SwiGLU over a chunk, in one pass: out[t][i] = fp16(silu(gu[t][i]) * gu[t][n + i]) for the T
+// rows of the fp32 gate|up GEMM output (row stride ldgu), written as the down projection's fp16 GEMM
+// input (the cast the GEMM's input takes anyway). n % 4 == 0 and ldgu % 4 == 0: float4 reads.
+extern "C" __global__ void swiglu_rows_f16(const float* __restrict__ gu, long long ldgu, int n, int rows,
+                                           __half* __restrict__ out) {
+  NI_PDL_ENTRY();
+  const int n4 = n >> 2;
+  const long long total = (long long)rows * n4;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+       i += (long long)gridDim.x * blockDim.x) {
+    const long long t = i / n4;
+    const int c = (int)(i - t * n4) * 4;
+    const float4 g = *reinterpret_cast<const float4*>(gu + t * ldgu + c);
+    const float4 u = *reinterpret_cast<const float4*>(gu + t * ldgu + n + c);
+    const __half2 a = __floats2half2_rn(silu(g.x) * u.x, silu(g.y) * u.y);
+    const __half2 b = __floats2half2_rn(silu(g.z) * u.z, silu(g.w) * u.w);
+    uint2 o;
+    o.x = *reinterpret_cast<const unsigned int*>(&a);
+    o.y = *reinterpret_cast<const unsigned int*>(&b);
+    *reinterpret_cast<uint2*>(out + t * n + c) = o;
+  }
+}

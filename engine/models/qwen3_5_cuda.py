@@ -271,14 +271,14 @@ class CudaQwen35:
         return GemvPlan(w, x, x.shape[-1], y, y.shape[-1], m=self.M, epi=epi, splits=cfg.get("splits", splits),
                         rows=cfg.get("rows"), unroll=cfg.get("unroll", 2), y_offset=y_offset, xpre=xpre,
                         pf=cfg.get("pf"), stages=cfg.get("stages", 0), mma=cfg.get("mma"),
-                        pre2=cfg.get("pre2", False), flat=cfg.get("flat", K.GEMV_FLAT)).launch
+                        pre2=cfg.get("pre2", False)).launch
 
     def _plan_gemv(self, w, x, y, epi, splits, xpre, stage_out=None):
         cfg = self.gemv_cfg.get((w.fmt, w.n, w.k), {})
         return GemvPlan(w, x, x.shape[-1], y, y.shape[-1], m=self.M, epi=epi, splits=cfg.get("splits", splits),
                         rows=cfg.get("rows"), unroll=cfg.get("unroll", 2), xpre=xpre, pf=cfg.get("pf"),
                         stages=cfg.get("stages", 0), mma=cfg.get("mma"), pre2=cfg.get("pre2", False),
-                        stage_out=stage_out if cfg.get("fuse_stage") else None, flat=cfg.get("flat", K.GEMV_FLAT))
+                        stage_out=stage_out if cfg.get("fuse_stage") else None)
 
     NORM_BLOCKS = 8
 

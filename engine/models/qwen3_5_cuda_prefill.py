@@ -112,6 +112,7 @@ class CudaQwen35Prefill(CudaQwen35Columns):
             self._x16 = cp.empty(self.M * k_max, dtype=cp.float16)
             n_gu = max((L["gate_up"].n for L in self.layers if "gate_up" in L), default=0)
             self._gu = cp.empty((self.M, n_gu), dtype=cp.float32)
+        self._x16_of = None  # the fp32 rows whose fp16 copy _x16 holds (set by the SwiGLU kernel)
         self._one = np.array(1.0, dtype=np.float32)
         self._zero = np.array(0.0, dtype=np.float32)
         self.start = 0
@@ -144,7 +145,9 @@ class CudaQwen35Prefill(CudaQwen35Columns):
 
         cp, T = self.cp, self.M
         x16 = self._x16[: T * w.k].reshape(T, w.k)
-        x16[...] = x[:, : w.k]
+        if self._x16_of is not x:  # (the SwiGLU kernel wrote the down projection's fp16 input itself)
+            x16[...] = x[:, : w.k]
+        self._x16_of = None
         w16 = self._dequant(w)
         handle = cp.cuda.device.get_cublas_handle()
         cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)  # alpha and beta live on the host
@@ -154,14 +157,21 @@ class CudaQwen35Prefill(CudaQwen35Columns):
                       _COMPUTE_32F, _GEMM_DEFAULT)
 
     def _gemv(self, w, x, y, epi="store", splits=1, y_offset=0, xpre=None):
-        cp = self.cp  # (the head on the chunk's last row stays a GEMV: the columns step's _tail_ops)
-
+        # (the head on the chunk's last row stays a GEMV: the columns step's _tail_ops)
         if epi == "swiglu":
+            n = w.n // 2
+            if n % 4:
+                raise NotImplementedError(f"prefill SwiGLU needs the intermediate size a multiple of 4, not {n}")
+            blocks = (min(-(-self.M * n // 4 // 256), K.sm_count() * 16),)
+
             def go():
-                n = w.n // 2
+                # gate|up GEMM (fp32), then SwiGLU in one pass straight into the fp16 input of the next
+                # GEMM, the down projection over `y`: y itself (fp32) is not written, nothing else reads it
+                swiglu = K.kernel("swiglu_rows_f16")
                 self._matmul(w, x, self._gu, self._gu.shape[1])
-                g, u = self._gu[:, :n], self._gu[:, n: 2 * n]
-                y[:, :n] = g / (1 + cp.exp(-g)) * u
+                swiglu(blocks, (256,), (self._gu, np.int64(self._gu.shape[1]), np.int32(n), np.int32(self.M),
+                                        self._x16))
+                self._x16_of = y
             go.name = f"gemm+swiglu {w.fmt} {w.n}x{w.k}"
             return go
         if epi != "store" or y_offset:

@@ -9,13 +9,17 @@ from __future__ import annotations
 
 # qwen3.6/3.8-27b (dense, hidden 5120): attention q|k and gate|v, GDN q|k and v|z, out-projections,
 # MLP gate|up (SwiGLU) and down, W8 head
+# pre2: gemv_rs_pre (x through the read-only path, row pointers advanced by constants), faster on these
+# four shapes in two sweeps of session 5 (bench/results/gemv_sweep_pre2_h200_20261129f.json,
+# gemv_sweep_flat_h200_20261129f.json): q|k 7.6 -> 7.4 us, GDN q|k 5.2 -> 5.0, GDN out 9.8 -> 8.9,
+# gate|up 32.1 -> 30.5; slower on v|z, gate|v and down, which keep gemv_rs.
 H200 = {
-    ("q4_g64_fp16", 7168, 5120): dict(rows=2, unroll=2, splits=1),
+    ("q4_g64_fp16", 7168, 5120): dict(rows=2, unroll=2, splits=1, pre2=True),
     ("q5_g64_fp16", 7168, 5120): dict(rows=1, unroll=2, splits=1),
-    ("q4_g64_fp16", 4096, 5120): dict(rows=2, unroll=4, splits=1),
+    ("q4_g64_fp16", 4096, 5120): dict(rows=1, unroll=2, splits=1, pre2=True),
     ("q5_g64_fp16", 12288, 5120): dict(rows=1, unroll=2, splits=1),
-    ("q5_g64_fp16", 5120, 6144): dict(rows=1, unroll=2, splits=1),
-    ("q4_g64_fp16", 34816, 5120): dict(rows=2, unroll=2, splits=1),
+    ("q5_g64_fp16", 5120, 6144): dict(rows=1, unroll=2, splits=1, pre2=True),
+    ("q4_g64_fp16", 34816, 5120): dict(rows=2, unroll=2, splits=1, pre2=True),
     ("q5_g64_fp16", 5120, 17408): dict(rows=1, unroll=2, splits=2),
     ("q8_g32_fp16", 248320, 5120): dict(rows=2, unroll=2, splits=1),
 }

@@ -21,7 +21,7 @@ import numpy as np
 from engine.artifact import formats
 from engine.backend import cupy_or_none
 
-SOURCES = ("common.cuh", "gemv.cu", "gemv_variants.cu", "gemv_flat.cu", "gemv_mma.cu", "norm.cu", "attention.cu", "gdn.cu", "sample.cu", "moe.cu")
+SOURCES = ("common.cuh", "gemv.cu", "gemv_variants.cu", "gemv_mma.cu", "norm.cu", "attention.cu", "gdn.cu", "sample.cu", "moe.cu")
 # Pre-staged GEMV input rows (fp16 pairs, slot-major blocks of 32 chunks) are padded to this many values.
 XPAD = 1024
 FMT_IDS = {"q4_g64_fp16": 0, "q5_g64_fp16": 1, "q6_g64_fp16": 2, "q8_g32_fp16": 3}
@@ -38,10 +38,6 @@ GEMV_MMA = ((1, 4, 2), (1, 8, 2), (2, 4, 2), (1, 4, 4), (1, 8, 8))
 GEMV_ASYNC_STAGES = (3, 4)
 GEMV_ASYNC_M = (1,)
 ATTN_GROUPS = (1, 2, 3, 4, 6, 8)
-# gemv_flat (every warp of one resident wave streams the same bytes): tiles double-buffered a lane
-GEMV_FLAT_U = (2, 4)
-# gemv_flat's batch for shapes whose tuning entry names no `flat` (0: the row-group kernels)
-GEMV_FLAT = int(os.environ.get("NINFER_GEMV_FLAT", "0"))
 GDN_DELTA_ROWS = (2, 4)  # state rows a warp of gdn_delta_rows (the prefill's GDN recurrence)
 WARPS = 8  # every kernel runs 256-thread blocks
 # Programmatic dependent launch: each kernel may start while the one before it finishes (its blocks
@@ -74,20 +70,22 @@ def _source() -> str:
 
 
 # GEMV variants under measurement (bench/NOTES-decode.md), not in the tuning table: compiled into a second
-# module on first use, so the engine's first run does not wait for them.
-EXPERIMENTAL = ("gemv_rs_pre<", "gemv_rs_async<", "gemv_mma<", "gemv_flat<")
+# module on first use, so the engine's first run does not wait for them. The gemv_rs_pre (rows, unroll)
+# pairs of GEMV_PRE_MAIN are in the table and compile with the engine's module.
+GEMV_PRE_MAIN = ((1, 2), (2, 2))
+EXPERIMENTAL = ("gemv_rs_pre<", "gemv_rs_async<", "gemv_mma<")
 
 
 def _names(experimental: bool = False) -> list[str]:
     if experimental:
         names = [f"gemv_rs_pre<{f},{r},{m},{u}>" for f in range(3) for r in GEMV_ROWS for m in GEMV_M
-                 for u in GEMV_UNROLL]
+                 for u in GEMV_UNROLL if (r, u) not in GEMV_PRE_MAIN]
         names += [f"gemv_rs_async<{f},{r},{m},{st}>" for f in range(3) for r in GEMV_ROWS for m in GEMV_ASYNC_M
                   for st in GEMV_ASYNC_STAGES]
         names += [f"gemv_mma<{f},{t},{kw},{u}>" for f in range(2) for t, kw, u in GEMV_MMA]
-        names += [f"gemv_flat<{f},{m},{u}>" for f in range(3) for m in GEMV_M for u in GEMV_FLAT_U]
         return names
     names = [f"gemv_rs<{f},{r},{m},{u}>" for f in range(4) for r in GEMV_ROWS for m in GEMV_M for u in GEMV_UNROLL]
+    names += [f"gemv_rs_pre<{f},{r},{m},{u}>" for f in range(3) for r, u in GEMV_PRE_MAIN for m in GEMV_M]
     names += [f"gemv_bf16<{m}>" for m in GEMV_M]
     names += [f"embed_rs<{f}>" for f in range(4)]
     names += [f"dequant_rs<{f}>" for f in range(4)]
@@ -107,8 +105,13 @@ def module(experimental: bool = False):
 
 
 @functools.cache
+def _main_names() -> frozenset:
+    return frozenset(_names(False))
+
+
+@functools.cache
 def kernel(name: str):
-    return module(name.startswith(EXPERIMENTAL)).get_function(name)
+    return module(name.startswith(EXPERIMENTAL) and name not in _main_names()).get_function(name)
 
 
 @functools.cache
@@ -259,12 +262,10 @@ class GemvPlan:
     def __init__(self, w: DevMatrix, x, ldx: int, y, ldy: int, m: int = 1, epi: str = "store",
                  splits: int = 1, rows: int | None = None, unroll: int = 4, y_offset: int = 0, xpre=None,
                  experts=None, pf: int | None = None, stages: int = 0, mma=None, pre2: bool = False,
-                 stage_out=None, flat: int = 0):
+                 stage_out=None):
         cp = cupy_or_none()
         self.w, self.m, self.epi = w, m, EPI[epi]
-        self.stages, self.pre2, self.stages_out, self.flat = 0, False, False, 0
-        if flat and self._flat_plan(w, xpre, y, ldy, m, epi, splits, experts, int(flat), y_offset):
-            return
+        self.stages, self.pre2, self.stages_out = 0, False, False
         if mma and xpre is not None and experts is None and w.fmt in ("q4_g64_fp16", "q5_g64_fp16") and m <= 8:
             self._mma_plan(w, xpre, y, ldy, m, epi, splits, tuple(mma), y_offset)
             return
@@ -304,7 +305,7 @@ class GemvPlan:
         if experts is not None:
             bx = max(1, min(-(-ngroups // WARPS), sm_count() * per_sm // max(ex[5], 1)))
         self.grid = (bx, splits, ex[5])
-        # pre2: gemv_rs_pre (x through __ldg, pointers advanced by constants); measured next session
+        # pre2: gemv_rs_pre (x through __ldg, pointers advanced by constants; the tuning table picks it)
         self.pre2 = bool(pre2 and pre and vpu == 32 and not self.stages)
         kname = (f"gemv_rs_async<{f},{rows},{m},{self.stages}>" if self.stages
                  else f"gemv_rs_pre<{f},{rows},{m},{unroll}>" if self.pre2 else f"gemv_rs<{f},{rows},{m},{unroll}>")
@@ -332,26 +333,6 @@ class GemvPlan:
         self._go = Launch(self.fn, self.grid, WARPS * 32, self.args, self.smem, name=kname)
         del cp
 
-    def _flat_plan(self, w, xpre, y, ldy, m, epi, splits, experts, u, y_offset) -> bool:
-        """gemv_flat when it applies (q4-q6, pre-staged x, whole 32-chunk tiles, no routing, one K slice,
-        at least a group a warp); False leaves the plan to the row-group kernels."""
-        if (xpre is None or experts is not None or w.fmt not in ("q4_g64_fp16", "q5_g64_fp16", "q6_g64_fp16")
-                or (w.gpr * 2) % 32 or m not in GEMV_M or u not in GEMV_FLAT_U):
-            return False
-        ngroups = w.n // 2 if epi == "swiglu" else w.n
-        if ngroups < WARPS:
-            return False
-        name = f"gemv_flat<{FMT_IDS[w.fmt]},{m},{u}>"
-        bx = max(1, min(sm_count() * blocks_per_sm(name), ngroups // WARPS))  # one wave, a group a warp at least
-        cnt, bnd = _flat_scratch()
-        self.grid, self.splits, self.smem, self.fn, self.flat = (bx,), 1, 0, kernel(name), u
-        self.args = (np.uint64(w.ptr(w.base)), np.uint64(w.ptr(w.high)), np.uint64(w.ptr(w.scales)),
-                     np.int32(ngroups), np.int32(w.gpr), np.int32(w.n // 2 if epi == "swiglu" else 0),
-                     np.uint64(_p(xpre[0])), np.uint64(_p(xpre[1])), np.uint64(_p(y) + 4 * y_offset),
-                     np.int32(ldy), np.int32(self.epi), np.uint64(_p(bnd)), np.uint64(_p(cnt)))
-        self._go = Launch(self.fn, self.grid, WARPS * 32, self.args, 0, name=name)
-        return True
-
     def _mma_plan(self, w, xpre, y, ldy, m, epi, splits, mma, y_offset):
         tiles, kw, u = mma
         if epi == "swiglu":
@@ -376,16 +357,6 @@ class GemvPlan:
 
     def launch(self):
         self._go()
-
-
-@functools.cache
-def _flat_scratch():
-    """gemv_flat's boundary counters (zero between launches: each launch resets what it used) and
-    partials, shared by every plan: launches on one stream never overlap where they use them (the
-    boundary work comes after each kernel's dependent-launch wait)."""
-    cp = cupy_or_none()
-    warps = sm_count() * 8 * WARPS + 2  # at most 8 blocks of 256 threads a multiprocessor
-    return cp.zeros(warps, dtype=cp.uint32), cp.zeros(warps * 2 * 2 * max(GEMV_M), dtype=cp.float32)
 
 
 def _arg(a):

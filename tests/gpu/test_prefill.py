@@ -31,7 +31,7 @@ def test_dequant_rs_is_the_stored_codes_times_scales(fmt):
     w = np.random.default_rng(2).standard_normal((n, k)).astype(np.float32)
     dm = upload_matrix(cp, fmt, w)
     want = formats.decode(fmt, "row_split_k128_v1", (n, k), cp.asnumpy(dm.buf))
-    out = cp.full((n, k), np.nan, dtype=cp.float16)
+    out = cp.asarray(np.full((n, k), np.nan, np.float16))  # (no CuPy kernel: see test_kernels.poisoned)
     K.kernel(f"dequant_rs<{K.FMT_IDS[fmt]}>")((n,), (256,), (np.uint64(dm.ptr(dm.base)), np.uint64(dm.ptr(dm.high)),
                                                            np.uint64(dm.ptr(dm.scales)), np.int32(dm.gpr), np.int32(k),
                                                            out, np.int32(k)))
@@ -108,3 +108,19 @@ def test_attention_cublas_matches_reference(t, start, score_bytes):
     v16 = cp.asarray(v.transpose(1, 0, 2).astype(np.float16, order="C"))
     got = attention_cublas(cp, cp.asarray(q), k16, v16, cp.asarray(gate), start, score_bytes=score_bytes).get()
     assert rel(got, want) < 8e-3, rel(got, want)
+
+
+def test_swiglu_rows_f16_is_silu_gate_times_up():
+    """The prefill's one-pass SwiGLU: fp32 [T, ld] gate|up rows -> fp16 [T, n] (the down GEMM's input)."""
+    import cupy as cp
+
+    from engine.ops import kernels as K
+    from engine.ops import ref as R
+
+    t, n, ld = 37, 1028, 2 * 1028 + 12
+    gu = (np.random.default_rng(5).standard_normal((t, ld)) * 4).astype(np.float32)
+    out = cp.asarray(np.full(t * n, np.nan, np.float16))
+    K.kernel("swiglu_rows_f16")((7,), (256,), (cp.asarray(gu), np.int64(ld), np.int32(n), np.int32(t), out))
+    want = R.swiglu(gu[:, :n], gu[:, n: 2 * n]).astype(np.float16).astype(np.float32)
+    got = out.get().reshape(t, n).astype(np.float32)
+    assert np.allclose(got, want, rtol=2e-3, atol=1e-3)
