@@ -7,6 +7,7 @@
 #         machine (EXP="a b" picks patches). Copies made with cp -r on the device have read as NUL bytes
 #         (bench/NOTES-decode.md, session 3): check its test output before trusting a sweep.
 #   quick: compile, tests/gpu/test_kernels.py -k $TESTK, sweep, decode $GEOS with the sweep's table.
+#   pdl: PDL inside a graph (bench/pdl_probe.py), prefill profiles of 512- and 256-token chunks.
 #   s5: tests (prefill, engine, prestaged GEMVs), decode, prefill profile and bench.
 #   pre2: gemv_rs_pre tests, decode with and without the fused gate|up staging, sweep with gemv_rs_pre.
 # Usage (GPU machine, repo root): bash bench/gpu_all.sh main | exp | quick | pre2
@@ -102,6 +103,16 @@ timeout 90 python3 bench/prefill_profile.py --tokens 8192 --chunk 8192 --out "$O
 log "bench pp512,pp2000,pp8192"
 timeout 120 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 512,2000,8192 -n 0 -r 2 \
   -o json --out "$OUT/pp_default.json" 2>&1 | grep -E "^pp|rror" | head -6
+fi
+if [ "$PART" = pdl ]; then  # PDL inside a graph (bench/pdl_probe.py); short-prompt prefill profiles
+log compile
+timeout 240 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')"
+cupy_ready
+timeout 120 python3 bench/pdl_probe.py 2>&1 | tail -8
+for c in 512 256; do
+  log "prefill profile pp$c chunk $c"
+  timeout 90 python3 bench/prefill_profile.py --tokens $c --chunk $c --out "$OUT/pp_profile_$c.json" 2>&1 | head -16
+done
 fi
 if [ "$PART" = probe ]; then  # bench/mma_probe.py (L2-resident vs DRAM-streamed GEMV variants)
 log compile

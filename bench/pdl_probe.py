@@ -1,0 +1,105 @@
+"""Does programmatic dependent launch shorten a chain of kernels inside a CUDA graph (as the decode step
+captures it)? The decode step measured the same with and without it (bench/NOTES-decode.md, #7).
+
+Run on the GPU machine:  python bench/pdl_probe.py
+Chains of N launches captured into one graph through engine.ops.kernels.Launch (cuLaunchKernelEx with
+programmatic stream serialization when kernels.PDL is on), timed over replays, for
+  empty   one block that only waits (the launch-to-launch cost),
+  stream  a memory-bound kernel reading its own 24 MiB slice (a mid-size GEMV's bytes) with the wait
+          at entry, and with its first loads issued before the wait.
+Prints microseconds per launch, plain against PDL.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import cupy as cp  # noqa: E402
+
+from engine.ops import kernels as K  # noqa: E402
+
+SRC = r"""
+#define WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#define TRIGGER() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+extern "C" __global__ void empty_k(int* p) {
+  TRIGGER(); WAIT();
+  if (threadIdx.x == 0 && blockIdx.x == 0) p[0] += 1;
+}
+// every thread sums its uint4s of a slice; early != 0: the first 2 loads before the wait
+extern "C" __global__ void stream_k(const uint4* __restrict__ w, long long n4, float* out, int early) {
+  TRIGGER();
+  const long long tid = blockIdx.x * (long long)blockDim.x + threadIdx.x, nt = (long long)gridDim.x * blockDim.x;
+  unsigned int acc = 0;
+  long long i = tid;
+  uint4 a = make_uint4(0, 0, 0, 0), b = make_uint4(0, 0, 0, 0);
+  if (early) {
+    if (i < n4) a = __ldg(w + i);
+    if (i + nt < n4) b = __ldg(w + i + nt);
+  }
+  WAIT();
+  if (early) {
+    acc += a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w;
+    i += 2 * nt;
+  }
+  for (; i < n4; i += nt) {
+    const uint4 v = __ldg(w + i);
+    acc += v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x12345678u) out[0] = 1.f;  // keeps the loads
+}
+"""
+
+
+def time_chain(launches, reps=5):
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        for lo in launches:
+            lo()
+        s.synchronize()
+        s.begin_capture()
+        for lo in launches:
+            lo()
+        g = s.end_capture()
+        g.launch(s)
+        s.synchronize()
+        best = 1e9
+        for _ in range(reps):
+            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+            e0.record(s)
+            g.launch(s)
+            e1.record(s)
+            e1.synchronize()
+            best = min(best, cp.cuda.get_elapsed_time(e0, e1))
+    return best * 1e3 / len(launches)
+
+
+def main():
+    mod = cp.RawModule(code=SRC, options=("-std=c++17",))
+    empty, stream = mod.get_function("empty_k"), mod.get_function("stream_k")
+    p = cp.zeros(4, dtype=cp.int32)
+    out = cp.zeros(4, dtype=cp.float32)
+    n_slices, slice_bytes = 64, 24 << 20
+    w = cp.zeros(n_slices * slice_bytes // 16 * 4, dtype=cp.uint32)
+    n4 = slice_bytes // 16
+    sms = K.sm_count()
+    for pdl in (False, True):
+        K.PDL = pdl
+        chain = [K.Launch(empty, (1,), 32, (np.uint64(p.data.ptr),)) for _ in range(400)]
+        us = time_chain(chain)
+        print(f"empty   {'PDL  ' if pdl else 'plain'}: {us:6.2f} us a launch", flush=True)
+        for early in (0, 1):
+            chain = [K.Launch(stream, (sms * 4,), 256,
+                              (np.uint64(w.data.ptr + i * slice_bytes), np.int64(n4), np.uint64(out.data.ptr),
+                               np.int32(early))) for i in range(n_slices)]
+            us = time_chain(chain)
+            print(f"stream  {'PDL  ' if pdl else 'plain'} early={early}: {us:6.2f} us a launch "
+                  f"({slice_bytes / (us * 1e-6) / 1e9:7.1f} GB/s)", flush=True)
+    K.PDL = True
+
+
+if __name__ == "__main__":
+    main()
