@@ -108,8 +108,8 @@ if [ "$PART" = pdl ]; then  # PDL inside a graph (bench/pdl_probe.py); short-pro
 log compile
 timeout 240 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')"
 cupy_ready
-timeout 120 python3 bench/pdl_probe.py 2>&1 | tail -8
-for c in 512 256; do
+timeout 120 python3 bench/pdl_probe.py 2>&1 | tail -14
+[ -n "${PP_SHORT:-}" ] && for c in 512 256; do
   log "prefill profile pp$c chunk $c"
   timeout 90 python3 bench/prefill_profile.py --tokens $c --chunk $c --out "$OUT/pp_profile_$c.json" 2>&1 | head -16
 done
