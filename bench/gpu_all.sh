@@ -7,6 +7,7 @@
 #         machine (EXP="a b" picks patches). Copies made with cp -r on the device have read as NUL bytes
 #         (bench/NOTES-decode.md, session 3): check its test output before trusting a sweep.
 #   quick: compile, tests/gpu/test_kernels.py -k $TESTK, sweep, decode $GEOS with the sweep's table.
+#   br: independent projections on two streams, decode A/B.
 #   pdl: PDL inside a graph (bench/pdl_probe.py), prefill profiles of 512- and 256-token chunks.
 #   s5: tests (prefill, engine, prestaged GEMVs), decode, prefill profile and bench.
 #   pre2: gemv_rs_pre tests, decode with and without the fused gate|up staging, sweep with gemv_rs_pre.
@@ -112,6 +113,20 @@ timeout 120 python3 bench/pdl_probe.py 2>&1 | tail -14
 [ -n "${PP_SHORT:-}" ] && for c in 512 256; do
   log "prefill profile pp$c chunk $c"
   timeout 90 python3 bench/prefill_profile.py --tokens $c --chunk $c --out "$OUT/pp_profile_$c.json" 2>&1 | head -16
+done
+fi
+if [ "$PART" = br ]; then  # independent projections on two streams (Concurrent), A/B with NINFER_BRANCHES=0
+log compile
+timeout 240 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')"
+cupy_ready
+log "tests: engine, prefill"
+timeout 240 python3 -m pytest -q -p no:cacheprovider --tb=short tests/gpu/test_gpu_engine.py tests/gpu/test_prefill.py \
+  > "$OUT/gpu_tests.txt" 2>&1
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | head -12
+for b in 1 0; do
+  log "decode NINFER_BRANCHES=$b"
+  NINFER_BRANCHES=$b timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.8-27b,qwen3.6-35b-a3b \
+    $( [ $b = 1 ] && echo --depth 32768 ) --out "$OUT/decode_br$b.json" 2>&1 | grep -E "PDL|rror" | head -8
 done
 fi
 if [ "$PART" = probe ]; then  # bench/mma_probe.py (L2-resident vs DRAM-streamed GEMV variants)

@@ -59,6 +59,17 @@ class _Graph:
         pass
 
 
+class _Event:
+    def __init__(self, *a, **k):
+        pass
+
+    def record(self, stream=None):
+        pass
+
+    def synchronize(self):
+        pass
+
+
 class _Stream:
     ptr = 0
 
@@ -72,6 +83,9 @@ class _Stream:
         return False
 
     def synchronize(self):
+        pass
+
+    def wait_event(self, event):
         pass
 
     def begin_capture(self, *a, **k):
@@ -117,6 +131,7 @@ def make() -> types.ModuleType:
     cp.RawModule = _Module
     cuda = types.SimpleNamespace()
     cuda.Stream = _Stream
+    cuda.Event = _Event
     cuda.runtime = types.SimpleNamespace(getDeviceCount=lambda: 1, runtimeGetVersion=lambda: 13020,
                                          driverGetVersion=lambda: 13000,
                                          memGetInfo=lambda: (100 << 30, 141 << 30))

@@ -90,6 +90,7 @@ def attention_cublas(cp, q, k16, v16, gate, start: int, score_bytes: int = SCORE
 class CudaQwen35Prefill(CudaQwen35Columns):
     """T-token prefill chunks over the sequence of `decode` (a one-lane CudaQwen35)."""
 
+    BRANCHES = False  # cuBLAS calls through CuPy's handle stay on one stream
     NORM_BLOCKS = 1  # T rows give the norms their parallelism; more blocks a row would re-read it
     PREP_SPLIT = 64  # token slices of the GDN conv/norm kernel (16 tokens each at T = 1024)
     # state rows a warp in the recurrence; NINFER_GDN_ROWS=1 takes gdn_delta_cols (a row a warp).
