@@ -46,6 +46,71 @@ extern "C" __global__ void argmax_step(const float* __restrict__ logits, int ldl
   }
 }
 
+// The same over `gridDim.x` blocks a row: each block takes a contiguous slice of the row and leaves its
+// (best, id) in part_v / part_i; the last block to finish (a ticket per row, reset for the next launch)
+// reduces the slices in order and does the bookkeeping. The same token as argmax_step (ties to the
+// lowest id at every level); one block over 248K logits took 45 us a token.
+__device__ __forceinline__ void argmax_merge(float& best, int& idx, float ov, int oi) {
+  if (ov > best || (ov == best && oi < idx)) { best = ov; idx = oi; }
+}
+
+__device__ __forceinline__ void argmax_block(float& best, int& idx, float* bv, int* bi) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    argmax_merge(best, idx, __shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, idx, o));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  __syncthreads();
+  if (lane == 0) { bv[warp] = best; bi[warp] = idx; }
+  __syncthreads();
+  best = lane < nw ? bv[lane] : -INFINITY;
+  idx = lane < nw ? bi[lane] : 0x7fffffff;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    argmax_merge(best, idx, __shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, idx, o));
+}
+
+extern "C" __global__ void argmax_step_mb(const float* __restrict__ logits, int ldl, int V, float* __restrict__ part_v,
+                                          int* __restrict__ part_i, unsigned int* __restrict__ ticket,
+                                          int* __restrict__ tokens, int* __restrict__ pos, int* __restrict__ history,
+                                          int* __restrict__ step, int hist_len) {
+  NI_PDL_ENTRY();
+  __shared__ float bv[32];
+  __shared__ int bi[32];
+  __shared__ bool last;
+  const int m = blockIdx.y, nb = gridDim.x, b = blockIdx.x;
+  const int per = (V + nb - 1) / nb, i0 = b * per, i1 = min(V, i0 + per);
+  const float* l = logits + (size_t)m * ldl;
+  float best = -INFINITY;
+  int idx = 0x7fffffff;
+  for (int i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
+    const float v = l[i];
+    if (v > best) { best = v; idx = i; }
+  }
+  argmax_block(best, idx, bv, bi);
+  if (threadIdx.x == 0) {
+    part_v[(size_t)m * nb + b] = best;
+    part_i[(size_t)m * nb + b] = idx;
+    __threadfence();
+    last = atomicAdd(ticket + m, 1u) == (unsigned)(nb - 1);
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  best = -INFINITY;
+  idx = 0x7fffffff;
+  for (int j = threadIdx.x; j < nb; j += blockDim.x)
+    argmax_merge(best, idx, __ldcg(part_v + (size_t)m * nb + j), __ldcg(part_i + (size_t)m * nb + j));
+  argmax_block(best, idx, bv, bi);
+  if (threadIdx.x == 0) {
+    tokens[m] = idx;
+    pos[m] += 1;
+    const int s = step[m];
+    history[(size_t)m * hist_len + (s % hist_len)] = idx;
+    step[m] = s + 1;
+    ticket[m] = 0u;
+  }
+}
+
 // Columns step bookkeeping: the positions of the T tokens of lane 0, and the advance after the step.
 extern "C" __global__ void cols_positions(const int* __restrict__ pos, int* __restrict__ posc, int T) {
   NI_PDL_ENTRY();

@@ -91,7 +91,7 @@ def workspace_bytes(args, rows: int, prefill_chunk: int = 0) -> int:
 
 # Row counts of the smaller tensor-core prefill executors built beside a larger chunk (the rest of a
 # prompt runs through them before the columns step); they share the largest one's fp16 scratch.
-PREFILL_TAILS = (4096, 1024, 256, 64)
+PREFILL_TAILS = (4096, 2048, 1024, 512, 256, 64)
 
 
 def prefill_executor_bytes(args, cols: int = 0, gemm: int = 0, score_bytes: int = GIB) -> int:

@@ -123,6 +123,7 @@ def make() -> types.ModuleType:
     cp.concatenate = lambda *a, **k: _wrap(np.concatenate(*a, **k))
     cp.flatnonzero = lambda a: _wrap(np.flatnonzero(a))
     cp.exp = np.exp
+    cp.left_shift = lambda a, b: _wrap(np.left_shift(a, b))
     cp.subtract = lambda a, b: _wrap(np.subtract(a, b))
     cp.greater_equal = lambda a, b: _wrap(np.greater_equal(a, b))
     cp.float32 = np.float32

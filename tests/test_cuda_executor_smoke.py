@@ -40,7 +40,7 @@ def test_dense_engine_builds_and_runs_every_path(cp, kv):
     m = eng.model
     assert m.cols is not None and m.gemm is not None
     names = {getattr(op, "name", "gemv") for op in m.executor.ops}
-    assert {"residual_rmsnorm_mb", "gdn_prep", "gdn_delta", "argmax_step"} <= names
+    assert {"residual_rmsnorm_mb", "gdn_prep", "gdn_delta", "argmax_step_mb"} <= names
     assert any(n.startswith("attn_decode_split") for n in names)
     eng.prefill(list(range(1, 150)))  # GEMM chunks of 64, a columns chunk of 8, single tokens
     assert eng.position == 149
@@ -97,13 +97,13 @@ def test_tensor_core_prefill_is_on_where_the_memory_allows(cp, monkeypatch):
     monkeypatch.setattr(gpu_engine, "PREFILL_GEMM", gpu_engine.AUTO)
     eng = gpu_engine.try_build(CFG, w, max_context=512)  # fake device: 100 GiB free
     m = eng.model
-    assert [g.M for g in m.gemms] == [8192, 4096, 1024, 256, 64] and eng.prefill_chunk == 8192
+    assert [g.M for g in m.gemms] == [8192, 4096, 2048, 1024, 512, 256, 64] and eng.prefill_chunk == 8192
     assert all(g._w16 is m.gemm._w16 for g in m.gemms)
-    assert eng.info()["prefill_chunks"] == "8192,4096,1024,256,64" and eng.info()["prefill_cols"] == 8
+    assert eng.info()["prefill_chunks"] == "8192,4096,2048,1024,512,256,64" and eng.info()["prefill_cols"] == 8
     eng.prefill(list(range(1, 80)))  # one 64-row chunk, then the columns step, then single tokens
     assert eng.position == 79
     eng = gpu_engine.try_build(CFG, w, max_context=512, prefill_chunk=1024)
-    assert [g.M for g in eng.model.gemms] == [1024, 256, 64]
+    assert [g.M for g in eng.model.gemms] == [1024, 512, 256, 64]
     eng = gpu_engine.try_build(CFG, w, max_context=512, prefill_chunk=512)  # below AUTO_CHUNKS: itself
     assert [g.M for g in eng.model.gemms] == [512, 256, 64] and eng.prefill_chunk == 512
     eng = gpu_engine.try_build(CFG, w, max_context=512, prefill_chunk=4)  # under the columns step: no GEMMs

@@ -271,6 +271,10 @@ class CudaQwen35:
         self.pos = cp.zeros(M, dtype=cp.int32)
         self.step = cp.zeros(M, dtype=cp.int32)
         self.history = cp.zeros((M, self.hist_len), dtype=cp.int32)
+        # argmax_step_mb's per-block bests and per-row tickets (zero between launches)
+        self.am_v = cp.zeros((M, self.ARGMAX_BLOCKS), dtype=cp.float32)
+        self.am_i = cp.zeros((M, self.ARGMAX_BLOCKS), dtype=cp.int32)
+        self.am_ticket = cp.zeros(M, dtype=cp.uint32)
         C = (2 * self.Hk + self.Hv) * GDN_HEAD_DIM
         pages_per_lane = self.max_context // KV_PAGE
         self.page_table = cp.arange(M * pages_per_lane, dtype=cp.int32).reshape(M, pages_per_lane)
@@ -316,6 +320,7 @@ class CudaQwen35:
                         stage_out=stage_out if cfg.get("fuse_stage") else None)
 
     NORM_BLOCKS = 8
+    ARGMAX_BLOCKS = 64  # blocks a row of the greedy argmax over the vocabulary
 
     def _norm(self, splits, w):
         """x += split-K partials; xn = rmsnorm(x) (1 + w), also pre-staged as fp16 pairs for the GEMVs."""
@@ -334,8 +339,9 @@ class CudaQwen35:
         """Router -> top-k on the device -> routed experts (grid.z = slot) writing weighted partials
         part[0..k), shared expert into part[k]; the next norm sums the k + 1 partials."""
         E, k, H, ie = self.args.num_experts, self.topk, self.H, self.inter_e
-        ops = [self._gemv(L["router"], self.xn, self.rlog),
-               K.prepared("moe_route", (1,), (self.rlog, E + 1, E, k, self.eidx, self.ewts, k + 1))]
+        routed = [self._gemv(L["router"], self.xn, self.rlog),
+                  K.prepared("moe_route", (1,), (self.rlog, E + 1, E, k, self.eidx, self.ewts, k + 1))]
+        ops = routed
         gu, dn = L["experts_gu"], L["experts_down"]
         gu1 = DevMatrix(gu.fmt, 2 * ie, gu.k, gu.buf, gu.row0, gu.gpr, gu.base, gu.high, gu.scales)
         dn1 = DevMatrix(dn.fmt, H, dn.k, dn.buf, dn.row0, dn.gpr, dn.base, dn.high, dn.scales)
@@ -346,7 +352,9 @@ class CudaQwen35:
         ops.append(GemvPlan(dn1, self.act_e, ie, self.part, H, epi="store", unroll=2, rows=1,
                             xpre=(self.xh_e, self.xinv_e),
                             experts=(self.eidx, H, self.kpad_e * 2, self.M * H, self.ewts, k)).launch)
-        ops.append(self._gemv(L["shared_gu"], self.xn, self.act, epi="swiglu", xpre=xn))
+        # the shared expert's gate|up beside the router and the routed experts; its down-projection after
+        # them (moe_route computes its weight)
+        ops = self._concurrent(routed, [self._gemv(L["shared_gu"], self.xn, self.act, epi="swiglu", xpre=xn)])
         ops.append(GemvPlan(L["shared_down"], self.act, self.act.shape[1], self.part[k], H, epi="store",
                             unroll=2, experts=(None, 0, 0, 0, self.ewts[0, k:], 1)).launch)
         return ops
@@ -472,8 +480,9 @@ class CudaQwen35:
         """Head and device argmax: the next input token, the position and the history advance."""
         M = self.M
         return [self._gemv(self.head, self.xn, self.logits, xpre=(self.xh_n, self.xinv_n)),
-                K.prepared("argmax_step", (M,), (self.logits, self.V, self.V, self.tokens, self.pos, self.history,
-                                                 self.step, self.hist_len), block=1024)]
+                K.prepared("argmax_step_mb", (self.ARGMAX_BLOCKS, M),
+                           (self.logits, self.V, self.V, self.am_v, self.am_i, self.am_ticket, self.tokens, self.pos,
+                            self.history, self.step, self.hist_len), block=256)]
 
     def run_eager(self):
         for op in self.ops:

@@ -408,6 +408,15 @@ def test_argmax_step(cp):
     K.prepared("argmax_step", (2,), (cp.asarray(logits), v, v, toks, pos, hist, step, 8), block=1024)()
     assert toks.get().tolist() == [int(np.argmax(logits[0])), 5]
     assert pos.get().tolist() == [4, 10] and hist.get()[:, 0].tolist() == toks.get().tolist()
+    # the multi-block form: same tokens, its tickets back at zero, so a second launch works alike
+    nb = 64
+    pv, pi, ticket = cp.zeros((2, nb), cp.float32), cp.zeros((2, nb), cp.int32), cp.zeros(2, cp.uint32)
+    toks2, pos2, step2, hist2 = cp.zeros(2, cp.int32), cp.zeros(2, cp.int32), cp.zeros(2, cp.int32), cp.zeros((2, 8), cp.int32)
+    for n in (1, 2):
+        K.prepared("argmax_step_mb", (nb, 2), (cp.asarray(logits), v, v, pv, pi, ticket, toks2, pos2, hist2, step2, 8),
+                   block=256)()
+        assert toks2.get().tolist() == toks.get().tolist() and pos2.get().tolist() == [n, n]
+        assert not ticket.get().any() and hist2.get()[:, n - 1].tolist() == toks.get().tolist()
 
 
 @pytest.mark.parametrize("rows", [2, 4])
