@@ -7,6 +7,7 @@
 #         machine (EXP="a b" picks patches). Copies made with cp -r on the device have read as NUL bytes
 #         (bench/NOTES-decode.md, session 3): check its test output before trusting a sweep.
 #   quick: compile, tests/gpu/test_kernels.py -k $TESTK, sweep, decode $GEOS with the sweep's table.
+#   final: all GPU tests, norm-blocks A/B, decode with breakdown and depth, prefill bench.
 #   s5b: MoE shared expert branch, multi-block argmax, more prefill tails: tests, decode, bench.
 #   br: independent projections on two streams, decode A/B.
 #   pdl: PDL inside a graph (bench/pdl_probe.py), prefill profiles of 512- and 256-token chunks.
@@ -145,6 +146,29 @@ grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | head -12
 log "decode"
 timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.8-27b,qwen3.6-35b-a3b --breakdown \
   --out "$OUT/decode.json" 2>&1 | grep -E "PDL|sum of|^  gemv|^  resid|^  stage|^  argmax|^  concurrent|rror" | head -20
+log "bench pp512,pp2000,pp8192"
+timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 512,2000,8192 -n 0 -r 2 \
+  -o json --out "$OUT/pp_default.json" 2>&1 | grep -E "^pp|rror" | head -6
+fi
+if [ "$PART" = final ]; then  # every GPU test, norm blocks A/B, decode, prefill bench
+log compile
+timeout 240 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')"
+cupy_ready
+log "all GPU tests"
+for attempt in 1 2; do
+  timeout 300 python3 -m pytest -q -p no:cacheprovider --tb=short tests/gpu > "$OUT/gpu_tests.txt" 2>&1
+  grep -q "null bytes\|unrecognized token" "$OUT/gpu_tests.txt" || break
+  log "a read saw junk; again"; sleep 10
+done
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | head -12
+for nb in 4 16; do
+  log "decode NINFER_NORM_BLOCKS=$nb"
+  NINFER_NORM_BLOCKS=$nb timeout 100 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --out "$OUT/decode_nb$nb.json" \
+    2>&1 | grep -E "PDL|rror" | head -3
+done
+log "decode (defaults)"
+timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.8-27b,qwen3.6-35b-a3b --depth 32768 --breakdown \
+  --out "$OUT/decode.json" 2>&1 | grep -E "PDL|sum of|^  |rror" | head -30
 log "bench pp512,pp2000,pp8192"
 timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 512,2000,8192 -n 0 -r 2 \
   -o json --out "$OUT/pp_default.json" 2>&1 | grep -E "^pp|rror" | head -6

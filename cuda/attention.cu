@@ -282,3 +282,18 @@ extern "C" __global__ void swiglu_rows_f16(const float* __restrict__ gu, long lo
     *reinterpret_cast<uint2*>(out + t * n + c) = o;
   }
 }
+
+// The prefill attention's output gate: out[t][h*D + j] = o[h][t][j] * sigmoid(gate[t][h*D + j]) for
+// the per-head outputs o [H, T, D] (the GEMMs' layout) into token rows (row strides ldg, ldo).
+extern "C" __global__ void gate_heads(const float* __restrict__ o, int T, int H, int D,
+                                      const float* __restrict__ gate, int ldg, float* __restrict__ out, int ldo) {
+  NI_PDL_ENTRY();
+  const int w = H * D;
+  const long long total = (long long)T * w;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+       i += (long long)gridDim.x * blockDim.x) {
+    const long long t = i / w;
+    const int c = (int)(i - t * w), h = c / D, j = c - h * D;
+    out[t * ldo + c] = o[((long long)h * T + t) * D + j] * sigmoidf_(gate[t * ldg + c]);
+  }
+}

@@ -319,7 +319,8 @@ class CudaQwen35:
                         stages=cfg.get("stages", 0), mma=cfg.get("mma"), pre2=cfg.get("pre2", False),
                         stage_out=stage_out if cfg.get("fuse_stage") else None)
 
-    NORM_BLOCKS = 8
+    # blocks a token row of the norms and stagings (each reduces the whole row, stages its slice)
+    NORM_BLOCKS = int(os.environ.get("NINFER_NORM_BLOCKS", "8"))
     ARGMAX_BLOCKS = 64  # blocks a row of the greedy argmax over the vocabulary
 
     def _norm(self, splits, w):
@@ -339,9 +340,9 @@ class CudaQwen35:
         """Router -> top-k on the device -> routed experts (grid.z = slot) writing weighted partials
         part[0..k), shared expert into part[k]; the next norm sums the k + 1 partials."""
         E, k, H, ie = self.args.num_experts, self.topk, self.H, self.inter_e
-        routed = [self._gemv(L["router"], self.xn, self.rlog),
-                  K.prepared("moe_route", (1,), (self.rlog, E + 1, E, k, self.eidx, self.ewts, k + 1))]
-        ops = routed
+        route = [self._gemv(L["router"], self.xn, self.rlog),
+                 K.prepared("moe_route", (1,), (self.rlog, E + 1, E, k, self.eidx, self.ewts, k + 1))]
+        ops = routed = []
         gu, dn = L["experts_gu"], L["experts_down"]
         gu1 = DevMatrix(gu.fmt, 2 * ie, gu.k, gu.buf, gu.row0, gu.gpr, gu.base, gu.high, gu.scales)
         dn1 = DevMatrix(dn.fmt, H, dn.k, dn.buf, dn.row0, dn.gpr, dn.base, dn.high, dn.scales)
@@ -352,12 +353,12 @@ class CudaQwen35:
         ops.append(GemvPlan(dn1, self.act_e, ie, self.part, H, epi="store", unroll=2, rows=1,
                             xpre=(self.xh_e, self.xinv_e),
                             experts=(self.eidx, H, self.kpad_e * 2, self.M * H, self.ewts, k)).launch)
-        # the shared expert's gate|up beside the router and the routed experts; its down-projection after
-        # them (moe_route computes its weight)
-        ops = self._concurrent(routed, [self._gemv(L["shared_gu"], self.xn, self.act, epi="swiglu", xpre=xn)])
-        ops.append(GemvPlan(L["shared_down"], self.act, self.act.shape[1], self.part[k], H, epi="store",
-                            unroll=2, experts=(None, 0, 0, 0, self.ewts[0, k:], 1)).launch)
-        return ops
+        # the shared expert beside the routed ones: its gate|up beside the router and top-k, its
+        # down-projection (weighted by what moe_route computes) beside the routed experts
+        shared_down = GemvPlan(L["shared_down"], self.act, self.act.shape[1], self.part[k], H, epi="store",
+                               unroll=2, experts=(None, 0, 0, 0, self.ewts[0, k:], 1)).launch
+        return (self._concurrent(route, [self._gemv(L["shared_gu"], self.xn, self.act, epi="swiglu", xpre=xn)])
+                + self._concurrent(routed, [shared_down]))
 
     def _splits(self, w) -> int:
         cfg = self.gemv_cfg.get((w.fmt, w.n, w.k), {})

@@ -21,7 +21,6 @@ import os
 import numpy as np
 
 from engine.ops import kernels as K
-from engine.ops import ref
 from engine.models.qwen3_5_cuda import ATTN_HEAD_DIM, KV_PAGE
 from engine.models.qwen3_5_cuda_cols import CudaQwen35Columns
 
@@ -45,13 +44,13 @@ def kv_rows(xp, codes, scales, pages, length: int):
     return (c.astype(xp.float32).reshape(c.shape[:-1] + (d // 64, 64)) * s[..., None]).reshape(c.shape)
 
 
-def attention_cublas(cp, q, k16, v16, gate, start: int, score_bytes: int = SCORE_BYTES):
+def attention_cublas(cp, q, k16, v16, gate, start: int, score_bytes: int = SCORE_BYTES, out=None):
     """Causal GQA attention of T queries at positions start.. on tensor cores, times sigmoid(gate).
 
     q [T, Hq, D] fp32; k16, v16 [Hkv, n, D] fp16 contiguous (n >= start + T); gate [T, Hq*D].
     Per KV head and query block: S = scale Q K^T (cuBLAS, batched over the head's query heads with K
     shared), `causal_softmax_f16` to fp16 P, O = P V (fp32 out). A block holds grp x tb x n scores in
-    fp32 and fp16, under `score_bytes`. Returns [T, Hq*D] fp32."""
+    fp32 and fp16, under `score_bytes`. Returns [T, Hq*D] fp32 (`out` when given: rows of any stride)."""
     from cupy_backends.cuda.libs import cublas  # noqa: PLC0415
 
     t, hq, d = q.shape
@@ -84,7 +83,13 @@ def attention_cublas(cp, q, k16, v16, gate, start: int, score_bytes: int = SCORE
                                         v16[h].data.ptr, _R_16F, d, 0, p.data.ptr, _R_16F, nk, m * nk,
                                         zero.ctypes.data, og.data.ptr + ((h * grp) * t + b0) * d * 4, _R_32F, d,
                                         t * d, grp, _COMPUTE_32F, _GEMM_DEFAULT)
-    return og.transpose(2, 0, 1, 3).reshape(t, hq * d) * ref.sigmoid(gate)
+    if out is None:
+        out = cp.empty((t, hq * d), dtype=cp.float32)
+    n = t * hq * d
+    K.kernel("gate_heads")((min(-(-n // 256), K.sm_count() * 16),), (256,),
+                           (og, np.int32(t), np.int32(hq), np.int32(d), gate, np.int32(gate.strides[0] // 4), out,
+                            np.int32(out.strides[0] // 4)))
+    return out
 
 
 class CudaQwen35Prefill(CudaQwen35Columns):
@@ -211,7 +216,7 @@ class CudaQwen35Prefill(CudaQwen35Columns):
             k16 = k.transpose(1, 0, 2).astype(cp.float16, order="C")  # [Hkv, n, D]
             v16 = v.transpose(1, 0, 2).astype(cp.float16, order="C")
             q = self.qbuf[:, :qw].reshape(T, hq, ATTN_HEAD_DIM)
-            self.att[:, :qw] = attention_cublas(cp, q, k16, v16, self.buf_b[:, :qw], self.start)
+            attention_cublas(cp, q, k16, v16, self.buf_b[:, :qw], self.start, out=self.att[:, :qw])
         go.name = "attention (gather, cuBLAS, softmax kernel)"
         return [go]
 
