@@ -320,7 +320,7 @@ class CudaQwen35:
                         stage_out=stage_out if cfg.get("fuse_stage") else None)
 
     # blocks a token row of the norms and stagings (each reduces the whole row, stages its slice)
-    NORM_BLOCKS = int(os.environ.get("NINFER_NORM_BLOCKS", "8"))
+    NORM_BLOCKS = int(os.environ.get("NINFER_NORM_BLOCKS", "16"))
     ARGMAX_BLOCKS = 64  # blocks a row of the greedy argmax over the vocabulary
 
     def _norm(self, splits, w):
