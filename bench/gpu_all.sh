@@ -30,10 +30,23 @@ cupy_ready() {
   done
   log "cupy still failing to compile its own kernels"
 }
+# compile the engine's module (cached for the later steps), then wait until CuPy compiles its own kernels
+ready() {
+  log compile
+  timeout 240 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')"
+  cupy_ready
+}
+# pytest with one more try when a file read on a fresh machine saw junk (NOTES); $1: output file
+gpu_pytest() {
+  local out=$1; shift
+  for attempt in 1 2; do
+    timeout 300 python3 -m pytest -q -p no:cacheprovider --tb=short "$@" > "$out" 2>&1
+    grep -q "null bytes\|unrecognized token" "$out" || break
+    log "a read saw junk; again"; sleep 10
+  done
+}
 if [ "$PART" = main ]; then
-log compile
-timeout 240 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')"
-cupy_ready
+ready
 log tests
 timeout 200 python3 -m pytest -q -p no:cacheprovider --tb=short tests/gpu > "$OUT/gpu_tests.txt" 2>&1
 grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | head -24
@@ -57,16 +70,9 @@ timeout 90 python3 bench/sampled_decode.py --tokens 64 2>&1 | tail -4
 fi
 # compile the engine's module, wait for CuPy, then tests/gpu/test_kernels.py -k "$1"
 kernel_tests() {
-  log compile
-  timeout 240 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')"
-  cupy_ready
+  ready
   log "kernel tests (-k $1)"
-  for attempt in 1 2; do  # a fresh machine has read junk for a while (NOTES): once more if a compile saw it
-    timeout 200 python3 -m pytest -q -p no:cacheprovider --tb=short tests/gpu/test_kernels.py -k "$1" \
-      > "$OUT/gpu_tests.txt" 2>&1
-    grep -q "unrecognized token" "$OUT/gpu_tests.txt" || break
-    log "compile saw junk; again"; sleep 20
-  done
+  gpu_pytest "$OUT/gpu_tests.txt" tests/gpu/test_kernels.py -k "$1"
   grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | head -12
 }
 if [ "$PART" = quick ]; then  # kernel tests (-k $TESTK), sweep, 27B decode with the sweep's table + breakdown
@@ -87,16 +93,10 @@ timeout 300 python3 bench/gpu_decode.py --sweep --synthetic qwen3.8-27b --out "$
   | grep -E "best|PDL|rror" | head -30
 fi
 if [ "$PART" = s5 ]; then  # session 5: pre2 in the table, one-pass prefill SwiGLU
-log compile
-timeout 240 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')"
-cupy_ready
+ready
 log "tests: kernels (prestaged), prefill, engine"
-for attempt in 1 2; do
-  timeout 240 python3 -m pytest -q -p no:cacheprovider --tb=short tests/gpu/test_prefill.py tests/gpu/test_gpu_engine.py \
-    "tests/gpu/test_kernels.py::test_gemv_prestaged" > "$OUT/gpu_tests.txt" 2>&1
-  grep -q "unrecognized token" "$OUT/gpu_tests.txt" || break
-  log "compile saw junk; again"; sleep 20
-done
+gpu_pytest "$OUT/gpu_tests.txt" tests/gpu/test_prefill.py tests/gpu/test_gpu_engine.py \
+  "tests/gpu/test_kernels.py::test_gemv_prestaged"
 grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | head -16
 log "decode (tuning table with gemv_rs_pre on four shapes)"
 timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.8-27b,qwen3.6-35b-a3b --depth 32768 --breakdown \
@@ -108,9 +108,7 @@ timeout 120 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 512,2000
   -o json --out "$OUT/pp_default.json" 2>&1 | grep -E "^pp|rror" | head -6
 fi
 if [ "$PART" = pdl ]; then  # PDL inside a graph (bench/pdl_probe.py); short-prompt prefill profiles
-log compile
-timeout 240 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')"
-cupy_ready
+ready
 timeout 120 python3 bench/pdl_probe.py 2>&1 | tail -14
 [ -n "${PP_SHORT:-}" ] && for c in 512 256; do
   log "prefill profile pp$c chunk $c"
@@ -118,12 +116,9 @@ timeout 120 python3 bench/pdl_probe.py 2>&1 | tail -14
 done
 fi
 if [ "$PART" = br ]; then  # independent projections on two streams (Concurrent), A/B with NINFER_BRANCHES=0
-log compile
-timeout 240 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')"
-cupy_ready
+ready
 log "tests: engine, prefill"
-timeout 240 python3 -m pytest -q -p no:cacheprovider --tb=short tests/gpu/test_gpu_engine.py tests/gpu/test_prefill.py \
-  > "$OUT/gpu_tests.txt" 2>&1
+gpu_pytest "$OUT/gpu_tests.txt" tests/gpu/test_gpu_engine.py tests/gpu/test_prefill.py
 grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | head -12
 for b in 1 0; do
   log "decode NINFER_BRANCHES=$b"
@@ -132,16 +127,10 @@ for b in 1 0; do
 done
 fi
 if [ "$PART" = s5b ]; then  # MoE shared expert beside the routed ones, multi-block argmax, more prefill tails
-log compile
-timeout 240 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')"
-cupy_ready
+ready
 log "tests: argmax, engine, prefill, memory plan"
-for attempt in 1 2; do
-  timeout 240 python3 -m pytest -q -p no:cacheprovider --tb=short tests/gpu/test_gpu_engine.py tests/gpu/test_prefill.py \
-    tests/gpu/test_memory_plan_gpu.py "tests/gpu/test_kernels.py::test_argmax_step" > "$OUT/gpu_tests.txt" 2>&1
-  grep -q "null bytes\|unrecognized token" "$OUT/gpu_tests.txt" || break
-  log "a read saw junk; again"; sleep 10
-done
+gpu_pytest "$OUT/gpu_tests.txt" tests/gpu/test_gpu_engine.py tests/gpu/test_prefill.py \
+  tests/gpu/test_memory_plan_gpu.py "tests/gpu/test_kernels.py::test_argmax_step"
 grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | head -12
 log "decode"
 timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.8-27b,qwen3.6-35b-a3b --breakdown \
@@ -151,15 +140,9 @@ timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 512,2000
   -o json --out "$OUT/pp_default.json" 2>&1 | grep -E "^pp|rror" | head -6
 fi
 if [ "$PART" = final ]; then  # every GPU test, norm blocks A/B, decode, prefill bench
-log compile
-timeout 240 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')"
-cupy_ready
+ready
 log "all GPU tests"
-for attempt in 1 2; do
-  timeout 300 python3 -m pytest -q -p no:cacheprovider --tb=short tests/gpu > "$OUT/gpu_tests.txt" 2>&1
-  grep -q "null bytes\|unrecognized token" "$OUT/gpu_tests.txt" || break
-  log "a read saw junk; again"; sleep 10
-done
+gpu_pytest "$OUT/gpu_tests.txt" tests/gpu
 grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | head -12
 for nb in 4 16; do
   log "decode NINFER_NORM_BLOCKS=$nb"
