@@ -7,6 +7,7 @@
 #         machine (EXP="a b" picks patches). Copies made with cp -r on the device have read as NUL bytes
 #         (bench/NOTES-decode.md, session 3): check its test output before trusting a sweep.
 #   quick: compile, tests/gpu/test_kernels.py -k $TESTK, sweep, decode $GEOS with the sweep's table.
+#   gdnc: the chunked GDN prefill: tests, profiles against the token-by-token recurrence.
 #   final: all GPU tests, norm-blocks A/B, decode with breakdown and depth, prefill bench.
 #   s5b: MoE shared expert branch, multi-block argmax, more prefill tails: tests, decode, bench.
 #   br: independent projections on two streams, decode A/B.
@@ -155,6 +156,21 @@ timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.8-27b,qwen3.6-35b-a3b 
 log "bench pp512,pp2000,pp8192"
 timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 512,2000,8192 -n 0 -r 2 \
   -o json --out "$OUT/pp_default.json" 2>&1 | grep -E "^pp|rror" | head -6
+fi
+if [ "$PART" = gdnc ]; then  # the chunked GDN prefill (written in session 5 without device time)
+ready
+log "tests: chunked GDN against the token-by-token kernel; prefill with it"
+gpu_pytest "$OUT/gpu_tests.txt" tests/gpu/test_kernels.py -k "gdn_chunk or gdn_delta"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | head -12
+NINFER_GDN_CHUNKED=1 gpu_pytest "$OUT/gpu_tests_prefill.txt" tests/gpu/test_prefill.py
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_prefill.txt" | head -8
+log "prefill profile pp8192 chunk 8192: token by token, then chunked with 16 / 32 / 64 state rows a block"
+timeout 90 python3 bench/prefill_profile.py --tokens 8192 --chunk 8192 --out "$OUT/pp_profile.json" 2>&1 \
+  | grep -E "tok/s|gdn_" | head -3
+for rb in 16 32 64; do
+  NINFER_GDN_CHUNKED=1 NINFER_GDN_SCAN_RB=$rb timeout 90 python3 bench/prefill_profile.py --tokens 8192 --chunk 8192 \
+    --out "$OUT/pp_profile_chunked$rb.json" 2>&1 | grep -E "tok/s|gdn_" | head -4
+done
 fi
 if [ "$PART" = probe ]; then  # bench/mma_probe.py (L2-resident vs DRAM-streamed GEMV variants)
 log compile

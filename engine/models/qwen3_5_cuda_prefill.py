@@ -102,6 +102,14 @@ class CudaQwen35Prefill(CudaQwen35Columns):
     # 27B pp8192 at chunk 8192 (H200): 1 row 363 ms, 2 rows 287 ms, 4 rows 471 ms (the recurrence's total)
     DELTA_ROWS = int(os.environ.get("NINFER_GDN_ROWS", "2"))
 
+    # The delta rule in its chunked (WY) form, two passes (gdn_chunk_prep over every 64-token piece at
+    # once, gdn_chunk_scan<RB> in order): NINFER_GDN_CHUNKED=1. Written in session 5 without device
+    # time; off until tests/gpu/test_kernels.py::test_gdn_chunked_matches_delta_cols passes and the
+    # profile says it wins. Its scratch (W, U' [P][Hv][64][128], M [P][Hv][64][64], fp32; ~0.5 GB at
+    # T = 8192 on the 27B) is not in the memory plan.
+    GDN_CHUNKED = os.environ.get("NINFER_GDN_CHUNKED", "0") != "0"
+    GDN_SCAN_RB = int(os.environ.get("NINFER_GDN_SCAN_RB", "32"))
+
     def __init__(self, decode, chunk: int, share: "CudaQwen35Prefill | None" = None):
         """`share`: a larger-chunk executor over the same sequence whose fp16 weight, fp16 input and
         gate|up scratch this one uses too (the executors of one engine never run at the same time)."""
@@ -202,6 +210,28 @@ class CudaQwen35Prefill(CudaQwen35Columns):
 
     def _stage(self, x, k, kpad, xh, xinv):
         return lambda: None  # the GEMMs read fp32 rows; nothing to stage
+
+    def _gdn_core_ops(self, L, lda, ldb):
+        """The columns step's conv/gates, then the delta rule token by token (gdn_delta_rows) or, with
+        GDN_CHUNKED, in 64-token pieces (gdn_chunk_prep, gdn_chunk_scan)."""
+        ops = super()._gdn_core_ops(L, lda, ldb)
+        if not self.GDN_CHUNKED:
+            return ops
+        cp, T, Hk, Hv, rb = self.cp, self.M, self.Hk, self.Hv, self.GDN_SCAN_RB
+        pieces = -(-T // 64)
+        if getattr(self, "_gdn_scratch", None) is None:  # one set for every layer (they run in turn)
+            self._gdn_scratch = (cp.empty(pieces * Hv * 64 * 128, dtype=cp.float32),
+                                 cp.empty(pieces * Hv * 64 * 128, dtype=cp.float32),
+                                 cp.empty(pieces * Hv * 64 * 64, dtype=cp.float32),
+                                 cp.empty(pieces * Hv * 64, dtype=cp.float32))
+        w, u, m, g = self._gdn_scratch
+        prep = K.prepared("gdn_chunk_prep", (pieces, Hv),
+                          (self.gdn_q, self.gdn_k, self.gdn_v, self.gdn_g, self.gdn_beta, w, u, m, g, Hk, Hv, 0, T),
+                          smem=K.GDN_PREP_SMEM)
+        scan = K.prepared(f"gdn_chunk_scan<{rb}>", (Hv, 128 // rb),
+                          (self.gdn_q, self.gdn_k, w, u, m, g, L["state"], self.att2, Hk, Hv, 0, T),
+                          smem=K.gdn_scan_smem(rb))
+        return ops[:-1] + [prep, scan]
 
     def _attn_core_ops(self, L, ldb):
         cp, T = self.cp, self.M

@@ -39,6 +39,16 @@ GEMV_ASYNC_STAGES = (3, 4)
 GEMV_ASYNC_M = (1,)
 ATTN_GROUPS = (1, 2, 3, 4, 6, 8)
 GDN_DELTA_ROWS = (2, 4)  # state rows a warp of gdn_delta_rows (the prefill's GDN recurrence)
+# the chunked GDN prefill (gdn_chunk_prep, gdn_chunk_scan<RB>): state rows a block of the in-order pass,
+# and the dynamic shared memory of both (GDN_PREP_SMEM / GDN_SCAN_SMEM in cuda/gdn.cu)
+GDN_SCAN_RB = (16, 32, 64)
+GDN_PREP_SMEM = 4 * (2 * 64 * 129 + 64 * 257 + 64 * 65 + 2 * 64)
+
+
+def gdn_scan_smem(rb: int) -> int:
+    return 4 * (rb * 129 + 3 * 64 * 129 + 64 * 65 + 64 * (rb + 1) + 3 * 64)
+
+
 WARPS = 8  # every kernel runs 256-thread blocks
 # Programmatic dependent launch: each kernel may start while the one before it finishes (its blocks
 # wait at griddepcontrol.wait before reading what that kernel wrote; GEMVs prefetch weights first).
@@ -91,6 +101,7 @@ def _names(experimental: bool = False) -> list[str]:
     names += [f"dequant_rs<{f}>" for f in range(4)]
     names += [f"attn_decode_split<{g},{kv8}>" for g in ATTN_GROUPS for kv8 in ("false", "true")]
     names += [f"gdn_delta_rows<{r}>" for r in GDN_DELTA_ROWS]
+    names += [f"gdn_chunk_scan<{rb}>" for rb in GDN_SCAN_RB]
     return names
 
 
@@ -372,6 +383,11 @@ def _arg(a):
     return a
 
 
-def prepared(name: str, grid, args, block: int = WARPS * 32):
-    """A launch with its arguments converted once; call the result to launch."""
-    return Launch(kernel(name), grid, block, tuple(_arg(a) for a in args), name=name)
+def prepared(name: str, grid, args, block: int = WARPS * 32, smem: int = 0):
+    """A launch with its arguments converted once (and `smem` bytes of dynamic shared memory); call the
+    result to launch."""
+    fn = kernel(name)
+    if smem > _SMEM_SET.get(name, 48 * 1024):  # the attribute is the kernel's: only raise it
+        fn.max_dynamic_shared_size_bytes = smem
+        _SMEM_SET[name] = smem
+    return Launch(fn, grid, block, tuple(_arg(a) for a in args), smem=smem, name=name)

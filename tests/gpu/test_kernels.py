@@ -419,18 +419,24 @@ def test_argmax_step(cp):
         assert not ticket.get().any() and hist2.get()[:, n - 1].tolist() == toks.get().tolist()
 
 
-@pytest.mark.parametrize("rows", [2, 4])
-def test_gdn_delta_rows_matches_delta_cols(cp, rows):
-    """The prefill's recurrence with several state rows a warp against the row-a-warp kernel."""
-    from engine.ops import kernels as K
-
-    hk, hv, t = 2, 6, 37
+def _gdn_inputs(t, hk, hv):
+    """Delta-rule inputs of T tokens: q (pre-scaled), k, v, log decay g, beta, and a start state."""
     q = RNG.standard_normal((t, hk, 128)).astype(np.float32) / 11
     k = RNG.standard_normal((t, hk, 128)).astype(np.float32) / 11
     v = RNG.standard_normal((t, hv, 128)).astype(np.float32)
     g = -np.abs(RNG.standard_normal((t, hv))).astype(np.float32) * 0.1
     beta = (1 / (1 + np.exp(-RNG.standard_normal((t, hv))))).astype(np.float32)
     s0 = RNG.standard_normal((hv, 128, 128)).astype(np.float32) * 0.1
+    return q, k, v, g, beta, s0
+
+
+@pytest.mark.parametrize("rows", [2, 4])
+def test_gdn_delta_rows_matches_delta_cols(cp, rows):
+    """The prefill's recurrence with several state rows a warp against the row-a-warp kernel."""
+    from engine.ops import kernels as K
+
+    hk, hv, t = 2, 6, 37
+    q, k, v, g, beta, s0 = _gdn_inputs(t, hk, hv)
     outs = []
     for name, per in (("gdn_delta_cols", 1), (f"gdn_delta_rows<{rows}>", rows)):
         st = cp.asarray(s0)
@@ -440,3 +446,28 @@ def test_gdn_delta_rows_matches_delta_cols(cp, rows):
         outs.append((st.get(), o.get()))
     check("gdn_delta_rows state", outs[1][0], outs[0][0], **GDN_STATE)
     check("gdn_delta_rows out", outs[1][1], outs[0][1], **ELEM)
+
+
+@pytest.mark.parametrize("t", [37, 64, 150])
+@pytest.mark.parametrize("rb", [16, 32, 64])
+def test_gdn_chunked_matches_delta_cols(cp, t, rb):
+    """The chunked delta rule (gdn_chunk_prep over the 64-token pieces, gdn_chunk_scan<RB> in order)
+    against the token-by-token kernel: outputs and final state, pieces whole and partial."""
+    from engine.ops import kernels as K
+
+    hk, hv = 2, 6
+    q, k, v, g, beta, s0 = _gdn_inputs(t, hk, hv)
+    dq, dk, dv, dg, db = (cp.asarray(a) for a in (q, k, v, g, beta))
+    st, o = cp.asarray(s0), poisoned(cp, (t, hv, 128))
+    K.prepared("gdn_delta_cols", (-(-hv * 128 // 8),), (dq, dk, dv, dg, db, st, o, hk, hv, 0, t))()
+    want_s, want_o = st.get(), o.get()
+    pieces = -(-t // 64)
+    w, u = cp.zeros(pieces * hv * 64 * 128, cp.float32), cp.zeros(pieces * hv * 64 * 128, cp.float32)
+    m, gg = cp.zeros(pieces * hv * 64 * 64, cp.float32), cp.zeros(pieces * hv * 64, cp.float32)
+    st, o = cp.asarray(s0), poisoned(cp, (t, hv, 128))
+    K.prepared("gdn_chunk_prep", (pieces, hv), (dq, dk, dv, dg, db, w, u, m, gg, hk, hv, 0, t),
+               smem=K.GDN_PREP_SMEM)()
+    K.prepared(f"gdn_chunk_scan<{rb}>", (hv, 128 // rb), (dq, dk, w, u, m, gg, st, o, hk, hv, 0, t),
+               smem=K.gdn_scan_smem(rb))()
+    check("gdn_chunked state", st.get(), want_s, **GDN_STATE)
+    check("gdn_chunked out", o.get(), want_o, **ELEM)
