@@ -7,6 +7,7 @@
 #         machine (EXP="a b" picks patches). Copies made with cp -r on the device have read as NUL bytes
 #         (bench/NOTES-decode.md, session 3): check its test output before trusting a sweep.
 #   quick: compile, tests/gpu/test_kernels.py -k $TESTK, sweep, decode $GEOS with the sweep's table.
+#   moep: MoE prefill on tensor cores (NINFER_MOE_PREFILL=1): tests, 35B bench.
 #   gdnc: the chunked GDN prefill: tests, profiles against the token-by-token recurrence.
 #   final: all GPU tests, norm-blocks A/B, decode with breakdown and depth, prefill bench.
 #   s5b: MoE shared expert branch, multi-block argmax, more prefill tails: tests, decode, bench.
@@ -171,6 +172,15 @@ for rb in 16 32 64; do
   NINFER_GDN_CHUNKED=1 NINFER_GDN_SCAN_RB=$rb timeout 90 python3 bench/prefill_profile.py --tokens 8192 --chunk 8192 \
     --out "$OUT/pp_profile_chunked$rb.json" 2>&1 | grep -E "tok/s|gdn_" | head -4
 done
+fi
+if [ "$PART" = moep ]; then  # MoE models through the tensor-core prefill (written in session 5 without device time)
+ready
+log "tests: MoE prefill against NumPy and token by token"
+gpu_pytest "$OUT/gpu_tests.txt" tests/gpu/test_prefill.py -k moe
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | head -8
+log "bench 35B-A3B pp512, pp8192 with NINFER_MOE_PREFILL=1"
+NINFER_MOE_PREFILL=1 timeout 240 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 512,8192 -n 0 -r 1 \
+  -o json --out "$OUT/pp_moe.json" 2>&1 | grep -E "^pp|rror" | head -4
 fi
 if [ "$PART" = probe ]; then  # bench/mma_probe.py (L2-resident vs DRAM-streamed GEMV variants)
 log compile

@@ -27,6 +27,10 @@ SPARSE_LOGITS = os.environ.get("NINFER_SPARSE_LOGITS", "1") == "1"
 # AUTO_CHUNKS that fits, else off. NINFER_PREFILL_GEMM=N forces chunk N (0: off).
 AUTO = -1
 AUTO_CHUNKS = (8192, 4096, 2048, 1024)
+# MoE models through the tensor-core prefill (grouped expert GEMMs, CudaQwen35Prefill._moe_chunk):
+# NINFER_MOE_PREFILL=1. Written in session 5 without device time; off until tests/gpu/test_prefill.py::
+# test_moe_gemm_prefill_matches_numpy_engine passes. The memory plan counts nothing for it yet.
+MOE_PREFILL = os.environ.get("NINFER_MOE_PREFILL", "0") != "0"
 # Smaller tensor-core executors for the rest of a prompt (`memory_plan.PREFILL_TAILS`, sharing the largest
 # one's scratch): a prompt runs as chunks of the largest size, then of these, then the columns step.
 _env_gemm = os.environ.get("NINFER_PREFILL_GEMM", "auto").strip().lower()
@@ -99,11 +103,12 @@ class CudaModel:
             self.cols.capture()
         self.gemm = None
         self.gemms = []  # tensor-core prefill executors, largest chunk first
-        if prefill_gemm < 0 and not args.is_moe:  # auto: where the memory allows, at most prefill_cap rows
+        moe_ok = not args.is_moe or MOE_PREFILL
+        if prefill_gemm < 0 and moe_ok:  # auto: where the memory allows, at most prefill_cap rows
             prefill_gemm = auto_prefill_chunk(args, max(prefill_cols, 1), max_context,
                                               cap=prefill_cap or AUTO_CHUNKS[0])
         self.gemm_chunk = max(prefill_gemm, 0)
-        if prefill_gemm > prefill_cols and not args.is_moe:
+        if prefill_gemm > prefill_cols and moe_ok:
             from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill  # noqa: PLC0415
 
             self.gemm = CudaQwen35Prefill(self.executor, prefill_gemm)

@@ -124,6 +124,8 @@ def make() -> types.ModuleType:
     cp.flatnonzero = lambda a: _wrap(np.flatnonzero(a))
     cp.exp = np.exp
     cp.left_shift = lambda a, b: _wrap(np.left_shift(a, b))
+    cp.add = lambda a, b, out=None: _wrap(np.add(a, b, out=out))
+    cp.multiply = lambda a, b, out=None: _wrap(np.multiply(a, b, out=out))
     cp.subtract = lambda a, b: _wrap(np.subtract(a, b))
     cp.greater_equal = lambda a, b: _wrap(np.greater_equal(a, b))
     cp.float32 = np.float32

@@ -69,6 +69,28 @@ def test_moe_engine_builds_and_runs(cp, shared):
     assert np.isfinite(eng.info()["weight_bytes_per_token"])
 
 
+def test_moe_gemm_prefill_plumbing(cp, monkeypatch):
+    """NINFER_MOE_PREFILL: the MoE model gets tensor-core prefill executors whose MoE block is one op
+    (router, grouped experts, shared expert), and a prompt runs through them."""
+    from engine import gpu_engine
+    from engine.gpu_engine import build_engine
+
+    monkeypatch.setattr(gpu_engine, "MOE_PREFILL", True)
+    cfg = dict(CFG, architectures=["Qwen3_5MoeForCausalLM"], model_type="qwen3_5_moe_text", num_experts=8,
+               num_experts_per_tok=2, moe_intermediate_size=128, shared_expert_intermediate_size=128)
+    cfg.pop("intermediate_size")
+    args, w = _weights(cfg)
+    eng = build_engine(args, w, cfg, max_context=512, prefill_gemm=128)
+    gemm = eng.model.gemm
+    assert gemm is not None and eng.model.cols is None
+    names = [getattr(op, "name", "") for op in gemm.ops]
+    assert names.count("moe (router, grouped experts, shared)") == args.num_hidden_layers
+    for ex in eng.model.gemms:  # (the stand-in's kernels write nothing: distinct experts, as top-k gives)
+        ex.eidx[...] = np.arange(args.num_experts_per_tok, dtype=np.int32)
+    eng.prefill(list(range(1, 200)))
+    assert eng.position == 199
+
+
 def test_try_build_takes_the_prefill_chunk(cp, monkeypatch):
     """--prefill-chunk on the GPU: the engine's prompt pieces, and the tensor-core chunk when that is on."""
     from engine import gpu_engine

@@ -115,7 +115,7 @@ class CudaQwen35:
             raise ValueError(f"unknown KV format {kv!r}: bf16 or int8")
         self.kv = kv
         a = args
-        if a.is_moe and lanes != 1:
+        if a.is_moe and lanes != 1 and not self.MOE_ROWS:
             raise NotImplementedError("the GPU MoE decode path runs one lane for now")
         if a.head_dim != ATTN_HEAD_DIM or (a.linear_key_head_dim or GDN_HEAD_DIM) != GDN_HEAD_DIM:
             raise ValueError("GPU kernels need attention head_dim 256 and GDN head dims 128")
@@ -321,6 +321,7 @@ class CudaQwen35:
 
     # blocks a token row of the norms and stagings (each reduces the whole row, stages its slice)
     NORM_BLOCKS = int(os.environ.get("NINFER_NORM_BLOCKS", "16"))
+    MOE_ROWS = False  # several token rows of an MoE model (the tensor-core prefill's own MoE ops)
     ARGMAX_BLOCKS = 64  # blocks a row of the greedy argmax over the vocabulary
 
     def _norm(self, splits, w):

@@ -120,11 +120,14 @@ class CudaQwen35Prefill(CudaQwen35Columns):
             self._w16, self._x16, self._gu = share._w16, share._x16, share._gu[:chunk]
         else:
             n_max = max(L[key].n * L[key].k for L in self.layers
-                        for key in ("qk", "gv", "vz", "ab", "o", "gate_up", "down") if key in L)
+                        for key in ("qk", "gv", "vz", "ab", "o", "gate_up", "down", "router", "shared_gu",
+                                    "shared_down") if key in L)
+            if self.args.is_moe:  # one expert's gate|up or down at a time
+                n_max = max(n_max, 2 * self.inter_e * self.H)
             self._w16 = cp.empty(n_max, dtype=cp.float16)
             k_max = max(self.H, self.att.shape[1], self.inter)
             self._x16 = cp.empty(self.M * k_max, dtype=cp.float16)
-            n_gu = max((L["gate_up"].n for L in self.layers if "gate_up" in L), default=0)
+            n_gu = max([L["gate_up"].n for L in self.layers if "gate_up" in L] + [2 * self.inter])
             self._gu = cp.empty((self.M, n_gu), dtype=cp.float32)
         self._x16_of = None  # the fp32 rows whose fp16 copy _x16 holds (set by the SwiGLU kernel)
         self._one = np.array(1.0, dtype=np.float32)
@@ -153,13 +156,14 @@ class CudaQwen35Prefill(CudaQwen35Columns):
                                  np.int32(w.gpr), np.int32(w.k), out, np.int32(w.k)))
         return out
 
-    def _matmul(self, w, x, y, ldy: int):
-        """y[:, :w.n] (row stride ldy, fp32) = x[:, :w.k] @ W^T over the chunk's T rows."""
+    def _matmul(self, w, x, y, ldy: int, rows: int | None = None, x_ready: bool = False):
+        """y[:, :w.n] (row stride ldy, fp32) = x[:, :w.k] @ W^T over the chunk's T rows (or `rows`);
+        `x_ready`: _x16 already holds x in fp16 (written by the SwiGLU kernel)."""
         from cupy_backends.cuda.libs import cublas  # noqa: PLC0415
 
-        cp, T = self.cp, self.M
+        cp, T = self.cp, self.M if rows is None else int(rows)
         x16 = self._x16[: T * w.k].reshape(T, w.k)
-        if self._x16_of is not x:  # (the SwiGLU kernel wrote the down projection's fp16 input itself)
+        if not x_ready and self._x16_of is not x:  # (the SwiGLU kernel wrote the down projection's input)
             x16[...] = x[:, : w.k]
         self._x16_of = None
         w16 = self._dequant(w)
@@ -210,6 +214,60 @@ class CudaQwen35Prefill(CudaQwen35Columns):
 
     def _stage(self, x, k, kpad, xh, xinv):
         return lambda: None  # the GEMMs read fp32 rows; nothing to stage
+
+    # ---- MoE (NINFER_MOE_PREFILL=1, engine.gpu_engine.MOE_PREFILL): written without device time ----
+    @property
+    def MOE_ROWS(self):
+        from engine import gpu_engine  # noqa: PLC0415
+
+        return gpu_engine.MOE_PREFILL
+
+    def _ffn(self, gu, dn, x, n: int, y):
+        """y[:n] = down(silu(gate x) * up x) for the first n rows of x (fp32): a GEMM, the one-pass SwiGLU
+        into the fp16 input of the second GEMM, a GEMM."""
+        inter = gu.n // 2
+        self._matmul(gu, x, self._gu, self._gu.shape[1], rows=n)
+        K.kernel("swiglu_rows_f16")((max(1, min(-(-n * inter // 4 // 256), K.sm_count() * 16)),), (256,),
+                                    (self._gu, np.int64(self._gu.shape[1]), np.int32(inter), np.int32(n),
+                                     self._x16))
+        self._matmul(dn, None, y, y.shape[1], rows=n, x_ready=True)
+
+    def _moe_ops(self, L, xn):
+        """The chunk's MoE block: router GEMM, top-k on the device, the (token, slot) pairs grouped by
+        expert on the host (one sync a layer), a GEMM pair per expert over its gathered rows, the shared
+        expert as plain GEMMs. All of it lands in partial 0; partials 1..k stay zero (the next norm sums
+        k + 1 of them, as after the decode step's MoE)."""
+        def go():
+            self._moe_chunk(L)
+        go.name = "moe (router, grouped experts, shared)"
+        return [go]
+
+    def _moe_chunk(self, L):
+        from engine.ops.kernels import DevMatrix  # noqa: PLC0415
+
+        cp, T, H, E, k, ie = self.cp, self.M, self.H, self.args.num_experts, self.topk, self.inter_e
+        self._matmul(L["router"], self.xn, self.rlog, self.rlog.shape[1])
+        K.kernel("moe_route")((T,), (32,), (self.rlog, np.int32(E + 1), np.int32(E), np.int32(k), self.eidx,
+                                            self.ewts, np.int32(k + 1)))
+        out = self.part[0]
+        self._ffn(L["shared_gu"], L["shared_down"], self.xn, T, out)
+        cp.multiply(out, self.ewts[:, k: k + 1], out=out)  # the shared expert's sigmoid gate
+        ids = self.eidx.get().reshape(-1)  # (token, slot) pairs, token-major
+        order = np.argsort(ids, kind="stable")
+        bounds = np.searchsorted(ids[order], np.arange(E + 1))
+        tok = cp.asarray((order // k).astype(np.int64))
+        wts = self.ewts[:, :k].reshape(-1)[cp.asarray(order.astype(np.int64))]  # routing weight of each pair
+        if getattr(self, "_ye", None) is None:
+            self._ye = cp.empty((T, H), dtype=cp.float32)
+        gu, dn = L["experts_gu"], L["experts_down"]
+        for e in np.flatnonzero(bounds[1:] > bounds[:-1]):
+            a, b = int(bounds[e]), int(bounds[e + 1])
+            rows = tok[a:b]  # distinct tokens: a token picks an expert once
+            gu_e = DevMatrix.from_object(gu.fmt, (gu.n, gu.k), gu.buf, int(e) * 2 * ie, (int(e) + 1) * 2 * ie)
+            dn_e = DevMatrix.from_object(dn.fmt, (dn.n, dn.k), dn.buf, int(e) * H, (int(e) + 1) * H)
+            ye = self._ye[: b - a]
+            self._ffn(gu_e, dn_e, self.xn[rows], b - a, ye)
+            out[rows] = cp.add(out[rows], cp.multiply(ye, wts[a:b, None]))
 
     def _gdn_core_ops(self, L, lda, ldb):
         """The columns step's conv/gates, then the delta rule token by token (gdn_delta_rows) or, with
