@@ -20,6 +20,7 @@ import os
 
 import numpy as np
 
+from engine.memory_plan import PREFILL_SCORE_BYTES
 from engine.ops import kernels as K
 from engine.models.qwen3_5_cuda import ATTN_HEAD_DIM, KV_PAGE
 from engine.models.qwen3_5_cuda_cols import CudaQwen35Columns
@@ -29,7 +30,7 @@ _OP_N, _OP_T = 0, 1
 _R_16F, _R_32F = 2, 0
 _COMPUTE_32F = 68
 _GEMM_DEFAULT = -1
-SCORE_BYTES = 1 << 30  # bound on one query block's scores (fp32 and fp16)
+SCORE_BYTES = PREFILL_SCORE_BYTES  # bound on one query block's scores (fp32 and fp16)
 
 
 def kv_rows(xp, codes, scales, pages, length: int):
