@@ -14,6 +14,8 @@ imported at module level.
 """
 from __future__ import annotations
 
+import os
+
 import math
 from dataclasses import dataclass, field
 
@@ -94,10 +96,12 @@ def workspace_bytes(args, rows: int, prefill_chunk: int = 0) -> int:
 PREFILL_TAILS = (4096, 2048, 1024, 512, 256, 64)
 
 
-# Bound on one query block's attention scores in the tensor-core prefill (fp32 and fp16): smaller blocks
-# waste less of the causal triangle (the keys a block computes run to its last query); at 8,192 tokens
-# on the 27B, 1 GiB blocks computed 41% more scores than the triangle, 256 MiB blocks 11%.
-PREFILL_SCORE_BYTES = 256 << 20
+# Bound on one query block's attention scores in the tensor-core prefill (fp32 and fp16), in MiB
+# (NINFER_PREFILL_SCORE_MIB). Smaller blocks waste less of the causal triangle (a block's keys run to its
+# last query): at 8,192 tokens on the 27B, 1 GiB blocks compute 41% more scores than the triangle,
+# 256 MiB blocks 11%, for more launches. 1 GiB is what the measured figures ran with; 256 is next to
+# measure (bench/gpu_all.sh gdnc).
+PREFILL_SCORE_BYTES = int(os.environ.get("NINFER_PREFILL_SCORE_MIB", "1024")) << 20
 
 
 def prefill_executor_bytes(args, cols: int = 0, gemm: int = 0, score_bytes: int = PREFILL_SCORE_BYTES) -> int:
