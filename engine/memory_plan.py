@@ -14,9 +14,8 @@ imported at module level.
 """
 from __future__ import annotations
 
-import os
-
 import math
+import os
 from dataclasses import dataclass, field
 
 from engine.errors import NinferError
