@@ -7,6 +7,7 @@
 #         machine (EXP="a b" picks patches). Copies made with cp -r on the device have read as NUL bytes
 #         (bench/NOTES-decode.md, session 3): check its test output before trusting a sweep.
 #   quick: compile, tests/gpu/test_kernels.py -k $TESTK, sweep, decode $GEOS with the sweep's table.
+#   next: gdnc then moep in one call (session 6's first).
 #   moep: MoE prefill on tensor cores (NINFER_MOE_PREFILL=1): tests, 35B bench.
 #   gdnc: the chunked GDN prefill: tests, profiles against the token-by-token recurrence.
 #   final: all GPU tests, norm-blocks A/B, decode with breakdown and depth, prefill bench.
@@ -158,7 +159,7 @@ log "bench pp512,pp2000,pp8192"
 timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 512,2000,8192 -n 0 -r 2 \
   -o json --out "$OUT/pp_default.json" 2>&1 | grep -E "^pp|rror" | head -6
 fi
-if [ "$PART" = gdnc ]; then  # the chunked GDN prefill (written in session 5 without device time)
+if [ "$PART" = gdnc ] || [ "$PART" = next ]; then  # the chunked GDN prefill (written in session 5 without device time)
 ready
 log "tests: chunked GDN against the token-by-token kernel; prefill with it"
 gpu_pytest "$OUT/gpu_tests.txt" tests/gpu/test_kernels.py -k "gdn_chunk or gdn_delta"
@@ -176,7 +177,7 @@ log "attention query blocks of 256 MiB of scores (default 1024)"
 NINFER_PREFILL_SCORE_MIB=256 timeout 90 python3 bench/prefill_profile.py --tokens 8192 --chunk 8192 \
   --out "$OUT/pp_profile_score256.json" 2>&1 | grep -E "tok/s|attention" | head -3
 fi
-if [ "$PART" = moep ]; then  # MoE models through the tensor-core prefill (written in session 5 without device time)
+if [ "$PART" = moep ] || [ "$PART" = next ]; then  # MoE models through the tensor-core prefill (written in session 5 without device time)
 ready
 log "tests: MoE prefill against NumPy and token by token"
 gpu_pytest "$OUT/gpu_tests.txt" tests/gpu/test_prefill.py -k moe
