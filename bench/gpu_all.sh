@@ -166,6 +166,9 @@ gpu_pytest "$OUT/gpu_tests.txt" tests/gpu/test_kernels.py -k "gdn_chunk or gdn_d
 grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | head -12
 NINFER_GDN_CHUNKED=1 gpu_pytest "$OUT/gpu_tests_prefill.txt" tests/gpu/test_prefill.py
 grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_prefill.txt" | head -8
+log "padded last chunk (NINFER_PREFILL_PAD=1): bench pp512, pp2000 against the defaults' 4,193 / 2,886"
+NINFER_PREFILL_PAD=1 timeout 120 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 512,2000,3000 -n 0 -r 2 \
+  -o json --out "$OUT/pp_pad.json" 2>&1 | grep -E "^pp|rror" | head -4
 log "prefill profile pp8192 chunk 8192: token by token, then chunked with 16 / 32 / 64 state rows a block"
 timeout 90 python3 bench/prefill_profile.py --tokens 8192 --chunk 8192 --out "$OUT/pp_profile.json" 2>&1 \
   | grep -E "tok/s|gdn_" | head -3

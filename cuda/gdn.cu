@@ -327,6 +327,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) gdn_chunk_prep(
   float* Gs = Am + GC_T * GC_MS;    // [64]
   float* Bs = Gs + GC_T;            // [64]
   const int piece = blockIdx.x, h = blockIdx.y, c0 = piece * GC_T, n = min(GC_T, T - c0);
+  if (n <= 0) return;  // (a padded chunk's grid covers all its rows; T is the valid ones)
   const int tid = threadIdx.x;
   const int kh = tiled ? h % Hk : h / (Hv / Hk);
   const size_t ph = (size_t)piece * Hv + h;

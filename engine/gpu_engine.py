@@ -31,6 +31,38 @@ AUTO_CHUNKS = (8192, 4096, 2048, 1024)
 # NINFER_MOE_PREFILL=1. Written in session 5 without device time; off until tests/gpu/test_prefill.py::
 # test_moe_gemm_prefill_matches_numpy_engine passes. The memory plan counts nothing for it yet.
 MOE_PREFILL = os.environ.get("NINFER_MOE_PREFILL", "0") != "0"
+# The rest of a prompt (under the largest chunk) through the smallest tensor-core executor that holds it,
+# padded, in one chunk (pp2000: one 2048-row chunk instead of 1024 + 512 + 256 + 3 x 64 + columns, each
+# chunk paying the dequantization of every weight): NINFER_PREFILL_PAD=1. Written in session 5 without
+# device time; off until tests/gpu/test_prefill.py::test_padded_prefill_matches_numpy_engine passes.
+PREFILL_PAD = os.environ.get("NINFER_PREFILL_PAD", "0") != "0"
+PAD_MIN = 32  # fewer prompt tokens than this go through the columns step and the decode graph
+# The piece plan's cost model, in prompt-token equivalents (27B on the H200, session 5: a chunk's fixed
+# cost ~70 ms, ~0.126 ms a row; the columns step ~3.4 ms a token)
+CHUNK_FIXED_TOKENS, COLS_TOKEN_COST = 550, 27
+
+
+def piece_plan(r: int, sizes) -> list[tuple[int, int]]:
+    """How to prefill r tokens (r under the largest size) with executors of `sizes` rows: a list of
+    (executor rows, valid tokens), whole chunks and at most one padded one, the columns step and the
+    decode graph taking what is left, at the least modeled cost."""
+    best: dict[int, tuple[float, list]] = {}
+
+    def go(n: int):
+        if n in best:
+            return best[n]
+        choice = (COLS_TOKEN_COST * n, [])  # the columns step / decode graph
+        for m in sizes:
+            if m <= n:
+                c, rest = go(n - m)
+                if CHUNK_FIXED_TOKENS + m + c < choice[0]:
+                    choice = (CHUNK_FIXED_TOKENS + m + c, [(m, m)] + rest)
+            elif n >= PAD_MIN and CHUNK_FIXED_TOKENS + m < choice[0]:
+                choice = (CHUNK_FIXED_TOKENS + m, [(m, n)])
+        best[n] = choice
+        return choice
+
+    return go(r)[1]
 # Smaller tensor-core executors for the rest of a prompt (`memory_plan.PREFILL_TAILS`, sharing the largest
 # one's scratch): a prompt runs as chunks of the largest size, then of these, then the columns step.
 _env_gemm = os.environ.get("NINFER_PREFILL_GEMM", "auto").strip().lower()
@@ -119,11 +151,34 @@ class CudaModel:
         self.executor.reset()
         return _CudaCache(self)
 
+    def _padded_chunks(self, ids, cache):
+        """Whole chunks of the largest executor, then the rest as `piece_plan` says (whole chunks and at
+        most one padded chunk). Returns (tokens consumed, last logits or None)."""
+        i, last = 0, None
+        big = self.gemms[0]
+        while len(ids) - i >= big.M:
+            big.run_chunk(ids[i:i + big.M], cache.position)
+            i += big.M
+            cache.position += big.M
+            last = big.logits
+        by_rows = {g.M: g for g in self.gemms}
+        for m, valid in piece_plan(len(ids) - i, sorted(by_rows)):
+            if cache.position + m > self.executor.max_context:  # no room for the padding's K/V
+                break
+            g = by_rows[m]
+            g.run_chunk(ids[i:i + valid] + [0] * (m - valid), cache.position, valid=None if valid == m else valid)
+            i += valid
+            cache.position += valid
+            last = g.logits
+        return i, last
+
     def __call__(self, tokens, cache, last_only: bool = True):
         """Feed tokens: whole chunks of T through the columns graph (prompts), the rest one per replay."""
         ex = self.executor
         ids = [int(t) for t in np.asarray(tokens).ravel()]
         rows, i, last = [], 0, None
+        if PREFILL_PAD and last_only and self.gemms:
+            i, last = self._padded_chunks(ids, cache)
         for gemm in self.gemms if last_only else ():
             T = gemm.M
             while len(ids) - i >= T:

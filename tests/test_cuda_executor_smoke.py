@@ -182,3 +182,28 @@ def test_chunked_gdn_prefill_plumbing(cp, monkeypatch):
     assert not any(n.startswith("gdn_delta") for n in names)
     assert gemm._gdn_scratch[0].size == 2 * args.linear_num_value_heads * 64 * 128  # 128 rows: two pieces
     eng.prefill(list(range(1, 140)))
+
+
+def test_padded_prefill_plumbing(cp, monkeypatch):
+    """NINFER_PREFILL_PAD: whole chunks of the largest executor, then the rest padded into the smallest
+    executor that holds it; the T-dependent launches take the valid length."""
+    from engine import gpu_engine
+    from engine.gpu_engine import build_engine
+
+    monkeypatch.setattr(gpu_engine, "PREFILL_PAD", True)
+    args, w = _weights(CFG)
+    eng = build_engine(args, w, CFG, max_context=1024, prefill_cols=8, prefill_gemm=256)
+    m = eng.model
+    assert [g.M for g in m.gemms] == [256, 64]
+    runs = []
+    for g in m.gemms:
+        orig = g.run_chunk
+        monkeypatch.setattr(g, "run_chunk", lambda ids, start, valid=None, g=g, orig=orig:
+                            (runs.append((g.M, len(ids), valid)), orig(ids, start, valid=valid))[1])
+    eng.prefill(list(range(1, 301)))  # 256 whole, then 44 padded into the 64-row executor
+    assert runs == [(256, 256, None), (64, 64, 44)] and eng.position == 300
+    assert m.gemms[1]._valid == 44
+    eng.reset()
+    runs.clear()
+    eng.prefill(list(range(1, 276)))  # 256 whole, 19 left: under PAD_MIN, the columns step and decode
+    assert runs == [(256, 256, None)] and eng.position == 275

@@ -131,6 +131,7 @@ class CudaQwen35Prefill(CudaQwen35Columns):
             n_gu = max([L["gate_up"].n for L in self.layers if "gate_up" in L] + [2 * self.inter])
             self._gu = cp.empty((self.M, n_gu), dtype=cp.float32)
         self._x16_of = None  # the fp32 rows whose fp16 copy _x16 holds (set by the SwiGLU kernel)
+        self._valid = self.M  # the chunk's prompt tokens (run_chunk)
         self._one = np.array(1.0, dtype=np.float32)
         self._zero = np.array(0.0, dtype=np.float32)
         self.start = 0
@@ -216,6 +217,20 @@ class CudaQwen35Prefill(CudaQwen35Columns):
     def _stage(self, x, k, kpad, xh, xinv):
         return lambda: None  # the GEMMs read fp32 rows; nothing to stage
 
+    def _tail_ops(self):
+        """The columns step's head on the last row and position advance, for the valid rows: a padded
+        chunk's last prompt row is copied to row T - 1 (where the head reads) first."""
+        head, advance = super()._tail_ops()
+        T = self.M
+
+        def last_row():
+            v = self._valid
+            if v < T:
+                for a in (self.xn, self.xh_n, self.xinv_n):
+                    a[T - 1] = a[v - 1]
+        last_row.name = "last valid row"
+        return [last_row, head, self._valid_len(advance)]
+
     # ---- MoE (NINFER_MOE_PREFILL=1, engine.gpu_engine.MOE_PREFILL): written without device time ----
     @property
     def MOE_ROWS(self):
@@ -270,9 +285,22 @@ class CudaQwen35Prefill(CudaQwen35Columns):
             self._ffn(gu_e, dn_e, self.xn[rows], b - a, ye)
             out[rows] = cp.add(out[rows], cp.multiply(ye, wts[a:b, None]))
 
+    def _valid_len(self, launch):
+        """`launch` (whose last argument is the token count) with the chunk's valid length instead."""
+        def go():
+            launch.fn(launch.grid, (launch.block,), launch.args[:-1] + (np.int32(self._valid),),
+                      shared_mem=launch.smem)
+        go.name = launch.name
+        return go
+
     def _gdn_core_ops(self, L, lda, ldb):
         """The columns step's conv/gates, then the delta rule token by token (gdn_delta_rows) or, with
-        GDN_CHUNKED, in 64-token pieces (gdn_chunk_prep, gdn_chunk_scan)."""
+        GDN_CHUNKED, in 64-token pieces (gdn_chunk_prep, gdn_chunk_scan); the conv history and the
+        delta rule over the chunk's valid tokens only (run_chunk's `valid`)."""
+        ops = self._gdn_ops_full(L, lda, ldb)
+        return ops[:1] + [self._valid_len(op) for op in ops[1:]]
+
+    def _gdn_ops_full(self, L, lda, ldb):
         ops = super()._gdn_core_ops(L, lda, ldb)
         if not self.GDN_CHUNKED:
             return ops
@@ -309,9 +337,13 @@ class CudaQwen35Prefill(CudaQwen35Columns):
         go.name = "attention (gather, cuBLAS, softmax kernel)"
         return [go]
 
-    def run_chunk(self, token_ids, start: int) -> None:
-        """One T-token chunk at positions start.. (eager launches on the shared stream)."""
+    def run_chunk(self, token_ids, start: int, valid: int | None = None) -> None:
+        """One T-token chunk at positions start.. (eager launches on the shared stream). `valid`: only the
+        first `valid` tokens are the prompt's, the rest padding: the GDN state and conv history stop
+        there, the position advances by `valid`, the logits are row valid - 1's. The padding's K/V land
+        past the prompt, where decode writes over them before it reads them (the caller checks room)."""
         self.start = int(start)
+        self._valid = self.M if valid is None else int(valid)
         with self.stream:
             self.tokens.set(np.asarray(token_ids, dtype=np.int32), stream=self.stream)
             self.run_eager()
