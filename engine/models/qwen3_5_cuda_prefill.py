@@ -286,8 +286,12 @@ class CudaQwen35Prefill(CudaQwen35Columns):
             out[rows] = cp.add(out[rows], cp.multiply(ye, wts[a:b, None]))
 
     def _valid_len(self, launch):
-        """`launch` (whose last argument is the token count) with the chunk's valid length instead."""
+        """`launch` (whose last argument is the token count) with the chunk's valid length instead, for a
+        padded chunk; a whole chunk launches it as prepared."""
         def go():
+            if self._valid == self.M:
+                launch()
+                return
             launch.fn(launch.grid, (launch.block,), launch.args[:-1] + (np.int32(self._valid),),
                       shared_mem=launch.smem)
         go.name = launch.name
