@@ -176,6 +176,10 @@ for rb in 16 32 64; do
   NINFER_GDN_CHUNKED=1 NINFER_GDN_SCAN_RB=$rb timeout 90 python3 bench/prefill_profile.py --tokens 8192 --chunk 8192 \
     --out "$OUT/pp_profile_chunked$rb.json" 2>&1 | grep -E "tok/s|gdn_" | head -4
 done
+for rb in 32 64; do
+  NINFER_GDN_CHUNKED=1 NINFER_GDN_TC=1 NINFER_GDN_SCAN_RB=$rb timeout 90 python3 bench/prefill_profile.py --tokens 8192 \
+    --chunk 8192 --out "$OUT/pp_profile_chunked_tc$rb.json" 2>&1 | grep -E "tok/s|gdn_" | head -4
+done
 log "attention query blocks of 256 MiB of scores (default 1024)"
 NINFER_PREFILL_SCORE_MIB=256 timeout 90 python3 bench/prefill_profile.py --tokens 8192 --chunk 8192 \
   --out "$OUT/pp_profile_score256.json" 2>&1 | grep -E "tok/s|attention" | head -3

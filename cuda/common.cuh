@@ -75,3 +75,34 @@ __device__ __forceinline__ __half2 u32_as_half2(unsigned int u) {
 
 __device__ __forceinline__ float bf16_lo(unsigned int u) { return __uint_as_float(u << 16); }
 __device__ __forceinline__ float bf16_hi(unsigned int u) { return __uint_as_float(u & 0xffff0000u); }
+
+// The chunked GDN prefill's in-order pass (gdn_chunk_scan in gdn.cu, gdn_chunk_scan_tc in gdn_tc.cu): one
+// 64-token piece into shared memory: W (pass 1's), K and Q of key head kh (rows of stride KS, zero past
+// the n valid tokens), M (stride MS), this block's RB columns of U' (stride US), the cumulative log decay
+// G with e^G and e^(G_L - G). 256 threads; the caller synchronizes.
+template <int RB, int KS, int MS, int US>
+__device__ __forceinline__ void gdn_piece_load(const float* __restrict__ qn, const float* __restrict__ kn,
+                                               const float* __restrict__ Wg, const float* __restrict__ Ug,
+                                               const float* __restrict__ Mg, const float* __restrict__ Gg, int Hk,
+                                               int kh, int dv0, int c0, int n, size_t ph, float* Ws, float* Ks,
+                                               float* Qs, float* Ms, float* Us, float* Gs, float* EG, float* TL) {
+  const int tid = threadIdx.x;
+  for (int i = tid; i < 64 * 128; i += 256) {
+    const int t = i >> 7, d = i & 127;
+    const size_t src = ((size_t)(c0 + t) * Hk + kh) * 128 + d;
+    Ws[t * KS + d] = Wg[ph * 64 * 128 + i];
+    Ks[t * KS + d] = t < n ? kn[src] : 0.f;
+    Qs[t * KS + d] = t < n ? qn[src] : 0.f;
+  }
+  for (int i = tid; i < 64 * 64; i += 256) Ms[(i >> 6) * MS + (i & 63)] = Mg[ph * 64 * 64 + i];
+  for (int i = tid; i < 64 * RB; i += 256) {
+    const int t = i / RB, j = i % RB;
+    Us[t * US + j] = Ug[(ph * 64 + t) * 128 + dv0 + j];
+  }
+  if (tid < 64) {
+    const float gt = Gg[ph * 64 + tid], gl = Gg[ph * 64 + n - 1];
+    Gs[tid] = gt;
+    EG[tid] = expf(gt);
+    TL[tid] = expf(gl - gt);
+  }
+}

@@ -436,24 +436,7 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan(
   for (int piece = 0; piece < pieces; ++piece) {
     const int c0 = piece * GC_T, n = min(GC_T, T - c0);
     const size_t ph = (size_t)piece * Hv + h;
-    for (int i = tid; i < GC_T * 128; i += 256) {
-      const int t = i >> 7, d = i & 127;
-      const size_t src = ((size_t)(c0 + t) * Hk + kh) * 128 + d;
-      Ws[t * GC_KS + d] = Wg[ph * GC_T * 128 + i];
-      Ks[t * GC_KS + d] = t < n ? kn[src] : 0.f;
-      Qs[t * GC_KS + d] = t < n ? qn[src] : 0.f;
-    }
-    for (int i = tid; i < GC_T * GC_T; i += 256) Ms[(i >> 6) * GC_MS + (i & 63)] = Mg[ph * GC_T * GC_T + i];
-    for (int i = tid; i < GC_T * RB; i += 256) {
-      const int t = i / RB, j = i % RB;
-      Us[t * US + j] = Ug[(ph * GC_T + t) * 128 + dv0 + j];
-    }
-    if (tid < GC_T) {
-      const float gt = Gg[ph * GC_T + tid], gl = Gg[ph * GC_T + n - 1];
-      Gs[tid] = gt;
-      EG[tid] = expf(gt);
-      TL[tid] = expf(gl - gt);
-    }
+    gdn_piece_load<RB, GC_KS, GC_MS, US>(qn, kn, Wg, Ug, Mg, Gg, Hk, kh, dv0, c0, n, ph, Ws, Ks, Qs, Ms, Us, Gs, EG, TL);
     __syncthreads();
     // U = U' - W S0^T and Q S0^T, 2 rows x JQ columns a thread
     float qs[2][JQ];

@@ -17,18 +17,28 @@ from engine.ops import kernels
 
 
 def main() -> int:
+    rc = compile_one(kernels._source(), kernels._names() + kernels._names(experimental=True), "--cubin" in sys.argv)
+    # the tensor-core GDN module (its own: mma.h); TC_INCLUDE names a toolkit include dir that has crt/mma.h
+    tc_names = [f"gdn_chunk_scan_tc<{rb}>" for rb in kernels.GDN_SCAN_TC_RB]
+    rc_tc = compile_one(kernels._source(kernels.TC_SOURCES), tc_names, False,
+                        os.environ.get("TC_INCLUDE", "/usr/local/cuda/include"))
+    return rc or rc_tc
+
+
+def compile_one(source: str, names: list, cubin: bool, extra_include: str | None = None) -> int:
     lib = ctypes.CDLL(os.environ.get("NVRTC_LIB", "libnvrtc.so.13"))
     prog = ctypes.c_void_p()
-    src = kernels._source().encode()
+    src = source.encode()
     rc = lib.nvrtcCreateProgram(ctypes.byref(prog), src, b"ninfer.cu", 0, None, None)
     assert rc == 0, rc
-    names = kernels._names() + kernels._names(experimental=True)
     for n in names:
         assert lib.nvrtcAddNameExpression(prog, n.encode()) == 0
     opts = [b"-std=c++17", b"-arch=sm_90"]
     inc = os.environ.get("CUDA_INCLUDE")
     if inc:
         opts.append(b"-I" + inc.encode())
+    if extra_include:
+        opts.append(b"-I" + extra_include.encode())
     if "-v" in sys.argv:
         opts.append(b"-Xptxas=-v")
     arr = (ctypes.c_char_p * len(opts))(*opts)
@@ -41,7 +51,7 @@ def main() -> int:
     if "-v" in sys.argv or rc != 0:
         print(text)
     print("compile", "OK" if rc == 0 else f"FAILED rc={rc}", f"({len(names)} name expressions)")
-    if rc == 0 and "--cubin" in sys.argv:
+    if rc == 0 and cubin:
         out = sys.argv[sys.argv.index("--cubin") + 1]
         n = ctypes.c_size_t()
         lib.nvrtcGetCUBINSize(prog, ctypes.byref(n))

@@ -15,7 +15,7 @@ def cp(monkeypatch):
     yield cp
     from engine.ops import kernels as K
 
-    for fn in (K.module, K.kernel, K.sm_count, K.blocks_per_sm):
+    for fn in (K.module, K.module_tc, K.kernel, K.sm_count, K.blocks_per_sm):
         fn.cache_clear()
 
 
@@ -167,18 +167,19 @@ def test_fused_gate_up_staging_drops_the_stage_launch(cp):
 
 
 def test_chunked_gdn_prefill_plumbing(cp, monkeypatch):
-    """NINFER_GDN_CHUNKED: the GEMM prefill's GDN layers run gdn_chunk_prep then gdn_chunk_scan<RB>
-    (in place of gdn_delta_rows) over scratch sized for the chunk's 64-token pieces."""
+    """NINFER_GDN_CHUNKED (+ NINFER_GDN_TC): the GEMM prefill's GDN layers run gdn_chunk_prep then
+    gdn_chunk_scan_tc<RB> (in place of gdn_delta_rows) over scratch sized for the chunk's 64-token pieces."""
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill
 
     monkeypatch.setattr(CudaQwen35Prefill, "GDN_CHUNKED", True)
+    monkeypatch.setattr(CudaQwen35Prefill, "GDN_TC", True)
     args, w = _weights(CFG)
     eng = build_engine(args, w, CFG, max_context=512, prefill_cols=8, prefill_gemm=128)
     gemm = eng.model.gemm
     names = [getattr(op, "name", "") for op in gemm.ops]
     n_gdn = sum(1 for L in gemm.layers if L["kind"] != "full_attention")
-    assert names.count("gdn_chunk_prep") == n_gdn and names.count("gdn_chunk_scan<32>") == n_gdn
+    assert names.count("gdn_chunk_prep") == n_gdn and names.count("gdn_chunk_scan_tc<32>") == n_gdn
     assert not any(n.startswith("gdn_delta") for n in names)
     assert gemm._gdn_scratch[0].size == 2 * args.linear_num_value_heads * 64 * 128  # 128 rows: two pieces
     eng.prefill(list(range(1, 140)))

@@ -110,6 +110,7 @@ class CudaQwen35Prefill(CudaQwen35Columns):
     # T = 8192 on the 27B) is not in the memory plan.
     GDN_CHUNKED = os.environ.get("NINFER_GDN_CHUNKED", "0") != "0"
     GDN_SCAN_RB = int(os.environ.get("NINFER_GDN_SCAN_RB", "32"))
+    GDN_TC = os.environ.get("NINFER_GDN_TC", "0") != "0"  # the in-order pass on tensor cores (3xTF32)
 
     def __init__(self, decode, chunk: int, share: "CudaQwen35Prefill | None" = None):
         """`share`: a larger-chunk executor over the same sequence whose fp16 weight, fp16 input and
@@ -319,9 +320,10 @@ class CudaQwen35Prefill(CudaQwen35Columns):
         prep = K.prepared("gdn_chunk_prep", (pieces, Hv),
                           (self.gdn_q, self.gdn_k, self.gdn_v, self.gdn_g, self.gdn_beta, w, u, m, g, Hk, Hv, 0, T),
                           smem=K.GDN_PREP_SMEM)
-        scan = K.prepared(f"gdn_chunk_scan<{rb}>", (Hv, 128 // rb),
+        tc = self.GDN_TC and rb in K.GDN_SCAN_TC_RB
+        scan = K.prepared(f"gdn_chunk_scan{'_tc' if tc else ''}<{rb}>", (Hv, 128 // rb),
                           (self.gdn_q, self.gdn_k, w, u, m, g, L["state"], self.att2, Hk, Hv, 0, T),
-                          smem=K.gdn_scan_smem(rb))
+                          smem=K.gdn_scan_smem(rb, tc))
         return ops[:-1] + [prep, scan]
 
     def _attn_core_ops(self, L, ldb):

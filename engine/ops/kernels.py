@@ -45,8 +45,13 @@ GDN_SCAN_RB = (16, 32, 64)
 GDN_PREP_SMEM = 4 * (2 * 64 * 129 + 64 * 257 + 64 * 65 + 2 * 64)
 
 
-def gdn_scan_smem(rb: int) -> int:
+def gdn_scan_smem(rb: int, tc: bool = False) -> int:
+    if tc:  # gdn_chunk_scan_tc (GDN_SCAN_TC_SMEM)
+        return 4 * (rb * 132 + 3 * 64 * 132 + 64 * 68 + 3 * 64 * (rb + 4) + 3 * 64)
     return 4 * (rb * 129 + 3 * 64 * 129 + 64 * 65 + 64 * (rb + 1) + 3 * 64)
+
+
+GDN_SCAN_TC_RB = (32, 64)
 
 
 WARPS = 8  # every kernel runs 256-thread blocks
@@ -69,11 +74,15 @@ def cuda_source_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "cuda"
 
 
-def _source() -> str:
+# Kernels with a module of their own (a header that some NVRTC setups lack, mma.h): common.cuh + these.
+TC_SOURCES = ("gdn_tc.cu",)
+
+
+def _source(files=None) -> str:
     root = cuda_source_dir()
     common = (root / "common.cuh").read_text()
     parts = [common]
-    for name in SOURCES[1:]:
+    for name in SOURCES[1:] if files is None else files:
         text = (root / name).read_text()
         parts.append(re.sub(r'#include "common.cuh"\n', "", text))
     return "\n".join(p.replace("#pragma once\n", "") for p in parts)
@@ -116,12 +125,24 @@ def module(experimental: bool = False):
 
 
 @functools.cache
+def module_tc():
+    """The tensor-core GDN module (TC_SOURCES), compiled on first use."""
+    cp = cupy_or_none()
+    if cp is None:
+        raise RuntimeError("CUDA kernels need CuPy and a GPU")
+    return cp.RawModule(code=_source(TC_SOURCES), options=("-std=c++17",),
+                        name_expressions=[f"gdn_chunk_scan_tc<{rb}>" for rb in GDN_SCAN_TC_RB])
+
+
+@functools.cache
 def _main_names() -> frozenset:
     return frozenset(_names(False))
 
 
 @functools.cache
 def kernel(name: str):
+    if name.startswith("gdn_chunk_scan_tc<"):
+        return module_tc().get_function(name)
     return module(name.startswith(EXPERIMENTAL) and name not in _main_names()).get_function(name)
 
 

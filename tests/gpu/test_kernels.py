@@ -449,10 +449,11 @@ def test_gdn_delta_rows_matches_delta_cols(cp, rows):
 
 
 @pytest.mark.parametrize("t", [37, 64, 150])
-@pytest.mark.parametrize("rb", [16, 32, 64])
-def test_gdn_chunked_matches_delta_cols(cp, t, rb):
-    """The chunked delta rule (gdn_chunk_prep over the 64-token pieces, gdn_chunk_scan<RB> in order)
-    against the token-by-token kernel: outputs and final state, pieces whole and partial."""
+@pytest.mark.parametrize("rb,tc", [(16, False), (32, False), (64, False), (32, True), (64, True)])
+def test_gdn_chunked_matches_delta_cols(cp, t, rb, tc):
+    """The chunked delta rule (gdn_chunk_prep over the 64-token pieces, gdn_chunk_scan<RB> in order, on
+    CUDA cores or tensor cores) against the token-by-token kernel: outputs and final state, pieces whole
+    and partial."""
     from engine.ops import kernels as K
 
     hk, hv = 2, 6
@@ -467,7 +468,7 @@ def test_gdn_chunked_matches_delta_cols(cp, t, rb):
     st, o = cp.asarray(s0), poisoned(cp, (t, hv, 128))
     K.prepared("gdn_chunk_prep", (pieces, hv), (dq, dk, dv, dg, db, w, u, m, gg, hk, hv, 0, t),
                smem=K.GDN_PREP_SMEM)()
-    K.prepared(f"gdn_chunk_scan<{rb}>", (hv, 128 // rb), (dq, dk, w, u, m, gg, st, o, hk, hv, 0, t),
-               smem=K.gdn_scan_smem(rb))()
+    K.prepared(f"gdn_chunk_scan{'_tc' if tc else ''}<{rb}>", (hv, 128 // rb),
+               (dq, dk, w, u, m, gg, st, o, hk, hv, 0, t), smem=K.gdn_scan_smem(rb, tc))()
     check("gdn_chunked state", st.get(), want_s, **GDN_STATE)
     check("gdn_chunked out", o.get(), want_o, **ELEM)
