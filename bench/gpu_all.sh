@@ -159,30 +159,27 @@ log "bench pp512,pp2000,pp8192"
 timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 512,2000,8192 -n 0 -r 2 \
   -o json --out "$OUT/pp_default.json" 2>&1 | grep -E "^pp|rror" | head -6
 fi
-if [ "$PART" = gdnc ] || [ "$PART" = next ]; then  # the chunked GDN prefill (written in session 5 without device time)
+if [ "$PART" = gdnc ] || [ "$PART" = next ]; then  # the chunked GDN prefill etc. (written in session 5 without device time)
 ready
-log "tests: chunked GDN against the token-by-token kernel; prefill with it"
+log "tests: chunked GDN against the token-by-token kernel; prefill (padded pieces, MoE) with it"
 gpu_pytest "$OUT/gpu_tests.txt" tests/gpu/test_kernels.py -k "gdn_chunk or gdn_delta"
 grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | head -12
-NINFER_GDN_CHUNKED=1 gpu_pytest "$OUT/gpu_tests_prefill.txt" tests/gpu/test_prefill.py
+NINFER_GDN_CHUNKED=1 NINFER_GDN_TC=${GDN_TC:-1} gpu_pytest "$OUT/gpu_tests_prefill.txt" tests/gpu/test_prefill.py
 grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_prefill.txt" | head -8
-log "padded last chunk (NINFER_PREFILL_PAD=1): bench pp512, pp2000 against the defaults' 4,193 / 2,886"
+log "prefill profile pp8192 chunk 8192: chunked on tensor cores (32 rows a block), on CUDA cores, token by token"
+pp() { timeout 90 python3 bench/prefill_profile.py --tokens 8192 --chunk 8192 --out "$OUT/$1.json" 2>&1 \
+  | grep -E "tok/s|gdn_|attention" | head -4; }
+NINFER_GDN_CHUNKED=1 NINFER_GDN_TC=1 NINFER_GDN_SCAN_RB=32 pp pp_profile_chunked_tc32
+NINFER_GDN_CHUNKED=1 NINFER_GDN_SCAN_RB=16 pp pp_profile_chunked16
+pp pp_profile
+log "padded last chunk (NINFER_PREFILL_PAD=1): pp512, pp2000, pp3000 (defaults 4,193 / 2,886 / -)"
 NINFER_PREFILL_PAD=1 timeout 120 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 512,2000,3000 -n 0 -r 2 \
   -o json --out "$OUT/pp_pad.json" 2>&1 | grep -E "^pp|rror" | head -4
-log "prefill profile pp8192 chunk 8192: token by token, then chunked with 16 / 32 / 64 state rows a block"
-timeout 90 python3 bench/prefill_profile.py --tokens 8192 --chunk 8192 --out "$OUT/pp_profile.json" 2>&1 \
-  | grep -E "tok/s|gdn_" | head -3
-for rb in 16 32 64; do
-  NINFER_GDN_CHUNKED=1 NINFER_GDN_SCAN_RB=$rb timeout 90 python3 bench/prefill_profile.py --tokens 8192 --chunk 8192 \
-    --out "$OUT/pp_profile_chunked$rb.json" 2>&1 | grep -E "tok/s|gdn_" | head -4
-done
-for rb in 32 64; do
-  NINFER_GDN_CHUNKED=1 NINFER_GDN_TC=1 NINFER_GDN_SCAN_RB=$rb timeout 90 python3 bench/prefill_profile.py --tokens 8192 \
-    --chunk 8192 --out "$OUT/pp_profile_chunked_tc$rb.json" 2>&1 | grep -E "tok/s|gdn_" | head -4
-done
 log "attention query blocks of 256 MiB of scores (default 1024)"
-NINFER_PREFILL_SCORE_MIB=256 timeout 90 python3 bench/prefill_profile.py --tokens 8192 --chunk 8192 \
-  --out "$OUT/pp_profile_score256.json" 2>&1 | grep -E "tok/s|attention" | head -3
+NINFER_PREFILL_SCORE_MIB=256 pp pp_profile_score256
+log "more state-row splits"
+NINFER_GDN_CHUNKED=1 NINFER_GDN_TC=1 NINFER_GDN_SCAN_RB=64 pp pp_profile_chunked_tc64
+NINFER_GDN_CHUNKED=1 NINFER_GDN_SCAN_RB=32 pp pp_profile_chunked32
 fi
 if [ "$PART" = moep ] || [ "$PART" = next ]; then  # MoE models through the tensor-core prefill (written in session 5 without device time)
 ready
