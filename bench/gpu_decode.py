@@ -231,7 +231,7 @@ def synthetic_decode(geometry, bw, gemv_cfg, n=128, depth=0, breakdown=False, kv
     if breakdown:
         per = {}
         for op in ex.ops:
-            name = getattr(op, "name", None) or f"gemv {op.__self__.w.fmt} {op.__self__.w.n}x{op.__self__.w.k}"
+            name = K.op_name(op)
             ms = time_graph(op, reps=10, iters=3)
             per.setdefault(name, [0.0, 0])
             per[name][0] += ms

@@ -19,15 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cupy as cp  # noqa: E402
 
-
-def op_name(op) -> str:
-    name = getattr(op, "name", None)
-    if name:
-        return name
-    owner = getattr(op, "__self__", None)
-    if owner is not None and hasattr(owner, "w"):
-        return f"gemv {owner.w.fmt} {owner.w.n}x{owner.w.k}"
-    return getattr(op, "__qualname__", repr(op))
+from engine.ops.kernels import op_name  # noqa: E402
 
 
 def main():

@@ -3,57 +3,12 @@
 // history ring the host reads once per burst (or once per token when streaming).
 #include "common.cuh"
 
-// logits: [M, V] (row stride ldl). One block (1024 threads) per row. Ties go to the lowest id.
-extern "C" __global__ void argmax_step(const float* __restrict__ logits, int ldl, int V, int* __restrict__ tokens,
-                            int* __restrict__ pos, int* __restrict__ history, int* __restrict__ step, int hist_len) {
-  NI_PDL_ENTRY();
-  __shared__ float bv[32];
-  __shared__ int bi[32];
-  const int m = blockIdx.x;
-  const float* l = logits + (size_t)m * ldl;
-  float best = -INFINITY;
-  int idx = 0x7fffffff;
-  for (int i = threadIdx.x; i < V; i += blockDim.x) {
-    const float v = l[i];
-    if (v > best) { best = v; idx = i; }
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
-    if (ov > best || (ov == best && oi < idx)) { best = ov; idx = oi; }
-  }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) { bv[warp] = best; bi[warp] = idx; }
-  __syncthreads();
-  if (warp == 0) {
-    const int nw = blockDim.x >> 5;
-    best = lane < nw ? bv[lane] : -INFINITY;
-    idx = lane < nw ? bi[lane] : 0x7fffffff;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
-      if (ov > best || (ov == best && oi < idx)) { best = ov; idx = oi; }
-    }
-    if (lane == 0) {
-      tokens[m] = idx;
-      pos[m] += 1;
-      const int s = step[m];
-      history[(size_t)m * hist_len + (s % hist_len)] = idx;
-      step[m] = s + 1;
-    }
-  }
-}
-
-// The same over `gridDim.x` blocks a row: each block takes a contiguous slice of the row and leaves its
-// (best, id) in part_v / part_i; the last block to finish (a ticket per row, reset for the next launch)
-// reduces the slices in order and does the bookkeeping. The same token as argmax_step (ties to the
-// lowest id at every level); one block over 248K logits took 45 us a token.
+// Ties go to the lowest id at every level: within a thread (ids ascend), across lanes, warps and blocks.
 __device__ __forceinline__ void argmax_merge(float& best, int& idx, float ov, int oi) {
   if (ov > best || (ov == best && oi < idx)) { best = ov; idx = oi; }
 }
 
+// (best, id) over the block, in every thread; bv / bi: 32 entries of shared memory
 __device__ __forceinline__ void argmax_block(float& best, int& idx, float* bv, int* bi) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1)
@@ -69,6 +24,38 @@ __device__ __forceinline__ void argmax_block(float& best, int& idx, float* bv, i
     argmax_merge(best, idx, __shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, idx, o));
 }
 
+// the step's bookkeeping for row m once its token is known
+__device__ __forceinline__ void argmax_commit(int m, int idx, int* tokens, int* pos, int* history, int* step,
+                                              int hist_len) {
+  tokens[m] = idx;
+  pos[m] += 1;
+  const int s = step[m];
+  history[(size_t)m * hist_len + (s % hist_len)] = idx;
+  step[m] = s + 1;
+}
+
+// logits: [M, V] (row stride ldl). One block (1024 threads) per row.
+extern "C" __global__ void argmax_step(const float* __restrict__ logits, int ldl, int V, int* __restrict__ tokens,
+                            int* __restrict__ pos, int* __restrict__ history, int* __restrict__ step, int hist_len) {
+  NI_PDL_ENTRY();
+  __shared__ float bv[32];
+  __shared__ int bi[32];
+  const int m = blockIdx.x;
+  const float* l = logits + (size_t)m * ldl;
+  float best = -INFINITY;
+  int idx = 0x7fffffff;
+  for (int i = threadIdx.x; i < V; i += blockDim.x) {
+    const float v = l[i];
+    if (v > best) { best = v; idx = i; }
+  }
+  argmax_block(best, idx, bv, bi);
+  if (threadIdx.x == 0) argmax_commit(m, idx, tokens, pos, history, step, hist_len);
+}
+
+// The same over `gridDim.x` blocks a row: each block takes a contiguous slice of the row and leaves its
+// (best, id) in part_v / part_i; the last block to finish (a ticket per row, reset for the next launch)
+// reduces the slices in order and does the bookkeeping. The same token as argmax_step; one block over
+// 248K logits took 45 us a token.
 extern "C" __global__ void argmax_step_mb(const float* __restrict__ logits, int ldl, int V, float* __restrict__ part_v,
                                           int* __restrict__ part_i, unsigned int* __restrict__ ticket,
                                           int* __restrict__ tokens, int* __restrict__ pos, int* __restrict__ history,
@@ -102,11 +89,7 @@ extern "C" __global__ void argmax_step_mb(const float* __restrict__ logits, int 
     argmax_merge(best, idx, __ldcg(part_v + (size_t)m * nb + j), __ldcg(part_i + (size_t)m * nb + j));
   argmax_block(best, idx, bv, bi);
   if (threadIdx.x == 0) {
-    tokens[m] = idx;
-    pos[m] += 1;
-    const int s = step[m];
-    history[(size_t)m * hist_len + (s % hist_len)] = idx;
-    step[m] = s + 1;
+    argmax_commit(m, idx, tokens, pos, history, step, hist_len);
     ticket[m] = 0u;
   }
 }

@@ -65,40 +65,6 @@ def concat_rows(cp, mats: list[DevMatrix]) -> DevMatrix:
     return DevMatrix.from_object(fmt, (n, k), buf)
 
 
-class Concurrent:
-    """`main` on the current stream and `side` on a second stream at the same time, both after what the
-    current stream holds so far; the current stream then waits for the side. Independent GEMVs of one
-    layer (they all read the normed x) overlap each other's ramp-up and tail this way: two 24 MiB
-    streaming kernels take 6.9 us each at once against 9.0 one after the other on the H200
-    (bench/pdl_probe.py). In a captured graph it is a fork and a join."""
-
-    def __init__(self, cp, side_stream, main: list, side: list):
-        self.cp, self.stream, self.main, self.side = cp, side_stream, main, side
-        self.fork = cp.cuda.Event(disable_timing=True)
-        self.done = cp.cuda.Event(disable_timing=True)
-        self.name = "concurrent " + " + ".join(_op_name(op) for op in main + side)
-
-    def __call__(self):
-        cur = self.cp.cuda.get_current_stream()
-        self.fork.record(cur)
-        self.stream.wait_event(self.fork)
-        with self.stream:
-            for op in self.side:
-                op()
-        self.done.record(self.stream)
-        for op in self.main:
-            op()
-        cur.wait_event(self.done)
-
-
-def _op_name(op) -> str:
-    name = getattr(op, "name", None)
-    if name:
-        return name
-    w = getattr(getattr(op, "__self__", None), "w", None)
-    return f"gemv {w.fmt} {w.n}x{w.k}" if w is not None else getattr(op, "__qualname__", "op")
-
-
 class CudaQwen35:
     """Decode-step executor for Qwen3.5 dense models on one GPU.
 
@@ -447,7 +413,7 @@ class CudaQwen35:
             return side + main
         if getattr(self, "side_stream", None) is None:
             self.side_stream = self.cp.cuda.Stream(non_blocking=True)
-        return [Concurrent(self.cp, self.side_stream, main, side)]
+        return [K.Concurrent(self.cp, self.side_stream, main, side)]
 
     def _pre_ops(self):
         return []

@@ -159,14 +159,13 @@ class CudaQwen35Prefill(CudaQwen35Columns):
                                  np.int32(w.gpr), np.int32(w.k), out, np.int32(w.k)))
         return out
 
-    def _matmul(self, w, x, y, ldy: int, rows: int | None = None, x_ready: bool = False):
-        """y[:, :w.n] (row stride ldy, fp32) = x[:, :w.k] @ W^T over the chunk's T rows (or `rows`);
-        `x_ready`: _x16 already holds x in fp16 (written by the SwiGLU kernel)."""
+    def _matmul(self, w, x, y, ldy: int, rows: int | None = None):
+        """y[:, :w.n] (row stride ldy, fp32) = x[:, :w.k] @ W^T over the chunk's T rows (or `rows`)."""
         from cupy_backends.cuda.libs import cublas  # noqa: PLC0415
 
         cp, T = self.cp, self.M if rows is None else int(rows)
         x16 = self._x16[: T * w.k].reshape(T, w.k)
-        if not x_ready and self._x16_of is not x:  # (the SwiGLU kernel wrote the down projection's input)
+        if self._x16_of is not x:  # (the SwiGLU kernel wrote the down projection's input: `_swiglu`)
             x16[...] = x[:, : w.k]
         self._x16_of = None
         w16 = self._dequant(w)
@@ -180,19 +179,14 @@ class CudaQwen35Prefill(CudaQwen35Columns):
     def _gemv(self, w, x, y, epi="store", splits=1, y_offset=0, xpre=None):
         # (the head on the chunk's last row stays a GEMV: the columns step's _tail_ops)
         if epi == "swiglu":
-            n = w.n // 2
-            if n % 4:
-                raise NotImplementedError(f"prefill SwiGLU needs the intermediate size a multiple of 4, not {n}")
-            blocks = (min(-(-self.M * n // 4 // 256), K.sm_count() * 16),)
+            if (w.n // 2) % 4:
+                raise NotImplementedError(f"prefill SwiGLU needs the intermediate size a multiple of 4, not {w.n // 2}")
 
             def go():
                 # gate|up GEMM (fp32), then SwiGLU in one pass straight into the fp16 input of the next
                 # GEMM, the down projection over `y`: y itself (fp32) is not written, nothing else reads it
-                swiglu = K.kernel("swiglu_rows_f16")
                 self._matmul(w, x, self._gu, self._gu.shape[1])
-                swiglu(blocks, (256,), (self._gu, np.int64(self._gu.shape[1]), np.int32(n), np.int32(self.M),
-                                        self._x16))
-                self._x16_of = y
+                self._swiglu(w.n // 2, self.M, y)
             go.name = f"gemm+swiglu {w.fmt} {w.n}x{w.k}"
             return go
         if epi != "store" or y_offset:
@@ -239,15 +233,20 @@ class CudaQwen35Prefill(CudaQwen35Columns):
 
         return gpu_engine.MOE_PREFILL
 
+    def _swiglu(self, inter: int, rows: int, of):
+        """silu(gate) * up of `rows` rows of the gate|up product (_gu) in one pass, into _x16 as the fp16
+        input of the next GEMM, which takes it for `of` (the rows it stands for; never written)."""
+        K.kernel("swiglu_rows_f16")((max(1, min(-(-rows * inter // 4 // 256), K.sm_count() * 16)),), (256,),
+                                    (self._gu, np.int64(self._gu.shape[1]), np.int32(inter), np.int32(rows),
+                                     self._x16))
+        self._x16_of = of
+
     def _ffn(self, gu, dn, x, n: int, y):
         """y[:n] = down(silu(gate x) * up x) for the first n rows of x (fp32): a GEMM, the one-pass SwiGLU
         into the fp16 input of the second GEMM, a GEMM."""
-        inter = gu.n // 2
         self._matmul(gu, x, self._gu, self._gu.shape[1], rows=n)
-        K.kernel("swiglu_rows_f16")((max(1, min(-(-n * inter // 4 // 256), K.sm_count() * 16)),), (256,),
-                                    (self._gu, np.int64(self._gu.shape[1]), np.int32(inter), np.int32(n),
-                                     self._x16))
-        self._matmul(dn, None, y, y.shape[1], rows=n, x_ready=True)
+        self._swiglu(gu.n // 2, n, self.act)
+        self._matmul(dn, self.act, y, y.shape[1], rows=n)
 
     def _moe_ops(self, L, xn):
         """The chunk's MoE block: router GEMM, top-k on the device, the (token, slot) pairs grouped by
