@@ -76,7 +76,7 @@ __device__ __forceinline__ __half2 u32_as_half2(unsigned int u) {
 __device__ __forceinline__ float bf16_lo(unsigned int u) { return __uint_as_float(u << 16); }
 __device__ __forceinline__ float bf16_hi(unsigned int u) { return __uint_as_float(u & 0xffff0000u); }
 
-// The chunked GDN prefill's in-order pass (gdn_chunk_scan in gdn.cu, gdn_chunk_scan_tc in gdn_tc.cu): one
+// The chunked GDN prefill's in-order pass (gdn_chunk_scan in gdn_chunked.cu, gdn_chunk_scan_tc in gdn_tc.cu): one
 // 64-token piece into shared memory: W (pass 1's), K and Q of key head kh (rows of stride KS, zero past
 // the n valid tokens), M (stride MS), this block's RB columns of U' (stride US), the cumulative log decay
 // G with e^G and e^(G_L - G). 256 threads; the caller synchronizes.

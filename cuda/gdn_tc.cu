@@ -1,6 +1,6 @@
 // The chunked GDN prefill's in-order pass on tensor cores (gdn_chunk_scan_tc<RB>). Compiled into a module
 // of its own (engine/ops/kernels.py module_tc: common.cuh + this file), so that a machine whose NVRTC
-// headers lack mma.h loses only this path. The layouts and the algorithm are gdn_chunk_scan's (gdn.cu).
+// headers lack mma.h loses only this path. The layouts and the algorithm are gdn_chunk_scan's (gdn_chunked.cu).
 #include "common.cuh"
 #define GC_T 64
 

@@ -1,4 +1,4 @@
-"""Serial NumPy emulation of cuda/gdn.cu gdn_chunk_prep / gdn_chunk_scan<RB> with the kernels' own index
+"""Serial NumPy emulation of cuda/gdn_chunked.cu gdn_chunk_prep / gdn_chunk_scan<RB> with the kernels' own index
 arithmetic (global layouts, piece offsets), against ref.gdn_recurrent. Run: .venv/bin/python dev/emu_gdn_chunked.py
 (session 5: outputs 1.8e-7, state 1.3e-7 apart at T = 100)."""
 import numpy as np, sys

@@ -13,6 +13,7 @@ import os
 
 import numpy as np
 
+from engine.gpu_weights import concat_rows
 from engine.ops import gemv_tuning
 from engine.ops import kernels as K
 from engine.ops.kernels import DevMatrix, GemvPlan
@@ -25,44 +26,6 @@ GDN_HEAD_DIM = 128
 def _ptr(a) -> np.uint64:
     """Device pointer of an optional array (0 for None), as a kernel argument."""
     return np.uint64(0 if a is None else a.data.ptr)
-
-
-def concat_rows(cp, mats: list[DevMatrix]) -> DevMatrix:
-    """One packed matrix holding the rows of several (same format and K), planes copied on the device."""
-    if len(mats) == 1:
-        return mats[0]
-    first = mats[0]
-    if all(b.buf is first.buf and b.row0 == a.row0 + a.n for a, b in zip(mats, mats[1:])):
-        # rows already adjacent in one object (the published artifacts' fused parents): a view
-        return DevMatrix(first.fmt, sum(m.n for m in mats), first.k, first.buf, first.row0, first.gpr,
-                         first.base, first.high, first.scales)
-    fmt, k = first.fmt, first.k
-    if any(m.fmt != fmt or m.k != k for m in mats):
-        raise ValueError("cannot fuse matrices of different formats or widths")
-    n = sum(m.n for m in mats)
-    if fmt in ("bf16", "fp32"):
-        es = 2 if fmt == "bf16" else 4
-        buf = cp.empty(n * k * es, dtype=cp.uint8)
-        off = 0
-        for m in mats:
-            nb = m.n * k * es
-            buf[off:off + nb] = m.buf[m.base:m.base + nb]
-            off += nb
-        return DevMatrix.from_object(fmt, (n, k), buf)
-    from engine.artifact import formats  # noqa: PLC0415
-
-    geo = formats.rowsplit_geometry(fmt, (n, k))
-    buf = cp.zeros(geo.bytes, dtype=cp.uint8)
-    hb, gpr = geo.high_bytes_per_group, geo.groups_per_row
-    r = 0
-    for m in mats:
-        for off_src, off_dst, per_row in ((m.base, geo.base_off, 32 * gpr), (m.high, geo.high_off, hb * gpr),
-                                          (m.scales, geo.scale_off, 2 * gpr)):
-            nb = m.n * per_row
-            if nb:
-                buf[off_dst + r * per_row: off_dst + r * per_row + nb] = m.buf[off_src:off_src + nb]
-        r += m.n
-    return DevMatrix.from_object(fmt, (n, k), buf)
 
 
 class CudaQwen35:

@@ -21,7 +21,8 @@ import numpy as np
 from engine.artifact import formats
 from engine.backend import cupy_or_none
 
-SOURCES = ("common.cuh", "gemv.cu", "gemv_variants.cu", "gemv_mma.cu", "norm.cu", "attention.cu", "gdn.cu", "sample.cu", "moe.cu")
+SOURCES = ("common.cuh", "gemv.cu", "gemv_variants.cu", "gemv_mma.cu", "rows.cu", "norm.cu", "attention.cu", "gdn.cu",
+           "gdn_chunked.cu", "sample.cu", "moe.cu")
 # Pre-staged GEMV input rows (fp16 pairs, slot-major blocks of 32 chunks) are padded to this many values.
 XPAD = 1024
 FMT_IDS = {"q4_g64_fp16": 0, "q5_g64_fp16": 1, "q6_g64_fp16": 2, "q8_g32_fp16": 3}
@@ -40,7 +41,7 @@ GEMV_ASYNC_M = (1,)
 ATTN_GROUPS = (1, 2, 3, 4, 6, 8)
 GDN_DELTA_ROWS = (2, 4)  # state rows a warp of gdn_delta_rows (the prefill's GDN recurrence)
 # the chunked GDN prefill (gdn_chunk_prep, gdn_chunk_scan<RB>): state rows a block of the in-order pass,
-# and the dynamic shared memory of both (GDN_PREP_SMEM / GDN_SCAN_SMEM in cuda/gdn.cu)
+# and the dynamic shared memory of both (GDN_PREP_SMEM / GDN_SCAN_SMEM in cuda/gdn_chunked.cu)
 GDN_SCAN_RB = (16, 32, 64)
 GDN_PREP_SMEM = 4 * (2 * 64 * 129 + 64 * 257 + 64 * 65 + 2 * 64)
 
