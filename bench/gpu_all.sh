@@ -10,13 +10,9 @@
 #   next: gdnc then moep in one call (session 6's first).
 #   moep: MoE prefill on tensor cores (NINFER_MOE_PREFILL=1): tests, 35B bench.
 #   gdnc: the chunked GDN prefill: tests, profiles against the token-by-token recurrence.
-#   final: all GPU tests, norm-blocks A/B, decode with breakdown and depth, prefill bench.
-#   s5b: MoE shared expert branch, multi-block argmax, more prefill tails: tests, decode, bench.
-#   br: independent projections on two streams, decode A/B.
-#   pdl: PDL inside a graph (bench/pdl_probe.py), prefill profiles of 512- and 256-token chunks.
-#   s5: tests (prefill, engine, prestaged GEMVs), decode, prefill profile and bench.
-#   pre2: gemv_rs_pre tests, decode with and without the fused gate|up staging, sweep with gemv_rs_pre.
-# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | exp | quick | pre2
+#   final: all GPU tests, decode with breakdown and depth, prefill bench (the session-5 figures).
+# (The one-off A/B parts of session 5, pre2 / s5 / pdl / br / s5b, are in git history: 4f9b3f1.)
+# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | next | quick | exp
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.cupy_cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -48,10 +44,22 @@ gpu_pytest() {
     log "a read saw junk; again"; sleep 10
   done
 }
+# decode 27B + 35B with the per-kernel breakdown and the 27B at depth 32K (the tuning table)
+decode_all() {
+  log "decode"
+  timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.8-27b,qwen3.6-35b-a3b --depth 32768 --breakdown \
+    --out "$OUT/decode.json" 2>&1 | grep -E "PDL|sum of|^  |rror" | head -30
+}
+# `ninfer bench` pp512/pp2000/pp8192 with the defaults (tensor-core prefill where memory allows)
+bench_pp() {
+  log "bench pp512,pp2000,pp8192"
+  timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 512,2000,8192 -n 0 -r 2 \
+    -o json --out "$OUT/pp_default.json" 2>&1 | grep -E "^pp|rror" | head -6
+}
 if [ "$PART" = main ]; then
 ready
 log tests
-timeout 200 python3 -m pytest -q -p no:cacheprovider --tb=short tests/gpu > "$OUT/gpu_tests.txt" 2>&1
+gpu_pytest "$OUT/gpu_tests.txt" tests/gpu
 grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | head -24
 log "prefill profile (pp8192, chunk 8192; then the GDN recurrence a row a warp, NINFER_GDN_ROWS=1 and 2)"
 timeout 90 python3 bench/prefill_profile.py --tokens 8192 --chunk 8192 --out "$OUT/pp_profile.json" 2>&1 | head -22
@@ -59,12 +67,8 @@ for r in 1 2; do
   NINFER_GDN_ROWS=$r timeout 60 python3 bench/prefill_profile.py --tokens 8192 --chunk 8192 \
     --out "$OUT/pp_profile_gdnrows$r.json" 2>&1 | grep -E "tok/s|gdn_delta" | head -3
 done
-log "decode (tuning table)"
-timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.8-27b,qwen3.6-35b-a3b --depth 32768 --breakdown \
-  --out "$OUT/decode.json" 2>&1 | grep -E "PDL|sum of|^  gemv|^  resid|^  stage|^  gated|^  attn|rror" | head -30
-log "bench pp512,pp2000,pp8192 (defaults: tensor-core prefill where memory allows)"
-timeout 120 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 512,2000,8192 -n 0 -r 2 \
-  -o json --out "$OUT/pp_default.json" 2>&1 | grep -E "^pp|rror" | head -6
+decode_all
+bench_pp
 log "bench pp131072 (issue 8: completes, tok/s reported)"
 timeout ${LONG_S:-150} python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 131072 -n 0 \
   -r 1 --warmup 0 -o json --out "$OUT/pp131072_default.json" 2>&1 | grep -E "^pp|rror" | head -3
@@ -84,80 +88,13 @@ log "sweep + decode"
 timeout 300 python3 bench/gpu_decode.py --sweep --synthetic ${GEOS:-qwen3.8-27b} --breakdown --out "$OUT/quick.json" 2>&1 \
   | grep -E "best|PDL|sum of|^  gemv|^  resid|^  stage|tok/s|Error|error" | head -60
 fi
-if [ "$PART" = pre2 ]; then  # gemv_rs_pre and its fused staging, A/B against the tuning table (session 5's first call)
-kernel_tests "prestaged or gemv_mma"
-log "decode: tuning table, then gate|up fused staging"
-timeout 120 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --breakdown --out "$OUT/decode_table.json" 2>&1 \
-  | grep -E "PDL|sum of|^  gemv|^  stage|rror" | head -12
-timeout 120 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --breakdown --fuse-stage --out "$OUT/decode_fuse.json" 2>&1 \
-  | grep -E "PDL|sum of|^  gemv|^  stage|rror" | head -12
-log "sweep with gemv_rs_pre, decode with its table"
-timeout 300 python3 bench/gpu_decode.py --sweep --synthetic qwen3.8-27b --out "$OUT/sweep_pre2.json" 2>&1 \
-  | grep -E "best|PDL|rror" | head -30
-fi
-if [ "$PART" = s5 ]; then  # session 5: pre2 in the table, one-pass prefill SwiGLU
-ready
-log "tests: kernels (prestaged), prefill, engine"
-gpu_pytest "$OUT/gpu_tests.txt" tests/gpu/test_prefill.py tests/gpu/test_gpu_engine.py \
-  "tests/gpu/test_kernels.py::test_gemv_prestaged"
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | head -16
-log "decode (tuning table with gemv_rs_pre on four shapes)"
-timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.8-27b,qwen3.6-35b-a3b --depth 32768 --breakdown \
-  --out "$OUT/decode.json" 2>&1 | grep -E "PDL|sum of|^  gemv|^  resid|^  stage|rror" | head -24
-log "prefill profile pp8192 chunk 8192"
-timeout 90 python3 bench/prefill_profile.py --tokens 8192 --chunk 8192 --out "$OUT/pp_profile.json" 2>&1 | head -12
-log "bench pp512,pp2000,pp8192"
-timeout 120 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 512,2000,8192 -n 0 -r 2 \
-  -o json --out "$OUT/pp_default.json" 2>&1 | grep -E "^pp|rror" | head -6
-fi
-if [ "$PART" = pdl ]; then  # PDL inside a graph (bench/pdl_probe.py); short-prompt prefill profiles
-ready
-timeout 120 python3 bench/pdl_probe.py 2>&1 | tail -14
-[ -n "${PP_SHORT:-}" ] && for c in 512 256; do
-  log "prefill profile pp$c chunk $c"
-  timeout 90 python3 bench/prefill_profile.py --tokens $c --chunk $c --out "$OUT/pp_profile_$c.json" 2>&1 | head -16
-done
-fi
-if [ "$PART" = br ]; then  # independent projections on two streams (Concurrent), A/B with NINFER_BRANCHES=0
-ready
-log "tests: engine, prefill"
-gpu_pytest "$OUT/gpu_tests.txt" tests/gpu/test_gpu_engine.py tests/gpu/test_prefill.py
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | head -12
-for b in 1 0; do
-  log "decode NINFER_BRANCHES=$b"
-  NINFER_BRANCHES=$b timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.8-27b,qwen3.6-35b-a3b \
-    $( [ $b = 1 ] && echo --depth 32768 ) --out "$OUT/decode_br$b.json" 2>&1 | grep -E "PDL|rror" | head -8
-done
-fi
-if [ "$PART" = s5b ]; then  # MoE shared expert beside the routed ones, multi-block argmax, more prefill tails
-ready
-log "tests: argmax, engine, prefill, memory plan"
-gpu_pytest "$OUT/gpu_tests.txt" tests/gpu/test_gpu_engine.py tests/gpu/test_prefill.py \
-  tests/gpu/test_memory_plan_gpu.py "tests/gpu/test_kernels.py::test_argmax_step"
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | head -12
-log "decode"
-timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.8-27b,qwen3.6-35b-a3b --breakdown \
-  --out "$OUT/decode.json" 2>&1 | grep -E "PDL|sum of|^  gemv|^  resid|^  stage|^  argmax|^  concurrent|rror" | head -20
-log "bench pp512,pp2000,pp8192"
-timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 512,2000,8192 -n 0 -r 2 \
-  -o json --out "$OUT/pp_default.json" 2>&1 | grep -E "^pp|rror" | head -6
-fi
-if [ "$PART" = final ]; then  # every GPU test, norm blocks A/B, decode, prefill bench
+if [ "$PART" = final ]; then  # every GPU test, decode, prefill bench
 ready
 log "all GPU tests"
 gpu_pytest "$OUT/gpu_tests.txt" tests/gpu
 grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | head -12
-for nb in 4 16; do
-  log "decode NINFER_NORM_BLOCKS=$nb"
-  NINFER_NORM_BLOCKS=$nb timeout 100 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --out "$OUT/decode_nb$nb.json" \
-    2>&1 | grep -E "PDL|rror" | head -3
-done
-log "decode (defaults)"
-timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.8-27b,qwen3.6-35b-a3b --depth 32768 --breakdown \
-  --out "$OUT/decode.json" 2>&1 | grep -E "PDL|sum of|^  |rror" | head -30
-log "bench pp512,pp2000,pp8192"
-timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 512,2000,8192 -n 0 -r 2 \
-  -o json --out "$OUT/pp_default.json" 2>&1 | grep -E "^pp|rror" | head -6
+decode_all
+bench_pp
 fi
 if [ "$PART" = gdnc ] || [ "$PART" = next ]; then  # the chunked GDN prefill etc. (written in session 5 without device time)
 ready
