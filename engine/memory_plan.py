@@ -107,14 +107,18 @@ def prefill_executor_bytes(args, cols: int = 0, gemm: int = 0, score_bytes: int 
     """The CUDA engine's prefill executors beside the decode step: the columns step (`cols` token rows of
     the same buffers) and the tensor-core chunk (`gemm` rows, one logits row, plus its fp16 copy of the
     largest layer matrix, the fp16 activations, the gate|up product, one query block of attention scores
-    in fp32 and fp16 (`score_bytes`) and the queries and outputs per KV head). Neither exists for MoE
-    models; the tail executors (`PREFILL_TAILS`) add their own rows. The cache rows the attention
-    gathers grow with the context: `prefill_gather_bytes_per_token`."""
+    in fp32 and fp16 (`score_bytes`) and the queries and outputs per KV head). MoE models have no
+    columns step; their chunk adds the router logits, the top-k, one expert's output rows and the
+    gathered rows CuPy makes per expert (`_moe_chunk`). The tail executors (`PREFILL_TAILS`) add their
+    own rows. The cache rows the attention gathers grow with the context: `prefill_gather_bytes_per_token`."""
     if args.is_moe:
-        return 0
+        if not _moe_prefill():
+            return 0
+        cols = 0
     total = workspace_bytes(args, cols) if cols > 1 else 0
     if gemm > cols:
-        h, inter = args.hidden_size, args.intermediate_size
+        h = args.hidden_size
+        inter = max(args.intermediate_size, args.moe_intermediate_size, args.shared_expert_intermediate_size)
         q = args.num_attention_heads * args.head_dim
         kvw = args.num_key_value_heads * args.head_dim
         vd = args.linear_value_dim
@@ -123,14 +127,23 @@ def prefill_executor_bytes(args, cols: int = 0, gemm: int = 0, score_bytes: int 
         total += workspace_bytes(args, gemm) - (gemm - 1) * logits_row
         total += 2 * max(2 * inter, widest) * max(h, inter, q, vd)  # fp16 weights of the largest matrix
         total += 2 * gemm * max(h, inter, q, vd) + 4 * gemm * 2 * inter + score_bytes + 6 * gemm * q
+        if args.is_moe:
+            e, k = args.num_experts, args.num_experts_per_tok
+            total += gemm * (4 * (e + 1) + 8 * (k + 1) + 16 * k + 20 * h)
         total += sum(workspace_bytes(args, t) - (t - 1) * logits_row for t in PREFILL_TAILS if cols < t < gemm)
     return total
 
 
+def _moe_prefill() -> bool:
+    from engine.gpu_engine import MOE_PREFILL  # noqa: PLC0415
+
+    return MOE_PREFILL
+
+
 def prefill_gather_bytes_per_token(args, cols: int = 0, gemm: int = 0) -> int:
     """The tensor-core prefill's attention reads one layer's cache as fp32 and fp16 rows of K and V:
-    per token of context, 2 x (4 + 2) bytes a value (0 when that path is off or the model is MoE)."""
-    if args.is_moe or gemm <= cols:
+    per token of context, 2 x (4 + 2) bytes a value (0 when that path is off)."""
+    if (args.is_moe and not _moe_prefill()) or gemm <= cols:
         return 0
     return 12 * args.num_key_value_heads * args.head_dim
 

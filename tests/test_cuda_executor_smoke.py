@@ -63,7 +63,7 @@ def test_moe_engine_builds_and_runs(cp, shared):
     cfg.pop("intermediate_size")
     args, w = _weights(cfg)
     eng = build_engine(args, w, cfg, max_context=256)
-    assert eng.model.cols is None and eng.model.gemm is None  # prefill executors are dense-only
+    assert eng.model.cols is None  # no columns step for MoE (the tensor-core prefill where memory allows)
     eng.prefill([1, 2, 3])
     assert eng.decode_greedy(4, 3) is not None and eng.position == 6
     assert np.isfinite(eng.info()["weight_bytes_per_token"])

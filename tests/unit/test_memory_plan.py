@@ -250,7 +250,8 @@ def test_build_with_ladder_other_errors_propagate_and_exhaustion_is_a_user_error
 
 
 def test_prefill_executors_are_planned():
-    """The columns step's rows and the tensor-core chunk's scratch are in the plan; MoE has neither."""
+    """The columns step's rows and the tensor-core chunk's scratch are in the plan; MoE has no columns
+    step, and its tensor-core chunk (MOE_PREFILL) adds the routing and per-expert rows."""
     from engine import memory_plan as mp
     from engine.config import ModelArgs
     from engine.synthetic import geometry_config
@@ -262,10 +263,14 @@ def test_prefill_executors_are_planned():
     gemm = mp.prefill_executor_bytes(dense, 8, 256) - mp.prefill_executor_bytes(dense, 8, 0)
     # the fp16 copy of the 34,816 x 5,120 gate|up, a 1 GiB score block and 256 rows of buffers
     assert gemm > 2 * 34816 * 5120 + mp.GIB + mp.workspace_bytes(dense, 256) - 255 * 4 * dense.vocab_size
-    assert mp.prefill_executor_bytes(moe, 8, 256) == 0
+    moe_gemm = mp.prefill_executor_bytes(moe, 8, 256)
+    assert moe_gemm == mp.prefill_executor_bytes(moe, 0, 256)  # (no columns step for MoE)
+    assert moe_gemm > mp.GIB + 256 * 20 * moe.hidden_size
+    assert mp.prefill_executor_bytes(moe, 8, 0) == 0
     # the attention's gathered K and V (fp32 and fp16) grow with the context, as a pool of their own
     assert mp.prefill_gather_bytes_per_token(dense, 8, 256) == 12 * 4 * 256
-    assert mp.prefill_gather_bytes_per_token(dense, 8, 0) == mp.prefill_gather_bytes_per_token(moe, 8, 256) == 0
+    assert mp.prefill_gather_bytes_per_token(dense, 8, 0) == mp.prefill_gather_bytes_per_token(moe, 8, 0) == 0
+    assert mp.prefill_gather_bytes_per_token(moe, 8, 256) == 12 * moe.num_key_value_heads * moe.head_dim
     gemm_plan = mp.plan_memory(dense, mp.weights_from_recipe(dense, "groupwise-int-w8head"), prefill_cols=8,
                                prefill_gemm=256)
     assert [p.name for p in gemm_plan.pools] == ["text", "prefill attention gather"]
