@@ -10,6 +10,7 @@
 #   next: gdnc then moep in one call (session 6's first).
 #   moep: MoE prefill on tensor cores (NINFER_MOE_PREFILL=1): tests, 35B bench.
 #   gdnc: the chunked GDN prefill: tests, profiles against the token-by-token recurrence.
+#   s6: all GPU tests, 27B decode with the MLP split and without (twice), prefill bench 27B + 35B.
 #   final: all GPU tests, decode with breakdown and depth, prefill bench (the session-5 figures).
 # (The one-off A/B parts of session 5, pre2 / s5 / pdl / br / s5b, are in git history: 4f9b3f1.)
 # Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | next | quick | exp
@@ -125,6 +126,21 @@ gpu_pytest "$OUT/gpu_tests.txt" tests/gpu/test_prefill.py -k moe
 grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | head -8
 log "bench 35B-A3B pp512, pp8192 with NINFER_MOE_PREFILL=1"
 NINFER_MOE_PREFILL=1 timeout 240 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 512,8192 -n 0 -r 1 \
+  -o json --out "$OUT/pp_moe.json" 2>&1 | grep -E "^pp|rror" | head -4
+fi
+if [ "$PART" = s6 ]; then  # session 6: the MLP in two halves (NINFER_FFN_SPLIT), new prefill defaults
+ready
+log "all GPU tests"
+gpu_pytest "$OUT/gpu_tests.txt" tests/gpu
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | head -16
+for fs in 0 1 0 1; do
+  log "decode NINFER_FFN_SPLIT=$fs"
+  NINFER_FFN_SPLIT=$fs timeout 100 python3 bench/gpu_decode.py --synthetic qwen3.8-27b${GEO35:-} --breakdown \
+    --out "$OUT/decode_ffn$fs.json" 2>&1 | grep -E "tok/s|sum of|^  gemv q|^  concurrent|stage|rror" | head -16
+done
+bench_pp
+log "bench 35B-A3B pp512, pp8192 (MoE prefill on by default)"
+timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 512,8192 -n 0 -r 2 \
   -o json --out "$OUT/pp_moe.json" 2>&1 | grep -E "^pp|rror" | head -4
 fi
 if [ "$PART" = probe ]; then  # bench/mma_probe.py (L2-resident vs DRAM-streamed GEMV variants)

@@ -14,7 +14,8 @@
 //   U 16-byte weight loads per row in flight per lane; blocks loop over row groups so that staging x
 //   is paid once per block; grid.y splits K (split-K) for the few-row, long-K shapes.
 // Epilogues: STORE (y = acc), PARTIAL (split-K slice s writes its own [M, N] plane; the consumer sums),
-// SWIGLU (rows r and r + N/2 of a fused [gate; up] parent: y = silu(gate) * up), ADD (y += acc).
+// SWIGLU (rows g and g + pair_stride of a fused [gate; up] parent, g < N - pair_stride: y[g] = silu(gate) *
+// up; a view of rows [a, I + b) of an [I gate; I up] parent with pair_stride I is the slice a..b), ADD (y += acc).
 #include "common.cuh"
 
 #define FMT_Q4 0
@@ -203,13 +204,13 @@ __device__ __forceinline__ float gemv_store(float (&acc)[ROWS][M], int g, int N,
     if (lane == 0) {
       if (epi == EPI_SWIGLU) {
         if constexpr (TRACK) {
-          if (g < pair_stride) {
+          if (g < N - pair_stride) {
             const float o = silu(v[0]) * v[ROWS - 1];
             y[(size_t)m * ldy + g] = o;
             wrote = fmaxf(wrote, fabsf(o));
           }
         } else {
-          if (g < pair_stride) y[(size_t)m * ldy + g] = silu(v[0]) * v[ROWS - 1];
+          if (g < N - pair_stride) y[(size_t)m * ldy + g] = silu(v[0]) * v[ROWS - 1];
         }
       } else {
 #pragma unroll
@@ -242,7 +243,7 @@ __global__ void __launch_bounds__(256, (M == 1 && U == 2) ? (ROWS == 1 ? 5 : (RO
   const int u4_per_row = gpr * 2;
   const int z = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wpb = blockDim.x >> 5;
-  const int ngroups = epi == EPI_SWIGLU ? pair_stride : (N + ROWS - 1) / ROWS;
+  const int ngroups = epi == EPI_SWIGLU ? N - pair_stride : (N + ROWS - 1) / ROWS;
   const int js = blockIdx.y * u4_per_split;
   const int je = min(js + u4_per_split, u4_per_row);
   const int pf_span = 32 * U * pf;  // chunks of a row requested ahead

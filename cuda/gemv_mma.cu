@@ -133,7 +133,7 @@ __device__ __forceinline__ void mma_unit_store(float (&acc)[TILES][4], float (*r
       if (swiglu) {
         const float gt = acc[0][e] * inv[e & 1], up = acc[TILES - 1][e] * inv[e & 1];
         const int row = u * 16 + rl;
-        if (row < pair_stride) ym[row] = silu(gt) * up;
+        if (row < N - pair_stride) ym[row] = silu(gt) * up;
       } else {
 #pragma unroll
         for (int t = 0; t < TILES; ++t) {
@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(256) gemv_mma(
   const int wk = warp % KW, wu = warp / KW;
   const bool swiglu = epi == EPI_SWIGLU;
   const int unit_rows = 16 * TILES;
-  const int units = swiglu ? pair_stride / 16 : (N + unit_rows - 1) / unit_rows;
+  const int units = swiglu ? (N - pair_stride) / 16 : (N + unit_rows - 1) / unit_rows;
   const int gs = blockIdx.y * gps, ge = min(gs + gps, gpr);
   const int xrow = ((gpr * 2 + 31) & ~31) * 4;  // uint4 per token row of the staged pairs
   __shared__ float red[8][TILES][16][8];

@@ -36,7 +36,7 @@ gemv_rs_pre(GEMV_RS_PARAMS, __half2* __restrict__ sxh, float* __restrict__ sxinv
   const int u4_per_row = gpr * 2;
   const int z = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wpb = blockDim.x >> 5;
-  const int ngroups = epi == EPI_SWIGLU ? pair_stride : (N + ROWS - 1) / ROWS;
+  const int ngroups = epi == EPI_SWIGLU ? N - pair_stride : (N + ROWS - 1) / ROWS;
   const int js = blockIdx.y * u4_per_split;  // a multiple of 32 (the executor's rule for pre-staged x)
   const int je = min(js + u4_per_split, u4_per_row);
   const int iters = je - js > lane ? (je - js - lane + 31) >> 5 : 0;  // chunks j = js + lane + 32 i
@@ -128,7 +128,7 @@ gemv_rs_pre(GEMV_RS_PARAMS, __half2* __restrict__ sxh, float* __restrict__ sxinv
     if (last) {
       __threadfence();
       const float sc = pow2_scale(__uint_as_float(atomicAdd(sslot, 0u)));
-      const int K2 = pair_stride;  // the staged row: the N / 2 SwiGLU outputs
+      const int K2 = N - pair_stride;  // the staged row: the SwiGLU outputs
       for (int p = threadIdx.x; p < skpad / 2; p += blockDim.x) {
         const int jl = p >> 4, pi = p & 15, c = pi >> 2, jp = pi & 3;
         const int ka = jl * 32 + 8 * c + jp, kb = ka + 4;
@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(256, 4) gemv_rs_async(GEMV_RS_PARAMS) {
   const int u4_per_row = gpr * 2;
   const int z = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wpb = blockDim.x >> 5;
-  const int ngroups = epi == EPI_SWIGLU ? pair_stride : (N + ROWS - 1) / ROWS;
+  const int ngroups = epi == EPI_SWIGLU ? N - pair_stride : (N + ROWS - 1) / ROWS;
   const int js = blockIdx.y * u4_per_split;
   const int je = min(js + u4_per_split, u4_per_row);
   const int ipg = (je - js + 31) >> 5;  // work items per row group

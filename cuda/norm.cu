@@ -33,8 +33,10 @@ __device__ void stage_pairs(const float* xm, int K, int kpad, __half2* dst, floa
 }
 
 
+// kpad: the values staged (K rounded up to whole blocks of 1024); ldh: half2 pairs per row of xh (kpad / 2,
+// or the whole row's when x is a slice of a row staged into the matching part of the row's pairs).
 extern "C" __global__ void stage_x_mb(const float* __restrict__ x, int ldx, int K, int kpad,
-                                      __half2* __restrict__ xh, float* __restrict__ xinv) {
+                                      __half2* __restrict__ xh, int ldh, float* __restrict__ xinv) {
   NI_PDL_ENTRY();
   __shared__ float red[32];
   const int m = blockIdx.y;
@@ -44,7 +46,7 @@ extern "C" __global__ void stage_x_mb(const float* __restrict__ x, int ldx, int 
   const float sc = pow2_scale(block_max(mx, red));
   const int nch = kpad / 32, per = (nch + gridDim.x - 1) / gridDim.x;
   const int c0 = blockIdx.x * per, c1 = min(c0 + per, nch);
-  stage_slice(xm, K, c0, c1, xh + (size_t)m * kpad / 2, sc);
+  stage_slice(xm, K, c0, c1, xh + (size_t)m * ldh, sc);
   if (blockIdx.x == 0 && threadIdx.x == 0) xinv[m] = 1.f / sc;
 }
 

@@ -208,3 +208,34 @@ def test_padded_prefill_plumbing(cp, monkeypatch):
     runs.clear()
     eng.prefill(list(range(1, 276)))  # 256 whole, 19 left: under PAD_MIN, the columns step and decode
     assert runs == [(256, 256, None)] and eng.position == 275
+
+
+def test_ffn_split_plumbing(cp, monkeypatch):
+    """NINFER_FFN_SPLIT: an MLP of two or more 1,024-value blocks runs as two halves (gate|up A; gate|up B
+    beside stage A + down A; stage B + down B), the down halves into partial planes 0 and 1 over column
+    views of the down matrix; a narrower MLP, and the flag off, keep one gate|up, stage and down."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+    from engine.ops import kernels as K
+
+    cfg = dict(CFG, intermediate_size=3072)
+    args, w = _weights(cfg)
+
+    def build():
+        eng = build_engine(args, w, cfg, max_context=256, prefill_cols=8, prefill_gemm=0)
+        return eng, eng.model.executor
+
+    eng, ex = build()
+    assert ex._ffn_split_at(ex.layers[0]["down"]) == 2048
+    conc = [op for op in ex.ops if isinstance(op, K.Concurrent) and any(
+        getattr(o, "name", "") == "stage_x_mb" for o in op.side)]
+    assert len(conc) == args.num_hidden_layers
+    down_a = conc[0].side[1].__self__
+    assert down_a.grid[1] == 1 and down_a.w.k == 2048 and down_a.args[9] == 2048 // 32  # u4 per slice
+    eng.prefill(list(range(1, 30)))  # the columns executor (8 rows) takes the split too
+    assert eng.decode_greedy(3, 2) is not None
+    monkeypatch.setattr(CudaQwen35, "FFN_SPLIT", False)
+    _, ex_off = build()
+    assert not any(isinstance(op, K.Concurrent) and any(getattr(o, "name", "") == "stage_x_mb" for o in op.side)
+                   for op in ex_off.ops)
+    assert len(ex_off.ops) == len(ex.ops) - args.num_hidden_layers  # 3 ops a layer's MLP against 4

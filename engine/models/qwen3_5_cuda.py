@@ -263,8 +263,11 @@ class CudaQwen35:
                           (x_in, x_out, self.part, splits, self.M * self.H, w, self.xn, self.H,
                            float(self.args.rms_norm_eps), 1, self.xh_n, self.xinv_n, self.kpad_h), block=1024)
 
-    def _stage(self, x, k, kpad, xh, xinv):
-        return K.prepared("stage_x_mb", (self.NORM_BLOCKS, self.M), (x, x.shape[1], k, kpad, xh, xinv), block=1024)
+    def _stage(self, x, k, kpad, xh, xinv, ldh=None):
+        """x[:, :k] as the fp16 pairs of kpad values (ldh pairs a row of xh: kpad / 2 unless a slice)."""
+        return K.prepared("stage_x_mb", (self.NORM_BLOCKS, self.M),
+                          (x, x.strides[0] // x.itemsize, k, kpad, xh, kpad // 2 if ldh is None else ldh, xinv),
+                          block=1024)
 
     def _moe_ops(self, L, xn):
         """Router -> top-k on the device -> routed experts (grid.z = slot) writing weighted partials
@@ -279,7 +282,7 @@ class CudaQwen35:
         ops.append(GemvPlan(gu1, self.xn, H, self.act_e, ie, epi="swiglu", unroll=2, xpre=xn,
                             experts=(self.eidx, 2 * ie, 0, ie, None, k)).launch)
         ops.append(K.prepared("stage_x_mb", (self.NORM_BLOCKS, k), (self.act_e, ie, ie, self.kpad_e, self.xh_e,
-                                                                    self.xinv_e), block=1024))
+                                                                    self.kpad_e // 2, self.xinv_e), block=1024))
         ops.append(GemvPlan(dn1, self.act_e, ie, self.part, H, epi="store", unroll=2, rows=1,
                             xpre=(self.xh_e, self.xinv_e),
                             experts=(self.eidx, H, self.kpad_e * 2, self.M * H, self.ewts, k)).launch)
@@ -353,18 +356,59 @@ class CudaQwen35:
                 ops.extend(self._moe_ops(L, xn))
                 prev_splits = self.topk + 1
             else:
-                gu_plan = self._plan_gemv(L["gate_up"], self.xn, self.act, "swiglu", 1, xn,
-                                          stage_out=(self.xh_act, self.xinv_act, self.kpad_act, self.stage_slot))
-                ops.append(gu_plan.launch)
-                if not gu_plan.stages_out:  # (gemv_rs_pre with fuse_stage in its tuning entry stages it itself)
-                    ops.append(self._stage(self.act, self.inter, self.kpad_act, self.xh_act, self.xinv_act))
-                d_plan = self._plan_gemv(L["down"], self.act, self.part, "partial", self._splits(L["down"]),
-                                         (self.xh_act, self.xinv_act))
-                ops.append(d_plan.launch)
-                prev_splits = d_plan.splits
+                ffn, prev_splits = self._ffn_ops(L, xn)
+                ops.extend(ffn)
         ops.append(self._norm(prev_splits, self.final_norm))
         ops.extend(self._tail_ops())
         return ops
+
+    # The MLP in two halves of the intermediate width, the second half's gate|up beside the first half's
+    # staging and down-projection (two chains: a GEMV streams while the other chain's light kernel runs).
+    # NINFER_FFN_SPLIT=0: one gate|up, one staging, one down. Subclasses whose GEMVs are not kernels
+    # (cuBLAS prefill) turn it off.
+    FFN_SPLIT = os.environ.get("NINFER_FFN_SPLIT", "1") != "0"
+
+    def _ffn_split_at(self, w_down) -> int:
+        """Where the MLP splits (values of the intermediate row, on a 1,024-value block): the down
+        projection's split-K boundary into two slices; 0 when the row has fewer than two blocks."""
+        blocks = w_down.k // K.XPAD
+        return 0 if blocks < 2 or w_down.k % K.XPAD or w_down.fmt not in K.FMT_IDS or w_down.fmt == "q8_g32_fp16" \
+            else -(-blocks // 2) * K.XPAD
+
+    def _ffn_ops(self, L, xn) -> tuple[list, int]:
+        """The dense MLP's ops (gate|up with SwiGLU, staging, down into partials) and the partial planes
+        the next norm sums."""
+        gu, dn = L["gate_up"], L["down"]
+        s = self._ffn_split_at(dn) if self.FFN_SPLIT else 0
+        if not s:
+            gu_plan = self._plan_gemv(gu, self.xn, self.act, "swiglu", 1, xn,
+                                      stage_out=(self.xh_act, self.xinv_act, self.kpad_act, self.stage_slot))
+            ops = [gu_plan.launch]
+            if not gu_plan.stages_out:  # (gemv_rs_pre with fuse_stage in its tuning entry stages it itself)
+                ops.append(self._stage(self.act, self.inter, self.kpad_act, self.xh_act, self.xinv_act))
+            d_plan = self._plan_gemv(dn, self.act, self.part, "partial", self._splits(dn),
+                                     (self.xh_act, self.xinv_act))
+            return ops + [d_plan.launch], d_plan.splits
+        inter, M, H = dn.k, self.M, self.H
+        gcfg = self.gemv_cfg.get((gu.fmt, gu.n, gu.k), {})
+        dcfg = self.gemv_cfg.get((dn.fmt, dn.n, dn.k), {})
+        if getattr(self, "xinv_act2", None) is None:
+            self.xinv_act2 = self.cp.ones(M, dtype=self.cp.float32)
+        halves = []
+        for h, (a, b) in enumerate(((0, s), (s, inter))):
+            xinv = self.xinv_act if h == 0 else self.xinv_act2
+            xh = self.xh_act[:, a // 2:]  # (uint32 pairs: a // 2 of them before the slice)
+            gu_h = GemvPlan(gu.swiglu_slice(a, b), self.xn, self.xn.shape[1], self.act, self.act.shape[1], m=M,
+                            epi="swiglu", rows=gcfg.get("rows"), unroll=gcfg.get("unroll", 2), y_offset=a, xpre=xn,
+                            pf=gcfg.get("pf"), pre2=gcfg.get("pre2", False), pair_stride=gu.n // 2).launch
+            kpad = -(-(b - a) // K.XPAD) * K.XPAD
+            stage = self._stage(self.act[:, a:], b - a, kpad, xh, xinv, ldh=self.kpad_act // 2)
+            down = GemvPlan(dn.col_slice(a, b), self.act, self.act.shape[1], self.part[h], H, m=M, epi="partial",
+                            rows=dcfg.get("rows", 1), unroll=dcfg.get("unroll", 2), xpre=(xh, xinv),
+                            pf=dcfg.get("pf"), k_chunks=kpad // 32).launch
+            halves.append((gu_h, stage, down))
+        (gu_a, st_a, dn_a), (gu_b, st_b, dn_b) = halves
+        return [gu_a] + self._concurrent([gu_b], [st_a, dn_a]) + [st_b, dn_b], 2
 
     # Independent projections of a layer on two streams (`Concurrent`); NINFER_BRANCHES=0 runs them in
     # order on one. Subclasses whose projections are not kernel launches (cuBLAS prefill) turn it off.

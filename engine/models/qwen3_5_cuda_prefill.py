@@ -97,6 +97,7 @@ class CudaQwen35Prefill(CudaQwen35Columns):
     """T-token prefill chunks over the sequence of `decode` (a one-lane CudaQwen35)."""
 
     BRANCHES = False  # cuBLAS calls through CuPy's handle stay on one stream
+    FFN_SPLIT = False  # (one GEMM a projection)
     NORM_BLOCKS = 1  # T rows give the norms their parallelism; more blocks a row would re-read it
     PREP_SPLIT = 64  # token slices of the GDN conv/norm kernel (16 tokens each at T = 1024)
     # state rows a warp in the recurrence; NINFER_GDN_ROWS=1 takes gdn_delta_cols (a row a warp).

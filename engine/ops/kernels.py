@@ -193,6 +193,29 @@ class DevMatrix:
     def ptr(self, off: int) -> int:
         return self.buf.data.ptr + off
 
+    def _hb(self) -> int:
+        return formats.rowsplit_geometry(self.fmt, (1, self.k)).high_bytes_per_group
+
+    def row_slice(self, r0: int, r1: int) -> "DevMatrix":
+        """Rows [r0, r1) of this (row-split) matrix."""
+        g = self.gpr
+        return DevMatrix(self.fmt, r1 - r0, self.k, self.buf, self.row0 + r0, g, self.base + r0 * g * 32,
+                         self.high + r0 * g * self._hb(), self.scales + r0 * g * 2)
+
+    def swiglu_slice(self, a: int, b: int) -> "DevMatrix":
+        """SwiGLU outputs [a, b) of a fused [gate; up] matrix: rows [a, n/2 + b), a GEMV with pair_stride
+        n // 2 of this matrix and y offset a."""
+        return self.row_slice(a, self.n // 2 + b)
+
+    def col_slice(self, k0: int, k1: int) -> "DevMatrix":
+        """Columns [k0, k1) (whole 1,024-value blocks of the staged pairs) of every row: the row stride
+        stays this matrix's (gpr), the GEMV walks (k1 - k0) / 32 chunks (GemvPlan's k_chunks)."""
+        if k0 % 1024 or (k1 % 1024 and k1 != self.k):
+            raise ValueError("a column view starts on a 1,024-value block")
+        g0 = k0 // formats.rowsplit_geometry(self.fmt, (1, self.k)).group
+        return DevMatrix(self.fmt, self.n, k1 - k0, self.buf, self.row0, self.gpr, self.base + g0 * 32,
+                         self.high + g0 * self._hb(), self.scales + g0 * 2)
+
 
 class _LaunchAttr(ctypes.Structure):
     _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_char * 64)]
@@ -338,11 +361,16 @@ class GemvPlan:
     def __init__(self, w: DevMatrix, x, ldx: int, y, ldy: int, m: int = 1, epi: str = "store",
                  splits: int = 1, rows: int | None = None, unroll: int = 4, y_offset: int = 0, xpre=None,
                  experts=None, pf: int | None = None, stages: int = 0, mma=None, pre2: bool = False,
-                 stage_out=None):
+                 stage_out=None, pair_stride: int | None = None, k_chunks: int | None = None):
+        """pair_stride (SwiGLU): rows between a gate row and its up row (w.n // 2 unless w is a row view
+        of a larger [gate; up] parent: `swiglu_slice`). k_chunks: 16-byte chunks of each row to walk (a
+        column view: `col_slice`; pre-staged x only, split into whole slices exactly)."""
         cp = cupy_or_none()
         self.w, self.m, self.epi = w, m, EPI[epi]
         self.stages, self.pre2, self.stages_out = 0, False, False
-        if mma and xpre is not None and experts is None and w.fmt in ("q4_g64_fp16", "q5_g64_fp16") and m <= 8:
+        ps = w.n // 2 if pair_stride is None else int(pair_stride)
+        if mma and xpre is not None and experts is None and w.fmt in ("q4_g64_fp16", "q5_g64_fp16") and m <= 8 \
+                and pair_stride is None and k_chunks is None:
             self._mma_plan(w, xpre, y, ldy, m, epi, splits, tuple(mma), y_offset)
             return
         if w.fmt == "bf16":
@@ -362,14 +390,17 @@ class GemvPlan:
             rows = 2
         u4_per_row = w.gpr * 2
         pre = xpre is not None and w.fmt != "q8_g32_fp16"
-        u4ps = -(-u4_per_row // splits)
+        span = u4_per_row if k_chunks is None else int(k_chunks)
+        u4ps = -(-span // splits)
         if pre:  # slices start on a block (32 chunks) of the slot-major pre-staged pairs
             u4ps = -(-u4ps // 32) * 32
-            splits = -(-u4_per_row // u4ps)
+            splits = -(-span // u4ps)
+        if k_chunks is not None and (not pre or u4ps * splits != span):
+            raise ValueError(f"a column view needs pre-staged x and whole 32-chunk slices ({span} chunks)")
         vpu = 16 if w.fmt == "q8_g32_fp16" else 32
         staged = u4ps if vpu == 16 else -(-u4ps // 32) * 32  # q4-q6 stage whole 32-chunk blocks
         self.smem = 0 if pre else m * staged * vpu * 2 + 32 * 4
-        ngroups = w.n // 2 if epi == "swiglu" else -(-w.n // rows)
+        ngroups = w.n - ps if epi == "swiglu" else -(-w.n // rows)
         per_sm = 8 if pre else max(1, min(8, (200 * 1024) // max(self.smem, 1)))
         self.stages = stages if (pre and stages and vpu == 32 and m in GEMV_ASYNC_M) else 0
         if self.stages:
@@ -388,7 +419,7 @@ class GemvPlan:
         self.fn = kernel(kname)
         _allow_smem(self.fn, kname, self.smem)
         self.args = (np.uint64(w.ptr(w.base)), np.uint64(w.ptr(w.high)), np.uint64(w.ptr(w.scales)),
-                     np.int32(w.n), np.int32(w.gpr), np.int32(w.n // 2 if epi == "swiglu" else 0),
+                     np.int32(w.n), np.int32(w.gpr), np.int32(ps if epi == "swiglu" else 0),
                      np.uint64(_p(xpre[0]) if pre else _p(x)), np.int32(ldx), np.int32(w.k), np.int32(u4ps),
                      np.uint64(_p(y) + 4 * y_offset), np.int32(ldy), np.int32(self.epi),
                      np.uint64(_p(xpre[1]) if pre else 0),

@@ -202,3 +202,35 @@ def test_sparse_logits_step():
         assert np.array_equal(sp.ids, want) and np.allclose(sp.values, full[want])
         assert a.position == b.position
     assert np.array_equal(a.decode_step(7), b.decode_step(7))
+
+
+def test_ffn_split_matches_numpy_engine(monkeypatch):
+    """NINFER_FFN_SPLIT: an MLP of 3 x 1,024 values in two halves (row views of gate|up, column views of
+    down, each half staged with its own scale) against the NumPy engine and against the unsplit MLP, one
+    token row (decode graph) and eight (the columns step)."""
+    from engine import api, gpu_weights
+    from engine.config import ModelArgs
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+
+    cfg = dict(CFG, intermediate_size=3072)
+    args = ModelArgs.from_config(cfg)
+    w = quantized_weights(args)
+    ref = api.load({"config": cfg, "weights": w}, device="cpu", gdn_mode="recurrent")
+    gw = gpu_weights.from_logical(args, w)
+    split = build_engine(args, gw, cfg, max_context=256, prefill_cols=8, prefill_gemm=0)
+    assert split.model.executor._ffn_split_at(split.model.executor.layers[0]["down"]) == 2048
+    monkeypatch.setattr(CudaQwen35, "FFN_SPLIT", False)
+    whole = build_engine(args, gw, cfg, max_context=256, prefill_cols=1, prefill_gemm=0)
+    toks = np.random.default_rng(6).integers(0, cfg["vocab_size"], 32)
+    worst, apart = 0.0, 0.0
+    for t in toks:
+        a, b, c = ref.decode_step(int(t)), split.decode_step(int(t)), whole.decode_step(int(t))
+        worst = max(worst, float(np.linalg.norm(a - b) / np.linalg.norm(a)))
+        apart = max(apart, float(np.linalg.norm(b - c) / np.linalg.norm(c)))
+    assert worst < 3e-2 and apart < 1e-2, (worst, apart)
+    split.reset()
+    whole.reset()
+    prompt = [int(t) for t in np.random.default_rng(7).integers(0, cfg["vocab_size"], 21)]  # 2 column chunks + 5
+    a, b = split.prefill(prompt), whole.prefill(prompt)
+    assert float(np.linalg.norm(a - b) / np.linalg.norm(b)) < 1e-2

@@ -91,7 +91,7 @@ def test_gemv_prestaged(cp, fmt, n, k, splits, pf, pre2, rows, unroll):
     x = RNG.standard_normal((m, k)).astype(np.float32)
     kpad = -(-k // K.XPAD) * K.XPAD
     xh, xinv = cp.zeros((m, kpad // 2), dtype=cp.uint32), cp.zeros(m, dtype=cp.float32)
-    K.prepared("stage_x_mb", (3, m), (cp.asarray(x), k, k, kpad, xh, xinv))()
+    K.prepared("stage_x_mb", (3, m), (cp.asarray(x), k, k, kpad, xh, kpad // 2, xinv))()
     part = poisoned(cp, (splits, m, n))
     plan = K.GemvPlan(dm, None, k, part, n, m=m, epi="partial", splits=splits, xpre=(xh, xinv), pf=pf,
                       rows=rows, unroll=unroll, pre2=pre2)
@@ -116,7 +116,7 @@ def test_gemv_prestaged(cp, fmt, n, k, splits, pf, pre2, rows, unroll):
             sh.fill(0)
             plan.launch()
             rh, rinv = cp.zeros_like(sh), cp.zeros_like(sinv)
-            K.prepared("stage_x_mb", (3, 1), (y1, k2, k2, kp2, rh, rinv), block=1024)()
+            K.prepared("stage_x_mb", (3, 1), (y1, k2, k2, kp2, rh, kp2 // 2, rinv), block=1024)()
             assert np.array_equal(sh.get(), rh.get()) and np.array_equal(sinv.get(), rinv.get())
             assert not slot.get().any()
 
@@ -137,7 +137,7 @@ def test_gemv_async(cp, fmt, n, k, rows, stages, splits):
     x = RNG.standard_normal((1, k)).astype(np.float32)
     kpad = -(-k // K.XPAD) * K.XPAD
     xh, xinv = cp.zeros((1, kpad // 2), dtype=cp.uint32), cp.zeros(1, dtype=cp.float32)
-    K.prepared("stage_x_mb", (3, 1), (cp.asarray(x), k, k, kpad, xh, xinv))()
+    K.prepared("stage_x_mb", (3, 1), (cp.asarray(x), k, k, kpad, xh, kpad // 2, xinv))()
     part = poisoned(cp, (splits, 1, n))
     plan = K.GemvPlan(dm, None, k, part, n, m=1, epi="partial", splits=splits, rows=rows, xpre=(xh, xinv),
                       stages=stages)
@@ -169,7 +169,7 @@ def test_gemv_mma(cp, fmt, n, k, m, splits):
     x = (RNG.standard_normal((m, k)) * 3).astype(np.float32)
     kpad = -(-k // K.XPAD) * K.XPAD
     xh, xinv = cp.zeros((m, kpad // 2), dtype=cp.uint32), cp.zeros(m, dtype=cp.float32)
-    K.prepared("stage_x_mb", (3, m), (cp.asarray(x), k, k, kpad, xh, xinv))()
+    K.prepared("stage_x_mb", (3, m), (cp.asarray(x), k, k, kpad, xh, kpad // 2, xinv))()
     h = ref.linear(x, wq)
     for mma in K.GEMV_MMA:
         part = poisoned(cp, (splits, m, n))
@@ -296,7 +296,7 @@ def test_residual_rmsnorm_and_gated(cp):
         check(f"gated_rmsnorm_stage {hv2}", g2.get()[:, :k2],
               ref.gated_rmsnorm(o2, z2.reshape(m, hv2, 128), gw, 1e-6).reshape(m, -1), **ELEM)
         xh4, xinv4 = cp.zeros_like(xh3), cp.zeros_like(xinv3)
-        K.prepared("stage_x_mb", (3, m), (g2, ld2, k2, kp2, xh4, xinv4), block=1024)()
+        K.prepared("stage_x_mb", (3, m), (g2, ld2, k2, kp2, xh4, kp2 // 2, xinv4), block=1024)()
         assert np.array_equal(xh3.get(), xh4.get()) and np.array_equal(xinv3.get(), xinv4.get())
 
 
