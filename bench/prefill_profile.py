@@ -64,10 +64,19 @@ def main():
             marks.append((op_name(op), e0, e1))
 
     ex.run_eager = timed
+    moe = []
+    for g in eng.model.gemms:  # MoE: phases inside the one MoE op
+        g.moe_marks = moe
     t = time.perf_counter()
     prefill()
     wall_p = time.perf_counter() - t
     ex.run_eager = plain
+    phases = {}
+    for (_, e0), (name, e1) in zip(moe, moe[1:]):
+        if name != "start":
+            phases[name] = phases.get(name, 0.0) + cp.cuda.get_elapsed_time(e0, e1)
+    for name, ms in phases.items():
+        print(f"  moe phase {name:60s} {ms:9.1f} ms", flush=True)
     per = {}
     for name, e0, e1 in marks:
         ms = cp.cuda.get_elapsed_time(e0, e1)

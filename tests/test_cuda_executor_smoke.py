@@ -211,7 +211,8 @@ def test_padded_prefill_plumbing(cp, monkeypatch):
 
 
 def test_ffn_split_plumbing(cp, monkeypatch):
-    """NINFER_FFN_SPLIT: an MLP of two or more 1,024-value blocks runs as two halves (gate|up A; gate|up B
+    """NINFER_FFN_SPLIT=1 (off by default: slower on the H200): an MLP of two or more 1,024-value blocks
+    runs as two halves (gate|up A; gate|up B
     beside stage A + down A; stage B + down B), the down halves into partial planes 0 and 1 over column
     views of the down matrix; a narrower MLP, and the flag off, keep one gate|up, stage and down."""
     from engine.gpu_engine import build_engine
@@ -225,6 +226,7 @@ def test_ffn_split_plumbing(cp, monkeypatch):
         eng = build_engine(args, w, cfg, max_context=256, prefill_cols=8, prefill_gemm=0)
         return eng, eng.model.executor
 
+    monkeypatch.setattr(CudaQwen35, "FFN_SPLIT", True)
     eng, ex = build()
     assert ex._ffn_split_at(ex.layers[0]["down"]) == 2048
     conc = [op for op in ex.ops if isinstance(op, K.Concurrent) and any(
@@ -239,3 +241,35 @@ def test_ffn_split_plumbing(cp, monkeypatch):
     assert not any(isinstance(op, K.Concurrent) and any(getattr(o, "name", "") == "stage_x_mb" for o in op.side)
                    for op in ex_off.ops)
     assert len(ex_off.ops) == len(ex.ops) - args.num_hidden_layers  # 3 ops a layer's MLP against 4
+
+
+@pytest.mark.parametrize("kv", ["bf16", "int8"])
+def test_flash_prefill_plumbing(cp, monkeypatch, kv):
+    """NINFER_FLASH_PREFILL: the GEMM prefill's attention layers are one attn_prefill_fa launch a chunk
+    (grid: query heads x 64-row query tiles of the valid rows; the chunk's start; the int8 scales)."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill
+    from engine.ops import kernels as K
+
+    monkeypatch.setattr(CudaQwen35Prefill, "FLASH_PREFILL", True)
+    launches = []
+    prepared = K.prepared
+
+    def spy(name, grid, args, block=K.WARPS * 32, smem=0):
+        if name.startswith("attn_prefill_fa"):
+            launches.append((name, tuple(grid), args, block, smem))
+        return prepared(name, grid, args, block=block, smem=smem)
+    monkeypatch.setattr(K, "prepared", spy)
+    args, w = _weights(CFG)
+    eng = build_engine(args, w, CFG, max_context=512, kv=kv, prefill_cols=8, prefill_gemm=64)
+    gemm = eng.model.gemm
+    names = [getattr(op, "name", "") for op in gemm.ops]
+    n_attn = sum(1 for L in gemm.layers if L["kind"] == "full_attention")
+    assert names.count("attention (flash kernel over the paged cache)") == n_attn
+    eng.prefill(list(range(1, 150)))  # two GEMM chunks of 64 (starts 0, 64), then the columns step
+    hq, kv8 = args.num_attention_heads, "true" if kv == "int8" else "false"
+    assert [(n, g, b, s) for n, g, _, b, s in launches] == \
+        [(f"attn_prefill_fa<4,{kv8}>", (hq, 1), 128, 2 * 264 * 192)] * (2 * n_attn)
+    assert [(int(a[9]), int(a[10])) for _, _, a, _, _ in launches] == [(0, 64)] * n_attn + [(64, 64)] * n_attn
+    assert all((int(a[4]) != 0) == (kv == "int8") for _, _, a, _, _ in launches)  # the scales pointer
+    assert eng.position == 149

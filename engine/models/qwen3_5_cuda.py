@@ -362,11 +362,12 @@ class CudaQwen35:
         ops.extend(self._tail_ops())
         return ops
 
-    # The MLP in two halves of the intermediate width, the second half's gate|up beside the first half's
-    # staging and down-projection (two chains: a GEMV streams while the other chain's light kernel runs).
-    # NINFER_FFN_SPLIT=0: one gate|up, one staging, one down. Subclasses whose GEMVs are not kernels
-    # (cuBLAS prefill) turn it off.
-    FFN_SPLIT = os.environ.get("NINFER_FFN_SPLIT", "1") != "0"
+    # NINFER_FFN_SPLIT=1: the MLP in two halves of the intermediate width, the second half's gate|up
+    # beside the first half's staging and down-projection (a GEMV streams while the other chain's light
+    # kernel runs). Off: slower on the H200 (session 6, 27B: 116.5 against 120.6 tok/s, twice; the two
+    # concurrent GEMVs share the bandwidth, 76 MB in 30.7 us, no better than one after the other).
+    # Subclasses whose GEMVs are not kernels (cuBLAS prefill) never split.
+    FFN_SPLIT = os.environ.get("NINFER_FFN_SPLIT", "0") != "0"
 
     def _ffn_split_at(self, w_down) -> int:
         """Where the MLP splits (values of the intermediate row, on a 1,024-value block): the down

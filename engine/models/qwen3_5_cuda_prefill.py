@@ -109,9 +109,17 @@ class CudaQwen35Prefill(CudaQwen35Columns):
     # time; off until tests/gpu/test_kernels.py::test_gdn_chunked_matches_delta_cols passes and the
     # profile says it wins. Its scratch (W, U' [P][Hv][64][128], M [P][Hv][64][64], fp32; ~0.5 GB at
     # T = 8192 on the 27B) is not in the memory plan.
+    # Pass 1 runs on tensor cores either way (3xTF32 mma.sync, cuda/gdn_tc.cu); NINFER_GDN_TC=1 puts the
+    # in-order pass there too (gdn_chunk_scan_tc<RB>, one block an SM: RB = 64 by default, 96 blocks).
     GDN_CHUNKED = os.environ.get("NINFER_GDN_CHUNKED", "0") != "0"
-    GDN_SCAN_RB = int(os.environ.get("NINFER_GDN_SCAN_RB", "32"))
-    GDN_TC = os.environ.get("NINFER_GDN_TC", "0") != "0"  # the in-order pass on tensor cores (3xTF32)
+    GDN_TC = os.environ.get("NINFER_GDN_TC", "0") != "0"
+    GDN_SCAN_RB = int(os.environ.get("NINFER_GDN_SCAN_RB", "64" if GDN_TC else "32"))
+    # Attention as one flash kernel over the paged cache (attn_prefill_fa, cuda/attn_prefill.cu) instead of
+    # gather + cuBLAS + softmax: NINFER_FLASH_PREFILL=1. Written without device time; off until
+    # tests/gpu/test_attn_prefill.py passes. NINFER_FLASH_WARPS: 4 (64 query rows a block, 2 blocks an SM)
+    # or 8 (128 rows, 1 block an SM).
+    FLASH_PREFILL = os.environ.get("NINFER_FLASH_PREFILL", "0") != "0"
+    FLASH_WARPS = int(os.environ.get("NINFER_FLASH_WARPS", "4"))
 
     def __init__(self, decode, chunk: int, share: "CudaQwen35Prefill | None" = None):
         """`share`: a larger-chunk executor over the same sequence whose fp16 weight, fp16 input and
@@ -259,16 +267,27 @@ class CudaQwen35Prefill(CudaQwen35Columns):
         go.name = "moe (router, grouped experts, shared)"
         return [go]
 
+    moe_marks = None  # bench/prefill_profile.py: a list that collects (phase, CUDA event) inside the MoE op
+
+    def _moe_mark(self, name):
+        if self.moe_marks is not None:
+            e = self.cp.cuda.Event()
+            e.record(self.stream)
+            self.moe_marks.append((name, e))
+
     def _moe_chunk(self, L):
         from engine.ops.kernels import DevMatrix  # noqa: PLC0415
 
         cp, T, H, E, k, ie = self.cp, self.M, self.H, self.args.num_experts, self.topk, self.inter_e
+        self._moe_mark("start")
         self._matmul(L["router"], self.xn, self.rlog, self.rlog.shape[1])
         K.kernel("moe_route")((T,), (32,), (self.rlog, np.int32(E + 1), np.int32(E), np.int32(k), self.eidx,
                                             self.ewts, np.int32(k + 1)))
+        self._moe_mark("router + top-k")
         out = self.part[0]
         self._ffn(L["shared_gu"], L["shared_down"], self.xn, T, out)
         cp.multiply(out, self.ewts[:, k: k + 1], out=out)  # the shared expert's sigmoid gate
+        self._moe_mark("shared expert")
         ids = self.eidx.get().reshape(-1)  # (token, slot) pairs, token-major
         order = np.argsort(ids, kind="stable")
         bounds = np.searchsorted(ids[order], np.arange(E + 1))
@@ -285,6 +304,7 @@ class CudaQwen35Prefill(CudaQwen35Columns):
             ye = self._ye[: b - a]
             self._ffn(gu_e, dn_e, self.xn[rows], b - a, ye)
             out[rows] = cp.add(out[rows], cp.multiply(ye, wts[a:b, None]))
+        self._moe_mark("routed experts (host sort, gathers, GEMM pairs, scatter)")
 
     def _valid_len(self, launch):
         """`launch` (whose last argument is the token count) with the chunk's valid length instead, for a
@@ -326,10 +346,33 @@ class CudaQwen35Prefill(CudaQwen35Columns):
                           smem=K.gdn_scan_smem(rb, tc))
         return ops[:-1] + [prep, scan]
 
+    @staticmethod
+    def flash_attention(q, ldq: int, kc, vc, ks, vs, page_table, hq: int, hkv: int, start: int, nq: int,
+                        gate, ldg: int, out, ldo: int, kv8: bool, warps: int = 4):
+        """out[t, h*256:(h+1)*256] = causal attention of query t < nq (q: [nq, Hq*256] fp32 rows of stride
+        ldq, at position start + t) over cache positions 0..start + t (pages page_table[0..], K/V caches
+        kc/vc, int8 scales ks/vs or None), times sigmoid(gate[t, h*256 + d]): one attn_prefill_fa launch."""
+        if ATTN_HEAD_DIM != 256 or warps not in (4, 8):
+            raise NotImplementedError("attn_prefill_fa takes head_dim 256 and 4 or 8 warps")
+        ptr = lambda a: np.uint64(0 if a is None else a.data.ptr)  # noqa: E731
+        smem = 2 * 264 * (16 * warps + 2 * 64)  # Q [16 warps][264] + K, V [64][264], 16-bit (FA_LD)
+        K.prepared(f"attn_prefill_fa<{warps},{'true' if kv8 else 'false'}>", (hq, -(-nq // (16 * warps))),
+                   (q, ldq, kc, vc, ptr(ks), ptr(vs), page_table, hq, hkv, int(start), int(nq),
+                    float(1.0 / np.sqrt(ATTN_HEAD_DIM)), gate, ldg, out, ldo), block=32 * warps, smem=smem)()
+
     def _attn_core_ops(self, L, ldb):
         cp, T = self.cp, self.M
         hq = self.Hq
         qw = hq * ATTN_HEAD_DIM
+        if self.FLASH_PREFILL:
+            def flash():
+                # the chunk's valid rows only (a padded chunk's other rows of att are never read for
+                # the prompt: causal attention, GDN state stopping at the valid rows)
+                self.flash_attention(self.qbuf, self.qbuf.shape[1], L["kc"], L["vc"], L["ks"], L["vs"],
+                                     self.page_table, hq, self.Hkv, self.start, self._valid, self.buf_b, ldb,
+                                     self.att, self.att.shape[1], self.kv == "int8", self.FLASH_WARPS)
+            flash.name = "attention (flash kernel over the paged cache)"
+            return [flash]
 
         def go():
             n = self.start + T

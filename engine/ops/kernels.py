@@ -22,7 +22,7 @@ from engine.artifact import formats
 from engine.backend import cupy_or_none
 
 SOURCES = ("common.cuh", "gemv.cu", "gemv_variants.cu", "gemv_mma.cu", "rows.cu", "norm.cu", "attention.cu", "gdn.cu",
-           "gdn_chunked.cu", "sample.cu", "moe.cu")
+           "gdn_chunked.cu", "sample.cu", "moe.cu", "attn_prefill.cu")
 # Pre-staged GEMV input rows (fp16 pairs, slot-major blocks of 32 chunks) are padded to this many values.
 XPAD = 1024
 FMT_IDS = {"q4_g64_fp16": 0, "q5_g64_fp16": 1, "q6_g64_fp16": 2, "q8_g32_fp16": 3}
@@ -112,6 +112,7 @@ def _names(experimental: bool = False) -> list[str]:
     names += [f"attn_decode_split<{g},{kv8}>" for g in ATTN_GROUPS for kv8 in ("false", "true")]
     names += [f"gdn_delta_rows<{r}>" for r in GDN_DELTA_ROWS]
     names += [f"gdn_chunk_scan<{rb}>" for rb in GDN_SCAN_RB]
+    names += [f"attn_prefill_fa<{w},{kv8}>" for w in (4, 8) for kv8 in ("false", "true")]  # warps, int8 KV
     return names
 
 

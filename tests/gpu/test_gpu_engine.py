@@ -218,6 +218,7 @@ def test_ffn_split_matches_numpy_engine(monkeypatch):
     w = quantized_weights(args)
     ref = api.load({"config": cfg, "weights": w}, device="cpu", gdn_mode="recurrent")
     gw = gpu_weights.from_logical(args, w)
+    monkeypatch.setattr(CudaQwen35, "FFN_SPLIT", True)
     split = build_engine(args, gw, cfg, max_context=256, prefill_cols=8, prefill_gemm=0)
     assert split.model.executor._ffn_split_at(split.model.executor.layers[0]["down"]) == 2048
     monkeypatch.setattr(CudaQwen35, "FFN_SPLIT", False)
