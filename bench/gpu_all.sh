@@ -11,6 +11,7 @@
 #   moep: MoE prefill on tensor cores (NINFER_MOE_PREFILL=1): tests, 35B bench.
 #   gdnc: the chunked GDN prefill: tests, profiles against the token-by-token recurrence.
 #   s6: all GPU tests, 27B decode with the MLP split and without (twice), prefill bench 27B + 35B.
+#   moeprof: 35B-A3B decode breakdown and pp8192 op profile (MoE phases).
 #   final: all GPU tests, decode with breakdown and depth, prefill bench (the session-5 figures).
 # (The one-off A/B parts of session 5, pre2 / s5 / pdl / br / s5b, are in git history: 4f9b3f1.)
 # Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | next | quick | exp
@@ -142,6 +143,15 @@ bench_pp
 log "bench 35B-A3B pp512, pp8192 (MoE prefill on by default)"
 timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 512,8192 -n 0 -r 2 \
   -o json --out "$OUT/pp_moe.json" 2>&1 | grep -E "^pp|rror" | head -4
+fi
+if [ "$PART" = moeprof ]; then  # where the 35B-A3B spends its time: decode breakdown, pp8192 profile
+ready
+log "decode 35B-A3B with breakdown"
+timeout 100 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --breakdown --out "$OUT/decode_35b.json" 2>&1 \
+  | grep -E "tok/s|sum of|^  |rror" | head -30
+log "prefill profile 35B-A3B pp8192 chunk 8192"
+timeout 150 python3 bench/prefill_profile.py --geometry qwen3.6-35b-a3b --tokens 8192 --chunk 8192 \
+  --out "$OUT/pp_profile_35b.json" 2>&1 | head -30
 fi
 if [ "$PART" = probe ]; then  # bench/mma_probe.py (L2-resident vs DRAM-streamed GEMV variants)
 log compile
