@@ -1,5 +1,6 @@
 // The delta rule over a prefill chunk in its chunked (WY) form, in two passes (the token-by-token forms,
-// and their layouts, are gdn.cu's; the in-order pass on tensor cores is gdn_tc.cu).
+// and their layouts, are gdn.cu's). Pass 1 (gdn_chunk_prep) and the in-order pass on tensor cores
+// (gdn_chunk_scan_tc) are gdn_tc.cu's; this file has the in-order pass on the CUDA cores.
 #include "common.cuh"
 
 // For a 64-token piece with cumulative log decay G, start state S0 (engine.ops.ref.gdn_chunked):
@@ -12,119 +13,9 @@
 #define GC_T 64
 #define GC_KS 129  // row stride (floats) of 128-wide rows in shared memory: a warp's column reads hit 32 banks
 #define GC_MS 65
-#define GC_RS 257
-#define GDN_PREP_SMEM (4 * (2 * GC_T * GC_KS + GC_T * GC_RS + GC_T * GC_MS + 2 * GC_T))
 #define GDN_SCAN_SMEM(RB) (4 * ((RB) * GC_KS + 3 * GC_T * GC_KS + GC_T * GC_MS + GC_T * ((RB) + 1) + 3 * GC_T))
 
-// inclusive cumulative sum of Gs[0..64) in place, by warp 0 (two values a lane)
-__device__ __forceinline__ void gc_cumsum(float* Gs) {
-  const int lane = threadIdx.x & 31;
-  if ((threadIdx.x >> 5) == 0) {
-    const float a = Gs[2 * lane], b = a + Gs[2 * lane + 1];
-    float incl = b;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const float up = __shfl_up_sync(0xffffffffu, incl, off);
-      if (lane >= off) incl += up;
-    }
-    Gs[2 * lane] = incl - b + a;
-    Gs[2 * lane + 1] = incl;
-  }
-}
-
-// Pass 1: grid (pieces, Hv), 256 threads, GDN_PREP_SMEM bytes of dynamic shared memory.
-extern "C" __global__ void __launch_bounds__(256, 1) gdn_chunk_prep(
-    const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ vo,
-    const float* __restrict__ g, const float* __restrict__ beta, float* __restrict__ Wg, float* __restrict__ Ug,
-    float* __restrict__ Mg, float* __restrict__ Gg, int Hk, int Hv, int tiled, int T) {
-  NI_PDL_ENTRY();
-  extern __shared__ float gsm[];
-  float* Ks = gsm;                  // [64][129]
-  float* Qs = Ks + GC_T * GC_KS;    // [64][129]
-  float* R = Qs + GC_T * GC_KS;     // [64][257]: beta e^G k | beta v, solved in place into W | U'
-  float* Am = R + GC_T * GC_RS;     // [64][65]
-  float* Gs = Am + GC_T * GC_MS;    // [64]
-  float* Bs = Gs + GC_T;            // [64]
-  const int piece = blockIdx.x, h = blockIdx.y, c0 = piece * GC_T, n = min(GC_T, T - c0);
-  if (n <= 0) return;  // (a padded chunk's grid covers all its rows; T is the valid ones)
-  const int tid = threadIdx.x;
-  const int kh = tiled ? h % Hk : h / (Hv / Hk);
-  const size_t ph = (size_t)piece * Hv + h;
-  if (tid < GC_T) {
-    Gs[tid] = tid < n ? g[(size_t)(c0 + tid) * Hv + h] : 0.f;
-    Bs[tid] = tid < n ? beta[(size_t)(c0 + tid) * Hv + h] : 0.f;
-  }
-  __syncthreads();
-  gc_cumsum(Gs);
-  __syncthreads();
-  if (tid < GC_T) Gg[ph * GC_T + tid] = Gs[tid];
-  for (int i = tid; i < GC_T * 128; i += 256) {
-    const int t = i >> 7, d = i & 127;
-    const size_t src = ((size_t)(c0 + t) * Hk + kh) * 128 + d;
-    const float kv = t < n ? kn[src] : 0.f;
-    Ks[t * GC_KS + d] = kv;
-    Qs[t * GC_KS + d] = t < n ? qn[src] : 0.f;
-    R[t * GC_RS + d] = Bs[t] * expf(Gs[t]) * kv;
-    R[t * GC_RS + 128 + d] = t < n ? Bs[t] * vo[((size_t)(c0 + t) * Hv + h) * 128 + d] : 0.f;
-  }
-  __syncthreads();
-  // A and M: 4 x 4 outputs a thread
-  {
-    const int t3 = (tid >> 4) * 4, s3 = (tid & 15) * 4;
-    float kk[4][4], qk[4][4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) kk[i][j] = qk[i][j] = 0.f;
-    for (int d = 0; d < 128; ++d) {
-      float kt[4], qt[4], ks[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        kt[i] = Ks[(t3 + i) * GC_KS + d];
-        qt[i] = Qs[(t3 + i) * GC_KS + d];
-        ks[i] = Ks[(s3 + i) * GC_KS + d];
-      }
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          kk[i][j] = fmaf(kt[i], ks[j], kk[i][j]);
-          qk[i][j] = fmaf(qt[i], ks[j], qk[i][j]);
-        }
-    }
-    float* mg = Mg + ph * GC_T * GC_T;
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int t = t3 + i, s = s3 + j;
-        const float dec = s <= t ? expf(Gs[t] - Gs[s]) : 0.f;
-        Am[t * GC_MS + s] = s < t ? Bs[t] * dec * kk[i][j] : 0.f;
-        mg[t * GC_T + s] = dec * qk[i][j];
-      }
-  }
-  __syncthreads();
-  // forward substitution, a thread a column of R (256 columns), four partial sums for the chain
-  {
-    const int c = tid;
-    for (int t = 1; t < n; ++t) {
-      float a0 = R[t * GC_RS + c], a1 = 0.f, a2 = 0.f, a3 = 0.f;
-      int s = 0;
-      for (; s + 4 <= t; s += 4) {
-        a0 = fmaf(-Am[t * GC_MS + s], R[s * GC_RS + c], a0);
-        a1 = fmaf(-Am[t * GC_MS + s + 1], R[(s + 1) * GC_RS + c], a1);
-        a2 = fmaf(-Am[t * GC_MS + s + 2], R[(s + 2) * GC_RS + c], a2);
-        a3 = fmaf(-Am[t * GC_MS + s + 3], R[(s + 3) * GC_RS + c], a3);
-      }
-      for (; s < t; ++s) a0 = fmaf(-Am[t * GC_MS + s], R[s * GC_RS + c], a0);
-      R[t * GC_RS + c] = (a0 + a1) + (a2 + a3);
-    }
-    float* dst = (c < 128 ? Wg : Ug) + ph * GC_T * 128 + (c & 127);
-    for (int t = 0; t < GC_T; ++t) dst[(size_t)t * 128] = R[t * GC_RS + c];
-  }
-}
-
-// Pass 2: grid (Hv, 128 / RB), 256 threads, GDN_SCAN_SMEM(RB) bytes: value head h's state rows
+// Pass 2 (after gdn_chunk_prep): grid (Hv, 128 / RB), 256 threads, GDN_SCAN_SMEM(RB) bytes: value head h's state rows
 // [y RB, y RB + RB) walk the pieces in order.
 template <int RB>
 __global__ void __launch_bounds__(256, 1) gdn_chunk_scan(

@@ -1,151 +1,469 @@
-// The chunked GDN prefill's in-order pass on tensor cores (gdn_chunk_scan_tc<RB>). Compiled into a module
-// of its own (engine/ops/kernels.py module_tc: common.cuh + this file), so that a machine whose NVRTC
-// headers lack mma.h loses only this path. The layouts and the algorithm are gdn_chunk_scan's (gdn_chunked.cu).
+// The chunked GDN prefill on tensor cores: pass 1 (gdn_chunk_prep, every 64-token piece at once) and the
+// in-order pass 2 (gdn_chunk_scan_tc<RB>). The algorithm and the global layouts are those of gdn_chunked.cu
+// (its header comment; gdn_chunk_scan<RB> there is the CUDA-core form of pass 2, fed by the same pass 1).
+// Compiled into a module of its own (engine/ops/kernels.py module_tc: common.cuh + this file).
+//
+// Products are mma.sync m16n8k8 TF32 (inline PTX, fragments loaded from shared memory by hand; no mma.h)
+// in 3xTF32: each operand x split into hi = tf32(x), lo = tf32(x - hi), and a b ~ a_lo b_hi + a_hi b_lo +
+// a_hi b_hi (fp32 accumulation), which keeps fp32-level accuracy. The triangular solve of pass 1 stays on
+// the CUDA cores in fp32. Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k8", .tf32), with
+// g = lane >> 2, c = lane & 3:
+//   A (16 x 8, row):  a0 (g, c)  a1 (g + 8, c)  a2 (g, c + 4)  a3 (g + 8, c + 4)
+//   B (8 x 8, col):   b0 (k = c, n = g)  b1 (k = c + 4, n = g)
+//   C (16 x 8):       c0 (g, 2c)  c1 (g, 2c + 1)  c2 (g + 8, 2c)  c3 (g + 8, 2c + 1)
+// (dev/emu_gdn_tc.py emulates these fragments and both kernels' index arithmetic against ref.gdn_recurrent.)
+//
+// Shared-memory row strides: a fragment read whose lanes walk rows by g and columns by c (A row-major,
+// B from the rows of its transpose) is conflict-free at a stride = 4 (mod 32) (132, 68); one whose lanes
+// walk rows by c and columns by g (B row-major, A from its transpose) at a stride = 8 (mod 32) (136, RB + 8).
 #include "common.cuh"
 #define GC_T 64
-
-// Pass 2 on tensor cores (NINFER_GDN_TC=1): the same recurrence over the pieces as gdn_chunk_scan, its
-// four products (W S0^T, Q S0^T, M U, (e^(G_L - G) o U)^T K) as WMMA m16n16k8 tiles in 3xTF32 (each
-// operand split into a TF32 head and a TF32 remainder; the three products that matter keep fp32-level
-// accuracy), elementwise steps on the CUDA cores. Shared rows padded to multiples of 4 floats (WMMA's
-// leading dimensions). grid (Hv, 128 / RB), 256 threads, GDN_SCAN_TC_SMEM(RB) bytes.
-#include <mma.h>
 #define GT_KS 132
+#define GT_KB 136
 #define GT_MS 68
-#define GDN_SCAN_TC_SMEM(RB) (4 * ((RB) * GT_KS + 3 * GC_T * GT_KS + GC_T * GT_MS + 3 * GC_T * ((RB) + 4) + 3 * GC_T))
 
-namespace gdn_tc {
-using namespace nvcuda;
-typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> FragAr;
-typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::col_major> FragAc;
-typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> FragBr;
-typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::col_major> FragBc;
-typedef wmma::fragment<wmma::accumulator, 16, 16, 8, float> FragC;
+namespace gtc {
+__device__ __forceinline__ void split(float x, unsigned& hi, unsigned& lo) {
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));
+  const float r = x - __uint_as_float(hi);
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(r));
+}
 
-// frag -> (head, remainder) in TF32; `neg` negates both
-template <typename F>
-__device__ __forceinline__ void split(F& hi, F& lo, bool neg = false) {
+__device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// An operand in 3xTF32 form
+struct FA { unsigned h[4], l[4]; };
+struct FB { unsigned h[2], l[2]; };
+
+// d += a b in 3xTF32, the small terms first
+__device__ __forceinline__ void mma3(float (&d)[4], const FA& a, const FB& b) {
+  mma(d, a.l, b.h);
+  mma(d, a.h, b.l);
+  mma(d, a.h, b.h);
+}
+
+// A tile (16 x 8) stored row-major: element (m, k) at p[m * ld + k] (p at the tile's origin), times s
+__device__ __forceinline__ FA lda_row(const float* p, int ld, float s = 1.f) {
+  const int g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3;
+  FA a;
+  split(s * p[g * ld + c], a.h[0], a.l[0]);
+  split(s * p[(g + 8) * ld + c], a.h[1], a.l[1]);
+  split(s * p[g * ld + c + 4], a.h[2], a.l[2]);
+  split(s * p[(g + 8) * ld + c + 4], a.h[3], a.l[3]);
+  return a;
+}
+
+// A tile stored transposed: element (m, k) at p[k * ld + m], times sk[k] (sk at the tile's first k)
+__device__ __forceinline__ FA lda_tr(const float* p, int ld, const float* sk) {
+  const int g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3;
+  const float s0 = sk[c], s1 = sk[c + 4];
+  FA a;
+  split(s0 * p[c * ld + g], a.h[0], a.l[0]);
+  split(s0 * p[c * ld + g + 8], a.h[1], a.l[1]);
+  split(s1 * p[(c + 4) * ld + g], a.h[2], a.l[2]);
+  split(s1 * p[(c + 4) * ld + g + 8], a.h[3], a.l[3]);
+  return a;
+}
+
+// B tile (8 x 8) from the rows of its transpose: element (k, n) at p[n * ld + k]
+__device__ __forceinline__ FB ldb_tr(const float* p, int ld) {
+  const int g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3;
+  FB b;
+  split(p[g * ld + c], b.h[0], b.l[0]);
+  split(p[g * ld + c + 4], b.h[1], b.l[1]);
+  return b;
+}
+
+// B tile stored row-major: element (k, n) at p[k * ld + n], times s0 (k = c) / s1 (k = c + 4)
+__device__ __forceinline__ FB ldb_row(const float* p, int ld, float s0 = 1.f, float s1 = 1.f) {
+  const int g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3;
+  FB b;
+  split(s0 * p[c * ld + g], b.h[0], b.l[0]);
+  split(s1 * p[(c + 4) * ld + g], b.h[1], b.l[1]);
+  return b;
+}
+
+// 16 bytes global -> shared, asynchronously; zeros when !valid (src must still be a mapped address)
+__device__ __forceinline__ void cp16(float* dst, const float* src, bool valid) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+// rows [0, 64) of 128 floats (rows >= n zero) from src + row * rstride into dst (row stride ld), by 256 threads
+__device__ __forceinline__ void cp_rows128(float* dst, int ld, const float* src, size_t rstride, int n) {
 #pragma unroll
-  for (int i = 0; i < hi.num_elements; ++i) {
-    const float v = neg ? -hi.x[i] : hi.x[i];
-    const float h = wmma::__float_to_tf32(v);
-    hi.x[i] = h;
-    lo.x[i] = wmma::__float_to_tf32(v - h);
+  for (int k = 0; k < 8; ++k) {
+    const int i = threadIdx.x + 256 * k, t = i >> 5, d4 = (i & 31) * 4;
+    cp16(dst + t * ld + d4, src + (size_t)(t < n ? t : 0) * rstride + d4, t < n);
   }
 }
 
-// c += a b in 3xTF32 (a_hi b_hi + a_hi b_lo + a_lo b_hi)
-template <typename FA, typename FB>
-__device__ __forceinline__ void mma3(FragC& c, FA& ah, FA& al, FB& bh, FB& bl) {
-  wmma::mma_sync(c, al, bh, c);
-  wmma::mma_sync(c, ah, bl, c);
-  wmma::mma_sync(c, ah, bh, c);
+// inclusive cumulative sum of Gs[0..64) in place, by warp 0 (two values a lane)
+__device__ __forceinline__ void cumsum64(float* Gs) {
+  const int lane = threadIdx.x & 31;
+  if ((threadIdx.x >> 5) == 0) {
+    const float a = Gs[2 * lane], b = a + Gs[2 * lane + 1];
+    float incl = b;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const float up = __shfl_up_sync(0xffffffffu, incl, off);
+      if (lane >= off) incl += up;
+    }
+    Gs[2 * lane] = incl - b + a;
+    Gs[2 * lane + 1] = incl;
+  }
 }
-}  // namespace gdn_tc
+}  // namespace gtc
 
+// ---------------------------------------------------------------------------------------------------------
+// Pass 1: grid (pieces, Hv), 256 threads, GDN_PREP_SMEM bytes (85,760: two blocks an SM, <= 128 registers).
+// Per (piece, value head h):
+//   1. K, Q -> shared (cp.async; rows past the prompt zero). G = cumsum g, to Gg.
+//   2. warps 0-3: K K^T, warps 4-7: Q K^T, the 20 of 32 16x8 tiles on or below the diagonal, five a warp
+//      (m-tiles {0, 3} or {1, 2}, every other n-tile): A = beta_t e^(G_t - G_s) kk (s < t) to shared,
+//      M = e^(G_t - G_s) qk (s <= t) to global, M's tiles above the diagonal zeroed.
+//   3. V -> shared in Q's place (cp.async, lands during the solve); T = (I + A)^-1 by forward substitution
+//      on the CUDA cores, fp32: a column of T per 4 lanes, each lane 16 rows of it in registers, a row's
+//      sum reduced over the 4 lanes by shuffles (no block barrier inside); T over A in shared.
+//   4. W = T (beta e^G o K), U' = T (beta o V) (the row scales applied to the B fragments; T's tiles above
+//      the diagonal skipped), a warp 16 columns of both, to global.
+// Estimates (per block): smem 2 * 64 * 132 * 4 + 64 * 68 * 4 + 768 = 85,760 B; mma.sync 3 x (5 tiles x 16
+// k-steps x 8 warps + 2 products x 20 m-tile k-steps x 2 n-tiles x 8 warps) = 3 x 1,280 = 3,840; global
+// 96 KB in (K, Q shared by the value heads of a key head, mostly L2 hits), 80 KB out. 6,144 blocks at
+// T = 8192 on 132 SMs x 2: ~23 waves; the layer's ~0.85 GB of traffic (~0.25 ms at 3.5 TB/s) and 23.6 M mma
+// (~0.2 ms at 0.5 mma/clk/SM) overlap across the two blocks an SM: expected ~0.3-0.4 ms a layer, 15-20 ms
+// for the 27B's 48 layers (the CUDA-core version: 109 ms).
+#define GDN_PREP_SMEM (4 * (2 * GC_T * GT_KS + GC_T * GT_MS + 3 * GC_T))
+extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_prep(
+    const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ vo,
+    const float* __restrict__ g, const float* __restrict__ beta, float* __restrict__ Wg, float* __restrict__ Ug,
+    float* __restrict__ Mg, float* __restrict__ Gg, int Hk, int Hv, int tiled, int T) {
+  using namespace gtc;
+  NI_PDL_ENTRY();
+  extern __shared__ __align__(16) float gpsm[];
+  float* Ks = gpsm;                 // [64][132] K
+  float* QV = Ks + GC_T * GT_KS;    // [64][132] Q, then V
+  float* As = QV + GC_T * GT_KS;    // [64][68]  A, then T
+  float* Gs = As + GC_T * GT_MS;    // [64] G
+  float* Bs = Gs + GC_T;            // [64] beta
+  float* SK = Bs + GC_T;            // [64] beta e^G
+  const int piece = blockIdx.x, h = blockIdx.y, c0 = piece * GC_T, n = min(GC_T, T - c0);
+  if (n <= 0) return;  // (a padded chunk's grid covers all its rows; T is the valid ones)
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, lg = lane >> 2, lc = lane & 3;
+  const int kh = tiled ? h % Hk : h / (Hv / Hk);
+  const size_t ph = (size_t)piece * Hv + h;
+  cp_rows128(Ks, GT_KS, kn + ((size_t)c0 * Hk + kh) * 128, (size_t)Hk * 128, n);
+  cp_rows128(QV, GT_KS, qn + ((size_t)c0 * Hk + kh) * 128, (size_t)Hk * 128, n);
+  cp_commit();
+  if (tid < GC_T) {
+    Gs[tid] = tid < n ? g[(size_t)(c0 + tid) * Hv + h] : 0.f;
+    Bs[tid] = tid < n ? beta[(size_t)(c0 + tid) * Hv + h] : 0.f;
+  }
+  for (int i = tid; i < GC_T * GT_MS; i += 256) As[i] = 0.f;  // A's tiles above the diagonal stay zero
+  __syncthreads();
+  cumsum64(Gs);
+  __syncthreads();
+  if (tid < GC_T) {
+    Gg[ph * GC_T + tid] = Gs[tid];
+    SK[tid] = Bs[tid] * expf(Gs[tid]);
+  }
+  cp_wait<0>();
+  __syncthreads();
+  float* mg = Mg + ph * GC_T * GC_T;
+  {  // 2. K K^T (A) and Q K^T (M): tile i of the warp is (lo, par + 2i) for i <= lo, else (3 - lo, par + 2(i - lo - 1))
+    const int prod = warp >> 2, lo = (warp >> 1) & 1, hi = 3 - lo, par = warp & 1;
+    const float* X = prod ? QV : Ks;
+    float acc[5][4];
+#pragma unroll
+    for (int i = 0; i < 5; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][e] = 0.f;
+#pragma unroll 2
+    for (int ks = 0; ks < 16; ++ks) {
+      const FA al = lda_row(X + lo * 16 * GT_KS + ks * 8, GT_KS);
+      const FA ah = lda_row(X + hi * 16 * GT_KS + ks * 8, GT_KS);
+#pragma unroll
+      for (int i = 0; i < 5; ++i) {
+        const bool L = i == 0 || (i == 1 && lo == 1);
+        const int nt = L ? par + 2 * i : par + 2 * (i - lo - 1);
+        const FB b = ldb_tr(Ks + nt * 8 * GT_KS + ks * 8, GT_KS);
+        if (L) mma3(acc[i], al, b);
+        else mma3(acc[i], ah, b);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 5; ++i) {
+      const bool L = i == 0 || (i == 1 && lo == 1);
+      const int mt = L ? lo : hi, nt = L ? par + 2 * i : par + 2 * (i - lo - 1);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int t = mt * 16 + lg + 8 * half, s = nt * 8 + 2 * lc;
+        const float gt = Gs[t];
+        const float d0 = s <= t ? expf(gt - Gs[s]) : 0.f, d1 = s + 1 <= t ? expf(gt - Gs[s + 1]) : 0.f;
+        const float v0 = acc[i][2 * half], v1 = acc[i][2 * half + 1];
+        if (prod == 0) {
+          const float bt = Bs[t];
+          *reinterpret_cast<float2*>(As + t * GT_MS + s) = make_float2(s < t ? bt * d0 * v0 : 0.f, s + 1 < t ? bt * d1 * v1 : 0.f);
+        } else {
+          *reinterpret_cast<float2*>(mg + t * GC_T + s) = make_float2(d0 * v0, d1 * v1);
+        }
+      }
+    }
+    if (prod == 1) {  // M above the diagonal tiles: rows 16 mb.. of block mb, columns from 16 (mb + 1)
+      for (int i = tid - 128; i < 48 * 16; i += 128) {
+        const int t = i >> 4, s = (i & 15) * 4;
+        if (s >= 16 * ((t >> 4) + 1)) *reinterpret_cast<float4*>(mg + t * GC_T + s) = make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+    }
+  }
+  __syncthreads();  // A complete; Q no longer read
+  cp_rows128(QV, GT_KS, vo + ((size_t)c0 * Hv + h) * 128, (size_t)Hv * 128, n);
+  cp_commit();
+  {  // 3. T = (I + A)^-1, column col, rows [16 r, 16 r + 16) in x
+    const int col = warp * 8 + lg, r = lc;
+    float x[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) x[i] = 0.f;
+#pragma unroll 1
+    for (int tb = 0; tb < 4; ++tb) {
+#pragma unroll
+      for (int ti = 0; ti < 16; ++ti) {
+        const int t = tb * 16 + ti;
+        const float4* ar = reinterpret_cast<const float4*>(As + t * GT_MS + 16 * r);
+        const float4 a0 = ar[0], a1 = ar[1], a2 = ar[2], a3 = ar[3];
+        float p0 = a0.x * x[0], p1 = a0.y * x[1], p2 = a0.z * x[2], p3 = a0.w * x[3];
+        p0 = fmaf(a1.x, x[4], p0); p1 = fmaf(a1.y, x[5], p1); p2 = fmaf(a1.z, x[6], p2); p3 = fmaf(a1.w, x[7], p3);
+        p0 = fmaf(a2.x, x[8], p0); p1 = fmaf(a2.y, x[9], p1); p2 = fmaf(a2.z, x[10], p2); p3 = fmaf(a2.w, x[11], p3);
+        p0 = fmaf(a3.x, x[12], p0); p1 = fmaf(a3.y, x[13], p1); p2 = fmaf(a3.z, x[14], p2); p3 = fmaf(a3.w, x[15], p3);
+        float p = (p0 + p1) + (p2 + p3);
+        p += __shfl_xor_sync(0xffffffffu, p, 1);
+        p += __shfl_xor_sync(0xffffffffu, p, 2);
+        const float v = (t == col ? 1.f : 0.f) - p;
+        if (r == tb) x[ti] = v;
+      }
+    }
+    __syncthreads();  // every lane done reading A
+#pragma unroll
+    for (int i = 0; i < 16; ++i) As[(16 * r + i) * GT_MS + col] = x[i];
+  }
+  cp_wait<0>();
+  __syncthreads();
+  {  // 4. W = T (SK o K), U' = T (B o V): n-tiles 2 warp, 2 warp + 1
+    float* wg = Wg + ph * GC_T * 128;
+    float* ug = Ug + ph * GC_T * 128;
+#pragma unroll 1
+    for (int prod = 0; prod < 2; ++prod) {
+      const float* X = prod ? QV : Ks;
+      const float* sc = prod ? Bs : SK;
+      float acc[4][2][4];
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < 8; ++ks) {
+        const float s0 = sc[ks * 8 + lc], s1 = sc[ks * 8 + lc + 4];
+        FB b[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) b[j] = ldb_row(X + ks * 8 * GT_KS + (2 * warp + j) * 8, GT_KS, s0, s1);
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt) {
+          if (mt < (ks >> 1)) continue;  // T's tile above the diagonal
+          const FA a = lda_row(As + mt * 16 * GT_MS + ks * 8, GT_MS);
+          mma3(acc[mt][0], a, b[0]);
+          mma3(acc[mt][1], a, b[1]);
+        }
+      }
+      float* dst = prod ? ug : wg;
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int t = mt * 16 + lg, d = (2 * warp + j) * 8 + 2 * lc;
+          *reinterpret_cast<float2*>(dst + t * 128 + d) = make_float2(acc[mt][j][0], acc[mt][j][1]);
+          *reinterpret_cast<float2*>(dst + (t + 8) * 128 + d) = make_float2(acc[mt][j][2], acc[mt][j][3]);
+        }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Pass 2 on tensor cores (NINFER_GDN_TC=1): grid (Hv, 128 / RB), 256 threads, GDN_SCAN_TC_SMEM(RB) bytes;
+// value head h's state rows [y RB, y RB + RB) walk the pieces in order (gdn_chunk_scan's recurrence):
+//   P1  U = U' - W S0^T, QS = Q S0^T   warp: m-tiles {p, 3 - p} (p = warp & 1) x RB / 32 n-tiles, K = 128
+//   P2  O = e^G o QS + M U (M's tiles above the diagonal skipped), the same tiles, from P1's registers
+//       S1 = e^(G_L) S0 + (e^(G_L - G) o U)^T K   warp: one 16-row m-tile x RB / 8 n-tiles of 8 columns
+// Loads overlap the other phase (cp.async): K, M of piece p during P1(p); W, Q, U' of piece p + 1 during
+// P2(p) (U' double-buffered: U of piece p is read in P2(p)). Three block barriers a piece.
+// Estimates: smem (RB = 64) 4 (64 x 132 + 2 x 64 x 132 + 64 x 136 + 64 x 68 + 2 x 64 x 72 + 128) = 190,976 B,
+// (RB = 32) 157,696 B: one block an SM, so RB = 64 (96 blocks, one wave on 132 SMs) is the one to run
+// (RB = 32: 192 blocks, two waves). mma.sync a piece and block: 3 x (16 x 2 x 2 x RB / 32 x 8 [P1] + 10 x
+// RB / 32 x 8 [O] + 8 x RB / 8 x 8 [S1]) = 84 RB = 5,376 at RB = 64; at ~0.5 mma/clk/SM ~10.8 K cycles,
+// ~5.5 us a piece, 128 pieces ~0.7 ms a layer: ~35 ms for 48 layers at T = 8192 (expected 35-50 ms with the
+// barriers and fragment splits; the CUDA-core pass: 221 ms).
+#define GDN_SCAN_TC_SMEM(RB) \
+  (4 * ((RB) * GT_KS + 2 * GC_T * GT_KS + GC_T * GT_KB + GC_T * GT_MS + 2 * GC_T * ((RB) + 8) + 2 * GC_T))
 template <int RB>
 __global__ void __launch_bounds__(256, 1) gdn_chunk_scan_tc(
     const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ Wg,
     const float* __restrict__ Ug, const float* __restrict__ Mg, const float* __restrict__ Gg,
     float* __restrict__ state, float* __restrict__ o, int Hk, int Hv, int tiled, int T) {
-  using namespace gdn_tc;
+  using namespace gtc;
+  static_assert(RB % 32 == 0 && RB <= 128, "RB: 32, 64 or 128");
   NI_PDL_ENTRY();
-  constexpr int US = RB + 4;
-  constexpr int JT = RB / 16;  // column tiles of U (16 wide)
-  extern __shared__ __align__(32) float gsm[];
-  float* Ss = gsm;                  // [RB][132]
+  constexpr int US = RB + 8;
+  constexpr int NQ = RB / 32;    // P1 / O: n-tiles a warp
+  constexpr int WPM = 128 / RB;  // S1: warps a 16-row m-tile
+  constexpr int NS = RB / 8;     // S1: n-tiles a warp
+  extern __shared__ __align__(16) float gssm[];
+  float* Ss = gssm;                 // [RB][132] state rows
   float* Ws = Ss + RB * GT_KS;      // [64][132]
   float* Qs = Ws + GC_T * GT_KS;    // [64][132]
-  float* Ks = Qs + GC_T * GT_KS;    // [64][132]
-  float* Ms = Ks + GC_T * GT_KS;    // [64][68]
-  float* Us = Ms + GC_T * GT_MS;    // [64][RB + 4]: U', then U
-  float* Ts = Us + GC_T * US;       // [64][RB + 4]: S0 q, then e^(G_L - G) o U
-  float* Os = Ts + GC_T * US;       // [64][RB + 4]: M U
-  float* Gs = Os + GC_T * US;       // [64]
-  float* EG = Gs + GC_T;            // [64]
-  float* TL = EG + GC_T;            // [64]
-  const int h = blockIdx.x, dv0 = blockIdx.y * RB, tid = threadIdx.x, warp = tid >> 5;
+  float* Ks = Qs + GC_T * GT_KS;    // [64][136]
+  float* Ms = Ks + GC_T * GT_KB;    // [64][68]
+  float* Ub = Ms + GC_T * GT_MS;    // 2 x [64][RB + 8]: U' of a piece, then its U
+  float* EG = Ub + 2 * GC_T * US;   // [64] e^G
+  float* TL = EG + GC_T;            // [64] e^(G_L - G), zero past the piece's valid rows
+  const int h = blockIdx.x, dv0 = blockIdx.y * RB, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int lg = lane >> 2, lc = lane & 3;
   const int kh = tiled ? h % Hk : h / (Hv / Hk);
-  float* sg = state + ((size_t)h * 128 + dv0) * 128;
-  for (int i = tid; i < RB * 128; i += 256) Ss[(i >> 7) * GT_KS + (i & 127)] = sg[i];
   const int pieces = (T + GC_T - 1) / GC_T;
+  const size_t qrow = (size_t)Hk * 128;
+  // W, Q and U' of piece p into their buffers (U' into Ub[p & 1])
+  auto load_wqu = [&](int p) {
+    const int pc0 = p * GC_T, pn = min(GC_T, T - pc0);
+    const size_t pph = (size_t)p * Hv + h;
+    cp_rows128(Ws, GT_KS, Wg + pph * GC_T * 128, 128, GC_T);
+    cp_rows128(Qs, GT_KS, qn + ((size_t)pc0 * Hk + kh) * 128, qrow, pn);
+    float* ub = Ub + (p & 1) * GC_T * US;
+    for (int i = tid; i < GC_T * RB / 4; i += 256) {
+      const int t = i / (RB / 4), j4 = (i % (RB / 4)) * 4;
+      cp16(ub + t * US + j4, Ug + (pph * GC_T + t) * 128 + dv0 + j4, true);
+    }
+  };
+  load_wqu(0);
+  cp_commit();
+  float* sg = state + ((size_t)h * 128 + dv0) * 128;
+  for (int i = tid; i < RB * 32; i += 256)
+    *reinterpret_cast<float4*>(Ss + (i >> 5) * GT_KS + (i & 31) * 4) = reinterpret_cast<const float4*>(sg)[i];
+  const int pm = warp & 1, nq = warp >> 1;               // P1 / O tiles
+  const int sm = warp / WPM, sn0 = (warp % WPM) * NS;    // S1 tiles
   for (int piece = 0; piece < pieces; ++piece) {
     const int c0 = piece * GC_T, n = min(GC_T, T - c0);
     const size_t ph = (size_t)piece * Hv + h;
-    gdn_piece_load<RB, GT_KS, GT_MS, US>(qn, kn, Wg, Ug, Mg, Gg, Hk, kh, dv0, c0, n, ph, Ws, Ks, Qs, Ms, Us, Gs, EG, TL);
-    __syncthreads();
-    // U = U' - W S0^T and S0 q: tiles (16 rows, 16 columns) of the 64 x RB outputs
-    for (int tile = warp; tile < 4 * JT; tile += 8) {
-      const int ti = tile / JT, tj = tile % JT;
-      FragC cu, cq;
-      wmma::load_matrix_sync(cu, Us + ti * 16 * US + tj * 16, US, wmma::mem_row_major);
-      wmma::fill_fragment(cq, 0.f);
-      for (int k = 0; k < 128; k += 8) {
-        FragAr wh, wl, qh, ql;
-        FragBc sh, sl;  // S0^T: element (k, j) at Ss[j * 132 + k]
-        wmma::load_matrix_sync(wh, Ws + ti * 16 * GT_KS + k, GT_KS);
-        wmma::load_matrix_sync(qh, Qs + ti * 16 * GT_KS + k, GT_KS);
-        wmma::load_matrix_sync(sh, Ss + tj * 16 * GT_KS + k, GT_KS);
-        split(wh, wl, true);
-        split(qh, ql);
-        split(sh, sl);
-        mma3(cu, wh, wl, sh, sl);
-        mma3(cq, qh, ql, sh, sl);
+    __syncthreads();  // (a) P2 of the last piece done: K, M, EG, TL free
+    cp_rows128(Ks, GT_KB, kn + ((size_t)c0 * Hk + kh) * 128, qrow, n);
+    for (int i = tid; i < GC_T * 16; i += 256) cp16(Ms + (i >> 4) * GT_MS + (i & 15) * 4, Mg + ph * GC_T * GC_T + i * 4, true);
+    cp_commit();
+    const float gv = tid < GC_T ? Gg[ph * GC_T + tid] : 0.f, gl = Gg[ph * GC_T + n - 1];
+    cp_wait<1>();
+    __syncthreads();  // (b) W, Q, U' of this piece in
+    float* Us = Ub + (piece & 1) * GC_T * US;
+    // P1: U = U' - W S0^T (u), Q S0^T (qs)
+    float u[2][NQ][4], qs[2][NQ][4];
+#pragma unroll
+    for (int mm = 0; mm < 2; ++mm) {
+      const int mt = mm ? 3 - pm : pm;
+#pragma unroll
+      for (int j = 0; j < NQ; ++j) {
+        const float* p = Us + (mt * 16 + lg) * US + (nq * NQ + j) * 8 + 2 * lc;
+        const float2 u0 = *reinterpret_cast<const float2*>(p), u1 = *reinterpret_cast<const float2*>(p + 8 * US);
+        u[mm][j][0] = u0.x; u[mm][j][1] = u0.y; u[mm][j][2] = u1.x; u[mm][j][3] = u1.y;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) qs[mm][j][e] = 0.f;
       }
-      wmma::store_matrix_sync(Us + ti * 16 * US + tj * 16, cu, US, wmma::mem_row_major);
-      wmma::store_matrix_sync(Ts + ti * 16 * US + tj * 16, cq, US, wmma::mem_row_major);
     }
-    __syncthreads();
-    // M U
-    for (int tile = warp; tile < 4 * JT; tile += 8) {
-      const int ti = tile / JT, tj = tile % JT;
-      FragC c;
-      wmma::fill_fragment(c, 0.f);
-      for (int k = 0; k < GC_T; k += 8) {
-        FragAr mh, ml;
-        FragBr uh, ul;
-        wmma::load_matrix_sync(mh, Ms + ti * 16 * GT_MS + k, GT_MS);
-        wmma::load_matrix_sync(uh, Us + k * US + tj * 16, US);
-        split(mh, ml);
-        split(uh, ul);
-        mma3(c, mh, ml, uh, ul);
+#pragma unroll 2
+    for (int ks = 0; ks < 16; ++ks) {
+      FB b[NQ];
+#pragma unroll
+      for (int j = 0; j < NQ; ++j) b[j] = ldb_tr(Ss + (nq * NQ + j) * 8 * GT_KS + ks * 8, GT_KS);
+#pragma unroll
+      for (int mm = 0; mm < 2; ++mm) {
+        const int mt = mm ? 3 - pm : pm;
+        const FA aw = lda_row(Ws + mt * 16 * GT_KS + ks * 8, GT_KS, -1.f);
+        const FA aq = lda_row(Qs + mt * 16 * GT_KS + ks * 8, GT_KS);
+#pragma unroll
+        for (int j = 0; j < NQ; ++j) {
+          mma3(u[mm][j], aw, b[j]);
+          mma3(qs[mm][j], aq, b[j]);
+        }
       }
-      wmma::store_matrix_sync(Os + ti * 16 * US + tj * 16, c, US, wmma::mem_row_major);
     }
-    __syncthreads();
-    // O = e^G (S0 q) + M U to global; Ts becomes e^(G_L - G) o U for the state update
-    for (int i = tid; i < GC_T * RB; i += 256) {
-      const int t = i / RB, j = i % RB;
-      if (t < n) o[((size_t)(c0 + t) * Hv + h) * 128 + dv0 + j] = EG[t] * Ts[t * US + j] + Os[t * US + j];
+#pragma unroll
+    for (int mm = 0; mm < 2; ++mm) {
+      const int mt = mm ? 3 - pm : pm;
+#pragma unroll
+      for (int j = 0; j < NQ; ++j) {
+        float* p = Us + (mt * 16 + lg) * US + (nq * NQ + j) * 8 + 2 * lc;
+        *reinterpret_cast<float2*>(p) = make_float2(u[mm][j][0], u[mm][j][1]);
+        *reinterpret_cast<float2*>(p + 8 * US) = make_float2(u[mm][j][2], u[mm][j][3]);
+      }
     }
-    __syncthreads();
-    for (int i = tid; i < GC_T * RB; i += 256) {
-      const int t = i / RB, j = i % RB;
-      Ts[t * US + j] = t < n ? TL[t] * Us[t * US + j] : 0.f;
+    if (tid < GC_T) {
+      EG[tid] = expf(gv);
+      TL[tid] = tid < n ? expf(gl - gv) : 0.f;
     }
-    __syncthreads();
-    // S1 = e^(G_L) S0 + (e^(G_L - G) o U)^T K: tiles of the RB x 128 state rows
+    cp_wait<0>();
+    __syncthreads();  // (c) U, K, M, EG, TL in; W, Q and the other U' buffer free
+    if (piece + 1 < pieces) load_wqu(piece + 1);
+    cp_commit();
+    // P2: O = e^G o QS + M U
+#pragma unroll
+    for (int mm = 0; mm < 2; ++mm) {
+      const int mt = mm ? 3 - pm : pm, r0 = mt * 16 + lg;
+      const float e0 = EG[r0], e1 = EG[r0 + 8];
+#pragma unroll
+      for (int j = 0; j < NQ; ++j) {
+        qs[mm][j][0] *= e0; qs[mm][j][1] *= e0; qs[mm][j][2] *= e1; qs[mm][j][3] *= e1;
+      }
+      for (int ks = 0; ks < 2 * mt + 2; ++ks) {
+        const FA a = lda_row(Ms + mt * 16 * GT_MS + ks * 8, GT_MS);
+#pragma unroll
+        for (int j = 0; j < NQ; ++j) mma3(qs[mm][j], a, ldb_row(Us + ks * 8 * US + (nq * NQ + j) * 8, US));
+      }
+#pragma unroll
+      for (int j = 0; j < NQ; ++j) {
+        float* op = o + ((size_t)(c0 + r0) * Hv + h) * 128 + dv0 + (nq * NQ + j) * 8 + 2 * lc;
+        if (r0 < n) *reinterpret_cast<float2*>(op) = make_float2(qs[mm][j][0], qs[mm][j][1]);
+        if (r0 + 8 < n) *reinterpret_cast<float2*>(op + (size_t)8 * Hv * 128) = make_float2(qs[mm][j][2], qs[mm][j][3]);
+      }
+    }
+    // P2: S1 = e^(G_L) S0 + (TL o U)^T K over this warp's tiles of the state rows (read and written by it only)
     {
       const float el = EG[n - 1];
-      for (int tile = warp; tile < JT * 8; tile += 8) {
-        const int si = tile / 8, sd = tile % 8;
-        FragC c;
-        wmma::load_matrix_sync(c, Ss + si * 16 * GT_KS + sd * 16, GT_KS, wmma::mem_row_major);
+      float sa[NS][4];
 #pragma unroll
-        for (int e = 0; e < c.num_elements; ++e) c.x[e] *= el;
-        for (int k = 0; k < GC_T; k += 8) {
-          FragAc ah, al;  // (T o U)^T: element (j, t) at Ts[t * US + j]
-          FragBr kh2, kl2;
-          wmma::load_matrix_sync(ah, Ts + k * US + si * 16, US);
-          wmma::load_matrix_sync(kh2, Ks + k * GT_KS + sd * 16, GT_KS);
-          split(ah, al);
-          split(kh2, kl2);
-          mma3(c, ah, al, kh2, kl2);
-        }
-        wmma::store_matrix_sync(Ss + si * 16 * GT_KS + sd * 16, c, GT_KS, wmma::mem_row_major);
+      for (int j = 0; j < NS; ++j) {
+        const float* p = Ss + (sm * 16 + lg) * GT_KS + (sn0 + j) * 8 + 2 * lc;
+        const float2 s0 = *reinterpret_cast<const float2*>(p), s1 = *reinterpret_cast<const float2*>(p + 8 * GT_KS);
+        sa[j][0] = el * s0.x; sa[j][1] = el * s0.y; sa[j][2] = el * s1.x; sa[j][3] = el * s1.y;
+      }
+#pragma unroll 2
+      for (int ks = 0; ks < 8; ++ks) {
+        const FA a = lda_tr(Us + ks * 8 * US + sm * 16, US, TL + ks * 8);
+#pragma unroll
+        for (int j = 0; j < NS; ++j) mma3(sa[j], a, ldb_row(Ks + ks * 8 * GT_KB + (sn0 + j) * 8, GT_KB));
+      }
+#pragma unroll
+      for (int j = 0; j < NS; ++j) {
+        float* p = Ss + (sm * 16 + lg) * GT_KS + (sn0 + j) * 8 + 2 * lc;
+        *reinterpret_cast<float2*>(p) = make_float2(sa[j][0], sa[j][1]);
+        *reinterpret_cast<float2*>(p + 8 * GT_KS) = make_float2(sa[j][2], sa[j][3]);
       }
     }
-    __syncthreads();  // the next piece overwrites the shared rows and reads the new S
   }
-  for (int i = tid; i < RB * 128; i += 256) sg[i] = Ss[(i >> 7) * GT_KS + (i & 127)];
+  cp_wait<0>();
+  __syncthreads();
+  for (int i = tid; i < RB * 32; i += 256)
+    reinterpret_cast<float4*>(sg)[i] = *reinterpret_cast<const float4*>(Ss + (i >> 5) * GT_KS + (i & 31) * 4);
 }

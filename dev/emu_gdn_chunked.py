@@ -1,6 +1,8 @@
-"""Serial NumPy emulation of cuda/gdn_chunked.cu gdn_chunk_prep / gdn_chunk_scan<RB> with the kernels' own index
-arithmetic (global layouts, piece offsets), against ref.gdn_recurrent. Run: .venv/bin/python dev/emu_gdn_chunked.py
-(session 5: outputs 1.8e-7, state 1.3e-7 apart at T = 100)."""
+"""Serial NumPy emulation of the chunked GDN's two passes with the kernels' global layouts and piece offsets:
+`scan` is cuda/gdn_chunked.cu gdn_chunk_scan<RB>; `prep` the math of pass 1 in the shared-memory layout of its
+first, CUDA-core version (session 5; the tensor-core gdn_chunk_prep of cuda/gdn_tc.cu that replaced it, and
+gdn_chunk_scan_tc, are emulated fragment by fragment in dev/emu_gdn_tc.py). Against ref.gdn_recurrent.
+Run: .venv/bin/python dev/emu_gdn_chunked.py (session 5: outputs 1.8e-7, state 1.3e-7 apart at T = 100)."""
 import numpy as np, sys
 sys.path.insert(0, str(__import__('pathlib').Path(__file__).resolve().parents[1]))
 from engine.ops import ref

@@ -40,19 +40,20 @@ GEMV_ASYNC_STAGES = (3, 4)
 GEMV_ASYNC_M = (1,)
 ATTN_GROUPS = (1, 2, 3, 4, 6, 8)
 GDN_DELTA_ROWS = (2, 4)  # state rows a warp of gdn_delta_rows (the prefill's GDN recurrence)
-# the chunked GDN prefill (gdn_chunk_prep, gdn_chunk_scan<RB>): state rows a block of the in-order pass,
-# and the dynamic shared memory of both (GDN_PREP_SMEM / GDN_SCAN_SMEM in cuda/gdn_chunked.cu)
+# the chunked GDN prefill (gdn_chunk_prep, gdn_chunk_scan<RB> / gdn_chunk_scan_tc<RB>): state rows a block
+# of the in-order pass, and the dynamic shared memory (GDN_PREP_SMEM, GDN_SCAN_TC_SMEM in cuda/gdn_tc.cu,
+# GDN_SCAN_SMEM in cuda/gdn_chunked.cu)
 GDN_SCAN_RB = (16, 32, 64)
-GDN_PREP_SMEM = 4 * (2 * 64 * 129 + 64 * 257 + 64 * 65 + 2 * 64)
+GDN_PREP_SMEM = 4 * (2 * 64 * 132 + 64 * 68 + 3 * 64)
 
 
 def gdn_scan_smem(rb: int, tc: bool = False) -> int:
     if tc:  # gdn_chunk_scan_tc (GDN_SCAN_TC_SMEM)
-        return 4 * (rb * 132 + 3 * 64 * 132 + 64 * 68 + 3 * 64 * (rb + 4) + 3 * 64)
+        return 4 * (rb * 132 + 2 * 64 * 132 + 64 * 136 + 64 * 68 + 2 * 64 * (rb + 8) + 2 * 64)
     return 4 * (rb * 129 + 3 * 64 * 129 + 64 * 65 + 64 * (rb + 1) + 3 * 64)
 
 
-GDN_SCAN_TC_RB = (32, 64)
+GDN_SCAN_TC_RB = (32, 64)  # one block an SM either way: 64 (96 blocks) fills the 27B's GPU in one wave
 
 
 WARPS = 8  # every kernel runs 256-thread blocks
@@ -75,8 +76,10 @@ def cuda_source_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "cuda"
 
 
-# Kernels with a module of their own (a header that some NVRTC setups lack, mma.h): common.cuh + these.
+# The chunked GDN's tensor-core kernels (inline-PTX mma.sync, no mma.h), a module of their own compiled on
+# first use: common.cuh + these. gdn_chunk_prep (pass 1 of either in-order pass) lives there too.
 TC_SOURCES = ("gdn_tc.cu",)
+TC_KERNELS = ("gdn_chunk_prep", "gdn_chunk_scan_tc<")
 
 
 def _source(files=None) -> str:
@@ -128,7 +131,7 @@ def module(experimental: bool = False):
 
 @functools.cache
 def module_tc():
-    """The tensor-core GDN module (TC_SOURCES), compiled on first use."""
+    """The chunked GDN's tensor-core module (TC_SOURCES), compiled on first use."""
     cp = cupy_or_none()
     if cp is None:
         raise RuntimeError("CUDA kernels need CuPy and a GPU")
@@ -143,7 +146,7 @@ def _main_names() -> frozenset:
 
 @functools.cache
 def kernel(name: str):
-    if name.startswith("gdn_chunk_scan_tc<"):
+    if name.startswith(TC_KERNELS):
         return module_tc().get_function(name)
     return module(name.startswith(EXPERIMENTAL) and name not in _main_names()).get_function(name)
 

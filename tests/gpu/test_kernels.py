@@ -451,9 +451,9 @@ def test_gdn_delta_rows_matches_delta_cols(cp, rows):
 @pytest.mark.parametrize("t", [37, 64, 150])
 @pytest.mark.parametrize("rb,tc", [(16, False), (32, False), (64, False), (32, True), (64, True)])
 def test_gdn_chunked_matches_delta_cols(cp, t, rb, tc):
-    """The chunked delta rule (gdn_chunk_prep over the 64-token pieces, gdn_chunk_scan<RB> in order, on
-    CUDA cores or tensor cores) against the token-by-token kernel: outputs and final state, pieces whole
-    and partial."""
+    """The chunked delta rule (gdn_chunk_prep over the 64-token pieces on tensor cores, gdn_chunk_scan<RB>
+    in order on CUDA cores or gdn_chunk_scan_tc<RB> on tensor cores) against the token-by-token kernel:
+    outputs and final state, pieces whole and partial."""
     from engine.ops import kernels as K
 
     hk, hv = 2, 6
@@ -463,8 +463,9 @@ def test_gdn_chunked_matches_delta_cols(cp, t, rb, tc):
     K.prepared("gdn_delta_cols", (-(-hv * 128 // 8),), (dq, dk, dv, dg, db, st, o, hk, hv, 0, t))()
     want_s, want_o = st.get(), o.get()
     pieces = -(-t // 64)
-    w, u = cp.zeros(pieces * hv * 64 * 128, cp.float32), cp.zeros(pieces * hv * 64 * 128, cp.float32)
-    m, gg = cp.zeros(pieces * hv * 64 * 64, cp.float32), cp.zeros(pieces * hv * 64, cp.float32)
+    # scratch poisoned: pass 1 writes every value pass 2 reads (W, U' and M past the prompt's end included)
+    w, u = cp.full(pieces * hv * 64 * 128, cp.nan, cp.float32), cp.full(pieces * hv * 64 * 128, cp.nan, cp.float32)
+    m, gg = cp.full(pieces * hv * 64 * 64, cp.nan, cp.float32), cp.full(pieces * hv * 64, cp.nan, cp.float32)
     st, o = cp.asarray(s0), poisoned(cp, (t, hv, 128))
     K.prepared("gdn_chunk_prep", (pieces, hv), (dq, dk, dv, dg, db, w, u, m, gg, hk, hv, 0, t),
                smem=K.GDN_PREP_SMEM)()
