@@ -12,6 +12,7 @@
 #   gdnc: the chunked GDN prefill: tests, profiles against the token-by-token recurrence.
 #   s6: all GPU tests, 27B decode with the MLP split and without (twice), prefill bench 27B + 35B.
 #   moeprof: 35B-A3B decode breakdown and pp8192 op profile (MoE phases).
+#   s6b: batched MoE prefill and the tensor-core chunked GDN: tests, profiles, 35B bench.
 #   final: all GPU tests, decode with breakdown and depth, prefill bench (the session-5 figures).
 # (The one-off A/B parts of session 5, pre2 / s5 / pdl / br / s5b, are in git history: 4f9b3f1.)
 # Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | next | quick | exp
@@ -152,6 +153,23 @@ timeout 100 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --breakdown 
 log "prefill profile 35B-A3B pp8192 chunk 8192"
 timeout 150 python3 bench/prefill_profile.py --geometry qwen3.6-35b-a3b --tokens 8192 --chunk 8192 \
   --out "$OUT/pp_profile_35b.json" 2>&1 | head -30
+fi
+if [ "$PART" = s6b ]; then  # batched MoE prefill; the chunked GDN on tensor cores (inline PTX)
+ready
+log "tests: chunked GDN kernels; prefill with chunked GDN on tensor cores; MoE prefill"
+gpu_pytest "$OUT/gpu_tests_gdn.txt" tests/gpu/test_kernels.py -k "gdn_chunk or gdn_delta"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_gdn.txt" | head -10
+NINFER_GDN_CHUNKED=1 NINFER_GDN_TC=1 gpu_pytest "$OUT/gpu_tests_prefill.txt" tests/gpu/test_prefill.py
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_prefill.txt" | head -10
+log "prefill profile 27B pp8192: chunked GDN on tensor cores (RB 64)"
+NINFER_GDN_CHUNKED=1 NINFER_GDN_TC=1 timeout 90 python3 bench/prefill_profile.py --tokens 8192 --chunk 8192 \
+  --out "$OUT/pp_profile_tc64.json" 2>&1 | grep -E "tok/s|gdn_|attention|gemm" | head -8
+log "prefill profile 35B-A3B pp8192 (batched MoE)"
+timeout 150 python3 bench/prefill_profile.py --geometry qwen3.6-35b-a3b --tokens 8192 --chunk 8192 \
+  --out "$OUT/pp_profile_35b.json" 2>&1 | head -14
+log "bench 35B-A3B pp512, pp8192"
+timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 512,8192 -n 0 -r 2 \
+  -o json --out "$OUT/pp_moe.json" 2>&1 | grep -E "^pp|rror" | head -4
 fi
 if [ "$PART" = probe ]; then  # bench/mma_probe.py (L2-resident vs DRAM-streamed GEMV variants)
 log compile

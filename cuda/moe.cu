@@ -44,3 +44,30 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int ldl, 
   }
   if (lane == 0) wts[(size_t)m * ldw + topk] = sigmoidf_(l[E]);
 }
+
+// MoE prefill (grouped by expert): the (token, slot) pairs sorted by expert on the host; these two
+// kernels move rows into and out of that order.
+// moe_gather_f16: out[i] = fp16(x[rows[i]]) for the n sorted pairs (grid n, any block size).
+extern "C" __global__ void moe_gather_f16(const float* __restrict__ x, int ldx, const int* __restrict__ rows,
+                                          int H, __half* __restrict__ out) {
+  NI_PDL_ENTRY();
+  const size_t i = blockIdx.x;
+  const float* src = x + (size_t)rows[i] * ldx;
+  __half* dst = out + i * H;
+  for (int h = threadIdx.x; h < H; h += blockDim.x) dst[h] = __float2half_rn(src[h]);
+}
+
+// moe_combine: out[t] += sum over slots j (in order) of wts[t][j] * ys[inv[t * k + j]], where inv maps a
+// (token, slot) pair to its row of the sorted expert outputs ys [n, H] (grid T, any block size).
+extern "C" __global__ void moe_combine(const float* __restrict__ ys, int H, const int* __restrict__ inv,
+                                       const float* __restrict__ wts, int ldw, int k, float* __restrict__ out,
+                                       int ldo) {
+  NI_PDL_ENTRY();
+  const int t = blockIdx.x;
+  float* o = out + (size_t)t * ldo;
+  for (int h = threadIdx.x; h < H; h += blockDim.x) {
+    float acc = o[h];
+    for (int j = 0; j < k; ++j) acc += wts[(size_t)t * ldw + j] * ys[(size_t)inv[t * k + j] * H + h];
+    o[h] = acc;
+  }
+}

@@ -127,9 +127,10 @@ def prefill_executor_bytes(args, cols: int = 0, gemm: int = 0, score_bytes: int 
         total += workspace_bytes(args, gemm) - (gemm - 1) * logits_row
         total += 2 * max(2 * inter, widest) * max(h, inter, q, vd)  # fp16 weights of the largest matrix
         total += 2 * gemm * max(h, inter, q, vd) + 4 * gemm * 2 * inter + score_bytes + 6 * gemm * q
-        if args.is_moe:
-            e, k = args.num_experts, args.num_experts_per_tok
-            total += gemm * (4 * (e + 1) + 8 * (k + 1) + 16 * k + 20 * h)
+        if args.is_moe:  # routing, the sorted pairs' rows (fp16 in, gate|up, fp16 SwiGLU, fp32 out), and
+            e, k, ie = args.num_experts, args.num_experts_per_tok, args.moe_intermediate_size  # every expert in fp16
+            total += gemm * (4 * (e + 1) + 8 * (k + 1) + 16 * k + k * (6 * h + 10 * ie))
+            total += max(0, 2 * e * 2 * ie * h - 2 * max(2 * inter, widest) * max(h, inter, q, vd))
         total += sum(workspace_bytes(args, t) - (t - 1) * logits_row for t in PREFILL_TAILS if cols < t < gemm)
     return total
 

@@ -133,8 +133,9 @@ class CudaQwen35Prefill(CudaQwen35Columns):
             n_max = max(L[key].n * L[key].k for L in self.layers
                         for key in ("qk", "gv", "vz", "ab", "o", "gate_up", "down", "router", "shared_gu",
                                     "shared_down") if key in L)
-            if self.args.is_moe:  # one expert's gate|up or down at a time
-                n_max = max(n_max, 2 * self.inter_e * self.H)
+            if self.args.is_moe:  # every routed expert's gate|up, then every one's down (_moe_chunk)
+                n_max = max([n_max] + [L[key].n * L[key].k for L in self.layers
+                                       for key in ("experts_gu", "experts_down") if key in L])
             self._w16 = cp.empty(n_max, dtype=cp.float16)
             k_max = max(self.H, self.att.shape[1], self.inter)
             self._x16 = cp.empty(self.M * k_max, dtype=cp.float16)
@@ -183,6 +184,17 @@ class CudaQwen35Prefill(CudaQwen35Columns):
         # row-major y[T, N] = x[T, K] W[N, K]^T is column-major C[N, T] = W^T(op T of [K, N]) x(op N of [K, T])
         cublas.gemmEx(handle, _OP_T, _OP_N, w.n, T, w.k, self._one.ctypes.data, w16.data.ptr, _R_16F, w.k,
                       x16.data.ptr, _R_16F, w.k, self._zero.ctypes.data, y.data.ptr, _R_32F, ldy,
+                      _COMPUTE_32F, _GEMM_DEFAULT)
+
+    def _gemm16(self, w16, x16, y, ldy: int):
+        """y[:rows, :n] (fp32, row stride ldy) = x16 [rows, k] @ w16 [n, k]^T, both fp16 and contiguous."""
+        from cupy_backends.cuda.libs import cublas  # noqa: PLC0415
+
+        n, kk = w16.shape
+        handle = self.cp.cuda.device.get_cublas_handle()
+        cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+        cublas.gemmEx(handle, _OP_T, _OP_N, n, x16.shape[0], kk, self._one.ctypes.data, w16.data.ptr, _R_16F, kk,
+                      x16.data.ptr, _R_16F, kk, self._zero.ctypes.data, y.data.ptr, _R_32F, ldy,
                       _COMPUTE_32F, _GEMM_DEFAULT)
 
     def _gemv(self, w, x, y, epi="store", splits=1, y_offset=0, xpre=None):
@@ -258,9 +270,10 @@ class CudaQwen35Prefill(CudaQwen35Columns):
         self._matmul(dn, self.act, y, y.shape[1], rows=n)
 
     def _moe_ops(self, L, xn):
-        """The chunk's MoE block: router GEMM, top-k on the device, the (token, slot) pairs grouped by
-        expert on the host (one sync a layer), a GEMM pair per expert over its gathered rows, the shared
-        expert as plain GEMMs. All of it lands in partial 0; partials 1..k stay zero (the next norm sums
+        """The chunk's MoE block: router GEMM, top-k on the device, the (token, slot) pairs sorted by
+        expert on the host (one sync a layer) and gathered in that order in one kernel, every expert's
+        weights dequantized in one launch, a GEMM pair per expert over its rows, the weighted sum back
+        into token rows in one kernel; the shared expert as plain GEMMs. All of it lands in partial 0; partials 1..k stay zero (the next norm sums
         k + 1 of them, as after the decode step's MoE)."""
         def go():
             self._moe_chunk(L)
@@ -276,8 +289,6 @@ class CudaQwen35Prefill(CudaQwen35Columns):
             self.moe_marks.append((name, e))
 
     def _moe_chunk(self, L):
-        from engine.ops.kernels import DevMatrix  # noqa: PLC0415
-
         cp, T, H, E, k, ie = self.cp, self.M, self.H, self.args.num_experts, self.topk, self.inter_e
         self._moe_mark("start")
         self._matmul(L["router"], self.xn, self.rlog, self.rlog.shape[1])
@@ -288,23 +299,33 @@ class CudaQwen35Prefill(CudaQwen35Columns):
         self._ffn(L["shared_gu"], L["shared_down"], self.xn, T, out)
         cp.multiply(out, self.ewts[:, k: k + 1], out=out)  # the shared expert's sigmoid gate
         self._moe_mark("shared expert")
-        ids = self.eidx.get().reshape(-1)  # (token, slot) pairs, token-major
-        order = np.argsort(ids, kind="stable")
-        bounds = np.searchsorted(ids[order], np.arange(E + 1))
-        tok = cp.asarray((order // k).astype(np.int64))
-        wts = self.ewts[:, :k].reshape(-1)[cp.asarray(order.astype(np.int64))]  # routing weight of each pair
-        if getattr(self, "_ye", None) is None:
-            self._ye = cp.empty((T, H), dtype=cp.float32)
-        gu, dn = L["experts_gu"], L["experts_down"]
-        for e in np.flatnonzero(bounds[1:] > bounds[:-1]):
-            a, b = int(bounds[e]), int(bounds[e + 1])
-            rows = tok[a:b]  # distinct tokens: a token picks an expert once
-            gu_e = DevMatrix.from_object(gu.fmt, (gu.n, gu.k), gu.buf, int(e) * 2 * ie, (int(e) + 1) * 2 * ie)
-            dn_e = DevMatrix.from_object(dn.fmt, (dn.n, dn.k), dn.buf, int(e) * H, (int(e) + 1) * H)
-            ye = self._ye[: b - a]
-            self._ffn(gu_e, dn_e, self.xn[rows], b - a, ye)
-            out[rows] = cp.add(out[rows], cp.multiply(ye, wts[a:b, None]))
-        self._moe_mark("routed experts (host sort, gathers, GEMM pairs, scatter)")
+        # the (token, slot) pairs sorted by expert on the host (one sync a layer; a radix sort on int16)
+        ids = self.eidx.get().reshape(-1)
+        n = ids.size
+        order = np.argsort(ids.astype(np.int16), kind="stable")
+        bounds = np.concatenate([[0], np.cumsum(np.bincount(ids, minlength=E))])
+        inv = np.empty(n, dtype=np.int32)
+        inv[order] = np.arange(n, dtype=np.int32)
+        if getattr(self, "_xs16", None) is None or self._xs16.shape[0] < n:
+            self._xs16 = cp.empty((n, H), dtype=cp.float16)  # the pairs' input rows, sorted
+            self._gus = cp.empty((n, 2 * ie), dtype=cp.float32)  # their gate|up products
+            self._acts16 = cp.empty((n, ie), dtype=cp.float16)  # SwiGLU
+            self._ys = cp.empty((n, H), dtype=cp.float32)  # expert outputs, sorted
+        rows = cp.asarray((order // k).astype(np.int32))
+        K.kernel("moe_gather_f16")((n,), (256,), (self.xn, np.int32(self.xn.shape[1]), rows, np.int32(H), self._xs16))
+        live = [(int(e), int(bounds[e]), int(bounds[e + 1])) for e in np.flatnonzero(bounds[1:] > bounds[:-1])]
+        # every expert's gate|up dequantized at once, then a GEMM per expert over its rows
+        w16 = self._dequant(L["experts_gu"])
+        for e, a, b in live:
+            self._gemm16(w16[e * 2 * ie:(e + 1) * 2 * ie], self._xs16[a:b], self._gus[a:], 2 * ie)
+        K.kernel("swiglu_rows_f16")((max(1, min(-(-n * ie // 4 // 256), K.sm_count() * 16)),), (256,),
+                                    (self._gus, np.int64(2 * ie), np.int32(ie), np.int32(n), self._acts16))
+        w16 = self._dequant(L["experts_down"])
+        for e, a, b in live:
+            self._gemm16(w16[e * H:(e + 1) * H], self._acts16[a:b], self._ys[a:], H)
+        K.kernel("moe_combine")((T,), (256,), (self._ys, np.int32(H), cp.asarray(inv), self.ewts,
+                                               np.int32(self.ewts.shape[1]), np.int32(k), out, np.int32(H)))
+        self._moe_mark("routed experts (host sort, gather, dequant, GEMM pairs, combine)")
 
     def _valid_len(self, launch):
         """`launch` (whose last argument is the token count) with the chunk's valid length instead, for a
