@@ -161,9 +161,18 @@ gpu_pytest "$OUT/gpu_tests_gdn.txt" tests/gpu/test_kernels.py -k "gdn_chunk or g
 grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_gdn.txt" | head -10
 NINFER_GDN_CHUNKED=1 NINFER_GDN_TC=1 gpu_pytest "$OUT/gpu_tests_prefill.txt" tests/gpu/test_prefill.py
 grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_prefill.txt" | head -10
+log "tests: flash-attention prefill"
+gpu_pytest "$OUT/gpu_tests_flash.txt" tests/gpu/test_attn_prefill.py
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_flash.txt" | head -10
 log "prefill profile 27B pp8192: chunked GDN on tensor cores (RB 64)"
 NINFER_GDN_CHUNKED=1 NINFER_GDN_TC=1 timeout 90 python3 bench/prefill_profile.py --tokens 8192 --chunk 8192 \
   --out "$OUT/pp_profile_tc64.json" 2>&1 | grep -E "tok/s|gdn_|attention|gemm" | head -8
+for w in 4 8; do
+  log "prefill profile 27B pp8192: + flash attention ($w warps)"
+  NINFER_GDN_CHUNKED=1 NINFER_GDN_TC=1 NINFER_FLASH_PREFILL=1 NINFER_FLASH_WARPS=$w timeout 90 python3 \
+    bench/prefill_profile.py --tokens 8192 --chunk 8192 --out "$OUT/pp_profile_flash$w.json" 2>&1 \
+    | grep -E "tok/s|gdn_|attn|attention" | head -5
+done
 log "prefill profile 35B-A3B pp8192 (batched MoE)"
 timeout 150 python3 bench/prefill_profile.py --geometry qwen3.6-35b-a3b --tokens 8192 --chunk 8192 \
   --out "$OUT/pp_profile_35b.json" 2>&1 | head -14
