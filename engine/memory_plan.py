@@ -101,13 +101,21 @@ PREFILL_TAILS = (4096, 2048, 1024, 512, 256, 64)
 # 256 MiB blocks 11%, for more launches. 1 GiB is what the measured figures ran with; 256 is next to
 # measure (bench/gpu_all.sh gdnc).
 PREFILL_SCORE_BYTES = int(os.environ.get("NINFER_PREFILL_SCORE_MIB", "1024")) << 20
+# The tensor-core prefill's attention as one flash kernel over the paged cache (no gathered K/V rows, no
+# score blocks; NINFER_FLASH_PREFILL=0: gather + cuBLAS + softmax) and its GDN recurrence in the chunked
+# form on tensor cores (NINFER_GDN_CHUNKED=0: token by token), whose scratch holds W, U' [64][128], M
+# [64][64] and the gate sums [64] a value head a 64-token piece, fp32 (shared by the tail executors).
+# Session 6 on the H200, 27B pp8192: attention 103 -> 66 ms, the recurrence 295 -> 139 ms.
+PREFILL_FLASH = os.environ.get("NINFER_FLASH_PREFILL", "1") != "0"
+PREFILL_GDN_CHUNKED = os.environ.get("NINFER_GDN_CHUNKED", "1") != "0"
 
 
 def prefill_executor_bytes(args, cols: int = 0, gemm: int = 0, score_bytes: int = PREFILL_SCORE_BYTES) -> int:
     """The CUDA engine's prefill executors beside the decode step: the columns step (`cols` token rows of
     the same buffers) and the tensor-core chunk (`gemm` rows, one logits row, plus its fp16 copy of the
-    largest layer matrix, the fp16 activations, the gate|up product, one query block of attention scores
-    in fp32 and fp16 (`score_bytes`) and the queries and outputs per KV head). MoE models have no
+    largest layer matrix, the fp16 activations, the gate|up product, the chunked GDN's scratch, and
+    without the flash kernel one query block of attention scores in fp32 and fp16 (`score_bytes`) and
+    the queries and outputs per KV head). MoE models have no
     columns step; their chunk adds the router logits, the top-k, one expert's output rows and the
     gathered rows CuPy makes per expert (`_moe_chunk`). The tail executors (`PREFILL_TAILS`) add their
     own rows. The cache rows the attention gathers grow with the context: `prefill_gather_bytes_per_token`."""
@@ -126,7 +134,10 @@ def prefill_executor_bytes(args, cols: int = 0, gemm: int = 0, score_bytes: int 
         logits_row = 4 * args.vocab_size
         total += workspace_bytes(args, gemm) - (gemm - 1) * logits_row
         total += 2 * max(2 * inter, widest) * max(h, inter, q, vd)  # fp16 weights of the largest matrix
-        total += 2 * gemm * max(h, inter, q, vd) + 4 * gemm * 2 * inter + score_bytes + 6 * gemm * q
+        total += 2 * gemm * max(h, inter, q, vd) + 4 * gemm * 2 * inter
+        total += 0 if PREFILL_FLASH else score_bytes + 6 * gemm * q
+        if PREFILL_GDN_CHUNKED and args.num_hidden_layers > len(args.full_attention_layers):
+            total += 4 * args.linear_num_value_heads * (2 * 128 * 64 + 64 * 64 + 64) * -(-gemm // 64)
         if args.is_moe:  # routing, the sorted pairs' rows (fp16 in, gate|up, fp16 SwiGLU, fp32 out), and
             e, k, ie = args.num_experts, args.num_experts_per_tok, args.moe_intermediate_size  # every expert in fp16
             total += gemm * (4 * (e + 1) + 8 * (k + 1) + 16 * k + k * (6 * h + 10 * ie))
@@ -142,9 +153,10 @@ def _moe_prefill() -> bool:
 
 
 def prefill_gather_bytes_per_token(args, cols: int = 0, gemm: int = 0) -> int:
-    """The tensor-core prefill's attention reads one layer's cache as fp32 and fp16 rows of K and V:
-    per token of context, 2 x (4 + 2) bytes a value (0 when that path is off)."""
-    if (args.is_moe and not _moe_prefill()) or gemm <= cols:
+    """The tensor-core prefill's attention without the flash kernel reads one layer's cache as fp32 and
+    fp16 rows of K and V: per token of context, 2 x (4 + 2) bytes a value (0 when that path is off or the
+    flash kernel reads the pages in place)."""
+    if (args.is_moe and not _moe_prefill()) or gemm <= cols or PREFILL_FLASH:
         return 0
     return 12 * args.num_key_value_heads * args.head_dim
 

@@ -179,7 +179,8 @@ def test_chunked_gdn_prefill_plumbing(cp, monkeypatch):
     gemm = eng.model.gemm
     names = [getattr(op, "name", "") for op in gemm.ops]
     n_gdn = sum(1 for L in gemm.layers if L["kind"] != "full_attention")
-    assert names.count("gdn_chunk_prep") == n_gdn and names.count("gdn_chunk_scan_tc<32>") == n_gdn
+    rb = CudaQwen35Prefill.GDN_SCAN_RB
+    assert names.count("gdn_chunk_prep") == n_gdn and names.count(f"gdn_chunk_scan_tc<{rb}>") == n_gdn
     assert not any(n.startswith("gdn_delta") for n in names)
     assert gemm._gdn_scratch[0].size == 2 * args.linear_num_value_heads * 64 * 128  # 128 rows: two pieces
     eng.prefill(list(range(1, 140)))
@@ -252,6 +253,7 @@ def test_flash_prefill_plumbing(cp, monkeypatch, kv):
     from engine.ops import kernels as K
 
     monkeypatch.setattr(CudaQwen35Prefill, "FLASH_PREFILL", True)
+    monkeypatch.setattr(CudaQwen35Prefill, "FLASH_WARPS", 4)
     launches = []
     prepared = K.prepared
 

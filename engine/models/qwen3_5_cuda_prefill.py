@@ -3,11 +3,11 @@
 The columns step (8 tokens per CUDA graph, GEMV kernels) reads every weight once per 8 tokens. Past a
 few dozen tokens the projections are better done as GEMMs: each packed matrix is dequantized to fp16
 once per chunk (`dequant_rs`) and multiplied by the chunk's activations with cuBLAS (`gemmEx`, fp16
-inputs, fp32 accumulate and output). Attention runs over the gathered cache with causal masking
-(`attention_cublas`: fp16 products on tensor cores through cuBLAS, a causal softmax kernel in between,
-query blocks sized to bound the score memory). Everything else is the columns
-step's: norms, the GDN conv and recurrence over the T tokens (`gdn_prep_cols`, `gdn_delta_cols`), the
-q/k norm + RoPE + paged KV write, and the head on the chunk's last row.
+inputs, fp32 accumulate and output). Attention is one flash kernel over the paged cache
+(`flash_attention`; or over the gathered cache through cuBLAS, `attention_cublas`), the GDN recurrence
+the chunked form on tensor cores (`gdn_chunk_prep`, `gdn_chunk_scan_tc`; or token by token). The rest
+is the columns step's: norms, the GDN conv and gates over the T tokens (`gdn_prep_cols`), the q/k norm
++ RoPE + paged KV write, and the head on the chunk's last row.
 
 Not graph-captured (cuBLAS calls cannot be captured through CuPy); one chunk is a few hundred launches.
 tests/gpu/test_prefill.py passes on the H200; pp8192 4,264 tok/s at chunk 1,024 (bench/NOTES-decode.md).
@@ -20,7 +20,7 @@ import os
 
 import numpy as np
 
-from engine.memory_plan import PREFILL_SCORE_BYTES
+from engine.memory_plan import PREFILL_FLASH, PREFILL_GDN_CHUNKED, PREFILL_SCORE_BYTES
 from engine.ops import kernels as K
 from engine.models.qwen3_5_cuda import ATTN_HEAD_DIM, KV_PAGE
 from engine.models.qwen3_5_cuda_cols import CudaQwen35Columns
@@ -105,26 +105,26 @@ class CudaQwen35Prefill(CudaQwen35Columns):
     DELTA_ROWS = int(os.environ.get("NINFER_GDN_ROWS", "2"))
 
     # The delta rule in its chunked (WY) form, two passes (gdn_chunk_prep over every 64-token piece at
-    # once, gdn_chunk_scan<RB> in order): NINFER_GDN_CHUNKED=1. Written in session 5 without device
-    # time; off until tests/gpu/test_kernels.py::test_gdn_chunked_matches_delta_cols passes and the
-    # profile says it wins. Its scratch (W, U' [P][Hv][64][128], M [P][Hv][64][64], fp32; ~0.5 GB at
-    # T = 8192 on the 27B) is not in the memory plan.
-    # Pass 1 runs on tensor cores either way (3xTF32 mma.sync, cuda/gdn_tc.cu); NINFER_GDN_TC=1 puts the
-    # in-order pass there too (gdn_chunk_scan_tc<RB>, one block an SM: RB = 64 by default, 96 blocks).
-    GDN_CHUNKED = os.environ.get("NINFER_GDN_CHUNKED", "0") != "0"
-    GDN_TC = os.environ.get("NINFER_GDN_TC", "0") != "0"
+    # once, gdn_chunk_scan in order), on by default (memory_plan.PREFILL_GDN_CHUNKED; NINFER_GDN_CHUNKED=0
+    # goes token by token). Session 6 on the H200, 27B pp8192, the recurrence's 48 layers: token by token
+    # 295 ms; chunked on CUDA cores 330 (RB 32); prep and the in-order pass on tensor cores (3xTF32
+    # mma.sync, cuda/gdn_tc.cu, NINFER_GDN_TC, RB 64: one block an SM, 96 blocks) 53 + 86 = 139 ms.
+    # Its scratch (W, U' [P][Hv][64][128], M [P][Hv][64][64], G [P][Hv][64], fp32) is shared by the tails.
+    GDN_CHUNKED = PREFILL_GDN_CHUNKED
+    GDN_TC = os.environ.get("NINFER_GDN_TC", "1") != "0"
     GDN_SCAN_RB = int(os.environ.get("NINFER_GDN_SCAN_RB", "64" if GDN_TC else "32"))
-    # Attention as one flash kernel over the paged cache (attn_prefill_fa, cuda/attn_prefill.cu) instead of
-    # gather + cuBLAS + softmax: NINFER_FLASH_PREFILL=1. Written without device time; off until
-    # tests/gpu/test_attn_prefill.py passes. NINFER_FLASH_WARPS: 4 (64 query rows a block, 2 blocks an SM)
-    # or 8 (128 rows, 1 block an SM).
-    FLASH_PREFILL = os.environ.get("NINFER_FLASH_PREFILL", "0") != "0"
-    FLASH_WARPS = int(os.environ.get("NINFER_FLASH_WARPS", "4"))
+    # Attention as one flash kernel over the paged cache (attn_prefill_fa, cuda/attn_prefill.cu), on by
+    # default (memory_plan.PREFILL_FLASH; NINFER_FLASH_PREFILL=0: gather + cuBLAS + softmax). Session 6 on
+    # the H200, 27B pp8192, 16 layers: 103 ms the old way, 67.0 with 4 warps (64 query rows a block, 2
+    # blocks an SM), 65.8 with 8 (128 rows, 1 block an SM; NINFER_FLASH_WARPS).
+    FLASH_PREFILL = PREFILL_FLASH
+    FLASH_WARPS = int(os.environ.get("NINFER_FLASH_WARPS", "8"))
 
     def __init__(self, decode, chunk: int, share: "CudaQwen35Prefill | None" = None):
         """`share`: a larger-chunk executor over the same sequence whose fp16 weight, fp16 input and
         gate|up scratch this one uses too (the executors of one engine never run at the same time)."""
         self._w16 = None
+        self._gdn_scratch = share._gdn_scratch if share is not None and share.M >= chunk else None
         super().__init__(decode, chunk)
         cp = self.cp
         if share is not None and share.M >= chunk:

@@ -249,13 +249,14 @@ def test_build_with_ladder_other_errors_propagate_and_exhaustion_is_a_user_error
         mb.build_with_ladder(never, [8192, 4096])
 
 
-def test_prefill_executors_are_planned():
+def test_prefill_executors_are_planned(monkeypatch):
     """The columns step's rows and the tensor-core chunk's scratch are in the plan; MoE has no columns
     step, and its tensor-core chunk (MOE_PREFILL) adds the routing and per-expert rows."""
     from engine import memory_plan as mp
     from engine.config import ModelArgs
     from engine.synthetic import geometry_config
 
+    monkeypatch.setattr(mp, "PREFILL_FLASH", False)  # (the gather + cuBLAS attention's scratch first)
     dense = ModelArgs.from_config(geometry_config("qwen3.8-27b"))
     moe = ModelArgs.from_config(geometry_config("qwen3.6-35b-a3b"))
     assert mp.prefill_executor_bytes(dense, 8, 0) == mp.workspace_bytes(dense, 8)
@@ -279,3 +280,8 @@ def test_prefill_executors_are_planned():
     cols = mp.plan_memory(dense, weights, prefill_cols=8)
     assert cols.fixed_bytes - base.fixed_bytes == mp.workspace_bytes(dense, 8)
     assert any(i.name == "prefill executors" for i in cols.items(4096))
+    # the flash kernel reads the pages in place: no gather pool, no score block
+    monkeypatch.setattr(mp, "PREFILL_FLASH", True)
+    assert mp.prefill_gather_bytes_per_token(dense, 8, 256) == 0
+    assert mp.prefill_executor_bytes(dense, 8, 256) <= mp.prefill_executor_bytes(dense, 8, 0) + gemm - mp.GIB
+    assert [p.name for p in mp.plan_memory(dense, weights, prefill_cols=8, prefill_gemm=256).pools] == ["text"]
