@@ -47,13 +47,19 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int ldl, 
 
 // MoE prefill (grouped by expert): the (token, slot) pairs sorted by expert on the host; these two
 // kernels move rows into and out of that order.
-// moe_gather_f16: out[i] = fp16(x[rows[i]]) for the n sorted pairs (grid n, any block size).
+// moe_gather_f16: out[i] = fp16(x[rows[i]]) for the n sorted pairs, zeros where rows[i] < 0 (an expert's
+// padding when every expert is padded to the same row count; grid n, any block size).
 extern "C" __global__ void moe_gather_f16(const float* __restrict__ x, int ldx, const int* __restrict__ rows,
                                           int H, __half* __restrict__ out) {
   NI_PDL_ENTRY();
   const size_t i = blockIdx.x;
-  const float* src = x + (size_t)rows[i] * ldx;
+  const int r = rows[i];
   __half* dst = out + i * H;
+  if (r < 0) {
+    for (int h = threadIdx.x; h < H; h += blockDim.x) dst[h] = __float2half_rn(0.f);
+    return;
+  }
+  const float* src = x + (size_t)r * ldx;
   for (int h = threadIdx.x; h < H; h += blockDim.x) dst[h] = __float2half_rn(src[h]);
 }
 

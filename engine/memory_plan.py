@@ -138,9 +138,10 @@ def prefill_executor_bytes(args, cols: int = 0, gemm: int = 0, score_bytes: int 
         total += 0 if PREFILL_FLASH else score_bytes + 6 * gemm * q
         if PREFILL_GDN_CHUNKED and args.num_hidden_layers > len(args.full_attention_layers):
             total += 4 * args.linear_num_value_heads * (2 * 128 * 64 + 64 * 64 + 64) * -(-gemm // 64)
-        if args.is_moe:  # routing, the sorted pairs' rows (fp16 in, gate|up, fp16 SwiGLU, fp32 out), and
+        if args.is_moe:  # routing, the sorted pairs' rows (fp16 in, gate|up, fp16 SwiGLU, fp32 out; experts
+            # padded to one row count: up to 1.5 rows a pair, CudaQwen35Prefill.MOE_PAD_WASTE), and
             e, k, ie = args.num_experts, args.num_experts_per_tok, args.moe_intermediate_size  # every expert in fp16
-            total += gemm * (4 * (e + 1) + 8 * (k + 1) + 16 * k + k * (6 * h + 10 * ie))
+            total += gemm * (4 * (e + 1) + 8 * (k + 1) + 16 * k + int(1.5 * k) * (6 * h + 10 * ie))
             total += max(0, 2 * e * 2 * ie * h - 2 * max(2 * inter, widest) * max(h, inter, q, vd))
         total += sum(workspace_bytes(args, t) - (t - 1) * logits_row for t in PREFILL_TAILS if cols < t < gemm)
     return total

@@ -89,6 +89,12 @@ def test_moe_gemm_prefill_plumbing(cp, monkeypatch):
         ex.eidx[...] = np.arange(args.num_experts_per_tok, dtype=np.int32)
     eng.prefill(list(range(1, 200)))
     assert eng.position == 199
+    from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill
+
+    monkeypatch.setattr(CudaQwen35Prefill, "MOE_PAD_WASTE", 1e9)  # the strided-batched experts too
+    eng.reset()
+    eng.prefill(list(range(1, 200)))
+    assert eng.position == 199
 
 
 def test_try_build_takes_the_prefill_chunk(cp, monkeypatch):

@@ -197,6 +197,18 @@ class CudaQwen35Prefill(CudaQwen35Columns):
                       x16.data.ptr, _R_16F, kk, self._zero.ctypes.data, y.data.ptr, _R_32F, ldy,
                       _COMPUTE_32F, _GEMM_DEFAULT)
 
+    def _gemm16_batched(self, w16, n: int, kk: int, x16, rows: int, y, batch: int):
+        """For b < batch: y[b*rows:(b+1)*rows, :n] (fp32, contiguous) = x16[b*rows:(b+1)*rows, :kk] @
+        W_b^T, W_b = w16's rows [b*n, (b+1)*n) (fp16 [n, kk]): one strided-batched cuBLAS call."""
+        from cupy_backends.cuda.libs import cublas  # noqa: PLC0415
+
+        handle = self.cp.cuda.device.get_cublas_handle()
+        cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+        cublas.gemmStridedBatchedEx(handle, _OP_T, _OP_N, n, rows, kk, self._one.ctypes.data, w16.data.ptr,
+                                    _R_16F, kk, n * kk, x16.data.ptr, _R_16F, kk, rows * kk,
+                                    self._zero.ctypes.data, y.data.ptr, _R_32F, n, rows * n, batch,
+                                    _COMPUTE_32F, _GEMM_DEFAULT)
+
     def _gemv(self, w, x, y, epi="store", splits=1, y_offset=0, xpre=None):
         # (the head on the chunk's last row stays a GEMV: the columns step's _tail_ops)
         if epi == "swiglu":
@@ -280,6 +292,10 @@ class CudaQwen35Prefill(CudaQwen35Columns):
         go.name = "moe (router, grouped experts, shared)"
         return [go]
 
+    # Routed experts through one strided-batched GEMM per projection when padding every expert to the
+    # busiest one's row count costs at most this many rows per (token, slot) pair (else a GEMM pair per
+    # expert). NINFER_MOE_PAD_WASTE=0 always loops.
+    MOE_PAD_WASTE = float(os.environ.get("NINFER_MOE_PAD_WASTE", "1.5"))
     moe_marks = None  # bench/prefill_profile.py: a list that collects (phase, CUDA event) inside the MoE op
 
     def _moe_mark(self, name):
@@ -303,29 +319,46 @@ class CudaQwen35Prefill(CudaQwen35Columns):
         ids = self.eidx.get().reshape(-1)
         n = ids.size
         order = np.argsort(ids.astype(np.int16), kind="stable")
-        bounds = np.concatenate([[0], np.cumsum(np.bincount(ids, minlength=E))])
+        counts = np.bincount(ids, minlength=E)
+        bounds = np.concatenate([[0], np.cumsum(counts)])
+        # Every expert padded to the same row count C, when that wastes little (MOE_PAD_WASTE): then one
+        # strided-batched GEMM per projection over all experts, else a GEMM pair per expert.
+        cap = -(-int(counts.max()) // 8) * 8
+        batched = E * cap <= self.MOE_PAD_WASTE * n
+        rank = np.arange(n, dtype=np.int64) - bounds[ids[order]]
+        pos = (ids[order].astype(np.int64) * cap + rank) if batched else np.arange(n, dtype=np.int64)
+        rows_h = np.full(E * cap if batched else n, -1, dtype=np.int32)
+        rows_h[pos] = order // k
         inv = np.empty(n, dtype=np.int32)
-        inv[order] = np.arange(n, dtype=np.int32)
-        if getattr(self, "_xs16", None) is None or self._xs16.shape[0] < n:
-            self._xs16 = cp.empty((n, H), dtype=cp.float16)  # the pairs' input rows, sorted
-            self._gus = cp.empty((n, 2 * ie), dtype=cp.float32)  # their gate|up products
-            self._acts16 = cp.empty((n, ie), dtype=cp.float16)  # SwiGLU
-            self._ys = cp.empty((n, H), dtype=cp.float32)  # expert outputs, sorted
-        rows = cp.asarray((order // k).astype(np.int32))
-        K.kernel("moe_gather_f16")((n,), (256,), (self.xn, np.int32(self.xn.shape[1]), rows, np.int32(H), self._xs16))
-        live = [(int(e), int(bounds[e]), int(bounds[e + 1])) for e in np.flatnonzero(bounds[1:] > bounds[:-1])]
-        # every expert's gate|up dequantized at once, then a GEMM per expert over its rows
+        inv[order] = pos
+        nr = rows_h.size
+        if getattr(self, "_xs16", None) is None or self._xs16.shape[0] < nr:
+            nr_alloc = max(nr, 3 * T * k // 2)  # (the memory plan counts 1.5 rows a pair)
+            self._xs16 = cp.empty((nr_alloc, H), dtype=cp.float16)  # the pairs' input rows, sorted
+            self._gus = cp.empty((nr_alloc, 2 * ie), dtype=cp.float32)  # their gate|up products
+            self._acts16 = cp.empty((nr_alloc, ie), dtype=cp.float16)  # SwiGLU
+            self._ys = cp.empty((nr_alloc, H), dtype=cp.float32)  # expert outputs, sorted
+        K.kernel("moe_gather_f16")((nr,), (256,), (self.xn, np.int32(self.xn.shape[1]), cp.asarray(rows_h),
+                                                   np.int32(H), self._xs16))
+        live = [(int(e), int(bounds[e]), int(bounds[e + 1])) for e in np.flatnonzero(counts)]
+        # every expert's gate|up dequantized at once, then the GEMMs, SwiGLU over all rows, the same for down
         w16 = self._dequant(L["experts_gu"])
-        for e, a, b in live:
-            self._gemm16(w16[e * 2 * ie:(e + 1) * 2 * ie], self._xs16[a:b], self._gus[a:], 2 * ie)
-        K.kernel("swiglu_rows_f16")((max(1, min(-(-n * ie // 4 // 256), K.sm_count() * 16)),), (256,),
-                                    (self._gus, np.int64(2 * ie), np.int32(ie), np.int32(n), self._acts16))
+        if batched:
+            self._gemm16_batched(w16, 2 * ie, H, self._xs16, cap, self._gus, E)
+        else:
+            for e, a, b in live:
+                self._gemm16(w16[e * 2 * ie:(e + 1) * 2 * ie], self._xs16[a:b], self._gus[a:], 2 * ie)
+        K.kernel("swiglu_rows_f16")((max(1, min(-(-nr * ie // 4 // 256), K.sm_count() * 16)),), (256,),
+                                    (self._gus, np.int64(2 * ie), np.int32(ie), np.int32(nr), self._acts16))
         w16 = self._dequant(L["experts_down"])
-        for e, a, b in live:
-            self._gemm16(w16[e * H:(e + 1) * H], self._acts16[a:b], self._ys[a:], H)
+        if batched:
+            self._gemm16_batched(w16, H, ie, self._acts16, cap, self._ys, E)
+        else:
+            for e, a, b in live:
+                self._gemm16(w16[e * H:(e + 1) * H], self._acts16[a:b], self._ys[a:], H)
         K.kernel("moe_combine")((T,), (256,), (self._ys, np.int32(H), cp.asarray(inv), self.ewts,
                                                np.int32(self.ewts.shape[1]), np.int32(k), out, np.int32(H)))
-        self._moe_mark("routed experts (host sort, gather, dequant, GEMM pairs, combine)")
+        self._moe_mark("routed experts (host sort, gather, dequant, GEMMs, combine)")
 
     def _valid_len(self, launch):
         """`launch` (whose last argument is the token count) with the chunk's valid length instead, for a

@@ -151,6 +151,29 @@ def test_moe_gemm_prefill_matches_numpy_engine(t, monkeypatch):
     assert fast.model.executor.position == t
 
 
+def test_moe_batched_experts_equal_the_expert_loop(monkeypatch):
+    """The MoE prefill's routed experts as one strided-batched GEMM per projection (every expert padded to
+    the busiest one's rows, the padding gathered as zeros) against a GEMM pair per expert."""
+    from test_gpu_engine import MOE_CFG, quantized_weights
+
+    from engine import gpu_engine, gpu_weights
+    from engine.config import ModelArgs
+    from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill
+
+    monkeypatch.setattr(gpu_engine, "MOE_PREFILL", True)
+    args = ModelArgs.from_config(MOE_CFG)
+    dev = gpu_weights.from_logical(args, quantized_weights(args, recipe="groupwise-int-moe"),
+                                   recipe="groupwise-int-moe")
+    eng = gpu_engine.build_engine(args, dev, MOE_CFG, max_context=512, prefill_gemm=256)
+    prompt = [int(x) for x in np.random.default_rng(4).integers(0, MOE_CFG["vocab_size"], 256)]
+    out = {}
+    for waste in (0.0, 1e9):  # always the loop, always batched
+        monkeypatch.setattr(CudaQwen35Prefill, "MOE_PAD_WASTE", waste)
+        eng.reset()
+        out[waste] = eng.prefill(prompt)
+    assert rel(out[1e9], out[0.0]) < 1e-2, rel(out[1e9], out[0.0])
+
+
 @pytest.mark.parametrize("t,chunk", [(1000, 64), (100, 256), (300, 256)])
 def test_padded_prefill_matches_numpy_engine(t, chunk, monkeypatch):
     """NINFER_PREFILL_PAD: the rest of a prompt padded into one executor (the GDN state and conv history
