@@ -42,7 +42,8 @@ extern "C" __global__ void stage_x_mb(const float* __restrict__ x, int ldx, int 
   const int m = blockIdx.y;
   const float* xm = x + (size_t)m * ldx;
   float mx = 0.f;
-  for (int k = threadIdx.x; k < K; k += blockDim.x) mx = fmaxf(mx, fabsf(xm[k]));
+#pragma unroll 8
+  for (int k = threadIdx.x; k < K; k += blockDim.x) mx = fmaxf(mx, fabsf(xm[k]));  // (loads in flight)
   const float sc = pow2_scale(block_max(mx, red));
   const int nch = kpad / 32, per = (nch + gridDim.x - 1) / gridDim.x;
   const int c0 = blockIdx.x * per, c1 = min(c0 + per, nch);
@@ -66,19 +67,32 @@ extern "C" __global__ void __launch_bounds__(1024) residual_rmsnorm_mb(
   __shared__ float slice[NORM_SLICE];
   const int m = blockIdx.y, bd = blockDim.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float* xi = x_in + (size_t)m * H;
-  float v[NORM_VPT];
-  float ss = 0.f, mx = 0.f;
+  // every load of a pass issued before its first use: x_in and w together, then each partial plane's
+  // values (two planes a round), so that the row costs 1 + S / 2 L2 round trips, not one a value
+  float v[NORM_VPT], wv[NORM_VPT];
 #pragma unroll
   for (int i = 0; i < NORM_VPT; ++i) {
     const int k = threadIdx.x + i * bd;
-    v[i] = 0.f;
-    if (k < H) {
-      float t = xi[k];
-      for (int s = 0; s < S; ++s) t += part[(size_t)s * part_stride + (size_t)m * H + k];
-      v[i] = t;
-      ss += t * t;
-      mx = fmaxf(mx, fabsf(t * (offset ? 1.f + w[k] : w[k])));
+    v[i] = k < H ? xi[k] : 0.f;
+    wv[i] = k < H ? (offset ? 1.f + w[k] : w[k]) : 0.f;
+  }
+#pragma unroll 2
+  for (int s = 0; s < S; ++s) {
+    const float* ps = part + (size_t)s * part_stride + (size_t)m * H;
+    float pv[NORM_VPT];
+#pragma unroll
+    for (int i = 0; i < NORM_VPT; ++i) {
+      const int k = threadIdx.x + i * bd;
+      pv[i] = k < H ? ps[k] : 0.f;
     }
+#pragma unroll
+    for (int i = 0; i < NORM_VPT; ++i) v[i] += pv[i];
+  }
+  float ss = 0.f, mx = 0.f;
+#pragma unroll
+  for (int i = 0; i < NORM_VPT; ++i) {
+    ss += v[i] * v[i];
+    mx = fmaxf(mx, fabsf(v[i] * wv[i]));
   }
   ss = warp_sum(ss);
   mx = warp_max(mx);
@@ -103,7 +117,7 @@ extern "C" __global__ void __launch_bounds__(1024) residual_rmsnorm_mb(
       float ov = 0.f;
       if (k < H) {
         x_out[(size_t)m * H + k] = v[i];
-        ov = v[i] * r * (offset ? 1.f + w[k] : w[k]);
+        ov = v[i] * r * wv[i];
         o[k] = ov;
       }
       slice[k - k0] = ov;

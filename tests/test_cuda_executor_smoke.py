@@ -54,9 +54,12 @@ def test_dense_engine_builds_and_runs_every_path(cp, kv):
     assert K.pdl_ready(m.executor.ops)[1] == len(m.executor.ops)
 
 
-@pytest.mark.parametrize("shared", [256, 128])  # 128: as wide as a routed expert (the 35B-A3B's shape)
-def test_moe_engine_builds_and_runs(cp, shared):
+@pytest.mark.parametrize("shared,stage", [(256, True), (128, True), (128, False)])  # 128: a routed expert's width
+def test_moe_engine_builds_and_runs(cp, shared, stage, monkeypatch):
     from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+
+    monkeypatch.setattr(CudaQwen35, "MOE_STAGE", stage)
 
     cfg = dict(CFG, architectures=["Qwen3_5MoeForCausalLM"], model_type="qwen3_5_moe_text", num_experts=8,
                num_experts_per_tok=2, moe_intermediate_size=128, shared_expert_intermediate_size=shared)
@@ -66,6 +69,11 @@ def test_moe_engine_builds_and_runs(cp, shared):
     assert eng.model.cols is None  # no columns step for MoE (the tensor-core prefill where memory allows)
     eng.prefill([1, 2, 3])
     assert eng.decode_greedy(4, 3) is not None and eng.position == 6
+    from engine.ops import kernels as K
+
+    inner = [getattr(o, "name", "") for op in eng.model.executor.ops if isinstance(op, K.Concurrent)
+             for o in op.main + op.side]
+    assert inner.count("stage_x_mb") == (args.num_hidden_layers if stage else 0)
     assert np.isfinite(eng.info()["weight_bytes_per_token"])
 
 

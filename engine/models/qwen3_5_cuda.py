@@ -269,6 +269,11 @@ class CudaQwen35:
                           (x, x.strides[0] // x.itemsize, k, kpad, xh, kpad // 2 if ldh is None else ldh, xinv),
                           block=1024)
 
+    # MoE decode: the routed experts' SwiGLU rows staged by one stage_x_mb launch for the down-projection
+    # (NINFER_MOE_STAGE=1), or by every block of the down-projection from the fp32 rows (0: a launch and
+    # a kernel boundary less a layer, each block reading its slot's 2 KB row).
+    MOE_STAGE = os.environ.get("NINFER_MOE_STAGE", "1") != "0"
+
     def _moe_ops(self, L, xn):
         """Router -> top-k on the device -> routed experts (grid.z = slot) writing weighted partials
         part[0..k), shared expert into part[k]; the next norm sums the k + 1 partials."""
@@ -281,11 +286,15 @@ class CudaQwen35:
         dn1 = DevMatrix(dn.fmt, H, dn.k, dn.buf, dn.row0, dn.gpr, dn.base, dn.high, dn.scales)
         ops.append(GemvPlan(gu1, self.xn, H, self.act_e, ie, epi="swiglu", unroll=2, xpre=xn,
                             experts=(self.eidx, 2 * ie, 0, ie, None, k)).launch)
-        ops.append(K.prepared("stage_x_mb", (self.NORM_BLOCKS, k), (self.act_e, ie, ie, self.kpad_e, self.xh_e,
-                                                                    self.kpad_e // 2, self.xinv_e), block=1024))
-        ops.append(GemvPlan(dn1, self.act_e, ie, self.part, H, epi="store", unroll=2, rows=1,
-                            xpre=(self.xh_e, self.xinv_e),
-                            experts=(self.eidx, H, self.kpad_e * 2, self.M * H, self.ewts, k)).launch)
+        if self.MOE_STAGE:
+            ops.append(K.prepared("stage_x_mb", (self.NORM_BLOCKS, k), (self.act_e, ie, ie, self.kpad_e, self.xh_e,
+                                                                        self.kpad_e // 2, self.xinv_e), block=1024))
+            ops.append(GemvPlan(dn1, self.act_e, ie, self.part, H, epi="store", unroll=2, rows=1,
+                                xpre=(self.xh_e, self.xinv_e),
+                                experts=(self.eidx, H, self.kpad_e * 2, self.M * H, self.ewts, k)).launch)
+        else:  # each block of the routed down-projection stages its slot's fp32 row itself
+            ops.append(GemvPlan(dn1, self.act_e, ie, self.part, H, epi="store", unroll=2, rows=1,
+                                experts=(self.eidx, H, ie * 4, self.M * H, self.ewts, k)).launch)
         # the shared expert beside the routed ones: its gate|up beside the router and top-k, its
         # down-projection (weighted by what moe_route computes) beside the routed experts
         shared_down = GemvPlan(L["shared_down"], self.act, self.act.shape[1], self.part[k], H, epi="store",
