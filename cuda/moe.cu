@@ -77,3 +77,25 @@ extern "C" __global__ void moe_combine(const float* __restrict__ ys, int H, cons
     o[h] = acc;
   }
 }
+
+// The pairs' order by expert on the device (the host reads back only the E counts):
+// moe_count: rank[p] = the place pair p took among its expert's pairs (atomics: the order within an expert
+// is arbitrary, and no row's result depends on it), cnt[e] += its pairs (cnt zeroed before); grid n / 256.
+extern "C" __global__ void moe_count(const int* __restrict__ ids, int n, int* __restrict__ cnt,
+                                     int* __restrict__ rank) {
+  NI_PDL_ENTRY();
+  const int p = blockIdx.x * blockDim.x + threadIdx.x;
+  if (p < n) rank[p] = atomicAdd(cnt + ids[p], 1);
+}
+
+// moe_place: pair p (token p / k) goes to row base[expert] + rank[p] of the sorted rows: rows[that] = its
+// token (for moe_gather_f16), inv[p] = that row (for moe_combine); grid n / 256.
+extern "C" __global__ void moe_place(const int* __restrict__ ids, int n, int k, const int* __restrict__ rank,
+                                     const int* __restrict__ base, int* __restrict__ rows, int* __restrict__ inv) {
+  NI_PDL_ENTRY();
+  const int p = blockIdx.x * blockDim.x + threadIdx.x;
+  if (p >= n) return;
+  const int pos = base[ids[p]] + rank[p];
+  rows[pos] = p / k;
+  inv[p] = pos;
+}

@@ -119,7 +119,12 @@ def make() -> types.ModuleType:
     cp.arange = lambda *a, **k: _wrap(np.arange(*a, **k))
     cp.asarray = lambda a, dtype=None: _wrap(np.asarray(a, dtype=dtype))
     cp.array = lambda a, dtype=None: _wrap(np.array(a, dtype=dtype))
-    cp.asnumpy = lambda a: np.array(a)
+    def asnumpy(a, stream=None, out=None, blocking=True):
+        if out is None:
+            return np.array(a)
+        out[...] = np.asarray(a)
+        return out
+    cp.asnumpy = asnumpy
     cp.concatenate = lambda *a, **k: _wrap(np.concatenate(*a, **k))
     cp.flatnonzero = lambda a: _wrap(np.flatnonzero(a))
     cp.exp = np.exp
@@ -137,7 +142,9 @@ def make() -> types.ModuleType:
     cuda.Event = _Event
     cuda.runtime = types.SimpleNamespace(getDeviceCount=lambda: 1, runtimeGetVersion=lambda: 13020,
                                          driverGetVersion=lambda: 13000,
-                                         memGetInfo=lambda: (100 << 30, 141 << 30))
+                                         memGetInfo=lambda: (100 << 30, 141 << 30),
+                                         memsetAsync=lambda *a: None)
+    cuda.alloc_pinned_memory = lambda n: bytearray(n)
     cuda.Device = lambda *a: types.SimpleNamespace(attributes={"MultiProcessorCount": 132}, synchronize=lambda: None,
                                                    mem_info=(100 << 30, 141 << 30), id=0)
     cuda.get_current_stream = lambda: _Stream()

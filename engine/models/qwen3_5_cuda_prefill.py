@@ -125,6 +125,7 @@ class CudaQwen35Prefill(CudaQwen35Columns):
         gate|up scratch this one uses too (the executors of one engine never run at the same time)."""
         self._w16 = None
         self._gdn_scratch = share._gdn_scratch if share is not None and share.M >= chunk else None
+        self._moe_bufs = share._moe_bufs if share is not None else {}
         super().__init__(decode, chunk)
         cp = self.cp
         if share is not None and share.M >= chunk:
@@ -311,54 +312,68 @@ class CudaQwen35Prefill(CudaQwen35Columns):
         K.kernel("moe_route")((T,), (32,), (self.rlog, np.int32(E + 1), np.int32(E), np.int32(k), self.eidx,
                                             self.ewts, np.int32(k + 1)))
         self._moe_mark("router + top-k")
+        # the pairs counted by expert on the device; the E counts come back while the shared expert and
+        # the routed experts' gate|up dequantization run (the only host sync of the layer)
+        n = T * k
+        if getattr(self, "_moe_cnt", None) is None:
+            self._moe_cnt = cp.zeros(E, dtype=cp.int32)
+            self._moe_base = cp.zeros(E, dtype=cp.int32)
+            self._moe_rank = cp.zeros(n, dtype=cp.int32)
+            self._moe_inv = cp.zeros(n, dtype=cp.int32)
+            self._moe_rows = cp.zeros(max(n, 3 * n // 2), dtype=cp.int32)
+            self._cnt_host = np.frombuffer(cp.cuda.alloc_pinned_memory(4 * E), dtype=np.int32, count=E)
+            self._cnt_ready = cp.cuda.Event(disable_timing=True)
+        grid = (max(1, -(-n // 256)),)
+        cp.cuda.runtime.memsetAsync(self._moe_cnt.data.ptr, 0, 4 * E, self.stream.ptr)
+        K.kernel("moe_count")(grid, (256,), (self.eidx, np.int32(n), self._moe_cnt, self._moe_rank))
+        cp.asnumpy(self._moe_cnt, stream=self.stream, out=self._cnt_host, blocking=False)
+        self._cnt_ready.record(self.stream)
         out = self.part[0]
         self._ffn(L["shared_gu"], L["shared_down"], self.xn, T, out)
         cp.multiply(out, self.ewts[:, k: k + 1], out=out)  # the shared expert's sigmoid gate
         self._moe_mark("shared expert")
-        # the (token, slot) pairs sorted by expert on the host (one sync a layer; a radix sort on int16)
-        ids = self.eidx.get().reshape(-1)
-        n = ids.size
-        order = np.argsort(ids.astype(np.int16), kind="stable")
-        counts = np.bincount(ids, minlength=E)
+        w16 = self._dequant(L["experts_gu"])  # every routed expert's gate|up at once
+        self._cnt_ready.synchronize()
+        counts = self._cnt_host.astype(np.int64)
         bounds = np.concatenate([[0], np.cumsum(counts)])
         # Every expert padded to the same row count C, when that wastes little (MOE_PAD_WASTE): then one
         # strided-batched GEMM per projection over all experts, else a GEMM pair per expert.
         cap = -(-int(counts.max()) // 8) * 8
         batched = E * cap <= self.MOE_PAD_WASTE * n
-        rank = np.arange(n, dtype=np.int64) - bounds[ids[order]]
-        pos = (ids[order].astype(np.int64) * cap + rank) if batched else np.arange(n, dtype=np.int64)
-        rows_h = np.full(E * cap if batched else n, -1, dtype=np.int32)
-        rows_h[pos] = order // k
-        inv = np.empty(n, dtype=np.int32)
-        inv[order] = pos
-        nr = rows_h.size
-        if getattr(self, "_xs16", None) is None or self._xs16.shape[0] < nr:
-            nr_alloc = max(nr, 3 * T * k // 2)  # (the memory plan counts 1.5 rows a pair)
-            self._xs16 = cp.empty((nr_alloc, H), dtype=cp.float16)  # the pairs' input rows, sorted
-            self._gus = cp.empty((nr_alloc, 2 * ie), dtype=cp.float32)  # their gate|up products
-            self._acts16 = cp.empty((nr_alloc, ie), dtype=cp.float16)  # SwiGLU
-            self._ys = cp.empty((nr_alloc, H), dtype=cp.float32)  # expert outputs, sorted
-        K.kernel("moe_gather_f16")((nr,), (256,), (self.xn, np.int32(self.xn.shape[1]), cp.asarray(rows_h),
-                                                   np.int32(H), self._xs16))
+        nr = E * cap if batched else n
+        if self._moe_rows.size < nr:
+            self._moe_rows = cp.zeros(nr, dtype=cp.int32)
+        self._moe_base.set((np.arange(E) * cap if batched else bounds[:-1]).astype(np.int32), stream=self.stream)
+        cp.cuda.runtime.memsetAsync(self._moe_rows.data.ptr, 0xFF, 4 * nr, self.stream.ptr)  # -1: padding
+        K.kernel("moe_place")(grid, (256,), (self.eidx, np.int32(n), np.int32(k), self._moe_rank, self._moe_base,
+                                             self._moe_rows, self._moe_inv))
+        bufs = self._moe_bufs  # (shared by the executors of one engine, grown to the largest need)
+        if bufs.get("rows", -1) < nr:
+            bufs["rows"] = r = max(nr, 3 * n // 2)  # (the memory plan counts 1.5 rows a pair)
+            bufs["x"] = cp.empty((r, H), dtype=cp.float16)  # the pairs' input rows, sorted
+            bufs["gu"] = cp.empty((r, 2 * ie), dtype=cp.float32)  # their gate|up products
+            bufs["act"] = cp.empty((r, ie), dtype=cp.float16)  # SwiGLU
+            bufs["y"] = cp.empty((r, H), dtype=cp.float32)  # expert outputs, sorted
+        xs16, gus, acts16, ys = bufs["x"], bufs["gu"], bufs["act"], bufs["y"]
+        K.kernel("moe_gather_f16")((max(1, nr),), (256,), (self.xn, np.int32(self.xn.shape[1]), self._moe_rows,
+                                                           np.int32(H), xs16))
         live = [(int(e), int(bounds[e]), int(bounds[e + 1])) for e in np.flatnonzero(counts)]
-        # every expert's gate|up dequantized at once, then the GEMMs, SwiGLU over all rows, the same for down
-        w16 = self._dequant(L["experts_gu"])
         if batched:
-            self._gemm16_batched(w16, 2 * ie, H, self._xs16, cap, self._gus, E)
+            self._gemm16_batched(w16, 2 * ie, H, xs16, cap, gus, E)
         else:
             for e, a, b in live:
-                self._gemm16(w16[e * 2 * ie:(e + 1) * 2 * ie], self._xs16[a:b], self._gus[a:], 2 * ie)
+                self._gemm16(w16[e * 2 * ie:(e + 1) * 2 * ie], xs16[a:b], gus[a:], 2 * ie)
         K.kernel("swiglu_rows_f16")((max(1, min(-(-nr * ie // 4 // 256), K.sm_count() * 16)),), (256,),
-                                    (self._gus, np.int64(2 * ie), np.int32(ie), np.int32(nr), self._acts16))
+                                    (gus, np.int64(2 * ie), np.int32(ie), np.int32(nr), acts16))
         w16 = self._dequant(L["experts_down"])
         if batched:
-            self._gemm16_batched(w16, H, ie, self._acts16, cap, self._ys, E)
+            self._gemm16_batched(w16, H, ie, acts16, cap, ys, E)
         else:
             for e, a, b in live:
-                self._gemm16(w16[e * H:(e + 1) * H], self._acts16[a:b], self._ys[a:], H)
-        K.kernel("moe_combine")((T,), (256,), (self._ys, np.int32(H), cp.asarray(inv), self.ewts,
+                self._gemm16(w16[e * H:(e + 1) * H], acts16[a:b], ys[a:], H)
+        K.kernel("moe_combine")((T,), (256,), (ys, np.int32(H), self._moe_inv, self.ewts,
                                                np.int32(self.ewts.shape[1]), np.int32(k), out, np.int32(H)))
-        self._moe_mark("routed experts (host sort, gather, dequant, GEMMs, combine)")
+        self._moe_mark("routed experts (count, place, gather, dequant, GEMMs, combine)")
 
     def _valid_len(self, launch):
         """`launch` (whose last argument is the token count) with the chunk's valid length instead, for a
