@@ -14,6 +14,7 @@
 #   moeprof: 35B-A3B decode breakdown and pp8192 op profile (MoE phases).
 #   s6b: batched MoE prefill and the tensor-core chunked GDN: tests, profiles, 35B bench.
 #   s6c: session 6's last call: every GPU test, decode (+ 35B MoE staging A/B), prefill benches and profiles.
+#   s6d: the MoE prefill's device-side sort: MoE tests, 35B bench and profile, 35B decode.
 #   final: all GPU tests, decode with breakdown and depth, prefill bench (the session-5 figures).
 # (The one-off A/B parts of session 5, pre2 / s5 / pdl / br / s5b, are in git history: 4f9b3f1.)
 # Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | next | quick | exp
@@ -212,6 +213,20 @@ timeout 90 python3 bench/prefill_profile.py --tokens 8192 --chunk 8192 --out "$O
 log "bench pp131072 (issue 8: completes, tok/s reported)"
 timeout ${LONG_S:-150} python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 131072 -n 0 \
   -r 1 --warmup 0 -o json --out "$OUT/pp131072_default.json" 2>&1 | grep -E "^pp|rror" | head -3
+fi
+if [ "$PART" = s6d ]; then  # the MoE prefill's device-side sort: tests, 35B bench and profile, 35B decode
+ready
+log "tests: MoE prefill and decode"
+gpu_pytest "$OUT/gpu_tests.txt" tests/gpu/test_prefill.py tests/gpu/test_gpu_engine.py -k moe
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | head -10
+log "bench 35B-A3B pp512, pp8192"
+timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 512,8192 -n 0 -r 2 \
+  -o json --out "$OUT/pp_moe.json" 2>&1 | grep -E "^pp|rror" | head -4
+timeout 100 python3 bench/prefill_profile.py --geometry qwen3.6-35b-a3b --tokens 8192 --chunk 8192 \
+  --out "$OUT/pp_profile_35b.json" 2>&1 | head -9
+log "decode 35B-A3B (MoE staging in the down-projection, the default now) with breakdown"
+timeout 60 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --breakdown --out "$OUT/decode_35b.json" 2>&1 \
+  | grep -E "tok/s|sum of|rror" | head -4
 fi
 if [ "$PART" = probe ]; then  # bench/mma_probe.py (L2-resident vs DRAM-streamed GEMV variants)
 log compile
