@@ -15,6 +15,7 @@
 #   s6b: batched MoE prefill and the tensor-core chunked GDN: tests, profiles, 35B bench.
 #   s6c: session 6's last call: every GPU test, decode (+ 35B MoE staging A/B), prefill benches and profiles.
 #   s6d: the MoE prefill's device-side sort: MoE tests, 35B bench and profile, 35B decode.
+#   s6e: GEMV weight loads with L1::no_allocate against plain __ldg: gemv tests, decode A/B.
 #   final: all GPU tests, decode with breakdown and depth, prefill bench (the session-5 figures).
 # (The one-off A/B parts of session 5, pre2 / s5 / pdl / br / s5b, are in git history: 4f9b3f1.)
 # Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | next | quick | exp
@@ -227,6 +228,17 @@ timeout 100 python3 bench/prefill_profile.py --geometry qwen3.6-35b-a3b --tokens
 log "decode 35B-A3B (MoE staging in the down-projection, the default now) with breakdown"
 timeout 60 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --breakdown --out "$OUT/decode_35b.json" 2>&1 \
   | grep -E "tok/s|sum of|rror" | head -4
+fi
+if [ "$PART" = s6e ]; then  # GEMV weight loads with L1::no_allocate (default) against plain __ldg
+ready
+log "kernel tests (gemv)"
+gpu_pytest "$OUT/gpu_tests.txt" tests/gpu/test_kernels.py -k "gemv and not mma"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | head -6
+for na in 1 0 1; do
+  log "decode NINFER_W_NOALLOC=$na (27B with breakdown, 35B)"
+  NINFER_W_NOALLOC=$na timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.8-27b,qwen3.6-35b-a3b --breakdown \
+    --out "$OUT/decode_na$na.json" 2>&1 | grep -E "tok/s|sum of|^  gemv q|rror" | head -12
+done
 fi
 if [ "$PART" = probe ]; then  # bench/mma_probe.py (L2-resident vs DRAM-streamed GEMV variants)
 log compile

@@ -69,6 +69,41 @@ __device__ __forceinline__ float pow2_scale(float mx) {
 __device__ __forceinline__ float silu(float x) { return x / (1.f + __expf(-x)); }
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + __expf(-x)); }
 
+// Weight streams of the GEMVs: each 16-byte chunk is read once a step, so it should not push out of L1
+// what is read again (a GEMV's x pairs, re-read for every row): ld.global.nc with L1::no_allocate.
+// NI_W_NOALLOC=0 (engine.ops.kernels, NINFER_W_NOALLOC=0) compiles plain __ldg instead.
+#ifndef NI_W_NOALLOC
+#define NI_W_NOALLOC 1
+#endif
+__device__ __forceinline__ uint4 ldw(const uint4* p) {
+#if NI_W_NOALLOC
+  uint4 r;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+#else
+  return __ldg(p);
+#endif
+}
+__device__ __forceinline__ uint2 ldw(const uint2* p) {
+#if NI_W_NOALLOC
+  uint2 r;
+  asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+  return r;
+#else
+  return __ldg(p);
+#endif
+}
+__device__ __forceinline__ unsigned int ldw(const unsigned int* p) {
+#if NI_W_NOALLOC
+  unsigned int r;
+  asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(r) : "l"(p));
+  return r;
+#else
+  return __ldg(p);
+#endif
+}
+
 __device__ __forceinline__ __half2 u32_as_half2(unsigned int u) {
   return *reinterpret_cast<__half2*>(&u);
 }

@@ -357,13 +357,13 @@ __global__ void __launch_bounds__(256, (M == 1 && U == 2) ? (ROWS == 1 ? 5 : (RO
         for (int r = 0; r < ROWS; ++r) {
           if (j < je) {
             const size_t rg = (size_t)rows[r] * gpr + (j >> 1);
-            w[u][r] = __ldg(reinterpret_cast<const uint4*>(base) + (size_t)rows[r] * u4_per_row + j);
+            w[u][r] = ldw(reinterpret_cast<const uint4*>(base) + (size_t)rows[r] * u4_per_row + j);
             sc[u][r] = __half2float(scales[rg]);
             if constexpr (FMT == FMT_Q5) {
-              hb[u][r].x = __ldg(reinterpret_cast<const unsigned int*>(high + rg * F::HB + (j & 1) * 4));
+              hb[u][r].x = ldw(reinterpret_cast<const unsigned int*>(high + rg * F::HB + (j & 1) * 4));
               hb[u][r].y = 0u;
             } else if constexpr (FMT == FMT_Q6) {
-              hb[u][r] = __ldg(reinterpret_cast<const uint2*>(high + rg * F::HB + (j & 1) * 8));
+              hb[u][r] = ldw(reinterpret_cast<const uint2*>(high + rg * F::HB + (j & 1) * 8));
             } else {
               hb[u][r] = make_uint2(0u, 0u);
             }
@@ -409,7 +409,7 @@ __global__ void __launch_bounds__(256) gemv_bf16(const unsigned short* __restric
 #pragma unroll
   for (int m = 0; m < M; ++m) acc[m] = 0.f;
   for (int j = lane + 32 * part; live && j < K / 8; j += 32 * kw) {
-    const uint4 v = __ldg(wr + j);
+    const uint4 v = ldw(wr + j);
     const float wf[8] = {bf16_lo(v.x), bf16_hi(v.x), bf16_lo(v.y), bf16_hi(v.y),
                          bf16_lo(v.z), bf16_hi(v.z), bf16_lo(v.w), bf16_hi(v.w)};
 #pragma unroll

@@ -76,13 +76,13 @@ gemv_rs_pre(GEMV_RS_PARAMS, __half2* __restrict__ sxh, float* __restrict__ sxinv
         if (i + u < iters) {
 #pragma unroll
           for (int r = 0; r < ROWS; ++r) {
-            w[u][r] = __ldg(wp[r] + 32 * u);
+            w[u][r] = ldw(wp[r] + 32 * u);
             sc[u][r] = __half2float(sp[r][16 * u]);
             if constexpr (FMT == FMT_Q5) {
-              hb[u][r].x = __ldg(reinterpret_cast<const unsigned int*>(hp[r] + 16 * F::HB * u));
+              hb[u][r].x = ldw(reinterpret_cast<const unsigned int*>(hp[r] + 16 * F::HB * u));
               hb[u][r].y = 0u;
             } else if constexpr (FMT == FMT_Q6) {
-              hb[u][r] = __ldg(reinterpret_cast<const uint2*>(hp[r] + 16 * F::HB * u));
+              hb[u][r] = ldw(reinterpret_cast<const uint2*>(hp[r] + 16 * F::HB * u));
             } else {
               hb[u][r] = make_uint2(0u, 0u);
             }

@@ -86,6 +86,8 @@ def _source(files=None) -> str:
     root = cuda_source_dir()
     common = (root / "common.cuh").read_text()
     parts = [common]
+    if os.environ.get("NINFER_W_NOALLOC", "1") == "0":  # GEMV weight loads through L1 (plain __ldg)
+        parts.insert(0, "#define NI_W_NOALLOC 0")
     for name in SOURCES[1:] if files is None else files:
         text = (root / name).read_text()
         parts.append(re.sub(r'#include "common.cuh"\n', "", text))
