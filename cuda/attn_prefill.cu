@@ -28,6 +28,7 @@
 #define FA_BN 64
 #define FA_LD 264  // row stride in 16-bit elements (528 bytes)
 
+#if !NI_PRE_SM80
 __device__ __forceinline__ unsigned fa_smem_addr(const void* p) {
   return (unsigned)__cvta_generic_to_shared(p);
 }
@@ -297,3 +298,14 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 2 : 1) attn_prefill_fa(
     }
   }
 }
+
+#else  // below sm_80: never launched (kernels.mma_ok)
+template <int NW, bool KV8>
+__global__ void __launch_bounds__(NW * 32, NW == 4 ? 2 : 1) attn_prefill_fa(
+    const float* __restrict__ q, int ldq, const unsigned short* __restrict__ kc,
+    const unsigned short* __restrict__ vc, const __half* __restrict__ ks, const __half* __restrict__ vs,
+    const int* __restrict__ page_table, int Hq, int Hkv, int start, int nq, float scale,
+    const float* __restrict__ gate, int ldg, float* __restrict__ out, int ldo) {
+  __trap();
+}
+#endif

@@ -12,8 +12,14 @@
 // Every kernel calls NI_PDL_ENTRY() before touching memory another kernel writes: the next kernel in the
 // stream may then start (and, in the GEMVs, prefetch its weights) while this one finishes. Both are
 // no-ops for a launch without the attribute, so the same code runs either way.
+// (griddepcontrol is sm_90: older builds compile them to nothing; kernels.pdl_capable launches plainly there.)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define NI_PDL_TRIGGER() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
 #define NI_PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#else
+#define NI_PDL_TRIGGER() do { } while (0)
+#define NI_PDL_WAIT() do { } while (0)
+#endif
 #define NI_PDL_ENTRY() do { NI_PDL_TRIGGER(); NI_PDL_WAIT(); } while (0)
 
 __device__ __forceinline__ void prefetch_l2(const void* p) {
@@ -68,6 +74,14 @@ __device__ __forceinline__ float pow2_scale(float mx) {
 
 __device__ __forceinline__ float silu(float x) { return x / (1.f + __expf(-x)); }
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + __expf(-x)); }
+
+// Code that needs sm_80 (mma.sync on bf16/fp16/tf32, cp.async) compiles to a trap below it; the engine
+// does not launch it there (engine.ops.kernels.mma_ok).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define NI_PRE_SM80 1
+#else
+#define NI_PRE_SM80 0
+#endif
 
 // Weight streams of the GEMVs: each 16-byte chunk is read once a step, so it should not push out of L1
 // what is read again (a GEMV's x pairs, re-read for every row): ld.global.nc with L1::no_allocate.

@@ -1,6 +1,7 @@
 // Tensor-core GEMV variant under measurement (kernels.EXPERIMENTAL, not in the tuning table; slower than
 // gemv_rs on every 27B shape so far, bench/NOTES-decode.md session 4). Uses gemv.cu's DecodeK.
 #include "common.cuh"
+#if !NI_PRE_SM80  // (mma.sync on fp16: sm_80 here; the experimental module only)
 
 // ---- Tensor-core decode GEMV (q4/q5, pre-staged x, 1-8 token columns) ----------------------------
 //
@@ -248,3 +249,4 @@ __global__ void __launch_bounds__(256) gemv_mma(
     mma_unit_store<TILES, KW>(acc, red, warp, wk, live, u, N, pair_stride, epi, M, inv, y, ldy);
   }
 }
+#endif

@@ -144,6 +144,7 @@ gemv_rs_pre(GEMV_RS_PARAMS, __half2* __restrict__ sxh, float* __restrict__ sxinv
   }
 }
 
+#if !NI_PRE_SM80  // (cp.async: sm_80; the experimental module only)
 // cp.async: 16 bytes (L2 only) or 4/8 bytes (through L1) from global to this thread's shared slot.
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
@@ -276,3 +277,5 @@ __global__ void __launch_bounds__(256, 4) gemv_rs_async(GEMV_RS_PARAMS) {
   }
   cp_async_wait<0>();
 }
+#endif
+

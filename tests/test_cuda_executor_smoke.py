@@ -15,7 +15,7 @@ def cp(monkeypatch):
     yield cp
     from engine.ops import kernels as K
 
-    for fn in (K.module, K.module_tc, K.kernel, K.sm_count, K.blocks_per_sm):
+    for fn in (K.module, K.module_tc, K.kernel, K.sm_count, K.blocks_per_sm, K.mma_ok):
         fn.cache_clear()
 
 
@@ -289,3 +289,21 @@ def test_flash_prefill_plumbing(cp, monkeypatch, kv):
     assert [(int(a[9]), int(a[10])) for _, _, a, _, _ in launches] == [(0, 64)] * n_attn + [(64, 64)] * n_attn
     assert all((int(a[4]) != 0) == (kv == "int8") for _, _, a, _, _ in launches)  # the scales pointer
     assert eng.position == 149
+
+
+def test_pre_ampere_gpus_take_the_cublas_attention_and_the_token_by_token_recurrence(cp, monkeypatch):
+    """Below sm_80 (no bf16/tf32 mma.sync, no cp.async) the prefill runs neither the flash kernel nor the
+    chunked GDN, whatever the defaults say."""
+    from engine.gpu_engine import build_engine
+    from engine.ops import kernels as K
+
+    monkeypatch.setattr(cp.cuda, "Device", lambda *a: __import__("types").SimpleNamespace(
+        attributes={"MultiProcessorCount": 40}, synchronize=lambda: None, mem_info=(100 << 30, 141 << 30), id=0,
+        compute_capability="75"))
+    K.mma_ok.cache_clear()
+    args, w = _weights(CFG)
+    eng = build_engine(args, w, CFG, max_context=512, prefill_cols=8, prefill_gemm=64)
+    names = [getattr(op, "name", "") for op in eng.model.gemm.ops]
+    assert "attention (gather, cuBLAS, softmax kernel)" in names
+    assert not any(n.startswith("gdn_chunk") or n.startswith("attention (flash") for n in names)
+    K.mma_ok.cache_clear()

@@ -396,7 +396,7 @@ class CudaQwen35Prefill(CudaQwen35Columns):
 
     def _gdn_ops_full(self, L, lda, ldb):
         ops = super()._gdn_core_ops(L, lda, ldb)
-        if not self.GDN_CHUNKED:
+        if not (self.GDN_CHUNKED and K.mma_ok()):
             return ops
         cp, T, Hk, Hv, rb = self.cp, self.M, self.Hk, self.Hv, self.GDN_SCAN_RB
         pieces = -(-T // 64)
@@ -433,7 +433,7 @@ class CudaQwen35Prefill(CudaQwen35Columns):
         cp, T = self.cp, self.M
         hq = self.Hq
         qw = hq * ATTN_HEAD_DIM
-        if self.FLASH_PREFILL:
+        if self.FLASH_PREFILL and K.mma_ok():
             def flash():
                 # the chunk's valid rows only (a padded chunk's other rows of att are never read for
                 # the prompt: causal attention, GDN state stopping at the valid rows)

@@ -154,6 +154,23 @@ def kernel(name: str):
 
 
 @functools.cache
+def pdl_capable() -> bool:
+    """sm_90 or newer: programmatic dependent launch (griddepcontrol); older GPUs launch plainly and
+    their builds of NI_PDL_ENTRY are empty."""
+    cp = cupy_or_none()
+    return int(getattr(cp.cuda.Device(), "compute_capability", "90")) >= 90
+
+
+@functools.cache
+def mma_ok() -> bool:
+    """sm_80 or newer: mma.sync on bf16/fp16/tf32 and cp.async, which the flash prefill (attn_prefill_fa)
+    and the chunked GDN on tensor cores (module_tc) need; older GPUs take the cuBLAS attention and the
+    token-by-token recurrence (their build of attn_prefill_fa is a trap)."""
+    cp = cupy_or_none()
+    return int(getattr(cp.cuda.Device(), "compute_capability", "90")) >= 80
+
+
+@functools.cache
 def sm_count() -> int:
     cp = cupy_or_none()
     return cp.cuda.Device().attributes["MultiProcessorCount"]
@@ -279,7 +296,7 @@ class Launch:
         self.name = name
         self._ex = None
         launch_ex = _cu_launch_ex()
-        if launch_ex is None:
+        if launch_ex is None or not pdl_capable():
             return
         try:
             fptr = int(fn.kernel.ptr)
