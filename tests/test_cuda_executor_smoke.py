@@ -15,7 +15,7 @@ def cp(monkeypatch):
     yield cp
     from engine.ops import kernels as K
 
-    for fn in (K.module, K.module_tc, K.kernel, K.sm_count, K.blocks_per_sm, K.mma_ok):
+    for fn in (K.module, K.module_tc, K.kernel, K.sm_count, K.blocks_per_sm, K.mma_ok, K.smem_optin):
         fn.cache_clear()
 
 
@@ -306,4 +306,28 @@ def test_pre_ampere_gpus_take_the_cublas_attention_and_the_token_by_token_recurr
     names = [getattr(op, "name", "") for op in eng.model.gemm.ops]
     assert "attention (gather, cuBLAS, softmax kernel)" in names
     assert not any(n.startswith("gdn_chunk") or n.startswith("attention (flash") for n in names)
+    K.mma_ok.cache_clear()
+
+
+@pytest.mark.parametrize("optin,warps,form", [(227 * 1024, 8, (64, True)), (163 * 1024, 8, (32, True)),
+                                               (99 * 1024, 4, None)])
+def test_prefill_kernels_follow_the_shared_memory_a_block_may_take(cp, monkeypatch, optin, warps, form):
+    """H100/H200 (227 KiB a block), A100 (163), RTX 30/40 (99): the flash prefill's warps and the chunked
+    GDN's form are the largest that fit (on 99 KiB: 4 warps, the token-by-token recurrence)."""
+    import types
+
+    from engine.gpu_engine import build_engine
+    from engine.ops import kernels as K
+
+    monkeypatch.setattr(cp.cuda, "Device", lambda *a: types.SimpleNamespace(
+        attributes={"MultiProcessorCount": 108, "MaxSharedMemoryPerBlockOptin": optin}, synchronize=lambda: None,
+        mem_info=(100 << 30, 141 << 30), id=0, compute_capability="86"))
+    K.smem_optin.cache_clear()
+    K.mma_ok.cache_clear()
+    args, w = _weights(CFG)
+    gemm = build_engine(args, w, CFG, max_context=512, prefill_cols=8, prefill_gemm=64).model.gemm
+    assert gemm._flash_warps() == warps and gemm._gdn_chunked_form() == form
+    names = [getattr(op, "name", "") for op in gemm.ops]
+    assert any(n.startswith("gdn_chunk") for n in names) == (form is not None)
+    K.smem_optin.cache_clear()
     K.mma_ok.cache_clear()

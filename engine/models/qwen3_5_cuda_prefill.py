@@ -396,9 +396,11 @@ class CudaQwen35Prefill(CudaQwen35Columns):
 
     def _gdn_ops_full(self, L, lda, ldb):
         ops = super()._gdn_core_ops(L, lda, ldb)
-        if not (self.GDN_CHUNKED and K.mma_ok()):
+        form = self._gdn_chunked_form()
+        if form is None:
             return ops
-        cp, T, Hk, Hv, rb = self.cp, self.M, self.Hk, self.Hv, self.GDN_SCAN_RB
+        cp, T, Hk, Hv = self.cp, self.M, self.Hk, self.Hv
+        rb, tc = form
         pieces = -(-T // 64)
         if getattr(self, "_gdn_scratch", None) is None:  # one set for every layer (they run in turn)
             self._gdn_scratch = (cp.empty(pieces * Hv * 64 * 128, dtype=cp.float32),
@@ -409,11 +411,33 @@ class CudaQwen35Prefill(CudaQwen35Columns):
         prep = K.prepared("gdn_chunk_prep", (pieces, Hv),
                           (self.gdn_q, self.gdn_k, self.gdn_v, self.gdn_g, self.gdn_beta, w, u, m, g, Hk, Hv, 0, T),
                           smem=K.GDN_PREP_SMEM)
-        tc = self.GDN_TC and rb in K.GDN_SCAN_TC_RB
         scan = K.prepared(f"gdn_chunk_scan{'_tc' if tc else ''}<{rb}>", (Hv, 128 // rb),
                           (self.gdn_q, self.gdn_k, w, u, m, g, L["state"], self.att2, Hk, Hv, 0, T),
                           smem=K.gdn_scan_smem(rb, tc))
         return ops[:-1] + [prep, scan]
+
+    def _gdn_chunked_form(self):
+        """(RB, on tensor cores) of the chunked GDN's in-order pass that this device runs (sm_80 and the
+        shared memory: RB 64 on tensor cores takes 187 KiB a block, RB 32 154, on CUDA cores 138), the
+        configured one first; None: the token-by-token recurrence (GDN_CHUNKED off, or no form fits)."""
+        if not (self.GDN_CHUNKED and K.mma_ok()) or K.GDN_PREP_SMEM > K.smem_optin():
+            return None
+        forms = [(self.GDN_SCAN_RB, self.GDN_TC and self.GDN_SCAN_RB in K.GDN_SCAN_TC_RB)]
+        forms += [(rb, True) for rb in sorted(K.GDN_SCAN_TC_RB, reverse=True) if self.GDN_TC]
+        forms += [(rb, False) for rb in sorted(K.GDN_SCAN_RB, reverse=True)]
+        return next(((rb, tc) for rb, tc in forms
+                     if (not tc or rb in K.GDN_SCAN_TC_RB) and K.gdn_scan_smem(rb, tc) <= K.smem_optin()), None)
+
+    def _flash_warps(self) -> int:
+        """Warps a block of the flash prefill on this device (FLASH_WARPS if its shared memory fits, else
+        4); 0: the cuBLAS attention (FLASH_PREFILL off, below sm_80, or not even 4 warps fit)."""
+        if not (self.FLASH_PREFILL and K.mma_ok()):
+            return 0
+        return next((w for w in (self.FLASH_WARPS, 4) if self.flash_smem(w) <= K.smem_optin()), 0)
+
+    @staticmethod
+    def flash_smem(warps: int) -> int:
+        return 2 * 264 * (16 * warps + 2 * 64)  # Q [16 warps][264] + K, V [64][264], 16-bit (FA_LD)
 
     @staticmethod
     def flash_attention(q, ldq: int, kc, vc, ks, vs, page_table, hq: int, hkv: int, start: int, nq: int,
@@ -424,7 +448,7 @@ class CudaQwen35Prefill(CudaQwen35Columns):
         if ATTN_HEAD_DIM != 256 or warps not in (4, 8):
             raise NotImplementedError("attn_prefill_fa takes head_dim 256 and 4 or 8 warps")
         ptr = lambda a: np.uint64(0 if a is None else a.data.ptr)  # noqa: E731
-        smem = 2 * 264 * (16 * warps + 2 * 64)  # Q [16 warps][264] + K, V [64][264], 16-bit (FA_LD)
+        smem = CudaQwen35Prefill.flash_smem(warps)
         K.prepared(f"attn_prefill_fa<{warps},{'true' if kv8 else 'false'}>", (hq, -(-nq // (16 * warps))),
                    (q, ldq, kc, vc, ptr(ks), ptr(vs), page_table, hq, hkv, int(start), int(nq),
                     float(1.0 / np.sqrt(ATTN_HEAD_DIM)), gate, ldg, out, ldo), block=32 * warps, smem=smem)()
@@ -433,13 +457,14 @@ class CudaQwen35Prefill(CudaQwen35Columns):
         cp, T = self.cp, self.M
         hq = self.Hq
         qw = hq * ATTN_HEAD_DIM
-        if self.FLASH_PREFILL and K.mma_ok():
+        warps = self._flash_warps()
+        if warps:
             def flash():
                 # the chunk's valid rows only (a padded chunk's other rows of att are never read for
                 # the prompt: causal attention, GDN state stopping at the valid rows)
                 self.flash_attention(self.qbuf, self.qbuf.shape[1], L["kc"], L["vc"], L["ks"], L["vs"],
                                      self.page_table, hq, self.Hkv, self.start, self._valid, self.buf_b, ldb,
-                                     self.att, self.att.shape[1], self.kv == "int8", self.FLASH_WARPS)
+                                     self.att, self.att.shape[1], self.kv == "int8", warps)
             flash.name = "attention (flash kernel over the paged cache)"
             return [flash]
 

@@ -171,6 +171,14 @@ def mma_ok() -> bool:
 
 
 @functools.cache
+def smem_optin() -> int:
+    """The most dynamic shared memory one block may take on this device (227 KiB on the H100/H200, 163 on
+    the A100, 99 on the RTX 30/40 series): the flash prefill's warps and the chunked GDN's form follow it."""
+    cp = cupy_or_none()
+    return int(cp.cuda.Device().attributes.get("MaxSharedMemoryPerBlockOptin", 227 * 1024))
+
+
+@functools.cache
 def sm_count() -> int:
     cp = cupy_or_none()
     return cp.cuda.Device().attributes["MultiProcessorCount"]
