@@ -98,8 +98,8 @@ PREFILL_TAILS = (4096, 2048, 1024, 512, 256, 64)
 # Bound on one query block's attention scores in the tensor-core prefill (fp32 and fp16), in MiB
 # (NINFER_PREFILL_SCORE_MIB). Smaller blocks waste less of the causal triangle (a block's keys run to its
 # last query): at 8,192 tokens on the 27B, 1 GiB blocks compute 41% more scores than the triangle,
-# 256 MiB blocks 11%, for more launches. 1 GiB is what the measured figures ran with; 256 is next to
-# measure (bench/gpu_all.sh gdnc).
+# 256 MiB blocks 11%, for more launches; measured on the H200 (session 6), 256 MiB took 155 ms against 99.
+# Only the cuBLAS attention (NINFER_FLASH_PREFILL=0, GPUs before sm_80) uses it.
 PREFILL_SCORE_BYTES = int(os.environ.get("NINFER_PREFILL_SCORE_MIB", "1024")) << 20
 # The tensor-core prefill's attention as one flash kernel over the paged cache (no gathered K/V rows, no
 # score blocks; NINFER_FLASH_PREFILL=0: gather + cuBLAS + softmax) and its GDN recurrence in the chunked

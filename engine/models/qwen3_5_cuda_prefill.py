@@ -172,20 +172,12 @@ class CudaQwen35Prefill(CudaQwen35Columns):
 
     def _matmul(self, w, x, y, ldy: int, rows: int | None = None):
         """y[:, :w.n] (row stride ldy, fp32) = x[:, :w.k] @ W^T over the chunk's T rows (or `rows`)."""
-        from cupy_backends.cuda.libs import cublas  # noqa: PLC0415
-
-        cp, T = self.cp, self.M if rows is None else int(rows)
+        T = self.M if rows is None else int(rows)
         x16 = self._x16[: T * w.k].reshape(T, w.k)
         if self._x16_of is not x:  # (the SwiGLU kernel wrote the down projection's input: `_swiglu`)
             x16[...] = x[:, : w.k]
         self._x16_of = None
-        w16 = self._dequant(w)
-        handle = cp.cuda.device.get_cublas_handle()
-        cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)  # alpha and beta live on the host
-        # row-major y[T, N] = x[T, K] W[N, K]^T is column-major C[N, T] = W^T(op T of [K, N]) x(op N of [K, T])
-        cublas.gemmEx(handle, _OP_T, _OP_N, w.n, T, w.k, self._one.ctypes.data, w16.data.ptr, _R_16F, w.k,
-                      x16.data.ptr, _R_16F, w.k, self._zero.ctypes.data, y.data.ptr, _R_32F, ldy,
-                      _COMPUTE_32F, _GEMM_DEFAULT)
+        self._gemm16(self._dequant(w), x16, y, ldy)
 
     def _gemm16(self, w16, x16, y, ldy: int):
         """y[:rows, :n] (fp32, row stride ldy) = x16 [rows, k] @ w16 [n, k]^T, both fp16 and contiguous."""
@@ -193,7 +185,8 @@ class CudaQwen35Prefill(CudaQwen35Columns):
 
         n, kk = w16.shape
         handle = self.cp.cuda.device.get_cublas_handle()
-        cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+        cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)  # alpha and beta live on the host
+        # row-major y[T, N] = x[T, K] W[N, K]^T is column-major C[N, T] = W^T(op T of [K, N]) x(op N of [K, T])
         cublas.gemmEx(handle, _OP_T, _OP_N, n, x16.shape[0], kk, self._one.ctypes.data, w16.data.ptr, _R_16F, kk,
                       x16.data.ptr, _R_16F, kk, self._zero.ctypes.data, y.data.ptr, _R_32F, ldy,
                       _COMPUTE_32F, _GEMM_DEFAULT)
@@ -260,19 +253,23 @@ class CudaQwen35Prefill(CudaQwen35Columns):
         last_row.name = "last valid row"
         return [last_row, head, self._valid_len(advance)]
 
-    # ---- MoE (NINFER_MOE_PREFILL=1, engine.gpu_engine.MOE_PREFILL): written without device time ----
+    # ---- MoE (engine.gpu_engine.MOE_PREFILL, NINFER_MOE_PREFILL=0 to go token by token) ----
     @property
     def MOE_ROWS(self):
         from engine import gpu_engine  # noqa: PLC0415
 
         return gpu_engine.MOE_PREFILL
 
-    def _swiglu(self, inter: int, rows: int, of):
-        """silu(gate) * up of `rows` rows of the gate|up product (_gu) in one pass, into _x16 as the fp16
-        input of the next GEMM, which takes it for `of` (the rows it stands for; never written)."""
+    @staticmethod
+    def _swiglu_rows(gu, inter: int, rows: int, out16):
+        """out16 [rows, inter] (fp16) = silu(gate) * up of the rows of gu (fp32 [gate | up], any row stride)."""
         K.kernel("swiglu_rows_f16")((max(1, min(-(-rows * inter // 4 // 256), K.sm_count() * 16)),), (256,),
-                                    (self._gu, np.int64(self._gu.shape[1]), np.int32(inter), np.int32(rows),
-                                     self._x16))
+                                    (gu, np.int64(gu.shape[1]), np.int32(inter), np.int32(rows), out16))
+
+    def _swiglu(self, inter: int, rows: int, of):
+        """SwiGLU of `rows` rows of the gate|up product (_gu) into _x16 as the fp16 input of the next GEMM,
+        which takes it for `of` (the rows it stands for; never written)."""
+        self._swiglu_rows(self._gu, inter, rows, self._x16)
         self._x16_of = of
 
     def _ffn(self, gu, dn, x, n: int, y):
@@ -283,11 +280,10 @@ class CudaQwen35Prefill(CudaQwen35Columns):
         self._matmul(dn, self.act, y, y.shape[1], rows=n)
 
     def _moe_ops(self, L, xn):
-        """The chunk's MoE block: router GEMM, top-k on the device, the (token, slot) pairs sorted by
-        expert on the host (one sync a layer) and gathered in that order in one kernel, every expert's
-        weights dequantized in one launch, a GEMM pair per expert over its rows, the weighted sum back
-        into token rows in one kernel; the shared expert as plain GEMMs. All of it lands in partial 0; partials 1..k stay zero (the next norm sums
-        k + 1 of them, as after the decode step's MoE)."""
+        """The chunk's MoE block (`_moe_chunk`): router GEMM and top-k, the (token, slot) pairs grouped by
+        expert on the device, every expert's weights dequantized in one launch, the experts' GEMMs, the
+        weighted sum back into token rows; the shared expert as plain GEMMs. All of it lands in partial
+        0; partials 1..k stay zero (the next norm sums k + 1 of them, as after the decode step's MoE)."""
         def go():
             self._moe_chunk(L)
         go.name = "moe (router, grouped experts, shared)"
@@ -320,7 +316,7 @@ class CudaQwen35Prefill(CudaQwen35Columns):
             self._moe_base = cp.zeros(E, dtype=cp.int32)
             self._moe_rank = cp.zeros(n, dtype=cp.int32)
             self._moe_inv = cp.zeros(n, dtype=cp.int32)
-            self._moe_rows = cp.zeros(max(n, 3 * n // 2), dtype=cp.int32)
+            self._moe_rows = cp.zeros(3 * n // 2, dtype=cp.int32)
             self._cnt_host = np.frombuffer(cp.cuda.alloc_pinned_memory(4 * E), dtype=np.int32, count=E)
             self._cnt_ready = cp.cuda.Event(disable_timing=True)
         grid = (max(1, -(-n // 256)),)
@@ -363,8 +359,7 @@ class CudaQwen35Prefill(CudaQwen35Columns):
         else:
             for e, a, b in live:
                 self._gemm16(w16[e * 2 * ie:(e + 1) * 2 * ie], xs16[a:b], gus[a:], 2 * ie)
-        K.kernel("swiglu_rows_f16")((max(1, min(-(-nr * ie // 4 // 256), K.sm_count() * 16)),), (256,),
-                                    (gus, np.int64(2 * ie), np.int32(ie), np.int32(nr), acts16))
+        self._swiglu_rows(gus, ie, nr, acts16)
         w16 = self._dequant(L["experts_down"])
         if batched:
             self._gemm16_batched(w16, H, ie, acts16, cap, ys, E)
