@@ -153,12 +153,15 @@ def kernel(name: str):
     return module(name.startswith(EXPERIMENTAL) and name not in _main_names()).get_function(name)
 
 
+def _compute_capability() -> int:
+    return int(getattr(cupy_or_none().cuda.Device(), "compute_capability", "90"))
+
+
 @functools.cache
 def pdl_capable() -> bool:
     """sm_90 or newer: programmatic dependent launch (griddepcontrol); older GPUs launch plainly and
     their builds of NI_PDL_ENTRY are empty."""
-    cp = cupy_or_none()
-    return int(getattr(cp.cuda.Device(), "compute_capability", "90")) >= 90
+    return _compute_capability() >= 90
 
 
 @functools.cache
@@ -166,8 +169,7 @@ def mma_ok() -> bool:
     """sm_80 or newer: mma.sync on bf16/fp16/tf32 and cp.async, which the flash prefill (attn_prefill_fa)
     and the chunked GDN on tensor cores (module_tc) need; older GPUs take the cuBLAS attention and the
     token-by-token recurrence (their build of attn_prefill_fa is a trap)."""
-    cp = cupy_or_none()
-    return int(getattr(cp.cuda.Device(), "compute_capability", "90")) >= 80
+    return _compute_capability() >= 80
 
 
 @functools.cache
@@ -217,8 +219,7 @@ class DevMatrix:
     @property
     def nbytes(self) -> int:
         if self.fmt in FMT_IDS:
-            hb = formats.rowsplit_geometry(self.fmt, (1, self.k)).high_bytes_per_group
-            return self.n * self.gpr * (32 + hb + 2)
+            return self.n * self.gpr * (32 + self._hb() + 2)
         return self.n * self.k * (2 if self.fmt == "bf16" else 4)
 
     def ptr(self, off: int) -> int:
@@ -396,7 +397,6 @@ class GemvPlan:
         """pair_stride (SwiGLU): rows between a gate row and its up row (w.n // 2 unless w is a row view
         of a larger [gate; up] parent: `swiglu_slice`). k_chunks: 16-byte chunks of each row to walk (a
         column view: `col_slice`; pre-staged x only, split into whole slices exactly)."""
-        cp = cupy_or_none()
         self.w, self.m, self.epi = w, m, EPI[epi]
         self.stages, self.pre2, self.stages_out = 0, False, False
         ps = w.n // 2 if pair_stride is None else int(pair_stride)
@@ -467,7 +467,6 @@ class GemvPlan:
                           np.int32(so[2]), np.uint64(_p(so[3]) if self.stages_out else 0))
         self.splits = splits
         self._go = Launch(self.fn, self.grid, WARPS * 32, self.args, self.smem, name=kname)
-        del cp
 
     def _mma_plan(self, w, xpre, y, ldy, m, epi, splits, mma, y_offset):
         tiles, kw, u = mma
