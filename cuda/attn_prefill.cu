@@ -130,6 +130,8 @@ __device__ __forceinline__ void fa_load_tile(unsigned short* dst, const unsigned
   }
 }
 
+#endif  // !NI_PRE_SM80
+
 // out[t][h*256 + d] (row stride ldo) = softmax(scale q_t K^T, causal) V [d] * sigmoid(gate[t][h*256 + d])
 // for the nq query rows t of q (row stride ldq) at positions start + t, query head h = blockIdx.x
 // (KV head h / (Hq / Hkv)). grid (Hq, ceil(nq / (16 NW))), block 32 NW, dynamic smem FA_SMEM(NW).
@@ -139,6 +141,9 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 2 : 1) attn_prefill_fa(
     const unsigned short* __restrict__ vc, const __half* __restrict__ ks, const __half* __restrict__ vs,
     const int* __restrict__ page_table, int Hq, int Hkv, int start, int nq, float scale,
     const float* __restrict__ gate, int ldg, float* __restrict__ out, int ldo) {
+#if NI_PRE_SM80  // below sm_80: never launched (kernels.mma_ok)
+  __trap();
+#else
   constexpr int NT = NW * 32, BM = 16 * NW;
   constexpr bool BF = !KV8;  // MMA input type: bf16 for a bf16 cache, fp16 for int8 codes * scales
   extern __shared__ __align__(16) unsigned short fa_smem[];
@@ -297,15 +302,5 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 2 : 1) attn_prefill_fa(
           make_float2(o[n][2] * inv_b * sigmoidf_(gv.x), o[n][3] * inv_b * sigmoidf_(gv.y));
     }
   }
-}
-
-#else  // below sm_80: never launched (kernels.mma_ok)
-template <int NW, bool KV8>
-__global__ void __launch_bounds__(NW * 32, NW == 4 ? 2 : 1) attn_prefill_fa(
-    const float* __restrict__ q, int ldq, const unsigned short* __restrict__ kc,
-    const unsigned short* __restrict__ vc, const __half* __restrict__ ks, const __half* __restrict__ vs,
-    const int* __restrict__ page_table, int Hq, int Hkv, int start, int nq, float scale,
-    const float* __restrict__ gate, int ldg, float* __restrict__ out, int ldo) {
-  __trap();
-}
 #endif
+}
