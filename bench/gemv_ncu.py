@@ -17,6 +17,7 @@ import cupy as cp  # noqa: E402
 
 from engine.gpu_weights import random_matrix  # noqa: E402
 from engine.ops import kernels as K  # noqa: E402
+from engine.ops.gemv_plan import GemvPlan  # noqa: E402
 from engine.ops.gemv_tuning import default_cfg  # noqa: E402
 
 SHAPES = [("mlp gate|up", "q4_g64_fp16", 34816, 5120, "swiglu"), ("mlp down", "q5_g64_fp16", 5120, 17408, "partial"),
@@ -40,7 +41,7 @@ def main():
         c = cfg.get((fmt, n, k), {})
         y = cp.zeros((8, out_n), cp.float32)
         mma = tuple(int(v) for v in os.environ["NCU_MMA"].split(",")) if os.environ.get("NCU_MMA") else None
-        plan = K.GemvPlan(w, x, k, y, out_n, epi=epi, splits=c.get("splits", 1), rows=c.get("rows"),
+        plan = GemvPlan(w, x, k, y, out_n, epi=epi, splits=c.get("splits", 1), rows=c.get("rows"),
                           unroll=c.get("unroll", 2), xpre=xpre, mma=mma)
         for _ in range(2):
             plan.launch()

@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cupy as cp  # noqa: E402
 
 from engine.ops import kernels as K  # noqa: E402
+from engine.ops.gemv_plan import GemvPlan  # noqa: E402
 
 SHAPES_27B = [  # (name, fmt, N, K, epilogue)
     ("attn q|k", "q4_g64_fp16", 7168, 5120, "store"),
@@ -99,7 +100,7 @@ def kernel_sweep(bw):
                 if (stages or pre2) and xpre is None:
                     continue
                 for splits, pf in [(s_, p_) for s_ in ((1, 2, 4, 8) if epi == "partial" else (1,)) for p_ in pf_opts]:
-                    plans = [K.GemvPlan(w, x, k, y, out_n, epi=epi, splits=splits, rows=rows, unroll=unroll,
+                    plans = [GemvPlan(w, x, k, y, out_n, epi=epi, splits=splits, rows=rows, unroll=unroll,
                                         xpre=xpre, pf=pf, stages=stages, pre2=pre2) for w in copies]
 
                     def run(plans=plans):
@@ -116,7 +117,7 @@ def kernel_sweep(bw):
         for mma in (K.GEMV_MMA if fmt in ("q4_g64_fp16", "q5_g64_fp16") else ()):
             for splits in (1, 2, 4) if epi == "partial" else (1,):
                 try:
-                    plans = [K.GemvPlan(w, x, k, y, out_n, epi=epi, splits=splits, xpre=xpre, mma=mma) for w in copies]
+                    plans = [GemvPlan(w, x, k, y, out_n, epi=epi, splits=splits, xpre=xpre, mma=mma) for w in copies]
 
                     def run(plans=plans):
                         for p in plans:

@@ -7,6 +7,7 @@ import numpy as np
 from bench.gpu_decode import time_graph
 from engine.gpu_weights import random_matrix
 from engine.ops import kernels as K
+from engine.ops.gemv_plan import GemvPlan
 
 
 def main():
@@ -23,7 +24,7 @@ def main():
         for v in variants:
             out = []
             for label, ws in (("L2", copies[:1] * 8), ("DRAM", copies)):
-                plans = [K.GemvPlan(w, x, k, y, n, epi="store", xpre=xpre, **v) for w in ws]
+                plans = [GemvPlan(w, x, k, y, n, epi="store", xpre=xpre, **v) for w in ws]
 
                 def run(plans=plans):
                     for p in plans:

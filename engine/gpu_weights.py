@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 from engine.artifact import formats
-from engine.ops.kernels import DevMatrix
+from engine.ops.gemv_plan import DevMatrix
 
 # The groupwise-int recipe (spec/container.md §2.8): format of each logical matrix by its role.
 GROUPWISE_INT = {

@@ -16,7 +16,7 @@ import numpy as np
 from engine.gpu_weights import concat_rows
 from engine.ops import gemv_tuning
 from engine.ops import kernels as K
-from engine.ops.kernels import DevMatrix, GemvPlan
+from engine.ops.gemv_plan import GemvPlan
 
 KV_PAGE = 64
 ATTN_HEAD_DIM = 256
@@ -283,8 +283,7 @@ class CudaQwen35:
                  K.prepared("moe_route", (1,), (self.rlog, E + 1, E, k, self.eidx, self.ewts, k + 1))]
         ops = routed = []
         gu, dn = L["experts_gu"], L["experts_down"]
-        gu1 = DevMatrix(gu.fmt, 2 * ie, gu.k, gu.buf, gu.row0, gu.gpr, gu.base, gu.high, gu.scales)
-        dn1 = DevMatrix(dn.fmt, H, dn.k, dn.buf, dn.row0, dn.gpr, dn.base, dn.high, dn.scales)
+        gu1, dn1 = gu.row_slice(0, 2 * ie), dn.row_slice(0, H)  # expert 0's rows (the kernel offsets by eidx)
         ops.append(GemvPlan(gu1, self.xn, H, self.act_e, ie, epi="swiglu", unroll=2, xpre=xn,
                             experts=(self.eidx, 2 * ie, 0, ie, None, k)).launch)
         if self.MOE_STAGE:

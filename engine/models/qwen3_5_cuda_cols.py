@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from engine.ops import kernels as K
-from engine.ops.kernels import GemvPlan
+from engine.ops.gemv_plan import GemvPlan
 from engine.models.qwen3_5_cuda import GDN_HEAD_DIM, CudaQwen35
 
 

@@ -10,15 +10,12 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib.resources
-import math
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from engine.artifact import formats
 from engine.backend import cupy_or_none
 
 SOURCES = ("common.cuh", "gemv.cu", "gemv_variants.cu", "gemv_mma.cu", "rows.cu", "norm.cu", "attention.cu", "gdn.cu",
@@ -186,69 +183,6 @@ def sm_count() -> int:
     return cp.cuda.Device().attributes["MultiProcessorCount"]
 
 
-@dataclass
-class DevMatrix:
-    """A packed [N, K] weight in device memory: rows [row0, row0+n) of a row-split object, or bf16/fp32."""
-
-    fmt: str
-    n: int
-    k: int
-    buf: object  # cupy uint8 array holding the whole object
-    row0: int = 0
-    gpr: int = 0
-    base: int = 0  # byte offsets of the planes for row0
-    high: int = 0
-    scales: int = 0
-
-    @classmethod
-    def from_object(cls, fmt: str, shape, buf, row0: int = 0, row1: int | None = None) -> "DevMatrix":
-        n_all, k = int(shape[0]), int(math.prod(shape[1:]))
-        row1 = n_all if row1 is None else row1
-        if fmt in FMT_IDS:
-            geo = formats.rowsplit_geometry(fmt, (n_all, k))
-            hb = geo.high_bytes_per_group
-            return cls(fmt, row1 - row0, k, buf, row0, geo.groups_per_row,
-                       geo.base_off + row0 * geo.groups_per_row * 32,
-                       geo.high_off + row0 * geo.groups_per_row * hb,
-                       geo.scale_off + row0 * geo.groups_per_row * 2)
-        if fmt in ("bf16", "fp32"):
-            esize = 2 if fmt == "bf16" else 4
-            return cls(fmt, row1 - row0, k, buf, row0, base=row0 * k * esize)
-        raise ValueError(f"no GPU kernel for weight format {fmt}")
-
-    @property
-    def nbytes(self) -> int:
-        if self.fmt in FMT_IDS:
-            return self.n * self.gpr * (32 + self._hb() + 2)
-        return self.n * self.k * (2 if self.fmt == "bf16" else 4)
-
-    def ptr(self, off: int) -> int:
-        return self.buf.data.ptr + off
-
-    def _hb(self) -> int:
-        return formats.rowsplit_geometry(self.fmt, (1, self.k)).high_bytes_per_group
-
-    def row_slice(self, r0: int, r1: int) -> "DevMatrix":
-        """Rows [r0, r1) of this (row-split) matrix."""
-        g = self.gpr
-        return DevMatrix(self.fmt, r1 - r0, self.k, self.buf, self.row0 + r0, g, self.base + r0 * g * 32,
-                         self.high + r0 * g * self._hb(), self.scales + r0 * g * 2)
-
-    def swiglu_slice(self, a: int, b: int) -> "DevMatrix":
-        """SwiGLU outputs [a, b) of a fused [gate; up] matrix: rows [a, n/2 + b), a GEMV with pair_stride
-        n // 2 of this matrix and y offset a."""
-        return self.row_slice(a, self.n // 2 + b)
-
-    def col_slice(self, k0: int, k1: int) -> "DevMatrix":
-        """Columns [k0, k1) (whole 1,024-value blocks of the staged pairs) of every row: the row stride
-        stays this matrix's (gpr), the GEMV walks (k1 - k0) / 32 chunks (GemvPlan's k_chunks)."""
-        if k0 % 1024 or (k1 % 1024 and k1 != self.k):
-            raise ValueError("a column view starts on a 1,024-value block")
-        g0 = k0 // formats.rowsplit_geometry(self.fmt, (1, self.k)).group
-        return DevMatrix(self.fmt, self.n, k1 - k0, self.buf, self.row0, self.gpr, self.base + g0 * 32,
-                         self.high + g0 * self._hb(), self.scales + g0 * 2)
-
-
 class _LaunchAttr(ctypes.Structure):
     _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_char * 64)]
 
@@ -372,10 +306,6 @@ def pdl_ready(ops) -> tuple[int, int]:
     return sum(getattr(lo, "_ex", None) is not None for lo in launches), len(launches)
 
 
-def _p(a) -> int:
-    return a.data.ptr if hasattr(a, "data") else int(a)
-
-
 _SMEM_SET: dict[str, int] = {}
 
 
@@ -385,113 +315,6 @@ def _allow_smem(fn, name: str, smem: int) -> None:
     if smem > _SMEM_SET.get(name, 48 * 1024):
         fn.max_dynamic_shared_size_bytes = smem
         _SMEM_SET[name] = smem
-
-
-class GemvPlan:
-    """A GEMV launch fixed at build time: y (+)= W x for M token rows. Call `launch(stream)`."""
-
-    def __init__(self, w: DevMatrix, x, ldx: int, y, ldy: int, m: int = 1, epi: str = "store",
-                 splits: int = 1, rows: int | None = None, unroll: int = 4, y_offset: int = 0, xpre=None,
-                 experts=None, pf: int | None = None, stages: int = 0, mma=None, pre2: bool = False,
-                 stage_out=None, pair_stride: int | None = None, k_chunks: int | None = None):
-        """pair_stride (SwiGLU): rows between a gate row and its up row (w.n // 2 unless w is a row view
-        of a larger [gate; up] parent: `swiglu_slice`). k_chunks: 16-byte chunks of each row to walk (a
-        column view: `col_slice`; pre-staged x only, split into whole slices exactly)."""
-        self.w, self.m, self.epi = w, m, EPI[epi]
-        self.stages, self.pre2, self.stages_out = 0, False, False
-        ps = w.n // 2 if pair_stride is None else int(pair_stride)
-        if mma and xpre is not None and experts is None and w.fmt in ("q4_g64_fp16", "q5_g64_fp16") and m <= 8 \
-                and pair_stride is None and k_chunks is None:
-            self._mma_plan(w, xpre, y, ldy, m, epi, splits, tuple(mma), y_offset)
-            return
-        if w.fmt == "bf16":
-            self.fn = kernel(f"gemv_bf16<{m}>")
-            kw = WARPS if -(-w.n // WARPS) < sm_count() else 1  # few rows: a block's 8 warps split K
-            self.grid = (-(-w.n * kw // WARPS),)
-            self.args = (np.uint64(w.ptr(w.base)), np.int32(w.n), np.int32(w.k), np.uint64(_p(x)),
-                         np.int32(ldx), np.uint64(_p(y) + 4 * y_offset), np.int32(ldy), np.int32(self.epi),
-                         np.int32(kw))
-            self.smem = 0
-            self._go = Launch(self.fn, self.grid, WARPS * 32, self.args, name=f"gemv_bf16<{m}>")
-            return
-        f = FMT_IDS[w.fmt]
-        if rows is None:
-            rows = 2
-        if epi == "swiglu":
-            rows = 2
-        u4_per_row = w.gpr * 2
-        pre = xpre is not None and w.fmt != "q8_g32_fp16"
-        span = u4_per_row if k_chunks is None else int(k_chunks)
-        u4ps = -(-span // splits)
-        if pre:  # slices start on a block (32 chunks) of the slot-major pre-staged pairs
-            u4ps = -(-u4ps // 32) * 32
-            splits = -(-span // u4ps)
-        if k_chunks is not None and (not pre or u4ps * splits != span):
-            raise ValueError(f"a column view needs pre-staged x and whole 32-chunk slices ({span} chunks)")
-        vpu = 16 if w.fmt == "q8_g32_fp16" else 32
-        staged = u4ps if vpu == 16 else -(-u4ps // 32) * 32  # q4-q6 stage whole 32-chunk blocks
-        self.smem = 0 if pre else m * staged * vpu * 2 + 32 * 4
-        ngroups = w.n - ps if epi == "swiglu" else -(-w.n // rows)
-        per_sm = 8 if pre else max(1, min(8, (200 * 1024) // max(self.smem, 1)))
-        self.stages = stages if (pre and stages and vpu == 32 and m in GEMV_ASYNC_M) else 0
-        if self.stages:
-            self.smem = WARPS * self.stages * rows * 32 * (16 + 4 + {0: 0, 1: 4, 2: 8}[f])
-            per_sm = max(1, min(4, (227 * 1024) // (self.smem + 1024)))
-        bx = max(1, min(-(-ngroups // WARPS), sm_count() * per_sm // splits))
-        # experts = (eidx, rows per expert, x stride in bytes, y stride in floats, y weights or None, slots)
-        ex = experts or (None, 0, 0, 0, None, 1)
-        if experts is not None:
-            bx = max(1, min(-(-ngroups // WARPS), sm_count() * per_sm // max(ex[5], 1)))
-        self.grid = (bx, splits, ex[5])
-        # pre2: gemv_rs_pre (x through __ldg, pointers advanced by constants; the tuning table picks it)
-        self.pre2 = bool(pre2 and pre and vpu == 32 and not self.stages)
-        kname = (f"gemv_rs_async<{f},{rows},{m},{self.stages}>" if self.stages
-                 else f"gemv_rs_pre<{f},{rows},{m},{unroll}>" if self.pre2 else f"gemv_rs<{f},{rows},{m},{unroll}>")
-        self.fn = kernel(kname)
-        _allow_smem(self.fn, kname, self.smem)
-        self.args = (np.uint64(w.ptr(w.base)), np.uint64(w.ptr(w.high)), np.uint64(w.ptr(w.scales)),
-                     np.int32(w.n), np.int32(w.gpr), np.int32(ps if epi == "swiglu" else 0),
-                     np.uint64(_p(xpre[0]) if pre else _p(x)), np.int32(ldx), np.int32(w.k), np.int32(u4ps),
-                     np.uint64(_p(y) + 4 * y_offset), np.int32(ldy), np.int32(self.epi),
-                     np.uint64(_p(xpre[1]) if pre else 0),
-                     np.uint64(_p(ex[0]) if ex[0] is not None else 0), np.int32(ex[1]), np.int64(ex[2]),
-                     np.int32(ex[3]), np.uint64(_p(ex[4]) if ex[4] is not None else 0),
-                     np.int32(GEMV_PF if pf is None else pf))
-        # stage_out = (xh, xinv, kpad, slot): gemv_rs_pre's SwiGLU also stages its output row (one token,
-        # no split, no routing), so the next GEMV needs no stage_x launch; slot: 2 zeroed uint32 words
-        self.stages_out = bool(stage_out is not None and self.pre2 and epi == "swiglu" and m == 1
-                               and splits == 1 and experts is None)
-        if self.pre2:
-            so = stage_out if self.stages_out else (0, 0, 0, 0)
-            self.args += (np.uint64(_p(so[0]) if self.stages_out else 0), np.uint64(_p(so[1]) if self.stages_out else 0),
-                          np.int32(so[2]), np.uint64(_p(so[3]) if self.stages_out else 0))
-        self.splits = splits
-        self._go = Launch(self.fn, self.grid, WARPS * 32, self.args, self.smem, name=kname)
-
-    def _mma_plan(self, w, xpre, y, ldy, m, epi, splits, mma, y_offset):
-        tiles, kw, u = mma
-        if epi == "swiglu":
-            tiles = 2
-            if (w.n // 2) % 16:
-                raise ValueError("gemv_mma SwiGLU needs N / 2 a multiple of 16")
-        if (tiles, kw, u) not in GEMV_MMA:
-            raise ValueError(f"gemv_mma variant {(tiles, kw, u)} is not compiled (GEMV_MMA)")
-        f = FMT_IDS[w.fmt]
-        gps = -(-w.gpr // splits)
-        splits = -(-w.gpr // gps)
-        units = (w.n // 2) // 16 if epi == "swiglu" else -(-w.n // (16 * tiles))
-        upb = WARPS // kw
-        name = f"gemv_mma<{f},{tiles},{kw},{u}>"
-        bx = max(1, min(-(-units // upb), sm_count() * blocks_per_sm(name) // splits))
-        self.grid, self.splits, self.smem, self.fn = (bx, splits, 1), splits, 0, kernel(name)
-        self.args = (np.uint64(w.ptr(w.base)), np.uint64(w.ptr(w.high)), np.uint64(w.ptr(w.scales)),
-                     np.int32(w.n), np.int32(w.gpr), np.int32(w.n // 2 if epi == "swiglu" else 0),
-                     np.uint64(_p(xpre[0])), np.int32(m), np.int32(gps),
-                     np.uint64(_p(y) + 4 * y_offset), np.int32(ldy), np.int32(self.epi), np.uint64(_p(xpre[1])))
-        self._go = Launch(self.fn, self.grid, WARPS * 32, self.args, 0, name=name)
-
-    def launch(self):
-        self._go()
 
 
 def _arg(a):

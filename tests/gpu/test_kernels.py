@@ -10,6 +10,7 @@ import pytest
 
 from engine.artifact import formats
 from engine.ops import ref
+from engine.ops.gemv_plan import GemvPlan
 
 pytestmark = pytest.mark.gpu
 
@@ -62,7 +63,6 @@ def cp():
 @pytest.mark.parametrize("unroll,pf", [(2, 0), (4, 0), (2, 2)])
 def test_gemv_store(cp, fmt, n, k, m, rows, unroll, pf):
     from engine.gpu_weights import upload_matrix
-    from engine.ops.kernels import GemvPlan
 
     w = (RNG.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)  # unit-scale outputs, as in a model
     dm = upload_matrix(cp, fmt, w)
@@ -93,7 +93,7 @@ def test_gemv_prestaged(cp, fmt, n, k, splits, pf, pre2, rows, unroll):
     xh, xinv = cp.zeros((m, kpad // 2), dtype=cp.uint32), cp.zeros(m, dtype=cp.float32)
     K.prepared("stage_x_mb", (3, m), (cp.asarray(x), k, k, kpad, xh, kpad // 2, xinv))()
     part = poisoned(cp, (splits, m, n))
-    plan = K.GemvPlan(dm, None, k, part, n, m=m, epi="partial", splits=splits, xpre=(xh, xinv), pf=pf,
+    plan = GemvPlan(dm, None, k, part, n, m=m, epi="partial", splits=splits, xpre=(xh, xinv), pf=pf,
                       rows=rows, unroll=unroll, pre2=pre2)
     assert plan.pre2 == pre2
     part = part[: plan.splits]
@@ -101,7 +101,7 @@ def test_gemv_prestaged(cp, fmt, n, k, splits, pf, pre2, rows, unroll):
     check(f"gemv prestaged {fmt}", part.get().sum(axis=0), ref.linear(x, wq), **LINEAR)
     if pre2 and splits == 1 and n % 2 == 0:
         y = poisoned(cp, (m, n // 2))
-        K.GemvPlan(dm, None, k, y, n // 2, m=m, epi="swiglu", xpre=(xh, xinv), pre2=True).launch()
+        GemvPlan(dm, None, k, y, n // 2, m=m, epi="swiglu", xpre=(xh, xinv), pre2=True).launch()
         h = ref.linear(x, wq)
         check(f"gemv prestaged swiglu {fmt}", y.get(), ref.swiglu(h[:, : n // 2], h[:, n // 2:]), **LINEAR)
         # one token: the SwiGLU output also staged by the last block, as stage_x_mb stages it
@@ -109,7 +109,7 @@ def test_gemv_prestaged(cp, fmt, n, k, splits, pf, pre2, rows, unroll):
         kp2 = -(-k2 // K.XPAD) * K.XPAD
         y1 = poisoned(cp, (1, k2))
         sh, sinv, slot = cp.zeros((1, kp2 // 2), cp.uint32), cp.zeros(1, cp.float32), cp.zeros(2, cp.uint32)
-        plan = K.GemvPlan(dm, None, k, y1, k2, m=1, epi="swiglu", xpre=(xh, xinv), pre2=True,
+        plan = GemvPlan(dm, None, k, y1, k2, m=1, epi="swiglu", xpre=(xh, xinv), pre2=True,
                           stage_out=(sh, sinv, kp2, slot), rows=rows, unroll=unroll)
         assert plan.stages_out
         for _ in range(2):  # the second launch finds the slot reset by the first
@@ -139,7 +139,7 @@ def test_gemv_async(cp, fmt, n, k, rows, stages, splits):
     xh, xinv = cp.zeros((1, kpad // 2), dtype=cp.uint32), cp.zeros(1, dtype=cp.float32)
     K.prepared("stage_x_mb", (3, 1), (cp.asarray(x), k, k, kpad, xh, kpad // 2, xinv))()
     part = poisoned(cp, (splits, 1, n))
-    plan = K.GemvPlan(dm, None, k, part, n, m=1, epi="partial", splits=splits, rows=rows, xpre=(xh, xinv),
+    plan = GemvPlan(dm, None, k, part, n, m=1, epi="partial", splits=splits, rows=rows, xpre=(xh, xinv),
                       stages=stages)
     assert plan.stages == stages
     part = part[: plan.splits]
@@ -148,7 +148,7 @@ def test_gemv_async(cp, fmt, n, k, rows, stages, splits):
     check(f"gemv async {fmt}", part.get().sum(axis=0), h, **LINEAR)
     if n % 2 == 0 and splits == 1:
         y = poisoned(cp, (1, n // 2))
-        K.GemvPlan(dm, None, k, y, n // 2, m=1, epi="swiglu", xpre=(xh, xinv), stages=stages).launch()
+        GemvPlan(dm, None, k, y, n // 2, m=1, epi="swiglu", xpre=(xh, xinv), stages=stages).launch()
         check(f"gemv async swiglu {fmt}", y.get(), ref.swiglu(h[:, : n // 2], h[:, n // 2:]), **LINEAR)
 
 
@@ -173,20 +173,20 @@ def test_gemv_mma(cp, fmt, n, k, m, splits):
     h = ref.linear(x, wq)
     for mma in K.GEMV_MMA:
         part = poisoned(cp, (splits, m, n))
-        plan = K.GemvPlan(dm, None, k, part, n, m=m, epi="partial", splits=splits, xpre=(xh, xinv), mma=mma)
+        plan = GemvPlan(dm, None, k, part, n, m=m, epi="partial", splits=splits, xpre=(xh, xinv), mma=mma)
         assert plan.fn is K.kernel(f"gemv_mma<{K.FMT_IDS[fmt]},{mma[0]},{mma[1]},{mma[2]}>")
         part = part[: plan.splits]
         plan.launch()
         check(f"gemv mma {fmt} {mma}", part.get().sum(axis=0), h, **LINEAR)
     if splits == 1:
         y = cp.asarray(np.ones((m, n), np.float32))
-        K.GemvPlan(dm, None, k, y, n, m=m, epi="add", xpre=(xh, xinv), mma=(1, 4, 2)).launch()
+        GemvPlan(dm, None, k, y, n, m=m, epi="add", xpre=(xh, xinv), mma=(1, 4, 2)).launch()
         check(f"gemv mma add {fmt}", y.get(), h + 1, **LINEAR)
     if n % 32 == 0 and splits == 1:
         y = poisoned(cp, (m, n // 2))
         for mma in ((2, 4, 2),):
             y.fill(np.nan)
-            K.GemvPlan(dm, None, k, y, n // 2, m=m, epi="swiglu", xpre=(xh, xinv), mma=mma).launch()
+            GemvPlan(dm, None, k, y, n // 2, m=m, epi="swiglu", xpre=(xh, xinv), mma=mma).launch()
             check(f"gemv mma swiglu {fmt} {mma}", y.get(), ref.swiglu(h[:, : n // 2], h[:, n // 2:]), **LINEAR)
 
 
@@ -194,7 +194,6 @@ def test_gemv_mma(cp, fmt, n, k, m, splits):
 @pytest.mark.parametrize("splits", [1, 3])
 def test_gemv_partial_splits(cp, fmt, splits):
     from engine.gpu_weights import upload_matrix
-    from engine.ops.kernels import GemvPlan
 
     n, k = 256, 4160
     w = (RNG.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
@@ -208,7 +207,6 @@ def test_gemv_partial_splits(cp, fmt, splits):
 
 def test_gemv_swiglu_and_bf16(cp):
     from engine.gpu_weights import upload_matrix
-    from engine.ops.kernels import GemvPlan
 
     n2, k = 2 * 300, 512
     w = (RNG.standard_normal((n2, k)) / np.sqrt(k)).astype(np.float32)
