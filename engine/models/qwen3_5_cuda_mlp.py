@@ -1,0 +1,95 @@
+"""The MLP block of the CUDA decode step (`CudaQwen35` takes it as a base): the dense SwiGLU MLP
+(gate|up with SwiGLU, staging, down into split-K partials; optionally in two halves) and the MoE
+block (router and top-k, routed experts by slot, the shared expert beside them). The methods build
+graph ops from the executor's buffers (`_alloc`) and helpers (`_gemv`, `_plan_gemv`, `_stage`,
+`_splits`, `_concurrent`)."""
+from __future__ import annotations
+
+import os
+
+from engine.ops import kernels as K
+from engine.ops.gemv_plan import GemvPlan
+
+
+class MlpOps:
+    # MoE decode: the routed experts' SwiGLU rows staged for the down-projection by every block of it from
+    # the fp32 rows (a launch and a kernel boundary less a layer, each block reading its slot's 2 KB row),
+    # or by one stage_x_mb launch (NINFER_MOE_STAGE=1). Session 6 on the H200, 35B-A3B: 335.2 and 335.0
+    # tok/s in the kernel against 332.6 with the launch (same call).
+    MOE_STAGE = os.environ.get("NINFER_MOE_STAGE", "0") != "0"
+
+    def _moe_ops(self, L, xn):
+        """Router -> top-k on the device -> routed experts (grid.z = slot) writing weighted partials
+        part[0..k), shared expert into part[k]; the next norm sums the k + 1 partials."""
+        E, k, H, ie = self.args.num_experts, self.topk, self.H, self.inter_e
+        route = [self._gemv(L["router"], self.xn, self.rlog),
+                 K.prepared("moe_route", (1,), (self.rlog, E + 1, E, k, self.eidx, self.ewts, k + 1))]
+        gu, dn = L["experts_gu"], L["experts_down"]
+        gu1, dn1 = gu.row_slice(0, 2 * ie), dn.row_slice(0, H)  # expert 0's rows (the kernel offsets by eidx)
+        routed = [GemvPlan(gu1, self.xn, H, self.act_e, ie, epi="swiglu", unroll=2, xpre=xn,
+                           experts=(self.eidx, 2 * ie, 0, ie, None, k)).launch]
+        if self.MOE_STAGE:
+            routed.append(K.prepared("stage_x_mb", (self.NORM_BLOCKS, k), (self.act_e, ie, ie, self.kpad_e, self.xh_e,
+                                                                           self.kpad_e // 2, self.xinv_e),
+                                     block=1024))
+            routed.append(GemvPlan(dn1, self.act_e, ie, self.part, H, epi="store", unroll=2, rows=1,
+                                   xpre=(self.xh_e, self.xinv_e),
+                                   experts=(self.eidx, H, self.kpad_e * 2, self.M * H, self.ewts, k)).launch)
+        else:  # each block of the routed down-projection stages its slot's fp32 row itself
+            routed.append(GemvPlan(dn1, self.act_e, ie, self.part, H, epi="store", unroll=2, rows=1,
+                                   experts=(self.eidx, H, ie * 4, self.M * H, self.ewts, k)).launch)
+        # the shared expert beside the routed ones: its gate|up beside the router and top-k, its
+        # down-projection (weighted by what moe_route computes) beside the routed experts
+        shared_down = GemvPlan(L["shared_down"], self.act, self.act.shape[1], self.part[k], H, epi="store",
+                               unroll=2, experts=(None, 0, 0, 0, self.ewts[0, k:], 1)).launch
+        return (self._concurrent(route, [self._gemv(L["shared_gu"], self.xn, self.act, epi="swiglu", xpre=xn)])
+                + self._concurrent(routed, [shared_down]))
+
+    # NINFER_FFN_SPLIT=1: the MLP in two halves of the intermediate width, the second half's gate|up
+    # beside the first half's staging and down-projection (a GEMV streams while the other chain's light
+    # kernel runs). Off: slower on the H200 (session 6, 27B: 116.5 against 120.6 tok/s, twice; the two
+    # concurrent GEMVs share the bandwidth, 76 MB in 30.7 us, no better than one after the other).
+    # Subclasses whose GEMVs are not kernels (cuBLAS prefill) never split.
+    FFN_SPLIT = os.environ.get("NINFER_FFN_SPLIT", "0") != "0"
+
+    def _ffn_split_at(self, w_down) -> int:
+        """Where the MLP splits (values of the intermediate row, on a 1,024-value block): the down
+        projection's split-K boundary into two slices; 0 when the row has fewer than two blocks."""
+        blocks = w_down.k // K.XPAD
+        return 0 if blocks < 2 or w_down.k % K.XPAD or w_down.fmt not in K.FMT_IDS or w_down.fmt == "q8_g32_fp16" \
+            else -(-blocks // 2) * K.XPAD
+
+    def _ffn_ops(self, L, xn) -> tuple[list, int]:
+        """The dense MLP's ops (gate|up with SwiGLU, staging, down into partials) and the partial planes
+        the next norm sums."""
+        gu, dn = L["gate_up"], L["down"]
+        s = self._ffn_split_at(dn) if self.FFN_SPLIT else 0
+        if not s:
+            gu_plan = self._plan_gemv(gu, self.xn, self.act, "swiglu", 1, xn,
+                                      stage_out=(self.xh_act, self.xinv_act, self.kpad_act, self.stage_slot))
+            ops = [gu_plan.launch]
+            if not gu_plan.stages_out:  # (gemv_rs_pre with fuse_stage in its tuning entry stages it itself)
+                ops.append(self._stage(self.act, self.inter, self.kpad_act, self.xh_act, self.xinv_act))
+            d_plan = self._plan_gemv(dn, self.act, self.part, "partial", self._splits(dn),
+                                     (self.xh_act, self.xinv_act))
+            return ops + [d_plan.launch], d_plan.splits
+        inter, M, H = dn.k, self.M, self.H
+        gcfg = self.gemv_cfg.get((gu.fmt, gu.n, gu.k), {})
+        dcfg = self.gemv_cfg.get((dn.fmt, dn.n, dn.k), {})
+        if getattr(self, "xinv_act2", None) is None:
+            self.xinv_act2 = self.cp.ones(M, dtype=self.cp.float32)
+        halves = []
+        for h, (a, b) in enumerate(((0, s), (s, inter))):
+            xinv = self.xinv_act if h == 0 else self.xinv_act2
+            xh = self.xh_act[:, a // 2:]  # (uint32 pairs: a // 2 of them before the slice)
+            gu_h = GemvPlan(gu.swiglu_slice(a, b), self.xn, self.xn.shape[1], self.act, self.act.shape[1], m=M,
+                            epi="swiglu", rows=gcfg.get("rows"), unroll=gcfg.get("unroll", 2), y_offset=a, xpre=xn,
+                            pf=gcfg.get("pf"), pre2=gcfg.get("pre2", False), pair_stride=gu.n // 2).launch
+            kpad = -(-(b - a) // K.XPAD) * K.XPAD
+            stage = self._stage(self.act[:, a:], b - a, kpad, xh, xinv, ldh=self.kpad_act // 2)
+            down = GemvPlan(dn.col_slice(a, b), self.act, self.act.shape[1], self.part[h], H, m=M, epi="partial",
+                            rows=dcfg.get("rows", 1), unroll=dcfg.get("unroll", 2), xpre=(xh, xinv),
+                            pf=dcfg.get("pf"), k_chunks=kpad // 32).launch
+            halves.append((gu_h, stage, down))
+        (gu_a, st_a, dn_a), (gu_b, st_b, dn_b) = halves
+        return [gu_a] + self._concurrent([gu_b], [st_a, dn_a]) + [st_b, dn_b], 2
