@@ -162,7 +162,45 @@ def best_cfg(sweep):
                     stages=v.get("stages", 0), mma=v.get("mma"), pre2=v.get("pre2", False)) for k, v in cfg.items()}
 
 
-def synthetic_decode(geometry, bw, gemv_cfg, n=128, depth=0, breakdown=False, kv="bf16"):
+def _burst_tps(eng, n, depth):
+    """tok/s of the median of three n-token greedy bursts (after a warm-up), from a fresh sequence."""
+    eng.reset()
+    if depth:
+        eng.seek_synthetic(depth)
+    eng.decode_greedy(1, 8)
+    times = []
+    for _ in range(3):
+        cp.cuda.Device().synchronize()
+        t = time.perf_counter()
+        eng.decode_greedy(1, n)
+        times.append(time.perf_counter() - t)
+    return n / float(np.median(times))
+
+
+def l2pf_variants(eng, n, depth, variants):
+    """The step re-planned and re-captured with each L2 warm-up variant ("mode:MB", mode -1 off) in turn,
+    every variant measured twice in an interleaved order; {variant: [tok/s, tok/s]}."""
+    ex = eng.model.executor
+    saved = (K.L2PF_MODE, K.L2PF_MB)
+    out = {}
+    try:
+        for _round in range(2):
+            for v in variants:
+                mode, mb = v.split(":")
+                K.L2PF_MODE, K.L2PF_MB = int(mode), float(mb)
+                ex.ops = ex._plan()
+                ex.capture()
+                out.setdefault(v, []).append(round(_burst_tps(eng, n, depth), 1))
+                print(f"  l2pf {v}: {out[v][-1]} tok/s", flush=True)
+    finally:
+        K.L2PF_MODE, K.L2PF_MB = saved
+        ex.ops = ex._plan()
+        ex.capture()
+        eng.reset()
+    return out
+
+
+def synthetic_decode(geometry, bw, gemv_cfg, n=128, depth=0, breakdown=False, kv="bf16", l2pf=()):
     from engine.synthetic import build_engine
 
     t0 = time.perf_counter()
@@ -207,6 +245,7 @@ def synthetic_decode(geometry, bw, gemv_cfg, n=128, depth=0, breakdown=False, kv
         print(f"{geometry} depth {depth}: PDL {tps:.1f} tok/s, plain launches {plain_tps:.1f} tok/s", flush=True)
     else:
         plain_tps = tps
+    variants = l2pf_variants(eng, n, depth, l2pf) if l2pf else None
     ctx = depth + n / 2
     bytes_tok = ex.weight_bytes_per_token() + 2 * ex.state_bytes() + ctx * ex.kv_bytes_per_token()
     gbs = bytes_tok * tps / 1e9
@@ -222,7 +261,7 @@ def synthetic_decode(geometry, bw, gemv_cfg, n=128, depth=0, breakdown=False, kv
         pp = round(512 / (time.perf_counter() - t), 1)
     res = dict(geometry=geometry, test=f"tg{n}" + (f"@d{depth}" if depth else ""), kv=kv, tok_s=round(tps, 1),
                pdl=K.PDL, plain_launch_tok_s=round(plain_tps, 1),
-               pp512_tok_s=pp,
+               pp512_tok_s=pp, l2pf=K.L2PF_MODE, l2pf_mb=K.L2PF_MB, l2pf_variants=variants,
                ms_per_token=round(1e3 * dt / n, 3), weight_bytes=ex.weight_bytes(),
                weight_bytes_per_token=ex.weight_bytes_per_token(), state_bytes=ex.state_bytes(),
                kv_bytes_per_token=ex.kv_bytes_per_token(), bytes_per_token=int(bytes_tok), gbs=round(gbs, 1),
@@ -283,6 +322,8 @@ def main():
     ap.add_argument("--breakdown", action="store_true")
     ap.add_argument("--out", default="")
     ap.add_argument("--cfg", default="", help="take the GEMV choices of an earlier --sweep report")
+    ap.add_argument("--l2pf", default="", help="L2 warm-up variants to A/B in the same process, "
+                    "mode:MB,... (mode -1 off, 0 lines, 1 evict_last lines, 2 bulk)")
     ap.add_argument("--fuse-stage", action="store_true",
                     help="gate|up through gemv_rs_pre with its output staged in the same launch (no stage_x)")
     a = ap.parse_args()
@@ -325,12 +366,15 @@ def main():
         report["decode"] = []
         geos = a.synthetic.split(",")
         for i, geo in enumerate(geos):  # the breakdown for the first geometry only
-            report["decode"].append(synthetic_decode(geo, bw, cfg, depth=0, breakdown=a.breakdown and i == 0))
+            l2pf = tuple(v for v in a.l2pf.split(",") if v)
+            report["decode"].append(synthetic_decode(geo, bw, cfg, depth=0, breakdown=a.breakdown and i == 0,
+                                                     l2pf=l2pf))
             if a.out:
                 Path(a.out).write_text(json.dumps(report, indent=1, default=str))
         if a.depth and "35b" not in geos[0]:  # the depth targets are the 27B's (issue 7)
             for kv in ("int8", "bf16"):
-                report["decode"].append(synthetic_decode(geos[0], bw, cfg, depth=a.depth, kv=kv))
+                report["decode"].append(synthetic_decode(geos[0], bw, cfg, depth=a.depth, kv=kv,
+                                                         l2pf=l2pf if kv == "int8" else ()))
                 if a.out:
                     Path(a.out).write_text(json.dumps(report, indent=1, default=str))
     if a.out:

@@ -59,3 +59,51 @@ extern "C" __global__ void embed_bf16(const unsigned short* __restrict__ table, 
   const unsigned short* r = table + (size_t)tokens[m] * K;
   for (int k = threadIdx.x; k < K; k += blockDim.x) x[(size_t)m * ldx + k] = __uint_as_float(((unsigned int)r[k]) << 16);
 }
+
+// L2 warm-up: while the light kernels between two GEMVs run (norms, stagings, the GDN and attention
+// cores: DRAM otherwise idle), the next GEMV's first rows are asked into L2, so the GEMV starts on
+// cache hits. d: n descriptors of 4 int64 (address, bytes a row, row stride, rows), a strided block of
+// rows (one row for a contiguous range). mode 0: prefetch.global.L2 per 128-byte line; 1: the same with
+// the evict_last priority; 2: cp.async.bulk.prefetch.L2 (sm_90) per 16 KiB piece of a row. Prefetches
+// are fire and forget: the kernel ends once they are issued. No PDL wait: it reads only its table and
+// the weights, which no kernel writes.
+extern "C" __global__ void l2_prefetch(const long long* __restrict__ d, int n, int mode) {
+  const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x, nt = (long long)gridDim.x * blockDim.x;
+  for (int i = 0; i < n; ++i) {
+    const unsigned long long a0 = (unsigned long long)d[4 * i];
+    const long long rb = d[4 * i + 1], st = d[4 * i + 2], nr = d[4 * i + 3];
+    if (rb <= 0 || nr <= 0) continue;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (mode == 2) {
+      constexpr long long PIECE = 16 * 1024;
+      const long long ppr = (rb + 15 + 15) / PIECE + 1;  // pieces a row (16-byte aligned ends)
+      for (long long t = tid; t < nr * ppr; t += nt) {
+        const long long r = t / ppr, p = t - r * ppr;
+        const unsigned long long a = a0 + (unsigned long long)(r * st);
+        const unsigned long long s = (a & ~15ull) + (unsigned long long)(p * PIECE);
+        const unsigned long long e = (a + (unsigned long long)rb + 15) & ~15ull;
+        if (s < e) {
+          const unsigned int sz = (unsigned int)min((unsigned long long)PIECE, e - s);
+          asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(s), "r"(sz) : "memory");
+        }
+      }
+      continue;
+    }
+#endif
+    const long long lpr = (rb + 127) / 128 + 1;  // lines a row, whatever its alignment
+    for (long long t = tid; t < nr * lpr; t += nt) {
+      const long long r = t / lpr, l = t - r * lpr;
+      const unsigned long long a = a0 + (unsigned long long)(r * st);
+      const unsigned long long p = (a & ~127ull) + (unsigned long long)(l * 128);
+      if (p < a + (unsigned long long)rb) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        if (mode == 1) {
+          asm volatile("prefetch.global.L2::evict_last [%0];" :: "l"(p));
+          continue;
+        }
+#endif
+        asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
+      }
+    }
+  }
+}

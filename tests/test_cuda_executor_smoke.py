@@ -30,6 +30,16 @@ def _weights(cfg):
     return args, gpu_weights.from_logical(args, w, recipe=recipe)
 
 
+def _flat(ops):
+    """The graph ops with Concurrent ones opened (main, then side)."""
+    from engine.ops import kernels as K
+
+    out = []
+    for op in ops:
+        out += _flat(op.main + op.side) if isinstance(op, K.Concurrent) else [op]
+    return out
+
+
 @pytest.mark.parametrize("kv", ["bf16", "int8"])
 def test_dense_engine_builds_and_runs_every_path(cp, kv):
     from engine.gpu_engine import build_engine
@@ -39,7 +49,7 @@ def test_dense_engine_builds_and_runs_every_path(cp, kv):
     eng = build_engine(args, w, CFG, max_context=512, kv=kv, prefill_cols=8, prefill_gemm=64)
     m = eng.model
     assert m.cols is not None and m.gemm is not None
-    names = {getattr(op, "name", "gemv") for op in m.executor.ops}
+    names = {getattr(op, "name", "gemv") for op in _flat(m.executor.ops)}
     assert {"residual_rmsnorm_mb", "gdn_prep", "gdn_delta", "argmax_step_mb"} <= names
     assert any(n.startswith("attn_decode_split") for n in names)
     eng.prefill(list(range(1, 150)))  # GEMM chunks of 64, a columns chunk of 8, single tokens
@@ -52,6 +62,37 @@ def test_dense_engine_builds_and_runs_every_path(cp, kv):
     sp = eng._decode_step_sparse(5, 1.0)
     assert sp.ids.size >= 1 and eng.position == 41
     assert K.pdl_ready(m.executor.ops)[1] == len(m.executor.ops)
+
+
+@pytest.mark.parametrize("mode", [0, 2])
+def test_l2_warmup_beside_light_kernels(cp, mode, monkeypatch):
+    """NINFER_L2PF: every light chain of the step gets an l2_prefetch beside it whose ranges lie inside
+    the weights of the GEMV that follows, within the site's budget; the step still runs."""
+    from engine.gpu_engine import build_engine
+    from engine.ops import kernels as K
+
+    monkeypatch.setattr(K, "L2PF_MODE", mode)
+    monkeypatch.setattr(K, "L2PF_MB", 0.01)  # ~10 KB a site: partial rows of the tiny model's matrices
+    args, w = _weights(CFG)
+    eng = build_engine(args, w, CFG, max_context=256, prefill_cols=0, prefill_gemm=0)
+    ex = eng.model.executor
+    ops = ex.ops
+    warm = [op for op in ops if isinstance(op, K.Concurrent) and any(getattr(o, "name", "") == "l2_prefetch"
+                                                                     for o in op.side)]
+    layers = args.num_hidden_layers
+    assert len(warm) == 4 * layers + 1  # input norm, core chain, post norm, staging; + the final norm
+    bufs = [m.buf for m in ex._matrices()] if hasattr(ex, "_matrices") else []
+    spans = [(b.data.ptr, b.data.ptr + b.nbytes) for b in bufs]
+    for op in warm:
+        pf = [o for o in op.side if getattr(o, "name", "") == "l2_prefetch"][0]
+        table = np.asarray(pf.table).reshape(-1, 4)
+        assert len(table) >= 2 and pf.nbytes <= 2 * 0.01 * 2 ** 20 + 1
+        for addr, rb, st, nr in table:
+            assert rb > 0 and nr >= 1
+            end = addr + (nr - 1) * st + rb
+            assert any(a <= addr and end <= b for a, b in spans), "a prefetch range outside every weight"
+    eng.prefill([1, 2, 3])
+    assert len(eng.decode_greedy(4, 3)) == 3
 
 
 @pytest.mark.parametrize("shared,stage", [(256, True), (128, True), (128, False)])  # 128: a routed expert's width
@@ -69,11 +110,10 @@ def test_moe_engine_builds_and_runs(cp, shared, stage, monkeypatch):
     assert eng.model.cols is None  # no columns step for MoE (the tensor-core prefill where memory allows)
     eng.prefill([1, 2, 3])
     assert eng.decode_greedy(4, 3) is not None and eng.position == 6
-    from engine.ops import kernels as K
-
-    inner = [getattr(o, "name", "") for op in eng.model.executor.ops if isinstance(op, K.Concurrent)
-             for o in op.main + op.side]
-    assert inner.count("stage_x_mb") == (args.num_hidden_layers if stage else 0)
+    ex = eng.model.executor
+    names = [getattr(o, "name", "") for o in _flat(ex.ops)]
+    attn = sum(L["kind"] == "full_attention" for L in ex.layers)  # each stages its attention output
+    assert names.count("stage_x_mb") - attn == (args.num_hidden_layers if stage else 0)
     assert np.isfinite(eng.info()["weight_bytes_per_token"])
 
 
@@ -166,7 +206,7 @@ def test_fused_gate_up_staging_drops_the_stage_launch(cp):
     def launches(cfg):
         eng = build_engine(args, w, CFG, max_context=256, prefill_cols=1, prefill_gemm=0, gemv_cfg=cfg)
         ops = eng.model.executor.ops
-        names = [getattr(getattr(getattr(op, "__self__", None), "_go", op), "name", "") for op in ops]
+        names = [getattr(getattr(getattr(op, "__self__", None), "_go", op), "name", "") for op in _flat(ops)]
         eng.decode_step(1)
         return names
 

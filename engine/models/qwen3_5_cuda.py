@@ -293,7 +293,7 @@ class CudaQwen35(MlpOps):
         log2_theta = float(math.log2(a.rope_theta))
         rot = a.rotary_dim
         for L in self.layers:
-            ops.append(self._norm(prev_splits, L["in_norm"]))
+            norm = self._norm(prev_splits, L["in_norm"])
             xn = (self.xh_n, self.xinv_n)
             att_k = L["o"].k
             att_kpad = -(-att_k // K.XPAD) * K.XPAD  # per layer: the staged row stride the o-projection's K implies
@@ -301,43 +301,62 @@ class CudaQwen35(MlpOps):
             qk = self._gemv(L["qk"], self.xn, self.buf_a, xpre=xn)
             if L["kind"] == "full_attention":
                 qw, kw = self.Hq * ATTN_HEAD_DIM, self.Hkv * ATTN_HEAD_DIM
-                ops.extend(self._concurrent([self._gemv(L["gv"], self.xn, self.buf_b, xpre=xn)], [qk]))
+                gv = self._gemv(L["gv"], self.xn, self.buf_b, xpre=xn)
+                ops.extend(self._warm([norm], [gv, qk]))
+                ops.extend(self._concurrent([gv], [qk]))
                 lda, ldb = self.buf_a.shape[1], self.buf_b.shape[1]
                 nh = self.Hq + self.Hkv
-                ops.append(K.prepared("qk_norm_rope_kv", (-(-nh // K.WARPS), M),
-                                      (self.buf_a, lda, self.buf_a[:, qw:], lda, self.buf_b[:, qw:], ldb,
-                                       L["qn"], L["kn"], self.qpos, self.page_table, self.pt_stride,
-                                       L["kc"], L["vc"], self.qbuf, self.Hq, self.Hkv, rot, log2_theta, eps,
-                                       _ptr(L["ks"]), _ptr(L["vs"]))))
-                ops.extend(self._attn_core_ops(L, ldb))
+                core = [K.prepared("qk_norm_rope_kv", (-(-nh // K.WARPS), M),
+                                   (self.buf_a, lda, self.buf_a[:, qw:], lda, self.buf_b[:, qw:], ldb,
+                                    L["qn"], L["kn"], self.qpos, self.page_table, self.pt_stride,
+                                    L["kc"], L["vc"], self.qbuf, self.Hq, self.Hkv, rot, log2_theta, eps,
+                                    _ptr(L["ks"]), _ptr(L["vs"])))]
+                core += self._attn_core_ops(L, ldb)
                 # (a one-block combine + staging measured 48 us a layer against 6 + 4.4 for the two
                 # kernels: the combine's split loop needs its Hq blocks)
-                ops.append(self._stage(self.att, att_k, att_kpad, self.xh_att, self.xinv_att))
+                core.append(self._stage(self.att, att_k, att_kpad, self.xh_att, self.xinv_att))
                 del kw
             else:
                 Hk, Hv = self.Hk, self.Hv
-                ops.extend(self._concurrent([self._gemv(L["vz"], self.xn, self.buf_b, xpre=xn)],
-                                            [qk, self._gemv(L["ab"], self.xn, self.ab)]))
+                vz = self._gemv(L["vz"], self.xn, self.buf_b, xpre=xn)
+                ops.extend(self._warm([norm], [vz, qk]))
+                ops.extend(self._concurrent([vz], [qk, self._gemv(L["ab"], self.xn, self.ab)]))
                 lda, ldb = self.buf_a.shape[1], self.buf_b.shape[1]
-                ops.extend(self._gdn_core_ops(L, lda, ldb))
+                core = self._gdn_core_ops(L, lda, ldb)
                 zoff = Hv * GDN_HEAD_DIM
                 # gated norm and the o-projection's staging in one launch (one block a token row)
-                ops.append(K.prepared("gated_rmsnorm_stage", (M,),
-                                      (self.att2, self.buf_b[:, zoff:], ldb, L["norm"], self.att, self.att.shape[1],
-                                       Hv, eps) + att_stage, block=1024))
+                core.append(K.prepared("gated_rmsnorm_stage", (M,),
+                                       (self.att2, self.buf_b[:, zoff:], ldb, L["norm"], self.att, self.att.shape[1],
+                                        Hv, eps) + att_stage, block=1024))
             o_plan = self._plan_gemv(L["o"], self.att, self.part, "partial", self._splits(L["o"]),
                                      (self.xh_att, self.xinv_att))
+            ops.extend(self._warm(core, [o_plan.launch], 2.0))
             ops.append(o_plan.launch)
-            ops.append(self._norm(o_plan.splits, L["post_norm"]))
+            post = self._norm(o_plan.splits, L["post_norm"])
             if self.args.is_moe:
-                ops.extend(self._moe_ops(L, xn))
+                ops.extend(self._moe_ops(L, xn, lead=[post]))
                 prev_splits = self.topk + 1
             else:
-                ffn, prev_splits = self._ffn_ops(L, xn)
+                ffn, prev_splits = self._ffn_ops(L, xn, lead=[post])
                 ops.extend(ffn)
-        ops.append(self._norm(prev_splits, self.final_norm))
-        ops.extend(self._tail_ops())
+        tail = self._tail_ops()
+        ops.extend(self._warm([self._norm(prev_splits, self.final_norm)], tail[:1]))
+        ops.extend(tail)
         return ops
+
+    def _warm(self, light: list, nxt: list, scale: float = 1.0) -> list:
+        """`light` (kernels that leave DRAM idle) with an l2_prefetch of what the GEMVs of `nxt` read
+        first beside them (K.L2PF_MB x scale, shared in proportion to their weights), as one Concurrent
+        op; `light` unchanged when the warm-up is off (NINFER_L2PF=-1) or none of `nxt` can say."""
+        plans = [p for p in (getattr(op, "__self__", op) for op in nxt) if hasattr(p, "l2_ranges")]
+        if K.L2PF_MODE < 0 or not self.BRANCHES or not plans:
+            return light
+        budget = K.L2PF_MB * scale * 2 ** 20
+        total = sum(p.w.nbytes for p in plans)
+        ranges = [r for p in plans for r in p.l2_ranges(int(budget * p.w.nbytes / total))]
+        if not ranges:
+            return light
+        return self._concurrent(light, [K.l2_prefetch_op(self.cp, ranges)])
 
     # Independent projections of a layer on two streams (`Concurrent`); NINFER_BRANCHES=0 runs them in
     # order on one. Subclasses whose projections are not kernel launches (cuBLAS prefill) turn it off.

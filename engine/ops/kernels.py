@@ -60,6 +60,12 @@ WARPS = 8  # every kernel runs 256-thread blocks
 PDL = os.environ.get("NINFER_PDL", "1") != "0"
 # GEMV L2 prefetch distance in loop iterations (0: off); a plan's `pf` overrides it.
 GEMV_PF = int(os.environ.get("NINFER_GEMV_PF", "0"))
+# L2 warm-up beside the light kernels of the decode step (`l2_prefetch` in cuda/rows.cu): -1 off, 0 line
+# prefetches, 1 line prefetches with evict_last, 2 bulk prefetches (sm_90; older GPUs take 0). L2PF_MB: the
+# bytes asked a site (the chains before an o-projection twice that).
+L2PF_MODE = int(os.environ.get("NINFER_L2PF", "-1"))
+L2PF_MB = float(os.environ.get("NINFER_L2PF_MB", "16"))
+L2PF_BLOCKS = int(os.environ.get("NINFER_L2PF_BLOCKS", "0"))  # 0: one per SM
 
 
 def cuda_source_dir() -> Path:
@@ -263,6 +269,23 @@ class Launch:
                 raise RuntimeError(f"cuLaunchKernelEx failed ({rc}) for {self.name or 'a kernel'}")
             return
         self.fn(self.grid, (self.block,), self.args, shared_mem=self.smem)
+
+
+def l2_prefetch_op(cp, ranges, mode: int | None = None, blocks: int | None = None):
+    """A launch of l2_prefetch over `ranges` (GemvPlan.l2_ranges descriptors), its table in device memory.
+    Launched plainly (no PDL): it depends on nothing a kernel writes, and it runs on a side branch."""
+    mode = L2PF_MODE if mode is None else mode
+    if mode == 2 and not pdl_capable():  # bulk prefetch is sm_90
+        mode = 0
+    table = cp.asarray(np.asarray(ranges, dtype=np.int64).reshape(-1))
+    nb = blocks or L2PF_BLOCKS or sm_count()
+    fn = kernel("l2_prefetch")
+    op = Launch(fn, (nb,), 256, (np.uint64(table.data.ptr), np.int32(len(ranges)), np.int32(max(mode, 0))),
+                name="l2_prefetch")
+    op._ex = None
+    op.table = table  # kept alive with the op
+    op.nbytes = int(sum(rb * nr for _, rb, _, nr in ranges))
+    return op
 
 
 class Concurrent:

@@ -186,6 +186,48 @@ def test_pdl_launches_give_the_same_logits_as_plain_launches():
         K.PDL = saved
 
 
+@pytest.mark.parametrize("mode", [0, 1, 2])
+def test_l2_warmup_gives_the_same_logits(mode, monkeypatch):
+    """The L2 warm-up (l2_prefetch beside the light kernels) only moves weights into L2: the step's tokens
+    and logits are bit-identical to the step without it, whatever the prefetch flavour."""
+    from engine import gpu_weights
+    from engine.config import ModelArgs
+    from engine.gpu_engine import build_engine
+    from engine.ops import kernels as K
+
+    args = ModelArgs.from_config(CFG)
+    w = gpu_weights.from_logical(args, quantized_weights(args))
+    prompt = [int(t) for t in np.random.default_rng(6).integers(0, CFG["vocab_size"], 12)]
+    out = {}
+    for m in (-1, mode):
+        monkeypatch.setattr(K, "L2PF_MODE", m)
+        monkeypatch.setattr(K, "L2PF_MB", 0.05)
+        eng = build_engine(args, w, CFG, max_context=256, prefill_cols=1)
+        names = [getattr(o, "name", "") for op in eng.model.executor.ops if isinstance(op, K.Concurrent)
+                 for o in op.side]
+        assert ("l2_prefetch" in names) == (m >= 0)
+        first = int(np.argmax(eng.prefill(prompt)))
+        out[m] = (eng.decode_greedy(first, 16), eng.decode_step(3))
+    assert out[-1][0] == out[mode][0]
+    assert np.array_equal(out[-1][1], out[mode][1])
+
+
+def test_l2_prefetch_kernel_over_strided_rows():
+    """l2_prefetch over strided and contiguous ranges (odd alignments, a row past 16 KiB) in each flavour
+    runs to completion and leaves the data untouched."""
+    import cupy as cp
+
+    from engine.ops import kernels as K
+
+    buf = cp.arange(1 << 20, dtype=cp.uint32)
+    base = buf.data.ptr
+    ranges = [(base + 3, 1000, 4096, 100), (base + 64, 40000, 40000, 1), (base + 17, 20000, 65536, 3)]
+    for mode in (0, 1, 2):
+        K.l2_prefetch_op(cp, ranges, mode=mode, blocks=4)()
+    cp.cuda.Device().synchronize()
+    assert bool((buf == cp.arange(1 << 20, dtype=cp.uint32)).all())
+
+
 def test_sparse_logits_step():
     """decode_step_sparse keeps exactly the ids within the margin of the top logit, with their values,
     and leaves the engine where decode_step would (the next full step agrees)."""
