@@ -126,7 +126,7 @@ gpu_pytest "$OUT/gpu_tests.txt" tests/gpu/test_gpu_engine.py -k "l2_ or pdl"
 grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | head -12
 log "decode with the warm-up variants (mode:MB)"
 timeout 420 python3 bench/gpu_decode.py --synthetic ${GEOS:-qwen3.8-27b,qwen3.6-35b-a3b} --depth ${DEPTH:-0} \
-  --l2pf "${L2PF:--1:0,0:16,1:16,2:16,2:8,2:32}" --out "$OUT/decode_l2pf.json" 2>&1 | grep -E "PDL|l2pf|rror|tok_s" | head -60
+  --l2pf="${L2PF:--1:0,0:16,1:16,2:16,2:8,2:32}" --out "$OUT/decode_l2pf.json" 2>&1 | grep -E "PDL|l2pf|rror|tok_s" | head -60
 fi
 if [ "$PART" = probe ]; then  # bench/mma_probe.py (L2-resident vs DRAM-streamed GEMV variants)
 log compile
