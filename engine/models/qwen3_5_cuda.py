@@ -290,6 +290,7 @@ class CudaQwen35(MlpOps):
             ops.append(K.prepared("embed_bf16", (M,), (np.uint64(emb.ptr(emb.base)), H, self.tokens, self.x, H)))
         prev_splits = 0
         self._res = (self.x, self.x2)
+        self._pf_last = None  # the L2 warm-up's last detached branch (_warm)
         log2_theta = float(math.log2(a.rope_theta))
         rot = a.rotary_dim
         for L in self.layers:
@@ -341,6 +342,8 @@ class CudaQwen35(MlpOps):
                 ops.extend(ffn)
         tail = self._tail_ops()
         ops.extend(self._warm([self._norm(prev_splits, self.final_norm)], tail[:1]))
+        if self._pf_last is not None:  # the last warm-up branch joins the step after the head
+            tail = tail[:1] + [self._pf_last.join] + tail[1:]
         ops.extend(tail)
         return ops
 
@@ -356,7 +359,13 @@ class CudaQwen35(MlpOps):
         ranges = [r for p in plans for r in p.l2_ranges(int(budget * p.w.nbytes / total))]
         if not ranges:
             return light
-        return self._concurrent(light, [K.l2_prefetch_op(self.cp, ranges)])
+        pf = K.l2_prefetch_op(self.cp, ranges)
+        if not K.L2PF_DETACH:
+            return self._concurrent(light, [pf])
+        if getattr(self, "pf_stream", None) is None:
+            self.pf_stream = self.cp.cuda.Stream(non_blocking=True)
+        self._pf_last = K.Detached(self.cp, self.pf_stream, [pf], prev=self._pf_last)
+        return [self._pf_last] + light
 
     # Independent projections of a layer on two streams (`Concurrent`); NINFER_BRANCHES=0 runs them in
     # order on one. Subclasses whose projections are not kernel launches (cuBLAS prefill) turn it off.

@@ -186,8 +186,8 @@ def test_pdl_launches_give_the_same_logits_as_plain_launches():
         K.PDL = saved
 
 
-@pytest.mark.parametrize("mode", [0, 1, 2])
-def test_l2_warmup_gives_the_same_logits(mode, monkeypatch):
+@pytest.mark.parametrize("mode,detach", [(0, True), (1, True), (2, True), (0, False)])
+def test_l2_warmup_gives_the_same_logits(mode, detach, monkeypatch):
     """The L2 warm-up (l2_prefetch beside the light kernels) only moves weights into L2: the step's tokens
     and logits are bit-identical to the step without it, whatever the prefetch flavour."""
     from engine import gpu_weights
@@ -202,9 +202,10 @@ def test_l2_warmup_gives_the_same_logits(mode, monkeypatch):
     for m in (-1, mode):
         monkeypatch.setattr(K, "L2PF_MODE", m)
         monkeypatch.setattr(K, "L2PF_MB", 0.05)
+        monkeypatch.setattr(K, "L2PF_DETACH", detach)
         eng = build_engine(args, w, CFG, max_context=256, prefill_cols=1)
-        names = [getattr(o, "name", "") for op in eng.model.executor.ops if isinstance(op, K.Concurrent)
-                 for o in op.side]
+        names = [getattr(o, "name", "") for op in eng.model.executor.ops
+                 if isinstance(op, (K.Concurrent, K.Detached)) for o in op.side]
         assert ("l2_prefetch" in names) == (m >= 0)
         first = int(np.argmax(eng.prefill(prompt)))
         out[m] = (eng.decode_greedy(first, 16), eng.decode_step(3))
