@@ -200,7 +200,64 @@ def l2pf_variants(eng, n, depth, variants):
     return out
 
 
-def synthetic_decode(geometry, bw, gemv_cfg, n=128, depth=0, breakdown=False, kv="bf16", l2pf=()):
+def ldg_variants(eng, n, depth, variants):
+    """The step re-planned with GEMV weight loads through L1 (the tuning entry's ldg) for the shapes a
+    variant names ("base"; "all"; a format such as "q5"; "fmt:NxK" keys joined by "+"), each measured
+    twice in an interleaved order; {variant: [tok/s, tok/s]}."""
+    ex = eng.model.executor
+    saved = {k: dict(v) for k, v in ex.gemv_cfg.items()}
+    keys = sorted({(m.fmt, m.n, m.k) for m in ex._matrices() if m.fmt in K.FMT_IDS})
+    out = {}
+    try:
+        for _round in range(2):
+            for v in variants:
+                cfg = {k: dict(c) for k, c in saved.items()}
+                for part in ([] if v == "base" else v.split("+")):
+                    for key in keys:
+                        name = f"{key[0]}:{key[1]}x{key[2]}"
+                        if part == "all" or name == part or key[0].startswith(part + "_"):
+                            cfg.setdefault(key, {})["ldg"] = True
+                ex.gemv_cfg = cfg
+                ex.ops = ex._plan()
+                ex.capture()
+                out.setdefault(v, []).append(round(_burst_tps(eng, n, depth), 1))
+                print(f"  ldg {v}: {out[v][-1]} tok/s", flush=True)
+    finally:
+        ex.gemv_cfg = saved
+        ex.ops = ex._plan()
+        ex.capture()
+        eng.reset()
+    return out
+
+
+def attr_variants(eng, n, depth, variants):
+    """The step re-planned with executor attributes set per variant ("base", or "NAME=V;NAME=V": class
+    flags such as GDN_FUSED=0), each measured twice in an interleaved order; {variant: [tok/s, tok/s]}."""
+    ex = eng.model.executor
+    out = {}
+    try:
+        for _round in range(2):
+            for v in variants:
+                sets = [p.split("=") for p in v.split(";")] if v != "base" else []
+                for name, val in sets:
+                    setattr(ex, name, type(getattr(ex, name))(int(val)) if val.lstrip("-").isdigit() else float(val))
+                try:
+                    ex.ops = ex._plan()
+                    ex.capture()
+                    out.setdefault(v, []).append(round(_burst_tps(eng, n, depth), 1))
+                finally:
+                    for name, _ in sets:
+                        ex.__dict__.pop(name, None)
+                print(f"  attr {v}: {out[v][-1]} tok/s", flush=True)
+    finally:
+        ex.ops = ex._plan()
+        ex.capture()
+        eng.reset()
+    return out
+
+
+def synthetic_decode(geometry, bw, gemv_cfg, n=128, depth=0, breakdown=False, kv="bf16", l2pf=(), ldg=(),
+                     attrs=()):
     from engine.synthetic import build_engine
 
     t0 = time.perf_counter()
@@ -246,6 +303,8 @@ def synthetic_decode(geometry, bw, gemv_cfg, n=128, depth=0, breakdown=False, kv
     else:
         plain_tps = tps
     variants = l2pf_variants(eng, n, depth, l2pf) if l2pf else None
+    ldg_ab = ldg_variants(eng, n, depth, ldg) if ldg else None
+    attr_ab = attr_variants(eng, n, depth, attrs) if attrs else None
     ctx = depth + n / 2
     bytes_tok = ex.weight_bytes_per_token() + 2 * ex.state_bytes() + ctx * ex.kv_bytes_per_token()
     gbs = bytes_tok * tps / 1e9
@@ -261,7 +320,8 @@ def synthetic_decode(geometry, bw, gemv_cfg, n=128, depth=0, breakdown=False, kv
         pp = round(512 / (time.perf_counter() - t), 1)
     res = dict(geometry=geometry, test=f"tg{n}" + (f"@d{depth}" if depth else ""), kv=kv, tok_s=round(tps, 1),
                pdl=K.PDL, plain_launch_tok_s=round(plain_tps, 1),
-               pp512_tok_s=pp, l2pf=K.L2PF_MODE, l2pf_mb=K.L2PF_MB, l2pf_variants=variants,
+               pp512_tok_s=pp, l2pf=K.L2PF_MODE, l2pf_mb=K.L2PF_MB, l2pf_variants=variants, ldg_variants=ldg_ab,
+               attr_variants=attr_ab,
                ms_per_token=round(1e3 * dt / n, 3), weight_bytes=ex.weight_bytes(),
                weight_bytes_per_token=ex.weight_bytes_per_token(), state_bytes=ex.state_bytes(),
                kv_bytes_per_token=ex.kv_bytes_per_token(), bytes_per_token=int(bytes_tok), gbs=round(gbs, 1),
@@ -324,6 +384,10 @@ def main():
     ap.add_argument("--breakdown", action="store_true")
     ap.add_argument("--out", default="")
     ap.add_argument("--cfg", default="", help="take the GEMV choices of an earlier --sweep report")
+    ap.add_argument("--ldg", default="", help="weight-load variants to A/B in the same process: base, all, q5, "
+                    "fmt:NxK keys joined by +, comma-separated")
+    ap.add_argument("--attr", default="", help="executor flag variants to A/B in the same process: base, "
+                    "NAME=V;NAME=V, comma-separated")
     ap.add_argument("--l2pf", default="", help="L2 warm-up variants to A/B in the same process, "
                     "mode:MB,... (mode -1 off, 0 lines, 1 evict_last lines, 2 bulk)")
     ap.add_argument("--fuse-stage", action="store_true",
@@ -369,14 +433,15 @@ def main():
         geos = a.synthetic.split(",")
         for i, geo in enumerate(geos):  # the breakdown for the first geometry only
             l2pf = tuple(v for v in a.l2pf.split(",") if v)
+            ldg = tuple(v for v in a.ldg.split(",") if v)
             report["decode"].append(synthetic_decode(geo, bw, cfg, depth=0, breakdown=a.breakdown and i == 0,
-                                                     l2pf=l2pf))
+                                                     l2pf=l2pf, ldg=ldg,
+                                                     attrs=tuple(v for v in a.attr.split(",") if v)))
             if a.out:
                 Path(a.out).write_text(json.dumps(report, indent=1, default=str))
         if a.depth and "35b" not in geos[0]:  # the depth targets are the 27B's (issue 7)
             for kv in ("int8", "bf16"):
-                report["decode"].append(synthetic_decode(geos[0], bw, cfg, depth=a.depth, kv=kv,
-                                                         l2pf=l2pf if kv == "int8" else ()))
+                report["decode"].append(synthetic_decode(geos[0], bw, cfg, depth=a.depth, kv=kv))
                 if a.out:
                     Path(a.out).write_text(json.dumps(report, indent=1, default=str))
     if a.out:

@@ -100,6 +100,76 @@ extern "C" __global__ void __launch_bounds__(256) gdn_delta(const float* __restr
   if (lane == 0) o[((size_t)m * Hv + h) * 128 + dv] = sq + u * kq;
 }
 
+// gdn_delta + gated_rmsnorm_stage in one launch (decode, one token per lane row): grid (Hv, M), a block of
+// 1024 threads per (value head, token row), each warp 4 of the head's 128 state rows with gdn_delta's
+// arithmetic, the head's gated norm from shared memory (gated_vals), and the row staged as the
+// o-projection's fp16 pairs by the block that finishes last: a ticket per row, the row's largest |value|
+// gathered by atomicMax on its bits (values >= 0 order as unsigned). The last block resets both for the
+// next layer. The same bits as the three-kernel path (the max is exact, so the scale is the same).
+extern "C" __global__ void __launch_bounds__(1024) gdn_delta_gated_stage(
+    const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ vo,
+    const float* __restrict__ g, const float* __restrict__ beta, float* __restrict__ state,
+    const float* __restrict__ z, int ldz, const float* __restrict__ nw, float* __restrict__ out, int ldo,
+    int Hk, int Hv, int tiled, float eps, int K, int kpad, __half2* __restrict__ xh, float* __restrict__ xinv,
+    unsigned int* __restrict__ amax, unsigned int* __restrict__ ticket) {
+  NI_PDL_ENTRY();
+  constexpr int R = 4;  // state rows a warp: 32 warps x 4 = the head's 128
+  __shared__ float ob[128];
+  __shared__ float gmax;
+  __shared__ int last;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int h = blockIdx.x, m = blockIdx.y;
+  const int kh = tiled ? h % Hk : h / (Hv / Hk);
+  const float4 q = reinterpret_cast<const float4*>(qn + ((size_t)m * Hk + kh) * 128)[lane];
+  const float4 k = reinterpret_cast<const float4*>(kn + ((size_t)m * Hk + kh) * 128)[lane];
+  float4* sp[R];
+  float4 s[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {  // every row's state loads in flight at once
+    sp[r] = reinterpret_cast<float4*>(state + (((size_t)m * Hv + h) * 128 + warp * R + r) * 128) + lane;
+    s[r] = *sp[r];
+  }
+  const float alpha = __expf(g[(size_t)m * Hv + h]);
+  const float bt = beta[(size_t)m * Hv + h];
+  const float kq = warp_sum(k.x * q.x + k.y * q.y + k.z * q.z + k.w * q.w);
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int dv = warp * R + r;
+    float4 t = s[r];
+    t.x *= alpha; t.y *= alpha; t.z *= alpha; t.w *= alpha;
+    const float sk = warp_sum(t.x * k.x + t.y * k.y + t.z * k.z + t.w * k.w);
+    const float sq = warp_sum(t.x * q.x + t.y * q.y + t.z * q.z + t.w * q.w);
+    const float u = bt * (vo[((size_t)m * Hv + h) * 128 + dv] - sk);
+    t.x += u * k.x; t.y += u * k.y; t.z += u * k.z; t.w += u * k.w;
+    *sp[r] = t;
+    if (lane == 0) ob[dv] = sq + u * kq;
+  }
+  __syncthreads();
+  float mx = 0.f;
+  if (warp == 0) {
+    mx = warp_max(gated_vals(reinterpret_cast<const float4*>(ob)[lane], z, ldz, nw, out, ldo, eps, m, h));
+    __threadfence();  // this lane's values of out, before the ticket
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    atomicMax(amax + m, __float_as_uint(mx));
+    __threadfence();
+    last = atomicAdd(ticket + m, 1u) == (unsigned int)(Hv - 1);
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (threadIdx.x == 0) gmax = __uint_as_float(atomicAdd(amax + m, 0u));
+  __syncthreads();
+  const float sc = pow2_scale(gmax);
+  stage_slice<true>(out + (size_t)m * ldo, K, 0, kpad / 32, xh + (size_t)m * kpad / 2, sc);
+  if (threadIdx.x == 0) {
+    xinv[m] = 1.f / sc;
+    amax[m] = 0u;
+    ticket[m] = 0u;
+  }
+}
+
 // Columns form: T consecutive tokens of one sequence (a prefill chunk, or the K+1 tokens a speculative
 // verification checks). The conv window and the recurrent state row stay in registers across the T tokens,
 // so the state is read and written once per chunk instead of once per token.

@@ -8,13 +8,16 @@
 // Multi-block forms (grid (nb, M)): every block reduces over the whole row (redundantly, from L2) and
 // then writes only its own slice, so a 5120-wide norm is not left to a single multiprocessor.
 
-// The pairs of chunk range [c0, c1) (32 values a chunk) of a row, given its scale.
+// The pairs of chunk range [c0, c1) (32 values a chunk) of a row, given its scale. CG: loads through L2
+// only (a row other blocks of the same kernel wrote).
+template <bool CG = false>
 __device__ __forceinline__ void stage_slice(const float* xm, int K, int c0, int c1, __half2* dst, float sc) {
+  auto at = [&](int k) { return CG ? __ldcg(xm + k) : xm[k]; };
   for (int p = c0 * 16 + threadIdx.x; p < c1 * 16; p += blockDim.x) {
     const int jl = p >> 4, pi = p & 15, c = pi >> 2, jp = pi & 3;
     const int ka = jl * 32 + 8 * c + jp, kb = ka + 4;
     dst[(jl >> 5) * 512 + c * 128 + (jl & 31) * 4 + jp] =
-        __floats2half2_rn(ka < K ? xm[ka] * sc : 0.f, kb < K ? xm[kb] * sc : 0.f);
+        __floats2half2_rn(ka < K ? at(ka) * sc : 0.f, kb < K ? at(kb) * sc : 0.f);
   }
 }
 
@@ -171,12 +174,10 @@ extern "C" __global__ void residual_rmsnorm(float* __restrict__ xres, const floa
 
 // o: [M, Hv, D] packed, z: [M, ldz], out: [M, ldo] (the attention-width buffer, which may be wider than
 // Hv * D); D == 128; one warp per (token, head).
-// One warp: head gw of token row m; returns the largest |value| this lane wrote.
-__device__ __forceinline__ float gated_head(const float* __restrict__ o, const float* __restrict__ z, int ldz,
-                                            const float* __restrict__ w, float* __restrict__ out, int ldo, int Hv,
-                                            float eps, int m, int gw) {
+// One warp: head gw of token row m, its 128 values ov (4 a lane); returns the largest |value| this lane wrote.
+__device__ __forceinline__ float gated_vals(float4 ov, const float* __restrict__ z, int ldz, const float* __restrict__ w,
+                                            float* __restrict__ out, int ldo, float eps, int m, int gw) {
   const int lane = threadIdx.x & 31;
-  const float4 ov = reinterpret_cast<const float4*>(o + ((size_t)m * Hv + gw) * 128)[lane];
   const float4 zv = reinterpret_cast<const float4*>(z + (size_t)m * ldz + (size_t)gw * 128)[lane];
   const float4 wv = reinterpret_cast<const float4*>(w)[lane];
   const float ss = warp_sum(ov.x * ov.x + ov.y * ov.y + ov.z * ov.z + ov.w * ov.w);
@@ -188,6 +189,14 @@ __device__ __forceinline__ float gated_head(const float* __restrict__ o, const f
   res.w = ov.w * r * wv.w * silu(zv.w);
   reinterpret_cast<float4*>(out + (size_t)m * ldo + (size_t)gw * 128)[lane] = res;
   return fmaxf(fmaxf(fabsf(res.x), fabsf(res.y)), fmaxf(fabsf(res.z), fabsf(res.w)));
+}
+
+// One warp: head gw of token row m read from o; returns the largest |value| this lane wrote.
+__device__ __forceinline__ float gated_head(const float* __restrict__ o, const float* __restrict__ z, int ldz,
+                                            const float* __restrict__ w, float* __restrict__ out, int ldo, int Hv,
+                                            float eps, int m, int gw) {
+  const float4 ov = reinterpret_cast<const float4*>(o + ((size_t)m * Hv + gw) * 128)[threadIdx.x & 31];
+  return gated_vals(ov, z, ldz, w, out, ldo, eps, m, gw);
 }
 
 extern "C" __global__ void gated_rmsnorm(const float* __restrict__ o, const float* __restrict__ z, int ldz,

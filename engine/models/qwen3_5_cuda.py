@@ -180,6 +180,7 @@ class CudaQwen35(MlpOps):
         self.gdn_v = cp.zeros((M, self.Hv, GDN_HEAD_DIM), dtype=f32)
         self.gdn_g = cp.zeros((M, self.Hv), dtype=f32)
         self.gdn_beta = cp.zeros((M, self.Hv), dtype=f32)
+        self.gdn_tick = cp.zeros((2, M), dtype=cp.uint32)  # gdn_delta_gated_stage: row max bits, block tickets
         self._alloc_state()
         self._alloc_attention()
 
@@ -240,15 +241,18 @@ class CudaQwen35(MlpOps):
         return GemvPlan(w, x, x.shape[-1], y, y.shape[-1], m=self.M, epi=epi, splits=cfg.get("splits", splits),
                         rows=cfg.get("rows"), unroll=cfg.get("unroll", 2), y_offset=y_offset, xpre=xpre,
                         pf=cfg.get("pf"), stages=cfg.get("stages", 0), mma=cfg.get("mma"),
-                        pre2=cfg.get("pre2", False)).launch
+                        pre2=cfg.get("pre2", False), ldg=cfg.get("ldg", False)).launch
 
     def _plan_gemv(self, w, x, y, epi, splits, xpre, stage_out=None):
         cfg = self.gemv_cfg.get((w.fmt, w.n, w.k), {})
         return GemvPlan(w, x, x.shape[-1], y, y.shape[-1], m=self.M, epi=epi, splits=cfg.get("splits", splits),
                         rows=cfg.get("rows"), unroll=cfg.get("unroll", 2), xpre=xpre, pf=cfg.get("pf"),
                         stages=cfg.get("stages", 0), mma=cfg.get("mma"), pre2=cfg.get("pre2", False),
-                        stage_out=stage_out if cfg.get("fuse_stage") else None)
+                        stage_out=stage_out if cfg.get("fuse_stage") else None, ldg=cfg.get("ldg", False))
 
+    # GDN decode: gdn_delta + gated_rmsnorm_stage as one kernel (gdn_delta_gated_stage); NINFER_GDN_FUSED=0
+    # keeps the two launches.
+    GDN_FUSED = os.environ.get("NINFER_GDN_FUSED", "1") != "0"
     # blocks a token row of the norms and stagings (each reduces the whole row, stages its slice)
     NORM_BLOCKS = int(os.environ.get("NINFER_NORM_BLOCKS", "16"))
     MOE_ROWS = False  # several token rows of an MoE model (the tensor-core prefill's own MoE ops)
@@ -325,10 +329,17 @@ class CudaQwen35(MlpOps):
                 lda, ldb = self.buf_a.shape[1], self.buf_b.shape[1]
                 core = self._gdn_core_ops(L, lda, ldb)
                 zoff = Hv * GDN_HEAD_DIM
-                # gated norm and the o-projection's staging in one launch (one block a token row)
-                core.append(K.prepared("gated_rmsnorm_stage", (M,),
-                                       (self.att2, self.buf_b[:, zoff:], ldb, L["norm"], self.att, self.att.shape[1],
-                                        Hv, eps) + att_stage, block=1024))
+                if self.GDN_FUSED and type(self)._gdn_core_ops is CudaQwen35._gdn_core_ops:
+                    # the delta rule, gated norm and staging in one launch (the last block stages)
+                    core[1:] = [K.prepared("gdn_delta_gated_stage", (Hv, M),
+                                           (self.gdn_q, self.gdn_k, self.gdn_v, self.gdn_g, self.gdn_beta, L["state"],
+                                            self.buf_b[:, zoff:], ldb, L["norm"], self.att, self.att.shape[1],
+                                            Hk, Hv, 0, eps) + att_stage + (self.gdn_tick[0], self.gdn_tick[1]),
+                                           block=1024)]
+                else:  # gated norm and the o-projection's staging in one launch (one block a token row)
+                    core.append(K.prepared("gated_rmsnorm_stage", (M,),
+                                           (self.att2, self.buf_b[:, zoff:], ldb, L["norm"], self.att,
+                                            self.att.shape[1], Hv, eps) + att_stage, block=1024))
             o_plan = self._plan_gemv(L["o"], self.att, self.part, "partial", self._splits(L["o"]),
                                      (self.xh_att, self.xinv_att))
             ops.extend(self._warm(core, [o_plan.launch], 2.0))

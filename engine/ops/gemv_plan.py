@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.artifact import formats
-from engine.ops.kernels import (EPI, FMT_IDS, GEMV_ASYNC_M, GEMV_MMA, GEMV_PF, WARPS, Launch, _allow_smem,
-                                blocks_per_sm, kernel, sm_count)
+from engine.ops.kernels import (EPI, FMT_IDS, GEMV_ASYNC_M, GEMV_MMA, GEMV_PF, LDG_NAMES, LDG_PREFIX, WARPS, Launch,
+                                _allow_smem, blocks_per_sm, kernel, sm_count)
 
 
 @dataclass
@@ -88,7 +88,7 @@ class GemvPlan:
     def __init__(self, w: DevMatrix, x, ldx: int, y, ldy: int, m: int = 1, epi: str = "store",
                  splits: int = 1, rows: int | None = None, unroll: int = 4, y_offset: int = 0, xpre=None,
                  experts=None, pf: int | None = None, stages: int = 0, mma=None, pre2: bool = False,
-                 stage_out=None, pair_stride: int | None = None, k_chunks: int | None = None):
+                 stage_out=None, pair_stride: int | None = None, k_chunks: int | None = None, ldg: bool = False):
         """pair_stride (SwiGLU): rows between a gate row and its up row (w.n // 2 unless w is a row view
         of a larger [gate; up] parent: `swiglu_slice`). k_chunks: 16-byte chunks of each row to walk (a
         column view: `col_slice`; pre-staged x only, split into whole slices exactly)."""
@@ -143,6 +143,8 @@ class GemvPlan:
         self.pre2 = bool(pre2 and pre and vpu == 32 and not self.stages)
         kname = (f"gemv_rs_async<{f},{rows},{m},{self.stages}>" if self.stages
                  else f"gemv_rs_pre<{f},{rows},{m},{unroll}>" if self.pre2 else f"gemv_rs<{f},{rows},{m},{unroll}>")
+        if ldg and kname in LDG_NAMES:  # weight loads through L1 (the tuning entry's ldg)
+            kname = LDG_PREFIX + kname
         self.fn = kernel(kname)
         _allow_smem(self.fn, kname, self.smem)
         self.args = (np.uint64(w.ptr(w.base)), np.uint64(w.ptr(w.high)), np.uint64(w.ptr(w.scales)),

@@ -86,11 +86,11 @@ TC_SOURCES = ("gdn_tc.cu",)
 TC_KERNELS = ("gdn_chunk_prep", "gdn_chunk_scan_tc<")
 
 
-def _source(files=None) -> str:
+def _source(files=None, ldg: bool = False) -> str:
     root = cuda_source_dir()
     common = (root / "common.cuh").read_text()
     parts = [common]
-    if os.environ.get("NINFER_W_NOALLOC", "1") == "0":  # GEMV weight loads through L1 (plain __ldg)
+    if ldg or os.environ.get("NINFER_W_NOALLOC", "1") == "0":  # GEMV weight loads through L1 (plain __ldg)
         parts.insert(0, "#define NI_W_NOALLOC 0")
     for name in SOURCES[1:] if files is None else files:
         text = (root / name).read_text()
@@ -145,6 +145,23 @@ def module_tc():
                         name_expressions=[f"gdn_chunk_scan_tc<{rb}>" for rb in GDN_SCAN_TC_RB])
 
 
+# GEMV weight loads through L1 (__ldg) instead of ld.global.nc.L1::no_allocate, for the shapes whose tuning
+# entry says ldg=True (session 6: no_allocate made gate|up and down faster, the o-projection slower): the
+# one-token register kernels in a module of their own, compiled on first use. kernel("ldg:NAME").
+LDG_PREFIX = "ldg:"
+LDG_NAMES = tuple([f"gemv_rs<{f},{r},1,2>" for f in range(4) for r in GEMV_ROWS]
+                  + [f"gemv_rs_pre<{f},{r},1,{u}>" for f in range(3) for r, u in GEMV_PRE_MAIN])
+
+
+@functools.cache
+def module_ldg():
+    cp = cupy_or_none()
+    if cp is None:
+        raise RuntimeError("CUDA kernels need CuPy and a GPU")
+    return cp.RawModule(code=_source(("gemv.cu", "gemv_variants.cu"), ldg=True), options=("-std=c++17",),
+                        name_expressions=list(LDG_NAMES))
+
+
 @functools.cache
 def _main_names() -> frozenset:
     return frozenset(_names(False))
@@ -152,6 +169,8 @@ def _main_names() -> frozenset:
 
 @functools.cache
 def kernel(name: str):
+    if name.startswith(LDG_PREFIX):
+        return module_ldg().get_function(name[len(LDG_PREFIX):])
     if name.startswith(TC_KERNELS):
         return module_tc().get_function(name)
     return module(name.startswith(EXPERIMENTAL) and name not in _main_names()).get_function(name)

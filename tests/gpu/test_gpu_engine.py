@@ -213,6 +213,59 @@ def test_l2_warmup_gives_the_same_logits(mode, detach, monkeypatch):
     assert np.array_equal(out[-1][1], out[mode][1])
 
 
+def test_gdn_fused_gives_the_same_logits(monkeypatch):
+    """gdn_delta_gated_stage (the delta rule, gated norm and staging in one launch, the last block staging)
+    against gdn_delta + gated_rmsnorm_stage: tokens and logits bit-identical over a prefill and 40 steps,
+    and the row's max and ticket left at zero for the next layer."""
+    from engine import gpu_weights
+    from engine.config import ModelArgs
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+
+    args = ModelArgs.from_config(CFG)
+    w = gpu_weights.from_logical(args, quantized_weights(args))
+    prompt = [int(t) for t in np.random.default_rng(8).integers(0, CFG["vocab_size"], 12)]
+    out = {}
+    for fused in (False, True):
+        monkeypatch.setattr(CudaQwen35, "GDN_FUSED", fused)
+        eng = build_engine(args, w, CFG, max_context=256, prefill_cols=1)
+        names = {getattr(op, "name", "") for op in eng.model.executor.ops}
+        assert ("gdn_delta_gated_stage" in names) == fused
+        first = int(np.argmax(eng.prefill(prompt)))
+        out[fused] = (eng.decode_greedy(first, 40), eng.decode_step(3))
+        assert not eng.model.executor.gdn_tick.get().any()  # the last block reset max and ticket
+    assert out[False][0] == out[True][0]
+    assert np.array_equal(out[False][1], out[True][1])
+
+
+def test_ldg_weight_loads_give_the_same_logits():
+    """GEMV weight loads through L1 (`ldg` in a tuning entry: the module_ldg build) change only the cache
+    path: tokens and logits bit-identical to the no_allocate loads, with every GEMV of the step on it."""
+    from engine import gpu_weights
+    from engine.config import ModelArgs
+    from engine.gpu_engine import build_engine
+    from engine.ops import kernels as K
+
+    args = ModelArgs.from_config(CFG)
+    w = gpu_weights.from_logical(args, quantized_weights(args))
+    prompt = [int(t) for t in np.random.default_rng(7).integers(0, CFG["vocab_size"], 12)]
+    out = {}
+    for ldg in (False, True):
+        eng = build_engine(args, w, CFG, max_context=256, prefill_cols=1)
+        ex = eng.model.executor
+        if ldg:
+            ex.gemv_cfg = {(m.fmt, m.n, m.k): {"ldg": True} for m in ex._matrices() if m.fmt in K.FMT_IDS}
+            ex.ops = ex._plan()
+            ex.capture()
+            eng.reset()
+            names = [getattr(getattr(op, "__self__", None), "_go", None) for op in ex.ops]
+            assert any(getattr(n, "name", "").startswith(K.LDG_PREFIX) for n in names)
+        first = int(np.argmax(eng.prefill(prompt)))
+        out[ldg] = (eng.decode_greedy(first, 16), eng.decode_step(3))
+    assert out[False][0] == out[True][0]
+    assert np.array_equal(out[False][1], out[True][1])
+
+
 def test_l2_prefetch_kernel_over_strided_rows():
     """l2_prefetch over strided and contiguous ranges (odd alignments, a row past 16 KiB) in each flavour
     runs to completion and leaves the data untouched."""
