@@ -128,6 +128,16 @@ log "decode with the warm-up variants (mode:MB)"
 timeout 420 python3 bench/gpu_decode.py --synthetic ${GEOS:-qwen3.8-27b,qwen3.6-35b-a3b} --depth ${DEPTH:-0} \
   --l2pf="${L2PF:--1:0,0:16,1:16,2:16,2:8,2:32}" --out "$OUT/decode_l2pf.json" 2>&1 | grep -E "PDL|l2pf|rror|tok_s" | head -60
 fi
+if [ "$PART" = ab ]; then  # GPU tests -k $TESTK, then decode with in-process A/B variants ($ATTR, $LDG)
+ready
+log "tests (-k $TESTK)"
+gpu_pytest "$OUT/gpu_tests.txt" tests/gpu -k "${TESTK:-gdn_fused or ldg}"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | head -16
+log "decode A/B (attr: $ATTR; ldg: $LDG)"
+timeout ${AB_S:-400} python3 bench/gpu_decode.py --synthetic ${GEOS:-qwen3.8-27b,qwen3.6-35b-a3b} \
+  --attr="${ATTR:-}" --ldg="${LDG:-}" ${BREAKDOWN:+--breakdown} --out "$OUT/decode_ab.json" 2>&1 \
+  | grep -E "PDL|attr|ldg |sum of|^  [a-z]|rror" | head -70
+fi
 if [ "$PART" = probe ]; then  # bench/mma_probe.py (L2-resident vs DRAM-streamed GEMV variants)
 log compile
 timeout 240 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')"
