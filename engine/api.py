@@ -336,5 +336,9 @@ class _Resuming:
         return getattr(self.engine, "decode_step_sparse", None)
 
     @property
+    def decode_sampled(self):
+        return getattr(self.engine, "decode_sampled", None)
+
+    @property
     def position(self):
         return self.engine.position

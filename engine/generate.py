@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
+from engine.device_sampling import device_params
 from engine.sampling import Sampler
 
 
@@ -66,15 +67,23 @@ def generate_step(
         return
     logits = engine.prefill(list(prompt_ids))
     sparse = getattr(engine, "decode_step_sparse", None)  # GPU engines: only the ids that can matter
-    n = 0
+    # GPU engines that draw on the device (engine.device_sampling): the first token comes from the prompt's
+    # logits here, the rest from the graph (one token read a step, so nothing is computed past a stop)
+    sampled = getattr(engine, "decode_sampled", None)
+    params = device_params(sampler) if sampled is not None else None
+    n, tok = 0, None
     while True:
-        tok = sampler(logits, engine.position)
+        if params is not None and tok is not None:
+            tok = int(sampled(tok, 1, params)[0])
+        else:
+            tok = sampler(logits, engine.position)
         sampler.accept(tok)
         yield tok
         n += 1
         if n == max_tokens or (cancel is not None and cancel.is_set()):
             return
-        logits = sparse(tok, sampler.margin()) if sparse is not None else engine.decode_step(tok)
+        if params is None:
+            logits = sparse(tok, sampler.margin()) if sparse is not None else engine.decode_step(tok)
 
 
 class _StopStrings:

@@ -19,6 +19,10 @@ PREFILL_COLS = int(os.environ.get("NINFER_PREFILL_COLS", "8"))
 # hundred values instead of the 248,320-entry row); tests/gpu/test_gpu_engine.py::test_sparse_logits_step
 # passed on the H200. NINFER_SPARSE_LOGITS=0 turns it off.
 SPARSE_LOGITS = os.environ.get("NINFER_SPARSE_LOGITS", "1") == "1"
+# Sampling on the device (cuda/sample.cu): a second captured graph whose step ends in the sampler instead of
+# the argmax, so temperature/top-k/top-p/min-p draws need no logits on the host (engine.device_sampling).
+# NINFER_DEVICE_SAMPLING=0 leaves it out (the generate loop then samples on the host from SparseLogits).
+DEVICE_SAMPLING = os.environ.get("NINFER_DEVICE_SAMPLING", "1") == "1"
 # Prompt tokens per tensor-core prefill chunk (`qwen3_5_cuda_prefill`); tests/gpu/test_prefill.py passed
 # on the H200. 27B pp8192: 4,264 tok/s at chunk 1,024, 4,987 at 2,048, 5,432 at 4,096, 5,657 at 8,192,
 # against ~300 for the columns step alone. Its memory (~1.5-3 GiB of scratch, 12 B per context token for
@@ -128,6 +132,8 @@ class CudaModel:
         self.weight_bytes_per_token = self.executor.weight_bytes_per_token()
         # both graphs are captured now: capturing runs a step and resets the state, so never mid-sequence
         self.executor.capture()
+        if DEVICE_SAMPLING:
+            self.executor.capture_sampled()
         self.cols = None
         if prefill_cols > 1 and not args.is_moe:
             from engine.models.qwen3_5_cuda_cols import CudaQwen35Columns  # noqa: PLC0415
@@ -218,6 +224,28 @@ class CudaEngine(Engine):
     def decode_greedy(self, first_token: int, n: int) -> list[int]:
         self._check_room(n)
         out = self.model.executor.decode_greedy(int(first_token), n)
+        self.cache.position += n
+        self._tokens.extend([int(first_token)] + out[:-1])
+        self._last = None
+        return out
+
+    @property
+    def decode_sampled(self):
+        """`fn(first_token, n, sampler_params) -> list[int]` when the sampled graph was captured
+        (`DEVICE_SAMPLING`), else None: n tokens drawn on the device, one host read a burst.
+        `sampler_params`: engine.device_sampling.pack_params(...) or a Sampler it can stand in for."""
+        return self._decode_sampled if getattr(self.model.executor, "graph_sampled", None) is not None else None
+
+    def _decode_sampled(self, first_token: int, n: int, sampler_params) -> list[int]:
+        from engine.device_sampling import device_params  # noqa: PLC0415
+
+        params = sampler_params
+        if hasattr(sampler_params, "is_greedy"):
+            params = device_params(sampler_params)
+            if params is None:
+                raise ValueError("this sampler needs the host (penalties, logit bias or grammar)")
+        self._check_room(n)
+        out = self.model.executor.decode_sampled(int(first_token), n, params)
         self.cache.position += n
         self._tokens.extend([int(first_token)] + out[:-1])
         self._last = None
