@@ -138,6 +138,15 @@ timeout ${AB_S:-400} python3 bench/gpu_decode.py --synthetic ${GEOS:-qwen3.8-27b
   --attr="${ATTR:-}" --ldg="${LDG:-}" ${BREAKDOWN:+--breakdown} --out "$OUT/decode_ab.json" 2>&1 \
   | grep -E "PDL|attr|ldg |sum of|^  [a-z]|rror" | head -70
 fi
+if [ "$PART" = fin7 ]; then  # every GPU test, then decode 27B + 35B with the defaults (no breakdown, no depth)
+ready
+log "all GPU tests"
+gpu_pytest "$OUT/gpu_tests.txt" tests/gpu
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | tail -12
+log "decode"
+timeout 120 python3 bench/gpu_decode.py --synthetic qwen3.8-27b,qwen3.6-35b-a3b --out "$OUT/decode.json" 2>&1 \
+  | grep -E "PDL|rror" | head -6
+fi
 if [ "$PART" = probe ]; then  # bench/mma_probe.py (L2-resident vs DRAM-streamed GEMV variants)
 log compile
 timeout 240 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')"

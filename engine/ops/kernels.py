@@ -62,7 +62,9 @@ PDL = os.environ.get("NINFER_PDL", "1") != "0"
 GEMV_PF = int(os.environ.get("NINFER_GEMV_PF", "0"))
 # L2 warm-up beside the light kernels of the decode step (`l2_prefetch` in cuda/rows.cu): -1 off, 0 line
 # prefetches, 1 line prefetches with evict_last, 2 bulk prefetches (sm_90; older GPUs take 0). L2PF_MB: the
-# bytes asked a site (the chains before an o-projection twice that).
+# bytes asked a site (the chains before an o-projection twice that). Off: slower in every form measured
+# (session 7, H200, 27B: 127.1 tok/s off; detached lines 8/16/32 MB 121.2/117.4/112.7, evict_last 116.5,
+# bulk 93.0; joined before the GEMV 117.5 lines, 69.3 bulk; 35B-A3B 336.9 off, 317.5 at best).
 L2PF_MODE = int(os.environ.get("NINFER_L2PF", "-1"))
 L2PF_MB = float(os.environ.get("NINFER_L2PF_MB", "16"))
 L2PF_BLOCKS = int(os.environ.get("NINFER_L2PF_BLOCKS", "0"))  # 0: one per SM
@@ -146,8 +148,10 @@ def module_tc():
 
 
 # GEMV weight loads through L1 (__ldg) instead of ld.global.nc.L1::no_allocate, for the shapes whose tuning
-# entry says ldg=True (session 6: no_allocate made gate|up and down faster, the o-projection slower): the
-# one-token register kernels in a module of their own, compiled on first use. kernel("ldg:NAME").
+# entry says ldg=True: the one-token register kernels in a module of their own, compiled on first use,
+# kernel("ldg:NAME"). No table entry uses it: session 7 on the H200 (in-step A/B, `gpu_decode.py --ldg`),
+# 27B 127.2 tok/s with no_allocate everywhere, 127.0 with ldg on the o-projection, 126.7 on every q5
+# shape, 125.2 on all (the o-projection's breakdown loss in session 6 did not show in the step).
 LDG_PREFIX = "ldg:"
 LDG_NAMES = tuple([f"gemv_rs<{f},{r},1,2>" for f in range(4) for r in GEMV_ROWS]
                   + [f"gemv_rs_pre<{f},{r},1,{u}>" for f in range(3) for r, u in GEMV_PRE_MAIN])
