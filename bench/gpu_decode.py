@@ -201,9 +201,11 @@ def l2pf_variants(eng, n, depth, variants):
 
 
 def ldg_variants(eng, n, depth, variants):
-    """The step re-planned with GEMV weight loads through L1 (the tuning entry's ldg) for the shapes a
-    variant names ("base"; "all"; a format such as "q5"; "fmt:NxK" keys joined by "+"), each measured
-    twice in an interleaved order; {variant: [tok/s, tok/s]}."""
+    """The step re-planned with a tuning-entry flag set for the shapes a variant names, each measured twice
+    in an interleaved order; {variant: [tok/s, tok/s]}. A variant: "base", or parts joined by "+", each
+    "[FLAG@]SHAPES" with SHAPES "all", a format prefix such as "q5" or an "fmt:NxK" key and FLAG ldg (the
+    default: weight loads through L1) or another boolean entry such as fuse_stage (gate|up staging its
+    SwiGLU output, with pre2)."""
     ex = eng.model.executor
     saved = {k: dict(v) for k, v in ex.gemv_cfg.items()}
     keys = sorted({(m.fmt, m.n, m.k) for m in ex._matrices() if m.fmt in K.FMT_IDS})
@@ -213,10 +215,13 @@ def ldg_variants(eng, n, depth, variants):
             for v in variants:
                 cfg = {k: dict(c) for k, c in saved.items()}
                 for part in ([] if v == "base" else v.split("+")):
+                    flag, _, sel = part.rpartition("@")
                     for key in keys:
                         name = f"{key[0]}:{key[1]}x{key[2]}"
-                        if part == "all" or name == part or key[0].startswith(part + "_"):
-                            cfg.setdefault(key, {})["ldg"] = True
+                        if sel == "all" or name == sel or key[0].startswith(sel + "_"):
+                            cfg.setdefault(key, {})[flag or "ldg"] = True
+                            if flag == "fuse_stage":
+                                cfg[key]["pre2"] = True
                 ex.gemv_cfg = cfg
                 ex.ops = ex._plan()
                 ex.capture()

@@ -122,6 +122,50 @@ __device__ __forceinline__ __half2 u32_as_half2(unsigned int u) {
   return *reinterpret_cast<__half2*>(&u);
 }
 
+__device__ __forceinline__ unsigned int half2_as_u32(__half2 h) {
+  return *reinterpret_cast<unsigned int*>(&h);
+}
+
+// Row y[0, K) (fp32, written by other blocks of the same kernel: read through L2 only) staged by one block as
+// the GEMV's fp16 pairs of kpad values, scaled by sc: the same values as stage_slice (norm.cu), laid out
+// by octets: 8 consecutive values k = 8o.. are the 4 pairs (k + i, k + 4 + i) of slot o & 3 of chunk o >> 2,
+// one 16-byte store at uint4 (j >> 5) * 128 + c * 32 + (j & 31). Four octets' loads in flight a thread
+// (a single block walking the row one dependent L2 round per pair took ~20 us for 17,408 values).
+__device__ __forceinline__ void stage_row_cg(const float* __restrict__ y, int K, int kpad, uint4* __restrict__ dst,
+                                             float sc) {
+  const int nocts = kpad / 8;
+  const bool vec = ((size_t)y & 15) == 0;
+  for (int o0 = threadIdx.x; o0 < nocts; o0 += 4 * blockDim.x) {
+    float v[4][8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int o = o0 + i * blockDim.x, k0 = o * 8;
+      if (vec && o < nocts && k0 + 8 <= K) {
+        const float4 a = __ldcg(reinterpret_cast<const float4*>(y + k0));
+        const float4 b = __ldcg(reinterpret_cast<const float4*>(y + k0 + 4));
+        v[i][0] = a.x; v[i][1] = a.y; v[i][2] = a.z; v[i][3] = a.w;
+        v[i][4] = b.x; v[i][5] = b.y; v[i][6] = b.z; v[i][7] = b.w;
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[i][e] = (o < nocts && k0 + e < K) ? __ldcg(y + k0 + e) : 0.f;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int o = o0 + i * blockDim.x;
+      if (o < nocts) {
+        const int j = o >> 2, c = o & 3;
+        uint4 w;
+        w.x = half2_as_u32(__floats2half2_rn(v[i][0] * sc, v[i][4] * sc));
+        w.y = half2_as_u32(__floats2half2_rn(v[i][1] * sc, v[i][5] * sc));
+        w.z = half2_as_u32(__floats2half2_rn(v[i][2] * sc, v[i][6] * sc));
+        w.w = half2_as_u32(__floats2half2_rn(v[i][3] * sc, v[i][7] * sc));
+        dst[(j >> 5) * 128 + c * 32 + (j & 31)] = w;
+      }
+    }
+  }
+}
+
 __device__ __forceinline__ float bf16_lo(unsigned int u) { return __uint_as_float(u << 16); }
 __device__ __forceinline__ float bf16_hi(unsigned int u) { return __uint_as_float(u & 0xffff0000u); }
 
