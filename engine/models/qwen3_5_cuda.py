@@ -180,7 +180,8 @@ class CudaQwen35(MlpOps):
         self.gdn_v = cp.zeros((M, self.Hv, GDN_HEAD_DIM), dtype=f32)
         self.gdn_g = cp.zeros((M, self.Hv), dtype=f32)
         self.gdn_beta = cp.zeros((M, self.Hv), dtype=f32)
-        self.gdn_tick = cp.zeros((2, M), dtype=cp.uint32)  # gdn_delta_gated_stage: row max bits, block tickets
+        # gdn_delta_gated_stage: row max bits and head tickets a row, then block tickets a (row, head)
+        self.gdn_tick = cp.zeros(2 * M + M * self.Hv, dtype=cp.uint32)
         self._alloc_state()
         self._alloc_attention()
 
@@ -250,9 +251,10 @@ class CudaQwen35(MlpOps):
                         stages=cfg.get("stages", 0), mma=cfg.get("mma"), pre2=cfg.get("pre2", False),
                         stage_out=stage_out if cfg.get("fuse_stage") else None, ldg=cfg.get("ldg", False))
 
-    # GDN decode: gdn_delta + gated_rmsnorm_stage as one kernel (gdn_delta_gated_stage, a 1024-thread block a
-    # value head, the last block staging) with NINFER_GDN_FUSED=1. Off: session 7 on the H200 it took 7.7 us
-    # a layer against 3.1 + 4.2 for the two (27B 127.1 tok/s either way; 35B-A3B 332.1 against 338.2).
+    # GDN decode: gdn_delta + gated_rmsnorm_stage as one kernel (gdn_delta_gated_stage: gdn_delta's blocks, the
+    # last block of a head applies its gated norm, the last head stages the row) with NINFER_GDN_FUSED=1.
+    # Off until measured: its first form (a 1024-thread block a head) took 7.7 us a layer on the H200 against
+    # 3.1 + 4.2 for the two (27B 127.1 tok/s either way; 35B-A3B 332.1 against 338.2); this one is unmeasured.
     GDN_FUSED = os.environ.get("NINFER_GDN_FUSED", "0") != "0"
     # blocks a token row of the norms and stagings (each reduces the whole row, stages its slice)
     NORM_BLOCKS = int(os.environ.get("NINFER_NORM_BLOCKS", "16"))
@@ -332,11 +334,12 @@ class CudaQwen35(MlpOps):
                 zoff = Hv * GDN_HEAD_DIM
                 if self.GDN_FUSED and type(self)._gdn_core_ops is CudaQwen35._gdn_core_ops:
                     # the delta rule, gated norm and staging in one launch (the last block stages)
-                    core[1:] = [K.prepared("gdn_delta_gated_stage", (Hv, M),
+                    tk = self.gdn_tick
+                    core[1:] = [K.prepared("gdn_delta_gated_stage", (-(-Hv * GDN_HEAD_DIM // K.WARPS), M),
                                            (self.gdn_q, self.gdn_k, self.gdn_v, self.gdn_g, self.gdn_beta, L["state"],
-                                            self.buf_b[:, zoff:], ldb, L["norm"], self.att, self.att.shape[1],
-                                            Hk, Hv, 0, eps) + att_stage + (self.gdn_tick[0], self.gdn_tick[1]),
-                                           block=1024)]
+                                            self.att2, self.buf_b[:, zoff:], ldb, L["norm"], self.att,
+                                            self.att.shape[1], Hk, Hv, 0, eps) + att_stage
+                                           + (tk[:M], tk[M:2 * M], tk[2 * M:]))]
                 else:  # gated norm and the o-projection's staging in one launch (one block a token row)
                     core.append(K.prepared("gated_rmsnorm_stage", (M,),
                                            (self.att2, self.buf_b[:, zoff:], ldb, L["norm"], self.att,
