@@ -221,6 +221,44 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part_ml, const
   combine_one(part_ml, part_acc, nsplit, gate, ldg, out, ldo, Hq, blockIdx.y, blockIdx.x, threadIdx.x);
 }
 
+// attn_combine + the o-projection's staging in one launch: each block (query head h, token row m) combines
+// its head as attn_combine does, folds the largest |value| it wrote into amax[m] (atomicMax on the bits of
+// values >= 0) and takes a ticket in ticket[m]; the last head of the row stages the row [0, K) as the fp16
+// pairs stage_x_mb writes (the max is exact, so the same scale and bits) and resets both words. (Session 4
+// measured a single block doing combine + staging at 48 us a layer; this keeps the Hq blocks. Written
+// without device time.)
+extern "C" __global__ void attn_combine_stage(const float* __restrict__ part_ml, const float* __restrict__ part_acc,
+                                              int nsplit, const float* __restrict__ gate, int ldg,
+                                              float* __restrict__ out, int ldo, int Hq, int K, int kpad,
+                                              __half2* __restrict__ xh, float* __restrict__ xinv,
+                                              unsigned int* __restrict__ amax, unsigned int* __restrict__ ticket) {
+  NI_PDL_ENTRY();
+  __shared__ float red[32];
+  __shared__ int last;
+  __shared__ float gmax;
+  const int m = blockIdx.y;
+  const float v = combine_one(part_ml, part_acc, nsplit, gate, ldg, out, ldo, Hq, m, blockIdx.x, threadIdx.x);
+  __threadfence();  // this thread's value, before the row's ticket
+  const float bmax = block_max(fabsf(v), red);
+  if (threadIdx.x == 0) {
+    atomicMax(amax + m, __float_as_uint(bmax));
+    __threadfence();
+    last = atomicAdd(ticket + m, 1u) == (unsigned int)(gridDim.x - 1);
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (threadIdx.x == 0) gmax = __uint_as_float(atomicAdd(amax + m, 0u));
+  __syncthreads();
+  const float sc = pow2_scale(gmax);
+  stage_row_cg(out + (size_t)m * ldo, K, kpad, reinterpret_cast<uint4*>(xh + (size_t)m * kpad / 2), sc);
+  if (threadIdx.x == 0) {
+    xinv[m] = 1.f / sc;
+    amax[m] = 0u;
+    ticket[m] = 0u;
+  }
+}
+
 // Prefill attention's softmax over fp32 scores [rows, n] (rows = query heads x T of a query block, the
 // query index t = row % T at position q_start + t sees keys 0..q_start + t): p = softmax as fp16 [rows, n],
 // zero past the causal limit. One block per row; one pass for the running max and sum, one to write.

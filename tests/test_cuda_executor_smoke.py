@@ -90,6 +90,25 @@ def test_gdn_fused_off_keeps_two_launches(cp, monkeypatch):
     assert len(eng.decode_greedy(3, 2)) == 2
 
 
+def test_attn_fused_replaces_combine_and_staging(cp, monkeypatch):
+    """NINFER_ATTN_FUSED=1: each attention layer's combine and staging become one attn_combine_stage launch."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+
+    args, w = _weights(CFG)
+    count = {}
+    for fused in (False, True):
+        monkeypatch.setattr(CudaQwen35, "ATTN_FUSED", fused)
+        eng = build_engine(args, w, CFG, max_context=256, prefill_cols=0, prefill_gemm=0)
+        ex = eng.model.executor
+        names = [getattr(op, "name", "") for op in _flat(ex.ops)]
+        count[fused] = (names.count("stage_x_mb"), names.count("attn_combine"), names.count("attn_combine_stage"))
+        assert len(eng.decode_greedy(3, 2)) == 2
+    attn = sum(L["kind"] == "full_attention" for L in ex.layers)
+    assert attn >= 1
+    assert count[True] == (count[False][0] - attn, 0, attn) and count[False][1:] == (attn, 0)
+
+
 @pytest.mark.parametrize("mode,detach", [(0, True), (2, True), (0, False)])
 def test_l2_warmup_beside_light_kernels(cp, mode, detach, monkeypatch):
     """NINFER_L2PF: every light chain of the step gets an l2_prefetch beside it whose ranges lie inside
@@ -141,7 +160,8 @@ def test_moe_engine_builds_and_runs(cp, shared, stage, monkeypatch):
     assert eng.decode_greedy(4, 3) is not None and eng.position == 6
     ex = eng.model.executor
     names = [getattr(o, "name", "") for o in _flat(ex.ops)]
-    attn = sum(L["kind"] == "full_attention" for L in ex.layers)  # each stages its attention output
+    # each attention layer stages its output with stage_x_mb (unless ATTN_FUSED: attn_combine_stage does)
+    attn = 0 if CudaQwen35.ATTN_FUSED else sum(L["kind"] == "full_attention" for L in ex.layers)
     assert names.count("stage_x_mb") - attn == (args.num_hidden_layers if stage else 0)
     assert np.isfinite(eng.info()["weight_bytes_per_token"])
 

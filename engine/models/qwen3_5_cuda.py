@@ -182,6 +182,7 @@ class CudaQwen35(MlpOps):
         self.gdn_beta = cp.zeros((M, self.Hv), dtype=f32)
         # gdn_delta_gated_stage: row max bits and head tickets a row, then block tickets a (row, head)
         self.gdn_tick = cp.zeros(2 * M + M * self.Hv, dtype=cp.uint32)
+        self.attn_tick = cp.zeros(2 * M, dtype=cp.uint32)  # attn_combine_stage: row max bits, head tickets
         self._alloc_state()
         self._alloc_attention()
 
@@ -256,6 +257,9 @@ class CudaQwen35(MlpOps):
     # Off until measured: its first form (a 1024-thread block a head) took 7.7 us a layer on the H200 against
     # 3.1 + 4.2 for the two (27B 127.1 tok/s either way; 35B-A3B 332.1 against 338.2); this one is unmeasured.
     GDN_FUSED = os.environ.get("NINFER_GDN_FUSED", "0") != "0"
+    # Attention decode: attn_combine + the o-projection's staging as one kernel (attn_combine_stage, the last
+    # head of a row stages it) with NINFER_ATTN_FUSED=1; off until measured on a GPU.
+    ATTN_FUSED = os.environ.get("NINFER_ATTN_FUSED", "0") != "0"
     # blocks a token row of the norms and stagings (each reduces the whole row, stages its slice)
     NORM_BLOCKS = int(os.environ.get("NINFER_NORM_BLOCKS", "16"))
     MOE_ROWS = False  # several token rows of an MoE model (the tensor-core prefill's own MoE ops)
@@ -321,8 +325,14 @@ class CudaQwen35(MlpOps):
                                     _ptr(L["ks"]), _ptr(L["vs"])))]
                 core += self._attn_core_ops(L, ldb)
                 # (a one-block combine + staging measured 48 us a layer against 6 + 4.4 for the two
-                # kernels: the combine's split loop needs its Hq blocks)
-                core.append(self._stage(self.att, att_k, att_kpad, self.xh_att, self.xinv_att))
+                # kernels: the combine's split loop needs its Hq blocks; ATTN_FUSED keeps them)
+                if self.ATTN_FUSED and type(self)._attn_core_ops is CudaQwen35._attn_core_ops:
+                    tk = self.attn_tick
+                    core[-1] = K.prepared("attn_combine_stage", (self.Hq, M),
+                                          (self.attn_ml, self.attn_acc, self.nsplit, self.buf_b, ldb, self.att,
+                                           self.att.shape[1], self.Hq) + att_stage + (tk[:M], tk[M:]))
+                else:
+                    core.append(self._stage(self.att, att_k, att_kpad, self.xh_att, self.xinv_att))
                 del kw
             else:
                 Hk, Hv = self.Hk, self.Hv

@@ -213,10 +213,12 @@ def test_l2_warmup_gives_the_same_logits(mode, detach, monkeypatch):
     assert np.array_equal(out[-1][1], out[mode][1])
 
 
-def test_gdn_fused_gives_the_same_logits(monkeypatch):
-    """gdn_delta_gated_stage (the delta rule, gated norm and staging in one launch, the last block staging)
-    against gdn_delta + gated_rmsnorm_stage: tokens and logits bit-identical over a prefill and 40 steps,
-    and the row's max and ticket left at zero for the next layer."""
+@pytest.mark.parametrize("flag,kernel,tick", [("GDN_FUSED", "gdn_delta_gated_stage", "gdn_tick"),
+                                               ("ATTN_FUSED", "attn_combine_stage", "attn_tick")])
+def test_fused_tails_give_the_same_logits(flag, kernel, tick, monkeypatch):
+    """The fused tails (GDN: the delta rule, gated norm and staging in one launch; attention: the combine and
+    staging), whose last blocks stage the row: tokens and logits bit-identical to the separate launches over
+    a prefill and 40 steps, and every max and ticket word left at zero for the next layer."""
     from engine import gpu_weights
     from engine.config import ModelArgs
     from engine.gpu_engine import build_engine
@@ -227,13 +229,13 @@ def test_gdn_fused_gives_the_same_logits(monkeypatch):
     prompt = [int(t) for t in np.random.default_rng(8).integers(0, CFG["vocab_size"], 12)]
     out = {}
     for fused in (False, True):
-        monkeypatch.setattr(CudaQwen35, "GDN_FUSED", fused)
+        monkeypatch.setattr(CudaQwen35, flag, fused)
         eng = build_engine(args, w, CFG, max_context=256, prefill_cols=1)
         names = {getattr(op, "name", "") for op in eng.model.executor.ops}
-        assert ("gdn_delta_gated_stage" in names) == fused
+        assert (kernel in names) == fused
         first = int(np.argmax(eng.prefill(prompt)))
         out[fused] = (eng.decode_greedy(first, 40), eng.decode_step(3))
-        assert not eng.model.executor.gdn_tick.get().any()  # the last block reset max and ticket
+        assert not getattr(eng.model.executor, tick).get().any()  # the last blocks reset max and tickets
     assert out[False][0] == out[True][0]
     assert np.array_equal(out[False][1], out[True][1])
 
