@@ -395,11 +395,11 @@ __global__ void __launch_bounds__(256, (M == 1 && U == 2) ? (ROWS == 1 ? 5 : (RO
 // bf16 weights [N, K] (row-major, K % 8 == 0), fp32 x [M, K], fp32 math. kw warps share a row (1 or 8):
 // with few rows (the 96-row GDN a|b projection) one warp per row would leave most SMs idle and walk
 // the whole row in dependent rounds, so the 8 warps of a block split K and reduce in shared memory.
+// (The body is a device function: router_route in moe.cu runs it before its routing tail.)
 template <int M>
-__global__ void __launch_bounds__(256) gemv_bf16(const unsigned short* __restrict__ w, int N, int K,
-                                                 const float* __restrict__ x, int ldx,
-                                                 float* __restrict__ y, int ldy, int epi, int kw) {
-  NI_PDL_ENTRY();
+__device__ __forceinline__ void gemv_bf16_body(const unsigned short* __restrict__ w, int N, int K,
+                                               const float* __restrict__ x, int ldx, float* __restrict__ y, int ldy,
+                                               int epi, int kw) {
   __shared__ float red[8][M];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int row = blockIdx.x * (8 / kw) + warp / kw, part = warp % kw;
@@ -444,4 +444,12 @@ __global__ void __launch_bounds__(256) gemv_bf16(const unsigned short* __restric
       else y[(size_t)m * ldy + row] = acc[m];
     }
   }
+}
+
+template <int M>
+__global__ void __launch_bounds__(256) gemv_bf16(const unsigned short* __restrict__ w, int N, int K,
+                                                 const float* __restrict__ x, int ldx,
+                                                 float* __restrict__ y, int ldy, int epi, int kw) {
+  NI_PDL_ENTRY();
+  gemv_bf16_body<M>(w, N, K, x, ldx, y, ldy, epi, kw);
 }

@@ -2,20 +2,21 @@
 // expert's sigmoid gate (logit E). One warp per token row; ties go to the lower expert id.
 #include "common.cuh"
 
-extern "C" __global__ void moe_route(const float* __restrict__ logits, int ldl, int E, int topk,
-                                     int* __restrict__ idx, float* __restrict__ wts, int ldw) {
-  NI_PDL_ENTRY();
-  // One warp per token (E <= 512): lane l holds experts l, l + 32, ...; top-k by k rounds of warp argmax.
-  const int m = blockIdx.x, lane = threadIdx.x & 31;
-  if (threadIdx.x >= 32) return;
-  const float* l = logits + (size_t)m * ldl;
+// Token row m's top-k of its E logits l (and the shared expert's gate l[E]), by warp 0 of a block.
+// CG: the logits were written by other blocks of the same kernel (read through L2 only).
+template <bool CG = false>
+__device__ __forceinline__ void route_row(const float* __restrict__ l, int E, int topk, int* __restrict__ idx,
+                                          float* __restrict__ wts, int ldw, int m) {
+  // lane l holds experts l, l + 32, ... (E <= 512); top-k by k rounds of warp argmax
+  const int lane = threadIdx.x & 31;
+  auto at = [&](int e) { return CG ? __ldcg(l + e) : l[e]; };
   constexpr int PER = 16;
   float v[PER];
   float mx = -INFINITY;
 #pragma unroll
   for (int i = 0; i < PER; ++i) {
     const int e = lane + 32 * i;
-    v[i] = e < E ? l[e] : -INFINITY;
+    v[i] = e < E ? at(e) : -INFINITY;
     mx = fmaxf(mx, v[i]);
   }
   mx = warp_max(mx);
@@ -42,7 +43,39 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int ldl, 
     idx[(size_t)m * topk + lane] = myidx;
     wts[(size_t)m * ldw + lane] = mine / total;
   }
-  if (lane == 0) wts[(size_t)m * ldw + topk] = sigmoidf_(l[E]);
+  if (lane == 0) wts[(size_t)m * ldw + topk] = sigmoidf_(at(E));
+}
+
+extern "C" __global__ void moe_route(const float* __restrict__ logits, int ldl, int E, int topk,
+                                     int* __restrict__ idx, float* __restrict__ wts, int ldw) {
+  NI_PDL_ENTRY();
+  // One warp per token row
+  if (threadIdx.x >= 32) return;
+  route_row(logits + (size_t)blockIdx.x * ldl, E, topk, idx, wts, ldw, blockIdx.x);
+}
+
+// The router GEMV (bf16 [E + 1, K]: the experts' logits and the shared expert's gate; a block a row, its
+// 8 warps splitting K as gemv_bf16 with kw = 8) and moe_route in one launch: the block that finishes last
+// (a ticket, reset by it) routes every token row from the logits the others wrote. The same bits as
+// gemv_bf16 + moe_route. (Written without device time: CudaQwen35.MOE_ROUTE_FUSED, off until measured.)
+template <int M>
+__global__ void __launch_bounds__(256) router_route(const unsigned short* __restrict__ w, int N, int K,
+                                                    const float* __restrict__ x, int ldx, float* __restrict__ y,
+                                                    int ldy, int E, int topk, int* __restrict__ idx,
+                                                    float* __restrict__ wts, int ldw, unsigned int* __restrict__ ticket) {
+  NI_PDL_ENTRY();
+  __shared__ int last;
+  gemv_bf16_body<M>(w, N, K, x, ldx, y, ldy, EPI_STORE, 8);
+  __threadfence();  // this thread's logits (lane 0 of warp 0 wrote them), before the ticket
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (threadIdx.x < 32) {
+    for (int m = 0; m < M; ++m) route_row<true>(y + (size_t)m * ldy, E, topk, idx, wts, ldw, m);
+  }
+  if (threadIdx.x == 0) *ticket = 0u;
 }
 
 // MoE prefill (grouped by expert): the (token, slot) pairs sorted by expert on the host; these two

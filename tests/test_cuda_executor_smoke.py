@@ -90,6 +90,26 @@ def test_gdn_fused_off_keeps_two_launches(cp, monkeypatch):
     assert len(eng.decode_greedy(3, 2)) == 2
 
 
+def test_moe_route_fused_plumbing(cp, monkeypatch):
+    """NINFER_MOE_ROUTE_FUSED=1: the router GEMV and moe_route become one router_route launch a layer."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+
+    cfg = dict(CFG, architectures=["Qwen3_5MoeForCausalLM"], model_type="qwen3_5_moe_text", num_experts=8,
+               num_experts_per_tok=2, moe_intermediate_size=128, shared_expert_intermediate_size=256)
+    cfg.pop("intermediate_size")
+    args, w = _weights(cfg)
+    names = {}
+    for fused in (False, True):
+        monkeypatch.setattr(CudaQwen35, "MOE_ROUTE_FUSED", fused)
+        eng = build_engine(args, w, cfg, max_context=256)
+        names[fused] = [getattr(op, "name", "") for op in _flat(eng.model.executor.ops)]
+        assert eng.decode_greedy(4, 2) is not None
+    n = args.num_hidden_layers
+    assert names[False].count("moe_route") == n and names[True].count("router_route<1>") == n
+    assert "moe_route" not in names[True]
+
+
 def test_attn_fused_replaces_combine_and_staging(cp, monkeypatch):
     """NINFER_ATTN_FUSED=1: each attention layer's combine and staging become one attn_combine_stage launch."""
     from engine.gpu_engine import build_engine

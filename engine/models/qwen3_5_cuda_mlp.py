@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 from engine.ops import kernels as K
 from engine.ops.gemv_plan import GemvPlan
 
@@ -18,12 +20,24 @@ class MlpOps:
     # tok/s in the kernel against 332.6 with the launch (same call).
     MOE_STAGE = os.environ.get("NINFER_MOE_STAGE", "0") != "0"
 
+    # MoE decode: the router GEMV and the top-k routing in one launch (router_route, the last block routes),
+    # with NINFER_MOE_ROUTE_FUSED=1; off until measured on a GPU.
+    MOE_ROUTE_FUSED = os.environ.get("NINFER_MOE_ROUTE_FUSED", "0") != "0"
+
     def _moe_ops(self, L, xn, lead=()):
         """Router -> top-k on the device -> routed experts (grid.z = slot) writing weighted partials
         part[0..k), shared expert into part[k]; the next norm sums the k + 1 partials."""
         E, k, H, ie = self.args.num_experts, self.topk, self.H, self.inter_e
-        route = [self._gemv(L["router"], self.xn, self.rlog),
-                 K.prepared("moe_route", (1,), (self.rlog, E + 1, E, k, self.eidx, self.ewts, k + 1))]
+        rw = L["router"]
+        if self.MOE_ROUTE_FUSED and rw.fmt == "bf16" and rw.k % 8 == 0:
+            if getattr(self, "route_ticket", None) is None:
+                self.route_ticket = self.cp.zeros(1, dtype=self.cp.uint32)
+            route = [K.prepared(f"router_route<{self.M}>", (rw.n,),
+                                (np.uint64(rw.ptr(rw.base)), rw.n, rw.k, self.xn, self.xn.shape[1], self.rlog, E + 1,
+                                 E, k, self.eidx, self.ewts, k + 1, self.route_ticket))]
+        else:
+            route = [self._gemv(rw, self.xn, self.rlog),
+                     K.prepared("moe_route", (self.M,), (self.rlog, E + 1, E, k, self.eidx, self.ewts, k + 1))]
         gu, dn = L["experts_gu"], L["experts_down"]
         gu1, dn1 = gu.row_slice(0, 2 * ie), dn.row_slice(0, H)  # expert 0's rows (the kernel offsets by eidx)
         routed = [GemvPlan(gu1, self.xn, H, self.act_e, ie, epi="swiglu", unroll=2, xpre=xn,

@@ -118,6 +118,7 @@ def _names(experimental: bool = False) -> list[str]:
     names = [f"gemv_rs<{f},{r},{m},{u}>" for f in range(4) for r in GEMV_ROWS for m in GEMV_M for u in GEMV_UNROLL]
     names += [f"gemv_rs_pre<{f},{r},{m},{u}>" for f in range(3) for r, u in GEMV_PRE_MAIN for m in GEMV_M]
     names += [f"gemv_bf16<{m}>" for m in GEMV_M]
+    names += [f"router_route<{m}>" for m in GEMV_M]
     names += [f"embed_rs<{f}>" for f in range(4)]
     names += [f"dequant_rs<{f}>" for f in range(4)]
     names += [f"attn_decode_split<{g},{kv8}>" for g in ATTN_GROUPS for kv8 in ("false", "true")]
