@@ -135,7 +135,7 @@ gpu_pytest "$OUT/gpu_tests.txt" tests/gpu -k "${TESTK:-gdn_fused or ldg}"
 grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | head -16
 log "decode A/B (attr: ${ATTR:-}; ldg: ${LDG:-})"
 timeout ${AB_S:-400} python3 bench/gpu_decode.py --synthetic ${GEOS:-qwen3.8-27b,qwen3.6-35b-a3b} \
-  --attr="${ATTR:-}" --ldg="${LDG:-}" ${BREAKDOWN:+--breakdown} --out "$OUT/decode_ab.json" 2>&1 \
+  --attr="${ATTR:-}" --ldg="${LDG:-}" ${BREAKDOWN:+--breakdown} --depth ${DEPTH:-0} --out "$OUT/decode_ab.json" 2>&1 \
   | grep -E "PDL|attr|ldg |sum of|^  [a-z]|rror" | head -70
 fi
 if [ "$PART" = fin7 ]; then  # every GPU test, then decode 27B + 35B with the defaults (no breakdown, no depth)

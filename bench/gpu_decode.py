@@ -446,7 +446,8 @@ def main():
                 Path(a.out).write_text(json.dumps(report, indent=1, default=str))
         if a.depth and "35b" not in geos[0]:  # the depth targets are the 27B's (issue 7)
             for kv in ("int8", "bf16"):
-                report["decode"].append(synthetic_decode(geos[0], bw, cfg, depth=a.depth, kv=kv))
+                report["decode"].append(synthetic_decode(geos[0], bw, cfg, depth=a.depth, kv=kv, attrs=tuple(
+                    v for v in a.attr.split(",") if v) if kv == "int8" else ()))
                 if a.out:
                     Path(a.out).write_text(json.dumps(report, indent=1, default=str))
     if a.out:

@@ -110,6 +110,21 @@ def test_moe_route_fused_plumbing(cp, monkeypatch):
     assert "moe_route" not in names[True]
 
 
+def test_attn_tt_picks_the_multi_token_kernel(cp, monkeypatch):
+    """NINFER_ATTN_TT=4: decode attention through attn_decode_tt<G,KV8,4>; 1 (the default) attn_decode_split."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+
+    args, w = _weights(CFG)
+    for tt, want in ((1, "attn_decode_split<"), (4, "attn_decode_tt<")):
+        monkeypatch.setattr(CudaQwen35, "ATTN_TT", tt)
+        eng = build_engine(args, w, CFG, max_context=256, prefill_cols=0, prefill_gemm=0)
+        names = [getattr(op, "name", "") for op in _flat(eng.model.executor.ops)]
+        attn = [n for n in names if n.startswith("attn_decode")]
+        assert attn and all(n.startswith(want) for n in attn)
+        assert len(eng.decode_greedy(3, 2)) == 2
+
+
 def test_attn_fused_replaces_combine_and_staging(cp, monkeypatch):
     """NINFER_ATTN_FUSED=1: each attention layer's combine and staging become one attn_combine_stage launch."""
     from engine.gpu_engine import build_engine

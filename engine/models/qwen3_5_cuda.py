@@ -260,6 +260,9 @@ class CudaQwen35(MlpOps):
     # Attention decode: attn_combine + the o-projection's staging as one kernel (attn_combine_stage, the last
     # head of a row stages it) with NINFER_ATTN_FUSED=1; off until measured on a GPU.
     ATTN_FUSED = os.environ.get("NINFER_ATTN_FUSED", "0") != "0"
+    # Decode attention: tokens a warp a round; NINFER_ATTN_TT=4 takes attn_decode_tt (4 tokens' K/V asked for at
+    # once), 1 attn_decode_split (the kernel of sessions 2-6), the default until 4 is measured on a GPU.
+    ATTN_TT = int(os.environ.get("NINFER_ATTN_TT", "1"))
     # blocks a token row of the norms and stagings (each reduces the whole row, stages its slice)
     NORM_BLOCKS = int(os.environ.get("NINFER_NORM_BLOCKS", "16"))
     MOE_ROWS = False  # several token rows of an MoE model (the tensor-core prefill's own MoE ops)
@@ -413,7 +416,8 @@ class CudaQwen35(MlpOps):
         M = self.M
         g = self.Hq // self.Hkv
         kv8 = "true" if self.kv == "int8" else "false"
-        return [K.prepared(f"attn_decode_split<{g},{kv8}>", (self.Hkv, self.nsplit, M),
+        name = f"attn_decode_tt<{g},{kv8},{self.ATTN_TT}>" if self.ATTN_TT in K.ATTN_TT else f"attn_decode_split<{g},{kv8}>"
+        return [K.prepared(name, (self.Hkv, self.nsplit, M),
                            (self.qbuf, L["kc"], L["vc"], self.qpos, self.page_table,
                             self.pt_stride, self.Hkv, self.chunk,
                             float(1.0 / math.sqrt(ATTN_HEAD_DIM)), self.attn_ml, self.attn_acc,

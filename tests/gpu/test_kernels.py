@@ -333,10 +333,11 @@ def test_gdn_step(cp):
     check("gdn out", bufs["o"].get()[0], o[0], atol=1e-3, rtol=1e-2, tail_frac=2e-3, worst_ratio=5, rel=8e-3)
 
 
+@pytest.mark.parametrize("tt", [1, 4])  # tokens a warp a round (their K/V loads in flight together)
 @pytest.mark.parametrize("kv", ["bf16", "int8"])
 @pytest.mark.parametrize("g", [6, 8])
 @pytest.mark.parametrize("length", [1, 63, 200])
-def test_attention_decode(cp, g, length, kv):
+def test_attention_decode(cp, g, length, kv, tt):
     from engine.ops import kernels as K
     from engine.ops.kvquant import dequantize_kv_int8_g64, quantize_kv_int8_g64
 
@@ -376,7 +377,9 @@ def test_attention_decode(cp, g, length, kv):
     ml = cp.zeros((1, hq, nsplit, 2), dtype=cp.float32)
     acc = cp.zeros((1, hq, nsplit, d), dtype=cp.float32)
     out = poisoned(cp, (1, hq * d))
-    K.prepared(f"attn_decode_split<{g},{'true' if int8 else 'false'}>", (hkv, nsplit, 1),
+    kv8 = "true" if int8 else "false"
+    name = f"attn_decode_split<{g},{kv8}>" if tt == 1 else f"attn_decode_tt<{g},{kv8},{tt}>"
+    K.prepared(name, (hkv, nsplit, 1),
                (qbuf, kc, vc, pos, pt, pages, hkv, chunk, 1 / 16, ml, acc, nsplit, ptr(ksc), ptr(vsc)))()
     K.prepared("attn_combine", (hq, 1), (ml, acc, nsplit, cp.asarray(gate), hq * d, out, hq * d, hq))()
     if int8:
