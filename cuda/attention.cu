@@ -92,26 +92,37 @@ extern "C" __global__ void qk_norm_rope_kv(const float* __restrict__ q, int ldq,
   }
 }
 
-// Split-K decode attention. grid (Hkv, nsplit, M), block 256 (8 warps). Each warp walks tokens of
-// this split, lane l holding dims [8l, 8l+8) (16-byte loads of a 512-byte bf16 row), G query heads.
-// Writes per (m, q head, split): running max, sum and the unnormalised accumulator.
-template <int G, bool KV8>
-__global__ void __launch_bounds__(256) attn_decode_split(
-    const float* __restrict__ q, const unsigned short* __restrict__ kc, const unsigned short* __restrict__ vc,
-    const int* __restrict__ pos, const int* __restrict__ page_table, int pt_stride, int Hkv, int chunk,
-    float scale, float* __restrict__ part_ml, float* __restrict__ part_acc, int nsplit,
-    const __half* __restrict__ ks, const __half* __restrict__ vsc) {
-  NI_PDL_ENTRY();
-  const int kvh = blockIdx.x, split = blockIdx.y, m = blockIdx.z;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int Hq = Hkv * G;
+// The split-K decode attention kernels' parameters (attn_decode_split, attn_decode_tt).
+#define ATTN_DECODE_PARAMS                                                                                  \
+  const float* __restrict__ q, const unsigned short* __restrict__ kc, const unsigned short* __restrict__ vc, \
+      const int* __restrict__ pos, const int* __restrict__ page_table, int pt_stride, int Hkv, int chunk,  \
+      float scale, float* __restrict__ part_ml, float* __restrict__ part_acc, int nsplit,                  \
+      const __half* __restrict__ ks, const __half* __restrict__ vsc
+
+// Their first statements: block coordinates, the split's token range and the per-head registers (begin).
+#define ATTN_DECODE_BEGIN(G)                                                                               \
+  NI_PDL_ENTRY();                                                                                          \
+  const int kvh = blockIdx.x, split = blockIdx.y, m = blockIdx.z;                                          \
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;                                              \
+  const int Hq = Hkv * G;                                                                                  \
+  int t0, t1;                                                                                              \
+  float qr[G][8], mx[G], ls[G], acc[G][8];                                                                 \
+  attn_decode_begin<G>(q, pos, chunk, scale, nsplit, Hq, kvh, split, m, lane, t0, t1, qr, mx, ls, acc)
+
+// The split-K decode attention kernels' common parts. begin: the split's token range [t0, t1) of the
+// tokens there are now (not the maximum context: every block has work at any depth; `chunk` caps a split's
+// share so that nsplit * chunk always covers the context), the G query rows (scaled, 8 dims a lane) and the
+// running max / sum / accumulator. merge: the 8 warps' partial results of each head into the split's
+// (max, sum, accumulator), thread d handling dimension d.
+template <int G>
+__device__ __forceinline__ void attn_decode_begin(const float* __restrict__ q, const int* __restrict__ pos, int chunk,
+                                                  float scale, int nsplit, int Hq, int kvh, int split, int m, int lane,
+                                                  int& t0, int& t1, float (&qr)[G][8], float (&mx)[G], float (&ls)[G],
+                                                  float (&acc)[G][8]) {
   const int L = pos[m] + 1;
-  // split the tokens there are now (not the maximum context): every block has work at any depth;
-  // `chunk` caps a split's share so that nsplit * chunk always covers the context.
   const int per = min(chunk, (L + nsplit - 1) / nsplit);
-  const int t0 = split * per, t1 = min(t0 + per, L);
-  __shared__ float sm_m[8][G], sm_l[8][G];
-  float qr[G][8];
+  t0 = split * per;
+  t1 = min(t0 + per, L);
 #pragma unroll
   for (int g = 0; g < G; ++g) {
     const float* qh = q + ((size_t)m * Hq + kvh * G + g) * 256 + lane * 8;
@@ -119,13 +130,51 @@ __global__ void __launch_bounds__(256) attn_decode_split(
     qr[g][0] = a.x * scale; qr[g][1] = a.y * scale; qr[g][2] = a.z * scale; qr[g][3] = a.w * scale;
     qr[g][4] = b.x * scale; qr[g][5] = b.y * scale; qr[g][6] = b.z * scale; qr[g][7] = b.w * scale;
   }
-  float mx[G], ls[G], acc[G][8];
 #pragma unroll
   for (int g = 0; g < G; ++g) {
     mx[g] = -INFINITY; ls[g] = 0.f;
 #pragma unroll
     for (int i = 0; i < 8; ++i) acc[g][i] = 0.f;
   }
+}
+
+template <int G>
+__device__ __forceinline__ void attn_decode_merge(const float (&mx)[G], const float (&ls)[G], const float (&acc)[G][8],
+                                                  float* __restrict__ part_ml, float* __restrict__ part_acc, int nsplit,
+                                                  int Hq, int kvh, int split, int m, int lane, int warp) {
+  __shared__ float sm_m[8][G], sm_l[8][G];
+  __shared__ float sm_acc[8][256];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    if (lane == 0) { sm_m[warp][g] = mx[g]; sm_l[warp][g] = ls[g]; }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) sm_acc[warp][lane * 8 + i] = acc[g][i];
+    __syncthreads();
+    // Merge the 8 warps: thread d handles dimension d.
+    const int d = threadIdx.x;
+    float M_ = -INFINITY;
+    for (int w = 0; w < 8; ++w) M_ = fmaxf(M_, sm_m[w][g]);
+    float Ls = 0.f, A = 0.f;
+    if (M_ > -INFINITY) {
+      for (int w = 0; w < 8; ++w) {
+        const float c = sm_m[w][g] > -INFINITY ? __expf(sm_m[w][g] - M_) : 0.f;
+        Ls += sm_l[w][g] * c;
+        A += sm_acc[w][d] * c;
+      }
+    }
+    const size_t hs = ((size_t)m * Hq + kvh * G + g) * nsplit + split;
+    part_acc[hs * 256 + d] = A;
+    if (d == 0) { part_ml[hs * 2] = M_; part_ml[hs * 2 + 1] = Ls; }
+    __syncthreads();
+  }
+}
+
+// Split-K decode attention. grid (Hkv, nsplit, M), block 256 (8 warps). Each warp walks tokens of
+// this split, lane l holding dims [8l, 8l+8) (16-byte loads of a 512-byte bf16 row), G query heads.
+// Writes per (m, q head, split): running max, sum and the unnormalised accumulator.
+template <int G, bool KV8>
+__global__ void __launch_bounds__(256) attn_decode_split(ATTN_DECODE_PARAMS) {
+  ATTN_DECODE_BEGIN(G);
   for (int t = t0 + warp; t < t1; t += 8) {
     const int page = page_table[(size_t)m * pt_stride + t / KV_PAGE];
     const size_t row = ((size_t)page * KV_PAGE + t % KV_PAGE) * Hkv + kvh;
@@ -166,30 +215,7 @@ __global__ void __launch_bounds__(256) attn_decode_split(
       mx[g] = nm;
     }
   }
-  __shared__ float sm_acc[8][256];
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-    if (lane == 0) { sm_m[warp][g] = mx[g]; sm_l[warp][g] = ls[g]; }
-#pragma unroll
-    for (int i = 0; i < 8; ++i) sm_acc[warp][lane * 8 + i] = acc[g][i];
-    __syncthreads();
-    // Merge the 8 warps: thread d handles dimension d.
-    const int d = threadIdx.x;
-    float M_ = -INFINITY;
-    for (int w = 0; w < 8; ++w) M_ = fmaxf(M_, sm_m[w][g]);
-    float Ls = 0.f, A = 0.f;
-    if (M_ > -INFINITY) {
-      for (int w = 0; w < 8; ++w) {
-        const float c = sm_m[w][g] > -INFINITY ? __expf(sm_m[w][g] - M_) : 0.f;
-        Ls += sm_l[w][g] * c;
-        A += sm_acc[w][d] * c;
-      }
-    }
-    const size_t hs = ((size_t)m * Hq + kvh * G + g) * nsplit + split;
-    part_acc[hs * 256 + d] = A;
-    if (d == 0) { part_ml[hs * 2] = M_; part_ml[hs * 2 + 1] = Ls; }
-    __syncthreads();
-  }
+  attn_decode_merge<G>(mx, ls, acc, part_ml, part_acc, nsplit, Hq, kvh, split, m, lane, warp);
 }
 
 // attn_decode_split with TT tokens a warp a round (tokens t, t + 8, ..., t + 8 (TT - 1)): their page
@@ -198,36 +224,8 @@ __global__ void __launch_bounds__(256) attn_decode_split(
 // the H200 against ~33 us for its bytes: one dependent load round a token. Same grid, block and outputs.
 // (Written without device time: CudaQwen35.ATTN_TT, off until measured.)
 template <int G, bool KV8, int TT>
-__global__ void __launch_bounds__(256) attn_decode_tt(
-    const float* __restrict__ q, const unsigned short* __restrict__ kc, const unsigned short* __restrict__ vc,
-    const int* __restrict__ pos, const int* __restrict__ page_table, int pt_stride, int Hkv, int chunk,
-    float scale, float* __restrict__ part_ml, float* __restrict__ part_acc, int nsplit,
-    const __half* __restrict__ ks, const __half* __restrict__ vsc) {
-  NI_PDL_ENTRY();
-  const int kvh = blockIdx.x, split = blockIdx.y, m = blockIdx.z;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int Hq = Hkv * G;
-  const int L = pos[m] + 1;
-  // split the tokens there are now (not the maximum context): every block has work at any depth;
-  // `chunk` caps a split's share so that nsplit * chunk always covers the context.
-  const int per = min(chunk, (L + nsplit - 1) / nsplit);
-  const int t0 = split * per, t1 = min(t0 + per, L);
-  __shared__ float sm_m[8][G], sm_l[8][G];
-  float qr[G][8];
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-    const float* qh = q + ((size_t)m * Hq + kvh * G + g) * 256 + lane * 8;
-    const float4 a = reinterpret_cast<const float4*>(qh)[0], b = reinterpret_cast<const float4*>(qh)[1];
-    qr[g][0] = a.x * scale; qr[g][1] = a.y * scale; qr[g][2] = a.z * scale; qr[g][3] = a.w * scale;
-    qr[g][4] = b.x * scale; qr[g][5] = b.y * scale; qr[g][6] = b.z * scale; qr[g][7] = b.w * scale;
-  }
-  float mx[G], ls[G], acc[G][8];
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-    mx[g] = -INFINITY; ls[g] = 0.f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) acc[g][i] = 0.f;
-  }
+__global__ void __launch_bounds__(256) attn_decode_tt(ATTN_DECODE_PARAMS) {
+  ATTN_DECODE_BEGIN(G);
   for (int t = t0 + warp; t < t1; t += 8 * TT) {
     size_t row[TT];
     bool live[TT];
@@ -307,30 +305,7 @@ __global__ void __launch_bounds__(256) attn_decode_tt(
       }
     }
   }
-  __shared__ float sm_acc[8][256];
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-    if (lane == 0) { sm_m[warp][g] = mx[g]; sm_l[warp][g] = ls[g]; }
-#pragma unroll
-    for (int i = 0; i < 8; ++i) sm_acc[warp][lane * 8 + i] = acc[g][i];
-    __syncthreads();
-    // Merge the 8 warps: thread d handles dimension d.
-    const int d = threadIdx.x;
-    float M_ = -INFINITY;
-    for (int w = 0; w < 8; ++w) M_ = fmaxf(M_, sm_m[w][g]);
-    float Ls = 0.f, A = 0.f;
-    if (M_ > -INFINITY) {
-      for (int w = 0; w < 8; ++w) {
-        const float c = sm_m[w][g] > -INFINITY ? __expf(sm_m[w][g] - M_) : 0.f;
-        Ls += sm_l[w][g] * c;
-        A += sm_acc[w][d] * c;
-      }
-    }
-    const size_t hs = ((size_t)m * Hq + kvh * G + g) * nsplit + split;
-    part_acc[hs * 256 + d] = A;
-    if (d == 0) { part_ml[hs * 2] = M_; part_ml[hs * 2 + 1] = Ls; }
-    __syncthreads();
-  }
+  attn_decode_merge<G>(mx, ls, acc, part_ml, part_acc, nsplit, Hq, kvh, split, m, lane, warp);
 }
 
 // out[m][h*256 + d] (row stride ldo) = (sum_s acc_s e^{m_s - M}) / (sum_s l_s e^{m_s - M}) * sigmoid(gate[m][h][d]). grid (Hq, M), block 256.
