@@ -9,9 +9,12 @@
 #   quick: compile, tests/gpu/test_kernels.py -k $TESTK, sweep, decode $GEOS with the sweep's table.
 #   final: every GPU test, decode with breakdown and depth, prefill benches 27B + 35B, pp131072 and the
 #          pp8192 op profiles (the session-6 figures).
+#   ab:   GPU tests -k $TESTK, then decode with in-process A/B variants (ATTR, LDG; DEPTH, GEOS, BREAKDOWN).
+#   fin7: every GPU test, decode 27B + 35B with the defaults (session 7's closing call).
 # (The one-off A/B parts of session 5, pre2 / s5 / pdl / br / s5b, are in git history at 4f9b3f1; those of
-# session 6, next / gdnc / moep / s6 / moeprof / s6b / s6c / s6d / s6e, at c858397.)
-# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp
+# session 6, next / gdnc / moep / s6 / moeprof / s6b / s6c / s6d / s6e, at c858397; session 7's l2pf, with
+# the L2 warm-up it measured, at 741ff0c.)
+# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.cupy_cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -118,15 +121,6 @@ timeout 100 python3 bench/prefill_profile.py --geometry qwen3.6-35b-a3b --tokens
   --out "$OUT/pp_profile_35b.json" 2>&1 | head -12
 timeout 90 python3 bench/prefill_profile.py --tokens 8192 --chunk 8192 --out "$OUT/pp_profile.json" 2>&1 | head -10
 bench_long
-fi
-if [ "$PART" = l2pf ]; then  # the L2 warm-up beside the light kernels: tests, then variants A/B in one process
-ready
-log "tests (l2)"
-gpu_pytest "$OUT/gpu_tests.txt" tests/gpu/test_gpu_engine.py -k "l2_ or pdl"
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | head -12
-log "decode with the warm-up variants (mode:MB)"
-timeout 420 python3 bench/gpu_decode.py --synthetic ${GEOS:-qwen3.8-27b,qwen3.6-35b-a3b} --depth ${DEPTH:-0} \
-  --l2pf="${L2PF:--1:0,0:16,1:16,2:16,2:8,2:32}" --out "$OUT/decode_l2pf.json" 2>&1 | grep -E "PDL|l2pf|rror|tok_s" | head -60
 fi
 if [ "$PART" = ab ]; then  # GPU tests -k $TESTK, then decode with in-process A/B variants ($ATTR, $LDG)
 ready

@@ -177,29 +177,6 @@ def _burst_tps(eng, n, depth):
     return n / float(np.median(times))
 
 
-def l2pf_variants(eng, n, depth, variants):
-    """The step re-planned and re-captured with each L2 warm-up variant ("mode:MB", mode -1 off) in turn,
-    every variant measured twice in an interleaved order; {variant: [tok/s, tok/s]}."""
-    ex = eng.model.executor
-    saved = (K.L2PF_MODE, K.L2PF_MB)
-    out = {}
-    try:
-        for _round in range(2):
-            for v in variants:
-                mode, mb = v.split(":")
-                K.L2PF_MODE, K.L2PF_MB = int(mode), float(mb)
-                ex.ops = ex._plan()
-                ex.capture()
-                out.setdefault(v, []).append(round(_burst_tps(eng, n, depth), 1))
-                print(f"  l2pf {v}: {out[v][-1]} tok/s", flush=True)
-    finally:
-        K.L2PF_MODE, K.L2PF_MB = saved
-        ex.ops = ex._plan()
-        ex.capture()
-        eng.reset()
-    return out
-
-
 def ldg_variants(eng, n, depth, variants):
     """The step re-planned with a tuning-entry flag set for the shapes a variant names, each measured twice
     in an interleaved order; {variant: [tok/s, tok/s]}. A variant: "base", or parts joined by "+", each
@@ -261,7 +238,7 @@ def attr_variants(eng, n, depth, variants):
     return out
 
 
-def synthetic_decode(geometry, bw, gemv_cfg, n=128, depth=0, breakdown=False, kv="bf16", l2pf=(), ldg=(),
+def synthetic_decode(geometry, bw, gemv_cfg, n=128, depth=0, breakdown=False, kv="bf16", ldg=(),
                      attrs=()):
     from engine.synthetic import build_engine
 
@@ -307,7 +284,6 @@ def synthetic_decode(geometry, bw, gemv_cfg, n=128, depth=0, breakdown=False, kv
         print(f"{geometry} depth {depth}: PDL {tps:.1f} tok/s, plain launches {plain_tps:.1f} tok/s", flush=True)
     else:
         plain_tps = tps
-    variants = l2pf_variants(eng, n, depth, l2pf) if l2pf else None
     ldg_ab = ldg_variants(eng, n, depth, ldg) if ldg else None
     attr_ab = attr_variants(eng, n, depth, attrs) if attrs else None
     ctx = depth + n / 2
@@ -325,7 +301,7 @@ def synthetic_decode(geometry, bw, gemv_cfg, n=128, depth=0, breakdown=False, kv
         pp = round(512 / (time.perf_counter() - t), 1)
     res = dict(geometry=geometry, test=f"tg{n}" + (f"@d{depth}" if depth else ""), kv=kv, tok_s=round(tps, 1),
                pdl=K.PDL, plain_launch_tok_s=round(plain_tps, 1),
-               pp512_tok_s=pp, l2pf=K.L2PF_MODE, l2pf_mb=K.L2PF_MB, l2pf_variants=variants, ldg_variants=ldg_ab,
+               pp512_tok_s=pp, ldg_variants=ldg_ab,
                attr_variants=attr_ab,
                ms_per_token=round(1e3 * dt / n, 3), weight_bytes=ex.weight_bytes(),
                weight_bytes_per_token=ex.weight_bytes_per_token(), state_bytes=ex.state_bytes(),
@@ -337,8 +313,6 @@ def synthetic_decode(geometry, bw, gemv_cfg, n=128, depth=0, breakdown=False, kv
         per = {}
         for op in ex.ops:
             name = K.op_name(op)
-            if isinstance(op, K.Detached):  # captured alone, its branch joins at once
-                op = (lambda o: lambda: (o(), o.join()))(op)
             ms = time_graph(op, reps=10, iters=3)
             per.setdefault(name, [0.0, 0])
             per[name][0] += ms
@@ -393,8 +367,6 @@ def main():
                     "fmt:NxK keys joined by +, comma-separated")
     ap.add_argument("--attr", default="", help="executor flag variants to A/B in the same process: base, "
                     "NAME=V;NAME=V, comma-separated")
-    ap.add_argument("--l2pf", default="", help="L2 warm-up variants to A/B in the same process, "
-                    "mode:MB,... (mode -1 off, 0 lines, 1 evict_last lines, 2 bulk)")
     ap.add_argument("--fuse-stage", action="store_true",
                     help="gate|up through gemv_rs_pre with its output staged in the same launch (no stage_x)")
     a = ap.parse_args()
@@ -437,10 +409,9 @@ def main():
         report["decode"] = []
         geos = a.synthetic.split(",")
         for i, geo in enumerate(geos):  # the breakdown for the first geometry only
-            l2pf = tuple(v for v in a.l2pf.split(",") if v)
             ldg = tuple(v for v in a.ldg.split(",") if v)
             report["decode"].append(synthetic_decode(geo, bw, cfg, depth=0, breakdown=a.breakdown and i == 0,
-                                                     l2pf=l2pf, ldg=ldg,
+                                                     ldg=ldg,
                                                      attrs=tuple(v for v in a.attr.split(",") if v)))
             if a.out:
                 Path(a.out).write_text(json.dumps(report, indent=1, default=str))

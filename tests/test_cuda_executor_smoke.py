@@ -36,10 +36,7 @@ def _flat(ops):
 
     out = []
     for op in ops:
-        if isinstance(op, K.Concurrent):
-            out += _flat(op.main + op.side)
-        else:
-            out += _flat(op.side) if isinstance(op, K.Detached) else [op]
+        out += _flat(op.main + op.side) if isinstance(op, K.Concurrent) else [op]
     return out
 
 
@@ -142,40 +139,6 @@ def test_attn_fused_replaces_combine_and_staging(cp, monkeypatch):
     attn = sum(L["kind"] == "full_attention" for L in ex.layers)
     assert attn >= 1
     assert count[True] == (count[False][0] - attn, 0, attn) and count[False][1:] == (attn, 0)
-
-
-@pytest.mark.parametrize("mode,detach", [(0, True), (2, True), (0, False)])
-def test_l2_warmup_beside_light_kernels(cp, mode, detach, monkeypatch):
-    """NINFER_L2PF: every light chain of the step gets an l2_prefetch beside it whose ranges lie inside
-    the weights of the GEMV that follows, within the site's budget; the step still runs."""
-    from engine.gpu_engine import build_engine
-    from engine.ops import kernels as K
-
-    monkeypatch.setattr(K, "L2PF_MODE", mode)
-    monkeypatch.setattr(K, "L2PF_DETACH", detach)
-    monkeypatch.setattr(K, "L2PF_MB", 0.01)  # ~10 KB a site: partial rows of the tiny model's matrices
-    args, w = _weights(CFG)
-    eng = build_engine(args, w, CFG, max_context=256, prefill_cols=0, prefill_gemm=0)
-    ex = eng.model.executor
-    ops = ex.ops
-    warm = [op for op in ops if isinstance(op, K.Detached if detach else K.Concurrent)
-            and any(getattr(o, "name", "") == "l2_prefetch" for o in op.side)]
-    layers = args.num_hidden_layers
-    assert len(warm) == 4 * layers + 1  # input norm, core chain, post norm, staging; + the final norm
-    bufs = [m.buf for m in ex._matrices()] if hasattr(ex, "_matrices") else []
-    spans = [(b.data.ptr, b.data.ptr + b.nbytes) for b in bufs]
-    for op in warm:
-        pf = [o for o in op.side if getattr(o, "name", "") == "l2_prefetch"][0]
-        table = np.asarray(pf.table).reshape(-1, 4)
-        assert len(table) >= 2 and pf.nbytes <= 2 * 0.01 * 2 ** 20 + 1
-        for addr, rb, st, nr in table:
-            assert rb > 0 and nr >= 1
-            end = addr + (nr - 1) * st + rb
-            assert any(a <= addr and end <= b for a, b in spans), "a prefetch range outside every weight"
-    if detach:  # a chain: each branch joined by the next, the last by the step's end
-        assert [op.prev for op in warm[1:]] == warm[:-1] and ops[-2] == warm[-1].join
-    eng.prefill([1, 2, 3])
-    assert len(eng.decode_greedy(4, 3)) == 3
 
 
 @pytest.mark.parametrize("shared,stage", [(256, True), (128, True), (128, False)])  # 128: a routed expert's width
@@ -360,7 +323,6 @@ def test_ffn_split_plumbing(cp, monkeypatch):
 
     cfg = dict(CFG, intermediate_size=3072)
     args, w = _weights(cfg)
-    monkeypatch.setattr(K, "L2PF_MODE", -1)  # (op counts below: without the L2 warm-up's branches)
 
     def build():
         eng = build_engine(args, w, cfg, max_context=256, prefill_cols=8, prefill_gemm=0)

@@ -304,7 +304,6 @@ class CudaQwen35(MlpOps):
             ops.append(K.prepared("embed_bf16", (M,), (np.uint64(emb.ptr(emb.base)), H, self.tokens, self.x, H)))
         prev_splits = 0
         self._res = (self.x, self.x2)
-        self._pf_last = None  # the L2 warm-up's last detached branch (_warm)
         log2_theta = float(math.log2(a.rope_theta))
         rot = a.rotary_dim
         for L in self.layers:
@@ -317,7 +316,7 @@ class CudaQwen35(MlpOps):
             if L["kind"] == "full_attention":
                 qw, kw = self.Hq * ATTN_HEAD_DIM, self.Hkv * ATTN_HEAD_DIM
                 gv = self._gemv(L["gv"], self.xn, self.buf_b, xpre=xn)
-                ops.extend(self._warm([norm], [gv, qk]))
+                ops.append(norm)
                 ops.extend(self._concurrent([gv], [qk]))
                 lda, ldb = self.buf_a.shape[1], self.buf_b.shape[1]
                 nh = self.Hq + self.Hkv
@@ -340,7 +339,7 @@ class CudaQwen35(MlpOps):
             else:
                 Hk, Hv = self.Hk, self.Hv
                 vz = self._gemv(L["vz"], self.xn, self.buf_b, xpre=xn)
-                ops.extend(self._warm([norm], [vz, qk]))
+                ops.append(norm)
                 ops.extend(self._concurrent([vz], [qk, self._gemv(L["ab"], self.xn, self.ab)]))
                 lda, ldb = self.buf_a.shape[1], self.buf_b.shape[1]
                 core = self._gdn_core_ops(L, lda, ldb)
@@ -359,7 +358,7 @@ class CudaQwen35(MlpOps):
                                             self.att.shape[1], Hv, eps) + att_stage, block=1024))
             o_plan = self._plan_gemv(L["o"], self.att, self.part, "partial", self._splits(L["o"]),
                                      (self.xh_att, self.xinv_att))
-            ops.extend(self._warm(core, [o_plan.launch], 2.0))
+            ops.extend(core)
             ops.append(o_plan.launch)
             post = self._norm(o_plan.splits, L["post_norm"])
             if self.args.is_moe:
@@ -368,32 +367,9 @@ class CudaQwen35(MlpOps):
             else:
                 ffn, prev_splits = self._ffn_ops(L, xn, lead=[post])
                 ops.extend(ffn)
-        tail = self._tail_ops()
-        ops.extend(self._warm([self._norm(prev_splits, self.final_norm)], tail[:1]))
-        if self._pf_last is not None:  # the last warm-up branch joins the step after the head
-            tail = tail[:1] + [self._pf_last.join] + tail[1:]
-        ops.extend(tail)
+        ops.append(self._norm(prev_splits, self.final_norm))
+        ops.extend(self._tail_ops())
         return ops
-
-    def _warm(self, light: list, nxt: list, scale: float = 1.0) -> list:
-        """`light` (kernels that leave DRAM idle) with an l2_prefetch of what the GEMVs of `nxt` read
-        first beside them (K.L2PF_MB x scale, shared in proportion to their weights), as one Concurrent
-        op; `light` unchanged when the warm-up is off (NINFER_L2PF=-1) or none of `nxt` can say."""
-        plans = [p for p in (getattr(op, "__self__", op) for op in nxt) if hasattr(p, "l2_ranges")]
-        if K.L2PF_MODE < 0 or not self.BRANCHES or not plans:
-            return light
-        budget = K.L2PF_MB * scale * 2 ** 20
-        total = sum(p.w.nbytes for p in plans)
-        ranges = [r for p in plans for r in p.l2_ranges(int(budget * p.w.nbytes / total))]
-        if not ranges:
-            return light
-        pf = K.l2_prefetch_op(self.cp, ranges)
-        if not K.L2PF_DETACH:
-            return self._concurrent(light, [pf])
-        if getattr(self, "pf_stream", None) is None:
-            self.pf_stream = self.cp.cuda.Stream(non_blocking=True)
-        self._pf_last = K.Detached(self.cp, self.pf_stream, [pf], prev=self._pf_last)
-        return [self._pf_last] + light
 
     # Independent projections of a layer on two streams (`Concurrent`); NINFER_BRANCHES=0 runs them in
     # order on one. Subclasses whose projections are not kernel launches (cuBLAS prefill) turn it off.

@@ -57,7 +57,7 @@ class MlpOps:
         shared_down = GemvPlan(L["shared_down"], self.act, self.act.shape[1], self.part[k], H, epi="store",
                                unroll=2, experts=(None, 0, 0, 0, self.ewts[0, k:], 1)).launch
         shared_gu = self._gemv(L["shared_gu"], self.xn, self.act, epi="swiglu", xpre=xn)
-        return (self._warm(list(lead), [shared_gu, route[0]]) + self._concurrent(route, [shared_gu])
+        return (list(lead) + self._concurrent(route, [shared_gu])
                 + self._concurrent(routed, [shared_down]))
 
     # NINFER_FFN_SPLIT=1: the MLP in two halves of the intermediate width, the second half's gate|up
@@ -76,8 +76,7 @@ class MlpOps:
 
     def _ffn_ops(self, L, xn, lead=()) -> tuple[list, int]:
         """The dense MLP's ops (gate|up with SwiGLU, staging, down into partials) and the partial planes
-        the next norm sums; `lead`: the ops before it (the post-attention norm), run beside the L2
-        warm-up of gate|up (`_warm`) as the staging runs beside that of the down-projection."""
+        the next norm sums; `lead`: the ops before it (the post-attention norm)."""
         gu, dn = L["gate_up"], L["down"]
         s = self._ffn_split_at(dn) if self.FFN_SPLIT else 0
         if not s:
@@ -85,10 +84,9 @@ class MlpOps:
                                       stage_out=(self.xh_act, self.xinv_act, self.kpad_act, self.stage_slot))
             d_plan = self._plan_gemv(dn, self.act, self.part, "partial", self._splits(dn),
                                      (self.xh_act, self.xinv_act))
-            ops = self._warm(list(lead), [gu_plan.launch]) + [gu_plan.launch]
+            ops = list(lead) + [gu_plan.launch]
             if not gu_plan.stages_out:  # (gemv_rs_pre with fuse_stage in its tuning entry stages it itself)
-                ops += self._warm([self._stage(self.act, self.inter, self.kpad_act, self.xh_act, self.xinv_act)],
-                                  [d_plan.launch])
+                ops.append(self._stage(self.act, self.inter, self.kpad_act, self.xh_act, self.xinv_act))
             return ops + [d_plan.launch], d_plan.splits
         inter, M, H = dn.k, self.M, self.H
         gcfg = self.gemv_cfg.get((gu.fmt, gu.n, gu.k), {})

@@ -95,7 +95,6 @@ class GemvPlan:
         self.w, self.m, self.epi = w, m, EPI[epi]
         self.stages, self.pre2, self.stages_out = 0, False, False
         ps = w.n // 2 if pair_stride is None else int(pair_stride)
-        self._order = None  # (rows a warp, pair stride, chunks a slice) of a row-split kernel: l2_ranges
         if mma and xpre is not None and experts is None and w.fmt in ("q4_g64_fp16", "q5_g64_fp16") and m <= 8 \
                 and pair_stride is None and k_chunks is None:
             self._mma_plan(w, xpre, y, ldy, m, epi, splits, tuple(mma), y_offset)
@@ -164,8 +163,6 @@ class GemvPlan:
             self.args += (np.uint64(_p(so[0]) if self.stages_out else 0), np.uint64(_p(so[1]) if self.stages_out else 0),
                           np.int32(so[2]), np.uint64(_p(so[3]) if self.stages_out else 0))
         self.splits = splits
-        if experts is None:
-            self._order = (rows, ps if epi == "swiglu" else 0, u4ps)
         self._go = Launch(self.fn, self.grid, WARPS * 32, self.args, self.smem, name=kname)
 
     def _mma_plan(self, w, xpre, y, ldy, m, epi, splits, mma, y_offset):
@@ -192,28 +189,3 @@ class GemvPlan:
 
     def launch(self):
         self._go()
-
-    def l2_ranges(self, budget: int) -> list[tuple[int, int, int, int]]:
-        """What this GEMV reads first, up to `budget` bytes, as l2_prefetch descriptors (address, bytes a
-        row, row stride, rows): its first rows (with their up rows under SwiGLU) over the first split-K
-        slice, in every plane. Warps take row groups in order, so these are the first wave's loads. Empty
-        for routed experts (rows known on the device only), bf16 and the MMA variant."""
-        if self._order is None or budget <= 0:
-            return []
-        w = self.w
-        _rows, ps, u4ps = self._order
-        u4pr = w.gpr * 2
-        span = min(u4ps, u4pr)
-        hb = w._hb()
-        planes = [(w.base, span * 16, u4pr * 16), (w.scales, span, w.gpr * 2)]  # 2 scale bytes a group of 2 chunks
-        if hb:
-            planes.append((w.high, (span // 2) * hb, w.gpr * hb))
-        per_row = sum(rb for _, rb, _ in planes) * (2 if ps else 1)
-        n_first = w.n - ps if ps else w.n
-        r = max(1, min(n_first, budget // max(per_row, 1)))
-        out = []
-        for r0 in ((0, ps) if ps else (0,)):
-            for off, rb, st in planes:
-                addr = w.ptr(off) + r0 * st
-                out.append((addr, r * rb, r * rb, 1) if rb == st else (addr, rb, st, r))
-        return out

@@ -63,15 +63,6 @@ WARPS = 8  # every kernel runs 256-thread blocks
 PDL = os.environ.get("NINFER_PDL", "1") != "0"
 # GEMV L2 prefetch distance in loop iterations (0: off); a plan's `pf` overrides it.
 GEMV_PF = int(os.environ.get("NINFER_GEMV_PF", "0"))
-# L2 warm-up beside the light kernels of the decode step (`l2_prefetch` in cuda/rows.cu): -1 off, 0 line
-# prefetches, 1 line prefetches with evict_last, 2 bulk prefetches (sm_90; older GPUs take 0). L2PF_MB: the
-# bytes asked a site (the chains before an o-projection twice that). Off: slower in every form measured
-# (session 7, H200, 27B: 127.1 tok/s off; detached lines 8/16/32 MB 121.2/117.4/112.7, evict_last 116.5,
-# bulk 93.0; joined before the GEMV 117.5 lines, 69.3 bulk; 35B-A3B 336.9 off, 317.5 at best).
-L2PF_MODE = int(os.environ.get("NINFER_L2PF", "-1"))
-L2PF_MB = float(os.environ.get("NINFER_L2PF_MB", "16"))
-L2PF_BLOCKS = int(os.environ.get("NINFER_L2PF_BLOCKS", "0"))  # 0: one per SM
-L2PF_DETACH = os.environ.get("NINFER_L2PF_DETACH", "1") != "0"  # the GEMV does not wait for it (Detached)
 
 
 def cuda_source_dir() -> Path:
@@ -300,23 +291,6 @@ class Launch:
         self.fn(self.grid, (self.block,), self.args, shared_mem=self.smem)
 
 
-def l2_prefetch_op(cp, ranges, mode: int | None = None, blocks: int | None = None):
-    """A launch of l2_prefetch over `ranges` (GemvPlan.l2_ranges descriptors), its table in device memory.
-    Launched plainly (no PDL): it depends on nothing a kernel writes, and it runs on a side branch."""
-    mode = L2PF_MODE if mode is None else mode
-    if mode == 2 and not pdl_capable():  # bulk prefetch is sm_90
-        mode = 0
-    table = cp.asarray(np.asarray(ranges, dtype=np.int64).reshape(-1))
-    nb = blocks or L2PF_BLOCKS or sm_count()
-    fn = kernel("l2_prefetch")
-    op = Launch(fn, (nb,), 256, (np.uint64(table.data.ptr), np.int32(len(ranges)), np.int32(max(mode, 0))),
-                name="l2_prefetch")
-    op._ex = None
-    op.table = table  # kept alive with the op
-    op.nbytes = int(sum(rb * nr for _, rb, _, nr in ranges))
-    return op
-
-
 class Concurrent:
     """`main` on the current stream and `side` on a second stream at the same time, both after what the
     current stream holds so far; the current stream then waits for the side. Independent GEMVs of one
@@ -341,34 +315,6 @@ class Concurrent:
         for op in self.main:
             op()
         cur.wait_event(self.done)
-
-
-class Detached:
-    """`side` on a second stream after what the current stream holds so far, without the current stream
-    waiting for it there: it waits at the next Detached op of the chain (`prev`, long finished by then)
-    or at `join()`, which the step calls at its end. For work nothing downstream reads (the L2 warm-up):
-    a Concurrent's join before the next GEMV measured 127.1 -> 117.5 tok/s on the 27B (the prefetch
-    kernel ends only once its lines arrive)."""
-
-    def __init__(self, cp, side_stream, side: list, prev: "Detached | None" = None):
-        self.cp, self.stream, self.side, self.prev = cp, side_stream, side, prev
-        self.fork = cp.cuda.Event(disable_timing=True)
-        self.done = cp.cuda.Event(disable_timing=True)
-        self.name = "detached " + " + ".join(op_name(op) for op in side)
-
-    def __call__(self):
-        cur = self.cp.cuda.get_current_stream()
-        if self.prev is not None:
-            cur.wait_event(self.prev.done)
-        self.fork.record(cur)
-        self.stream.wait_event(self.fork)
-        with self.stream:
-            for op in self.side:
-                op()
-        self.done.record(self.stream)
-
-    def join(self):
-        self.cp.cuda.get_current_stream().wait_event(self.done)
 
 
 def op_name(op) -> str:
