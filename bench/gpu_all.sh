@@ -11,11 +11,12 @@
 #          pp8192 op profiles (the session-6 figures).
 #   ab:   GPU tests -k $TESTK, then decode with in-process A/B variants (ATTR, LDG; DEPTH, GEOS, BREAKDOWN).
 #   fin7: every GPU test, decode 27B + 35B with the defaults (session 7's closing call).
-#   s8:   session 7's unmeasured kernels (written after its device time ran out): tests, in-step A/B.
+#   s8:   session 7's unmeasured kernels (written after its device time ran out): tests, in-step A/B at
+#         depth 0 (~8 min on a cold machine); s8d: the attention A/B at depth 32768 (~5 min).
 # (The one-off A/B parts of session 5, pre2 / s5 / pdl / br / s5b, are in git history at 4f9b3f1; those of
 # session 6, next / gdnc / moep / s6 / moeprof / s6b / s6c / s6d / s6e, at c858397; session 7's l2pf, with
 # the L2 warm-up it measured, at 741ff0c.)
-# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | s8
+# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | s8 | s8d
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.cupy_cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -139,12 +140,15 @@ log "tests of the fused tails, fused staging, ldg, routing, attention decode"
 gpu_pytest "$OUT/gpu_tests.txt" tests/gpu -k "fused or prestaged or ldg or route or attention_decode"
 grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | tail -12
 log "decode A/B at depth 0: fused tails, router + top-k, gate|up staging"
-timeout 300 python3 bench/gpu_decode.py --synthetic qwen3.8-27b,qwen3.6-35b-a3b --breakdown \
+timeout 270 python3 bench/gpu_decode.py --synthetic qwen3.8-27b,qwen3.6-35b-a3b --breakdown \
   --attr="base,GDN_FUSED=1,ATTN_FUSED=1,MOE_ROUTE_FUSED=1,GDN_FUSED=1;ATTN_FUSED=1;MOE_ROUTE_FUSED=1" \
   --ldg="base,fuse_stage@q4_g64_fp16:34816x5120" --out "$OUT/decode_s8.json" 2>&1 \
   | grep -E "PDL|attr|ldg |sum of|^  [a-z]|rror" | head -60
-log "decode A/B at depth 32768 (int8 KV): attention 4 tokens a round"
-timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --depth 32768 --attr="base,ATTN_TT=4" \
+fi
+if [ "$PART" = s8d ]; then  # the second call: decode attention 4 tokens a round, at depth 32768 (int8 KV)
+ready
+log "decode A/B at depth 32768: attention 4 tokens a round"
+timeout 300 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --depth 32768 --attr="base,ATTN_TT=4" \
   --out "$OUT/decode_s8_depth.json" 2>&1 | grep -E "PDL|attr|rror" | head -20
 fi
 if [ "$PART" = fin7 ]; then  # every GPU test, then decode 27B + 35B with the defaults (no breakdown, no depth)
