@@ -1,4 +1,4 @@
-"""NumPy emulation of cuda/sample.cu's device sampler (sample_max_mb + sample_step_mb), step by step as the
+"""NumPy emulation of cuda/sampler.cu's device sampler (sample_max_mb + sample_step_mb), step by step as the
 kernels do it: per-block slices and maxima, per-block bucket histograms (count, double weight), the candidate
 list of the top buckets (capped, with its overflow), and the last block's merge, bucket walk, sorted-bucket
 scans and the bisection over 64-bit keys for buckets of more than `cap` ids. Run it to compare the tokens

@@ -1,4 +1,4 @@
-"""Host side of the device sampler (cuda/sample.cu: sample_max_mb + sample_step_mb): the parameter row the
+"""Host side of the device sampler (cuda/sampler.cu: sample_max_mb + sample_step_mb): the parameter row the
 kernel reads, and which samplers it can stand in for.
 
 The kernel reproduces `engine.sampling.Sampler` (temperature, top-k, top-p, min-p, the counter RNG keyed by
@@ -12,7 +12,7 @@ import numpy as np
 
 from engine.sampling import PURPOSE_DECODE
 
-# Constants shared with cuda/sample.cu (tests/test_device_sampling_host.py checks they agree)
+# Constants shared with cuda/sampler.cu (tests/test_device_sampling_host.py checks they agree)
 SAMPLE_R = 16  # buckets per temperature
 SAMPLE_Q = 30 * SAMPLE_R + 1  # buckets over the 30-temperature margin
 SAMPLE_QTOP = 4 * SAMPLE_R  # buckets whose ids go to the candidate list

@@ -19,7 +19,7 @@ PREFILL_COLS = int(os.environ.get("NINFER_PREFILL_COLS", "8"))
 # hundred values instead of the 248,320-entry row); tests/gpu/test_gpu_engine.py::test_sparse_logits_step
 # passed on the H200. NINFER_SPARSE_LOGITS=0 turns it off.
 SPARSE_LOGITS = os.environ.get("NINFER_SPARSE_LOGITS", "1") == "1"
-# Sampling on the device (cuda/sample.cu): a second captured graph whose step ends in the sampler instead of
+# Sampling on the device (cuda/sampler.cu): a second captured graph whose step ends in the sampler instead of
 # the argmax, so temperature/top-k/top-p/min-p draws need no logits on the host (engine.device_sampling).
 # NINFER_DEVICE_SAMPLING=0 leaves it out (the generate loop then samples on the host from SparseLogits).
 DEVICE_SAMPLING = os.environ.get("NINFER_DEVICE_SAMPLING", "1") == "1"

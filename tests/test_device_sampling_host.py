@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_constants_match_the_kernel():
-    src = (ROOT / "cuda" / "sample.cu").read_text()
+    src = (ROOT / "cuda" / "sampler.cu").read_text()
     d = dict(re.findall(r"#define (SAMPLE_\w+) (\S+)", src))
     assert int(d["SAMPLE_R"]) == ds.SAMPLE_R and int(d["SAMPLE_PARAMS"]) == ds.SAMPLE_PARAMS
     assert d["SAMPLE_Q"] == "(30" and "#define SAMPLE_Q (30 * SAMPLE_R + 1)" in src

@@ -19,7 +19,7 @@ import numpy as np
 from engine.backend import cupy_or_none
 
 SOURCES = ("common.cuh", "gemv.cu", "gemv_variants.cu", "gemv_mma.cu", "rows.cu", "norm.cu", "attention.cu", "gdn.cu",
-           "gdn_chunked.cu", "sample.cu", "moe.cu", "attn_prefill.cu")
+           "gdn_chunked.cu", "sample.cu", "sampler.cu", "moe.cu", "attn_prefill.cu")
 # Pre-staged GEMV input rows (fp16 pairs, slot-major blocks of 32 chunks) are padded to this many values.
 XPAD = 1024
 FMT_IDS = {"q4_g64_fp16": 0, "q5_g64_fp16": 1, "q6_g64_fp16": 2, "q8_g32_fp16": 3}
