@@ -18,6 +18,7 @@ from engine.ops import gemv_tuning
 from engine.ops import kernels as K
 from engine.ops.gemv_plan import GemvPlan
 from engine.models.qwen3_5_cuda_mlp import MlpOps
+from engine.models.qwen3_5_cuda_sampling import SamplingOps
 
 KV_PAGE = 64
 ATTN_HEAD_DIM = 256
@@ -29,7 +30,7 @@ def _ptr(a) -> np.uint64:
     return np.uint64(0 if a is None else a.data.ptr)
 
 
-class CudaQwen35(MlpOps):
+class CudaQwen35(MlpOps, SamplingOps):
     """Decode-step executor for Qwen3.5 dense models on one GPU.
 
     `weights` maps logical names (spec/container.md §2.3) to `DevMatrix` (projections, embedding,
@@ -421,63 +422,6 @@ class CudaQwen35(MlpOps):
                                       self.pos, self.history, self.step, self.hist_len), block=256)
         return [self._gemv(self.head, self.xn, self.logits, xpre=(self.xh_n, self.xinv_n)), self._argmax_op]
 
-    # ---- sampling on the device: a second graph whose step ends in sample_max_mb + sample_step_mb ------
-    SAMPLE_BLOCKS = 64  # blocks a row of the device sampler
-
-    def _sample_ops(self):
-        """The device sampler in place of the argmax (cuda/sample.cu; parameters in `sp_params`, one row a
-        lane, written by `set_sampling`): same commit of token, position, history and step."""
-        from engine import device_sampling as ds  # noqa: PLC0415
-
-        cp, M, nb = self.cp, self.M, self.SAMPLE_BLOCKS
-        self.sp_params = cp.zeros((M, ds.SAMPLE_PARAMS), dtype=cp.uint64)  # temperature 0 (greedy) until set
-        self.sp_v, self.sp_i = cp.zeros((M, nb), dtype=cp.float32), cp.zeros((M, nb), dtype=cp.int32)
-        self.sp_hist_c = cp.zeros((M, nb, ds.SAMPLE_Q), dtype=cp.int32)
-        self.sp_hist_w = cp.zeros((M, nb, ds.SAMPLE_Q), dtype=cp.float64)
-        self.sp_cand = cp.zeros((M, ds.SAMPLE_CAND), dtype=cp.uint64)
-        self.sp_cand_n, self.sp_ticket = cp.zeros(M, dtype=cp.uint32), cp.zeros(M, dtype=cp.uint32)
-        self._sp_host = None
-        D = int(getattr(self.args, "domain", self.V) or self.V)
-        return [K.prepared("sample_max_mb", (nb, M), (self.logits, self.V, D, self.sp_v, self.sp_i), block=256),
-                K.prepared("sample_step_mb", (nb, M),
-                           (self.logits, self.V, D, self.sp_params, self.sp_v, self.sp_i, self.sp_hist_c,
-                            self.sp_hist_w, self.sp_cand, self.sp_cand_n, ds.SAMPLE_CAND, self.sp_ticket,
-                            self.tokens, self.pos, self.history, self.step, self.hist_len), block=1024)]
-
-    def capture_sampled(self):
-        """Capture the sampled step (the greedy graph's ops with the device sampler as the tail) as
-        `graph_sampled`; like capture(), it runs a step and resets, so call it before a sequence starts."""
-        if self.graph is None:
-            self.capture()
-        if self.ops[-1] is not self._argmax_op:
-            raise RuntimeError("the step does not end in the argmax: no sampled graph for this executor")
-        self.ops_sampled = self.ops[:-1] + self._sample_ops()
-        self.graph_sampled = self._capture(self.ops_sampled)
-
-    def set_sampling(self, params) -> None:
-        """Write the sampler's parameter row (engine.device_sampling.pack_params) for every lane, when changed."""
-        row = np.asarray(params, dtype=np.uint64).reshape(-1)
-        if self._sp_host is None or not np.array_equal(self._sp_host, row):
-            self.sp_params.set(np.tile(row, (self.M, 1)), stream=self.stream)
-            self._sp_host = row.copy()
-
-    def decode_sampled(self, first_token: int, n: int, params) -> list[int]:
-        """n tokens drawn on the device after `first_token` (each fed back by the graph itself): one host
-        read after the burst."""
-        self.set_sampling(params)
-        self.set_token(int(first_token))
-        out = []
-        while n > 0:  # the history ring holds hist_len tokens
-            b = min(n, self.hist_len)
-            for _ in range(b):
-                self.graph_sampled.launch(self.stream)
-            self.stream.synchronize()
-            s1 = int(self.step[0].get())
-            h = self.history[0].get()
-            out += [int(h[(s1 - b + i) % self.hist_len]) for i in range(b)]
-            n -= b
-        return out
-
     def run_eager(self):
         for op in self.ops:
             op()
@@ -529,13 +473,7 @@ class CudaQwen35(MlpOps):
         """n greedy tokens after `first_token`, the loop kept on the device (argmax feeds the next step)."""
         if self.graph is None:
             self.capture()
-        self.set_token(int(first_token))
-        s0 = int(self.step[0].get())
-        for _ in range(n):
-            self.graph.launch(self.stream)
-        self.stream.synchronize()
-        h = self.history[0].get()
-        return [int(h[(s0 + i) % self.hist_len]) for i in range(n)]
+        return self._burst(self.graph, first_token, n)
 
     @property
     def position(self) -> int:
