@@ -350,29 +350,12 @@ extern "C" __global__ void attn_combine_stage(const float* __restrict__ part_ml,
                                               unsigned int* __restrict__ amax, unsigned int* __restrict__ ticket) {
   NI_PDL_ENTRY();
   __shared__ float red[32];
-  __shared__ int last;
-  __shared__ float gmax;
   const int m = blockIdx.y;
   const float v = combine_one(part_ml, part_acc, nsplit, gate, ldg, out, ldo, Hq, m, blockIdx.x, threadIdx.x);
   __threadfence();  // this thread's value, before the row's ticket
-  const float bmax = block_max(fabsf(v), red);
-  if (threadIdx.x == 0) {
-    atomicMax(amax + m, __float_as_uint(bmax));
-    __threadfence();
-    last = atomicAdd(ticket + m, 1u) == (unsigned int)(gridDim.x - 1);
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  if (threadIdx.x == 0) gmax = __uint_as_float(atomicAdd(amax + m, 0u));
-  __syncthreads();
-  const float sc = pow2_scale(gmax);
-  stage_row_cg(out + (size_t)m * ldo, K, kpad, reinterpret_cast<uint4*>(xh + (size_t)m * kpad / 2), sc);
-  if (threadIdx.x == 0) {
-    xinv[m] = 1.f / sc;
-    amax[m] = 0u;
-    ticket[m] = 0u;
-  }
+  const float bmax = block_max(fabsf(v), red);  // (its barriers order every thread's fence before the ticket)
+  stage_row_by_last_block(bmax, amax + m, ticket + m, gridDim.x, out + (size_t)m * ldo, K, kpad,
+                          reinterpret_cast<uint4*>(xh + (size_t)m * kpad / 2), xinv + m);
 }
 
 // Prefill attention's softmax over fp32 scores [rows, n] (rows = query heads x T of a query block, the

@@ -166,6 +166,35 @@ __device__ __forceinline__ void stage_row_cg(const float* __restrict__ y, int K,
   }
 }
 
+// Row [0, K) of `row` staged by the block that finishes last among `nblocks`: every block folds the largest
+// |value| it wrote (mx, read in thread 0; the values fenced by the threads that wrote them, then a
+// __syncthreads, before the call) into *amax (atomicMax on the bits: values >= 0 order as unsigned) and
+// takes a ticket; the block with the last one stages the row (stage_row_cg, the scale of the exact max)
+// and resets both words for the next use. Called by every thread of every block.
+__device__ __forceinline__ void stage_row_by_last_block(float mx, unsigned int* amax, unsigned int* ticket,
+                                                        unsigned int nblocks, const float* row, int K, int kpad,
+                                                        uint4* dst, float* xinv) {
+  __shared__ int last;
+  __shared__ float gmax;
+  if (threadIdx.x == 0) {
+    atomicMax(amax, __float_as_uint(mx));
+    __threadfence();
+    last = atomicAdd(ticket, 1u) == nblocks - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (threadIdx.x == 0) gmax = __uint_as_float(atomicAdd(amax, 0u));
+  __syncthreads();
+  const float sc = pow2_scale(gmax);
+  stage_row_cg(row, K, kpad, dst, sc);
+  if (threadIdx.x == 0) {
+    *xinv = 1.f / sc;
+    *amax = 0u;
+    *ticket = 0u;
+  }
+}
+
 __device__ __forceinline__ float bf16_lo(unsigned int u) { return __uint_as_float(u << 16); }
 __device__ __forceinline__ float bf16_hi(unsigned int u) { return __uint_as_float(u & 0xffff0000u); }
 

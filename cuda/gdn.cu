@@ -73,17 +73,12 @@ extern "C" __global__ void gdn_prep(const float* __restrict__ qk, int ldqk, cons
   prep_store(y, head, m, lane, Hk, Hv, q_scale, ab, ldab, a_log, dt_bias, qn, kn, vo, g, beta);
 }
 
-// state: [M, Hv, 128 (dv), 128 (dk)] fp32. o: [M, Hv, 128]. tiled=1: value head h reads qk head h % Hk.
-extern "C" __global__ void __launch_bounds__(256) gdn_delta(const float* __restrict__ qn, const float* __restrict__ kn,
-                                                 const float* __restrict__ vo, const float* __restrict__ g,
-                                                 const float* __restrict__ beta, float* __restrict__ state,
-                                                 float* __restrict__ o, int Hk, int Hv, int tiled) {
-  NI_PDL_ENTRY();
-  const int lane = threadIdx.x & 31;
-  const int rowid = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  const int m = blockIdx.y;
-  if (rowid >= Hv * 128) return;
-  const int h = rowid >> 7, dv = rowid & 127;
+// The delta rule on state row dv of value head h, token row m (one warp, 4 dk a lane); returns the row's
+// output o[h][dv] (in every lane).
+__device__ __forceinline__ float gdn_delta_row(const float* __restrict__ qn, const float* __restrict__ kn,
+                                               const float* __restrict__ vo, const float* __restrict__ g,
+                                               const float* __restrict__ beta, float* __restrict__ state, int Hk,
+                                               int Hv, int tiled, int m, int h, int dv, int lane) {
   const int kh = tiled ? h % Hk : h / (Hv / Hk);
   const float4 q = reinterpret_cast<const float4*>(qn + ((size_t)m * Hk + kh) * 128)[lane];
   const float4 k = reinterpret_cast<const float4*>(kn + ((size_t)m * Hk + kh) * 128)[lane];
@@ -97,7 +92,22 @@ extern "C" __global__ void __launch_bounds__(256) gdn_delta(const float* __restr
   const float u = beta[(size_t)m * Hv + h] * (vo[((size_t)m * Hv + h) * 128 + dv] - sk);
   s.x += u * k.x; s.y += u * k.y; s.z += u * k.z; s.w += u * k.w;
   *sp = s;
-  if (lane == 0) o[((size_t)m * Hv + h) * 128 + dv] = sq + u * kq;
+  return sq + u * kq;
+}
+
+// state: [M, Hv, 128 (dv), 128 (dk)] fp32. o: [M, Hv, 128]. tiled=1: value head h reads qk head h % Hk.
+extern "C" __global__ void __launch_bounds__(256) gdn_delta(const float* __restrict__ qn, const float* __restrict__ kn,
+                                                 const float* __restrict__ vo, const float* __restrict__ g,
+                                                 const float* __restrict__ beta, float* __restrict__ state,
+                                                 float* __restrict__ o, int Hk, int Hv, int tiled) {
+  NI_PDL_ENTRY();
+  const int lane = threadIdx.x & 31;
+  const int rowid = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int m = blockIdx.y;
+  if (rowid >= Hv * 128) return;
+  const int h = rowid >> 7, dv = rowid & 127;
+  const float ov = gdn_delta_row(qn, kn, vo, g, beta, state, Hk, Hv, tiled, m, h, dv, lane);
+  if (lane == 0) o[((size_t)m * Hv + h) * 128 + dv] = ov;
 }
 
 // gdn_delta + gated_rmsnorm_stage in one launch (decode, one token per lane row), with gdn_delta's blocks:
@@ -115,62 +125,32 @@ extern "C" __global__ void __launch_bounds__(256) gdn_delta_gated_stage(
     int Hk, int Hv, int tiled, float eps, int K, int kpad, __half2* __restrict__ xh, float* __restrict__ xinv,
     unsigned int* __restrict__ amax, unsigned int* __restrict__ ticket, unsigned int* __restrict__ hticket) {
   NI_PDL_ENTRY();
-  __shared__ int role;  // 1: this block finished its head; 2: and its row
-  __shared__ float gmax;
+  __shared__ int last;  // this block finished its head
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int wpb = blockDim.x >> 5, bph = 128 / wpb;  // rows a block, blocks a head
   const int rowid = blockIdx.x * wpb + warp;
   const int m = blockIdx.y;
   const int h = rowid >> 7, dv = rowid & 127;
-  const int kh = tiled ? h % Hk : h / (Hv / Hk);
-  {
-    const float4 q = reinterpret_cast<const float4*>(qn + ((size_t)m * Hk + kh) * 128)[lane];
-    const float4 k = reinterpret_cast<const float4*>(kn + ((size_t)m * Hk + kh) * 128)[lane];
-    float4* sp = reinterpret_cast<float4*>(state + (((size_t)m * Hv + h) * 128 + dv) * 128) + lane;
-    float4 s = *sp;
-    const float alpha = __expf(g[(size_t)m * Hv + h]);
-    s.x *= alpha; s.y *= alpha; s.z *= alpha; s.w *= alpha;
-    const float sk = warp_sum(s.x * k.x + s.y * k.y + s.z * k.z + s.w * k.w);
-    const float sq = warp_sum(s.x * q.x + s.y * q.y + s.z * q.z + s.w * q.w);
-    const float kq = warp_sum(k.x * q.x + k.y * q.y + k.z * q.z + k.w * q.w);
-    const float u = beta[(size_t)m * Hv + h] * (vo[((size_t)m * Hv + h) * 128 + dv] - sk);
-    s.x += u * k.x; s.y += u * k.y; s.z += u * k.z; s.w += u * k.w;
-    *sp = s;
-    if (lane == 0) {
-      o[((size_t)m * Hv + h) * 128 + dv] = sq + u * kq;
-      __threadfence();  // this row's output, before the head's ticket
-    }
+  const float ov = gdn_delta_row(qn, kn, vo, g, beta, state, Hk, Hv, tiled, m, h, dv, lane);
+  if (lane == 0) {
+    o[((size_t)m * Hv + h) * 128 + dv] = ov;
+    __threadfence();  // this row's output, before the head's ticket
   }
   __syncthreads();
-  if (threadIdx.x == 0) role = atomicAdd(hticket + (size_t)m * Hv + h, 1u) == (unsigned int)(bph - 1);
+  if (threadIdx.x == 0) last = atomicAdd(hticket + (size_t)m * Hv + h, 1u) == (unsigned int)(bph - 1);
   __syncthreads();
-  if (!role) return;
+  if (!last) return;
   __threadfence();
   float mx = 0.f;
   if (warp == 0) {  // the head's gated norm from the 16 blocks' outputs (through L2)
-    const float4 ov = __ldcg(reinterpret_cast<const float4*>(o + ((size_t)m * Hv + h) * 128) + lane);
-    mx = warp_max(gated_vals(ov, z, ldz, nw, out, ldo, eps, m, h));
+    const float4 ohead = __ldcg(reinterpret_cast<const float4*>(o + ((size_t)m * Hv + h) * 128) + lane);
+    mx = warp_max(gated_vals(ohead, z, ldz, nw, out, ldo, eps, m, h));
     __threadfence();
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    hticket[(size_t)m * Hv + h] = 0u;
-    atomicMax(amax + m, __float_as_uint(mx));
-    __threadfence();
-    role = atomicAdd(ticket + m, 1u) == (unsigned int)(Hv - 1) ? 2 : 0;
-  }
-  __syncthreads();
-  if (role != 2) return;
-  __threadfence();
-  if (threadIdx.x == 0) gmax = __uint_as_float(atomicAdd(amax + m, 0u));
-  __syncthreads();
-  const float sc = pow2_scale(gmax);
-  stage_row_cg(out + (size_t)m * ldo, K, kpad, reinterpret_cast<uint4*>(xh + (size_t)m * kpad / 2), sc);
-  if (threadIdx.x == 0) {
-    xinv[m] = 1.f / sc;
-    amax[m] = 0u;
-    ticket[m] = 0u;
-  }
+  if (threadIdx.x == 0) hticket[(size_t)m * Hv + h] = 0u;
+  stage_row_by_last_block(mx, amax + m, ticket + m, Hv, out + (size_t)m * ldo, K, kpad,
+                          reinterpret_cast<uint4*>(xh + (size_t)m * kpad / 2), xinv + m);
 }
 
 // Columns form: T consecutive tokens of one sequence (a prefill chunk, or the K+1 tokens a speculative

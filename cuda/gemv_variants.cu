@@ -115,28 +115,13 @@ gemv_rs_pre(GEMV_RS_PARAMS, __half2* __restrict__ sxh, float* __restrict__ sxinv
     }
     wrote = fmaxf(wrote, gemv_store<ROWS, M, true>(acc, g, N, pair_stride, epi, inv_sc, yw, y, ldy, lane));
   }
-  if (sxh != nullptr) {
+  if (sxh != nullptr) {  // (session 5's version of this tail, one dependent L2 round a pair: +11 us a layer)
     __shared__ float red[32];
-    __shared__ bool last;
     const float bmax = block_max(wrote, red);
-    if (threadIdx.x == 0) {
-      atomicMax(sslot, __float_as_uint(bmax));  // non-negative floats order as their bits
-      __threadfence();
-      last = atomicAdd(sslot + 1, 1u) == gridDim.x - 1;
-    }
+    __threadfence();  // this thread's stores of y, before the block's ticket
     __syncthreads();
-    if (last) {
-      __threadfence();
-      const float sc = pow2_scale(__uint_as_float(atomicAdd(sslot, 0u)));
-      // the staged row: the SwiGLU outputs (session 5 measured this tail at ~11 us a layer with one dependent
-      // L2 round a pair; stage_row_cg keeps 8 loads in flight a thread)
-      stage_row_cg(y, N - pair_stride, skpad, reinterpret_cast<uint4*>(sxh), sc);
-      if (threadIdx.x == 0) {
-        sxinv[0] = 1.f / sc;
-        sslot[0] = 0u;
-        sslot[1] = 0u;
-      }
-    }
+    stage_row_by_last_block(bmax, sslot, sslot + 1, gridDim.x, y, N - pair_stride, skpad,
+                            reinterpret_cast<uint4*>(sxh), sxinv);
   }
 }
 
