@@ -163,79 +163,81 @@ def best_cfg(sweep):
 
 
 def _burst_tps(eng, n, depth):
-    """tok/s of the median of three n-token greedy bursts (after a warm-up), from a fresh sequence."""
+    """(tok/s of the median of three n-token greedy bursts after a warm-up, from a fresh sequence at
+    `depth`; the last burst's tokens)."""
     eng.reset()
     if depth:
-        eng.seek_synthetic(depth)
+        eng.seek_synthetic(depth)  # the KV pages below `depth` are read all the same, whatever they hold
     eng.decode_greedy(1, 8)
     times = []
     for _ in range(3):
         cp.cuda.Device().synchronize()
         t = time.perf_counter()
-        eng.decode_greedy(1, n)
+        toks = eng.decode_greedy(1, n)
         times.append(time.perf_counter() - t)
-    return n / float(np.median(times))
+    return n / float(np.median(times)), toks
 
 
-def ldg_variants(eng, n, depth, variants):
-    """The step re-planned with a tuning-entry flag set for the shapes a variant names, each measured twice
-    in an interleaved order; {variant: [tok/s, tok/s]}. A variant: "base", or parts joined by "+", each
-    "[FLAG@]SHAPES" with SHAPES "all", a format prefix such as "q5" or an "fmt:NxK" key and FLAG ldg (the
-    default: weight loads through L1) or another boolean entry such as fuse_stage (gate|up staging its
-    SwiGLU output, with pre2)."""
-    ex = eng.model.executor
-    saved = {k: dict(v) for k, v in ex.gemv_cfg.items()}
-    keys = sorted({(m.fmt, m.n, m.k) for m in ex._matrices() if m.fmt in K.FMT_IDS})
-    out = {}
-    try:
-        for _round in range(2):
-            for v in variants:
-                cfg = {k: dict(c) for k, c in saved.items()}
-                for part in ([] if v == "base" else v.split("+")):
-                    flag, _, sel = part.rpartition("@")
-                    for key in keys:
-                        name = f"{key[0]}:{key[1]}x{key[2]}"
-                        if sel == "all" or name == sel or key[0].startswith(sel + "_"):
-                            cfg.setdefault(key, {})[flag or "ldg"] = True
-                            if flag == "fuse_stage":
-                                cfg[key]["pre2"] = True
-                ex.gemv_cfg = cfg
-                ex.ops = ex._plan()
-                ex.capture()
-                out.setdefault(v, []).append(round(_burst_tps(eng, n, depth), 1))
-                print(f"  ldg {v}: {out[v][-1]} tok/s", flush=True)
-    finally:
-        ex.gemv_cfg = saved
-        ex.ops = ex._plan()
-        ex.capture()
-        eng.reset()
-    return out
-
-
-def attr_variants(eng, n, depth, variants):
-    """The step re-planned with executor attributes set per variant ("base", or "NAME=V;NAME=V": class
-    flags such as GDN_FUSED=0), each measured twice in an interleaved order; {variant: [tok/s, tok/s]}."""
+def _ab(eng, n, depth, variants, label, setup):
+    """Each variant measured twice in an interleaved order, the step re-planned and re-captured for it:
+    `setup(v)` applies variant v to the executor and returns what undoes it. {variant: [tok/s, tok/s]}."""
     ex = eng.model.executor
     out = {}
     try:
         for _round in range(2):
             for v in variants:
-                sets = [p.split("=") for p in v.split(";")] if v != "base" else []
-                for name, val in sets:
-                    setattr(ex, name, type(getattr(ex, name))(int(val)) if val.lstrip("-").isdigit() else float(val))
+                undo = setup(v)
                 try:
                     ex.ops = ex._plan()
                     ex.capture()
-                    out.setdefault(v, []).append(round(_burst_tps(eng, n, depth), 1))
+                    out.setdefault(v, []).append(round(_burst_tps(eng, n, depth)[0], 1))
                 finally:
-                    for name, _ in sets:
-                        ex.__dict__.pop(name, None)
-                print(f"  attr {v}: {out[v][-1]} tok/s", flush=True)
+                    undo()
+                print(f"  {label} {v}: {out[v][-1]} tok/s", flush=True)
     finally:
         ex.ops = ex._plan()
         ex.capture()
         eng.reset()
     return out
+
+
+def ldg_variants(eng, n, depth, variants):
+    """The step with a tuning-entry flag set for the shapes a variant names (`_ab`). A variant: "base", or
+    parts joined by "+", each "[FLAG@]SHAPES" with SHAPES "all", a format prefix such as "q5" or an
+    "fmt:NxK" key and FLAG ldg (the default: weight loads through L1) or another boolean entry such as
+    fuse_stage (gate|up staging its SwiGLU output, with pre2)."""
+    ex = eng.model.executor
+    saved = {k: dict(v) for k, v in ex.gemv_cfg.items()}
+    keys = sorted({(m.fmt, m.n, m.k) for m in ex._matrices() if m.fmt in K.FMT_IDS})
+
+    def setup(v):
+        cfg = {k: dict(c) for k, c in saved.items()}
+        for part in ([] if v == "base" else v.split("+")):
+            flag, _, sel = part.rpartition("@")
+            for key in keys:
+                name = f"{key[0]}:{key[1]}x{key[2]}"
+                if sel == "all" or name == sel or key[0].startswith(sel + "_"):
+                    cfg.setdefault(key, {})[flag or "ldg"] = True
+                    if flag == "fuse_stage":
+                        cfg[key]["pre2"] = True
+        ex.gemv_cfg = cfg
+        return lambda: setattr(ex, "gemv_cfg", saved)
+
+    return _ab(eng, n, depth, variants, "ldg", setup)
+
+
+def attr_variants(eng, n, depth, variants):
+    """The step with executor attributes set per variant (`_ab`): "base", or "NAME=V;NAME=V" (class flags
+    such as GDN_FUSED=0)."""
+    ex = eng.model.executor
+
+    def setup(v):
+        sets = [p.split("=") for p in v.split(";")] if v != "base" else []
+        for name, val in sets:
+            setattr(ex, name, type(getattr(ex, name))(int(val)) if val.lstrip("-").isdigit() else float(val))
+        return lambda: [ex.__dict__.pop(name, None) for name, _ in sets]
+
+    return _ab(eng, n, depth, variants, "attr", setup)
 
 
 def synthetic_decode(geometry, bw, gemv_cfg, n=128, depth=0, breakdown=False, kv="bf16", ldg=(),
@@ -249,38 +251,16 @@ def synthetic_decode(geometry, bw, gemv_cfg, n=128, depth=0, breakdown=False, kv
     cp.cuda.Device().synchronize()
     build_s = time.perf_counter() - t0
     print(f"{geometry}: built in {build_s:.1f} s; launches ready for PDL: {K.pdl_ready(ex.ops)}", flush=True)
-    if depth:
-        eng.seek_synthetic(depth)  # the KV pages below `depth` are read all the same, whatever they hold
-    eng.decode_greedy(1, 8)  # warm-up
-    times = []
-    for _ in range(3):
-        cp.cuda.Device().synchronize()
-        t = time.perf_counter()
-        toks = eng.decode_greedy(1, n)
-        times.append(time.perf_counter() - t)
-    dt = float(np.median(times))
-    tps = n / dt
+    tps, toks = _burst_tps(eng, n, depth)
+    dt = n / tps
     if K.PDL:  # the same graph captured with plain launches, for the A/B of programmatic dependent launch
         K.PDL = False
         try:
             ex.capture()
-            eng.reset()
-            if depth:
-                eng.seek_synthetic(depth)
-            eng.decode_greedy(1, 8)
-            t_plain = []
-            for _ in range(3):
-                cp.cuda.Device().synchronize()
-                t = time.perf_counter()
-                eng.decode_greedy(1, n)
-                t_plain.append(time.perf_counter() - t)
+            plain_tps = _burst_tps(eng, n, depth)[0]
         finally:
             K.PDL = True
         ex.capture()
-        eng.reset()
-        if depth:
-            eng.seek_synthetic(depth)
-        plain_tps = n / float(np.median(t_plain))
         print(f"{geometry} depth {depth}: PDL {tps:.1f} tok/s, plain launches {plain_tps:.1f} tok/s", flush=True)
     else:
         plain_tps = tps
