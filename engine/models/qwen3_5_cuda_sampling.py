@@ -58,8 +58,12 @@ class SamplingOps:
     def _burst(self, graph, first_token: int, n: int) -> list[int]:
         """n replays of `graph` after `first_token` (each step's token is the next one's input, on the
         device); the tokens read back from lane 0's history ring once a burst of at most hist_len steps,
-        only the slots that burst wrote."""
+        only the slots that burst wrote (one step: its token, the next input)."""
         self.set_token(int(first_token))
+        if n == 1:  # (streaming: the step's token is also the next input, one read)
+            graph.launch(self.stream)
+            self.stream.synchronize()
+            return [int(self.tokens[0].get())]
         s0 = int(self.step[0].get())
         out: list[int] = []
         while n > 0:
