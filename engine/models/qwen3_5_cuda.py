@@ -308,7 +308,7 @@ class CudaQwen35(MlpOps, SamplingOps):
         log2_theta = float(math.log2(a.rope_theta))
         rot = a.rotary_dim
         for L in self.layers:
-            norm = self._norm(prev_splits, L["in_norm"])
+            ops.append(self._norm(prev_splits, L["in_norm"]))
             xn = (self.xh_n, self.xinv_n)
             att_k = L["o"].k
             att_kpad = -(-att_k // K.XPAD) * K.XPAD  # per layer: the staged row stride the o-projection's K implies
@@ -316,9 +316,7 @@ class CudaQwen35(MlpOps, SamplingOps):
             qk = self._gemv(L["qk"], self.xn, self.buf_a, xpre=xn)
             if L["kind"] == "full_attention":
                 qw, kw = self.Hq * ATTN_HEAD_DIM, self.Hkv * ATTN_HEAD_DIM
-                gv = self._gemv(L["gv"], self.xn, self.buf_b, xpre=xn)
-                ops.append(norm)
-                ops.extend(self._concurrent([gv], [qk]))
+                ops.extend(self._concurrent([self._gemv(L["gv"], self.xn, self.buf_b, xpre=xn)], [qk]))
                 lda, ldb = self.buf_a.shape[1], self.buf_b.shape[1]
                 nh = self.Hq + self.Hkv
                 core = [K.prepared("qk_norm_rope_kv", (-(-nh // K.WARPS), M),
@@ -339,9 +337,8 @@ class CudaQwen35(MlpOps, SamplingOps):
                 del kw
             else:
                 Hk, Hv = self.Hk, self.Hv
-                vz = self._gemv(L["vz"], self.xn, self.buf_b, xpre=xn)
-                ops.append(norm)
-                ops.extend(self._concurrent([vz], [qk, self._gemv(L["ab"], self.xn, self.ab)]))
+                ops.extend(self._concurrent([self._gemv(L["vz"], self.xn, self.buf_b, xpre=xn)],
+                                            [qk, self._gemv(L["ab"], self.xn, self.ab)]))
                 lda, ldb = self.buf_a.shape[1], self.buf_b.shape[1]
                 core = self._gdn_core_ops(L, lda, ldb)
                 zoff = Hv * GDN_HEAD_DIM
@@ -361,12 +358,12 @@ class CudaQwen35(MlpOps, SamplingOps):
                                      (self.xh_att, self.xinv_att))
             ops.extend(core)
             ops.append(o_plan.launch)
-            post = self._norm(o_plan.splits, L["post_norm"])
+            ops.append(self._norm(o_plan.splits, L["post_norm"]))
             if self.args.is_moe:
-                ops.extend(self._moe_ops(L, xn, lead=[post]))
+                ops.extend(self._moe_ops(L, xn))
                 prev_splits = self.topk + 1
             else:
-                ffn, prev_splits = self._ffn_ops(L, xn, lead=[post])
+                ffn, prev_splits = self._ffn_ops(L, xn)
                 ops.extend(ffn)
         ops.append(self._norm(prev_splits, self.final_norm))
         ops.extend(self._tail_ops())

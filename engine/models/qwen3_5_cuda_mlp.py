@@ -24,7 +24,7 @@ class MlpOps:
     # with NINFER_MOE_ROUTE_FUSED=1; off until measured on a GPU.
     MOE_ROUTE_FUSED = os.environ.get("NINFER_MOE_ROUTE_FUSED", "0") != "0"
 
-    def _moe_ops(self, L, xn, lead=()):
+    def _moe_ops(self, L, xn):
         """Router -> top-k on the device -> routed experts (grid.z = slot) writing weighted partials
         part[0..k), shared expert into part[k]; the next norm sums the k + 1 partials."""
         E, k, H, ie = self.args.num_experts, self.topk, self.H, self.inter_e
@@ -57,7 +57,7 @@ class MlpOps:
         shared_down = GemvPlan(L["shared_down"], self.act, self.act.shape[1], self.part[k], H, epi="store",
                                unroll=2, experts=(None, 0, 0, 0, self.ewts[0, k:], 1)).launch
         shared_gu = self._gemv(L["shared_gu"], self.xn, self.act, epi="swiglu", xpre=xn)
-        return (list(lead) + self._concurrent(route, [shared_gu])
+        return (self._concurrent(route, [shared_gu])
                 + self._concurrent(routed, [shared_down]))
 
     # NINFER_FFN_SPLIT=1: the MLP in two halves of the intermediate width, the second half's gate|up
@@ -74,9 +74,9 @@ class MlpOps:
         return 0 if blocks < 2 or w_down.k % K.XPAD or w_down.fmt not in K.FMT_IDS or w_down.fmt == "q8_g32_fp16" \
             else -(-blocks // 2) * K.XPAD
 
-    def _ffn_ops(self, L, xn, lead=()) -> tuple[list, int]:
+    def _ffn_ops(self, L, xn) -> tuple[list, int]:
         """The dense MLP's ops (gate|up with SwiGLU, staging, down into partials) and the partial planes
-        the next norm sums; `lead`: the ops before it (the post-attention norm)."""
+        the next norm sums."""
         gu, dn = L["gate_up"], L["down"]
         s = self._ffn_split_at(dn) if self.FFN_SPLIT else 0
         if not s:
@@ -84,7 +84,7 @@ class MlpOps:
                                       stage_out=(self.xh_act, self.xinv_act, self.kpad_act, self.stage_slot))
             d_plan = self._plan_gemv(dn, self.act, self.part, "partial", self._splits(dn),
                                      (self.xh_act, self.xinv_act))
-            ops = list(lead) + [gu_plan.launch]
+            ops = [gu_plan.launch]
             if not gu_plan.stages_out:  # (gemv_rs_pre with fuse_stage in its tuning entry stages it itself)
                 ops.append(self._stage(self.act, self.inter, self.kpad_act, self.xh_act, self.xinv_act))
             return ops + [d_plan.launch], d_plan.splits
@@ -107,4 +107,4 @@ class MlpOps:
                             pf=dcfg.get("pf"), k_chunks=kpad // 32).launch
             halves.append((gu_h, stage, down))
         (gu_a, st_a, dn_a), (gu_b, st_b, dn_b) = halves
-        return list(lead) + [gu_a] + self._concurrent([gu_b], [st_a, dn_a]) + [st_b, dn_b], 2
+        return [gu_a] + self._concurrent([gu_b], [st_a, dn_a]) + [st_b, dn_b], 2

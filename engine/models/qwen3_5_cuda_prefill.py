@@ -279,7 +279,7 @@ class CudaQwen35Prefill(CudaQwen35Columns):
         self._swiglu(gu.n // 2, n, self.act)
         self._matmul(dn, self.act, y, y.shape[1], rows=n)
 
-    def _moe_ops(self, L, xn, lead=()):
+    def _moe_ops(self, L, xn):
         """The chunk's MoE block (`_moe_chunk`): router GEMM and top-k, the (token, slot) pairs grouped by
         expert on the device, every expert's weights dequantized in one launch, the experts' GEMMs, the
         weighted sum back into token rows; the shared expert as plain GEMMs. All of it lands in partial
@@ -287,7 +287,7 @@ class CudaQwen35Prefill(CudaQwen35Columns):
         def go():
             self._moe_chunk(L)
         go.name = "moe (router, grouped experts, shared)"
-        return list(lead) + [go]
+        return [go]
 
     # Routed experts through one strided-batched GEMM per projection when padding every expert to the
     # busiest one's row count costs at most this many rows per (token, slot) pair (else a GEMM pair per
