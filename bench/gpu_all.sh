@@ -16,7 +16,8 @@
 # (The one-off A/B parts of session 5, pre2 / s5 / pdl / br / s5b, are in git history at 4f9b3f1; those of
 # session 6, next / gdnc / moep / s6 / moeprof / s6b / s6c / s6d / s6e, at c858397; session 7's l2pf, with
 # the L2 warm-up it measured, at 741ff0c.)
-# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | s8 | s8d
+#   s9:   PDL overlap probe, prefill tests, prefill profiles with the norms writing the GEMMs' fp16 input (A/B).
+# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | s8 | s8d | s9
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.cupy_cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -150,6 +151,27 @@ ready
 log "decode A/B at depth 32768: attention 4 tokens a round"
 timeout 300 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --depth 32768 --attr="base,ATTN_TT=4" \
   --out "$OUT/decode_s8_depth.json" 2>&1 | grep -E "PDL|attr|rror" | head -20
+fi
+if [ "$PART" = s9 ]; then  # session 8: is PDL live in a graph; prefill norms straight to the GEMMs' fp16 input
+ready
+log "PDL overlap probe"
+timeout 60 python3 bench/pdl_probe.py --overlap 2>&1 | grep -E "overlap|rror" | head -6
+log "prefill tests"
+gpu_pytest "$OUT/gpu_tests.txt" tests/gpu/test_prefill.py
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | tail -8
+for n in 1 0; do
+  log "27B prefill profile pp8192, NINFER_PREFILL_NORM16=$n"
+  NINFER_PREFILL_NORM16=$n timeout 100 python3 bench/prefill_profile.py --tokens 8192 --chunk 8192 \
+    --out "$OUT/pp_profile_norm16_$n.json" 2>&1 | head -12
+done
+log "35B-A3B prefill profile pp8192"
+timeout 100 python3 bench/prefill_profile.py --geometry qwen3.6-35b-a3b --tokens 8192 --chunk 8192 \
+  --out "$OUT/pp_profile_35b.json" 2>&1 | head -18
+log "bench 27B pp512,pp8192; 35B-A3B pp8192"
+timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 512,8192 -n 0 -r 2 \
+  -o json --out "$OUT/pp_default.json" 2>&1 | grep -E "^pp|rror" | head -4
+timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 8192 -n 0 -r 2 \
+  -o json --out "$OUT/pp_moe.json" 2>&1 | grep -E "^pp|rror" | head -4
 fi
 if [ "$PART" = fin7 ]; then  # every GPU test, then decode 27B + 35B with the defaults (no breakdown, no depth)
 ready

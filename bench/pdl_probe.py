@@ -51,6 +51,25 @@ extern "C" __global__ void stream_k(const uint4* __restrict__ w, long long n4, f
   }
   if (acc == 0x12345678u) out[0] = 1.f;  // keeps the loads
 }
+// one block: lets the next kernel launch (PDL), spins for `ns` nanoseconds, writes when it ended
+__device__ __forceinline__ unsigned long long gtime() {
+  unsigned long long t; asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t)); return t;
+}
+extern "C" __global__ void light_k(unsigned long long* stamps, long long ns) {
+  TRIGGER();
+  WAIT();
+  const unsigned long long t0 = gtime();
+  while (gtime() - t0 < (unsigned long long)ns) { }
+  if (threadIdx.x == 0) stamps[0] = gtime();
+}
+// every block writes when it started (before the wait) and when the wait returned
+extern "C" __global__ void stamp_k(unsigned long long* stamps) {
+  const unsigned long long t0 = gtime();
+  TRIGGER();
+  WAIT();
+  const unsigned long long t1 = gtime();
+  if (threadIdx.x == 0) { stamps[1 + 2 * blockIdx.x] = t0; stamps[2 + 2 * blockIdx.x] = t1; }
+}
 // asks L2 for `bytes` from p, one 128-byte line a thread
 extern "C" __global__ void prefetch_k(const unsigned char* p, long long bytes) {
   for (long long o = (blockIdx.x * (long long)blockDim.x + threadIdx.x) * 128; o < bytes;
@@ -102,6 +121,38 @@ def time_chain(launches):
     return time_branches(body, len(launches))
 
 
+def overlap(mod, sms):
+    """Does a kernel launched with PDL start (blocks resident, before griddepcontrol.wait) while the kernel
+    before it still runs, inside a captured graph and on a plain stream? Prints microseconds from the first
+    kernel's end to the second's block entries (negative: started early) and to its wait's return."""
+    light, stamp = mod.get_function("light_k"), mod.get_function("stamp_k")
+    nb = sms * 2
+    st = cp.zeros(1 + 2 * nb, dtype=cp.uint64)
+    for pdl in (False, True):
+        K.PDL = pdl
+        chain = [K.Launch(light, (1,), 32, (np.uint64(st.data.ptr), np.int64(20000))),
+                 K.Launch(stamp, (nb,), 256, (np.uint64(st.data.ptr),))]
+        for mode in ("stream", "graph"):
+            s = cp.cuda.Stream(non_blocking=True)
+            with s:
+                if mode == "stream":
+                    for lo in chain:
+                        lo()
+                else:
+                    s.begin_capture()
+                    for lo in chain:
+                        lo()
+                    g = s.end_capture()
+                    g.launch(s)
+                s.synchronize()
+            a = st.get().astype(np.int64)
+            end, entry, waited = a[0], a[1::2], a[2::2]
+            print(f"overlap {'PDL  ' if pdl else 'plain'} {mode:6s}: entry - previous end min {(entry.min() - end) / 1e3:7.2f} "
+                  f"median {(np.median(entry) - end) / 1e3:7.2f} us; wait returned {(waited.min() - end) / 1e3:6.2f} us",
+                  flush=True)
+    K.PDL = True
+
+
 def main():
     mod = cp.RawModule(code=SRC, options=("-std=c++17",))
     empty, stream = mod.get_function("empty_k"), mod.get_function("stream_k")
@@ -111,6 +162,9 @@ def main():
     w = cp.zeros(n_slices * slice_bytes // 16 * 4, dtype=cp.uint32)
     n4 = slice_bytes // 16
     sms = K.sm_count()
+    overlap(mod, sms)
+    if "--overlap" in sys.argv:
+        return
     for pdl in (False, True):
         K.PDL = pdl
         chain = [K.Launch(empty, (1,), 32, (np.uint64(p.data.ptr),)) for _ in range(400)]

@@ -223,3 +223,75 @@ extern "C" __global__ void gated_rmsnorm_stage(const float* __restrict__ o, cons
   stage_slice(out + (size_t)m * ldo, K, 0, kpad / 32, xh + (size_t)m * kpad / 2, sc);
   if (threadIdx.x == 0) xinv[m] = 1.f / sc;
 }
+
+// ---- prefill (the tensor-core chunk path: its GEMMs read fp16 rows [M, K], not staged pairs) ----
+
+// One 256-thread block a token row, float4 accesses: x_out = x_in + the S partial planes (in order), then
+// rmsnorm(x_out) * w' (w' = 1 + w with offset) as fp16 into o16 [M, H] (the next GEMM's input, rounded
+// as the cast of the fp32 value it replaces) and, when out != nullptr, as fp32 into out too (the MoE
+// router gather reads fp32 rows). H % 4 == 0, H <= 4 * 256 * RN_V4.
+#define RN_V4 8
+extern "C" __global__ void __launch_bounds__(256) residual_rmsnorm_f16(
+    const float* __restrict__ x_in, float* __restrict__ x_out, const float* __restrict__ part, int S,
+    int part_stride, const float* __restrict__ w, float* __restrict__ out, __half* __restrict__ o16, int H,
+    float eps, int offset) {
+  NI_PDL_ENTRY();
+  __shared__ float red[32];
+  const int m = blockIdx.x, n4 = H >> 2;
+  const float4* xi = reinterpret_cast<const float4*>(x_in + (size_t)m * H);
+  float4 v[RN_V4];
+#pragma unroll
+  for (int i = 0; i < RN_V4; ++i) {
+    const int j = threadIdx.x + i * 256;
+    v[i] = j < n4 ? xi[j] : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  for (int s = 0; s < S; ++s) {
+    const float4* ps = reinterpret_cast<const float4*>(part + (size_t)s * part_stride + (size_t)m * H);
+#pragma unroll
+    for (int i = 0; i < RN_V4; ++i) {
+      const int j = threadIdx.x + i * 256;
+      if (j < n4) {
+        const float4 p = ps[j];
+        v[i].x += p.x; v[i].y += p.y; v[i].z += p.z; v[i].w += p.w;
+      }
+    }
+  }
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < RN_V4; ++i) ss += v[i].x * v[i].x + v[i].y * v[i].y + v[i].z * v[i].z + v[i].w * v[i].w;
+  const float r = rsqrtf(block_sum(ss, red) / H + eps);
+  float4* xo = reinterpret_cast<float4*>(x_out + (size_t)m * H);
+  const float4* w4 = reinterpret_cast<const float4*>(w);
+  __half2* oh = reinterpret_cast<__half2*>(o16 + (size_t)m * H);
+#pragma unroll
+  for (int i = 0; i < RN_V4; ++i) {
+    const int j = threadIdx.x + i * 256;
+    if (j < n4) {
+      xo[j] = v[i];
+      float4 wv = w4[j];
+      if (offset) { wv.x += 1.f; wv.y += 1.f; wv.z += 1.f; wv.w += 1.f; }
+      const float4 o = make_float4(v[i].x * r * wv.x, v[i].y * r * wv.y, v[i].z * r * wv.z, v[i].w * r * wv.w);
+      if (out != nullptr) reinterpret_cast<float4*>(out + (size_t)m * H)[j] = o;
+      oh[2 * j] = __floats2half2_rn(o.x, o.y);
+      oh[2 * j + 1] = __floats2half2_rn(o.z, o.w);
+    }
+  }
+}
+
+// gated_rmsnorm of T token rows as fp16 [T, Hv * 128] (the o-projection GEMM's input): a warp a (row,
+// head), as gated_rmsnorm, its 128 values rounded as the cast of gated_rmsnorm's fp32 output.
+extern "C" __global__ void gated_rmsnorm_f16(const float* __restrict__ o, const float* __restrict__ z, int ldz,
+                                             const float* __restrict__ w, __half* __restrict__ o16, int Hv,
+                                             float eps) {
+  NI_PDL_ENTRY();
+  const int gw = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), m = blockIdx.y, lane = threadIdx.x & 31;
+  if (gw >= Hv) return;
+  const float4 ov = reinterpret_cast<const float4*>(o + ((size_t)m * Hv + gw) * 128)[lane];
+  const float4 zv = reinterpret_cast<const float4*>(z + (size_t)m * ldz + (size_t)gw * 128)[lane];
+  const float4 wv = reinterpret_cast<const float4*>(w)[lane];
+  const float ss = warp_sum(ov.x * ov.x + ov.y * ov.y + ov.z * ov.z + ov.w * ov.w);
+  const float r = rsqrtf(ss / 128.f + eps);
+  __half2* dst = reinterpret_cast<__half2*>(o16 + (size_t)m * Hv * 128 + (size_t)gw * 128) + 2 * lane;
+  dst[0] = __floats2half2_rn(ov.x * r * wv.x * silu(zv.x), ov.y * r * wv.y * silu(zv.y));
+  dst[1] = __floats2half2_rn(ov.z * r * wv.z * silu(zv.z), ov.w * r * wv.w * silu(zv.w));
+}

@@ -418,3 +418,32 @@ def test_prefill_kernels_follow_the_shared_memory_a_block_may_take(cp, monkeypat
     assert any(n.startswith("gdn_chunk") for n in names) == (form is not None)
     K.smem_optin.cache_clear()
     K.mma_ok.cache_clear()
+
+
+@pytest.mark.parametrize("norm16", [True, False])
+def test_prefill_norms_write_the_gemm_input(cp, monkeypatch, norm16):
+    """The tensor-core prefill's norms (but the final one) write the GEMMs' fp16 input rows themselves,
+    so that only the attention layers' o-projection input (the flash kernel's fp32 output) is cast before
+    its GEMM; NINFER_PREFILL_NORM16=0 casts before every GEMM but the down projection, as before."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill
+
+    monkeypatch.setattr(CudaQwen35Prefill, "NORM16", norm16)
+    args, w = _weights(CFG)
+    eng = build_engine(args, w, CFG, max_context=512, prefill_gemm=128)
+    g = eng.model.gemm
+    names = [getattr(op, "name", "") for op in _flat(g.ops)]
+    n_layers, n_att = args.num_hidden_layers, len(args.full_attention_layers)
+    assert names.count("residual_rmsnorm_f16") == (2 * n_layers if norm16 else 0)
+    assert names.count("gated_rmsnorm_f16") == (n_layers - n_att if norm16 else 0)
+    casts = []
+    orig = CudaQwen35Prefill._matmul
+
+    def spy(self, w, x, y, ldy, rows=None):
+        casts.append(self._x16_of is not x)
+        return orig(self, w, x, y, ldy, rows)
+    monkeypatch.setattr(CudaQwen35Prefill, "_matmul", spy)
+    g.run_chunk(list(range(1, 129)), 0)
+    # GEMMs a layer: attention q|k, gate|v, o, gate|up, down; GDN v|z, q|k, a|b, o, gate|up, down
+    assert len(casts) == 5 * n_att + 6 * (n_layers - n_att)
+    assert sum(casts) == (n_att if norm16 else 4 * n_att + 5 * (n_layers - n_att))

@@ -279,6 +279,12 @@ class CudaQwen35(MlpOps, SamplingOps):
                           (x_in, x_out, self.part, splits, self.M * self.H, w, self.xn, self.H,
                            float(self.args.rms_norm_eps), 1, self.xh_n, self.xinv_n, self.kpad_h), block=1024)
 
+    def _gated_norm(self, L, ldb, zoff, att_stage):
+        """GDN output: gated norm and the o-projection's staging in one launch (one block a token row)."""
+        return K.prepared("gated_rmsnorm_stage", (self.M,),
+                          (self.att2, self.buf_b[:, zoff:], ldb, L["norm"], self.att, self.att.shape[1], self.Hv,
+                           float(self.args.rms_norm_eps)) + att_stage, block=1024)
+
     def _stage(self, x, k, kpad, xh, xinv, ldh=None):
         """x[:, :k] as the fp16 pairs of kpad values (ldh pairs a row of xh: kpad / 2 unless a slice)."""
         return K.prepared("stage_x_mb", (self.NORM_BLOCKS, self.M),
@@ -350,10 +356,8 @@ class CudaQwen35(MlpOps, SamplingOps):
                                             self.att2, self.buf_b[:, zoff:], ldb, L["norm"], self.att,
                                             self.att.shape[1], Hk, Hv, 0, eps) + att_stage
                                            + (tk[:M], tk[M:2 * M], tk[2 * M:]))]
-                else:  # gated norm and the o-projection's staging in one launch (one block a token row)
-                    core.append(K.prepared("gated_rmsnorm_stage", (M,),
-                                           (self.att2, self.buf_b[:, zoff:], ldb, L["norm"], self.att,
-                                            self.att.shape[1], Hv, eps) + att_stage, block=1024))
+                else:
+                    core.append(self._gated_norm(L, ldb, zoff, att_stage))
             o_plan = self._plan_gemv(L["o"], self.att, self.part, "partial", self._splits(L["o"]),
                                      (self.xh_att, self.xinv_att))
             ops.extend(core)

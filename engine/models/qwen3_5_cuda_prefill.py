@@ -174,9 +174,11 @@ class CudaQwen35Prefill(CudaQwen35Columns):
         """y[:, :w.n] (row stride ldy, fp32) = x[:, :w.k] @ W^T over the chunk's T rows (or `rows`)."""
         T = self.M if rows is None else int(rows)
         x16 = self._x16[: T * w.k].reshape(T, w.k)
-        if self._x16_of is not x:  # (the SwiGLU kernel wrote the down projection's input: `_swiglu`)
+        if self._x16_of is not x:  # (a norm or the SwiGLU kernel wrote it: `_norm`, `_gated_norm`, `_swiglu`)
             x16[...] = x[:, : w.k]
-        self._x16_of = None
+        # the normed rows stay there for the layer's other projections of them (only a norm rewrites xn,
+        # and it writes _x16 too); any other fp32 input is rewritten later without a word to _x16
+        self._x16_of = x if x is self.xn and self.NORM16 else None
         self._gemm16(self._dequant(w), x16, y, ldy)
 
     def _gemm16(self, w16, x16, y, ldy: int):
@@ -238,6 +240,44 @@ class CudaQwen35Prefill(CudaQwen35Columns):
 
     def _stage(self, x, k, kpad, xh, xinv):
         return lambda: None  # the GEMMs read fp32 rows; nothing to stage
+
+    # The norms write the GEMMs' fp16 input rows themselves (residual_rmsnorm_f16, gated_rmsnorm_f16): no
+    # staged pairs, no fp32 normed rows (but for the MoE's routed gather), no fp32 -> fp16 cast before the
+    # projections. The final norm keeps the decode step's kernel (the head is a GEMV of its staged last
+    # row). NINFER_PREFILL_NORM16=0: the decode step's norms and a cast before each GEMM.
+    NORM16 = os.environ.get("NINFER_PREFILL_NORM16", "1") != "0"
+
+    def _norm(self, splits, w):
+        H = self.H
+        if not self.NORM16 or w is self.final_norm or H % 4 or H > 4 * 256 * 8:
+            return super()._norm(splits, w)
+        x_in, x_out = self._res
+        self._res = (x_out, x_in)
+        args = (x_in, x_out, self.part, splits, self.M * H, w, self.xn if self.args.is_moe else np.uint64(0))
+        return self._writes_x16(lambda: K.prepared(
+            "residual_rmsnorm_f16", (self.M,), args + (self._x16, H, float(self.args.rms_norm_eps), 1), block=256),
+            self.xn, "residual_rmsnorm_f16")
+
+    def _gated_norm(self, L, ldb, zoff, att_stage):
+        if not self.NORM16:
+            return super()._gated_norm(L, ldb, zoff, att_stage)
+        Hv = self.Hv
+        return self._writes_x16(lambda: K.prepared(
+            "gated_rmsnorm_f16", (-(-Hv // K.WARPS), self.M),
+            (self.att2, self.buf_b[:, zoff:], ldb, L["norm"], self._x16, Hv, float(self.args.rms_norm_eps))),
+            self.att, "gated_rmsnorm_f16")
+
+    def _writes_x16(self, build, of, name: str):
+        """An op whose kernel writes _x16 as the fp16 copy of `of` (built at its first run: _plan runs
+        before __init__ has _x16)."""
+        launch = []
+
+        def go():
+            if not launch:
+                launch.append(build())
+            launch[0]()
+            self._x16_of = of
+        return self._named(go, name)
 
     def _tail_ops(self):
         """The columns step's head on the last row and position advance, for the valid rows: a padded
@@ -482,6 +522,7 @@ class CudaQwen35Prefill(CudaQwen35Columns):
         past the prompt, where decode writes over them before it reads them (the caller checks room)."""
         self.start = int(start)
         self._valid = self.M if valid is None else int(valid)
+        self._x16_of = None  # (_x16 may be another executor's too)
         with self.stream:
             self.tokens.set(np.asarray(token_ids, dtype=np.int32), stream=self.stream)
             self.run_eager()
