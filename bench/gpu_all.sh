@@ -16,8 +16,9 @@
 # (The one-off A/B parts of session 5, pre2 / s5 / pdl / br / s5b, are in git history at 4f9b3f1; those of
 # session 6, next / gdnc / moep / s6 / moeprof / s6b / s6c / s6d / s6e, at c858397; session 7's l2pf, with
 # the L2 warm-up it measured, at 741ff0c.)
+#   s10:  prefill gate|up in fp16, RB by head count, one partial after MoE (A/B); decode STAGE_DOWN A/B.
 #   s9:   PDL overlap probe, prefill tests, prefill profiles with the norms writing the GEMMs' fp16 input (A/B).
-# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | s8 | s8d | s9
+# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | s8 | s8d | s9 | s10
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.cupy_cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -167,6 +168,28 @@ done
 log "35B-A3B prefill profile pp8192"
 timeout 100 python3 bench/prefill_profile.py --geometry qwen3.6-35b-a3b --tokens 8192 --chunk 8192 \
   --out "$OUT/pp_profile_35b.json" 2>&1 | head -18
+log "bench 27B pp512,pp8192; 35B-A3B pp8192"
+timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 512,8192 -n 0 -r 2 \
+  -o json --out "$OUT/pp_default.json" 2>&1 | grep -E "^pp|rror" | head -4
+timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 8192 -n 0 -r 2 \
+  -o json --out "$OUT/pp_moe.json" 2>&1 | grep -E "^pp|rror" | head -4
+fi
+if [ "$PART" = s10 ]; then  # prefill: gate|up product in fp16, the 35B's GDN scan at RB 32, one partial after MoE;
+ready                         # decode: the down projection staging its own input (A/B)
+log "prefill tests"
+gpu_pytest "$OUT/gpu_tests.txt" tests/gpu/test_prefill.py
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | tail -8
+log "decode A/B: STAGE_DOWN"
+timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --attr="base,STAGE_DOWN=0" \
+  --out "$OUT/decode_s10.json" 2>&1 | grep -E "PDL|attr|rror" | head -8
+for n in 1 0; do
+  log "27B prefill profile pp8192, NINFER_PREFILL_GU16=$n"
+  NINFER_PREFILL_GU16=$n timeout 100 python3 bench/prefill_profile.py --tokens 8192 --chunk 8192 \
+    --out "$OUT/pp_profile_gu16_$n.json" 2>&1 | head -8
+done
+log "35B-A3B prefill profile pp8192"
+timeout 100 python3 bench/prefill_profile.py --geometry qwen3.6-35b-a3b --tokens 8192 --chunk 8192 \
+  --out "$OUT/pp_profile_35b.json" 2>&1 | head -14
 log "bench 27B pp512,pp8192; 35B-A3B pp8192"
 timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 512,8192 -n 0 -r 2 \
   -o json --out "$OUT/pp_default.json" 2>&1 | grep -E "^pp|rror" | head -4

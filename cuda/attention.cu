@@ -420,6 +420,30 @@ extern "C" __global__ void swiglu_rows_f16(const float* __restrict__ gu, long lo
   }
 }
 
+// swiglu_rows_f16 from an fp16 [gate | up] product (the prefill GEMM writing half the bytes): the same
+// silu(gate) * up in fp32 of the fp16 gate and up, rounded to fp16.
+extern "C" __global__ void swiglu_rows_h(const __half* __restrict__ gu, long long ldgu, int n, int rows,
+                                         __half* __restrict__ out) {
+  NI_PDL_ENTRY();
+  const int n4 = n >> 2;
+  const long long total = (long long)rows * n4;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+       i += (long long)gridDim.x * blockDim.x) {
+    const long long t = i / n4;
+    const int c = (int)(i - t * n4) * 4;
+    const uint2 gw = *reinterpret_cast<const uint2*>(gu + t * ldgu + c);
+    const uint2 uw = *reinterpret_cast<const uint2*>(gu + t * ldgu + n + c);
+    const float2 g0 = __half22float2(u32_as_half2(gw.x)), g1 = __half22float2(u32_as_half2(gw.y));
+    const float2 u0 = __half22float2(u32_as_half2(uw.x)), u1 = __half22float2(u32_as_half2(uw.y));
+    const __half2 a = __floats2half2_rn(silu(g0.x) * u0.x, silu(g0.y) * u0.y);
+    const __half2 b = __floats2half2_rn(silu(g1.x) * u1.x, silu(g1.y) * u1.y);
+    uint2 o;
+    o.x = *reinterpret_cast<const unsigned int*>(&a);
+    o.y = *reinterpret_cast<const unsigned int*>(&b);
+    *reinterpret_cast<uint2*>(out + t * n + c) = o;
+  }
+}
+
 // The prefill attention's output gate: out[t][h*D + j] = o[h][t][j] * sigmoid(gate[t][h*D + j]) for
 // the per-head outputs o [H, T, D] (the GEMMs' layout) into token rows (row strides ldg, ldo).
 extern "C" __global__ void gate_heads(const float* __restrict__ o, int T, int H, int D,

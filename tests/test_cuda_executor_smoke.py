@@ -280,7 +280,7 @@ def test_chunked_gdn_prefill_plumbing(cp, monkeypatch):
     gemm = eng.model.gemm
     names = [getattr(op, "name", "") for op in gemm.ops]
     n_gdn = sum(1 for L in gemm.layers if L["kind"] != "full_attention")
-    rb = CudaQwen35Prefill.GDN_SCAN_RB
+    rb = gemm.gdn_scan_rb()
     assert names.count("gdn_chunk_prep") == n_gdn and names.count(f"gdn_chunk_scan_tc<{rb}>") == n_gdn
     assert not any(n.startswith("gdn_delta") for n in names)
     assert gemm._gdn_scratch[0].size == 2 * args.linear_num_value_heads * 64 * 128  # 128 rows: two pieces
@@ -411,6 +411,9 @@ def test_prefill_kernels_follow_the_shared_memory_a_block_may_take(cp, monkeypat
         mem_info=(100 << 30, 141 << 30), id=0, compute_capability="86"))
     K.smem_optin.cache_clear()
     K.mma_ok.cache_clear()
+    from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill
+
+    monkeypatch.setattr(CudaQwen35Prefill, "GDN_SCAN_RB", 64)  # (the tiny model's 4 heads would pick 32)
     args, w = _weights(CFG)
     gemm = build_engine(args, w, CFG, max_context=512, prefill_cols=8, prefill_gemm=64).model.gemm
     assert gemm._flash_warps() == warps and gemm._gdn_chunked_form() == form
@@ -447,3 +450,49 @@ def test_prefill_norms_write_the_gemm_input(cp, monkeypatch, norm16):
     # GEMMs a layer: attention q|k, gate|v, o, gate|up, down; GDN v|z, q|k, a|b, o, gate|up, down
     assert len(casts) == 5 * n_att + 6 * (n_layers - n_att)
     assert sum(casts) == (n_att if norm16 else 4 * n_att + 5 * (n_layers - n_att))
+
+
+def test_gdn_scan_rows_a_block_fill_the_gpu(monkeypatch):
+    """The in-order GDN pass takes the largest tensor-core RB whose blocks fill 70% of the GPU: the 27B's 48
+    value heads keep RB 64 (96 blocks on 132 SMs), the 35B-A3B's 32 take RB 32 (128 blocks, not 64)."""
+    from types import SimpleNamespace
+
+    from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill
+    from engine.ops import kernels as K
+
+    monkeypatch.setattr(K, "sm_count", lambda: 132)
+    rb = lambda hv, forced=0, tc=True: CudaQwen35Prefill.gdn_scan_rb(  # noqa: E731
+        SimpleNamespace(Hv=hv, GDN_SCAN_RB=forced, GDN_TC=tc))
+    assert (rb(48), rb(32), rb(4), rb(48, forced=32), rb(48, tc=False)) == (64, 32, 32, 32, 32)
+
+
+def test_moe_prefill_norm_reads_one_partial(cp, monkeypatch):
+    """The tensor-core MoE block writes its whole sum into partial 0, so the norm after it reads that plane
+    only (the decode step's norm sums the k routed slots and the shared expert)."""
+    from engine import gpu_engine
+    from engine.gpu_engine import build_engine
+    from engine.ops import kernels as K
+
+    monkeypatch.setattr(gpu_engine, "MOE_PREFILL", True)
+    cfg = dict(CFG, architectures=["Qwen3_5MoeForCausalLM"], model_type="qwen3_5_moe_text", num_experts=8,
+               num_experts_per_tok=2, moe_intermediate_size=128, shared_expert_intermediate_size=128)
+    cfg.pop("intermediate_size")
+    args, w = _weights(cfg)
+    eng = build_engine(args, w, cfg, max_context=512, prefill_gemm=128)
+    splits = []
+    orig = K.prepared
+
+    def spy(name, grid, a, **kw):
+        if name == "residual_rmsnorm_f16":  # (built at a norm's first run; the final norm's at plan time)
+            splits.append(int(a[3]))
+        return orig(name, grid, a, **kw)
+    monkeypatch.setattr(K, "prepared", spy)
+    g = eng.model.gemm
+    g.eidx[...] = np.arange(args.num_experts_per_tok, dtype=np.int32)
+    g.run_chunk(list(range(1, 129)), 0)
+    # per layer: the input norm (after the previous MoE block: 1 plane; the first: none), the post-attention
+    # norm (the o-projection's split 0); then the final norm (the decode step's kernel, its head staging)
+    L = args.num_hidden_layers
+    assert splits == [0] + [1] * (2 * L - 1)
+    final = [op for op in g.ops if getattr(op, "name", "") == "residual_rmsnorm_mb"]
+    assert len(final) == 1 and int(final[0].args[3]) == 1

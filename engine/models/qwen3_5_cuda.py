@@ -279,6 +279,10 @@ class CudaQwen35(MlpOps, SamplingOps):
                           (x_in, x_out, self.part, splits, self.M * self.H, w, self.xn, self.H,
                            float(self.args.rms_norm_eps), 1, self.xh_n, self.xinv_n, self.kpad_h), block=1024)
 
+    def _moe_splits(self) -> int:
+        """Partial planes the MoE block leaves for the next norm to sum: the routed slots and the shared expert."""
+        return self.topk + 1
+
     def _gated_norm(self, L, ldb, zoff, att_stage):
         """GDN output: gated norm and the o-projection's staging in one launch (one block a token row)."""
         return K.prepared("gated_rmsnorm_stage", (self.M,),
@@ -365,7 +369,7 @@ class CudaQwen35(MlpOps, SamplingOps):
             ops.append(self._norm(o_plan.splits, L["post_norm"]))
             if self.args.is_moe:
                 ops.extend(self._moe_ops(L, xn))
-                prev_splits = self.topk + 1
+                prev_splits = self._moe_splits()
             else:
                 ffn, prev_splits = self._ffn_ops(L, xn)
                 ops.extend(ffn)

@@ -74,6 +74,10 @@ class MlpOps:
         return 0 if blocks < 2 or w_down.k % K.XPAD or w_down.fmt not in K.FMT_IDS or w_down.fmt == "q8_g32_fp16" \
             else -(-blocks // 2) * K.XPAD
 
+    # The down projection's input: pre-staged by a stage_x launch (1), or staged by each of its blocks from
+    # the fp32 SwiGLU row (NINFER_STAGE_DOWN=0: a launch a layer fewer, as the MoE's routed down does).
+    STAGE_DOWN = os.environ.get("NINFER_STAGE_DOWN", "1") != "0"
+
     def _ffn_ops(self, L, xn) -> tuple[list, int]:
         """The dense MLP's ops (gate|up with SwiGLU, staging, down into partials) and the partial planes
         the next norm sums."""
@@ -82,10 +86,11 @@ class MlpOps:
         if not s:
             gu_plan = self._plan_gemv(gu, self.xn, self.act, "swiglu", 1, xn,
                                       stage_out=(self.xh_act, self.xinv_act, self.kpad_act, self.stage_slot))
+            pre = gu_plan.stages_out or self.STAGE_DOWN
             d_plan = self._plan_gemv(dn, self.act, self.part, "partial", self._splits(dn),
-                                     (self.xh_act, self.xinv_act))
+                                     (self.xh_act, self.xinv_act) if pre else None)
             ops = [gu_plan.launch]
-            if not gu_plan.stages_out:  # (gemv_rs_pre with fuse_stage in its tuning entry stages it itself)
+            if not gu_plan.stages_out and pre:  # (gemv_rs_pre with fuse_stage in its tuning entry stages it itself)
                 ops.append(self._stage(self.act, self.inter, self.kpad_act, self.xh_act, self.xinv_act))
             return ops + [d_plan.launch], d_plan.splits
         inter, M, H = dn.k, self.M, self.H

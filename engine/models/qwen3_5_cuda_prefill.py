@@ -33,6 +33,11 @@ _GEMM_DEFAULT = -1
 SCORE_BYTES = PREFILL_SCORE_BYTES  # bound on one query block's scores (fp32 and fp16)
 
 
+def _r(y) -> int:
+    """cuBLAS data type of a GEMM output: fp16 or fp32."""
+    return _R_16F if y.dtype == np.float16 else _R_32F
+
+
 def kv_rows(xp, codes, scales, pages, length: int):
     """Rows [0, length) of one layer's paged K or V cache as fp32 [length, Hkv, D]: bf16 bit patterns
     (uint16) or int8-g64 codes with their fp16 scales."""
@@ -112,7 +117,10 @@ class CudaQwen35Prefill(CudaQwen35Columns):
     # Its scratch (W, U' [P][Hv][64][128], M [P][Hv][64][64], G [P][Hv][64], fp32) is shared by the tails.
     GDN_CHUNKED = PREFILL_GDN_CHUNKED
     GDN_TC = os.environ.get("NINFER_GDN_TC", "1") != "0"
-    GDN_SCAN_RB = int(os.environ.get("NINFER_GDN_SCAN_RB", "64" if GDN_TC else "32"))
+    # State rows a block of the in-order pass; 0 (the default): the largest tensor-core RB whose Hv x 128 / RB
+    # blocks still fill 70% of the multiprocessors (27B, 48 value heads: RB 64, 96 blocks; 35B-A3B, 32
+    # heads: RB 32, 128 blocks, where RB 64 left half the H200 idle), 32 on CUDA cores.
+    GDN_SCAN_RB = int(os.environ.get("NINFER_GDN_SCAN_RB", "0"))
     # Attention as one flash kernel over the paged cache (attn_prefill_fa, cuda/attn_prefill.cu), on by
     # default (memory_plan.PREFILL_FLASH; NINFER_FLASH_PREFILL=0: gather + cuBLAS + softmax). Session 6 on
     # the H200, 27B pp8192, 16 layers: 103 ms the old way, 67.0 with 4 warps (64 query rows a block, 2
@@ -141,7 +149,7 @@ class CudaQwen35Prefill(CudaQwen35Columns):
             k_max = max(self.H, self.att.shape[1], self.inter)
             self._x16 = cp.empty(self.M * k_max, dtype=cp.float16)
             n_gu = max([L["gate_up"].n for L in self.layers if "gate_up" in L] + [2 * self.inter])
-            self._gu = cp.empty((self.M, n_gu), dtype=cp.float32)
+            self._gu = cp.empty((self.M, n_gu), dtype=cp.float16 if self.GU16 else cp.float32)
         self._x16_of = None  # the fp32 rows whose fp16 copy _x16 holds (set by the SwiGLU kernel)
         self._valid = self.M  # the chunk's prompt tokens (run_chunk)
         self._one = np.array(1.0, dtype=np.float32)
@@ -182,7 +190,8 @@ class CudaQwen35Prefill(CudaQwen35Columns):
         self._gemm16(self._dequant(w), x16, y, ldy)
 
     def _gemm16(self, w16, x16, y, ldy: int):
-        """y[:rows, :n] (fp32, row stride ldy) = x16 [rows, k] @ w16 [n, k]^T, both fp16 and contiguous."""
+        """y[:rows, :n] (fp32 or fp16, row stride ldy) = x16 [rows, k] @ w16 [n, k]^T, both fp16 and contiguous
+        (fp32 accumulation either way)."""
         from cupy_backends.cuda.libs import cublas  # noqa: PLC0415
 
         n, kk = w16.shape
@@ -190,7 +199,7 @@ class CudaQwen35Prefill(CudaQwen35Columns):
         cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)  # alpha and beta live on the host
         # row-major y[T, N] = x[T, K] W[N, K]^T is column-major C[N, T] = W^T(op T of [K, N]) x(op N of [K, T])
         cublas.gemmEx(handle, _OP_T, _OP_N, n, x16.shape[0], kk, self._one.ctypes.data, w16.data.ptr, _R_16F, kk,
-                      x16.data.ptr, _R_16F, kk, self._zero.ctypes.data, y.data.ptr, _R_32F, ldy,
+                      x16.data.ptr, _R_16F, kk, self._zero.ctypes.data, y.data.ptr, _r(y), ldy,
                       _COMPUTE_32F, _GEMM_DEFAULT)
 
     def _gemm16_batched(self, w16, n: int, kk: int, x16, rows: int, y, batch: int):
@@ -202,7 +211,7 @@ class CudaQwen35Prefill(CudaQwen35Columns):
         cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
         cublas.gemmStridedBatchedEx(handle, _OP_T, _OP_N, n, rows, kk, self._one.ctypes.data, w16.data.ptr,
                                     _R_16F, kk, n * kk, x16.data.ptr, _R_16F, kk, rows * kk,
-                                    self._zero.ctypes.data, y.data.ptr, _R_32F, n, rows * n, batch,
+                                    self._zero.ctypes.data, y.data.ptr, _r(y), n, rows * n, batch,
                                     _COMPUTE_32F, _GEMM_DEFAULT)
 
     def _gemv(self, w, x, y, epi="store", splits=1, y_offset=0, xpre=None):
@@ -246,6 +255,9 @@ class CudaQwen35Prefill(CudaQwen35Columns):
     # projections. The final norm keeps the decode step's kernel (the head is a GEMV of its staged last
     # row). NINFER_PREFILL_NORM16=0: the decode step's norms and a cast before each GEMM.
     NORM16 = os.environ.get("NINFER_PREFILL_NORM16", "1") != "0"
+    # The gate|up GEMMs (dense, shared and routed experts) write their product in fp16 (fp32 accumulation),
+    # half the bytes for the GEMM to write and the SwiGLU pass to read; NINFER_PREFILL_GU16=0: fp32.
+    GU16 = os.environ.get("NINFER_PREFILL_GU16", "1") != "0"
 
     def _norm(self, splits, w):
         H = self.H
@@ -302,8 +314,9 @@ class CudaQwen35Prefill(CudaQwen35Columns):
 
     @staticmethod
     def _swiglu_rows(gu, inter: int, rows: int, out16):
-        """out16 [rows, inter] (fp16) = silu(gate) * up of the rows of gu (fp32 [gate | up], any row stride)."""
-        K.kernel("swiglu_rows_f16")((max(1, min(-(-rows * inter // 4 // 256), K.sm_count() * 16)),), (256,),
+        """out16 [rows, inter] (fp16) = silu(gate) * up of the rows of gu (fp32 or fp16 [gate | up], any row
+        stride)."""
+        K.kernel("swiglu_rows_h" if gu.dtype == np.float16 else "swiglu_rows_f16")((max(1, min(-(-rows * inter // 4 // 256), K.sm_count() * 16)),), (256,),
                                     (gu, np.int64(gu.shape[1]), np.int32(inter), np.int32(rows), out16))
 
     def _swiglu(self, inter: int, rows: int, of):
@@ -323,11 +336,14 @@ class CudaQwen35Prefill(CudaQwen35Columns):
         """The chunk's MoE block (`_moe_chunk`): router GEMM and top-k, the (token, slot) pairs grouped by
         expert on the device, every expert's weights dequantized in one launch, the experts' GEMMs, the
         weighted sum back into token rows; the shared expert as plain GEMMs. All of it lands in partial
-        0; partials 1..k stay zero (the next norm sums k + 1 of them, as after the decode step's MoE)."""
+        0, the only one the next norm reads (`_moe_splits`)."""
         def go():
             self._moe_chunk(L)
         go.name = "moe (router, grouped experts, shared)"
         return [go]
+
+    def _moe_splits(self) -> int:
+        return 1  # (_moe_chunk puts the whole block into partial 0)
 
     # Routed experts through one strided-batched GEMM per projection when padding every expert to the
     # busiest one's row count costs at most this many rows per (token, slot) pair (else a GEMM pair per
@@ -387,7 +403,7 @@ class CudaQwen35Prefill(CudaQwen35Columns):
         if bufs.get("rows", -1) < nr:
             bufs["rows"] = r = max(nr, 3 * n // 2)  # (the memory plan counts 1.5 rows a pair)
             bufs["x"] = cp.empty((r, H), dtype=cp.float16)  # the pairs' input rows, sorted
-            bufs["gu"] = cp.empty((r, 2 * ie), dtype=cp.float32)  # their gate|up products
+            bufs["gu"] = cp.empty((r, 2 * ie), dtype=cp.float16 if self.GU16 else cp.float32)  # gate|up products
             bufs["act"] = cp.empty((r, ie), dtype=cp.float16)  # SwiGLU
             bufs["y"] = cp.empty((r, H), dtype=cp.float32)  # expert outputs, sorted
         xs16, gus, acts16, ys = bufs["x"], bufs["gu"], bufs["act"], bufs["y"]
@@ -451,13 +467,22 @@ class CudaQwen35Prefill(CudaQwen35Columns):
                           smem=K.gdn_scan_smem(rb, tc))
         return ops[:-1] + [prep, scan]
 
+    def gdn_scan_rb(self) -> int:
+        """The in-order pass's rows a block: GDN_SCAN_RB, or by the GPU's size (see GDN_SCAN_RB)."""
+        if self.GDN_SCAN_RB:
+            return self.GDN_SCAN_RB
+        if not self.GDN_TC:
+            return 32
+        tc = sorted(K.GDN_SCAN_TC_RB, reverse=True)
+        return next((rb for rb in tc if self.Hv * (128 // rb) >= 0.7 * K.sm_count()), tc[-1])
+
     def _gdn_chunked_form(self):
         """(RB, on tensor cores) of the chunked GDN's in-order pass that this device runs (sm_80 and the
         shared memory: RB 64 on tensor cores takes 187 KiB a block, RB 32 154, on CUDA cores 138), the
         configured one first; None: the token-by-token recurrence (GDN_CHUNKED off, or no form fits)."""
         if not (self.GDN_CHUNKED and K.mma_ok()) or K.GDN_PREP_SMEM > K.smem_optin():
             return None
-        forms = [(self.GDN_SCAN_RB, self.GDN_TC and self.GDN_SCAN_RB in K.GDN_SCAN_TC_RB)]
+        forms = [(self.gdn_scan_rb(), self.GDN_TC and self.gdn_scan_rb() in K.GDN_SCAN_TC_RB)]
         forms += [(rb, True) for rb in sorted(K.GDN_SCAN_TC_RB, reverse=True) if self.GDN_TC]
         forms += [(rb, False) for rb in sorted(K.GDN_SCAN_RB, reverse=True)]
         return next(((rb, tc) for rb, tc in forms

@@ -110,17 +110,21 @@ def test_attention_cublas_matches_reference(t, start, score_bytes):
     assert rel(got, want) < 8e-3, rel(got, want)
 
 
-def test_swiglu_rows_f16_is_silu_gate_times_up():
-    """The prefill's one-pass SwiGLU: fp32 [T, ld] gate|up rows -> fp16 [T, n] (the down GEMM's input)."""
+@pytest.mark.parametrize("half", [False, True])
+def test_swiglu_rows_f16_is_silu_gate_times_up(half):
+    """The prefill's one-pass SwiGLU: fp32 (swiglu_rows_f16) or fp16 (swiglu_rows_h) [T, ld] gate|up rows ->
+    fp16 [T, n] (the down GEMM's input)."""
     import cupy as cp
 
     from engine.ops import kernels as K
     from engine.ops import ref as R
 
     t, n, ld = 37, 1028, 2 * 1028 + 12
-    gu = (np.random.default_rng(5).standard_normal((t, ld)) * 4).astype(np.float32)
+    gu = (np.random.default_rng(5).standard_normal((t, ld)) * 4).astype(np.float16 if half else np.float32)
     out = cp.asarray(np.full(t * n, np.nan, np.float16))
-    K.kernel("swiglu_rows_f16")((7,), (256,), (cp.asarray(gu), np.int64(ld), np.int32(n), np.int32(t), out))
+    K.kernel("swiglu_rows_h" if half else "swiglu_rows_f16")(
+        (7,), (256,), (cp.asarray(gu), np.int64(ld), np.int32(n), np.int32(t), out))
+    gu = gu.astype(np.float32)
     want = R.swiglu(gu[:, :n], gu[:, n: 2 * n]).astype(np.float16).astype(np.float32)
     got = out.get().reshape(t, n).astype(np.float32)
     assert np.allclose(got, want, rtol=2e-3, atol=1e-3)
