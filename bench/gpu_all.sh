@@ -16,9 +16,11 @@
 # (The one-off A/B parts of session 5, pre2 / s5 / pdl / br / s5b, are in git history at 4f9b3f1; those of
 # session 6, next / gdnc / moep / s6 / moeprof / s6b / s6c / s6d / s6e, at c858397; session 7's l2pf, with
 # the L2 warm-up it measured, at 741ff0c.)
+#   s11:  prefill residual in the GEMMs, weights dequantized ahead (A/B), prefill tests and benches; fin8: all
+#         GPU tests, decode 27B + 35B with breakdown and depth 32768.
 #   s10:  prefill gate|up in fp16, RB by head count, one partial after MoE (A/B); decode STAGE_DOWN A/B.
 #   s9:   PDL overlap probe, prefill tests, prefill profiles with the norms writing the GEMMs' fp16 input (A/B).
-# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | s8 | s8d | s9 | s10
+# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | s8 | s8d | s9 | s10 | s11 | fin8
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.cupy_cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -195,6 +197,28 @@ timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 512,8192
   -o json --out "$OUT/pp_default.json" 2>&1 | grep -E "^pp|rror" | head -4
 timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 8192 -n 0 -r 2 \
   -o json --out "$OUT/pp_moe.json" 2>&1 | grep -E "^pp|rror" | head -4
+fi
+if [ "$PART" = s11 ]; then  # prefill: residual added by the GEMMs, next weights dequantized ahead (A/B); benches
+ready
+log "prefill tests"
+gpu_pytest "$OUT/gpu_tests.txt" tests/gpu/test_prefill.py
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | tail -8
+for v in "" NINFER_PREFILL_DQ_AHEAD=0 "NINFER_PREFILL_DQ_AHEAD=0 NINFER_PREFILL_RESIDUAL_GEMM=0"; do
+  log "27B prefill profile pp8192 ${v:-(defaults)}"
+  env $v timeout 100 python3 bench/prefill_profile.py --tokens 8192 --chunk 8192 2>&1 | head -9
+done
+log "35B-A3B prefill profile pp8192"
+timeout 100 python3 bench/prefill_profile.py --geometry qwen3.6-35b-a3b --tokens 8192 --chunk 8192 2>&1 | head -9
+bench_pp
+bench_moe
+bench_long
+fi
+if [ "$PART" = fin8 ]; then  # every GPU test, decode 27B + 35B (breakdown) and at depth 32768
+ready
+log "all GPU tests"
+gpu_pytest "$OUT/gpu_tests.txt" tests/gpu
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | tail -12
+decode_all
 fi
 if [ "$PART" = fin7 ]; then  # every GPU test, then decode 27B + 35B with the defaults (no breakdown, no depth)
 ready

@@ -226,13 +226,14 @@ extern "C" __global__ void gated_rmsnorm_stage(const float* __restrict__ o, cons
 
 // ---- prefill (the tensor-core chunk path: its GEMMs read fp16 rows [M, K], not staged pairs) ----
 
-// One 256-thread block a token row, float4 accesses: x_out = x_in + the S partial planes (in order), then
+// One 256-thread block a token row, float4 accesses: x_out = x_in + the S partial planes (in order; x_out may
+// be x_in: each thread writes back only the values it read), then
 // rmsnorm(x_out) * w' (w' = 1 + w with offset) as fp16 into o16 [M, H] (the next GEMM's input, rounded
 // as the cast of the fp32 value it replaces) and, when out != nullptr, as fp32 into out too (the MoE
 // router gather reads fp32 rows). H % 4 == 0, H <= 4 * 256 * RN_V4.
 #define RN_V4 8
 extern "C" __global__ void __launch_bounds__(256) residual_rmsnorm_f16(
-    const float* __restrict__ x_in, float* __restrict__ x_out, const float* __restrict__ part, int S,
+    const float* x_in, float* x_out, const float* __restrict__ part, int S,
     int part_stride, const float* __restrict__ w, float* __restrict__ out, __half* __restrict__ o16, int H,
     float eps, int offset) {
   NI_PDL_ENTRY();
@@ -267,7 +268,7 @@ extern "C" __global__ void __launch_bounds__(256) residual_rmsnorm_f16(
   for (int i = 0; i < RN_V4; ++i) {
     const int j = threadIdx.x + i * 256;
     if (j < n4) {
-      xo[j] = v[i];
+      if (S > 0 || x_out != x_in) xo[j] = v[i];  // (in place with nothing added: already there)
       float4 wv = w4[j];
       if (offset) { wv.x += 1.f; wv.y += 1.f; wv.z += 1.f; wv.w += 1.f; }
       const float4 o = make_float4(v[i].x * r * wv.x, v[i].y * r * wv.y, v[i].z * r * wv.z, v[i].w * r * wv.w);

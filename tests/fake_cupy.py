@@ -72,14 +72,17 @@ class _Event:
 
 class _Stream:
     ptr = 0
+    current: list = []  # the streams entered with `with`, innermost last (get_current_stream)
 
     def __init__(self, *a, **k):
         pass
 
     def __enter__(self):
+        _Stream.current.append(self)
         return self
 
     def __exit__(self, *exc):
+        _Stream.current.pop()
         return False
 
     def synchronize(self):
@@ -147,7 +150,8 @@ def make() -> types.ModuleType:
     cuda.alloc_pinned_memory = lambda n: bytearray(n)
     cuda.Device = lambda *a: types.SimpleNamespace(attributes={"MultiProcessorCount": 132}, synchronize=lambda: None,
                                                    mem_info=(100 << 30, 141 << 30), id=0)
-    cuda.get_current_stream = lambda: _Stream()
+    null = _Stream()
+    cuda.get_current_stream = lambda: _Stream.current[-1] if _Stream.current else null
     cuda.device = types.SimpleNamespace(get_cublas_handle=lambda: 0)
     cp.cuda = cuda
     cp.get_default_memory_pool = lambda: _Pool()

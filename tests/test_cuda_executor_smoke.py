@@ -442,14 +442,19 @@ def test_prefill_norms_write_the_gemm_input(cp, monkeypatch, norm16):
     casts = []
     orig = CudaQwen35Prefill._matmul
 
-    def spy(self, w, x, y, ldy, rows=None):
+    def spy(self, w, x, y, ldy, rows=None, acc=False):
         casts.append(self._x16_of is not x)
-        return orig(self, w, x, y, ldy, rows)
+        accs.append((acc, y is self.x))
+        return orig(self, w, x, y, ldy, rows, acc)
+    accs = []
     monkeypatch.setattr(CudaQwen35Prefill, "_matmul", spy)
     g.run_chunk(list(range(1, 129)), 0)
     # GEMMs a layer: attention q|k, gate|v, o, gate|up, down; GDN v|z, q|k, a|b, o, gate|up, down
     assert len(casts) == 5 * n_att + 6 * (n_layers - n_att)
     assert sum(casts) == (n_att if norm16 else 4 * n_att + 5 * (n_layers - n_att))
+    # the out- and down-projections add into the residual stream itself (with the fp16 norms)
+    assert accs.count((True, True)) == (2 * n_layers if norm16 else 0)
+    assert accs.count((False, True)) == 0
 
 
 def test_gdn_scan_rows_a_block_fill_the_gpu(monkeypatch):
@@ -491,8 +496,37 @@ def test_moe_prefill_norm_reads_one_partial(cp, monkeypatch):
     g.eidx[...] = np.arange(args.num_experts_per_tok, dtype=np.int32)
     g.run_chunk(list(range(1, 129)), 0)
     # per layer: the input norm (after the previous MoE block: 1 plane; the first: none), the post-attention
-    # norm (the o-projection's split 0); then the final norm (the decode step's kernel, its head staging)
+    # norm (none: the o-projection added itself to the residual); then the final norm (the decode step's
+    # kernel, its head staging)
     L = args.num_hidden_layers
-    assert splits == [0] + [1] * (2 * L - 1)
+    assert splits == [0, 0] + [1, 0] * (L - 1)
     final = [op for op in g.ops if getattr(op, "name", "") == "residual_rmsnorm_mb"]
     assert len(final) == 1 and int(final[0].args[3]) == 1
+
+
+def test_prefill_dequantizes_the_next_weights_ahead(cp, monkeypatch):
+    """Dense models: the first run of a chunk records its GEMMs' weights in order (dequantized in place);
+    later runs dequantize weight i + 1 on the side stream into the other fp16 buffer while GEMM i runs."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill
+
+    args, w = _weights(CFG)
+    eng = build_engine(args, w, CFG, max_context=512, prefill_gemm=128)
+    g = eng.model.gemm
+    assert g._w16b is not None and g._w16b is not g._w16
+    log = []
+    orig = CudaQwen35Prefill._dequant
+
+    def spy(self, w, buf=None):
+        log.append((w, buf, cp.cuda.get_current_stream() is self._dq_stream))
+        return orig(self, w, buf)
+    monkeypatch.setattr(CudaQwen35Prefill, "_dequant", spy)
+    g.run_chunk(list(range(1, 129)), 0)
+    first = list(log)
+    n = len(g._wseq)
+    assert n == len(first) and not any(side for _, _, side in first)
+    log.clear()
+    g.run_chunk(list(range(1, 129)), 0)
+    assert [x for x, _, _ in log] == g._wseq
+    assert [side for _, _, side in log] == [False] + [True] * (n - 1)
+    assert [buf is (g._w16 if i % 2 == 0 else g._w16b) for i, (_, buf, _) in enumerate(log)] == [True] * n

@@ -20,7 +20,7 @@ import os
 
 import numpy as np
 
-from engine.memory_plan import PREFILL_FLASH, PREFILL_GDN_CHUNKED, PREFILL_SCORE_BYTES
+from engine.memory_plan import PREFILL_DQ_AHEAD, PREFILL_FLASH, PREFILL_GDN_CHUNKED, PREFILL_SCORE_BYTES
 from engine.ops import kernels as K
 from engine.models.qwen3_5_cuda import ATTN_HEAD_DIM, KV_PAGE
 from engine.models.qwen3_5_cuda_cols import CudaQwen35Columns
@@ -138,6 +138,7 @@ class CudaQwen35Prefill(CudaQwen35Columns):
         cp = self.cp
         if share is not None and share.M >= chunk:
             self._w16, self._x16, self._gu = share._w16, share._x16, share._gu[:chunk]
+            self._w16b = share._w16b
         else:
             n_max = max(L[key].n * L[key].k for L in self.layers
                         for key in ("qk", "gv", "vz", "ab", "o", "gate_up", "down", "router", "shared_gu",
@@ -146,11 +147,16 @@ class CudaQwen35Prefill(CudaQwen35Columns):
                 n_max = max([n_max] + [L[key].n * L[key].k for L in self.layers
                                        for key in ("experts_gu", "experts_down") if key in L])
             self._w16 = cp.empty(n_max, dtype=cp.float16)
+            self._w16b = cp.empty(n_max, dtype=cp.float16) if self.DQ_AHEAD and not self.args.is_moe else None
             k_max = max(self.H, self.att.shape[1], self.inter)
             self._x16 = cp.empty(self.M * k_max, dtype=cp.float16)
             n_gu = max([L["gate_up"].n for L in self.layers if "gate_up" in L] + [2 * self.inter])
             self._gu = cp.empty((self.M, n_gu), dtype=cp.float16 if self.GU16 else cp.float32)
         self._x16_of = None  # the fp32 rows whose fp16 copy _x16 holds (set by the SwiGLU kernel)
+        self._wseq, self._wlog, self._wpos = None, [], 0  # DQ_AHEAD: the chunk's GEMM weights in order
+        self._dq_stream = cp.cuda.Stream(non_blocking=True) if self._w16b is not None else None
+        self._dq_done = [cp.cuda.Event(disable_timing=True) for _ in range(2)]
+        self._gemm_done = [cp.cuda.Event(disable_timing=True) for _ in range(2)]
         self._valid = self.M  # the chunk's prompt tokens (run_chunk)
         self._one = np.array(1.0, dtype=np.float32)
         self._zero = np.array(0.0, dtype=np.float32)
@@ -164,9 +170,46 @@ class CudaQwen35Prefill(CudaQwen35Columns):
         return 1
 
     # ---- the projections: dequantize once per chunk, then one tensor-core GEMM ----
-    def _dequant(self, w):
+    # Dense models: each GEMM's weights are dequantized to fp16 on a second stream while the GEMM before it
+    # runs (two fp16 buffers, the chunk's weight order recorded on its first run); the GEMMs are bound by
+    # the tensor cores, the dequantization by DRAM. NINFER_PREFILL_DQ_AHEAD=0: in order on the one stream.
+    DQ_AHEAD = PREFILL_DQ_AHEAD
+
+    def _weights16(self, w):
+        """w as fp16 [n, k] for the next GEMM (which the caller issues, then calls _gemm_issued)."""
+        if self._w16b is None:
+            return self._dequant(w)
+        i, seq = self._wpos, self._wseq
+        self._wpos += 1
+        self._wlog.append(w)
+        if seq is None or i >= len(seq) or seq[i] is not w:  # recording (the first run), or off the record
+            self._wseq = None
+            self.cp.cuda.get_current_stream().wait_event(self._dq_done[0])  # (nothing of the side in flight)
+            self.cp.cuda.get_current_stream().wait_event(self._dq_done[1])
+            return self._dequant(w, self._buf(i))
+        main = self.cp.cuda.get_current_stream()
+        if i == 0:
+            self._dequant(w, self._buf(0))
+        else:
+            main.wait_event(self._dq_done[i % 2])
+        if i + 1 < len(seq):  # the next one into the other buffer, once the GEMM before this one is done with it
+            side = self._dq_stream
+            side.wait_event(self._gemm_done[(i + 1) % 2])
+            with side:
+                self._dequant(seq[i + 1], self._buf(i + 1))
+            self._dq_done[(i + 1) % 2].record(side)
+        return self._buf(i)[: w.n * w.k].reshape(w.n, w.k)
+
+    def _buf(self, i: int):
+        return self._w16 if i % 2 == 0 else self._w16b
+
+    def _gemm_issued(self):
+        if self._w16b is not None:
+            self._gemm_done[(self._wpos - 1) % 2].record(self.cp.cuda.get_current_stream())
+
+    def _dequant(self, w, buf=None):
         cp = self.cp
-        out = self._w16[: w.n * w.k].reshape(w.n, w.k)
+        out = (self._w16 if buf is None else buf)[: w.n * w.k].reshape(w.n, w.k)
         if w.fmt == "bf16":
             bits = w.buf[w.base: w.base + 2 * w.n * w.k].view(cp.uint16).reshape(w.n, w.k)
             out[...] = cp.left_shift(bits.astype(cp.uint32), 16).view(cp.float32)
@@ -178,8 +221,8 @@ class CudaQwen35Prefill(CudaQwen35Columns):
                                  np.int32(w.gpr), np.int32(w.k), out, np.int32(w.k)))
         return out
 
-    def _matmul(self, w, x, y, ldy: int, rows: int | None = None):
-        """y[:, :w.n] (row stride ldy, fp32) = x[:, :w.k] @ W^T over the chunk's T rows (or `rows`)."""
+    def _matmul(self, w, x, y, ldy: int, rows: int | None = None, acc: bool = False):
+        """y[:, :w.n] (row stride ldy, fp32) = x[:, :w.k] @ W^T over the chunk's T rows (or `rows`); acc: +=."""
         T = self.M if rows is None else int(rows)
         x16 = self._x16[: T * w.k].reshape(T, w.k)
         if self._x16_of is not x:  # (a norm or the SwiGLU kernel wrote it: `_norm`, `_gated_norm`, `_swiglu`)
@@ -187,9 +230,10 @@ class CudaQwen35Prefill(CudaQwen35Columns):
         # the normed rows stay there for the layer's other projections of them (only a norm rewrites xn,
         # and it writes _x16 too); any other fp32 input is rewritten later without a word to _x16
         self._x16_of = x if x is self.xn and self.NORM16 else None
-        self._gemm16(self._dequant(w), x16, y, ldy)
+        self._gemm16(self._weights16(w), x16, y, ldy, acc)
+        self._gemm_issued()
 
-    def _gemm16(self, w16, x16, y, ldy: int):
+    def _gemm16(self, w16, x16, y, ldy: int, acc: bool = False):
         """y[:rows, :n] (fp32 or fp16, row stride ldy) = x16 [rows, k] @ w16 [n, k]^T, both fp16 and contiguous
         (fp32 accumulation either way)."""
         from cupy_backends.cuda.libs import cublas  # noqa: PLC0415
@@ -199,7 +243,7 @@ class CudaQwen35Prefill(CudaQwen35Columns):
         cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)  # alpha and beta live on the host
         # row-major y[T, N] = x[T, K] W[N, K]^T is column-major C[N, T] = W^T(op T of [K, N]) x(op N of [K, T])
         cublas.gemmEx(handle, _OP_T, _OP_N, n, x16.shape[0], kk, self._one.ctypes.data, w16.data.ptr, _R_16F, kk,
-                      x16.data.ptr, _R_16F, kk, self._zero.ctypes.data, y.data.ptr, _r(y), ldy,
+                      x16.data.ptr, _R_16F, kk, (self._one if acc else self._zero).ctypes.data, y.data.ptr, _r(y), ldy,
                       _COMPUTE_32F, _GEMM_DEFAULT)
 
     def _gemm16_batched(self, w16, n: int, kk: int, x16, rows: int, y, batch: int):
@@ -238,14 +282,28 @@ class CudaQwen35Prefill(CudaQwen35Columns):
 
     def _plan_gemv(self, w, x, y, epi, splits, xpre, stage_out=None):
         """Projections as GEMMs. SwiGLU (gate|up) goes through `_gemv`'s GEMM + SwiGLU; the out- and
-        down-projections put the whole sum into split 0 of the partials (the next norm adds it)."""
+        down-projections add their product to the residual stream x itself (beta = 1, RESIDUAL_GEMM: the
+        next norm reads no partial), else put it into split 0 of the partials (the next norm adds it)."""
         plan = type("PrefillPlan", (), {})()
         plan.splits, plan.stages_out = 1, False
         if epi == "swiglu":
             plan.launch = self._gemv(w, x, y, epi="swiglu")
             return plan
+        if self._residual_in_place():
+            plan.splits = 0
+            plan.launch = self._named(lambda: self._matmul(w, x, self.x, self.x.shape[1], acc=True),
+                                      f"gemm {w.fmt} {w.n}x{w.k}")
+            return plan
         plan.launch = self._named(lambda: self._matmul(w, x, y[0], y.shape[-1]), f"gemm {w.fmt} {w.n}x{w.k}")
         return plan
+
+    # The residual stream stays in one buffer (x) through the chunk: the out- and down-projection GEMMs add
+    # into it, the norms read it in place (no partial plane written and read back, no copy to a second
+    # buffer): with NORM16, NINFER_PREFILL_RESIDUAL_GEMM=0 to go back to the partials.
+    RESIDUAL_GEMM = os.environ.get("NINFER_PREFILL_RESIDUAL_GEMM", "1") != "0"
+
+    def _residual_in_place(self) -> bool:
+        return self.RESIDUAL_GEMM and self.NORM16 and self.H % 4 == 0 and self.H <= 4 * 256 * 8
 
     def _stage(self, x, k, kpad, xh, xinv):
         return lambda: None  # the GEMMs read fp32 rows; nothing to stage
@@ -261,6 +319,8 @@ class CudaQwen35Prefill(CudaQwen35Columns):
 
     def _norm(self, splits, w):
         H = self.H
+        if self._residual_in_place():  # (the final norm, the decode step's kernel, writes the other buffer)
+            self._res = (self.x, self.x2) if w is self.final_norm else (self.x, self.x)
         if not self.NORM16 or w is self.final_norm or H % 4 or H > 4 * 256 * 8:
             return super()._norm(splits, w)
         x_in, x_out = self._res
@@ -548,9 +608,12 @@ class CudaQwen35Prefill(CudaQwen35Columns):
         self.start = int(start)
         self._valid = self.M if valid is None else int(valid)
         self._x16_of = None  # (_x16 may be another executor's too)
+        self._wpos, self._wlog = 0, []
         with self.stream:
             self.tokens.set(np.asarray(token_ids, dtype=np.int32), stream=self.stream)
             self.run_eager()
+        if self._wseq is None and self._wlog:
+            self._wseq = self._wlog
 
     def capture(self):
         raise RuntimeError("the GEMM prefill runs eagerly (cuBLAS through CuPy is not stream-captured)")

@@ -69,6 +69,26 @@ def test_gemm_prefill_matches_numpy_engine(t):
         assert rel(b, a) < 2e-2, rel(b, a)
 
 
+def test_prefill_runs_agree_with_the_weights_dequantized_ahead():
+    """A chunk executor's first run dequantizes each GEMM's weights in order on one stream (and records
+    them); its later runs dequantize the next GEMM's weights on a second stream during the current GEMM.
+    Both orders compute the same: the same logits and GDN state, bit for bit."""
+    _, dev, args, build_engine = _engines()
+    gpu = build_engine(args, dev, CFG, max_context=512, prefill_gemm=64, prefill_cols=1)
+    assert gpu.model.gemm._w16b is not None
+    prompt = [int(x) for x in np.random.default_rng(12).integers(0, CFG["vocab_size"], 192)]
+    runs = []
+    for _ in range(3):
+        gpu.reset()
+        logits = np.asarray(gpu.prefill(prompt)).copy()
+        state = [L["state"].get() for L in gpu.model.executor.layers if "state" in L]
+        runs.append((logits, state))
+    assert gpu.model.gemm._wseq is not None
+    for logits, state in runs[1:]:
+        assert np.array_equal(logits, runs[0][0])
+        assert all(np.array_equal(a, b) for a, b in zip(state, runs[0][1]))
+
+
 def test_gemm_prefill_state_and_cache_match_token_by_token():
     _, dev, args, build_engine = _engines()
     fast = build_engine(args, dev, CFG, max_context=256, prefill_gemm=64, prefill_cols=1)
