@@ -213,12 +213,16 @@ bench_pp
 bench_moe
 bench_long
 fi
-if [ "$PART" = fin8 ]; then  # every GPU test, decode 27B + 35B (breakdown) and at depth 32768
+if [ "$PART" = fin8 ]; then  # decode 27B + 35B (breakdown) and at depth 32768, prefill benches, every GPU test
 ready
+decode_all
+log "27B prefill profile pp8192"
+timeout 100 python3 bench/prefill_profile.py --tokens 8192 --chunk 8192 --out "$OUT/pp_profile.json" 2>&1 | head -12
+bench_pp
+bench_moe
 log "all GPU tests"
 gpu_pytest "$OUT/gpu_tests.txt" tests/gpu
 grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | tail -12
-decode_all
 fi
 if [ "$PART" = fin7 ]; then  # every GPU test, then decode 27B + 35B with the defaults (no breakdown, no depth)
 ready

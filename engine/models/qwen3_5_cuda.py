@@ -259,8 +259,9 @@ class CudaQwen35(MlpOps, SamplingOps):
     # 3.1 + 4.2 for the two (27B 127.1 tok/s either way; 35B-A3B 332.1 against 338.2); this one is unmeasured.
     GDN_FUSED = os.environ.get("NINFER_GDN_FUSED", "0") != "0"
     # Attention decode: attn_combine + the o-projection's staging as one kernel (attn_combine_stage, the last
-    # head of a row stages it) with NINFER_ATTN_FUSED=1; off until measured on a GPU.
-    ATTN_FUSED = os.environ.get("NINFER_ATTN_FUSED", "0") != "0"
+    # head of a row stages it); NINFER_ATTN_FUSED=0 for the two. Session 8 on the H200 (s8, in-process A/B,
+    # twice each): 27B 127.0 / 127.0 against 126.9 / 126.9 tok/s, 35B-A3B 336.8 / 336.6 against 336.4 / 336.5.
+    ATTN_FUSED = os.environ.get("NINFER_ATTN_FUSED", "1") != "0"
     # Decode attention: tokens a warp a round; NINFER_ATTN_TT=4 takes attn_decode_tt (4 tokens' K/V asked for at
     # once), 1 attn_decode_split (the kernel of sessions 2-6), the default until 4 is measured on a GPU.
     ATTN_TT = int(os.environ.get("NINFER_ATTN_TT", "1"))

@@ -155,6 +155,8 @@ class CudaQwen35Prefill(CudaQwen35Columns):
         self._x16_of = None  # the fp32 rows whose fp16 copy _x16 holds (set by the SwiGLU kernel)
         self._wseq, self._wlog, self._wpos = None, [], 0  # DQ_AHEAD: the chunk's GEMM weights in order
         self._dq_stream = cp.cuda.Stream(non_blocking=True) if self._w16b is not None else None
+        self._ahead = False  # the weights of the GEMM at _wpos were launched ahead on _dq_stream
+        self._no_ahead = {id(L["o"]) for L in self.layers if L["kind"] == "full_attention"}
         self._dq_done = [cp.cuda.Event(disable_timing=True) for _ in range(2)]
         self._gemm_done = [cp.cuda.Event(disable_timing=True) for _ in range(2)]
         self._valid = self.M  # the chunk's prompt tokens (run_chunk)
@@ -188,11 +190,14 @@ class CudaQwen35Prefill(CudaQwen35Columns):
             self.cp.cuda.get_current_stream().wait_event(self._dq_done[1])
             return self._dequant(w, self._buf(i))
         main = self.cp.cuda.get_current_stream()
-        if i == 0:
-            self._dequant(w, self._buf(0))
+        if i == 0 or not self._ahead:
+            self._dequant(w, self._buf(i))
         else:
             main.wait_event(self._dq_done[i % 2])
-        if i + 1 < len(seq):  # the next one into the other buffer, once the GEMM before this one is done with it
+        # the next one into the other buffer, once the GEMM before this one is done with it; not across an
+        # attention layer's flash kernel, which it slowed more than it saved (27B pp8192: 68.8 -> 76.0 ms)
+        self._ahead = i + 1 < len(seq) and id(seq[i + 1]) not in self._no_ahead
+        if self._ahead:
             side = self._dq_stream
             side.wait_event(self._gemm_done[(i + 1) % 2])
             with side:
