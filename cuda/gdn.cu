@@ -73,6 +73,26 @@ extern "C" __global__ void gdn_prep(const float* __restrict__ qk, int ldqk, cons
   prep_store(y, head, m, lane, Hk, Hv, q_scale, ab, ldab, a_log, dt_bias, qn, kn, vo, g, beta);
 }
 
+// The delta rule on one state row (4 dk a lane at sp) given the normed q and k, the decay alpha = e^g,
+// beta and the row's v; returns the row's output (in every lane).
+// (delta_reg: the row s held in registers.)
+__device__ __forceinline__ float delta_reg(float4& s, float4 q, float4 k, float alpha, float beta, float v) {
+  s.x *= alpha; s.y *= alpha; s.z *= alpha; s.w *= alpha;
+  const float sk = warp_sum(s.x * k.x + s.y * k.y + s.z * k.z + s.w * k.w);
+  const float sq = warp_sum(s.x * q.x + s.y * q.y + s.z * q.z + s.w * q.w);
+  const float kq = warp_sum(k.x * q.x + k.y * q.y + k.z * q.z + k.w * q.w);
+  const float u = beta * (v - sk);
+  s.x += u * k.x; s.y += u * k.y; s.z += u * k.z; s.w += u * k.w;
+  return sq + u * kq;
+}
+
+__device__ __forceinline__ float delta_step(float4 q, float4 k, float alpha, float beta, float v, float4* sp) {
+  float4 s = *sp;
+  const float o = delta_reg(s, q, k, alpha, beta, v);
+  *sp = s;
+  return o;
+}
+
 // The delta rule on state row dv of value head h, token row m (one warp, 4 dk a lane); returns the row's
 // output o[h][dv] (in every lane).
 __device__ __forceinline__ float gdn_delta_row(const float* __restrict__ qn, const float* __restrict__ kn,
@@ -83,16 +103,8 @@ __device__ __forceinline__ float gdn_delta_row(const float* __restrict__ qn, con
   const float4 q = reinterpret_cast<const float4*>(qn + ((size_t)m * Hk + kh) * 128)[lane];
   const float4 k = reinterpret_cast<const float4*>(kn + ((size_t)m * Hk + kh) * 128)[lane];
   float4* sp = reinterpret_cast<float4*>(state + (((size_t)m * Hv + h) * 128 + dv) * 128) + lane;
-  float4 s = *sp;
-  const float alpha = __expf(g[(size_t)m * Hv + h]);
-  s.x *= alpha; s.y *= alpha; s.z *= alpha; s.w *= alpha;
-  const float sk = warp_sum(s.x * k.x + s.y * k.y + s.z * k.z + s.w * k.w);
-  const float sq = warp_sum(s.x * q.x + s.y * q.y + s.z * q.z + s.w * q.w);
-  const float kq = warp_sum(k.x * q.x + k.y * q.y + k.z * q.z + k.w * q.w);
-  const float u = beta[(size_t)m * Hv + h] * (vo[((size_t)m * Hv + h) * 128 + dv] - sk);
-  s.x += u * k.x; s.y += u * k.y; s.z += u * k.z; s.w += u * k.w;
-  *sp = s;
-  return sq + u * kq;
+  return delta_step(q, k, __expf(g[(size_t)m * Hv + h]), beta[(size_t)m * Hv + h],
+                    vo[((size_t)m * Hv + h) * 128 + dv], sp);
 }
 
 // state: [M, Hv, 128 (dv), 128 (dk)] fp32. o: [M, Hv, 128]. tiled=1: value head h reads qk head h % Hk.
@@ -107,6 +119,37 @@ extern "C" __global__ void __launch_bounds__(256) gdn_delta(const float* __restr
   if (rowid >= Hv * 128) return;
   const int h = rowid >> 7, dv = rowid & 127;
   const float ov = gdn_delta_row(qn, kn, vo, g, beta, state, Hk, Hv, tiled, m, h, dv, lane);
+  if (lane == 0) o[((size_t)m * Hv + h) * 128 + dv] = ov;
+}
+
+// gdn_delta from the conv outputs themselves (the projections' EPI_CONV epilogue did the conv and SiLU;
+// no gdn_prep launch): each warp L2-normalizes its q and k head (q also scaled) and computes its head's
+// gates, with gdn_prep's arithmetic, so the state and output carry the arithmetic of gdn_prep + gdn_delta.
+// qk: [M, ldqk] (q heads, then k heads), vv: [M, ldv] (v channels first), ab: [M, ldab] (a, then b).
+extern "C" __global__ void __launch_bounds__(256) gdn_delta_raw(
+    const float* __restrict__ qk, int ldqk, const float* __restrict__ vv, int ldv, const float* __restrict__ ab,
+    int ldab, const float* __restrict__ a_log, const float* __restrict__ dt_bias, float q_scale,
+    float* __restrict__ state, float* __restrict__ o, int Hk, int Hv, int tiled) {
+  NI_PDL_ENTRY();
+  const int lane = threadIdx.x & 31;
+  const int rowid = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int m = blockIdx.y;
+  if (rowid >= Hv * 128) return;
+  const int h = rowid >> 7, dv = rowid & 127;
+  const int kh = tiled ? h % Hk : h / (Hv / Hk);
+  float4 q = reinterpret_cast<const float4*>(qk + (size_t)m * ldqk + (size_t)kh * 128)[lane];
+  float4 k = reinterpret_cast<const float4*>(qk + (size_t)m * ldqk + (size_t)(Hk + kh) * 128)[lane];
+  float rq = rsqrtf(warp_sum(q.x * q.x + q.y * q.y + q.z * q.z + q.w * q.w) + 1e-6f);
+  rq *= q_scale;
+  const float rk = rsqrtf(warp_sum(k.x * k.x + k.y * k.y + k.z * k.z + k.w * k.w) + 1e-6f);
+  q = make_float4(q.x * rq, q.y * rq, q.z * rq, q.w * rq);
+  k = make_float4(k.x * rk, k.y * rk, k.z * rk, k.w * rk);
+  const float a = ab[(size_t)m * ldab + h] + dt_bias[h];
+  const float spl = a > 20.f ? a : log1pf(__expf(a));
+  const float alpha = __expf(-__expf(a_log[h]) * spl);
+  const float beta = sigmoidf_(ab[(size_t)m * ldab + Hv + h]);
+  float4* sp = reinterpret_cast<float4*>(state + (((size_t)m * Hv + h) * 128 + dv) * 128) + lane;
+  const float ov = delta_step(q, k, alpha, beta, vv[(size_t)m * ldv + (size_t)h * 128 + dv], sp);
   if (lane == 0) o[((size_t)m * Hv + h) * 128 + dv] = ov;
 }
 
@@ -253,14 +296,8 @@ extern "C" __global__ void __launch_bounds__(256) gdn_delta_cols(const float* __
     float4 q2, k2;
     float g2, b2, v2;
     ld(t + 1 < T ? t + 1 : t, q2, k2, g2, b2, v2);
-    const float alpha = __expf(gt);
-    s.x *= alpha; s.y *= alpha; s.z *= alpha; s.w *= alpha;
-    const float sk = warp_sum(s.x * k.x + s.y * k.y + s.z * k.z + s.w * k.w);
-    const float sq = warp_sum(s.x * q.x + s.y * q.y + s.z * q.z + s.w * q.w);
-    const float kq = warp_sum(k.x * q.x + k.y * q.y + k.z * q.z + k.w * q.w);
-    const float u = bt * (vt - sk);
-    s.x += u * k.x; s.y += u * k.y; s.z += u * k.z; s.w += u * k.w;
-    if (lane == 0) o[((size_t)t * Hv + h) * 128 + dv] = sq + u * kq;
+    const float ov = delta_reg(s, q, k, __expf(gt), bt, vt);
+    if (lane == 0) o[((size_t)t * Hv + h) * 128 + dv] = ov;
     q = q2; k = k2; gt = g2; bt = b2; vt = v2;
   }
   *sp = s;

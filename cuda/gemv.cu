@@ -27,6 +27,16 @@
 #define EPI_PARTIAL 1
 #define EPI_SWIGLU 2
 #define EPI_ADD 3
+#define EPI_CONV 4
+
+// EPI_CONV (the GDN projections of one decode token): output row r < rows is channel base + r of the
+// causal depthwise conv (kernel 4, weights w [4, C] tap-major, history st [M, 3, C] oldest first, shifted
+// here), stored after SiLU, in gdn_prep's operation order; rows past `rows` (v|z's z) are stored plain.
+struct ConvEpi {
+  const float* w;
+  float* st;
+  int C, base, rows;
+};
 
 template <int FMT> struct Fmt;
 template <> struct Fmt<FMT_Q4> { static constexpr int VPU = 32, HB = 0;  static constexpr float XMAX = 512.f; };
@@ -188,19 +198,42 @@ __device__ __forceinline__ float dot_u4(uint4 w, uint2 hi, const uint4* __restri
       const __half* __restrict__ scales, int N, int gpr, int pair_stride, const float* __restrict__ x, \
       int ldx, int K, int u4_per_split, float* __restrict__ y, int ldy, int epi,                      \
       const float* __restrict__ xinv, const int* __restrict__ eidx, int erows, long long xz, int yz,  \
-      const float* __restrict__ ywt, int pf
+      const float* __restrict__ ywt, int pf, const float* __restrict__ conv_w, float* __restrict__ conv_st,    \
+      int conv_c, int conv_base, int conv_rows
 
 // A warp's finished row group: reduce each row's lane partials and apply the epilogue. TRACK: returns
 // the largest |SwiGLU output| this lane wrote (0 elsewhere; gemv_rs_pre's fused staging reads it).
 template <int ROWS, int M, bool TRACK = false>
 __device__ __forceinline__ float gemv_store(float (&acc)[ROWS][M], int g, int N, int pair_stride, int epi,
-                                            const float* inv_sc, float yw, float* __restrict__ y, int ldy, int lane) {
+                                            const float* inv_sc, float yw, float* __restrict__ y, int ldy, int lane,
+                                            const ConvEpi& cv) {
   float wrote = 0.f;
 #pragma unroll
   for (int m = 0; m < M; ++m) {
     float v[ROWS];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) v[r] = warp_sum(acc[r][m]) * inv_sc[m] * yw;
+    if (epi == EPI_CONV) {  // lane r: row r of the group (its history loads in parallel)
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
+        const int row = g * ROWS + r;
+        if (lane == r && row < N) {
+          float o = v[r];
+          if (row < cv.rows) {
+            const int c = cv.base + row, C = cv.C;
+            float* st = cv.st + (size_t)m * 3 * C;
+            const float s0 = st[c], s1 = st[C + c], s2 = st[2 * C + c];
+            const float a = cv.w[c] * s0 + cv.w[C + c] * s1 + cv.w[2 * C + c] * s2 + cv.w[3 * C + c] * o;
+            st[c] = s1;
+            st[C + c] = s2;
+            st[2 * C + c] = o;
+            o = silu(a);
+          }
+          y[(size_t)m * ldy + row] = o;
+        }
+      }
+      continue;
+    }
     if (lane == 0) {
       if (epi == EPI_SWIGLU) {
         if constexpr (TRACK) {
@@ -388,7 +421,8 @@ __global__ void __launch_bounds__(256, (M == 1 && U == 2) ? (ROWS == 1 ? 5 : (RO
       }
     }
 
-    gemv_store<ROWS, M>(acc, g, N, pair_stride, epi, inv_sc, yw, y, ldy, lane);
+    gemv_store<ROWS, M>(acc, g, N, pair_stride, epi, inv_sc, yw, y, ldy, lane,
+                        ConvEpi{conv_w, conv_st, conv_c, conv_base, conv_rows});
   }
 }
 
@@ -452,4 +486,91 @@ __global__ void __launch_bounds__(256) gemv_bf16(const unsigned short* __restric
                                                  float* __restrict__ y, int ldy, int epi, int kw) {
   NI_PDL_ENTRY();
   gemv_bf16_body<M>(w, N, K, x, ldx, y, ldy, epi, kw);
+}
+
+// MoE decode, the routed experts' down projection with the k slots summed (one token): y[row] =
+// sum_z ywt[z] (W_{eidx[z]} x_z)[row], so that the next norm reads one plane for all of them, not k. One
+// warp a row; its lanes take the k slots' 16-byte chunks in turn (slot z = c / chunks a row), U of them in
+// flight a lane (a K = 512 row is 16 chunks: the per-slot GEMV kept half its lanes idle). x_z: rows of
+// [k, ldx] fp32, staged by every block as fp16 pairs with a power-of-two scale per slot (as gemv_rs stages
+// a token row). Weight rows of slot z: eidx[z] * erows + row of the stacked planes. ROWS = 1, q4-q6.
+#define MOE_SUM_SLOTS 16
+template <int FMT>
+__global__ void __launch_bounds__(256) moe_down_sum(
+    const unsigned char* __restrict__ base, const unsigned char* __restrict__ high, const __half* __restrict__ scales,
+    int N, int gpr, const int* __restrict__ eidx, int erows, int k, const float* __restrict__ x, int ldx, int K,
+    const float* __restrict__ ywt, float* __restrict__ y) {
+  using F = Fmt<FMT>;
+  static_assert(F::VPU == 32, "q4-q6");
+  constexpr int U = 4;
+  NI_PDL_ENTRY();
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ float red[32];
+  __shared__ float fz[MOE_SUM_SLOTS];
+  __shared__ int ez[MOE_SUM_SLOTS];
+  const int u4_per_row = gpr * 2, nloc_pad = (u4_per_row + 31) & ~31;
+  __half2* xs = reinterpret_cast<__half2*>(smem_raw);
+  for (int z = 0; z < k; ++z) {  // stage slot z's row (the pair order and swizzle of gemv_rs)
+    const float* xm = x + (size_t)z * ldx;
+    float mx = 0.f;
+    for (int i = threadIdx.x; i < K; i += blockDim.x) mx = fmaxf(mx, fabsf(xm[i]));
+    mx = block_max(mx, red);
+    float sc = 1.f;
+    if (mx > 0.f) {
+      int e;
+      frexpf(F::XMAX / mx, &e);
+      sc = ldexpf(1.f, e - 1);
+    }
+    if (threadIdx.x == 0) {
+      fz[z] = ywt[z] / sc;
+      ez[z] = eidx[z];
+    }
+    for (int p = threadIdx.x; p < nloc_pad * 16; p += blockDim.x) {
+      const int jl = p >> 4, pi = p & 15, c = pi >> 2, jp = pi & 3;
+      const int ka = jl * 32 + 8 * c + jp, kb = ka + 4;
+      xs[z * nloc_pad * 16 + (jl >> 5) * 512 + c * 128 + (jl & 31) * 4 + jp] =
+          __floats2half2_rn(ka < K ? xm[ka] * sc : 0.f, kb < K ? xm[kb] * sc : 0.f);
+    }
+  }
+  __syncthreads();
+  const DecodeK dk = decode_constants(gpr > 0 ? 1u : 0u);
+  const uint4* xs4 = reinterpret_cast<const uint4*>(xs);
+  const int lane = threadIdx.x & 31, wpb = blockDim.x >> 5, total = k * u4_per_row;
+  for (int row = blockIdx.x * wpb + (threadIdx.x >> 5); row < N; row += gridDim.x * wpb) {
+    float acc = 0.f;
+    for (int c0 = lane; c0 < total; c0 += 32 * U) {
+      uint4 w[U];
+      uint2 hb[U];
+      float sc[U];
+      int zz[U], jj[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int c = c0 + 32 * u;
+        zz[u] = c < total ? c / u4_per_row : 0;
+        jj[u] = c - zz[u] * u4_per_row;
+        if (c < total) {
+          const size_t r = (size_t)ez[zz[u]] * erows + row, rg = r * gpr + (jj[u] >> 1);
+          w[u] = ldw(reinterpret_cast<const uint4*>(base) + r * u4_per_row + jj[u]);
+          sc[u] = __half2float(scales[rg]);
+          if constexpr (FMT == FMT_Q5) {
+            hb[u] = make_uint2(ldw(reinterpret_cast<const unsigned int*>(high + rg * F::HB + (jj[u] & 1) * 4)), 0u);
+          } else if constexpr (FMT == FMT_Q6) {
+            hb[u] = ldw(reinterpret_cast<const uint2*>(high + rg * F::HB + (jj[u] & 1) * 8));
+          } else {
+            hb[u] = make_uint2(0u, 0u);
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (c0 + 32 * u < total) {
+          const int j = jj[u];
+          const uint4* xp = xs4 + (size_t)zz[u] * nloc_pad * 4 + (j >> 5) * 128 + (j & 31);
+          acc += fz[zz[u]] * (sc[u] * dot_u4<FMT>(w[u], hb[u], xp, 0, dk));
+        }
+      }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) y[row] = acc;
+  }
 }

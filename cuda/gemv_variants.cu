@@ -113,7 +113,8 @@ gemv_rs_pre(GEMV_RS_PARAMS, __half2* __restrict__ sxh, float* __restrict__ sxinv
       }
       xp0 += 128 * U;
     }
-    wrote = fmaxf(wrote, gemv_store<ROWS, M, true>(acc, g, N, pair_stride, epi, inv_sc, yw, y, ldy, lane));
+    wrote = fmaxf(wrote, gemv_store<ROWS, M, true>(acc, g, N, pair_stride, epi, inv_sc, yw, y, ldy, lane,
+                                                   ConvEpi{conv_w, conv_st, conv_c, conv_base, conv_rows}));
   }
   if (sxh != nullptr) {  // (session 5's version of this tail, one dependent L2 round a pair: +11 us a layer)
     __shared__ float red[32];
@@ -247,7 +248,8 @@ __global__ void __launch_bounds__(256, 4) gemv_rs_async(GEMV_RS_PARAMS) {
     }
     slot = slot == S - 1 ? 0 : slot + 1;
     if (++i == ipg) {
-      gemv_store<ROWS, M>(acc, g, N, pair_stride, epi, inv_sc, yw, y, ldy, lane);
+      gemv_store<ROWS, M>(acc, g, N, pair_stride, epi, inv_sc, yw, y, ldy, lane,
+                          ConvEpi{conv_w, conv_st, conv_c, conv_base, conv_rows});
 #pragma unroll
       for (int r = 0; r < ROWS; ++r)
 #pragma unroll

@@ -52,8 +52,10 @@ def test_dense_engine_builds_and_runs_every_path(cp, kv):
     names = {getattr(op, "name", "gemv") for op in _flat(m.executor.ops)}
     from engine.models.qwen3_5_cuda import CudaQwen35
 
-    gdn = {"gdn_delta_gated_stage"} if CudaQwen35.GDN_FUSED else {"gdn_delta", "gated_rmsnorm_stage"}
-    assert {"residual_rmsnorm_mb", "gdn_prep", "argmax_step_mb"} | gdn <= names
+    gdn = ({"gdn_delta_gated_stage", "gdn_prep"} if CudaQwen35.GDN_FUSED
+           else {"gdn_delta_raw", "gated_rmsnorm_stage"} if CudaQwen35.GDN_PREP_FUSED
+           else {"gdn_delta", "gdn_prep", "gated_rmsnorm_stage"})
+    assert {"residual_rmsnorm_mb", "argmax_step_mb"} | gdn <= names
     assert any(n.startswith("attn_decode_split") for n in names)
     eng.prefill(list(range(1, 150)))  # GEMM chunks of 64, a columns chunk of 8, single tokens
     assert eng.position == 149
@@ -75,6 +77,7 @@ def test_gdn_fused_off_keeps_two_launches(cp, monkeypatch):
 
     args, w = _weights(CFG)
     monkeypatch.setattr(CudaQwen35, "GDN_FUSED", False)
+    monkeypatch.setattr(CudaQwen35, "GDN_PREP_FUSED", False)
     eng = build_engine(args, w, CFG, max_context=256, prefill_cols=8, prefill_gemm=0)
     names = {getattr(op, "name", "") for op in _flat(eng.model.executor.ops)}
     assert {"gdn_delta", "gated_rmsnorm_stage"} <= names and "gdn_delta_gated_stage" not in names
@@ -141,12 +144,16 @@ def test_attn_fused_replaces_combine_and_staging(cp, monkeypatch):
     assert count[True] == (count[False][0] - attn, 0, attn) and count[False][1:] == (attn, 0)
 
 
-@pytest.mark.parametrize("shared,stage", [(256, True), (128, True), (128, False)])  # 128: a routed expert's width
-def test_moe_engine_builds_and_runs(cp, shared, stage, monkeypatch):
+@pytest.mark.parametrize("shared,stage,summed", [(256, True, False), (128, True, False), (128, False, False),
+                                                 (128, False, True)])  # 128: a routed expert's width
+def test_moe_engine_builds_and_runs(cp, shared, stage, summed, monkeypatch):
+    """The routed down projection: a GEMV slot a grid.z (staged by a launch, MOE_STAGE, or by its own
+    blocks), or the slots summed by moe_down_sum (MOE_DOWN_SUM: the next norm then reads 2 planes)."""
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5_cuda import CudaQwen35
 
     monkeypatch.setattr(CudaQwen35, "MOE_STAGE", stage)
+    monkeypatch.setattr(CudaQwen35, "MOE_DOWN_SUM", summed)
 
     cfg = dict(CFG, architectures=["Qwen3_5MoeForCausalLM"], model_type="qwen3_5_moe_text", num_experts=8,
                num_experts_per_tok=2, moe_intermediate_size=128, shared_expert_intermediate_size=shared)
@@ -160,7 +167,11 @@ def test_moe_engine_builds_and_runs(cp, shared, stage, monkeypatch):
     names = [getattr(o, "name", "") for o in _flat(ex.ops)]
     # each attention layer stages its output with stage_x_mb (unless ATTN_FUSED: attn_combine_stage does)
     attn = 0 if CudaQwen35.ATTN_FUSED else sum(L["kind"] == "full_attention" for L in ex.layers)
-    assert names.count("stage_x_mb") - attn == (args.num_hidden_layers if stage else 0)
+    assert names.count("stage_x_mb") - attn == (args.num_hidden_layers if stage and not summed else 0)
+    assert names.count("moe_down_sum<1>") == (args.num_hidden_layers if summed else 0)
+    norms = [o for o in _flat(ex.ops) if getattr(o, "name", "") == "residual_rmsnorm_mb"]
+    k = args.num_experts_per_tok
+    assert [int(o.args[3]) for o in norms[2::2]] == [2 if summed else k + 1] * args.num_hidden_layers
     assert np.isfinite(eng.info()["weight_bytes_per_token"])
 
 
@@ -534,3 +545,32 @@ def test_prefill_dequantizes_the_next_weights_ahead(cp, monkeypatch):
                        for x in g._wseq[1:]]
     assert [side for _, _, side in log] == ahead and ahead.count(False) == 1 + len(args.full_attention_layers)
     assert [buf is (g._w16 if i % 2 == 0 else g._w16b) for i, (_, buf, _) in enumerate(log)] == [True] * n
+
+
+def test_gdn_prep_in_the_projections_epilogue(cp, monkeypatch):
+    """NINFER_GDN_PREP_FUSED (the default): no gdn_prep launch in the decode step; the q|k and v|z GEMVs take
+    the conv epilogue over their channels of the conv history (q|k from channel 0, v from 2 Hk x 128, z rows
+    plain) and gdn_delta_raw reads their outputs; the columns step keeps its own prep kernel."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+    from engine.ops import kernels as K
+
+    monkeypatch.setattr(CudaQwen35, "GDN_PREP_FUSED", True)
+    args, w = _weights(CFG)
+    eng = build_engine(args, w, CFG, max_context=256, prefill_cols=8, prefill_gemm=0)
+    ex = eng.model.executor
+    ops = _flat(ex.ops)
+    names = [getattr(op, "name", "") for op in ops]
+    n_gdn = sum(1 for L in ex.layers if L["kind"] != "full_attention")
+    assert "gdn_prep" not in names and names.count("gdn_delta_raw") == n_gdn
+    conv = [op.__self__ for op in ops if getattr(op, "__self__", None) is not None
+            and getattr(op.__self__, "epi", None) == K.EPI["conv"]]
+    hk, hv = args.linear_num_key_heads, args.linear_num_value_heads
+    c = (2 * hk + hv) * 128
+    assert sorted((int(p.args[-3]), int(p.args[-2]), int(p.args[-1])) for p in conv) == \
+        sorted([(c, 0, 2 * hk * 128), (c, 2 * hk * 128, hv * 128)] * n_gdn)
+    assert all(p.splits == 1 for p in conv)
+    cols = {getattr(op, "name", "") for op in _flat(eng.model.cols.ops)}
+    assert "gdn_delta_raw" not in cols and any(n.startswith("gdn_prep") for n in cols)
+    eng.prefill(list(range(1, 20)))
+    assert len(eng.decode_greedy(3, 2)) == 2

@@ -239,12 +239,13 @@ class CudaQwen35(MlpOps, SamplingOps):
         self.step.fill(0)
 
     # ---- the step ------------------------------------------------------------------------------
-    def _gemv(self, w, x, y, epi="store", splits=1, y_offset=0, xpre=None):
+    def _gemv(self, w, x, y, epi="store", splits=1, y_offset=0, xpre=None, conv=None):
         cfg = self.gemv_cfg.get((w.fmt, w.n, w.k), {})
-        return GemvPlan(w, x, x.shape[-1], y, y.shape[-1], m=self.M, epi=epi, splits=cfg.get("splits", splits),
-                        rows=cfg.get("rows"), unroll=cfg.get("unroll", 2), y_offset=y_offset, xpre=xpre,
-                        pf=cfg.get("pf"), stages=cfg.get("stages", 0), mma=cfg.get("mma"),
-                        pre2=cfg.get("pre2", False), ldg=cfg.get("ldg", False)).launch
+        return GemvPlan(w, x, x.shape[-1], y, y.shape[-1], m=self.M, epi=epi,
+                        splits=1 if conv else cfg.get("splits", splits), rows=cfg.get("rows"),
+                        unroll=cfg.get("unroll", 2), y_offset=y_offset, xpre=xpre, pf=cfg.get("pf"),
+                        stages=cfg.get("stages", 0), mma=cfg.get("mma"), pre2=cfg.get("pre2", False),
+                        ldg=cfg.get("ldg", False), conv=conv).launch
 
     def _plan_gemv(self, w, x, y, epi, splits, xpre, stage_out=None):
         cfg = self.gemv_cfg.get((w.fmt, w.n, w.k), {})
@@ -280,9 +281,18 @@ class CudaQwen35(MlpOps, SamplingOps):
                           (x_in, x_out, self.part, splits, self.M * self.H, w, self.xn, self.H,
                            float(self.args.rms_norm_eps), 1, self.xh_n, self.xinv_n, self.kpad_h), block=1024)
 
+    # GDN decode without the gdn_prep launch: the q|k and v projections' epilogue applies the causal conv and
+    # SiLU (EPI_CONV), gdn_delta_raw the q/k norms and the gates; NINFER_GDN_PREP_FUSED=0 for the launch.
+    GDN_PREP_FUSED = os.environ.get("NINFER_GDN_PREP_FUSED", "1") != "0"
+
+    def _prep_fused(self) -> bool:
+        return (self.GDN_PREP_FUSED and not self.GDN_FUSED and type(self)._gdn_core_ops is CudaQwen35._gdn_core_ops
+                and type(self)._gemv is CudaQwen35._gemv)
+
     def _moe_splits(self) -> int:
-        """Partial planes the MoE block leaves for the next norm to sum: the routed slots and the shared expert."""
-        return self.topk + 1
+        """Partial planes the MoE block leaves for the next norm to sum: the routed slots (or their sum) and the
+        shared expert."""
+        return 2 if self._moe_sum_down() else self.topk + 1
 
     def _gated_norm(self, L, ldb, zoff, att_stage):
         """GDN output: gated norm and the o-projection's staging in one launch (one block a token row)."""
@@ -324,7 +334,8 @@ class CudaQwen35(MlpOps, SamplingOps):
             att_k = L["o"].k
             att_kpad = -(-att_k // K.XPAD) * K.XPAD  # per layer: the staged row stride the o-projection's K implies
             att_stage = (att_k, att_kpad, self.xh_att, self.xinv_att)
-            qk = self._gemv(L["qk"], self.xn, self.buf_a, xpre=xn)
+            if L["kind"] == "full_attention" or not self._prep_fused():
+                qk = self._gemv(L["qk"], self.xn, self.buf_a, xpre=xn)
             if L["kind"] == "full_attention":
                 qw, kw = self.Hq * ATTN_HEAD_DIM, self.Hkv * ATTN_HEAD_DIM
                 ops.extend(self._concurrent([self._gemv(L["gv"], self.xn, self.buf_b, xpre=xn)], [qk]))
@@ -348,10 +359,24 @@ class CudaQwen35(MlpOps, SamplingOps):
                 del kw
             else:
                 Hk, Hv = self.Hk, self.Hv
-                ops.extend(self._concurrent([self._gemv(L["vz"], self.xn, self.buf_b, xpre=xn)],
-                                            [qk, self._gemv(L["ab"], self.xn, self.ab)]))
                 lda, ldb = self.buf_a.shape[1], self.buf_b.shape[1]
-                core = self._gdn_core_ops(L, lda, ldb)
+                fuse_prep = self._prep_fused()
+                if fuse_prep:  # the conv + SiLU in the q|k and v projections' epilogue, the rest in the delta rule
+                    C, qkc = (2 * Hk + Hv) * GDN_HEAD_DIM, 2 * Hk * GDN_HEAD_DIM
+                    qk = self._gemv(L["qk"], self.xn, self.buf_a, xpre=xn, epi="conv",
+                                    conv=(L["conv"], L["conv_state"], C, 0, qkc))
+                    vz = self._gemv(L["vz"], self.xn, self.buf_b, xpre=xn, epi="conv",
+                                    conv=(L["conv"], L["conv_state"], C, qkc, Hv * GDN_HEAD_DIM))
+                else:
+                    vz = self._gemv(L["vz"], self.xn, self.buf_b, xpre=xn)
+                ops.extend(self._concurrent([vz], [qk, self._gemv(L["ab"], self.xn, self.ab)]))
+                if fuse_prep:
+                    core = [K.prepared("gdn_delta_raw", (-(-Hv * GDN_HEAD_DIM // K.WARPS), M),
+                                       (self.buf_a, lda, self.buf_b, ldb, self.ab, self.ab.shape[1], L["a_log"],
+                                        L["dt_bias"], float(1.0 / math.sqrt(GDN_HEAD_DIM)), L["state"], self.att2,
+                                        Hk, Hv, 0))]
+                else:
+                    core = self._gdn_core_ops(L, lda, ldb)
                 zoff = Hv * GDN_HEAD_DIM
                 if self.GDN_FUSED and type(self)._gdn_core_ops is CudaQwen35._gdn_core_ops:
                     # the delta rule, gated norm and staging in one launch (the last block stages)

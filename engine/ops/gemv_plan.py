@@ -88,10 +88,12 @@ class GemvPlan:
     def __init__(self, w: DevMatrix, x, ldx: int, y, ldy: int, m: int = 1, epi: str = "store",
                  splits: int = 1, rows: int | None = None, unroll: int = 4, y_offset: int = 0, xpre=None,
                  experts=None, pf: int | None = None, stages: int = 0, mma=None, pre2: bool = False,
-                 stage_out=None, pair_stride: int | None = None, k_chunks: int | None = None, ldg: bool = False):
+                 stage_out=None, pair_stride: int | None = None, k_chunks: int | None = None, ldg: bool = False,
+                 conv=None):
         """pair_stride (SwiGLU): rows between a gate row and its up row (w.n // 2 unless w is a row view
         of a larger [gate; up] parent: `swiglu_slice`). k_chunks: 16-byte chunks of each row to walk (a
-        column view: `col_slice`; pre-staged x only, split into whole slices exactly)."""
+        column view: `col_slice`; pre-staged x only, split into whole slices exactly). conv (epi "conv", one
+        K slice): (weights [4, C], history [M, 3, C], C, the channel of row 0, rows that take the conv)."""
         self.w, self.m, self.epi = w, m, EPI[epi]
         self.stages, self.pre2, self.stages_out = 0, False, False
         ps = w.n // 2 if pair_stride is None else int(pair_stride)
@@ -154,6 +156,11 @@ class GemvPlan:
                      np.uint64(_p(ex[0]) if ex[0] is not None else 0), np.int32(ex[1]), np.int64(ex[2]),
                      np.int32(ex[3]), np.uint64(_p(ex[4]) if ex[4] is not None else 0),
                      np.int32(GEMV_PF if pf is None else pf))
+        if epi == "conv" and (conv is None or splits != 1 or experts is not None):
+            raise ValueError("the conv epilogue takes its (weights, history, C, base, rows) and one K slice")
+        cv = conv if epi == "conv" else (None, None, 0, 0, 0)
+        self.args += (np.uint64(_p(cv[0]) if cv[0] is not None else 0), np.uint64(_p(cv[1]) if cv[1] is not None else 0),
+                      np.int32(cv[2]), np.int32(cv[3]), np.int32(cv[4]))
         # stage_out = (xh, xinv, kpad, slot): gemv_rs_pre's SwiGLU also stages its output row (one token,
         # no split, no routing), so the next GEMV needs no stage_x launch; slot: 2 zeroed uint32 words
         self.stages_out = bool(stage_out is not None and self.pre2 and epi == "swiglu" and m == 1

@@ -23,7 +23,7 @@ SOURCES = ("common.cuh", "gemv.cu", "gemv_variants.cu", "gemv_mma.cu", "rows.cu"
 # Pre-staged GEMV input rows (fp16 pairs, slot-major blocks of 32 chunks) are padded to this many values.
 XPAD = 1024
 FMT_IDS = {"q4_g64_fp16": 0, "q5_g64_fp16": 1, "q6_g64_fp16": 2, "q8_g32_fp16": 3}
-EPI = {"store": 0, "partial": 1, "swiglu": 2, "add": 3}
+EPI = {"store": 0, "partial": 1, "swiglu": 2, "add": 3, "conv": 4}
 GEMV_ROWS = (1, 2, 4)
 GEMV_UNROLL = (2, 4)  # 8 was never the best in the sweep; fewer variants compile faster
 GEMV_M = (1, 2, 8)
@@ -115,6 +115,7 @@ def _names(experimental: bool = False) -> list[str]:
     names += [f"router_route<{m}>" for m in GEMV_M]
     names += [f"embed_rs<{f}>" for f in range(4)]
     names += [f"dequant_rs<{f}>" for f in range(4)]
+    names += [f"moe_down_sum<{f}>" for f in range(3)]
     names += [f"attn_decode_split<{g},{kv8}>" for g in ATTN_GROUPS for kv8 in ("false", "true")]
     names += [f"attn_decode_tt<{g},{kv8},{tt}>" for g in ATTN_GROUPS for kv8 in ("false", "true") for tt in ATTN_TT]
     names += [f"gdn_delta_rows<{r}>" for r in GDN_DELTA_ROWS]

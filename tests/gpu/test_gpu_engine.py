@@ -64,18 +64,22 @@ MOE_CFG = dict(CFG, architectures=["Qwen3_5MoeForCausalLM"], model_type="qwen3_5
 MOE_CFG.pop("intermediate_size")
 
 
-@pytest.mark.parametrize("stage", [True, False])  # MOE_STAGE: routed rows staged by a launch / in the GEMV
-def test_cuda_moe_engine_matches_numpy_engine(stage, monkeypatch):
+# MOE_STAGE: routed rows staged by a launch / in the GEMV; MOE_DOWN_SUM: the slots summed by moe_down_sum
+@pytest.mark.parametrize("stage,summed", [(True, False), (False, False), (False, True)])
+def test_cuda_moe_engine_matches_numpy_engine(stage, summed, monkeypatch):
     from engine import api, gpu_weights
     from engine.config import ModelArgs
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5_cuda import CudaQwen35
 
     monkeypatch.setattr(CudaQwen35, "MOE_STAGE", stage)
+    monkeypatch.setattr(CudaQwen35, "MOE_DOWN_SUM", summed)
     args = ModelArgs.from_config(MOE_CFG)
     w = quantized_weights(args, recipe="groupwise-int-moe")
     ref = api.load({"config": MOE_CFG, "weights": w}, device="cpu", gdn_mode="recurrent")
     gpu = build_engine(args, gpu_weights.from_logical(args, w, recipe="groupwise-int-moe"), MOE_CFG, max_context=256)
+    ops = [o for op in gpu.model.executor.ops for o in (op.main + op.side if hasattr(op, "side") else [op])]
+    assert any(getattr(o, "name", "").startswith("moe_down_sum") for o in ops) == summed
     toks = np.random.default_rng(7).integers(0, MOE_CFG["vocab_size"], 32)
     errs, agree = [], 0
     for t in toks:
@@ -223,6 +227,7 @@ def test_fused_tails_give_the_same_logits(flag, kernel, tick, monkeypatch):
     w = gpu_weights.from_logical(args, quantized_weights(args))
     prompt = [int(t) for t in np.random.default_rng(8).integers(0, CFG["vocab_size"], 12)]
     out = {}
+    monkeypatch.setattr(CudaQwen35, "GDN_PREP_FUSED", False)  # (the GDN tail fusion takes gdn_prep's outputs)
     for fused in (False, True):
         monkeypatch.setattr(CudaQwen35, flag, fused)
         eng = build_engine(args, w, CFG, max_context=256, prefill_cols=1)
@@ -233,6 +238,37 @@ def test_fused_tails_give_the_same_logits(flag, kernel, tick, monkeypatch):
         assert not getattr(eng.model.executor, tick).get().any()  # the last blocks reset max and tickets
     assert out[False][0] == out[True][0]
     assert np.array_equal(out[False][1], out[True][1])
+
+
+def test_gdn_prep_in_the_projection_epilogue_gives_the_same_tokens(monkeypatch):
+    """NINFER_GDN_PREP_FUSED: the conv + SiLU in the q|k and v|z GEMVs' epilogue and the q/k norms and gates
+    in gdn_delta_raw, against gdn_prep + gdn_delta (the same operations; the compiler may contract them
+    into FMAs differently): the same greedy tokens over a prefill and 40 steps, logits and GDN state
+    within fp32 rounding."""
+    from engine import gpu_weights
+    from engine.config import ModelArgs
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+
+    args = ModelArgs.from_config(CFG)
+    w = gpu_weights.from_logical(args, quantized_weights(args))
+    prompt = [int(t) for t in np.random.default_rng(9).integers(0, CFG["vocab_size"], 12)]
+    out = {}
+    for fused in (False, True):
+        monkeypatch.setattr(CudaQwen35, "GDN_PREP_FUSED", fused)
+        eng = build_engine(args, w, CFG, max_context=256, prefill_cols=1)
+        names = {getattr(op, "name", "") for op in eng.model.executor.ops}
+        assert ("gdn_prep" in names) != fused
+        first = int(np.argmax(eng.prefill(prompt)))
+        toks = eng.decode_greedy(first, 40)
+        logits = np.asarray(eng.decode_step(3)).copy()
+        states = [L["state"].get() for L in eng.model.executor.layers if "state" in L]
+        convs = [L["conv_state"].get() for L in eng.model.executor.layers if "conv_state" in L]
+        out[fused] = (toks, logits, states, convs)
+    assert out[False][0] == out[True][0]
+    assert np.allclose(out[True][1], out[False][1], rtol=1e-4, atol=1e-4)
+    for a, b in zip(out[True][2] + out[True][3], out[False][2] + out[False][3]):
+        assert np.allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
 def test_ldg_weight_loads_give_the_same_logits():
