@@ -214,14 +214,14 @@ bench_moe
 bench_long
 fi
 if [ "$PART" = fin8 ]; then  # decode 27B + 35B (breakdown) and at depth 32768, the GDN prep A/B, prefill
-ready                         # benches, every GPU test (4 processes on the one GPU)
+ready                         # benches, every GPU test
 decode_all
 log "decode A/B: GDN prep in the projections' epilogue"
 timeout 120 python3 bench/gpu_decode.py --synthetic qwen3.8-27b,qwen3.6-35b-a3b --attr="base,GDN_PREP_FUSED=0,MOE_DOWN_SUM=0" \
   --out "$OUT/decode_ab.json" 2>&1 | grep -E "PDL|attr|rror" | head -12
 bench_pp
 log "all GPU tests"
-gpu_pytest "$OUT/gpu_tests.txt" tests/gpu -n 4
+gpu_pytest "$OUT/gpu_tests.txt" tests/gpu
 grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | tail -12
 fi
 if [ "$PART" = fin7 ]; then  # every GPU test, then decode 27B + 35B with the defaults (no breakdown, no depth)
