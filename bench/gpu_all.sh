@@ -20,7 +20,7 @@
 #         GPU tests, decode 27B + 35B with breakdown and depth 32768.
 #   s10:  prefill gate|up in fp16, RB by head count, one partial after MoE (A/B); decode STAGE_DOWN A/B.
 #   s9:   PDL overlap probe, prefill tests, prefill profiles with the norms writing the GEMMs' fp16 input (A/B).
-# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | s8 | s8d | s9 | s10 | s11 | fin8
+# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | s8 | s8d | s9 | s10 | s11 | fin8 | fin9
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.cupy_cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -223,6 +223,15 @@ bench_pp
 log "all GPU tests"
 gpu_pytest "$OUT/gpu_tests.txt" tests/gpu
 grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | tail -12
+fi
+if [ "$PART" = fin9 ]; then  # the conv epilogue as a template flag (the other GEMVs' code as before it): engine and
+ready                         # prefill tests, decode 27B + 35B with the GDN prep A/B
+log "engine and prefill tests"
+gpu_pytest "$OUT/gpu_tests.txt" tests/gpu/test_gpu_engine.py tests/gpu/test_prefill.py
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | tail -8
+log "decode A/B: GDN prep in the projections' epilogue"
+timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.8-27b,qwen3.6-35b-a3b --attr="base,GDN_PREP_FUSED=0" \
+  --breakdown --out "$OUT/decode.json" 2>&1 | grep -E "PDL|attr|sum of|^  [a-z]|rror" | head -40
 fi
 if [ "$PART" = fin7 ]; then  # every GPU test, then decode 27B + 35B with the defaults (no breakdown, no depth)
 ready

@@ -23,7 +23,7 @@ __device__ __forceinline__ float routed_slot(XP& x, IP& xinv, YP& y, long long x
 // memory, so every x load is a generic LD), and each row's weight, scale and high-bit pointers are
 // computed once per row group and advanced by constants (gemv_rs recomputes a 64-bit address, ~12
 // instructions, for every load). Same arithmetic and epilogues as gemv_rs; MoE routing included.
-template <int FMT, int ROWS, int M, int U>
+template <int FMT, int ROWS, int M, int U, bool CONV = false>
 __global__ void __launch_bounds__(256, (M == 1 && U == 2) ? (ROWS == 1 ? 5 : (ROWS == 2 && FMT != FMT_Q5 ? 4 : 1)) : 1)
 gemv_rs_pre(GEMV_RS_PARAMS, __half2* __restrict__ sxh, float* __restrict__ sxinv, int skpad, unsigned int* __restrict__ sslot) {
   // sxh != nullptr (SwiGLU, one token, no split, no routing): the output row is also staged for the
@@ -113,8 +113,8 @@ gemv_rs_pre(GEMV_RS_PARAMS, __half2* __restrict__ sxh, float* __restrict__ sxinv
       }
       xp0 += 128 * U;
     }
-    wrote = fmaxf(wrote, gemv_store<ROWS, M, true>(acc, g, N, pair_stride, epi, inv_sc, yw, y, ldy, lane,
-                                                   ConvEpi{conv_w, conv_st, conv_c, conv_base, conv_rows}));
+    wrote = fmaxf(wrote, gemv_store<ROWS, M, true, CONV>(acc, g, N, pair_stride, epi, inv_sc, yw, y, ldy, lane,
+                                                         ConvEpi{conv_w, conv_st, conv_c, conv_base, conv_rows}));
   }
   if (sxh != nullptr) {  // (session 5's version of this tail, one dependent L2 round a pair: +11 us a layer)
     __shared__ float red[32];

@@ -286,8 +286,8 @@ class CudaQwen35(MlpOps, SamplingOps):
     GDN_PREP_FUSED = os.environ.get("NINFER_GDN_PREP_FUSED", "1") != "0"
 
     def _prep_fused(self) -> bool:
-        return (self.GDN_PREP_FUSED and not self.GDN_FUSED and type(self)._gdn_core_ops is CudaQwen35._gdn_core_ops
-                and type(self)._gemv is CudaQwen35._gemv)
+        return (self.GDN_PREP_FUSED and not self.GDN_FUSED and self.M == 1
+                and type(self)._gdn_core_ops is CudaQwen35._gdn_core_ops and type(self)._gemv is CudaQwen35._gemv)
 
     def _moe_splits(self) -> int:
         """Partial planes the MoE block leaves for the next norm to sum: the routed slots (or their sum) and the

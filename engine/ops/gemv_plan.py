@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.artifact import formats
-from engine.ops.kernels import (EPI, FMT_IDS, GEMV_ASYNC_M, GEMV_MMA, GEMV_PF, LDG_NAMES, LDG_PREFIX, WARPS, Launch,
+from engine.ops.kernels import (EPI, FMT_IDS, GEMV_ASYNC_M, GEMV_CONV_ROWS, GEMV_MMA, GEMV_PF, GEMV_PRE_MAIN, LDG_NAMES,
+                                LDG_PREFIX, WARPS, Launch,
                                 _allow_smem, blocks_per_sm, kernel, sm_count)
 
 
@@ -116,6 +117,11 @@ class GemvPlan:
             rows = 2
         if epi == "swiglu":
             rows = 2
+        if epi == "conv":  # (compiled for one token, GEMV_CONV_ROWS, and no async ring or L1 loads)
+            if m != 1:
+                raise ValueError("the conv epilogue takes one token row")
+            rows = rows if rows in GEMV_CONV_ROWS else 2
+            stages, ldg = 0, False
         u4_per_row = w.gpr * 2
         pre = xpre is not None and w.fmt != "q8_g32_fp16"
         span = u4_per_row if k_chunks is None else int(k_chunks)
@@ -142,8 +148,12 @@ class GemvPlan:
         self.grid = (bx, splits, ex[5])
         # pre2: gemv_rs_pre (x through __ldg, pointers advanced by constants; the tuning table picks it)
         self.pre2 = bool(pre2 and pre and vpu == 32 and not self.stages)
+        conv_t = ",true" if epi == "conv" else ""
+        if conv_t and self.pre2 and (rows, unroll) not in GEMV_PRE_MAIN:
+            self.pre2 = False
         kname = (f"gemv_rs_async<{f},{rows},{m},{self.stages}>" if self.stages
-                 else f"gemv_rs_pre<{f},{rows},{m},{unroll}>" if self.pre2 else f"gemv_rs<{f},{rows},{m},{unroll}>")
+                 else f"gemv_rs_pre<{f},{rows},{m},{unroll}{conv_t}>" if self.pre2
+                 else f"gemv_rs<{f},{rows},{m},{unroll}{conv_t}>")
         if ldg and kname in LDG_NAMES:  # weight loads through L1 (the tuning entry's ldg)
             kname = LDG_PREFIX + kname
         self.fn = kernel(kname)

@@ -25,6 +25,7 @@ XPAD = 1024
 FMT_IDS = {"q4_g64_fp16": 0, "q5_g64_fp16": 1, "q6_g64_fp16": 2, "q8_g32_fp16": 3}
 EPI = {"store": 0, "partial": 1, "swiglu": 2, "add": 3, "conv": 4}
 GEMV_ROWS = (1, 2, 4)
+GEMV_CONV_ROWS = (1, 2)  # rows a warp of the conv-epilogue GEMVs (GemvPlan takes 2 for any other)
 GEMV_UNROLL = (2, 4)  # 8 was never the best in the sweep; fewer variants compile faster
 GEMV_M = (1, 2, 8)
 # gemv_mma (tensor-core MMA, q4/q5, pre-staged x, 1-8 token columns): (tiles of 16 rows, warps splitting K
@@ -111,6 +112,9 @@ def _names(experimental: bool = False) -> list[str]:
         return names
     names = [f"gemv_rs<{f},{r},{m},{u}>" for f in range(4) for r in GEMV_ROWS for m in GEMV_M for u in GEMV_UNROLL]
     names += [f"gemv_rs_pre<{f},{r},{m},{u}>" for f in range(3) for r, u in GEMV_PRE_MAIN for m in GEMV_M]
+    # the GDN projections' conv epilogue (EPI_CONV), one token: gemv_rs / gemv_rs_pre<..., true>
+    names += [f"gemv_rs<{f},{r},1,{u},true>" for f in range(4) for r in GEMV_CONV_ROWS for u in GEMV_UNROLL]
+    names += [f"gemv_rs_pre<{f},{r},1,{u},true>" for f in range(3) for r, u in GEMV_PRE_MAIN]
     names += [f"gemv_bf16<{m}>" for m in GEMV_M]
     names += [f"router_route<{m}>" for m in GEMV_M]
     names += [f"embed_rs<{f}>" for f in range(4)]
