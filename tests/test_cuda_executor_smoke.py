@@ -538,7 +538,12 @@ def test_prefill_dequantizes_the_next_weights_ahead(cp, monkeypatch):
     n = len(g._wseq)
     assert n == len(first) and not any(side for _, _, side in first)
     log.clear()
+    waits = []
+    monkeypatch.setattr(g._dq_stream, "wait_event", waits.append, raising=False)
     g.run_chunk(list(range(1, 129)), 0)
+    # the side stream starts after what the main stream held at the chunk's first GEMM (another executor's
+    # GEMMs on the same two buffers), then each prefetch after the GEMM that last read its buffer
+    assert waits[0] is g._chunk_start and waits[1] is g._gemm_done[1]
     assert [x for x, _, _ in log] == g._wseq
     # (an attention layer's o-projection weights are dequantized in order: not ahead across the flash kernel)
     ahead = [False] + [id(x) not in {id(L["o"]) for L in g.layers if L["kind"] == "full_attention"}
@@ -574,3 +579,26 @@ def test_gdn_prep_in_the_projections_epilogue(cp, monkeypatch):
     assert "gdn_delta_raw" not in cols and any(n.startswith("gdn_prep") for n in cols)
     eng.prefill(list(range(1, 20)))
     assert len(eng.decode_greedy(3, 2)) == 2
+
+
+def test_conv_epilogue_is_refused_where_it_is_not_compiled(cp):
+    """The GDN conv epilogue exists only in the row-split GEMVs for one token: a bf16 matrix or several token
+    rows raise instead of storing the plain product, and an `mma` tuning entry is not taken with it."""
+    from engine.gpu_engine import build_engine
+    from engine.ops.gemv_plan import GemvPlan
+
+    args, w = _weights(CFG)
+    ex = build_engine(args, w, CFG, max_context=256, prefill_cols=8, prefill_gemm=0).model.executor
+    L = next(L for L in ex.layers if L["kind"] != "full_attention")
+    hk, hv = args.linear_num_key_heads, args.linear_num_value_heads
+    conv = (L["conv"], L["conv_state"], (2 * hk + hv) * 128, 0, 2 * hk * 128)
+    xpre = (ex.xh_n, ex.xinv_n)
+    with pytest.raises(ValueError, match="one token"):
+        GemvPlan(L["qk"], ex.xn, ex.xn.shape[-1], ex.buf_a, ex.buf_a.shape[-1], m=2, epi="conv", xpre=xpre, conv=conv)
+    assert L["ab"].fmt == "bf16"
+    with pytest.raises(ValueError, match="row-split"):
+        GemvPlan(L["ab"], ex.xn, ex.xn.shape[-1], ex.ab, ex.ab.shape[-1], epi="conv", conv=conv)
+    qk = L["qk"]
+    ex.gemv_cfg[(qk.fmt, qk.n, qk.k)] = dict(rows=1, unroll=2, mma=(1, 1, 1))
+    launch = ex._gemv(qk, ex.xn, ex.buf_a, xpre=xpre, epi="conv", conv=conv)
+    assert launch.__self__._go.name.endswith(",true>") and launch.__self__.splits == 1

@@ -244,7 +244,7 @@ class CudaQwen35(MlpOps, SamplingOps):
         return GemvPlan(w, x, x.shape[-1], y, y.shape[-1], m=self.M, epi=epi,
                         splits=1 if conv else cfg.get("splits", splits), rows=cfg.get("rows"),
                         unroll=cfg.get("unroll", 2), y_offset=y_offset, xpre=xpre, pf=cfg.get("pf"),
-                        stages=cfg.get("stages", 0), mma=cfg.get("mma"), pre2=cfg.get("pre2", False),
+                        stages=cfg.get("stages", 0), mma=None if conv else cfg.get("mma"), pre2=cfg.get("pre2", False),
                         ldg=cfg.get("ldg", False), conv=conv).launch
 
     def _plan_gemv(self, w, x, y, epi, splits, xpre, stage_out=None):
@@ -334,7 +334,8 @@ class CudaQwen35(MlpOps, SamplingOps):
             att_k = L["o"].k
             att_kpad = -(-att_k // K.XPAD) * K.XPAD  # per layer: the staged row stride the o-projection's K implies
             att_stage = (att_k, att_kpad, self.xh_att, self.xinv_att)
-            if L["kind"] == "full_attention" or not self._prep_fused():
+            if L["kind"] == "full_attention" or not (self._prep_fused() and L["qk"].fmt in K.FMT_IDS
+                                                     and L["vz"].fmt in K.FMT_IDS):
                 qk = self._gemv(L["qk"], self.xn, self.buf_a, xpre=xn)
             if L["kind"] == "full_attention":
                 qw, kw = self.Hq * ATTN_HEAD_DIM, self.Hkv * ATTN_HEAD_DIM
@@ -360,7 +361,7 @@ class CudaQwen35(MlpOps, SamplingOps):
             else:
                 Hk, Hv = self.Hk, self.Hv
                 lda, ldb = self.buf_a.shape[1], self.buf_b.shape[1]
-                fuse_prep = self._prep_fused()
+                fuse_prep = self._prep_fused() and L["qk"].fmt in K.FMT_IDS and L["vz"].fmt in K.FMT_IDS
                 if fuse_prep:  # the conv + SiLU in the q|k and v projections' epilogue, the rest in the delta rule
                     C, qkc = (2 * Hk + Hv) * GDN_HEAD_DIM, 2 * Hk * GDN_HEAD_DIM
                     qk = self._gemv(L["qk"], self.xn, self.buf_a, xpre=xn, epi="conv",

@@ -159,6 +159,7 @@ class CudaQwen35Prefill(CudaQwen35Columns):
         self._no_ahead = {id(L["o"]) for L in self.layers if L["kind"] == "full_attention"}
         self._dq_done = [cp.cuda.Event(disable_timing=True) for _ in range(2)]
         self._gemm_done = [cp.cuda.Event(disable_timing=True) for _ in range(2)]
+        self._chunk_start = cp.cuda.Event(disable_timing=True)
         self._valid = self.M  # the chunk's prompt tokens (run_chunk)
         self._one = np.array(1.0, dtype=np.float32)
         self._zero = np.array(0.0, dtype=np.float32)
@@ -190,6 +191,14 @@ class CudaQwen35Prefill(CudaQwen35Columns):
             self.cp.cuda.get_current_stream().wait_event(self._dq_done[1])
             return self._dequant(w, self._buf(i))
         main = self.cp.cuda.get_current_stream()
+        if i == 0:
+            # a chunk's first GEMM: whatever the side stream still had in flight lands first, and the side
+            # stream starts after everything the main stream holds so far -- the GEMMs of an executor that
+            # ran before this one on the same two buffers (`share`) read them without this one's events
+            main.wait_event(self._dq_done[0])
+            main.wait_event(self._dq_done[1])
+            self._chunk_start.record(main)
+            self._dq_stream.wait_event(self._chunk_start)
         if i == 0 or not self._ahead:
             self._dequant(w, self._buf(i))
         else:
@@ -381,7 +390,8 @@ class CudaQwen35Prefill(CudaQwen35Columns):
     def _swiglu_rows(gu, inter: int, rows: int, out16):
         """out16 [rows, inter] (fp16) = silu(gate) * up of the rows of gu (fp32 or fp16 [gate | up], any row
         stride)."""
-        K.kernel("swiglu_rows_h" if gu.dtype == np.float16 else "swiglu_rows_f16")((max(1, min(-(-rows * inter // 4 // 256), K.sm_count() * 16)),), (256,),
+        name = "swiglu_rows_h" if gu.dtype == np.float16 else "swiglu_rows_f16"
+        K.kernel(name)((max(1, min(-(-rows * inter // 4 // 256), K.sm_count() * 16)),), (256,),
                                     (gu, np.int64(gu.shape[1]), np.int32(inter), np.int32(rows), out16))
 
     def _swiglu(self, inter: int, rows: int, of):

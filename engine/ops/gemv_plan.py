@@ -98,10 +98,13 @@ class GemvPlan:
         self.w, self.m, self.epi = w, m, EPI[epi]
         self.stages, self.pre2, self.stages_out = 0, False, False
         ps = w.n // 2 if pair_stride is None else int(pair_stride)
-        if mma and xpre is not None and experts is None and w.fmt in ("q4_g64_fp16", "q5_g64_fp16") and m <= 8 \
+        if mma and epi != "conv" and xpre is not None and experts is None \
+                and w.fmt in ("q4_g64_fp16", "q5_g64_fp16") and m <= 8 \
                 and pair_stride is None and k_chunks is None:
             self._mma_plan(w, xpre, y, ldy, m, epi, splits, tuple(mma), y_offset)
             return
+        if epi == "conv" and w.fmt not in FMT_IDS:
+            raise ValueError(f"the conv epilogue is compiled into the row-split GEMVs only, not {w.fmt}")
         if w.fmt == "bf16":
             self.fn = kernel(f"gemv_bf16<{m}>")
             kw = WARPS if -(-w.n // WARPS) < sm_count() else 1  # few rows: a block's 8 warps split K
