@@ -141,6 +141,12 @@ __device__ __forceinline__ void cumsum64(float* Gs) {
 // (~0.2 ms at 0.5 mma/clk/SM) overlap across the two blocks an SM: expected ~0.3-0.4 ms a layer, 15-20 ms
 // for the 27B's 48 layers (the CUDA-core version: 109 ms).
 #define GDN_PREP_SMEM (4 * (2 * GC_T * GT_KS + GC_T * GT_MS + 3 * GC_T))
+// GDN_PREP_SKIP (bench/gdn_prep_probe.py only; 0 in the engine, which compiles to the same SASS): a bit mask
+// of stages left out to time the rest (the results are then wrong): 1 the K K^T / Q K^T products, 2 the
+// triangular solve, 4 the W / U' products, 8 their stores.
+#ifndef GDN_PREP_SKIP
+#define GDN_PREP_SKIP 0
+#endif
 extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_prep(
     const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ vo,
     const float* __restrict__ g, const float* __restrict__ beta, float* __restrict__ Wg, float* __restrict__ Ug,
@@ -177,6 +183,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_prep(
   cp_wait<0>();
   __syncthreads();
   float* mg = Mg + ph * GC_T * GC_T;
+#if !(GDN_PREP_SKIP & 1)
   {  // 2. K K^T (A) and Q K^T (M): tile i of the warp is (lo, par + 2i) for i <= lo, else (3 - lo, par + 2(i - lo - 1))
     const int prod = warp >> 2, lo = (warp >> 1) & 1, hi = 3 - lo, par = warp & 1;
     const float* X = prod ? QV : Ks;
@@ -223,9 +230,11 @@ extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_prep(
       }
     }
   }
+#endif
   __syncthreads();  // A complete; Q no longer read
   cp_rows128(QV, GT_KS, vo + ((size_t)c0 * Hv + h) * 128, (size_t)Hv * 128, n);
   cp_commit();
+#if !(GDN_PREP_SKIP & 2)
   {  // 3. T = (I + A)^-1, column col, rows [16 r, 16 r + 16) in x
     const int col = warp * 8 + lg, r = lc;
     float x[16];
@@ -253,8 +262,10 @@ extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_prep(
 #pragma unroll
     for (int i = 0; i < 16; ++i) As[(16 * r + i) * GT_MS + col] = x[i];
   }
+#endif
   cp_wait<0>();
   __syncthreads();
+#if !(GDN_PREP_SKIP & 4)
   {  // 4. W = T (SK o K), U' = T (B o V): n-tiles 2 warp, 2 warp + 1
     float* wg = Wg + ph * GC_T * 128;
     float* ug = Ug + ph * GC_T * 128;
@@ -284,6 +295,17 @@ extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_prep(
         }
       }
       float* dst = prod ? ug : wg;
+#if GDN_PREP_SKIP & 8
+      {  // (keeps the products live without storing them)
+        float t = 0.f;
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+          for (int j = 0; j < 2; ++j) t += acc[mt][j][0] + acc[mt][j][1] + acc[mt][j][2] + acc[mt][j][3];
+        if (t == 1234.5f) dst[0] = t;
+        continue;
+      }
+#endif
 #pragma unroll
       for (int mt = 0; mt < 4; ++mt)
 #pragma unroll
@@ -294,6 +316,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_prep(
         }
     }
   }
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------------------
