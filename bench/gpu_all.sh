@@ -16,12 +16,13 @@
 # (The one-off A/B parts of session 5, pre2 / s5 / pdl / br / s5b, are in git history at 4f9b3f1; those of
 # session 6, next / gdnc / moep / s6 / moeprof / s6b / s6c / s6d / s6e, at c858397; session 7's l2pf, with
 # the L2 warm-up it measured, at 741ff0c.)
+#   gsplit: decode attention's query group over 2 or 4 blocks (ATTN_GSPLIT), tests + A/B at depth 32768.
 #   prep: gdn_chunk_prep timed with stages left out (bench/gdn_prep_probe.py), for the next session.
 #   s11:  prefill residual in the GEMMs, weights dequantized ahead (A/B), prefill tests and benches; fin8: all
 #         GPU tests, decode 27B + 35B with breakdown and depth 32768.
 #   s10:  prefill gate|up in fp16, RB by head count, one partial after MoE (A/B); decode STAGE_DOWN A/B.
 #   s9:   PDL overlap probe, prefill tests, prefill profiles with the norms writing the GEMMs' fp16 input (A/B).
-# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | s8 | s8d | s9 | s10 | s11 | fin8 | fin9 | prep
+# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | s8 | s8d | s9 | s10 | s11 | fin8 | fin9 | prep | gsplit
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.cupy_cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -233,6 +234,15 @@ grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | tail -8
 log "decode A/B: GDN prep in the projections' epilogue"
 timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.8-27b,qwen3.6-35b-a3b --attr="base,GDN_PREP_FUSED=0" \
   --breakdown --out "$OUT/decode.json" 2>&1 | grep -E "PDL|attr|sum of|^  [a-z]|rror" | head -40
+fi
+if [ "$PART" = gsplit ]; then  # next session: decode attention with the query group cut over blocks, at depth
+ready                           # 32768 (int8 KV) and 0
+log "tests of the cut"
+gpu_pytest "$OUT/gpu_tests.txt" tests/gpu -k "attention_decode or query_group"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | tail -6
+log "decode A/B at depth 32768: ATTN_GSPLIT"
+timeout 300 python3 bench/gpu_decode.py --synthetic qwen3.8-27b,qwen3.6-35b-a3b --depth 32768 \
+  --attr="base,ATTN_GSPLIT=2,ATTN_GSPLIT=4" --out "$OUT/decode_gsplit.json" 2>&1 | grep -E "PDL|attr|rror" | head -30
 fi
 if [ "$PART" = prep ]; then  # next session's first look at gdn_chunk_prep: the kernel with stages left out
 ready

@@ -100,14 +100,16 @@ extern "C" __global__ void qk_norm_rope_kv(const float* __restrict__ q, int ldq,
       const __half* __restrict__ ks, const __half* __restrict__ vsc
 
 // Their first statements: block coordinates, the split's token range and the per-head registers (begin).
-#define ATTN_DECODE_BEGIN(G)                                                                               \
+// GS: blocks a KV head's query group is cut into (blockIdx.x = vh, its G query heads vh G.., KV head vh / GS):
+// fewer registers a thread (G heads, not G GS), more blocks an SM; each block reads the KV head's rows.
+#define ATTN_DECODE_BEGIN(G, GS)                                                                           \
   NI_PDL_ENTRY();                                                                                          \
-  const int kvh = blockIdx.x, split = blockIdx.y, m = blockIdx.z;                                          \
+  const int vh = blockIdx.x, kvh = vh / (GS), split = blockIdx.y, m = blockIdx.z;                          \
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;                                              \
-  const int Hq = Hkv * G;                                                                                  \
+  const int Hq = Hkv * G * (GS);                                                                           \
   int t0, t1;                                                                                              \
   float qr[G][8], mx[G], ls[G], acc[G][8];                                                                 \
-  attn_decode_begin<G>(q, pos, chunk, scale, nsplit, Hq, kvh, split, m, lane, t0, t1, qr, mx, ls, acc)
+  attn_decode_begin<G>(q, pos, chunk, scale, nsplit, Hq, vh, split, m, lane, t0, t1, qr, mx, ls, acc)
 
 // The split-K decode attention kernels' common parts. begin: the split's token range [t0, t1) of the
 // tokens there are now (not the maximum context: every block has work at any depth; `chunk` caps a split's
@@ -169,12 +171,12 @@ __device__ __forceinline__ void attn_decode_merge(const float (&mx)[G], const fl
   }
 }
 
-// Split-K decode attention. grid (Hkv, nsplit, M), block 256 (8 warps). Each warp walks tokens of
+// Split-K decode attention. grid (Hkv GS, nsplit, M), block 256 (8 warps). Each warp walks tokens of
 // this split, lane l holding dims [8l, 8l+8) (16-byte loads of a 512-byte bf16 row), G query heads.
 // Writes per (m, q head, split): running max, sum and the unnormalised accumulator.
-template <int G, bool KV8>
+template <int G, bool KV8, int GS = 1>
 __global__ void __launch_bounds__(256) attn_decode_split(ATTN_DECODE_PARAMS) {
-  ATTN_DECODE_BEGIN(G);
+  ATTN_DECODE_BEGIN(G, GS);
   for (int t = t0 + warp; t < t1; t += 8) {
     const int page = page_table[(size_t)m * pt_stride + t / KV_PAGE];
     const size_t row = ((size_t)page * KV_PAGE + t % KV_PAGE) * Hkv + kvh;
@@ -215,7 +217,7 @@ __global__ void __launch_bounds__(256) attn_decode_split(ATTN_DECODE_PARAMS) {
       mx[g] = nm;
     }
   }
-  attn_decode_merge<G>(mx, ls, acc, part_ml, part_acc, nsplit, Hq, kvh, split, m, lane, warp);
+  attn_decode_merge<G>(mx, ls, acc, part_ml, part_acc, nsplit, Hq, vh, split, m, lane, warp);
 }
 
 // attn_decode_split with TT tokens a warp a round (tokens t, t + 8, ..., t + 8 (TT - 1)): their page
@@ -225,7 +227,7 @@ __global__ void __launch_bounds__(256) attn_decode_split(ATTN_DECODE_PARAMS) {
 // (Written without device time: CudaQwen35.ATTN_TT, off until measured.)
 template <int G, bool KV8, int TT>
 __global__ void __launch_bounds__(256) attn_decode_tt(ATTN_DECODE_PARAMS) {
-  ATTN_DECODE_BEGIN(G);
+  ATTN_DECODE_BEGIN(G, 1);
   for (int t = t0 + warp; t < t1; t += 8 * TT) {
     size_t row[TT];
     bool live[TT];
@@ -305,7 +307,7 @@ __global__ void __launch_bounds__(256) attn_decode_tt(ATTN_DECODE_PARAMS) {
       }
     }
   }
-  attn_decode_merge<G>(mx, ls, acc, part_ml, part_acc, nsplit, Hq, kvh, split, m, lane, warp);
+  attn_decode_merge<G>(mx, ls, acc, part_ml, part_acc, nsplit, Hq, vh, split, m, lane, warp);
 }
 
 // out[m][h*256 + d] (row stride ldo) = (sum_s acc_s e^{m_s - M}) / (sum_s l_s e^{m_s - M}) * sigmoid(gate[m][h][d]). grid (Hq, M), block 256.

@@ -602,3 +602,20 @@ def test_conv_epilogue_is_refused_where_it_is_not_compiled(cp):
     ex.gemv_cfg[(qk.fmt, qk.n, qk.k)] = dict(rows=1, unroll=2, mma=(1, 1, 1))
     launch = ex._gemv(qk, ex.xn, ex.buf_a, xpre=xpre, epi="conv", conv=conv)
     assert launch.__self__._go.name.endswith(",true>") and launch.__self__.splits == 1
+
+
+def test_attention_query_group_cut_plumbing(cp, monkeypatch):
+    """NINFER_ATTN_GSPLIT: the decode attention takes attn_decode_split<G / GS, KV8, GS> over Hkv GS blocks a
+    split where that cut is compiled (kernels.ATTN_GSPLIT), the one-block kernel elsewhere."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+
+    cfg = dict(CFG, num_attention_heads=12, num_key_value_heads=2)  # 6 query heads a KV head, as the 27B
+    args, w = _weights(cfg)
+    for gs, name in ((1, "attn_decode_split<6,false>"), (2, "attn_decode_split<3,false,2>"),
+                     (3, "attn_decode_split<6,false>")):  # (6 / 3 = 2 a block is not compiled)
+        monkeypatch.setattr(CudaQwen35, "ATTN_GSPLIT", gs)
+        ex = build_engine(args, w, cfg, max_context=256, prefill_cols=8, prefill_gemm=0).model.executor
+        att = [op for op in _flat(ex.ops) if getattr(op, "name", "").startswith("attn_decode")]
+        assert att and all(op.name == name for op in att)
+        assert all(op.grid[0] == args.num_key_value_heads * (2 if gs == 2 else 1) for op in att)

@@ -266,6 +266,11 @@ class CudaQwen35(MlpOps, SamplingOps):
     # Decode attention: tokens a warp a round; NINFER_ATTN_TT=4 takes attn_decode_tt (4 tokens' K/V asked for at
     # once), 1 attn_decode_split (the kernel of sessions 2-6), the default until 4 is measured on a GPU.
     ATTN_TT = int(os.environ.get("NINFER_ATTN_TT", "1"))
+    # Decode attention: a KV head's query group cut over this many blocks (attn_decode_split<G / GS, KV8, GS>;
+    # kernels.ATTN_GSPLIT lists the compiled cuts): the 27B's 6 heads a KV head take 156 registers a thread,
+    # one 256-thread block an SM, 8 warps to hide each token's dependent loads and shuffles (~115 us a layer
+    # at 32K against ~17 us of bytes); 3 heads take 80. Written without device time: 1 (off) until measured.
+    ATTN_GSPLIT = int(os.environ.get("NINFER_ATTN_GSPLIT", "1"))
     # blocks a token row of the norms and stagings (each reduces the whole row, stages its slice)
     NORM_BLOCKS = int(os.environ.get("NINFER_NORM_BLOCKS", "16"))
     MOE_ROWS = False  # several token rows of an MoE model (the tensor-core prefill's own MoE ops)
@@ -425,8 +430,13 @@ class CudaQwen35(MlpOps, SamplingOps):
         M = self.M
         g = self.Hq // self.Hkv
         kv8 = "true" if self.kv == "int8" else "false"
-        name = f"attn_decode_tt<{g},{kv8},{self.ATTN_TT}>" if self.ATTN_TT in K.ATTN_TT else f"attn_decode_split<{g},{kv8}>"
-        return [K.prepared(name, (self.Hkv, self.nsplit, M),
+        gs = self.ATTN_GSPLIT if (g // max(self.ATTN_GSPLIT, 1), self.ATTN_GSPLIT) in K.ATTN_GSPLIT else 1
+        if self.ATTN_TT in K.ATTN_TT:
+            name = f"attn_decode_tt<{g},{kv8},{self.ATTN_TT}>"
+            gs = 1
+        else:
+            name = f"attn_decode_split<{g // gs},{kv8},{gs}>" if gs > 1 else f"attn_decode_split<{g},{kv8}>"
+        return [K.prepared(name, (self.Hkv * gs, self.nsplit, M),
                            (self.qbuf, L["kc"], L["vc"], self.qpos, self.page_table,
                             self.pt_stride, self.Hkv, self.chunk,
                             float(1.0 / math.sqrt(ATTN_HEAD_DIM)), self.attn_ml, self.attn_acc,

@@ -40,6 +40,8 @@ ATTN_GROUPS = (1, 2, 3, 4, 6, 8)
 # Tokens a warp a round of attn_decode_tt (their loads in flight together; attn_decode_split takes one):
 # CudaQwen35.ATTN_TT picks one.
 ATTN_TT = (4,)
+# attn_decode_split<G, KV8, GS>: a KV head's G GS query heads over GS blocks of G (CudaQwen35.ATTN_GSPLIT)
+ATTN_GSPLIT = ((3, 2), (4, 2), (2, 4))
 GDN_DELTA_ROWS = (2, 4)  # state rows a warp of gdn_delta_rows (the prefill's GDN recurrence)
 # the chunked GDN prefill (gdn_chunk_prep, gdn_chunk_scan<RB> / gdn_chunk_scan_tc<RB>): state rows a block
 # of the in-order pass, and the dynamic shared memory (GDN_PREP_SMEM, GDN_SCAN_TC_SMEM in cuda/gdn_tc.cu,
@@ -122,6 +124,7 @@ def _names(experimental: bool = False) -> list[str]:
     names += [f"moe_down_sum<{f}>" for f in range(3)]
     names += [f"attn_decode_split<{g},{kv8}>" for g in ATTN_GROUPS for kv8 in ("false", "true")]
     names += [f"attn_decode_tt<{g},{kv8},{tt}>" for g in ATTN_GROUPS for kv8 in ("false", "true") for tt in ATTN_TT]
+    names += [f"attn_decode_split<{g},{kv8},{gs}>" for g, gs in ATTN_GSPLIT for kv8 in ("false", "true")]
     names += [f"gdn_delta_rows<{r}>" for r in GDN_DELTA_ROWS]
     names += [f"gdn_chunk_scan<{rb}>" for rb in GDN_SCAN_RB]
     names += [f"attn_prefill_fa<{w},{kv8}>" for w in (4, 8) for kv8 in ("false", "true")]  # warps, int8 KV

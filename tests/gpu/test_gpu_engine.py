@@ -271,6 +271,31 @@ def test_gdn_prep_in_the_projection_epilogue_gives_the_same_tokens(monkeypatch):
         assert np.allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
+def test_attention_query_group_cut_over_blocks_gives_the_same_tokens(monkeypatch):
+    """NINFER_ATTN_GSPLIT=2: each KV head's 6 query heads over 2 blocks of 3 (attn_decode_split<3,*,2>) on a
+    model with the 27B's grouping: the same greedy tokens over a prefill and 40 steps, logits within fp32
+    rounding (each block's softmax runs over the same tokens in the same order)."""
+    from engine import gpu_weights
+    from engine.config import ModelArgs
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+
+    cfg = dict(CFG, num_attention_heads=12, num_key_value_heads=2)
+    args = ModelArgs.from_config(cfg)
+    w = gpu_weights.from_logical(args, quantized_weights(args))
+    prompt = [int(t) for t in np.random.default_rng(10).integers(0, cfg["vocab_size"], 12)]
+    out = {}
+    for gs in (1, 2):
+        monkeypatch.setattr(CudaQwen35, "ATTN_GSPLIT", gs)
+        eng = build_engine(args, w, cfg, max_context=256, prefill_cols=1)
+        names = {getattr(op, "name", "") for op in eng.model.executor.ops}
+        assert ("attn_decode_split<3,false,2>" in names) == (gs == 2)
+        first = int(np.argmax(eng.prefill(prompt)))
+        out[gs] = (eng.decode_greedy(first, 40), np.asarray(eng.decode_step(3)).copy())
+    assert out[1][0] == out[2][0]
+    assert np.allclose(out[2][1], out[1][1], rtol=1e-4, atol=1e-4)
+
+
 def test_ldg_weight_loads_give_the_same_logits():
     """GEMV weight loads through L1 (`ldg` in a tuning entry: the module_ldg build) change only the cache
     path: tokens and logits bit-identical to the no_allocate loads, with every GEMV of the step on it."""

@@ -333,11 +333,17 @@ def test_gdn_step(cp):
     check("gdn out", bufs["o"].get()[0], o[0], atol=1e-3, rtol=1e-2, tail_frac=2e-3, worst_ratio=5, rel=8e-3)
 
 
-@pytest.mark.parametrize("tt", [1, 4])  # tokens a warp a round (their K/V loads in flight together)
+# tt: tokens a warp a round (their K/V loads in flight together); gs: blocks a KV head's query group is cut
+# into (attn_decode_split<g / gs, kv8, gs>)
+@pytest.mark.parametrize("tt,gs", [(1, 1), (4, 1), (1, 2), (1, 4)])
 @pytest.mark.parametrize("kv", ["bf16", "int8"])
 @pytest.mark.parametrize("g", [6, 8])
 @pytest.mark.parametrize("length", [1, 63, 200])
-def test_attention_decode(cp, g, length, kv, tt):
+def test_attention_decode(cp, g, length, kv, tt, gs):
+    from engine.ops import kernels as K
+
+    if gs > 1 and (g // gs, gs) not in K.ATTN_GSPLIT:
+        pytest.skip(f"no attn_decode_split<{g // gs},*,{gs}> compiled")
     from engine.ops import kernels as K
     from engine.ops.kvquant import dequantize_kv_int8_g64, quantize_kv_int8_g64
 
@@ -379,7 +385,9 @@ def test_attention_decode(cp, g, length, kv, tt):
     out = poisoned(cp, (1, hq * d))
     kv8 = "true" if int8 else "false"
     name = f"attn_decode_split<{g},{kv8}>" if tt == 1 else f"attn_decode_tt<{g},{kv8},{tt}>"
-    K.prepared(name, (hkv, nsplit, 1),
+    if gs > 1:
+        name = f"attn_decode_split<{g // gs},{kv8},{gs}>"
+    K.prepared(name, (hkv * gs, nsplit, 1),
                (qbuf, kc, vc, pos, pt, pages, hkv, chunk, 1 / 16, ml, acc, nsplit, ptr(ksc), ptr(vsc)))()
     K.prepared("attn_combine", (hq, 1), (ml, acc, nsplit, cp.asarray(gate), hq * d, out, hq * d, hq))()
     if int8:
