@@ -219,7 +219,7 @@ if [ "$PART" = fin8 ]; then  # decode 27B + 35B (breakdown) and at depth 32768, 
 ready                         # benches, every GPU test
 decode_all
 log "decode A/B: GDN prep in the projections' epilogue"
-timeout 120 python3 bench/gpu_decode.py --synthetic qwen3.8-27b,qwen3.6-35b-a3b --attr="base,GDN_PREP_FUSED=0,MOE_DOWN_SUM=0" \
+timeout 120 python3 bench/gpu_decode.py --synthetic qwen3.8-27b,qwen3.6-35b-a3b --attr="base,GDN_PREP_FUSED=0" \
   --out "$OUT/decode_ab.json" 2>&1 | grep -E "PDL|attr|rror" | head -12
 bench_pp
 log "all GPU tests"

@@ -144,16 +144,14 @@ def test_attn_fused_replaces_combine_and_staging(cp, monkeypatch):
     assert count[True] == (count[False][0] - attn, 0, attn) and count[False][1:] == (attn, 0)
 
 
-@pytest.mark.parametrize("shared,stage,summed", [(256, True, False), (128, True, False), (128, False, False),
-                                                 (128, False, True)])  # 128: a routed expert's width
-def test_moe_engine_builds_and_runs(cp, shared, stage, summed, monkeypatch):
-    """The routed down projection: a GEMV slot a grid.z (staged by a launch, MOE_STAGE, or by its own
-    blocks), or the slots summed by moe_down_sum (MOE_DOWN_SUM: the next norm then reads 2 planes)."""
+@pytest.mark.parametrize("shared,stage", [(256, True), (128, True), (128, False)])  # 128: a routed expert's width
+def test_moe_engine_builds_and_runs(cp, shared, stage, monkeypatch):
+    """The routed down projection: a GEMV slot a grid.z, staged by a launch (MOE_STAGE) or by its own
+    blocks; the next norm sums the k slots' planes and the shared expert's."""
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5_cuda import CudaQwen35
 
     monkeypatch.setattr(CudaQwen35, "MOE_STAGE", stage)
-    monkeypatch.setattr(CudaQwen35, "MOE_DOWN_SUM", summed)
 
     cfg = dict(CFG, architectures=["Qwen3_5MoeForCausalLM"], model_type="qwen3_5_moe_text", num_experts=8,
                num_experts_per_tok=2, moe_intermediate_size=128, shared_expert_intermediate_size=shared)
@@ -167,11 +165,10 @@ def test_moe_engine_builds_and_runs(cp, shared, stage, summed, monkeypatch):
     names = [getattr(o, "name", "") for o in _flat(ex.ops)]
     # each attention layer stages its output with stage_x_mb (unless ATTN_FUSED: attn_combine_stage does)
     attn = 0 if CudaQwen35.ATTN_FUSED else sum(L["kind"] == "full_attention" for L in ex.layers)
-    assert names.count("stage_x_mb") - attn == (args.num_hidden_layers if stage and not summed else 0)
-    assert names.count("moe_down_sum<1>") == (args.num_hidden_layers if summed else 0)
+    assert names.count("stage_x_mb") - attn == (args.num_hidden_layers if stage else 0)
     norms = [o for o in _flat(ex.ops) if getattr(o, "name", "") == "residual_rmsnorm_mb"]
     k = args.num_experts_per_tok
-    assert [int(o.args[3]) for o in norms[2::2]] == [2 if summed else k + 1] * args.num_hidden_layers
+    assert [int(o.args[3]) for o in norms[2::2]] == [k + 1] * args.num_hidden_layers
     assert np.isfinite(eng.info()["weight_bytes_per_token"])
 
 

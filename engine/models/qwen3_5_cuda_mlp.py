@@ -42,15 +42,7 @@ class MlpOps:
         gu1, dn1 = gu.row_slice(0, 2 * ie), dn.row_slice(0, H)  # expert 0's rows (the kernel offsets by eidx)
         routed = [GemvPlan(gu1, self.xn, H, self.act_e, ie, epi="swiglu", unroll=2, xpre=xn,
                            experts=(self.eidx, 2 * ie, 0, ie, None, k)).launch]
-        summed = self._moe_sum_down()
-        if summed:  # the k slots' down projections summed into part[0] by one kernel (moe_down_sum)
-            npad = -(-dn1.gpr * 2 // 32) * 32
-            routed.append(K.prepared(f"moe_down_sum<{K.FMT_IDS[dn.fmt]}>", (-(-H // K.WARPS),),
-                                     (np.uint64(dn.ptr(dn.base)), np.uint64(dn.ptr(dn.high)),
-                                      np.uint64(dn.ptr(dn.scales)), H, dn.gpr, self.eidx, H, k, self.act_e,
-                                      self.act_e.shape[-1], ie, self.ewts, self.part[0]),
-                                     smem=k * npad * 16 * 4))
-        elif self.MOE_STAGE:
+        if self.MOE_STAGE:
             routed.append(K.prepared("stage_x_mb", (self.NORM_BLOCKS, k), (self.act_e, ie, ie, self.kpad_e, self.xh_e,
                                                                            self.kpad_e // 2, self.xinv_e),
                                      block=1024))
@@ -62,8 +54,7 @@ class MlpOps:
                                    experts=(self.eidx, H, ie * 4, self.M * H, self.ewts, k)).launch)
         # the shared expert beside the routed ones: its gate|up beside the router and top-k, its
         # down-projection (weighted by what moe_route computes) beside the routed experts
-        shared_down = GemvPlan(L["shared_down"], self.act, self.act.shape[1], self.part[1 if summed else k], H,
-                               epi="store",
+        shared_down = GemvPlan(L["shared_down"], self.act, self.act.shape[1], self.part[k], H, epi="store",
                                unroll=2, experts=(None, 0, 0, 0, self.ewts[0, k:], 1)).launch
         shared_gu = self._gemv(L["shared_gu"], self.xn, self.act, epi="swiglu", xpre=xn)
         return (self._concurrent(route, [shared_gu])
@@ -74,19 +65,6 @@ class MlpOps:
     # kernel runs). Off: slower on the H200 (session 6, 27B: 116.5 against 120.6 tok/s, twice; the two
     # concurrent GEMVs share the bandwidth, 76 MB in 30.7 us, no better than one after the other).
     # Subclasses whose GEMVs are not kernels (cuBLAS prefill) never split.
-    # The routed down projections of one token summed over its k slots by one kernel (moe_down_sum: a warp a
-    # row across the slots), the shared expert into part[1]: the next norm reads 2 planes, not k + 1.
-    # NINFER_MOE_DOWN_SUM=0: a GEMV slot a grid.z, a plane a slot.
-    # Off: fin8 on the H200 (in-process A/B, twice each) 35B-A3B 338.9 / 338.8 tok/s with it, 345.1 / 344.7
-    # without (its one warp a row walks 8 experts' rows; the per-slot GEMV spreads them over 8x the warps).
-    MOE_DOWN_SUM = os.environ.get("NINFER_MOE_DOWN_SUM", "0") != "0"
-
-    def _moe_sum_down(self) -> bool:
-        dn = self.layers[0].get("experts_down") if self.layers else None
-        return bool(self.MOE_DOWN_SUM and not self.MOE_ROWS and self.M == 1 and dn is not None
-                    and dn.fmt in ("q4_g64_fp16", "q5_g64_fp16", "q6_g64_fp16") and self.topk <= 16
-                    and self.inter_e % 32 == 0)
-
     FFN_SPLIT = os.environ.get("NINFER_FFN_SPLIT", "0") != "0"
 
     def _ffn_split_at(self, w_down) -> int:

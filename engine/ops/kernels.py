@@ -121,7 +121,6 @@ def _names(experimental: bool = False) -> list[str]:
     names += [f"router_route<{m}>" for m in GEMV_M]
     names += [f"embed_rs<{f}>" for f in range(4)]
     names += [f"dequant_rs<{f}>" for f in range(4)]
-    names += [f"moe_down_sum<{f}>" for f in range(3)]
     names += [f"attn_decode_split<{g},{kv8}>" for g in ATTN_GROUPS for kv8 in ("false", "true")]
     names += [f"attn_decode_tt<{g},{kv8},{tt}>" for g in ATTN_GROUPS for kv8 in ("false", "true") for tt in ATTN_TT]
     names += [f"attn_decode_split<{g},{kv8},{gs}>" for g, gs in ATTN_GSPLIT for kv8 in ("false", "true")]

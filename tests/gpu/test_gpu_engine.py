@@ -64,22 +64,18 @@ MOE_CFG = dict(CFG, architectures=["Qwen3_5MoeForCausalLM"], model_type="qwen3_5
 MOE_CFG.pop("intermediate_size")
 
 
-# MOE_STAGE: routed rows staged by a launch / in the GEMV; MOE_DOWN_SUM: the slots summed by moe_down_sum
-@pytest.mark.parametrize("stage,summed", [(True, False), (False, False), (False, True)])
-def test_cuda_moe_engine_matches_numpy_engine(stage, summed, monkeypatch):
+@pytest.mark.parametrize("stage", [True, False])  # MOE_STAGE: routed rows staged by a launch / in the GEMV
+def test_cuda_moe_engine_matches_numpy_engine(stage, monkeypatch):
     from engine import api, gpu_weights
     from engine.config import ModelArgs
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5_cuda import CudaQwen35
 
     monkeypatch.setattr(CudaQwen35, "MOE_STAGE", stage)
-    monkeypatch.setattr(CudaQwen35, "MOE_DOWN_SUM", summed)
     args = ModelArgs.from_config(MOE_CFG)
     w = quantized_weights(args, recipe="groupwise-int-moe")
     ref = api.load({"config": MOE_CFG, "weights": w}, device="cpu", gdn_mode="recurrent")
     gpu = build_engine(args, gpu_weights.from_logical(args, w, recipe="groupwise-int-moe"), MOE_CFG, max_context=256)
-    ops = [o for op in gpu.model.executor.ops for o in (op.main + op.side if hasattr(op, "side") else [op])]
-    assert any(getattr(o, "name", "").startswith("moe_down_sum") for o in ops) == summed
     toks = np.random.default_rng(7).integers(0, MOE_CFG["vocab_size"], 32)
     errs, agree = [], 0
     for t in toks:
