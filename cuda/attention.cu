@@ -400,19 +400,21 @@ extern "C" __global__ void causal_softmax_f16(const float* __restrict__ s, __hal
 }
 
 // Prefill SwiGLU over a chunk, in one pass: out[t][i] = fp16(silu(gu[t][i]) * gu[t][n + i]) for the T
-// rows of the fp32 gate|up GEMM output (row stride ldgu), written as the down projection's fp16 GEMM
-// input (the cast the GEMM's input takes anyway). n % 4 == 0 and ldgu % 4 == 0: float4 reads.
-extern "C" __global__ void swiglu_rows_f16(const float* __restrict__ gu, long long ldgu, int n, int rows,
-                                           __half* __restrict__ out) {
-  NI_PDL_ENTRY();
+// rows of the gate|up GEMM output (row stride ldgu), written as the down projection's fp16 GEMM input (the
+// cast the GEMM's input takes anyway). n % 4 == 0 and ldgu % 4 == 0. swiglu_rows_f16 reads an fp32 product
+// (float4 reads), swiglu_rows_h an fp16 one (the GEMM writing half the bytes: silu(gate) * up in fp32 of the
+// fp16 gate and up); load4(p) gives the 4 values at p as a float4.
+template <typename T, typename Load4>
+__device__ __forceinline__ void swiglu_rows_body(const T* __restrict__ gu, long long ldgu, int n, int rows,
+                                                 __half* __restrict__ out, Load4 load4) {
   const int n4 = n >> 2;
   const long long total = (long long)rows * n4;
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
        i += (long long)gridDim.x * blockDim.x) {
     const long long t = i / n4;
     const int c = (int)(i - t * n4) * 4;
-    const float4 g = *reinterpret_cast<const float4*>(gu + t * ldgu + c);
-    const float4 u = *reinterpret_cast<const float4*>(gu + t * ldgu + n + c);
+    const float4 g = load4(gu + t * ldgu + c);
+    const float4 u = load4(gu + t * ldgu + n + c);
     const __half2 a = __floats2half2_rn(silu(g.x) * u.x, silu(g.y) * u.y);
     const __half2 b = __floats2half2_rn(silu(g.z) * u.z, silu(g.w) * u.w);
     uint2 o;
@@ -422,28 +424,20 @@ extern "C" __global__ void swiglu_rows_f16(const float* __restrict__ gu, long lo
   }
 }
 
-// swiglu_rows_f16 from an fp16 [gate | up] product (the prefill GEMM writing half the bytes): the same
-// silu(gate) * up in fp32 of the fp16 gate and up, rounded to fp16.
+extern "C" __global__ void swiglu_rows_f16(const float* __restrict__ gu, long long ldgu, int n, int rows,
+                                           __half* __restrict__ out) {
+  NI_PDL_ENTRY();
+  swiglu_rows_body(gu, ldgu, n, rows, out, [](const float* p) { return *reinterpret_cast<const float4*>(p); });
+}
+
 extern "C" __global__ void swiglu_rows_h(const __half* __restrict__ gu, long long ldgu, int n, int rows,
                                          __half* __restrict__ out) {
   NI_PDL_ENTRY();
-  const int n4 = n >> 2;
-  const long long total = (long long)rows * n4;
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-       i += (long long)gridDim.x * blockDim.x) {
-    const long long t = i / n4;
-    const int c = (int)(i - t * n4) * 4;
-    const uint2 gw = *reinterpret_cast<const uint2*>(gu + t * ldgu + c);
-    const uint2 uw = *reinterpret_cast<const uint2*>(gu + t * ldgu + n + c);
-    const float2 g0 = __half22float2(u32_as_half2(gw.x)), g1 = __half22float2(u32_as_half2(gw.y));
-    const float2 u0 = __half22float2(u32_as_half2(uw.x)), u1 = __half22float2(u32_as_half2(uw.y));
-    const __half2 a = __floats2half2_rn(silu(g0.x) * u0.x, silu(g0.y) * u0.y);
-    const __half2 b = __floats2half2_rn(silu(g1.x) * u1.x, silu(g1.y) * u1.y);
-    uint2 o;
-    o.x = *reinterpret_cast<const unsigned int*>(&a);
-    o.y = *reinterpret_cast<const unsigned int*>(&b);
-    *reinterpret_cast<uint2*>(out + t * n + c) = o;
-  }
+  swiglu_rows_body(gu, ldgu, n, rows, out, [](const __half* p) {
+    const uint2 w = *reinterpret_cast<const uint2*>(p);
+    const float2 lo = __half22float2(u32_as_half2(w.x)), hi = __half22float2(u32_as_half2(w.y));
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+  });
 }
 
 // The prefill attention's output gate: out[t][h*D + j] = o[h][t][j] * sigmoid(gate[t][h*D + j]) for
