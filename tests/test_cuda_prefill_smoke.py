@@ -1,0 +1,323 @@
+"""The tensor-core prefill executors' Python, on the CPU (tests/fake_cupy.py, kernels are no-ops): which
+kernels and GEMMs a chunk runs, what it allocates and shares, how it picks its forms by the GPU. The
+kernels' numbers are checked by tests/gpu/test_prefill.py on a device."""
+import numpy as np
+import pytest
+
+from cuda_smoke import CFG, cp, flat as _flat, moe_cfg, weights as _weights  # noqa: F401
+
+
+def test_moe_gemm_prefill_plumbing(cp, monkeypatch):
+    """NINFER_MOE_PREFILL: the MoE model gets tensor-core prefill executors whose MoE block is one op
+    (router, grouped experts, shared expert), and a prompt runs through them."""
+    from engine import gpu_engine
+    from engine.gpu_engine import build_engine
+
+    monkeypatch.setattr(gpu_engine, "MOE_PREFILL", True)
+    cfg = moe_cfg(128)
+    args, w = _weights(cfg)
+    eng = build_engine(args, w, cfg, max_context=512, prefill_gemm=128)
+    gemm = eng.model.gemm
+    assert gemm is not None and eng.model.cols is None
+    names = [getattr(op, "name", "") for op in gemm.ops]
+    assert names.count("moe (router, grouped experts, shared)") == args.num_hidden_layers
+    for ex in eng.model.gemms:  # (the stand-in's kernels write nothing: distinct experts, as top-k gives)
+        ex.eidx[...] = np.arange(args.num_experts_per_tok, dtype=np.int32)
+    eng.prefill(list(range(1, 200)))
+    assert eng.position == 199
+    from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill
+
+    monkeypatch.setattr(CudaQwen35Prefill, "MOE_PAD_WASTE", 1e9)  # the strided-batched experts too
+    eng.reset()
+    eng.prefill(list(range(1, 200)))
+    assert eng.position == 199
+
+
+def test_try_build_takes_the_prefill_chunk(cp, monkeypatch):
+    """--prefill-chunk on the GPU: the engine's prompt pieces, and the tensor-core chunk when that is on."""
+    from engine import gpu_engine
+    from engine.config import ModelArgs
+    from engine.models.qwen3_5 import random_weights
+
+    w = random_weights(ModelArgs.from_config(CFG), seed=2)
+    monkeypatch.setattr(gpu_engine, "PREFILL_GEMM", 0)  # the GEMM path off: the chunk only sets the pieces
+    eng = gpu_engine.try_build(CFG, w, max_context=512, prefill_chunk=96)
+    assert eng.prefill_chunk == 96 and eng.model.gemm is None
+    monkeypatch.setattr(gpu_engine, "PREFILL_GEMM", 64)
+    eng = gpu_engine.try_build(CFG, w, max_context=512, prefill_chunk=32)
+    assert eng.model.gemm is not None and eng.model.gemm.M == 32 and eng.prefill_chunk == 32
+    eng.prefill(list(range(1, 80)))
+    assert eng.position == 79
+
+
+def test_tensor_core_prefill_is_on_where_the_memory_allows(cp, monkeypatch):
+    """Default ("auto"): the largest chunk of AUTO_CHUNKS that fits the free memory, with the smaller
+    tail executors sharing its scratch; off when the device has no room; --prefill-chunk caps it."""
+    from engine import gpu_engine
+    from engine.config import ModelArgs
+    from engine.models.qwen3_5 import random_weights
+
+    w = random_weights(ModelArgs.from_config(CFG), seed=2)
+    monkeypatch.setattr(gpu_engine, "PREFILL_GEMM", gpu_engine.AUTO)
+    eng = gpu_engine.try_build(CFG, w, max_context=512)  # fake device: 100 GiB free
+    m = eng.model
+    assert [g.M for g in m.gemms] == [8192, 4096, 2048, 1024, 512, 256, 64] and eng.prefill_chunk == 8192
+    assert all(g._w16 is m.gemm._w16 for g in m.gemms)
+    assert eng.info()["prefill_chunks"] == "8192,4096,2048,1024,512,256,64" and eng.info()["prefill_cols"] == 8
+    eng.prefill(list(range(1, 80)))  # one 64-row chunk, then the columns step, then single tokens
+    assert eng.position == 79
+    eng = gpu_engine.try_build(CFG, w, max_context=512, prefill_chunk=1024)
+    assert [g.M for g in eng.model.gemms] == [1024, 512, 256, 64]
+    eng = gpu_engine.try_build(CFG, w, max_context=512, prefill_chunk=512)  # below AUTO_CHUNKS: itself
+    assert [g.M for g in eng.model.gemms] == [512, 256, 64] and eng.prefill_chunk == 512
+    eng = gpu_engine.try_build(CFG, w, max_context=512, prefill_chunk=4)  # under the columns step: no GEMMs
+    assert eng.model.gemms == [] and eng.prefill_chunk == 4
+    # a --vram-limit pool cap leaves no room either, whatever the device has free
+    pool = type("P", (), {"free_bytes": lambda self: 0, "get_limit": lambda self: 20 << 30,
+                          "used_bytes": lambda self: 20 << 30})()
+    monkeypatch.setattr(cp, "get_default_memory_pool", lambda: pool)
+    eng = gpu_engine.try_build(CFG, w, max_context=512)
+    assert eng.model.gemm is None
+    monkeypatch.setattr(cp.cuda.runtime, "memGetInfo", lambda: (0, 141 << 30))
+    monkeypatch.setattr(cp, "get_default_memory_pool", lambda: type("P", (), {"free_bytes": lambda self: 0})())
+    eng = gpu_engine.try_build(CFG, w, max_context=512)
+    assert eng.model.gemm is None and eng.model.gemms == [] and eng.prefill_chunk == 256
+
+
+def test_chunked_gdn_prefill_plumbing(cp, monkeypatch):
+    """NINFER_GDN_CHUNKED (+ NINFER_GDN_TC): the GEMM prefill's GDN layers run gdn_chunk_prep then
+    gdn_chunk_scan_tc<RB> (in place of gdn_delta_rows) over scratch sized for the chunk's 64-token pieces."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill
+
+    monkeypatch.setattr(CudaQwen35Prefill, "GDN_CHUNKED", True)
+    monkeypatch.setattr(CudaQwen35Prefill, "GDN_TC", True)
+    args, w = _weights(CFG)
+    eng = build_engine(args, w, CFG, max_context=512, prefill_cols=8, prefill_gemm=128)
+    gemm = eng.model.gemm
+    names = [getattr(op, "name", "") for op in gemm.ops]
+    n_gdn = sum(1 for L in gemm.layers if L["kind"] != "full_attention")
+    rb = gemm.gdn_scan_rb()
+    assert names.count("gdn_chunk_prep") == n_gdn and names.count(f"gdn_chunk_scan_tc<{rb}>") == n_gdn
+    assert not any(n.startswith("gdn_delta") for n in names)
+    assert gemm._gdn_scratch[0].size == 2 * args.linear_num_value_heads * 64 * 128  # 128 rows: two pieces
+    eng.prefill(list(range(1, 140)))
+
+
+def test_padded_prefill_plumbing(cp, monkeypatch):
+    """NINFER_PREFILL_PAD: whole chunks of the largest executor, then the rest padded into the smallest
+    executor that holds it; the T-dependent launches take the valid length."""
+    from engine import gpu_engine
+    from engine.gpu_engine import build_engine
+
+    monkeypatch.setattr(gpu_engine, "PREFILL_PAD", True)
+    args, w = _weights(CFG)
+    eng = build_engine(args, w, CFG, max_context=1024, prefill_cols=8, prefill_gemm=256)
+    m = eng.model
+    assert [g.M for g in m.gemms] == [256, 64]
+    runs = []
+    for g in m.gemms:
+        orig = g.run_chunk
+        monkeypatch.setattr(g, "run_chunk", lambda ids, start, valid=None, g=g, orig=orig:
+                            (runs.append((g.M, len(ids), valid)), orig(ids, start, valid=valid))[1])
+    eng.prefill(list(range(1, 301)))  # 256 whole, then 44 padded into the 64-row executor
+    assert runs == [(256, 256, None), (64, 64, 44)] and eng.position == 300
+    assert m.gemms[1]._valid == 44
+    eng.reset()
+    runs.clear()
+    eng.prefill(list(range(1, 276)))  # 256 whole, 19 left: under PAD_MIN, the columns step and decode
+    assert runs == [(256, 256, None)] and eng.position == 275
+
+
+@pytest.mark.parametrize("kv", ["bf16", "int8"])
+def test_flash_prefill_plumbing(cp, monkeypatch, kv):
+    """NINFER_FLASH_PREFILL: the GEMM prefill's attention layers are one attn_prefill_fa launch a chunk
+    (grid: query heads x 64-row query tiles of the valid rows; the chunk's start; the int8 scales)."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill
+    from engine.ops import kernels as K
+
+    monkeypatch.setattr(CudaQwen35Prefill, "FLASH_PREFILL", True)
+    monkeypatch.setattr(CudaQwen35Prefill, "FLASH_WARPS", 4)
+    launches = []
+    prepared = K.prepared
+
+    def spy(name, grid, args, block=K.WARPS * 32, smem=0):
+        if name.startswith("attn_prefill_fa"):
+            launches.append((name, tuple(grid), args, block, smem))
+        return prepared(name, grid, args, block=block, smem=smem)
+    monkeypatch.setattr(K, "prepared", spy)
+    args, w = _weights(CFG)
+    eng = build_engine(args, w, CFG, max_context=512, kv=kv, prefill_cols=8, prefill_gemm=64)
+    gemm = eng.model.gemm
+    names = [getattr(op, "name", "") for op in gemm.ops]
+    n_attn = sum(1 for L in gemm.layers if L["kind"] == "full_attention")
+    assert names.count("attention (flash kernel over the paged cache)") == n_attn
+    eng.prefill(list(range(1, 150)))  # two GEMM chunks of 64 (starts 0, 64), then the columns step
+    hq, kv8 = args.num_attention_heads, "true" if kv == "int8" else "false"
+    assert [(n, g, b, s) for n, g, _, b, s in launches] == \
+        [(f"attn_prefill_fa<4,{kv8}>", (hq, 1), 128, 2 * 264 * 192)] * (2 * n_attn)
+    assert [(int(a[9]), int(a[10])) for _, _, a, _, _ in launches] == [(0, 64)] * n_attn + [(64, 64)] * n_attn
+    assert all((int(a[4]) != 0) == (kv == "int8") for _, _, a, _, _ in launches)  # the scales pointer
+    assert eng.position == 149
+
+
+def test_pre_ampere_gpus_take_the_cublas_attention_and_the_token_by_token_recurrence(cp, monkeypatch):
+    """Below sm_80 (no bf16/tf32 mma.sync, no cp.async) the prefill runs neither the flash kernel nor the
+    chunked GDN, whatever the defaults say."""
+    from engine.gpu_engine import build_engine
+    from engine.ops import kernels as K
+
+    monkeypatch.setattr(cp.cuda, "Device", lambda *a: __import__("types").SimpleNamespace(
+        attributes={"MultiProcessorCount": 40}, synchronize=lambda: None, mem_info=(100 << 30, 141 << 30), id=0,
+        compute_capability="75"))
+    K.mma_ok.cache_clear()
+    args, w = _weights(CFG)
+    eng = build_engine(args, w, CFG, max_context=512, prefill_cols=8, prefill_gemm=64)
+    names = [getattr(op, "name", "") for op in eng.model.gemm.ops]
+    assert "attention (gather, cuBLAS, softmax kernel)" in names
+    assert not any(n.startswith("gdn_chunk") or n.startswith("attention (flash") for n in names)
+    K.mma_ok.cache_clear()
+
+
+@pytest.mark.parametrize("optin,warps,form", [(227 * 1024, 8, (64, True)), (163 * 1024, 8, (32, True)),
+                                               (99 * 1024, 4, None)])
+def test_prefill_kernels_follow_the_shared_memory_a_block_may_take(cp, monkeypatch, optin, warps, form):
+    """H100/H200 (227 KiB a block), A100 (163), RTX 30/40 (99): the flash prefill's warps and the chunked
+    GDN's form are the largest that fit (on 99 KiB: 4 warps, the token-by-token recurrence)."""
+    import types
+
+    from engine.gpu_engine import build_engine
+    from engine.ops import kernels as K
+
+    monkeypatch.setattr(cp.cuda, "Device", lambda *a: types.SimpleNamespace(
+        attributes={"MultiProcessorCount": 108, "MaxSharedMemoryPerBlockOptin": optin}, synchronize=lambda: None,
+        mem_info=(100 << 30, 141 << 30), id=0, compute_capability="86"))
+    K.smem_optin.cache_clear()
+    K.mma_ok.cache_clear()
+    from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill
+
+    monkeypatch.setattr(CudaQwen35Prefill, "GDN_SCAN_RB", 64)  # (the tiny model's 4 heads would pick 32)
+    args, w = _weights(CFG)
+    gemm = build_engine(args, w, CFG, max_context=512, prefill_cols=8, prefill_gemm=64).model.gemm
+    assert gemm._flash_warps() == warps and gemm._gdn_chunked_form() == form
+    names = [getattr(op, "name", "") for op in gemm.ops]
+    assert any(n.startswith("gdn_chunk") for n in names) == (form is not None)
+    K.smem_optin.cache_clear()
+    K.mma_ok.cache_clear()
+
+
+@pytest.mark.parametrize("norm16", [True, False])
+def test_prefill_norms_write_the_gemm_input(cp, monkeypatch, norm16):
+    """The tensor-core prefill's norms (but the final one) write the GEMMs' fp16 input rows themselves,
+    so that only the attention layers' o-projection input (the flash kernel's fp32 output) is cast before
+    its GEMM; NINFER_PREFILL_NORM16=0 casts before every GEMM but the down projection, as before."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill
+
+    monkeypatch.setattr(CudaQwen35Prefill, "NORM16", norm16)
+    args, w = _weights(CFG)
+    eng = build_engine(args, w, CFG, max_context=512, prefill_gemm=128)
+    g = eng.model.gemm
+    names = [getattr(op, "name", "") for op in _flat(g.ops)]
+    n_layers, n_att = args.num_hidden_layers, len(args.full_attention_layers)
+    assert names.count("residual_rmsnorm_f16") == (2 * n_layers if norm16 else 0)
+    assert names.count("gated_rmsnorm_f16") == (n_layers - n_att if norm16 else 0)
+    casts = []
+    orig = CudaQwen35Prefill._matmul
+
+    def spy(self, w, x, y, ldy, rows=None, acc=False):
+        casts.append(self._x16_of is not x)
+        accs.append((acc, y is self.x))
+        return orig(self, w, x, y, ldy, rows, acc)
+    accs = []
+    monkeypatch.setattr(CudaQwen35Prefill, "_matmul", spy)
+    g.run_chunk(list(range(1, 129)), 0)
+    # GEMMs a layer: attention q|k, gate|v, o, gate|up, down; GDN v|z, q|k, a|b, o, gate|up, down
+    assert len(casts) == 5 * n_att + 6 * (n_layers - n_att)
+    assert sum(casts) == (n_att if norm16 else 4 * n_att + 5 * (n_layers - n_att))
+    # the out- and down-projections add into the residual stream itself (with the fp16 norms)
+    assert accs.count((True, True)) == (2 * n_layers if norm16 else 0)
+    assert accs.count((False, True)) == 0
+
+
+def test_gdn_scan_rows_a_block_fill_the_gpu(monkeypatch):
+    """The in-order GDN pass takes the largest tensor-core RB whose blocks fill 70% of the GPU: the 27B's 48
+    value heads keep RB 64 (96 blocks on 132 SMs), the 35B-A3B's 32 take RB 32 (128 blocks, not 64)."""
+    from types import SimpleNamespace
+
+    from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill
+    from engine.ops import kernels as K
+
+    monkeypatch.setattr(K, "sm_count", lambda: 132)
+    rb = lambda hv, forced=0, tc=True: CudaQwen35Prefill.gdn_scan_rb(  # noqa: E731
+        SimpleNamespace(Hv=hv, GDN_SCAN_RB=forced, GDN_TC=tc))
+    assert (rb(48), rb(32), rb(4), rb(48, forced=32), rb(48, tc=False)) == (64, 32, 32, 32, 32)
+
+
+def test_moe_prefill_norm_reads_one_partial(cp, monkeypatch):
+    """The tensor-core MoE block writes its whole sum into partial 0, so the norm after it reads that plane
+    only (the decode step's norm sums the k routed slots and the shared expert)."""
+    from engine import gpu_engine
+    from engine.gpu_engine import build_engine
+    from engine.ops import kernels as K
+
+    monkeypatch.setattr(gpu_engine, "MOE_PREFILL", True)
+    cfg = moe_cfg(128)
+    args, w = _weights(cfg)
+    eng = build_engine(args, w, cfg, max_context=512, prefill_gemm=128)
+    splits = []
+    orig = K.prepared
+
+    def spy(name, grid, a, **kw):
+        if name == "residual_rmsnorm_f16":  # (built at a norm's first run; the final norm's at plan time)
+            splits.append(int(a[3]))
+        return orig(name, grid, a, **kw)
+    monkeypatch.setattr(K, "prepared", spy)
+    g = eng.model.gemm
+    g.eidx[...] = np.arange(args.num_experts_per_tok, dtype=np.int32)
+    g.run_chunk(list(range(1, 129)), 0)
+    # per layer: the input norm (after the previous MoE block: 1 plane; the first: none), the post-attention
+    # norm (none: the o-projection added itself to the residual); then the final norm (the decode step's
+    # kernel, its head staging)
+    L = args.num_hidden_layers
+    assert splits == [0, 0] + [1, 0] * (L - 1)
+    final = [op for op in g.ops if getattr(op, "name", "") == "residual_rmsnorm_mb"]
+    assert len(final) == 1 and int(final[0].args[3]) == 1
+
+
+def test_prefill_dequantizes_the_next_weights_ahead(cp, monkeypatch):
+    """Dense models: the first run of a chunk records its GEMMs' weights in order (dequantized in place);
+    later runs dequantize weight i + 1 on the side stream into the other fp16 buffer while GEMM i runs
+    (but an attention layer's o-projection, after the flash kernel)."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill
+
+    args, w = _weights(CFG)
+    eng = build_engine(args, w, CFG, max_context=512, prefill_gemm=128)
+    g = eng.model.gemm
+    assert g._w16b is not None and g._w16b is not g._w16
+    log = []
+    orig = CudaQwen35Prefill._dequant
+
+    def spy(self, w, buf=None):
+        log.append((w, buf, cp.cuda.get_current_stream() is self._dq_stream))
+        return orig(self, w, buf)
+    monkeypatch.setattr(CudaQwen35Prefill, "_dequant", spy)
+    g.run_chunk(list(range(1, 129)), 0)
+    first = list(log)
+    n = len(g._wseq)
+    assert n == len(first) and not any(side for _, _, side in first)
+    log.clear()
+    waits = []
+    monkeypatch.setattr(g._dq_stream, "wait_event", waits.append, raising=False)
+    g.run_chunk(list(range(1, 129)), 0)
+    # the side stream starts after what the main stream held at the chunk's first GEMM (another executor's
+    # GEMMs on the same two buffers), then each prefetch after the GEMM that last read its buffer
+    assert waits[0] is g._chunk_start and waits[1] is g._gemm_done[1]
+    assert [x for x, _, _ in log] == g._wseq
+    # (an attention layer's o-projection weights are dequantized in order: not ahead across the flash kernel)
+    ahead = [False] + [id(x) not in {id(L["o"]) for L in g.layers if L["kind"] == "full_attention"}
+                       for x in g._wseq[1:]]
+    assert [side for _, _, side in log] == ahead and ahead.count(False) == 1 + len(args.full_attention_layers)
+    assert [buf is (g._w16 if i % 2 == 0 else g._w16b) for i, (_, buf, _) in enumerate(log)] == [True] * n
