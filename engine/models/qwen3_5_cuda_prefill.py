@@ -20,85 +20,15 @@ import os
 
 import numpy as np
 
-from engine.memory_plan import PREFILL_DQ_AHEAD, PREFILL_FLASH, PREFILL_GDN_CHUNKED, PREFILL_SCORE_BYTES
+from engine.memory_plan import PREFILL_DQ_AHEAD, PREFILL_FLASH, PREFILL_GDN_CHUNKED
 from engine.ops import kernels as K
 from engine.models.qwen3_5_cuda import ATTN_HEAD_DIM, KV_PAGE
 from engine.models.qwen3_5_cuda_cols import CudaQwen35Columns
+from engine.models.qwen3_5_cuda_prefill_attn import (  # noqa: F401 (kv_rows, attention_cublas: also imported from here)
+    _COMPUTE_32F, _GEMM_DEFAULT, _OP_N, _OP_T, _R_16F, _r, attention_cublas, kv_rows)
+from engine.models.qwen3_5_cuda_prefill_moe import PrefillMoeOps
 
-# cublas / library_types constants
-_OP_N, _OP_T = 0, 1
-_R_16F, _R_32F = 2, 0
-_COMPUTE_32F = 68
-_GEMM_DEFAULT = -1
-SCORE_BYTES = PREFILL_SCORE_BYTES  # bound on one query block's scores (fp32 and fp16)
-
-
-def _r(y) -> int:
-    """cuBLAS data type of a GEMM output: fp16 or fp32."""
-    return _R_16F if y.dtype == np.float16 else _R_32F
-
-
-def kv_rows(xp, codes, scales, pages, length: int):
-    """Rows [0, length) of one layer's paged K or V cache as fp32 [length, Hkv, D]: bf16 bit patterns
-    (uint16) or int8-g64 codes with their fp16 scales."""
-    c = codes[pages]  # [npages, KV_PAGE, Hkv, D]
-    c = c.reshape((-1,) + c.shape[2:])[:length]
-    if scales is None:
-        return xp.left_shift(c.astype(xp.uint32), 16).view(xp.float32)  # (the ufunc: no cupyx import)
-    s = scales[pages].reshape((-1,) + scales.shape[2:])[:length].astype(xp.float32)
-    d = c.shape[-1]
-    return (c.astype(xp.float32).reshape(c.shape[:-1] + (d // 64, 64)) * s[..., None]).reshape(c.shape)
-
-
-def attention_cublas(cp, q, k16, v16, gate, start: int, score_bytes: int = SCORE_BYTES, out=None):
-    """Causal GQA attention of T queries at positions start.. on tensor cores, times sigmoid(gate).
-
-    q [T, Hq, D] fp32; k16, v16 [Hkv, n, D] fp16 contiguous (n >= start + T); gate [T, Hq*D].
-    Per KV head and query block: S = scale Q K^T (cuBLAS, batched over the head's query heads with K
-    shared), `causal_softmax_f16` to fp16 P, O = P V (fp32 out). A block holds grp x tb x n scores in
-    fp32 and fp16, under `score_bytes`. Returns [T, Hq*D] fp32 (`out` when given: rows of any stride)."""
-    from cupy_backends.cuda.libs import cublas  # noqa: PLC0415
-
-    t, hq, d = q.shape
-    hkv = k16.shape[0]
-    grp = hq // hkv
-    n_max = start + t
-    qg = q.reshape(t, hkv, grp, d).transpose(1, 2, 0, 3).astype(cp.float16, order="C")  # [Hkv, grp, T, D]
-    og = cp.empty((hkv, grp, t, d), dtype=cp.float32)
-    tb = max(1, min(t, score_bytes // max(1, 6 * grp * n_max)))
-    s = cp.empty(grp * tb * n_max, dtype=cp.float32)
-    p = cp.empty(grp * tb * n_max, dtype=cp.float16)
-    handle = cp.cuda.device.get_cublas_handle()
-    cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)  # alpha and beta live on the host
-    scale = np.array(1.0 / np.sqrt(d), dtype=np.float32)
-    one, zero = np.array(1.0, dtype=np.float32), np.array(0.0, dtype=np.float32)
-    softmax = K.kernel("causal_softmax_f16")
-    for h in range(hkv):
-        for b0 in range(0, t, tb):
-            m = min(t, b0 + tb) - b0
-            nk = start + b0 + m  # the keys the block's last query sees
-            q_ptr = qg.data.ptr + ((h * grp) * t + b0) * d * 2
-            # per query head g: column-major S_g [nk, m] = K (op T of [D, nk]) . Q_g (op N of [D, m])
-            cublas.gemmStridedBatchedEx(handle, _OP_T, _OP_N, nk, m, d, scale.ctypes.data,
-                                        k16[h].data.ptr, _R_16F, d, 0, q_ptr, _R_16F, d, t * d,
-                                        zero.ctypes.data, s.data.ptr, _R_32F, nk, m * nk, grp, _COMPUTE_32F,
-                                        _GEMM_DEFAULT)
-            softmax((grp * m,), (256,), (s, p, np.int32(nk), np.int32(m), np.int32(start + b0)))
-            # O_g [D, m] (column-major) = V (op N of [D, nk]) . P_g (op N of [nk, m])
-            cublas.gemmStridedBatchedEx(handle, _OP_N, _OP_N, d, m, nk, one.ctypes.data,
-                                        v16[h].data.ptr, _R_16F, d, 0, p.data.ptr, _R_16F, nk, m * nk,
-                                        zero.ctypes.data, og.data.ptr + ((h * grp) * t + b0) * d * 4, _R_32F, d,
-                                        t * d, grp, _COMPUTE_32F, _GEMM_DEFAULT)
-    if out is None:
-        out = cp.empty((t, hq * d), dtype=cp.float32)
-    n = t * hq * d
-    K.kernel("gate_heads")((min(-(-n // 256), K.sm_count() * 16),), (256,),
-                           (og, np.int32(t), np.int32(hq), np.int32(d), gate, np.int32(gate.strides[0] // 4), out,
-                            np.int32(out.strides[0] // 4)))
-    return out
-
-
-class CudaQwen35Prefill(CudaQwen35Columns):
+class CudaQwen35Prefill(PrefillMoeOps, CudaQwen35Columns):
     """T-token prefill chunks over the sequence of `decode` (a one-lane CudaQwen35)."""
 
     BRANCHES = False  # cuBLAS calls through CuPy's handle stay on one stream
@@ -379,127 +309,20 @@ class CudaQwen35Prefill(CudaQwen35Columns):
         last_row.name = "last valid row"
         return [last_row, head, self._valid_len(advance)]
 
-    # ---- MoE (engine.gpu_engine.MOE_PREFILL, NINFER_MOE_PREFILL=0 to go token by token) ----
-    @property
-    def MOE_ROWS(self):
-        from engine import gpu_engine  # noqa: PLC0415
-
-        return gpu_engine.MOE_PREFILL
-
+    # ---- SwiGLU between the gate|up and down GEMMs ----
     @staticmethod
     def _swiglu_rows(gu, inter: int, rows: int, out16):
         """out16 [rows, inter] (fp16) = silu(gate) * up of the rows of gu (fp32 or fp16 [gate | up], any row
         stride)."""
         name = "swiglu_rows_h" if gu.dtype == np.float16 else "swiglu_rows_f16"
         K.kernel(name)((max(1, min(-(-rows * inter // 4 // 256), K.sm_count() * 16)),), (256,),
-                                    (gu, np.int64(gu.shape[1]), np.int32(inter), np.int32(rows), out16))
+                       (gu, np.int64(gu.shape[1]), np.int32(inter), np.int32(rows), out16))
 
     def _swiglu(self, inter: int, rows: int, of):
         """SwiGLU of `rows` rows of the gate|up product (_gu) into _x16 as the fp16 input of the next GEMM,
         which takes it for `of` (the rows it stands for; never written)."""
         self._swiglu_rows(self._gu, inter, rows, self._x16)
         self._x16_of = of
-
-    def _ffn(self, gu, dn, x, n: int, y):
-        """y[:n] = down(silu(gate x) * up x) for the first n rows of x (fp32): a GEMM, the one-pass SwiGLU
-        into the fp16 input of the second GEMM, a GEMM."""
-        self._matmul(gu, x, self._gu, self._gu.shape[1], rows=n)
-        self._swiglu(gu.n // 2, n, self.act)
-        self._matmul(dn, self.act, y, y.shape[1], rows=n)
-
-    def _moe_ops(self, L, xn):
-        """The chunk's MoE block (`_moe_chunk`): router GEMM and top-k, the (token, slot) pairs grouped by
-        expert on the device, every expert's weights dequantized in one launch, the experts' GEMMs, the
-        weighted sum back into token rows; the shared expert as plain GEMMs. All of it lands in partial
-        0, the only one the next norm reads (`_moe_splits`)."""
-        def go():
-            self._moe_chunk(L)
-        go.name = "moe (router, grouped experts, shared)"
-        return [go]
-
-    def _moe_splits(self) -> int:
-        return 1  # (_moe_chunk puts the whole block into partial 0)
-
-    # Routed experts through one strided-batched GEMM per projection when padding every expert to the
-    # busiest one's row count costs at most this many rows per (token, slot) pair (else a GEMM pair per
-    # expert). NINFER_MOE_PAD_WASTE=0 always loops.
-    MOE_PAD_WASTE = float(os.environ.get("NINFER_MOE_PAD_WASTE", "1.5"))
-    moe_marks = None  # bench/prefill_profile.py: a list that collects (phase, CUDA event) inside the MoE op
-
-    def _moe_mark(self, name):
-        if self.moe_marks is not None:
-            e = self.cp.cuda.Event()
-            e.record(self.stream)
-            self.moe_marks.append((name, e))
-
-    def _moe_chunk(self, L):
-        cp, T, H, E, k, ie = self.cp, self.M, self.H, self.args.num_experts, self.topk, self.inter_e
-        self._moe_mark("start")
-        self._matmul(L["router"], self.xn, self.rlog, self.rlog.shape[1])
-        K.kernel("moe_route")((T,), (32,), (self.rlog, np.int32(E + 1), np.int32(E), np.int32(k), self.eidx,
-                                            self.ewts, np.int32(k + 1)))
-        self._moe_mark("router + top-k")
-        # the pairs counted by expert on the device; the E counts come back while the shared expert and
-        # the routed experts' gate|up dequantization run (the only host sync of the layer)
-        n = T * k
-        if getattr(self, "_moe_cnt", None) is None:
-            self._moe_cnt = cp.zeros(E, dtype=cp.int32)
-            self._moe_base = cp.zeros(E, dtype=cp.int32)
-            self._moe_rank = cp.zeros(n, dtype=cp.int32)
-            self._moe_inv = cp.zeros(n, dtype=cp.int32)
-            self._moe_rows = cp.zeros(3 * n // 2, dtype=cp.int32)
-            self._cnt_host = np.frombuffer(cp.cuda.alloc_pinned_memory(4 * E), dtype=np.int32, count=E)
-            self._cnt_ready = cp.cuda.Event(disable_timing=True)
-        grid = (max(1, -(-n // 256)),)
-        cp.cuda.runtime.memsetAsync(self._moe_cnt.data.ptr, 0, 4 * E, self.stream.ptr)
-        K.kernel("moe_count")(grid, (256,), (self.eidx, np.int32(n), self._moe_cnt, self._moe_rank))
-        cp.asnumpy(self._moe_cnt, stream=self.stream, out=self._cnt_host, blocking=False)
-        self._cnt_ready.record(self.stream)
-        out = self.part[0]
-        self._ffn(L["shared_gu"], L["shared_down"], self.xn, T, out)
-        cp.multiply(out, self.ewts[:, k: k + 1], out=out)  # the shared expert's sigmoid gate
-        self._moe_mark("shared expert")
-        w16 = self._dequant(L["experts_gu"])  # every routed expert's gate|up at once
-        self._cnt_ready.synchronize()
-        counts = self._cnt_host.astype(np.int64)
-        bounds = np.concatenate([[0], np.cumsum(counts)])
-        # Every expert padded to the same row count C, when that wastes little (MOE_PAD_WASTE): then one
-        # strided-batched GEMM per projection over all experts, else a GEMM pair per expert.
-        cap = -(-int(counts.max()) // 8) * 8
-        batched = E * cap <= self.MOE_PAD_WASTE * n
-        nr = E * cap if batched else n
-        if self._moe_rows.size < nr:
-            self._moe_rows = cp.zeros(nr, dtype=cp.int32)
-        self._moe_base.set((np.arange(E) * cap if batched else bounds[:-1]).astype(np.int32), stream=self.stream)
-        cp.cuda.runtime.memsetAsync(self._moe_rows.data.ptr, 0xFF, 4 * nr, self.stream.ptr)  # -1: padding
-        K.kernel("moe_place")(grid, (256,), (self.eidx, np.int32(n), np.int32(k), self._moe_rank, self._moe_base,
-                                             self._moe_rows, self._moe_inv))
-        bufs = self._moe_bufs  # (shared by the executors of one engine, grown to the largest need)
-        if bufs.get("rows", -1) < nr:
-            bufs["rows"] = r = max(nr, 3 * n // 2)  # (the memory plan counts 1.5 rows a pair)
-            bufs["x"] = cp.empty((r, H), dtype=cp.float16)  # the pairs' input rows, sorted
-            bufs["gu"] = cp.empty((r, 2 * ie), dtype=cp.float16 if self.GU16 else cp.float32)  # gate|up products
-            bufs["act"] = cp.empty((r, ie), dtype=cp.float16)  # SwiGLU
-            bufs["y"] = cp.empty((r, H), dtype=cp.float32)  # expert outputs, sorted
-        xs16, gus, acts16, ys = bufs["x"], bufs["gu"], bufs["act"], bufs["y"]
-        K.kernel("moe_gather_f16")((max(1, nr),), (256,), (self.xn, np.int32(self.xn.shape[1]), self._moe_rows,
-                                                           np.int32(H), xs16))
-        live = [(int(e), int(bounds[e]), int(bounds[e + 1])) for e in np.flatnonzero(counts)]
-        if batched:
-            self._gemm16_batched(w16, 2 * ie, H, xs16, cap, gus, E)
-        else:
-            for e, a, b in live:
-                self._gemm16(w16[e * 2 * ie:(e + 1) * 2 * ie], xs16[a:b], gus[a:], 2 * ie)
-        self._swiglu_rows(gus, ie, nr, acts16)
-        w16 = self._dequant(L["experts_down"])
-        if batched:
-            self._gemm16_batched(w16, H, ie, acts16, cap, ys, E)
-        else:
-            for e, a, b in live:
-                self._gemm16(w16[e * H:(e + 1) * H], acts16[a:b], ys[a:], H)
-        K.kernel("moe_combine")((T,), (256,), (ys, np.int32(H), self._moe_inv, self.ewts,
-                                               np.int32(self.ewts.shape[1]), np.int32(k), out, np.int32(H)))
-        self._moe_mark("routed experts (count, place, gather, dequant, GEMMs, combine)")
 
     def _valid_len(self, launch):
         """`launch` (whose last argument is the token count) with the chunk's valid length instead, for a
