@@ -16,13 +16,14 @@
 # (The one-off A/B parts of session 5, pre2 / s5 / pdl / br / s5b, are in git history at 4f9b3f1; those of
 # session 6, next / gdnc / moep / s6 / moeprof / s6b / s6c / s6d / s6e, at c858397; session 7's l2pf, with
 # the L2 warm-up it measured, at 741ff0c.)
+#   s12:  prefill GDN: the solve by blocks, the scan's output in 1xTF32 (A/B), tests, profiles, pp benches.
 #   gsplit: decode attention's query group over 2 or 4 blocks (ATTN_GSPLIT), tests + A/B at depth 32768.
 #   prep: gdn_chunk_prep timed with stages left out (bench/gdn_prep_probe.py), for the next session.
 #   s11:  prefill residual in the GEMMs, weights dequantized ahead (A/B), prefill tests and benches; fin8: all
 #         GPU tests, decode 27B + 35B with breakdown and depth 32768.
 #   s10:  prefill gate|up in fp16, RB by head count, one partial after MoE (A/B); decode STAGE_DOWN A/B.
 #   s9:   PDL overlap probe, prefill tests, prefill profiles with the norms writing the GEMMs' fp16 input (A/B).
-# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | s8 | s8d | s9 | s10 | s11 | fin8 | fin9 | prep | gsplit
+# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | s8 | s8d | s9 | s10 | s11 | fin8 | fin9 | prep | gsplit | s12
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.cupy_cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -248,6 +249,19 @@ if [ "$PART" = prep ]; then  # next session's first look at gdn_chunk_prep: the 
 ready
 log "gdn_chunk_prep with stages left out (27B geometry, pp8192)"
 timeout 200 python3 bench/gdn_prep_probe.py 2>&1 | grep -E "mask|rror" | head -10
+fi
+if [ "$PART" = s12 ]; then  # session 9: prep's solve by 16x16 blocks, the scan's output products in 1xTF32 (A/B)
+ready
+log "GDN + prefill tests"
+gpu_pytest "$OUT/gpu_tests.txt" tests/gpu/test_kernels.py tests/gpu/test_prefill.py -k "gdn or prefill"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | tail -10
+log "gdn_chunk_prep with stages left out (27B geometry, pp8192)"
+timeout 200 python3 bench/gdn_prep_probe.py 2>&1 | grep -E "mask|rror" | head -10
+for v in "" NINFER_GDN_SCAN_Q1=0; do
+  log "27B prefill profile pp8192 ${v:-(defaults)}"
+  env $v timeout 100 python3 bench/prefill_profile.py --tokens 8192 --chunk 8192 2>&1 | head -14
+done
+bench_pp
 fi
 if [ "$PART" = fin7 ]; then  # every GPU test, then decode 27B + 35B with the defaults (no breakdown, no depth)
 ready

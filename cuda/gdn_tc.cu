@@ -46,6 +46,15 @@ __device__ __forceinline__ void mma3(float (&d)[4], const FA& a, const FB& b) {
   mma(d, a.h, b.h);
 }
 
+// d += a b from the TF32 heads alone (1xTF32: products that only reach the output, gdn_chunk_scan_tc<RB, 1>)
+__device__ __forceinline__ void mma1(float (&d)[4], const FA& a, const FB& b) { mma(d, a.h, b.h); }
+
+__device__ __forceinline__ unsigned tf32(float x) {
+  unsigned r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+
 // A tile (16 x 8) stored row-major: element (m, k) at p[m * ld + k] (p at the tile's origin), times s
 __device__ __forceinline__ FA lda_row(const float* p, int ld, float s = 1.f) {
   const int g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3;
@@ -78,12 +87,32 @@ __device__ __forceinline__ FB ldb_tr(const float* p, int ld) {
   return b;
 }
 
+// lda_row's heads alone (the l fields left unset)
+__device__ __forceinline__ FA lda_row1(const float* p, int ld) {
+  const int g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3;
+  FA a;
+  a.h[0] = tf32(p[g * ld + c]);
+  a.h[1] = tf32(p[(g + 8) * ld + c]);
+  a.h[2] = tf32(p[g * ld + c + 4]);
+  a.h[3] = tf32(p[(g + 8) * ld + c + 4]);
+  return a;
+}
+
 // B tile stored row-major: element (k, n) at p[k * ld + n], times s0 (k = c) / s1 (k = c + 4)
 __device__ __forceinline__ FB ldb_row(const float* p, int ld, float s0 = 1.f, float s1 = 1.f) {
   const int g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3;
   FB b;
   split(s0 * p[c * ld + g], b.h[0], b.l[0]);
   split(s1 * p[(c + 4) * ld + g], b.h[1], b.l[1]);
+  return b;
+}
+
+// ldb_row's heads alone (unscaled; the l fields left unset)
+__device__ __forceinline__ FB ldb_row1(const float* p, int ld) {
+  const int g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3;
+  FB b;
+  b.h[0] = tf32(p[c * ld + g]);
+  b.h[1] = tf32(p[(c + 4) * ld + g]);
   return b;
 }
 
@@ -123,24 +152,26 @@ __device__ __forceinline__ void cumsum64(float* Gs) {
 }  // namespace gtc
 
 // ---------------------------------------------------------------------------------------------------------
-// Pass 1: grid (pieces, Hv), 256 threads, GDN_PREP_SMEM bytes (85,760: two blocks an SM, <= 128 registers).
+// Pass 1: grid (pieces, Hv), 256 threads, GDN_PREP_SMEM bytes (88,832: two blocks an SM, <= 128 registers).
 // Per (piece, value head h):
 //   1. K, Q -> shared (cp.async; rows past the prompt zero). G = cumsum g, to Gg.
 //   2. warps 0-3: K K^T, warps 4-7: Q K^T, the 20 of 32 16x8 tiles on or below the diagonal, five a warp
 //      (m-tiles {0, 3} or {1, 2}, every other n-tile): A = beta_t e^(G_t - G_s) kk (s < t) to shared,
 //      M = e^(G_t - G_s) qk (s <= t) to global, M's tiles above the diagonal zeroed.
-//   3. V -> shared in Q's place (cp.async, lands during the solve); T = (I + A)^-1 by forward substitution
-//      on the CUDA cores, fp32: a column of T per 4 lanes, each lane 16 rows of it in registers, a row's
-//      sum reduced over the 4 lanes by shuffles (no block barrier inside); T over A in shared.
+//   3. V -> shared in Q's place (cp.async, lands during the solve); T = (I + A)^-1 on the CUDA cores, fp32,
+//      by 16 x 16 blocks: the four diagonal ones by forward substitution (16 steps; a column per 4 lanes,
+//      a row's sum reduced over them by shuffles), then those below by distance from the diagonal,
+//      T_ij = -T_ii sum_k A_ik T_kj (two barriers a distance); T over A in shared. (Session 9: the
+//      64-step substitution before it took 0.35 of the kernel's 1.0 ms at the 27B's pp8192.)
 //   4. W = T (beta e^G o K), U' = T (beta o V) (the row scales applied to the B fragments; T's tiles above
 //      the diagonal skipped), a warp 16 columns of both, to global.
-// Estimates (per block): smem 2 * 64 * 132 * 4 + 64 * 68 * 4 + 768 = 85,760 B; mma.sync 3 x (5 tiles x 16
+// Estimates (per block): smem 2 * 64 * 132 * 4 + 64 * 68 * 4 + 768 + 3,072 (X of the solve) = 88,832 B; mma.sync 3 x (5 tiles x 16
 // k-steps x 8 warps + 2 products x 20 m-tile k-steps x 2 n-tiles x 8 warps) = 3 x 1,280 = 3,840; global
 // 96 KB in (K, Q shared by the value heads of a key head, mostly L2 hits), 80 KB out. 6,144 blocks at
 // T = 8192 on 132 SMs x 2: ~23 waves; the layer's ~0.85 GB of traffic (~0.25 ms at 3.5 TB/s) and 23.6 M mma
 // (~0.2 ms at 0.5 mma/clk/SM) overlap across the two blocks an SM: expected ~0.3-0.4 ms a layer, 15-20 ms
 // for the 27B's 48 layers (the CUDA-core version: 109 ms).
-#define GDN_PREP_SMEM (4 * (2 * GC_T * GT_KS + GC_T * GT_MS + 3 * GC_T))
+#define GDN_PREP_SMEM (4 * (2 * GC_T * GT_KS + GC_T * GT_MS + 3 * GC_T + 3 * 256))
 // GDN_PREP_SKIP (bench/gdn_prep_probe.py only; 0 in the engine, which compiles to the same SASS): a bit mask
 // of stages left out to time the rest (the results are then wrong): 1 the K K^T / Q K^T products, 2 the
 // triangular solve, 4 the W / U' products, 8 their stores.
@@ -235,32 +266,79 @@ extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_prep(
   cp_rows128(QV, GT_KS, vo + ((size_t)c0 * Hv + h) * 128, (size_t)Hv * 128, n);
   cp_commit();
 #if !(GDN_PREP_SKIP & 2)
-  {  // 3. T = (I + A)^-1, column col, rows [16 r, 16 r + 16) in x
-    const int col = warp * 8 + lg, r = lc;
-    float x[16];
+  {  // 3. T = (I + A)^-1 by 16 x 16 blocks (A_ij: rows 16 i.., columns 16 j..; T lower triangular like A)
+    {  // 3a. the diagonal blocks T_bb = (I + A_bb)^-1 by forward substitution, 16 steps: block b = warp >> 1,
+       // its column c = (warp & 1) * 8 + lg a 4 lanes, lane lc rows 4 lc .. 4 lc + 3 of it in x
+      const int b = warp >> 1, c = (warp & 1) * 8 + lg;
+      const float* ab = As + 16 * b * GT_MS + 16 * b + 4 * lc;
+      float x[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-    for (int i = 0; i < 16; ++i) x[i] = 0.f;
-#pragma unroll 1
-    for (int tb = 0; tb < 4; ++tb) {
-#pragma unroll
-      for (int ti = 0; ti < 16; ++ti) {
-        const int t = tb * 16 + ti;
-        const float4* ar = reinterpret_cast<const float4*>(As + t * GT_MS + 16 * r);
-        const float4 a0 = ar[0], a1 = ar[1], a2 = ar[2], a3 = ar[3];
-        float p0 = a0.x * x[0], p1 = a0.y * x[1], p2 = a0.z * x[2], p3 = a0.w * x[3];
-        p0 = fmaf(a1.x, x[4], p0); p1 = fmaf(a1.y, x[5], p1); p2 = fmaf(a1.z, x[6], p2); p3 = fmaf(a1.w, x[7], p3);
-        p0 = fmaf(a2.x, x[8], p0); p1 = fmaf(a2.y, x[9], p1); p2 = fmaf(a2.z, x[10], p2); p3 = fmaf(a2.w, x[11], p3);
-        p0 = fmaf(a3.x, x[12], p0); p1 = fmaf(a3.y, x[13], p1); p2 = fmaf(a3.z, x[14], p2); p3 = fmaf(a3.w, x[15], p3);
-        float p = (p0 + p1) + (p2 + p3);
+      for (int t = 0; t < 16; ++t) {
+        const float4 a = *reinterpret_cast<const float4*>(ab + t * GT_MS);
+        float p = fmaf(a.x, x[0], fmaf(a.y, x[1], fmaf(a.z, x[2], a.w * x[3])));
         p += __shfl_xor_sync(0xffffffffu, p, 1);
         p += __shfl_xor_sync(0xffffffffu, p, 2);
-        const float v = (t == col ? 1.f : 0.f) - p;
-        if (r == tb) x[ti] = v;
+        if (lc == (t >> 2)) x[t & 3] = (t == c ? 1.f : 0.f) - p;
       }
-    }
-    __syncthreads();  // every lane done reading A
+      __syncthreads();  // every lane done reading A_bb
 #pragma unroll
-    for (int i = 0; i < 16; ++i) As[(16 * r + i) * GT_MS + col] = x[i];
+      for (int i = 0; i < 4; ++i) As[(16 * b + 4 * lc + i) * GT_MS + 16 * b + c] = x[i];
+      __syncthreads();
+    }
+    {  // 3b. below the diagonal by distance d = i - j: X_ij = sum_{k = j}^{i - 1} A_ik T_kj (to XS), then
+       // T_ij = -T_ii X_ij, kept in block (j, i) above the diagonal (A_ij is read again at larger d), moved
+       // down at the end. T_kj (k >= j) is at block (j, k) throughout. Element (r, c) a thread.
+      const int r = tid >> 4, c = tid & 15;
+      float* XS = SK + GC_T;
+#pragma unroll
+      for (int d = 1; d < 4; ++d) {
+#pragma unroll
+        for (int i = d; i < 4; ++i) {
+          const int j = i - d;
+          float x = 0.f;
+#pragma unroll
+          for (int k = j; k < i; ++k) {
+            const float* ar = As + (16 * i + r) * GT_MS + 16 * k;    // row r of A_ik
+            const float* tc = As + 16 * j * GT_MS + 16 * k + c;      // column c of T_kj
+#pragma unroll
+            for (int s4 = 0; s4 < 4; ++s4) {
+              const float4 a = *reinterpret_cast<const float4*>(ar + 4 * s4);
+              x = fmaf(a.x, tc[(4 * s4) * GT_MS], x);
+              x = fmaf(a.y, tc[(4 * s4 + 1) * GT_MS], x);
+              x = fmaf(a.z, tc[(4 * s4 + 2) * GT_MS], x);
+              x = fmaf(a.w, tc[(4 * s4 + 3) * GT_MS], x);
+            }
+          }
+          XS[j * 256 + r * 16 + c] = x;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = d; i < 4; ++i) {
+          const int j = i - d;
+          const float* tr = As + (16 * i + r) * GT_MS + 16 * i;  // row r of T_ii
+          const float* xc = XS + j * 256 + c;
+          float y = 0.f;
+#pragma unroll
+          for (int s4 = 0; s4 < 4; ++s4) {
+            const float4 a = *reinterpret_cast<const float4*>(tr + 4 * s4);
+            y = fmaf(a.x, xc[(4 * s4) * 16], y);
+            y = fmaf(a.y, xc[(4 * s4 + 1) * 16], y);
+            y = fmaf(a.z, xc[(4 * s4 + 2) * 16], y);
+            y = fmaf(a.w, xc[(4 * s4 + 3) * 16], y);
+          }
+          As[(16 * j + r) * GT_MS + 16 * i + c] = -y;
+        }
+        __syncthreads();
+      }
+#pragma unroll
+      for (int i = 1; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < i; ++j) {  // (a thread's own elements: no barrier)
+          float* up = As + (16 * j + r) * GT_MS + 16 * i + c;
+          As[(16 * i + r) * GT_MS + 16 * j + c] = *up;
+          *up = 0.f;
+        }
+    }
   }
 #endif
   cp_wait<0>();
@@ -327,6 +405,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_prep(
 //       S1 = e^(G_L) S0 + (e^(G_L - G) o U)^T K   warp: one 16-row m-tile x RB / 8 n-tiles of 8 columns
 // Loads overlap the other phase (cp.async): K, M of piece p during P1(p); W, Q, U' of piece p + 1 during
 // P2(p) (U' double-buffered: U of piece p is read in P2(p)). Three block barriers a piece.
+// Q1 = 1: QS and M U, which reach only the output (gdn_output_bf16), in 1xTF32 (one mma from the TF32 heads,
+// no remainders split off); U and S1, which reach the state, stay 3xTF32 (NINFER_GDN_SCAN_Q1).
 // Estimates: smem (RB = 64) 4 (64 x 132 + 2 x 64 x 132 + 64 x 136 + 64 x 68 + 2 x 64 x 72 + 128) = 190,976 B,
 // (RB = 32) 157,696 B: one block an SM, so RB = 64 (96 blocks, one wave on 132 SMs) is the one to run
 // (RB = 32: 192 blocks, two waves). mma.sync a piece and block: 3 x (16 x 2 x 2 x RB / 32 x 8 [P1] + 10 x
@@ -335,7 +415,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_prep(
 // barriers and fragment splits; the CUDA-core pass: 221 ms).
 #define GDN_SCAN_TC_SMEM(RB) \
   (4 * ((RB) * GT_KS + 2 * GC_T * GT_KS + GC_T * GT_KB + GC_T * GT_MS + 2 * GC_T * ((RB) + 8) + 2 * GC_T))
-template <int RB>
+template <int RB, int Q1 = 0>
 __global__ void __launch_bounds__(256, 1) gdn_chunk_scan_tc(
     const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ Wg,
     const float* __restrict__ Ug, const float* __restrict__ Mg, const float* __restrict__ Gg,
@@ -414,11 +494,12 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan_tc(
       for (int mm = 0; mm < 2; ++mm) {
         const int mt = mm ? 3 - pm : pm;
         const FA aw = lda_row(Ws + mt * 16 * GT_KS + ks * 8, GT_KS, -1.f);
-        const FA aq = lda_row(Qs + mt * 16 * GT_KS + ks * 8, GT_KS);
+        const FA aq = Q1 ? lda_row1(Qs + mt * 16 * GT_KS + ks * 8, GT_KS) : lda_row(Qs + mt * 16 * GT_KS + ks * 8, GT_KS);
 #pragma unroll
         for (int j = 0; j < NQ; ++j) {
           mma3(u[mm][j], aw, b[j]);
-          mma3(qs[mm][j], aq, b[j]);
+          if (Q1) mma1(qs[mm][j], aq, b[j]);
+          else mma3(qs[mm][j], aq, b[j]);
         }
       }
     }
@@ -450,9 +531,15 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan_tc(
         qs[mm][j][0] *= e0; qs[mm][j][1] *= e0; qs[mm][j][2] *= e1; qs[mm][j][3] *= e1;
       }
       for (int ks = 0; ks < 2 * mt + 2; ++ks) {
-        const FA a = lda_row(Ms + mt * 16 * GT_MS + ks * 8, GT_MS);
+        if (Q1) {
+          const FA a = lda_row1(Ms + mt * 16 * GT_MS + ks * 8, GT_MS);
 #pragma unroll
-        for (int j = 0; j < NQ; ++j) mma3(qs[mm][j], a, ldb_row(Us + ks * 8 * US + (nq * NQ + j) * 8, US));
+          for (int j = 0; j < NQ; ++j) mma1(qs[mm][j], a, ldb_row1(Us + ks * 8 * US + (nq * NQ + j) * 8, US));
+        } else {
+          const FA a = lda_row(Ms + mt * 16 * GT_MS + ks * 8, GT_MS);
+#pragma unroll
+          for (int j = 0; j < NQ; ++j) mma3(qs[mm][j], a, ldb_row(Us + ks * 8 * US + (nq * NQ + j) * 8, US));
+        }
       }
 #pragma unroll
       for (int j = 0; j < NQ; ++j) {

@@ -58,6 +58,11 @@ def mma(d, a, b):
         d[:, i] = (d[:, i] + D[C_ROW[i], C_COL[i]]).astype(f32)
 
 
+def mma1(d, a, b):
+    """d += a b from the TF32 heads only (gdn_chunk_scan_tc<RB, 1>'s QS and M U)"""
+    mma(d, a[0], b[0])
+
+
 def mma3(d, a, b):
     (ah, al), (bh, bl) = a, b
     mma(d, al, bh)
@@ -159,7 +164,7 @@ def prep(qn, kn, vo, g, beta, Wg, Ug, Mg, Gg, Hk, Hv, tiled, T, piece, h, eager)
     if n <= 0:
         return
     cpa = Async(eager)
-    sm = np.full(2 * GC_T * GT_KS + GC_T * GT_MS + 3 * GC_T, np.nan, f32)
+    sm = np.full(2 * GC_T * GT_KS + GC_T * GT_MS + 3 * GC_T + 3 * 256, np.nan, f32)
     Ks, QV = 0, GC_T * GT_KS
     As = QV + GC_T * GT_KS
     Gs = As + GC_T * GT_MS
@@ -219,25 +224,50 @@ def prep(qn, kn, vo, g, beta, Wg, Ug, Mg, Gg, Hk, Hv, tiled, T, piece, h, eager)
         sm[QV: QV + GC_T * GT_KS] = np.nan  # Q is dead; V lands at the wait
     cp_rows128(cpa, sm, QV, GT_KS, vo, (c0 * Hv + h) * 128, Hv * 128, n)
     cpa.commit()
-    # the solve: lane (warp, lg, lc) holds column warp * 8 + lg, rows [16 lc, 16 lc + 16)
-    x = np.zeros((8, 32, 16), f32)
-    col = np.arange(8)[:, None] * 8 + LG[None, :]
-    r = np.broadcast_to(LC, (8, 32))
-    for tb in range(4):
-        for ti in range(16):
-            tt = tb * 16 + ti
-            a = sm[As + tt * GT_MS + 16 * r[..., None] + np.arange(16)]  # [8][32][16]
-            prods = (a * x).astype(f32)
-            p0, p1, p2, p3 = (prods[..., j::4] for j in range(4))
-            p0, p1, p2, p3 = (np.add.reduce(q, axis=-1, dtype=f32) for q in (p0, p1, p2, p3))
-            p = (p0 + p1) + (p2 + p3)
-            pw = p.reshape(8, 8, 4)
-            p = (pw + pw[..., [1, 0, 3, 2]]).astype(f32)
-            p = (p + p[..., [2, 3, 0, 1]]).astype(f32).reshape(8, 32)
-            v = np.where(tt == col, f32(1), f32(0)) - p
-            x[..., ti] = np.where(r == tb, v, x[..., ti])
-    for i in range(16):
-        sm[As + (16 * r + i) * GT_MS + col] = x[..., i]
+    # the solve by 16 x 16 blocks. 3a: block b = warp >> 1, column c = (warp & 1) * 8 + lg, lane lc rows 4 lc..
+    W8 = np.arange(8)[:, None]
+    b = np.broadcast_to(W8 >> 1, (8, 32))
+    c = (W8 & 1) * 8 + LG[None, :]
+    lc = np.broadcast_to(LC, (8, 32))
+    x = np.zeros((8, 32, 4), f32)
+    for t in range(16):
+        a = sm[As + (16 * b[..., None] + t) * GT_MS + 16 * b[..., None] + 4 * lc[..., None] + np.arange(4)]
+        p = (a[..., 0] * x[..., 0] + (a[..., 1] * x[..., 1] + (a[..., 2] * x[..., 2] + a[..., 3] * x[..., 3]))).astype(f32)
+        pw = p.reshape(8, 8, 4)
+        p = (pw + pw[..., [1, 0, 3, 2]]).astype(f32)
+        p = (p + p[..., [2, 3, 0, 1]]).astype(f32).reshape(8, 32)
+        v = np.where(t == c, f32(1), f32(0)) - p
+        x[..., t & 3] = np.where(lc == (t >> 2), v, x[..., t & 3])
+    for i in range(4):
+        sm[As + (16 * b + 4 * lc + i) * GT_MS + 16 * b + c] = x[..., i]
+    # 3b: thread (r, c) = (tid >> 4, tid & 15); X_ij to XS, T_ij = -T_ii X_ij to block (j, i), moved down at the end
+    XS = SK + GC_T
+    tid = np.arange(256)
+    r, c = tid >> 4, tid & 15
+    S16 = np.arange(16)
+    for d in range(1, 4):
+        for i in range(d, 4):
+            j = i - d
+            xv = np.zeros(256, f32)
+            for k in range(j, i):
+                a = sm[As + (16 * i + r[:, None]) * GT_MS + 16 * k + S16]
+                tcol = sm[As + 16 * j * GT_MS + 16 * k + c[:, None] + S16 * GT_MS]
+                for s_ in range(16):
+                    xv = (xv + a[:, s_] * tcol[:, s_]).astype(f32)
+            sm[XS + j * 256 + r * 16 + c] = xv
+        for i in range(d, 4):
+            j = i - d
+            a = sm[As + (16 * i + r[:, None]) * GT_MS + 16 * i + S16]
+            xc = sm[XS + j * 256 + c[:, None] + S16 * 16]
+            yv = np.zeros(256, f32)
+            for s_ in range(16):
+                yv = (yv + a[:, s_] * xc[:, s_]).astype(f32)
+            sm[As + (16 * j + r) * GT_MS + 16 * i + c] = -yv
+    for i in range(1, 4):
+        for j in range(i):
+            up = As + (16 * j + r) * GT_MS + 16 * i + c
+            sm[As + (16 * i + r) * GT_MS + 16 * j + c] = sm[up]
+            sm[up] = 0
     cpa.wait(0)
     for prod in range(2):
         X, sc = (QV, Bs) if prod else (Ks, SK)
@@ -262,7 +292,7 @@ def prep(qn, kn, vo, g, beta, Wg, Ug, Mg, Gg, Hk, Hv, tiled, T, piece, h, eager)
 
 
 # ---- gdn_chunk_scan_tc<RB> --------------------------------------------------------------------------------
-def scan(qn, kn, Wg, Ug, Mg, Gg, state, o, Hk, Hv, tiled, T, RB, h, y, eager):
+def scan(qn, kn, Wg, Ug, Mg, Gg, state, o, Hk, Hv, tiled, T, RB, h, y, eager, Q1=0):
     US, NQ, WPM, NS = RB + 8, RB // 32, 128 // RB, RB // 8
     cpa = Async(eager)
     sm = np.full(RB * GT_KS + 2 * GC_T * GT_KS + GC_T * GT_KB + GC_T * GT_MS + 2 * GC_T * US + 2 * GC_T, np.nan, f32)
@@ -322,7 +352,7 @@ def scan(qn, kn, Wg, Ug, Mg, Gg, state, o, Hk, Hv, tiled, T, RB, h, y, eager):
                     aq = lda_row(sm, Qs + mt * 16 * GT_KS + ks * 8, GT_KS)
                     for j in range(NQ):
                         mma3(u[mm][j], aw, b[j])
-                        mma3(qs[mm][j], aq, b[j])
+                        mma1(qs[mm][j], aq, b[j]) if Q1 else mma3(qs[mm][j], aq, b[j])
             qs_all[warp], u_all[warp] = qs, u
         for warp in range(8):  # U to shared after every warp's P1 (the kernel's stores race with nothing)
             pm, nq = warp & 1, warp >> 1
@@ -351,7 +381,8 @@ def scan(qn, kn, Wg, Ug, Mg, Gg, state, o, Hk, Hv, tiled, T, RB, h, y, eager):
                 for ks in range(2 * mt + 2):
                     a = lda_row(sm, Ms + mt * 16 * GT_MS + ks * 8, GT_MS)
                     for j in range(NQ):
-                        mma3(qs[mm][j], a, ldb_row(sm, Us + ks * 8 * US + (nq * NQ + j) * 8, US))
+                        bu = ldb_row(sm, Us + ks * 8 * US + (nq * NQ + j) * 8, US)
+                        mma1(qs[mm][j], a, bu) if Q1 else mma3(qs[mm][j], a, bu)
                 for j in range(NQ):
                     col = dv0 + (nq * NQ + j) * 8 + 2 * LC
                     for e in range(4):
@@ -378,7 +409,7 @@ def scan(qn, kn, Wg, Ug, Mg, Gg, state, o, Hk, Hv, tiled, T, RB, h, y, eager):
         state[sg + 4 * i + e] = sm[Ss + (i >> 5) * GT_KS + (i & 31) * 4 + e]
 
 
-def run(T, hk, hv, RB, tiled, eager, rng):
+def run(T, hk, hv, RB, tiled, eager, rng, Q1=0):
     q = (rng.standard_normal((T, hk, 128)) / 11).astype(f32)
     k = (rng.standard_normal((T, hk, 128)) / 11).astype(f32)
     v = rng.standard_normal((T, hv, 128)).astype(f32)
@@ -400,7 +431,7 @@ def run(T, hk, hv, RB, tiled, eager, rng):
     o = np.full(T * hv * 128, np.nan, f32)
     for h in range(hv):
         for y in range(128 // RB):
-            scan(qn, kn, Wg, Ug, Mg, Gg, state, o, hk, hv, tiled, T, RB, h, y, eager)
+            scan(qn, kn, Wg, Ug, Mg, Gg, state, o, hk, hv, tiled, T, RB, h, y, eager, Q1)
     o, state = o.reshape(T, hv, 128), state.reshape(hv, 128, 128)
     assert np.isfinite(o).all() and np.isfinite(state).all()
     return (np.abs(o - o_ref).max() / np.abs(o_ref).max(), np.abs(state - s_ref).max() / np.abs(s_ref).max())
@@ -409,7 +440,8 @@ def run(T, hk, hv, RB, tiled, eager, rng):
 if __name__ == "__main__":
     rng = np.random.default_rng(1)
     print(f"fragments: 3xTF32 products {check_fragments(rng):.2e} from float64 (relative to the largest)")
-    for T, RB, tiled, eager in ((150, 64, 0, False), (150, 32, 1, True), (64, 64, 0, True), (37, 32, 0, False)):
-        eo, es = run(T, 2, 6, RB, tiled, eager, rng)
-        print(f"T={T} RB={RB} tiled={tiled} {'eager' if eager else 'lazy'} copies: out {eo:.2e}, state {es:.2e} "
-              "(max error / max |ref|)")
+    for T, RB, tiled, eager, Q1 in ((150, 64, 0, False, 0), (150, 32, 1, True, 0), (64, 64, 0, True, 0),
+                                    (37, 32, 0, False, 0), (150, 64, 0, False, 1), (150, 32, 1, True, 1)):
+        eo, es = run(T, 2, 6, RB, tiled, eager, rng, Q1)
+        print(f"T={T} RB={RB}{' Q1' if Q1 else ''} tiled={tiled} {'eager' if eager else 'lazy'} copies: out {eo:.2e}, "
+              f"state {es:.2e} (max error / max |ref|)")

@@ -19,12 +19,14 @@ from engine.ops import kernels
 def main() -> int:
     if int(os.environ.get("NVRTC_ARCH", "90")) < 80:  # (the experimental GEMVs and module_tc need sm_80)
         return compile_one(kernels._source(), kernels._names(), "--cubin" in sys.argv)
-    rc = compile_one(kernels._source(), kernels._names() + kernels._names(experimental=True), "--cubin" in sys.argv)
-    # the GEMVs with weight loads through L1 (module_ldg)
-    rc |= compile_one(kernels._source(("gemv.cu", "gemv_variants.cu"), ldg=True), list(kernels.LDG_NAMES), False)
+    rc = 0
+    if "--tc" not in sys.argv:  # --tc: the tensor-core GDN module alone
+        rc = compile_one(kernels._source(), kernels._names() + kernels._names(experimental=True), "--cubin" in sys.argv)
+        # the GEMVs with weight loads through L1 (module_ldg)
+        rc |= compile_one(kernels._source(("gemv.cu", "gemv_variants.cu"), ldg=True), list(kernels.LDG_NAMES), False)
     # the tensor-core GDN module (its own: mma.h); TC_INCLUDE names a toolkit include dir that has crt/mma.h
-    tc_names = [f"gdn_chunk_scan_tc<{rb}>" for rb in kernels.GDN_SCAN_TC_RB]
-    rc_tc = compile_one(kernels._source(kernels.TC_SOURCES), tc_names, False,
+    tc_names = [f"gdn_chunk_scan_tc<{rb}{q1}>" for rb in kernels.GDN_SCAN_TC_RB for q1 in ("", ", 1")]
+    rc_tc = compile_one(kernels._source(kernels.TC_SOURCES), tc_names, "--tc" in sys.argv and "--cubin" in sys.argv,
                         os.environ.get("TC_INCLUDE", "/usr/local/cuda/include"))
     return rc or rc_tc
 

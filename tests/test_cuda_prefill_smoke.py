@@ -98,7 +98,9 @@ def test_chunked_gdn_prefill_plumbing(cp, monkeypatch):
     names = [getattr(op, "name", "") for op in gemm.ops]
     n_gdn = sum(1 for L in gemm.layers if L["kind"] != "full_attention")
     rb = gemm.gdn_scan_rb()
-    assert names.count("gdn_chunk_prep") == n_gdn and names.count(f"gdn_chunk_scan_tc<{rb}>") == n_gdn
+    scan = f"gdn_chunk_scan_tc<{rb}{', 1' if gemm.GDN_SCAN_Q1 else ''}>"
+    assert gemm.gdn_scan_name(rb, True) == scan
+    assert names.count("gdn_chunk_prep") == n_gdn and names.count(scan) == n_gdn
     assert not any(n.startswith("gdn_delta") for n in names)
     assert gemm._gdn_scratch[0].size == 2 * args.linear_num_value_heads * 64 * 128  # 128 rows: two pieces
     eng.prefill(list(range(1, 140)))

@@ -269,8 +269,10 @@ class CudaQwen35(MlpOps, SamplingOps):
     # Decode attention: a KV head's query group cut over this many blocks (attn_decode_split<G / GS, KV8, GS>;
     # kernels.ATTN_GSPLIT lists the compiled cuts): the 27B's 6 heads a KV head take 156 registers a thread,
     # one 256-thread block an SM, 8 warps to hide each token's dependent loads and shuffles (~115 us a layer
-    # at 32K against ~17 us of bytes); 3 heads take 80. Written without device time: 1 (off) until measured.
-    ATTN_GSPLIT = int(os.environ.get("NINFER_ATTN_GSPLIT", "1"))
+    # at 32K against ~17 us of bytes); 3 heads take 80. Session 9 on the H200 (gsplit, in-process A/B, twice
+    # each): 27B at depth 32768 (int8 KV) 104.6 / 104.5 tok/s against 103.6 / 103.6 (GS 4: 103.6), at depth 0
+    # 128.4 against 128.0; 35B-A3B 342.1 / 342.2 against 341.4 / 341.6 (GS 4: 342.2 / 342.5). 2 by default.
+    ATTN_GSPLIT = int(os.environ.get("NINFER_ATTN_GSPLIT", "2"))
     # blocks a token row of the norms and stagings (each reduces the whole row, stages its slice)
     NORM_BLOCKS = int(os.environ.get("NINFER_NORM_BLOCKS", "16"))
     MOE_ROWS = False  # several token rows of an MoE model (the tensor-core prefill's own MoE ops)

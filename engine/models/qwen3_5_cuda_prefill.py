@@ -51,6 +51,9 @@ class CudaQwen35Prefill(PrefillMoeOps, CudaQwen35Columns):
     # blocks still fill 70% of the multiprocessors (27B, 48 value heads: RB 64, 96 blocks; 35B-A3B, 32
     # heads: RB 32, 128 blocks, where RB 64 left half the H200 idle), 32 on CUDA cores.
     GDN_SCAN_RB = int(os.environ.get("NINFER_GDN_SCAN_RB", "0"))
+    # The in-order pass's QS = Q S0^T and M U, which reach only the output, in 1xTF32 (gdn_chunk_scan_tc<RB, 1>;
+    # U and the state update stay 3xTF32). NINFER_GDN_SCAN_Q1=0: all 3xTF32.
+    GDN_SCAN_Q1 = os.environ.get("NINFER_GDN_SCAN_Q1", "1") != "0"
     # Attention as one flash kernel over the paged cache (attn_prefill_fa, cuda/attn_prefill.cu), on by
     # default (memory_plan.PREFILL_FLASH; NINFER_FLASH_PREFILL=0: gather + cuBLAS + softmax). Session 6 on
     # the H200, 27B pp8192, 16 layers: 103 ms the old way, 67.0 with 4 warps (64 query rows a block, 2
@@ -360,10 +363,16 @@ class CudaQwen35Prefill(PrefillMoeOps, CudaQwen35Columns):
         prep = K.prepared("gdn_chunk_prep", (pieces, Hv),
                           (self.gdn_q, self.gdn_k, self.gdn_v, self.gdn_g, self.gdn_beta, w, u, m, g, Hk, Hv, 0, T),
                           smem=K.GDN_PREP_SMEM)
-        scan = K.prepared(f"gdn_chunk_scan{'_tc' if tc else ''}<{rb}>", (Hv, 128 // rb),
+        scan = K.prepared(self.gdn_scan_name(rb, tc), (Hv, 128 // rb),
                           (self.gdn_q, self.gdn_k, w, u, m, g, L["state"], self.att2, Hk, Hv, 0, T),
                           smem=K.gdn_scan_smem(rb, tc))
         return ops[:-1] + [prep, scan]
+
+    def gdn_scan_name(self, rb: int, tc: bool) -> str:
+        """The in-order pass's kernel: on CUDA cores, or on tensor cores with QS and M U in 1xTF32 or 3xTF32."""
+        if not tc:
+            return f"gdn_chunk_scan<{rb}>"
+        return f"gdn_chunk_scan_tc<{rb}{', 1' if self.GDN_SCAN_Q1 else ''}>"
 
     def gdn_scan_rb(self) -> int:
         """The in-order pass's rows a block: GDN_SCAN_RB, or by the GPU's size (see GDN_SCAN_RB)."""

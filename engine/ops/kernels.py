@@ -47,7 +47,7 @@ GDN_DELTA_ROWS = (2, 4)  # state rows a warp of gdn_delta_rows (the prefill's GD
 # of the in-order pass, and the dynamic shared memory (GDN_PREP_SMEM, GDN_SCAN_TC_SMEM in cuda/gdn_tc.cu,
 # GDN_SCAN_SMEM in cuda/gdn_chunked.cu)
 GDN_SCAN_RB = (16, 32, 64)
-GDN_PREP_SMEM = 4 * (2 * 64 * 132 + 64 * 68 + 3 * 64)
+GDN_PREP_SMEM = 4 * (2 * 64 * 132 + 64 * 68 + 3 * 64 + 3 * 256)
 
 
 def gdn_scan_smem(rb: int, tc: bool = False) -> int:
@@ -147,7 +147,8 @@ def module_tc():
     if cp is None:
         raise RuntimeError("CUDA kernels need CuPy and a GPU")
     return cp.RawModule(code=_source(TC_SOURCES), options=("-std=c++17",),
-                        name_expressions=[f"gdn_chunk_scan_tc<{rb}>" for rb in GDN_SCAN_TC_RB])
+                        name_expressions=[f"gdn_chunk_scan_tc<{rb}{q1}>" for rb in GDN_SCAN_TC_RB
+                                          for q1 in ("", ", 1")])
 
 
 # GEMV weight loads through L1 (__ldg) instead of ld.global.nc.L1::no_allocate, for the shapes whose tuning

@@ -458,11 +458,12 @@ def test_gdn_delta_rows_matches_delta_cols(cp, rows):
 
 
 @pytest.mark.parametrize("t", [37, 64, 150])
-@pytest.mark.parametrize("rb,tc", [(16, False), (32, False), (64, False), (32, True), (64, True)])
+@pytest.mark.parametrize("rb,tc", [(16, False), (32, False), (64, False), (32, True), (64, True), (32, "q1"), (64, "q1")])
 def test_gdn_chunked_matches_delta_cols(cp, t, rb, tc):
     """The chunked delta rule (gdn_chunk_prep over the 64-token pieces on tensor cores, gdn_chunk_scan<RB>
-    in order on CUDA cores or gdn_chunk_scan_tc<RB> on tensor cores) against the token-by-token kernel:
-    outputs and final state, pieces whole and partial."""
+    in order on CUDA cores or gdn_chunk_scan_tc<RB> on tensor cores; "q1": gdn_chunk_scan_tc<RB, 1>, the
+    output's products in 1xTF32) against the token-by-token kernel: outputs and final state, pieces whole
+    and partial."""
     from engine.ops import kernels as K
 
     hk, hv = 2, 6
@@ -478,7 +479,8 @@ def test_gdn_chunked_matches_delta_cols(cp, t, rb, tc):
     st, o = cp.asarray(s0), poisoned(cp, (t, hv, 128))
     K.prepared("gdn_chunk_prep", (pieces, hv), (dq, dk, dv, dg, db, w, u, m, gg, hk, hv, 0, t),
                smem=K.GDN_PREP_SMEM)()
-    K.prepared(f"gdn_chunk_scan{'_tc' if tc else ''}<{rb}>", (hv, 128 // rb),
+    name = f"gdn_chunk_scan_tc<{rb}, 1>" if tc == "q1" else f"gdn_chunk_scan{'_tc' if tc else ''}<{rb}>"
+    K.prepared(name, (hv, 128 // rb),
                (dq, dk, w, u, m, gg, st, o, hk, hv, 0, t), smem=K.gdn_scan_smem(rb, tc))()
     check("gdn_chunked state", st.get(), want_s, **GDN_STATE)
     check("gdn_chunked out", o.get(), want_o, **ELEM)
