@@ -4,9 +4,9 @@
 // Compiled into a module of its own (engine/ops/kernels.py module_tc: common.cuh + this file).
 //
 // Products are mma.sync m16n8k8 TF32 (inline PTX, fragments loaded from shared memory by hand; no mma.h)
-// in 3xTF32: each operand x split into hi = tf32(x), lo = tf32(x - hi), and a b ~ a_lo b_hi + a_hi b_lo +
-// a_hi b_hi (fp32 accumulation), which keeps fp32-level accuracy. The triangular solve of pass 1 stays on
-// the CUDA cores in fp32. Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k8", .tf32), with
+// in 3xTF32: each operand x split into hi = tf32(x), lo = x - hi truncated to TF32 (gtc::split), and
+// a b ~ a_lo b_hi + a_hi b_lo + a_hi b_hi (fp32 accumulation), which keeps fp32-level accuracy. The
+// triangular solve of pass 1 stays on the CUDA cores in fp32. Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k8", .tf32), with
 // g = lane >> 2, c = lane & 3:
 //   A (16 x 8, row):  a0 (g, c)  a1 (g + 8, c)  a2 (g, c + 4)  a3 (g + 8, c + 4)
 //   B (8 x 8, col):   b0 (k = c, n = g)  b1 (k = c + 4, n = g)
@@ -23,10 +23,15 @@
 #define GT_MS 68
 
 namespace gtc {
+// x rounded to TF32 (to nearest, ties away from zero: cvt.rna's result for finite x) by two integer ops;
+// cvt.rna.tf32.f32 itself compiles (sm_90) to a compare against infinity, a predicated add and a mask, the
+// compares of a fragment serialized on one predicate register. (Session 9: prep and scan ran their splits so.)
+__device__ __forceinline__ unsigned tf32(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
+
+// x = hi + lo: hi = tf32(x), lo = x - hi truncated to TF32 (|lo| <= 2^-11 |x|, its own error 2^-10 |lo|)
 __device__ __forceinline__ void split(float x, unsigned& hi, unsigned& lo) {
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));
-  const float r = x - __uint_as_float(hi);
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(r));
+  hi = tf32(x);
+  lo = __float_as_uint(x - __uint_as_float(hi)) & 0xffffe000u;
 }
 
 __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
@@ -48,12 +53,6 @@ __device__ __forceinline__ void mma3(float (&d)[4], const FA& a, const FB& b) {
 
 // d += a b from the TF32 heads alone (1xTF32: products that only reach the output, gdn_chunk_scan_tc<RB, 1>)
 __device__ __forceinline__ void mma1(float (&d)[4], const FA& a, const FB& b) { mma(d, a.h, b.h); }
-
-__device__ __forceinline__ unsigned tf32(float x) {
-  unsigned r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-  return r;
-}
 
 // A tile (16 x 8) stored row-major: element (m, k) at p[m * ld + k] (p at the tile's origin), times s
 __device__ __forceinline__ FA lda_row(const float* p, int ld, float s = 1.f) {

@@ -29,10 +29,16 @@ def tf32(x):
     return ((b + 0x1000) & 0xFFFFE000).astype(np.uint32).view(f32)
 
 
+def trunc32(x):
+    """x truncated to TF32 (the low 13 bits cleared)."""
+    return (np.asarray(x, f32).view(np.uint32) & np.uint32(0xFFFFE000)).view(f32)
+
+
 def split(x):
+    """gtc::split: hi = tf32(x) (as cvt.rna), lo = x - hi truncated."""
     x = np.asarray(x, f32)
     hi = tf32(x)
-    return hi, tf32((x - hi).astype(f32))
+    return hi, trunc32((x - hi).astype(f32))
 
 
 # A (16x8): a_i at row g + 8 (i & 1), column c + 4 (i >> 1); B (8x8): b_i at k = c + 4 i, n = g;

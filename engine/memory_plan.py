@@ -108,9 +108,10 @@ PREFILL_SCORE_BYTES = int(os.environ.get("NINFER_PREFILL_SCORE_MIB", "1024")) <<
 # Session 6 on the H200, 27B pp8192: attention 103 -> 66 ms, the recurrence 295 -> 139 ms.
 PREFILL_FLASH = os.environ.get("NINFER_FLASH_PREFILL", "1") != "0"
 PREFILL_GDN_CHUNKED = os.environ.get("NINFER_GDN_CHUNKED", "1") != "0"
-# Dense models: the next GEMM's weights dequantized to fp16 on a second stream during the current GEMM
-# (CudaQwen35Prefill.DQ_AHEAD): a second fp16 copy of the largest layer matrix.
+# Dense models: the GEMMs' weights dequantized to fp16 on a second stream ahead of their GEMMs
+# (CudaQwen35Prefill.DQ_AHEAD), into PREFILL_DQ_BUFS fp16 buffers of the largest layer matrix (at least 2).
 PREFILL_DQ_AHEAD = os.environ.get("NINFER_PREFILL_DQ_AHEAD", "1") != "0"
+PREFILL_DQ_BUFS = max(2, int(os.environ.get("NINFER_PREFILL_DQ_BUFS", "3")))
 
 
 def prefill_executor_bytes(args, cols: int = 0, gemm: int = 0, score_bytes: int = PREFILL_SCORE_BYTES) -> int:
@@ -136,8 +137,10 @@ def prefill_executor_bytes(args, cols: int = 0, gemm: int = 0, score_bytes: int 
         widest = max(q + kvw, 2 * args.linear_num_key_heads * args.linear_key_head_dim, 2 * vd)
         logits_row = 4 * args.vocab_size
         total += workspace_bytes(args, gemm) - (gemm - 1) * logits_row
-        w16 = 2 * max(2 * inter, widest) * max(h, inter, q, vd)  # fp16 weights of the largest matrix
-        total += w16 * (2 if PREFILL_DQ_AHEAD and not args.is_moe else 1)
+        if args.is_moe:  # fp16 weights of the largest matrix (bounded: the experts' are dequantized together)
+            total += 2 * max(2 * inter, widest) * max(h, inter, q, vd)
+        else:  # (every dense matrix has the hidden size on one side) times the buffers
+            total += 2 * h * max(2 * inter, widest, q, vd) * (PREFILL_DQ_BUFS if PREFILL_DQ_AHEAD else 1)
         total += 2 * gemm * max(h, inter, q, vd) + 4 * gemm * 2 * inter
         total += 0 if PREFILL_FLASH else score_bytes + 6 * gemm * q
         if PREFILL_GDN_CHUNKED and args.num_hidden_layers > len(args.full_attention_layers):

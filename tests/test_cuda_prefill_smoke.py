@@ -290,36 +290,46 @@ def test_moe_prefill_norm_reads_one_partial(cp, monkeypatch):
 
 def test_prefill_dequantizes_the_next_weights_ahead(cp, monkeypatch):
     """Dense models: the first run of a chunk records its GEMMs' weights in order (dequantized in place);
-    later runs dequantize weight i + 1 on the side stream into the other fp16 buffer while GEMM i runs
-    (but an attention layer's o-projection, after the flash kernel)."""
+    later runs dequantize weight j on the side stream into fp16 buffer j % DQ_BUFS up to DQ_BUFS - 1 GEMMs
+    ahead, once GEMM j - DQ_BUFS is done with that buffer (but an attention layer's o-projection in place,
+    after the flash kernel, and none ahead across it)."""
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill
 
     args, w = _weights(CFG)
     eng = build_engine(args, w, CFG, max_context=512, prefill_gemm=128)
     g = eng.model.gemm
-    assert g._w16b is not None and g._w16b is not g._w16
+    nbuf = len(g._wbufs)
+    assert nbuf == max(2, CudaQwen35Prefill.DQ_BUFS) and len({id(b) for b in g._wbufs}) == nbuf
     log = []
     orig = CudaQwen35Prefill._dequant
 
     def spy(self, w, buf=None):
-        log.append((w, buf, cp.cuda.get_current_stream() is self._dq_stream))
+        log.append((w, buf, cp.cuda.get_current_stream() is self._dq_stream, len(waits)))
+        issued_at.append(self._wpos - 1)  # the GEMM whose _weights16 issued it
         return orig(self, w, buf)
+    waits, issued_at = [], []
     monkeypatch.setattr(CudaQwen35Prefill, "_dequant", spy)
     g.run_chunk(list(range(1, 129)), 0)
     first = list(log)
     n = len(g._wseq)
-    assert n == len(first) and not any(side for _, _, side in first)
+    assert n == len(first) and not any(side for _, _, side, _ in first)
     log.clear()
-    waits = []
+    issued_at.clear()
     monkeypatch.setattr(g._dq_stream, "wait_event", waits.append, raising=False)
     g.run_chunk(list(range(1, 129)), 0)
-    # the side stream starts after what the main stream held at the chunk's first GEMM (another executor's
-    # GEMMs on the same two buffers), then each prefetch after the GEMM that last read its buffer
-    assert waits[0] is g._chunk_start and waits[1] is g._gemm_done[1]
-    assert [x for x, _, _ in log] == g._wseq
-    # (an attention layer's o-projection weights are dequantized in order: not ahead across the flash kernel)
-    ahead = [False] + [id(x) not in {id(L["o"]) for L in g.layers if L["kind"] == "full_attention"}
-                       for x in g._wseq[1:]]
-    assert [side for _, _, side in log] == ahead and ahead.count(False) == 1 + len(args.full_attention_layers)
-    assert [buf is (g._w16 if i % 2 == 0 else g._w16b) for i, (_, buf, _) in enumerate(log)] == [True] * n
+    assert [x for x, _, _, _ in log] == g._wseq
+    assert all(buf is g._wbufs[i % nbuf] for i, (_, buf, _, _) in enumerate(log))
+    # in place: the first weights and each attention layer's o-projection; the rest on the side stream,
+    # each after the wait for GEMM j - nbuf (the side stream's first wait: the chunk's start)
+    o_attn = {id(L["o"]) for L in g.layers if L["kind"] == "full_attention"}
+    in_place = [i for i, (x, _, side, _) in enumerate(log) if not side]
+    assert in_place == [0] + [i for i, x in enumerate(g._wseq) if id(x) in o_attn]
+    assert waits[0] is g._chunk_start
+    side = [(i, nw) for i, (_, _, s, nw) in enumerate(log) if s]
+    assert [waits[nw - 1] for _, nw in side] == [g._gemm_done[i % nbuf] for i, _ in side]
+    # ahead of their GEMM by 1 .. nbuf - 1 (all of that used), none across an attention o-projection
+    ahead = [j - issued_at[j] for j, _ in side]
+    assert min(ahead) == 1 and max(ahead) == nbuf - 1
+    for j, _ in side:
+        assert not any(id(x) in o_attn for x in g._wseq[issued_at[j] + 1: j])

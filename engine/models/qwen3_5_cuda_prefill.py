@@ -20,7 +20,7 @@ import os
 
 import numpy as np
 
-from engine.memory_plan import PREFILL_DQ_AHEAD, PREFILL_FLASH, PREFILL_GDN_CHUNKED
+from engine.memory_plan import PREFILL_DQ_AHEAD, PREFILL_DQ_BUFS, PREFILL_FLASH, PREFILL_GDN_CHUNKED
 from engine.ops import kernels as K
 from engine.models.qwen3_5_cuda import ATTN_HEAD_DIM, KV_PAGE
 from engine.models.qwen3_5_cuda_cols import CudaQwen35Columns
@@ -70,8 +70,7 @@ class CudaQwen35Prefill(PrefillMoeOps, CudaQwen35Columns):
         super().__init__(decode, chunk)
         cp = self.cp
         if share is not None and share.M >= chunk:
-            self._w16, self._x16, self._gu = share._w16, share._x16, share._gu[:chunk]
-            self._w16b = share._w16b
+            self._wbufs, self._x16, self._gu = share._wbufs, share._x16, share._gu[:chunk]
         else:
             n_max = max(L[key].n * L[key].k for L in self.layers
                         for key in ("qk", "gv", "vz", "ab", "o", "gate_up", "down", "router", "shared_gu",
@@ -79,19 +78,21 @@ class CudaQwen35Prefill(PrefillMoeOps, CudaQwen35Columns):
             if self.args.is_moe:  # every routed expert's gate|up, then every one's down (_moe_chunk)
                 n_max = max([n_max] + [L[key].n * L[key].k for L in self.layers
                                        for key in ("experts_gu", "experts_down") if key in L])
-            self._w16 = cp.empty(n_max, dtype=cp.float16)
-            self._w16b = cp.empty(n_max, dtype=cp.float16) if self.DQ_AHEAD and not self.args.is_moe else None
+            nbuf = max(2, self.DQ_BUFS) if self.DQ_AHEAD and not self.args.is_moe else 1
+            self._wbufs = [cp.empty(n_max, dtype=cp.float16) for _ in range(nbuf)]
             k_max = max(self.H, self.att.shape[1], self.inter)
             self._x16 = cp.empty(self.M * k_max, dtype=cp.float16)
             n_gu = max([L["gate_up"].n for L in self.layers if "gate_up" in L] + [2 * self.inter])
             self._gu = cp.empty((self.M, n_gu), dtype=cp.float16 if self.GU16 else cp.float32)
         self._x16_of = None  # the fp32 rows whose fp16 copy _x16 holds (set by the SwiGLU kernel)
+        self._w16 = self._wbufs[0]
+        nbuf = len(self._wbufs)
         self._wseq, self._wlog, self._wpos = None, [], 0  # DQ_AHEAD: the chunk's GEMM weights in order
-        self._dq_stream = cp.cuda.Stream(non_blocking=True) if self._w16b is not None else None
-        self._ahead = False  # the weights of the GEMM at _wpos were launched ahead on _dq_stream
+        self._dq_stream = cp.cuda.Stream(non_blocking=True) if nbuf > 1 else None
+        self._issued = 0  # this run's weights [0, _issued) of _wseq are dequantized (ahead or in place)
         self._no_ahead = {id(L["o"]) for L in self.layers if L["kind"] == "full_attention"}
-        self._dq_done = [cp.cuda.Event(disable_timing=True) for _ in range(2)]
-        self._gemm_done = [cp.cuda.Event(disable_timing=True) for _ in range(2)]
+        self._dq_done = [cp.cuda.Event(disable_timing=True) for _ in range(nbuf)]
+        self._gemm_done = [cp.cuda.Event(disable_timing=True) for _ in range(nbuf)]
         self._chunk_start = cp.cuda.Event(disable_timing=True)
         self._valid = self.M  # the chunk's prompt tokens (run_chunk)
         self._one = np.array(1.0, dtype=np.float32)
@@ -106,53 +107,63 @@ class CudaQwen35Prefill(PrefillMoeOps, CudaQwen35Columns):
         return 1
 
     # ---- the projections: dequantize once per chunk, then one tensor-core GEMM ----
-    # Dense models: each GEMM's weights are dequantized to fp16 on a second stream while the GEMM before it
-    # runs (two fp16 buffers, the chunk's weight order recorded on its first run); the GEMMs are bound by
-    # the tensor cores, the dequantization by DRAM. NINFER_PREFILL_DQ_AHEAD=0: in order on the one stream.
+    # Dense models: the GEMMs' weights are dequantized to fp16 on a second stream ahead of their GEMMs (the
+    # chunk's weight order recorded on its first run); the GEMMs are bound by the tensor cores, the
+    # dequantization by DRAM. GEMM i reads fp16 buffer i % DQ_BUFS, so weight j is dequantized once GEMM
+    # j - DQ_BUFS is done with it: with 3 buffers a GDN layer's o-projection, gate|up and down weights land
+    # during its recurrence (96 of 132 SMs busy on the 27B) instead of beside the GEMMs before them (2 buffers:
+    # each during the GEMM before it). Never across an attention layer's flash kernel, which it slowed more
+    # than it saved (27B pp8192: 68.8 -> 76.0 ms): that layer's o-projection weights are dequantized in
+    # place, after it. NINFER_PREFILL_DQ_AHEAD=0: all in place on the one stream; NINFER_PREFILL_DQ_BUFS.
     DQ_AHEAD = PREFILL_DQ_AHEAD
+    DQ_BUFS = PREFILL_DQ_BUFS
 
     def _weights16(self, w):
         """w as fp16 [n, k] for the next GEMM (which the caller issues, then calls _gemm_issued)."""
-        if self._w16b is None:
+        nbuf = len(self._wbufs)
+        if nbuf == 1:
             return self._dequant(w)
         i, seq = self._wpos, self._wseq
         self._wpos += 1
         self._wlog.append(w)
-        if seq is None or i >= len(seq) or seq[i] is not w:  # recording (the first run), or off the record
-            self._wseq = None
-            self.cp.cuda.get_current_stream().wait_event(self._dq_done[0])  # (nothing of the side in flight)
-            self.cp.cuda.get_current_stream().wait_event(self._dq_done[1])
-            return self._dequant(w, self._buf(i))
         main = self.cp.cuda.get_current_stream()
+        if seq is None or i >= len(seq) or seq[i] is not w:  # recording (the first run), or off the record
+            self._wseq, self._issued = None, 1 << 62
+            for ev in self._dq_done:  # (nothing of the side in flight)
+                main.wait_event(ev)
+            return self._dequant(w, self._buf(i))
         if i == 0:
             # a chunk's first GEMM: whatever the side stream still had in flight lands first, and the side
             # stream starts after everything the main stream holds so far -- the GEMMs of an executor that
-            # ran before this one on the same two buffers (`share`) read them without this one's events
-            main.wait_event(self._dq_done[0])
-            main.wait_event(self._dq_done[1])
+            # ran before this one on the same buffers (`share`) read them without this one's events
+            for ev in self._dq_done:
+                main.wait_event(ev)
             self._chunk_start.record(main)
             self._dq_stream.wait_event(self._chunk_start)
-        if i == 0 or not self._ahead:
+            self._issued = 0
+        if i >= self._issued:  # not launched ahead: in place
             self._dequant(w, self._buf(i))
+            self._issued = i + 1
         else:
-            main.wait_event(self._dq_done[i % 2])
-        # the next one into the other buffer, once the GEMM before this one is done with it; not across an
-        # attention layer's flash kernel, which it slowed more than it saved (27B pp8192: 68.8 -> 76.0 ms)
-        self._ahead = i + 1 < len(seq) and id(seq[i + 1]) not in self._no_ahead
-        if self._ahead:
-            side = self._dq_stream
-            side.wait_event(self._gemm_done[(i + 1) % 2])
+            main.wait_event(self._dq_done[i % nbuf])
+        # ahead, up to weight i + nbuf - 1, each after GEMM j - nbuf (its buffer's last reader; that GEMM was
+        # issued before this one, its event in slot j % nbuf); stopping at an attention layer's o-projection
+        side, j = self._dq_stream, self._issued
+        while j < min(i + nbuf, len(seq)) and id(seq[j]) not in self._no_ahead:
+            side.wait_event(self._gemm_done[j % nbuf])
             with side:
-                self._dequant(seq[i + 1], self._buf(i + 1))
-            self._dq_done[(i + 1) % 2].record(side)
+                self._dequant(seq[j], self._buf(j))
+            self._dq_done[j % nbuf].record(side)
+            j += 1
+        self._issued = j
         return self._buf(i)[: w.n * w.k].reshape(w.n, w.k)
 
     def _buf(self, i: int):
-        return self._w16 if i % 2 == 0 else self._w16b
+        return self._wbufs[i % len(self._wbufs)]
 
     def _gemm_issued(self):
-        if self._w16b is not None:
-            self._gemm_done[(self._wpos - 1) % 2].record(self.cp.cuda.get_current_stream())
+        if len(self._wbufs) > 1:
+            self._gemm_done[(self._wpos - 1) % len(self._wbufs)].record(self.cp.cuda.get_current_stream())
 
     def _dequant(self, w, buf=None):
         cp = self.cp
