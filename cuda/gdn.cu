@@ -233,8 +233,15 @@ extern "C" __global__ void gdn_prep_cols(const float* __restrict__ qk, int ldqk,
       for (int j = 0; j < 4; ++j) w[j][i] = conv_w[j * C + c0 + i];
     }
   }
+  // token t + 1's inputs asked for while token t is computed (a warp's loop is otherwise one load in flight)
+  float4 xnext = t0 < t1 ? input(t0) : make_float4(0.f, 0.f, 0.f, 0.f);
   for (int t = t0; t < t1; ++t) {
-    const float4 xin = input(t);
+    const float4 xin = xnext;
+    if (t + 1 < t1) {
+      xnext = input(t + 1);
+      if (head >= 2 * Hk && lane < 2)  // (and the next row's gate inputs, read by prep_store's lane 0)
+        asm volatile("prefetch.global.L1 [%0];" ::"l"(ab + (size_t)(t + 1) * ldab + lane * Hv + head - 2 * Hk));
+    }
     const float xi[4] = {xin.x, xin.y, xin.z, xin.w};
     float y[4];
 #pragma unroll

@@ -78,8 +78,7 @@ class CudaQwen35Prefill(PrefillMoeOps, CudaQwen35Columns):
             if self.args.is_moe:  # every routed expert's gate|up, then every one's down (_moe_chunk)
                 n_max = max([n_max] + [L[key].n * L[key].k for L in self.layers
                                        for key in ("experts_gu", "experts_down") if key in L])
-            nbuf = max(2, self.DQ_BUFS) if self.DQ_AHEAD and not self.args.is_moe else 1
-            self._wbufs = [cp.empty(n_max, dtype=cp.float16) for _ in range(nbuf)]
+            self._wbufs = [cp.empty(n_max, dtype=cp.float16) for _ in range(self._dq_bufs())]
             k_max = max(self.H, self.att.shape[1], self.inter)
             self._x16 = cp.empty(self.M * k_max, dtype=cp.float16)
             n_gu = max([L["gate_up"].n for L in self.layers if "gate_up" in L] + [2 * self.inter])
@@ -110,13 +109,18 @@ class CudaQwen35Prefill(PrefillMoeOps, CudaQwen35Columns):
     # Dense models: the GEMMs' weights are dequantized to fp16 on a second stream ahead of their GEMMs (the
     # chunk's weight order recorded on its first run); the GEMMs are bound by the tensor cores, the
     # dequantization by DRAM. GEMM i reads fp16 buffer i % DQ_BUFS, so weight j is dequantized once GEMM
-    # j - DQ_BUFS is done with it: with 3 buffers a GDN layer's o-projection, gate|up and down weights land
-    # during its recurrence (96 of 132 SMs busy on the 27B) instead of beside the GEMMs before them (2 buffers:
-    # each during the GEMM before it). Never across an attention layer's flash kernel, which it slowed more
-    # than it saved (27B pp8192: 68.8 -> 76.0 ms): that layer's o-projection weights are dequantized in
-    # place, after it. NINFER_PREFILL_DQ_AHEAD=0: all in place on the one stream; NINFER_PREFILL_DQ_BUFS.
+    # j - DQ_BUFS is done with it. Each GEMM issues the next one's (it runs beside that GEMM); with 3 buffers
+    # a GDN layer also issues its o-projection, gate|up and down weights just before its in-order pass
+    # (_dq_window_op), which leaves 36 of the 27B's 132 SMs idle. Never across an attention layer's flash
+    # kernel, which it slowed more than it saved (27B pp8192: 68.8 -> 76.0 ms): that layer's o-projection
+    # weights are dequantized in place, after it. NINFER_PREFILL_DQ_AHEAD=0: all in place on the one
+    # stream; NINFER_PREFILL_DQ_BUFS (2: one ahead, no window).
     DQ_AHEAD = PREFILL_DQ_AHEAD
     DQ_BUFS = PREFILL_DQ_BUFS
+
+    def _dq_bufs(self) -> int:
+        """fp16 weight buffers: DQ_BUFS (at least 2) for a dense model with DQ_AHEAD, else 1."""
+        return max(2, self.DQ_BUFS) if self.DQ_AHEAD and not self.args.is_moe else 1
 
     def _weights16(self, w):
         """w as fp16 [n, k] for the next GEMM (which the caller issues, then calls _gemm_issued)."""
@@ -146,17 +150,22 @@ class CudaQwen35Prefill(PrefillMoeOps, CudaQwen35Columns):
             self._issued = i + 1
         else:
             main.wait_event(self._dq_done[i % nbuf])
-        # ahead, up to weight i + nbuf - 1, each after GEMM j - nbuf (its buffer's last reader; that GEMM was
-        # issued before this one, its event in slot j % nbuf); stopping at an attention layer's o-projection
+        self._issue_ahead(i + 2)  # the next one (further at a window: _dq_window_op)
+        return self._buf(i)[: w.n * w.k].reshape(w.n, w.k)
+
+    def _issue_ahead(self, end: int):
+        """Weights [_issued, end) of the recorded order dequantized on the side stream, each after GEMM
+        j - nbuf, its buffer's last reader (issued before, as end <= the last GEMM issued + nbuf; its event
+        in slot j % nbuf); stopping at an attention layer's o-projection."""
+        nbuf, seq = len(self._wbufs), self._wseq
         side, j = self._dq_stream, self._issued
-        while j < min(i + nbuf, len(seq)) and id(seq[j]) not in self._no_ahead:
+        while j < min(end, len(seq)) and id(seq[j]) not in self._no_ahead:
             side.wait_event(self._gemm_done[j % nbuf])
             with side:
                 self._dequant(seq[j], self._buf(j))
             self._dq_done[j % nbuf].record(side)
             j += 1
         self._issued = j
-        return self._buf(i)[: w.n * w.k].reshape(w.n, w.k)
 
     def _buf(self, i: int):
         return self._wbufs[i % len(self._wbufs)]
@@ -355,7 +364,19 @@ class CudaQwen35Prefill(PrefillMoeOps, CudaQwen35Columns):
         GDN_CHUNKED, in 64-token pieces (gdn_chunk_prep, gdn_chunk_scan); the conv history and the
         delta rule over the chunk's valid tokens only (run_chunk's `valid`)."""
         ops = self._gdn_ops_full(L, lda, ldb)
-        return ops[:1] + [self._valid_len(op) for op in ops[1:]]
+        ops = ops[:1] + [self._valid_len(op) for op in ops[1:]]
+        if self._dq_bufs() > 2 and self._gdn_chunked_form() is not None:
+            ops.insert(len(ops) - 1, self._dq_window_op())  # (before the in-order pass)
+        return ops
+
+    def _dq_window_op(self):
+        """Before a GDN layer's in-order pass: the next weights dequantized on the side stream as far ahead
+        as the buffers allow (see DQ_AHEAD)."""
+        def window():
+            if self._wseq is not None and self._wpos > 0:
+                self._issue_ahead(self._wpos - 1 + len(self._wbufs))
+        window.name = "dequantize ahead (window)"
+        return window
 
     def _gdn_ops_full(self, L, lda, ldb):
         ops = super()._gdn_core_ops(L, lda, ldb)
