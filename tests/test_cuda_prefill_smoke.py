@@ -291,8 +291,9 @@ def test_moe_prefill_norm_reads_one_partial(cp, monkeypatch):
 def test_prefill_dequantizes_the_next_weights_ahead(cp, monkeypatch):
     """Dense models: the first run of a chunk records its GEMMs' weights in order (dequantized in place);
     later runs dequantize weight j on the side stream into fp16 buffer j % DQ_BUFS, once GEMM j - DQ_BUFS
-    is done with that buffer: one ahead at each GEMM, up to DQ_BUFS - 1 at a GDN layer's window before its
-    recurrence (but an attention layer's o-projection in place, after the flash kernel, none across it)."""
+    is done with that buffer: one ahead at each GEMM, up to DQ_BUFS at a GDN layer's window before its
+    recurrence (its o-projection's there), an attention layer's o-projection in place, after the flash
+    kernel, none across it."""
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill
 
@@ -330,11 +331,16 @@ def test_prefill_dequantizes_the_next_weights_ahead(cp, monkeypatch):
     assert [waits[nw - 1] for _, nw in side] == [g._gemm_done[i % nbuf] for i, _ in side]
     # ahead of their GEMM by 1 .. nbuf - 1 (all of that used), none across an attention o-projection
     ahead = [j - issued_at[j] for j, _ in side]
-    assert min(ahead) == 1 and max(ahead) == nbuf - 1
+    assert min(ahead) == 1 and max(ahead) == (nbuf if nbuf > 2 else 1)
     # (more than one ahead only at a GDN layer's window, after its last GEMM before the recurrence: the
     # next GEMM is that layer's o-projection)
     o_gdn = {id(L["o"]) for L in g.layers if L["kind"] != "full_attention"}
     far = [j for j, _ in side if j - issued_at[j] > 1]
     assert (len(far) > 0) == (nbuf > 2) and all(id(g._wseq[issued_at[j] + 1]) in o_gdn for j in far)
+    # ... where the GDN o-projections' own weights wait: issued there, not beside the GEMM before it
+    o_at = [j for j in range(n) if id(g._wseq[j]) in o_gdn]
+    assert all(log[j][2] and issued_at[j] == j - 1 for j in o_at)
+    windows = [i for i, op in enumerate(g.ops) if getattr(op, "name", "") == "dequantize ahead (window)"]
+    assert len(windows) == (len(o_gdn) if nbuf > 2 else 0)
     for j, _ in side:
         assert not any(id(x) in o_attn for x in g._wseq[issued_at[j] + 1: j])

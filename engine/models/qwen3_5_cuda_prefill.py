@@ -90,6 +90,8 @@ class CudaQwen35Prefill(PrefillMoeOps, CudaQwen35Columns):
         self._dq_stream = cp.cuda.Stream(non_blocking=True) if nbuf > 1 else None
         self._issued = 0  # this run's weights [0, _issued) of _wseq are dequantized (ahead or in place)
         self._no_ahead = {id(L["o"]) for L in self.layers if L["kind"] == "full_attention"}
+        self._window_o = ({id(L["o"]) for L in self.layers if L["kind"] != "full_attention"}
+                          if self._dq_bufs() > 2 and self._gdn_chunked_form() is not None else set())
         self._dq_done = [cp.cuda.Event(disable_timing=True) for _ in range(nbuf)]
         self._gemm_done = [cp.cuda.Event(disable_timing=True) for _ in range(nbuf)]
         self._chunk_start = cp.cuda.Event(disable_timing=True)
@@ -110,8 +112,9 @@ class CudaQwen35Prefill(PrefillMoeOps, CudaQwen35Columns):
     # chunk's weight order recorded on its first run); the GEMMs are bound by the tensor cores, the
     # dequantization by DRAM. GEMM i reads fp16 buffer i % DQ_BUFS, so weight j is dequantized once GEMM
     # j - DQ_BUFS is done with it. Each GEMM issues the next one's (it runs beside that GEMM); with 3 buffers
-    # a GDN layer also issues its o-projection, gate|up and down weights just before its in-order pass
-    # (_dq_window_op), which leaves 36 of the 27B's 132 SMs idle. Never across an attention layer's flash
+    # a GDN layer's o-projection, gate|up and down weights wait for its window just before its in-order pass
+    # (_dq_window_op), which leaves 36 of the 27B's 132 SMs idle (session 9, 27B pp8192: beside prep_cols,
+    # that kernel took 33.5 ms against 17.7). Never across an attention layer's flash
     # kernel, which it slowed more than it saved (27B pp8192: 68.8 -> 76.0 ms): that layer's o-projection
     # weights are dequantized in place, after it. NINFER_PREFILL_DQ_AHEAD=0: all in place on the one
     # stream; NINFER_PREFILL_DQ_BUFS (2: one ahead, no window).
@@ -153,13 +156,15 @@ class CudaQwen35Prefill(PrefillMoeOps, CudaQwen35Columns):
         self._issue_ahead(i + 2)  # the next one (further at a window: _dq_window_op)
         return self._buf(i)[: w.n * w.k].reshape(w.n, w.k)
 
-    def _issue_ahead(self, end: int):
+    def _issue_ahead(self, end: int, window: bool = False):
         """Weights [_issued, end) of the recorded order dequantized on the side stream, each after GEMM
-        j - nbuf, its buffer's last reader (issued before, as end <= the last GEMM issued + nbuf; its event
-        in slot j % nbuf); stopping at an attention layer's o-projection."""
+        j - nbuf, its buffer's last reader (issued before: end <= the last GEMM issued + nbuf + 1; its event
+        in slot j % nbuf); stopping at an attention layer's o-projection, and, but at a window, at a GDN
+        layer's (left to its window)."""
         nbuf, seq = len(self._wbufs), self._wseq
         side, j = self._dq_stream, self._issued
-        while j < min(end, len(seq)) and id(seq[j]) not in self._no_ahead:
+        while (j < min(end, len(seq)) and id(seq[j]) not in self._no_ahead
+               and (window or id(seq[j]) not in self._window_o)):
             side.wait_event(self._gemm_done[j % nbuf])
             with side:
                 self._dequant(seq[j], self._buf(j))
@@ -372,9 +377,9 @@ class CudaQwen35Prefill(PrefillMoeOps, CudaQwen35Columns):
     def _dq_window_op(self):
         """Before a GDN layer's in-order pass: the next weights dequantized on the side stream as far ahead
         as the buffers allow (see DQ_AHEAD)."""
-        def window():
+        def window():  # (GEMM _wpos - 1 issued: up to weight _wpos - 1 + nbuf; the o-projection's included)
             if self._wseq is not None and self._wpos > 0:
-                self._issue_ahead(self._wpos - 1 + len(self._wbufs))
+                self._issue_ahead(self._wpos + len(self._wbufs), window=True)
         window.name = "dequantize ahead (window)"
         return window
 
