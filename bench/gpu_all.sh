@@ -16,6 +16,7 @@
 # (The one-off A/B parts of session 5, pre2 / s5 / pdl / br / s5b, are in git history at 4f9b3f1; those of
 # session 6, next / gdnc / moep / s6 / moeprof / s6b / s6c / s6d / s6e, at c858397; session 7's l2pf, with
 # the L2 warm-up it measured, at 741ff0c.)
+#   s16:  the dequantization window gated by an event (GPU time); 3 / 5 / 2 buffers (A/B), benches, tests.
 #   s15:  GDN o-projection weights in the window too; 3 / 5 / 2 fp16 buffers (A/B), pp benches, prefill tests.
 #   s14:  dequantization window before the GDN recurrence (A/B), prep_cols prefetch, prefill tests.
 #   s13:  TF32 splits by integer ops, 3 fp16 weight buffers (A/B), profiles, pp benches, all GPU tests.
@@ -26,7 +27,7 @@
 #         GPU tests, decode 27B + 35B with breakdown and depth 32768.
 #   s10:  prefill gate|up in fp16, RB by head count, one partial after MoE (A/B); decode STAGE_DOWN A/B.
 #   s9:   PDL overlap probe, prefill tests, prefill profiles with the norms writing the GEMMs' fp16 input (A/B).
-# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | s8 | s8d | s9 | s10 | s11 | fin8 | fin9 | prep | gsplit | s12 | s13 | s14 | s15
+# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | s8 | s8d | s9 | s10 | s11 | fin8 | fin9 | prep | gsplit | s12 | s13 | s14 | s15 | s16
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.cupy_cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -298,6 +299,19 @@ for v in "" NINFER_PREFILL_DQ_BUFS=5 NINFER_PREFILL_DQ_BUFS=2; do
 done
 bench_pp
 NINFER_PREFILL_DQ_BUFS=5 timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 8192 -n 0 -r 2 \
+  -o json --out "$OUT/pp_bufs5.json" 2>&1 | grep -E "^pp|rror" | head -3
+log "prefill tests"
+gpu_pytest "$OUT/gpu_tests.txt" tests/gpu/test_prefill.py
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | tail -8
+fi
+if [ "$PART" = s16 ]; then  # session 9: the window gated by an event in GPU time; 3 / 5 / 2 buffers (A/B)
+ready
+for v in "" NINFER_PREFILL_DQ_BUFS=5 NINFER_PREFILL_DQ_BUFS=2; do
+  log "27B prefill profile pp8192 ${v:-(defaults)}"
+  env $v timeout 100 python3 bench/prefill_profile.py --tokens 8192 --chunk 8192 --out "$OUT/pp_profile_${v:-default}.json" 2>&1 | head -12
+done
+bench_pp
+NINFER_PREFILL_DQ_BUFS=5 timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 8192 -n 0 -r 3 \
   -o json --out "$OUT/pp_bufs5.json" 2>&1 | grep -E "^pp|rror" | head -3
 log "prefill tests"
 gpu_pytest "$OUT/gpu_tests.txt" tests/gpu/test_prefill.py

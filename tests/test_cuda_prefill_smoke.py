@@ -342,5 +342,8 @@ def test_prefill_dequantizes_the_next_weights_ahead(cp, monkeypatch):
     assert all(log[j][2] and issued_at[j] == j - 1 for j in o_at)
     windows = [i for i, op in enumerate(g.ops) if getattr(op, "name", "") == "dequantize ahead (window)"]
     assert len(windows) == (len(o_gdn) if nbuf > 2 else 0)
+    # a window's dequantizations start after what the main stream held there (its event), in GPU time
+    for j in far:
+        assert any(w is g._window_ev for w in waits[: log[j][3]])
     for j, _ in side:
         assert not any(id(x) in o_attn for x in g._wseq[issued_at[j] + 1: j])

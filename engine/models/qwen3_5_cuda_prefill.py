@@ -95,6 +95,7 @@ class CudaQwen35Prefill(PrefillMoeOps, CudaQwen35Columns):
         self._dq_done = [cp.cuda.Event(disable_timing=True) for _ in range(nbuf)]
         self._gemm_done = [cp.cuda.Event(disable_timing=True) for _ in range(nbuf)]
         self._chunk_start = cp.cuda.Event(disable_timing=True)
+        self._window_ev = cp.cuda.Event(disable_timing=True)
         self._valid = self.M  # the chunk's prompt tokens (run_chunk)
         self._one = np.array(1.0, dtype=np.float32)
         self._zero = np.array(0.0, dtype=np.float32)
@@ -113,8 +114,9 @@ class CudaQwen35Prefill(PrefillMoeOps, CudaQwen35Columns):
     # dequantization by DRAM. GEMM i reads fp16 buffer i % DQ_BUFS, so weight j is dequantized once GEMM
     # j - DQ_BUFS is done with it. Each GEMM issues the next one's (it runs beside that GEMM); with 3 buffers
     # a GDN layer's o-projection, gate|up and down weights wait for its window just before its in-order pass
-    # (_dq_window_op), which leaves 36 of the 27B's 132 SMs idle (session 9, 27B pp8192: beside prep_cols,
-    # that kernel took 33.5 ms against 17.7). Never across an attention layer's flash
+    # (_dq_window_op: an event there, as the host runs far ahead of the GPU), which leaves 36 of the 27B's
+    # 132 SMs idle (session 9, 27B pp8192: beside prep_cols, that kernel took 33 ms against 17.5); with 5,
+    # the next layer's first two too. Never across an attention layer's flash
     # kernel, which it slowed more than it saved (27B pp8192: 68.8 -> 76.0 ms): that layer's o-projection
     # weights are dequantized in place, after it. NINFER_PREFILL_DQ_AHEAD=0: all in place on the one
     # stream; NINFER_PREFILL_DQ_BUFS (2: one ahead, no window).
@@ -378,7 +380,11 @@ class CudaQwen35Prefill(PrefillMoeOps, CudaQwen35Columns):
         """Before a GDN layer's in-order pass: the next weights dequantized on the side stream as far ahead
         as the buffers allow (see DQ_AHEAD)."""
         def window():  # (GEMM _wpos - 1 issued: up to weight _wpos - 1 + nbuf; the o-projection's included)
-            if self._wseq is not None and self._wpos > 0:
+            if self._wseq is not None and self._wpos > 0 and self._issued < len(self._wseq):
+                # the side stream starts them here in GPU time too (the host is far ahead of the GPU: a
+                # GEMM's event alone would let them start as soon as that GEMM is done)
+                self._window_ev.record(self.cp.cuda.get_current_stream())
+                self._dq_stream.wait_event(self._window_ev)
                 self._issue_ahead(self._wpos + len(self._wbufs), window=True)
         window.name = "dequantize ahead (window)"
         return window
