@@ -16,6 +16,7 @@
 # (The one-off A/B parts of session 5, pre2 / s5 / pdl / br / s5b, are in git history at 4f9b3f1; those of
 # session 6, next / gdnc / moep / s6 / moeprof / s6b / s6c / s6d / s6e, at c858397; session 7's l2pf, with
 # the L2 warm-up it measured, at 741ff0c.)
+#   fin10: prefill benches (27B, 35B-A3B, pp131072), GDN/columns/prefill tests, transformers baseline pp8192.
 #   s16:  the dequantization window gated by an event (GPU time); 3 / 5 / 2 buffers (A/B), benches, tests.
 #   s15:  GDN o-projection weights in the window too; 3 / 5 / 2 fp16 buffers (A/B), pp benches, prefill tests.
 #   s14:  dequantization window before the GDN recurrence (A/B), prep_cols prefetch, prefill tests.
@@ -27,7 +28,7 @@
 #         GPU tests, decode 27B + 35B with breakdown and depth 32768.
 #   s10:  prefill gate|up in fp16, RB by head count, one partial after MoE (A/B); decode STAGE_DOWN A/B.
 #   s9:   PDL overlap probe, prefill tests, prefill profiles with the norms writing the GEMMs' fp16 input (A/B).
-# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | s8 | s8d | s9 | s10 | s11 | fin8 | fin9 | prep | gsplit | s12 | s13 | s14 | s15 | s16
+# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | s8 | s8d | s9 | s10 | s11 | fin8 | fin9 | prep | gsplit | s12 | s13 | s14 | s15 | s16 | fin10
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.cupy_cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -316,6 +317,18 @@ NINFER_PREFILL_DQ_BUFS=5 timeout 150 python3 -m ninfer_cli.main bench --syntheti
 log "prefill tests"
 gpu_pytest "$OUT/gpu_tests.txt" tests/gpu/test_prefill.py
 grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | tail -8
+fi
+if [ "$PART" = fin10 ]; then  # session 9's final figures: prefill benches (27B, 35B-A3B, 27B pp131072), the
+ready                           # GDN / columns / prefill GPU tests, then the transformers baseline at pp8192
+bench_pp
+bench_moe
+LONG_S=200 bench_long
+log "GDN, columns and prefill GPU tests"
+gpu_pytest "$OUT/gpu_tests.txt" tests/gpu -k "cols or prep or gdn or prefill or chunk or column"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | tail -8
+log "27B pp8192 beside the transformers baseline"
+timeout ${BASE_S:-170} python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 8192 -n 0 -r 1 \
+  --baseline transformers -o json --out "$OUT/pp8192_baseline.json" 2>&1 | grep -E "^pp|transformers|rror" | head -6
 fi
 if [ "$PART" = fin7 ]; then  # every GPU test, then decode 27B + 35B with the defaults (no breakdown, no depth)
 ready
