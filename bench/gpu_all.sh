@@ -16,6 +16,7 @@
 # (The one-off A/B parts of session 5, pre2 / s5 / pdl / br / s5b, are in git history at 4f9b3f1; those of
 # session 6, next / gdnc / moep / s6 / moeprof / s6b / s6c / s6d / s6e, at c858397; session 7's l2pf, with
 # the L2 warm-up it measured, at 741ff0c.)
+#   base: the transformers baseline beside the 27B's pp8192 (its imports retried first).
 #   fin10: prefill benches (27B, 35B-A3B, pp131072), GDN/columns/prefill tests, transformers baseline pp8192.
 #   s16:  the dequantization window gated by an event (GPU time); 3 / 5 / 2 buffers (A/B), benches, tests.
 #   s15:  GDN o-projection weights in the window too; 3 / 5 / 2 fp16 buffers (A/B), pp benches, prefill tests.
@@ -28,7 +29,7 @@
 #         GPU tests, decode 27B + 35B with breakdown and depth 32768.
 #   s10:  prefill gate|up in fp16, RB by head count, one partial after MoE (A/B); decode STAGE_DOWN A/B.
 #   s9:   PDL overlap probe, prefill tests, prefill profiles with the norms writing the GEMMs' fp16 input (A/B).
-# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | s8 | s8d | s9 | s10 | s11 | fin8 | fin9 | prep | gsplit | s12 | s13 | s14 | s15 | s16 | fin10
+# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | s8 | s8d | s9 | s10 | s11 | fin8 | fin9 | prep | gsplit | s12 | s13 | s14 | s15 | s16 | fin10 | base
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.cupy_cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -50,6 +51,20 @@ ready() {
   log compile
   timeout 240 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')"
   cupy_ready
+}
+# torch + transformers import the 27B geometry's model classes (a fresh machine's junk reads, as cupy_ready;
+# session 9's baseline failed on "source code string cannot contain null bytes" twice), retried until they do
+transformers_ready() {
+  local snippet='import torch, transformers
+from engine.bench_baseline import baseline_config
+from engine.bench_models import hf_config_of
+config, _ = baseline_config(hf_config_of(None, "qwen3.8-27b"))
+with torch.device("meta"): transformers.AutoModelForCausalLM.from_config(config)'
+  for i in $(seq 1 ${1:-12}); do
+    python3 -c "$snippet" > "$OUT/transformers_ready.txt" 2>&1 && { log "transformers ready ($i)"; return 0; }
+    sleep 10
+  done
+  log "transformers still failing to import: $(tail -1 "$OUT/transformers_ready.txt")"
 }
 # pytest, then up to twice more for the tests that failed when a file read on a fresh machine saw junk
 # (NOTES); $1: output file (the retries' output appended)
@@ -329,6 +344,12 @@ grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | tail -8
 log "27B pp8192 beside the transformers baseline"
 timeout ${BASE_S:-170} python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 8192 -n 0 -r 1 \
   --baseline transformers -o json --out "$OUT/pp8192_baseline.json" 2>&1 | grep -E "^pp|transformers|rror" | head -6
+fi
+if [ "$PART" = base ]; then  # next session: issue 8's transformers baseline beside pp8192 (and the 35B-A3B)
+ready
+transformers_ready
+timeout 250 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 8192 -n 0 -r 1 \
+  --baseline transformers -o json --out "$OUT/pp8192_baseline.json" 2>&1 | grep -E "^\||baseline|rror" | head -8
 fi
 if [ "$PART" = fin7 ]; then  # every GPU test, then decode 27B + 35B with the defaults (no breakdown, no depth)
 ready

@@ -114,10 +114,9 @@ def _fast_path_note(model_type: str) -> str:
     return "GDN fast path: " + ("+".join(have) if have else "none (transformers' torch fallback)")
 
 
-def build_baseline(hf_config: dict, *, device: str, memory_margin: float = 0.9) -> TransformersEngine:
-    """A random-init transformers model of `hf_config` (bf16 on CUDA when `device` is gpu, else fp32 CPU)."""
-    torch, transformers = _imports()
-    transformers.logging.set_verbosity_error()  # the fallback-kernel notices would bury the table
+def baseline_config(hf_config: dict):
+    """(transformers config, its model type) of `hf_config`'s text model."""
+    _, transformers = _imports()
     if "text_config" in hf_config and "hidden_size" not in hf_config:  # multimodal wrapper: run the text model
         hf_config = dict(hf_config["text_config"])
     cfg = {k: v for k, v in hf_config.items() if k not in ("architectures", "transformers_version")}
@@ -132,6 +131,14 @@ def build_baseline(hf_config: dict, *, device: str, memory_margin: float = 0.9) 
             f"transformers {transformers.__version__} does not know model type {model_type!r} ({e})",
             "install transformers >= 5.2",
         ) from None
+    return config, model_type
+
+
+def build_baseline(hf_config: dict, *, device: str, memory_margin: float = 0.9) -> TransformersEngine:
+    """A random-init transformers model of `hf_config` (bf16 on CUDA when `device` is gpu, else fp32 CPU)."""
+    torch, transformers = _imports()
+    transformers.logging.set_verbosity_error()  # the fallback-kernel notices would bury the table
+    config, model_type = baseline_config(hf_config)
     use_cuda = device == "gpu" and torch.cuda.is_available()
     dev, dtype = ("cuda", torch.bfloat16) if use_cuda else ("cpu", torch.float32)
     with torch.device("meta"):
