@@ -26,6 +26,8 @@ namespace gtc {
 // x rounded to TF32 (to nearest, ties away from zero: cvt.rna's result for finite x) by two integer ops;
 // cvt.rna.tf32.f32 itself compiles (sm_90) to a compare against infinity, a predicated add and a mask, the
 // compares of a fragment serialized on one predicate register. (Session 9: prep and scan ran their splits so.)
+// NaN: the quiet NaN 0x7fc00000 (NumPy's, the tests' poison) stays NaN; CUDA's 0x7fffffff wraps to -0, where
+// 3xTF32 still carries it in the remainder but a 1xTF32 product (gdn_chunk_scan_tc<RB, 1>'s output) drops it.
 __device__ __forceinline__ unsigned tf32(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
 
 // x = hi + lo: hi = tf32(x), lo = x - hi truncated to TF32 (|lo| <= 2^-11 |x|, its own error 2^-10 |lo|)
