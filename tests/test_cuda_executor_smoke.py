@@ -245,6 +245,25 @@ def test_conv_epilogue_is_refused_where_it_is_not_compiled(cp):
     assert launch.__self__._go.name.endswith(",true>") and launch.__self__.splits == 1
 
 
+def test_attention_on_tensor_cores_plumbing(cp, monkeypatch):
+    """NINFER_ATTN_MMA: the decode attention takes attn_decode_mma<G, KV8> (grid Hkv x nsplit x M, 128
+    threads, its dynamic shared memory) where G is compiled (kernels.ATTN_MMA_G), the split kernel elsewhere."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+    from engine.ops import kernels as K
+
+    monkeypatch.setattr(CudaQwen35, "ATTN_MMA", True)
+    for hq, want in ((12, "attn_decode_mma<6,false>"), (4, "attn_decode_split<2,false>")):
+        cfg = dict(CFG, num_attention_heads=hq, num_key_value_heads=2)
+        args, w = _weights(cfg)
+        ex = build_engine(args, w, cfg, max_context=256, prefill_cols=8, prefill_gemm=0).model.executor
+        att = [op for op in _flat(ex.ops) if getattr(op, "name", "").startswith("attn_decode")]
+        assert att and all(op.name == want for op in att)
+        if want.startswith("attn_decode_mma"):
+            assert all(op.grid == (2, ex.nsplit, ex.M) and op.block == 128 and op.smem == K.ATTN_MMA_SMEM
+                       for op in att)
+
+
 def test_attention_query_group_cut_plumbing(cp, monkeypatch):
     """NINFER_ATTN_GSPLIT: the decode attention takes attn_decode_split<G / GS, KV8, GS> over Hkv GS blocks a
     split where that cut is compiled (kernels.ATTN_GSPLIT), the one-block kernel elsewhere."""

@@ -273,6 +273,10 @@ class CudaQwen35(MlpOps, SamplingOps):
     # each): 27B at depth 32768 (int8 KV) 104.6 / 104.5 tok/s against 103.6 / 103.6 (GS 4: 103.6), at depth 0
     # 128.4 against 128.0; 35B-A3B 342.1 / 342.2 against 341.4 / 341.6 (GS 4: 342.2 / 342.5). 2 by default.
     ATTN_GSPLIT = int(os.environ.get("NINFER_ATTN_GSPLIT", "2"))
+    # Decode attention on tensor cores (attn_decode_mma<G, KV8>: a KV head's query group as one m16 tile, 16
+    # tokens a warp a round through two MMA chains; kernels.ATTN_MMA_G compiled). Written without device
+    # time: NINFER_ATTN_MMA=1, off until measured (session 9).
+    ATTN_MMA = os.environ.get("NINFER_ATTN_MMA", "0") != "0"
     # blocks a token row of the norms and stagings (each reduces the whole row, stages its slice)
     NORM_BLOCKS = int(os.environ.get("NINFER_NORM_BLOCKS", "16"))
     MOE_ROWS = False  # several token rows of an MoE model (the tensor-core prefill's own MoE ops)
@@ -434,16 +438,20 @@ class CudaQwen35(MlpOps, SamplingOps):
         g = self.Hq // self.Hkv
         kv8 = "true" if self.kv == "int8" else "false"
         gs = self.ATTN_GSPLIT if (g // max(self.ATTN_GSPLIT, 1), self.ATTN_GSPLIT) in K.ATTN_GSPLIT else 1
-        if self.ATTN_TT in K.ATTN_TT:
-            name = f"attn_decode_tt<{g},{kv8},{self.ATTN_TT}>"
-            gs = 1
+        args = (self.qbuf, L["kc"], L["vc"], self.qpos, self.page_table, self.pt_stride, self.Hkv, self.chunk,
+                float(1.0 / math.sqrt(ATTN_HEAD_DIM)), self.attn_ml, self.attn_acc, self.nsplit, _ptr(L["ks"]),
+                _ptr(L["vs"]))
+        if self.ATTN_MMA and g in K.ATTN_MMA_G and K.mma_ok():
+            split = K.prepared(f"attn_decode_mma<{g},{kv8}>", (self.Hkv, self.nsplit, M), args, block=128,
+                               smem=K.ATTN_MMA_SMEM)
         else:
-            name = f"attn_decode_split<{g // gs},{kv8},{gs}>" if gs > 1 else f"attn_decode_split<{g},{kv8}>"
-        return [K.prepared(name, (self.Hkv * gs, self.nsplit, M),
-                           (self.qbuf, L["kc"], L["vc"], self.qpos, self.page_table,
-                            self.pt_stride, self.Hkv, self.chunk,
-                            float(1.0 / math.sqrt(ATTN_HEAD_DIM)), self.attn_ml, self.attn_acc,
-                            self.nsplit, _ptr(L["ks"]), _ptr(L["vs"]))),
+            if self.ATTN_TT in K.ATTN_TT:
+                name = f"attn_decode_tt<{g},{kv8},{self.ATTN_TT}>"
+                gs = 1
+            else:
+                name = f"attn_decode_split<{g // gs},{kv8},{gs}>" if gs > 1 else f"attn_decode_split<{g},{kv8}>"
+            split = K.prepared(name, (self.Hkv * gs, self.nsplit, M), args)
+        return [split,
                 K.prepared("attn_combine", (self.Hq, M),
                            (self.attn_ml, self.attn_acc, self.nsplit, self.buf_b, ldb, self.att,
                             self.att.shape[1], self.Hq))]

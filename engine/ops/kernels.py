@@ -42,6 +42,9 @@ ATTN_GROUPS = (1, 2, 3, 4, 6, 8)
 ATTN_TT = (4,)
 # attn_decode_split<G, KV8, GS>: a KV head's G GS query heads over GS blocks of G (CudaQwen35.ATTN_GSPLIT)
 ATTN_GSPLIT = ((3, 2), (4, 2), (2, 4))
+# attn_decode_mma<G, KV8> (cuda/attn_prefill.cu; CudaQwen35.ATTN_MMA): query groups compiled, its shared memory
+ATTN_MMA_G = (6, 8)
+ATTN_MMA_SMEM = 2 * 264 * 16 * 9
 GDN_DELTA_ROWS = (2, 4)  # state rows a warp of gdn_delta_rows (the prefill's GDN recurrence)
 # the chunked GDN prefill (gdn_chunk_prep, gdn_chunk_scan<RB> / gdn_chunk_scan_tc<RB>): state rows a block
 # of the in-order pass, and the dynamic shared memory (GDN_PREP_SMEM, GDN_SCAN_TC_SMEM in cuda/gdn_tc.cu,
@@ -124,6 +127,7 @@ def _names(experimental: bool = False) -> list[str]:
     names += [f"attn_decode_split<{g},{kv8}>" for g in ATTN_GROUPS for kv8 in ("false", "true")]
     names += [f"attn_decode_tt<{g},{kv8},{tt}>" for g in ATTN_GROUPS for kv8 in ("false", "true") for tt in ATTN_TT]
     names += [f"attn_decode_split<{g},{kv8},{gs}>" for g, gs in ATTN_GSPLIT for kv8 in ("false", "true")]
+    names += [f"attn_decode_mma<{g},{kv8}>" for g in ATTN_MMA_G for kv8 in ("false", "true")]
     names += [f"gdn_delta_rows<{r}>" for r in GDN_DELTA_ROWS]
     names += [f"gdn_chunk_scan<{rb}>" for rb in GDN_SCAN_RB]
     names += [f"attn_prefill_fa<{w},{kv8}>" for w in (4, 8) for kv8 in ("false", "true")]  # warps, int8 KV

@@ -334,8 +334,8 @@ def test_gdn_step(cp):
 
 
 # tt: tokens a warp a round (their K/V loads in flight together); gs: blocks a KV head's query group is cut
-# into (attn_decode_split<g / gs, kv8, gs>)
-@pytest.mark.parametrize("tt,gs", [(1, 1), (4, 1), (1, 2), (1, 4)])
+# into (attn_decode_split<g / gs, kv8, gs>); tt = 0: attn_decode_mma<g, kv8> (tensor cores)
+@pytest.mark.parametrize("tt,gs", [(1, 1), (4, 1), (1, 2), (1, 4), (0, 1)])
 @pytest.mark.parametrize("kv", ["bf16", "int8"])
 @pytest.mark.parametrize("g", [6, 8])
 @pytest.mark.parametrize("length", [1, 63, 200])
@@ -387,8 +387,11 @@ def test_attention_decode(cp, g, length, kv, tt, gs):
     name = f"attn_decode_split<{g},{kv8}>" if tt == 1 else f"attn_decode_tt<{g},{kv8},{tt}>"
     if gs > 1:
         name = f"attn_decode_split<{g // gs},{kv8},{gs}>"
-    K.prepared(name, (hkv * gs, nsplit, 1),
-               (qbuf, kc, vc, pos, pt, pages, hkv, chunk, 1 / 16, ml, acc, nsplit, ptr(ksc), ptr(vsc)))()
+    launch = dict(grid=(hkv * gs, nsplit, 1))
+    if tt == 0:
+        name, launch = f"attn_decode_mma<{g},{kv8}>", dict(grid=(hkv, nsplit, 1), block=128, smem=K.ATTN_MMA_SMEM)
+    K.prepared(name, args=(qbuf, kc, vc, pos, pt, pages, hkv, chunk, 1 / 16, ml, acc, nsplit, ptr(ksc), ptr(vsc)),
+               **launch)()
     K.prepared("attn_combine", (hq, 1), (ml, acc, nsplit, cp.asarray(gate), hq * d, out, hq * d, hq))()
     if int8:
         store = lambda a: dequantize_kv_int8_g64(*quantize_kv_int8_g64(np.asarray(a, np.float32)))  # noqa: E731
