@@ -355,8 +355,11 @@ log "decode A/B at depth 32768 (int8 KV) and 0: ATTN_MMA"
 timeout 300 python3 bench/gpu_decode.py --synthetic qwen3.8-27b,qwen3.6-35b-a3b --depth 32768 \
   --attr="base,ATTN_MMA=1" --out "$OUT/decode_mma.json" 2>&1 | grep -E "PDL|attr|rror" | head -30
 fi
-if [ "$PART" = base ]; then  # next session: issue 8's transformers baseline beside pp8192 (and the 35B-A3B)
+if [ "$PART" = base ]; then  # next session: issue 8's transformers baseline beside pp8192, the prefill tests
 ready
+log "prefill tests (the weight ring's module moved after session 9's last call)"
+gpu_pytest "$OUT/gpu_tests.txt" tests/gpu/test_prefill.py
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | tail -6
 transformers_ready
 timeout 250 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 8192 -n 0 -r 1 \
   --baseline transformers -o json --out "$OUT/pp8192_baseline.json" 2>&1 | grep -E "^\||baseline|rror" | head -8
