@@ -16,6 +16,7 @@
 # (The one-off A/B parts of session 5, pre2 / s5 / pdl / br / s5b, are in git history at 4f9b3f1; those of
 # session 6, next / gdnc / moep / s6 / moeprof / s6b / s6c / s6d / s6e, at c858397; session 7's l2pf, with
 # the L2 warm-up it measured, at 741ff0c.)
+#   next: base, then mma (next session's first call).
 #   mma:  decode attention on tensor cores (attn_decode_mma): its tests, A/B at depth 32768 and 0.
 #   base: the transformers baseline beside the 27B's pp8192 (its imports retried first).
 #   fin10: prefill benches (27B, 35B-A3B, pp131072), GDN/columns/prefill tests, transformers baseline pp8192.
@@ -30,7 +31,7 @@
 #         GPU tests, decode 27B + 35B with breakdown and depth 32768.
 #   s10:  prefill gate|up in fp16, RB by head count, one partial after MoE (A/B); decode STAGE_DOWN A/B.
 #   s9:   PDL overlap probe, prefill tests, prefill profiles with the norms writing the GEMMs' fp16 input (A/B).
-# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | s8 | s8d | s9 | s10 | s11 | fin8 | fin9 | prep | gsplit | s12 | s13 | s14 | s15 | s16 | fin10 | base | mma
+# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | s8 | s8d | s9 | s10 | s11 | fin8 | fin9 | prep | gsplit | s12 | s13 | s14 | s15 | s16 | fin10 | base | mma | next
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.cupy_cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -346,11 +347,15 @@ log "27B pp8192 beside the transformers baseline"
 timeout ${BASE_S:-170} python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 8192 -n 0 -r 1 \
   --baseline transformers -o json --out "$OUT/pp8192_baseline.json" 2>&1 | grep -E "^pp|transformers|rror" | head -6
 fi
+if [ "$PART" = next ]; then  # next session's first call: `base` then `mma` on one machine (one compile)
+  PART=base bash "$0" base
+  PART=mma bash "$0" mma
+fi
 if [ "$PART" = mma ]; then  # next session: decode attention on tensor cores (attn_decode_mma, NINFER_ATTN_MMA)
 ready
 log "tests of the tensor-core decode attention"
-gpu_pytest "$OUT/gpu_tests.txt" tests/gpu -k "attention_decode or tensor_cores"
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | tail -8
+gpu_pytest "$OUT/gpu_tests_mma.txt" tests/gpu -k "attention_decode or tensor_cores"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_mma.txt" | tail -8
 log "decode A/B at depth 32768 (int8 KV) and 0: ATTN_MMA"
 timeout 300 python3 bench/gpu_decode.py --synthetic qwen3.8-27b,qwen3.6-35b-a3b --depth 32768 \
   --attr="base,ATTN_MMA=1" --out "$OUT/decode_mma.json" 2>&1 | grep -E "PDL|attr|rror" | head -30
