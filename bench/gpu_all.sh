@@ -109,6 +109,14 @@ bench_long() {
   timeout ${LONG_S:-150} python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 131072 -n 0 \
     -r 1 --warmup 0 -o json --out "$OUT/pp131072_default.json" 2>&1 | grep -E "^pp|rror" | head -3
 }
+# the 27B's pp512/pp8192 and the 35B-A3B's pp8192
+bench_pp_both() {
+  log "bench 27B pp512,pp8192; 35B-A3B pp8192"
+  timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 512,8192 -n 0 -r 2 \
+    -o json --out "$OUT/pp_default.json" 2>&1 | grep -E "^pp|rror" | head -4
+  timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 8192 -n 0 -r 2 \
+    -o json --out "$OUT/pp_moe.json" 2>&1 | grep -E "^pp|rror" | head -4
+}
 if [ "$PART" = main ]; then
 ready
 log tests
@@ -195,11 +203,7 @@ done
 log "35B-A3B prefill profile pp8192"
 timeout 100 python3 bench/prefill_profile.py --geometry qwen3.6-35b-a3b --tokens 8192 --chunk 8192 \
   --out "$OUT/pp_profile_35b.json" 2>&1 | head -18
-log "bench 27B pp512,pp8192; 35B-A3B pp8192"
-timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 512,8192 -n 0 -r 2 \
-  -o json --out "$OUT/pp_default.json" 2>&1 | grep -E "^pp|rror" | head -4
-timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 8192 -n 0 -r 2 \
-  -o json --out "$OUT/pp_moe.json" 2>&1 | grep -E "^pp|rror" | head -4
+bench_pp_both
 fi
 if [ "$PART" = s10 ]; then  # prefill: gate|up product in fp16, the 35B's GDN scan at RB 32, one partial after MoE;
 ready                         # decode: the down projection staging its own input (A/B)
@@ -217,11 +221,7 @@ done
 log "35B-A3B prefill profile pp8192"
 timeout 100 python3 bench/prefill_profile.py --geometry qwen3.6-35b-a3b --tokens 8192 --chunk 8192 \
   --out "$OUT/pp_profile_35b.json" 2>&1 | head -14
-log "bench 27B pp512,pp8192; 35B-A3B pp8192"
-timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 512,8192 -n 0 -r 2 \
-  -o json --out "$OUT/pp_default.json" 2>&1 | grep -E "^pp|rror" | head -4
-timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 8192 -n 0 -r 2 \
-  -o json --out "$OUT/pp_moe.json" 2>&1 | grep -E "^pp|rror" | head -4
+bench_pp_both
 fi
 if [ "$PART" = s11 ]; then  # prefill: residual added by the GEMMs, next weights dequantized ahead (A/B); benches
 ready
@@ -348,8 +348,8 @@ timeout ${BASE_S:-170} python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b 
   --baseline transformers -o json --out "$OUT/pp8192_baseline.json" 2>&1 | grep -E "^pp|transformers|rror" | head -6
 fi
 if [ "$PART" = next ]; then  # next session's first call: `base` then `mma` on one machine (one compile)
-  PART=base bash "$0" base
-  PART=mma bash "$0" mma
+  bash "$0" base
+  bash "$0" mma
 fi
 if [ "$PART" = mma ]; then  # next session: decode attention on tensor cores (attn_decode_mma, NINFER_ATTN_MMA)
 ready

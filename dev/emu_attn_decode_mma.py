@@ -1,4 +1,4 @@
-"""NumPy emulation of cuda/attn_prefill.cu's attn_decode_mma<G, KV8> at the level of the warp, then the
+"""NumPy emulation of cuda/attn_decode_mma.cu (attn_decode_mma<G, KV8>) at the level of the warp, then the
 combine: every ldmatrix (.x4, plain and .trans) and mma.sync m16n8k16 is emulated from its 32 lanes'
 addresses and fragments (PTX ISA layouts), over the kernel's own shared-memory addressing (16-bit tiles of
 row stride ADM_LD, the Q tile and each warp's K / V tiles), with the kernel's split ranges, token masks,

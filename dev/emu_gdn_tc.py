@@ -1,7 +1,8 @@
-"""NumPy emulation of cuda/gdn_tc.cu (gdn_chunk_prep, gdn_chunk_scan_tc<RB>) at the level of the warp: every
-mma.sync m16n8k8 TF32 is emulated from its 32 lanes' fragments through the PTX ISA's fragment layout, the
+"""NumPy emulation of cuda/gdn_tc.cu and gdn_tc_scan.cu (gdn_chunk_prep, gdn_chunk_scan_tc<RB>) at the level
+of the warp: every mma.sync m16n8k8 TF32 is emulated from its 32 lanes' fragments through the PTX ISA's fragment layout, the
 fragments gathered with the kernels' own shared-memory addressing (flat float32 arrays, their row strides and
-offsets), operands split into TF32 head and remainder (cvt.rna) as the kernels do. Checks:
+offsets), operands split into a TF32 head (rounded as cvt.rna) and a truncated remainder as the kernels do.
+Checks:
   1. the fragment helpers reproduce plain products (each form: A row / transposed, B row / transposed);
   2. both passes against ref.gdn_recurrent at T = 150 (two whole pieces and a partial one), key/value heads
      as in tests/gpu (2 / 6) and the kernels' tiled and grouped head maps, RB = 32 and 64; the cp.async

@@ -19,7 +19,7 @@ import numpy as np
 from engine.backend import cupy_or_none
 
 SOURCES = ("common.cuh", "gemv.cu", "gemv_variants.cu", "gemv_mma.cu", "rows.cu", "norm.cu", "attention.cu", "gdn.cu",
-           "gdn_chunked.cu", "sample.cu", "sampler.cu", "moe.cu", "attn_prefill.cu")
+           "gdn_chunked.cu", "sample.cu", "sampler.cu", "moe.cu", "attn_prefill.cu", "attn_decode_mma.cu")
 # Pre-staged GEMV input rows (fp16 pairs, slot-major blocks of 32 chunks) are padded to this many values.
 XPAD = 1024
 FMT_IDS = {"q4_g64_fp16": 0, "q5_g64_fp16": 1, "q6_g64_fp16": 2, "q8_g32_fp16": 3}
@@ -42,13 +42,13 @@ ATTN_GROUPS = (1, 2, 3, 4, 6, 8)
 ATTN_TT = (4,)
 # attn_decode_split<G, KV8, GS>: a KV head's G GS query heads over GS blocks of G (CudaQwen35.ATTN_GSPLIT)
 ATTN_GSPLIT = ((3, 2), (4, 2), (2, 4))
-# attn_decode_mma<G, KV8> (cuda/attn_prefill.cu; CudaQwen35.ATTN_MMA): query groups compiled, its shared memory
+# attn_decode_mma<G, KV8> (cuda/attn_decode_mma.cu; CudaQwen35.ATTN_MMA): query groups compiled, its shared memory
 ATTN_MMA_G = (6, 8)
 ATTN_MMA_SMEM = 2 * 264 * 16 * 9
 GDN_DELTA_ROWS = (2, 4)  # state rows a warp of gdn_delta_rows (the prefill's GDN recurrence)
 # the chunked GDN prefill (gdn_chunk_prep, gdn_chunk_scan<RB> / gdn_chunk_scan_tc<RB>): state rows a block
-# of the in-order pass, and the dynamic shared memory (GDN_PREP_SMEM, GDN_SCAN_TC_SMEM in cuda/gdn_tc.cu,
-# GDN_SCAN_SMEM in cuda/gdn_chunked.cu)
+# of the in-order pass, and the dynamic shared memory (GDN_PREP_SMEM in cuda/gdn_tc.cu, GDN_SCAN_TC_SMEM in
+# cuda/gdn_tc_scan.cu, GDN_SCAN_SMEM in cuda/gdn_chunked.cu)
 GDN_SCAN_RB = (16, 32, 64)
 GDN_PREP_SMEM = 4 * (2 * 64 * 132 + 64 * 68 + 3 * 64 + 3 * 256)
 
@@ -84,7 +84,7 @@ def cuda_source_dir() -> Path:
 
 # The chunked GDN's tensor-core kernels (inline-PTX mma.sync, no mma.h), a module of their own compiled on
 # first use: common.cuh + these. gdn_chunk_prep (pass 1 of either in-order pass) lives there too.
-TC_SOURCES = ("gdn_tc.cu",)
+TC_SOURCES = ("gdn_tc.cu", "gdn_tc_scan.cu")
 TC_KERNELS = ("gdn_chunk_prep", "gdn_chunk_scan_tc<")
 
 

@@ -1,0 +1,245 @@
+// Split-K decode attention on tensor cores (CudaQwen35.ATTN_MMA; same arguments, split ranges and partials
+// as attn_decode_split). grid (Hkv, nsplit, M), block 128 (4 warps), dynamic smem ADM_SMEM (2 blocks an SM).
+// A block takes KV head kvh's G query heads as the rows of one m16 tile (G <= 16; rows past G zero) over
+// the split's tokens [t0, t1), 64 a round: warp w the round's tokens 16 w .. 16 w + 15, their K and V rows
+// copied (bf16: cp.async) or decoded (int8 codes x scales -> fp16) into the warp's own tiles (rows past the
+// split zero), S = Q K^T (16 k-steps x 2 n-tiles of m16n8k16), the online softmax of each row over the
+// warp's tokens (log2 units), O += P V (32 n-tiles of 8 dims). No block barrier in the loop: a warp reads
+// only its own tiles. The 4 warps' (max, sum, O) are then merged through shared memory into the split's
+// partials as attn_decode_merge writes them (max in natural-log units). Against attn_decode_split's one
+// token a warp a round (a dependent load, 5 shuffles and the softmax per token: ~115 us a layer at 32K on
+// the H200, ~20 us of bytes), 16 tokens a warp a round go through two MMA chains.
+// (Written without device time: NINFER_ATTN_MMA=1, off until measured.) Compiled after attn_prefill.cu in
+// the module (kernels.SOURCES): it uses that file's fa_* helpers (ldmatrix, mma.sync, packing, cp.async, the
+// int8 decode).
+#include "common.cuh"
+#define ADM_LD 264  // row stride in 16-bit elements (as FA_LD: ldmatrix phases conflict-free)
+#define ADM_SMEM (2 * ADM_LD * 16 * 9)  // Q, then K and V a warp: 76,032 bytes
+
+#if !NI_PRE_SM80
+// One key tile's online-softmax step for a thread's two rows (a: g, b: g + 8) of a 16-row MMA tile: each
+// score of s [N][4] through score(n, e, sa, sb) (to log2 units, hidden keys -inf; e: the column of the
+// pair), then p = 2^(s - the new max) in place; the running maxima and this thread's shares of the row sums
+// updated (the quad adds the shares at the end), the accumulator o rescaled. A row with no visible key yet
+// keeps m = -inf and subtracts 0 instead (its p are all 0).
+template <int N, int NO, class Score>
+__device__ __forceinline__ void fa_softmax_tile(float (&s)[N][4], float (&o)[NO][4], float& m_a, float& m_b,
+                                                float& l_a, float& l_b, Score score) {
+  float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float sa = s[n][e], sb = s[n][2 + e];
+      score(n, e, sa, sb);
+      s[n][e] = sa;
+      s[n][2 + e] = sb;
+      mx_a = fmaxf(mx_a, sa);
+      mx_b = fmaxf(mx_b, sb);
+    }
+  }
+#pragma unroll
+  for (int off = 1; off < 4; off <<= 1) {
+    mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, off));
+    mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, off));
+  }
+  const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
+  const float ms_a = mn_a == -INFINITY ? 0.f : mn_a, ms_b = mn_b == -INFINITY ? 0.f : mn_b;
+  const float c_a = exp2f(m_a - ms_a), c_b = exp2f(m_b - ms_b);
+  m_a = mn_a;
+  m_b = mn_b;
+  float sum_a = 0.f, sum_b = 0.f;
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    s[n][0] = exp2f(s[n][0] - ms_a);
+    s[n][1] = exp2f(s[n][1] - ms_a);
+    s[n][2] = exp2f(s[n][2] - ms_b);
+    s[n][3] = exp2f(s[n][3] - ms_b);
+    sum_a += s[n][0] + s[n][1];
+    sum_b += s[n][2] + s[n][3];
+  }
+  l_a = l_a * c_a + sum_a;
+  l_b = l_b * c_b + sum_b;
+#pragma unroll
+  for (int n = 0; n < NO; ++n) {
+    o[n][0] *= c_a;
+    o[n][1] *= c_a;
+    o[n][2] *= c_b;
+    o[n][3] *= c_b;
+  }
+}
+
+// p of key k-step kk (keys 16 kk .. 16 kk + 15: n-tiles 2 kk, 2 kk + 1 of s) as the A fragment of P V
+template <bool BF, int N>
+__device__ __forceinline__ void fa_pack_p(const float (&s)[N][4], int kk, unsigned (&p)[4]) {
+  p[0] = fa_pack<BF>(s[2 * kk][0], s[2 * kk][1]);
+  p[1] = fa_pack<BF>(s[2 * kk][2], s[2 * kk][3]);
+  p[2] = fa_pack<BF>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+  p[3] = fa_pack<BF>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
+
+// The warp's 16 K (or V) rows, tokens tb .. tb + 15 (those >= t1 zero) of KV head kvh, into dst [16][ADM_LD]
+// (bf16: cp.async, the caller commits and waits; int8: through registers).
+template <bool KV8>
+__device__ __forceinline__ void adm_load_rows(unsigned short* dst, const unsigned short* __restrict__ cache,
+                                              const __half* __restrict__ scales, const int* __restrict__ pt,
+                                              int Hkv, int kvh, int tb, int t1, int lane) {
+  if constexpr (!KV8) {  // 16 rows x 32 chunks of 16 bytes: lane = chunk, one row a step
+#pragma unroll 4
+    for (int r = 0; r < 16; ++r) {
+      const int t = tb + r < t1 ? tb + r : tb;  // (a mapped address for the zero fill)
+      const size_t row = ((size_t)pt[t / KV_PAGE] * KV_PAGE + t % KV_PAGE) * Hkv + kvh;
+      fa_cp_async16(fa_smem_addr(dst + r * ADM_LD + lane * 8), cache + row * 256 + lane * 8, tb + r < t1);
+    }
+  } else {  // 16 rows x 16 chunks of 16 codes: two rows a step
+    const signed char* codes = reinterpret_cast<const signed char*>(cache);
+#pragma unroll 4
+    for (int i = 0; i < 8; ++i) {
+      const int r = 2 * i + (lane >> 4), c = lane & 15;
+      uint4 o0 = make_uint4(0u, 0u, 0u, 0u), o1 = o0;
+      if (tb + r < t1) {
+        const int t = tb + r;
+        const size_t row = ((size_t)pt[t / KV_PAGE] * KV_PAGE + t % KV_PAGE) * Hkv + kvh;
+        const uint4 w = __ldg(reinterpret_cast<const uint4*>(codes + row * 256 + c * 16));
+        const __half s = scales[row * 4 + (c >> 2)];
+        const __half2 s2 = __halves2half2(s, s);
+        fa_dequant4(w.x, s2, o0.x, o0.y);
+        fa_dequant4(w.y, s2, o0.z, o0.w);
+        fa_dequant4(w.z, s2, o1.x, o1.y);
+        fa_dequant4(w.w, s2, o1.z, o1.w);
+      }
+      uint4* d = reinterpret_cast<uint4*>(dst + r * ADM_LD + c * 16);
+      d[0] = o0;
+      d[1] = o1;
+    }
+  }
+}
+#endif
+
+template <int G, bool KV8>
+__global__ void __launch_bounds__(128) attn_decode_mma(ATTN_DECODE_PARAMS) {
+#if NI_PRE_SM80  // below sm_80: never launched (kernels.mma_ok)
+  __trap();
+#else
+  static_assert(G >= 1 && G <= 16, "one m16 tile of query heads");
+  constexpr bool BF = !KV8;  // MMA inputs: bf16 for a bf16 cache, fp16 for int8 codes x scales
+  constexpr float LOG2E = 1.4426950408889634f;
+  extern __shared__ __align__(16) unsigned short adm_smem[];
+  NI_PDL_ENTRY();
+  const int kvh = blockIdx.x, split = blockIdx.y, m = blockIdx.z;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+  const int Hq = Hkv * G;
+  const int L = pos[m] + 1;
+  const int per = min(chunk, (L + nsplit - 1) / nsplit);
+  const int t0 = split * per, t1 = min(t0 + per, L);
+  const int* pt = page_table + (size_t)m * pt_stride;
+  unsigned short* Qs = adm_smem;
+  unsigned short* Ks = adm_smem + 16 * ADM_LD * (1 + 2 * warp);
+  unsigned short* Vs = Ks + 16 * ADM_LD;
+
+  // Q: the G rows scaled (rows past G zero), rounded to the MMA type
+  for (int i = tid; i < 16 * 64; i += 128) {
+    const int r = i >> 6, c = (i & 63) * 4;
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (r < G) v = *reinterpret_cast<const float4*>(q + ((size_t)m * Hq + kvh * G + r) * 256 + c);
+    uint2 p;
+    p.x = fa_pack<BF>(v.x * scale, v.y * scale);
+    p.y = fa_pack<BF>(v.z * scale, v.w * scale);
+    *reinterpret_cast<uint2*>(Qs + r * ADM_LD + c) = p;
+  }
+  __syncthreads();
+
+  float o[32][4];
+#pragma unroll
+  for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;  // rows g, g + 8 (log2 units)
+  // ldmatrix lane addresses: A rows of Q; B of K (tokens x dims); B of V (.trans)
+  const unsigned qa = fa_smem_addr(Qs + ((lane & 7) + 8 * ((lane >> 3) & 1)) * ADM_LD + 8 * (lane >> 4));
+  const unsigned ka = fa_smem_addr(Ks + ((lane & 7) + 8 * (lane >> 4)) * ADM_LD + 8 * ((lane >> 3) & 1));
+  const unsigned va = fa_smem_addr(Vs + ((lane & 7) + 8 * ((lane >> 3) & 1)) * ADM_LD + 8 * (lane >> 4));
+
+  for (int tb = t0 + 16 * warp; tb < t1; tb += 64) {
+    adm_load_rows<KV8>(Ks, kc, ks, pt, Hkv, kvh, tb, t1, lane);
+    adm_load_rows<KV8>(Vs, vc, vsc, pt, Hkv, kvh, tb, t1, lane);
+    if constexpr (!KV8) {
+      fa_cp_commit();
+      fa_cp_wait_all();
+    }
+    __syncwarp();
+    float s[2][4];
+#pragma unroll
+    for (int n = 0; n < 2; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < 16; ++kk) {
+      unsigned a[4], b[4];
+      fa_ldsm_x4(a, qa + kk * 32);
+      fa_ldsm_x4(b, ka + kk * 32);
+      fa_mma<BF>(s[0], a, b[0], b[1]);
+      fa_mma<BF>(s[1], a, b[2], b[3]);
+    }
+    const int nv = t1 - tb;  // valid tokens of the warp's 16 (token 0 is: the maxima stay finite)
+    fa_softmax_tile(s, o, m_a, m_b, l_a, l_b, [&](int n, int e, float& sa, float& sb) {
+      const bool ok = 8 * n + 2 * t4 + e < nv;
+      sa = ok ? sa * LOG2E : -INFINITY;
+      sb = ok ? sb * LOG2E : -INFINITY;
+    });
+    unsigned p[4];
+    fa_pack_p<BF>(s, 0, p);
+#pragma unroll
+    for (int dp = 0; dp < 16; ++dp) {
+      unsigned b[4];
+      fa_ldsm_x4_t(b, va + dp * 32);
+      fa_mma<BF>(o[2 * dp], p, b[0], b[1]);
+      fa_mma<BF>(o[2 * dp + 1], p, b[2], b[3]);
+    }
+    __syncwarp();  // every lane done with the tiles before the next round's rows land
+  }
+#pragma unroll
+  for (int off = 1; off < 4; off <<= 1) {
+    l_a += __shfl_xor_sync(0xffffffffu, l_a, off);
+    l_b += __shfl_xor_sync(0xffffffffu, l_b, off);
+  }
+
+  // merge the 4 warps: their rows' (max, sum) and O through shared memory (over the tiles), thread d
+  // handling dimensions d and d + 128 of each row
+  __syncthreads();
+  float* sm_o = reinterpret_cast<float*>(adm_smem);  // [4][16][256]
+  float* sm_ml = sm_o + 4 * 16 * 256;                 // [4][16][2]
+#pragma unroll
+  for (int n = 0; n < 32; ++n) {
+    const int d = 8 * n + 2 * t4;
+    *reinterpret_cast<float2*>(sm_o + (warp * 16 + g) * 256 + d) = make_float2(o[n][0], o[n][1]);
+    *reinterpret_cast<float2*>(sm_o + (warp * 16 + g + 8) * 256 + d) = make_float2(o[n][2], o[n][3]);
+  }
+  if (t4 == 0) {
+    sm_ml[(warp * 16 + g) * 2] = m_a;
+    sm_ml[(warp * 16 + g) * 2 + 1] = l_a;
+    sm_ml[(warp * 16 + g + 8) * 2] = m_b;
+    sm_ml[(warp * 16 + g + 8) * 2 + 1] = l_b;
+  }
+  __syncthreads();
+  for (int r = 0; r < G; ++r) {
+    float M_ = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) M_ = fmaxf(M_, sm_ml[(w * 16 + r) * 2]);
+    float Ls = 0.f, A0 = 0.f, A1 = 0.f;
+    if (M_ > -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const float mw = sm_ml[(w * 16 + r) * 2];
+        const float c = mw > -INFINITY ? exp2f(mw - M_) : 0.f;
+        Ls += sm_ml[(w * 16 + r) * 2 + 1] * c;
+        A0 += sm_o[(w * 16 + r) * 256 + tid] * c;
+        A1 += sm_o[(w * 16 + r) * 256 + tid + 128] * c;
+      }
+    }
+    const size_t hs = ((size_t)m * Hq + kvh * G + r) * nsplit + split;
+    part_acc[hs * 256 + tid] = A0;
+    part_acc[hs * 256 + tid + 128] = A1;
+    if (tid == 0) {
+      part_ml[hs * 2] = M_ > -INFINITY ? M_ * 0.6931471805599453f : -INFINITY;  // natural-log units
+      part_ml[hs * 2 + 1] = Ls;
+    }
+  }
+#endif
+}

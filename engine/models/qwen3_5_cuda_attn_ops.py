@@ -1,0 +1,75 @@
+"""The attention of the CUDA decode step (`CudaQwen35` takes it as a base): the split-K partials'
+allocation and the core ops (one decode attention kernel over the paged cache, then the combine with the
+sigmoid gate), with the switches that pick the kernel. The methods use the executor's buffers (`_alloc`:
+qbuf, page_table, qpos, att, the layers' caches)."""
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+from engine.ops import kernels as K
+
+KV_PAGE = 64
+ATTN_HEAD_DIM = 256
+
+
+def _ptr(a) -> np.uint64:
+    """Device pointer of an optional array (0 for None), as a kernel argument."""
+    return np.uint64(0 if a is None else a.data.ptr)
+
+
+class AttentionOps:
+    # Attention decode: attn_combine + the o-projection's staging as one kernel (attn_combine_stage, the last
+    # head of a row stages it); NINFER_ATTN_FUSED=0 for the two. Session 8 on the H200 (s8, in-process A/B,
+    # twice each): 27B 127.0 / 127.0 against 126.9 / 126.9 tok/s, 35B-A3B 336.8 / 336.6 against 336.4 / 336.5.
+    ATTN_FUSED = os.environ.get("NINFER_ATTN_FUSED", "1") != "0"
+    # Decode attention: tokens a warp a round; NINFER_ATTN_TT=4 takes attn_decode_tt (4 tokens' K/V asked for at
+    # once), 1 attn_decode_split (the kernel of sessions 2-6), the default until 4 is measured on a GPU.
+    ATTN_TT = int(os.environ.get("NINFER_ATTN_TT", "1"))
+    # Decode attention: a KV head's query group cut over this many blocks (attn_decode_split<G / GS, KV8, GS>;
+    # kernels.ATTN_GSPLIT lists the compiled cuts): the 27B's 6 heads a KV head take 156 registers a thread,
+    # one 256-thread block an SM, 8 warps to hide each token's dependent loads and shuffles (~115 us a layer
+    # at 32K against ~17 us of bytes); 3 heads take 80. Session 9 on the H200 (gsplit, in-process A/B, twice
+    # each): 27B at depth 32768 (int8 KV) 104.6 / 104.5 tok/s against 103.6 / 103.6 (GS 4: 103.6), at depth 0
+    # 128.4 against 128.0; 35B-A3B 342.1 / 342.2 against 341.4 / 341.6 (GS 4: 342.2 / 342.5). 2 by default.
+    ATTN_GSPLIT = int(os.environ.get("NINFER_ATTN_GSPLIT", "2"))
+    # Decode attention on tensor cores (attn_decode_mma<G, KV8>: a KV head's query group as one m16 tile, 16
+    # tokens a warp a round through two MMA chains; kernels.ATTN_MMA_G compiled). Written without device
+    # time: NINFER_ATTN_MMA=1, off until measured (session 9).
+    ATTN_MMA = os.environ.get("NINFER_ATTN_MMA", "0") != "0"
+
+    def _alloc_attention(self):
+        """Split-K attention partials (per token row, query head and split)."""
+        cp, M, f32 = self.cp, self.M, self.cp.float32
+        pages_per_lane = self.max_context // KV_PAGE
+        self.nsplit = max(1, min(pages_per_lane, (2 * K.sm_count()) // max(self.Hkv, 1)))
+        self.chunk = -(-self.max_context // self.nsplit)
+        self.attn_ml = cp.zeros((M, self.Hq, self.nsplit, 2), dtype=f32)
+        self.attn_acc = cp.zeros((M, self.Hq, self.nsplit, ATTN_HEAD_DIM), dtype=f32)
+
+    def _attn_core_ops(self, L, ldb):
+        """Attention of each token row over its sequence's cache (q in qbuf, K/V already written), times
+        the sigmoid gate (the first Hq*256 columns of buf_b), into att: split-K decode attention."""
+        M = self.M
+        g = self.Hq // self.Hkv
+        kv8 = "true" if self.kv == "int8" else "false"
+        gs = self.ATTN_GSPLIT if (g // max(self.ATTN_GSPLIT, 1), self.ATTN_GSPLIT) in K.ATTN_GSPLIT else 1
+        args = (self.qbuf, L["kc"], L["vc"], self.qpos, self.page_table, self.pt_stride, self.Hkv, self.chunk,
+                float(1.0 / math.sqrt(ATTN_HEAD_DIM)), self.attn_ml, self.attn_acc, self.nsplit, _ptr(L["ks"]),
+                _ptr(L["vs"]))
+        if self.ATTN_MMA and g in K.ATTN_MMA_G and K.mma_ok():
+            split = K.prepared(f"attn_decode_mma<{g},{kv8}>", (self.Hkv, self.nsplit, M), args, block=128,
+                               smem=K.ATTN_MMA_SMEM)
+        else:
+            if self.ATTN_TT in K.ATTN_TT:
+                name = f"attn_decode_tt<{g},{kv8},{self.ATTN_TT}>"
+                gs = 1
+            else:
+                name = f"attn_decode_split<{g // gs},{kv8},{gs}>" if gs > 1 else f"attn_decode_split<{g},{kv8}>"
+            split = K.prepared(name, (self.Hkv * gs, self.nsplit, M), args)
+        return [split,
+                K.prepared("attn_combine", (self.Hq, M),
+                           (self.attn_ml, self.attn_acc, self.nsplit, self.buf_b, ldb, self.att,
+                            self.att.shape[1], self.Hq))]
