@@ -347,9 +347,21 @@ log "27B pp8192 beside the transformers baseline"
 timeout ${BASE_S:-170} python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 8192 -n 0 -r 1 \
   --baseline transformers -o json --out "$OUT/pp8192_baseline.json" 2>&1 | grep -E "^pp|transformers|rror" | head -6
 fi
-if [ "$PART" = next ]; then  # next session's first call: `base` then `mma` on one machine (one compile)
-  bash "$0" base
-  bash "$0" mma
+if [ "$PART" = next ]; then  # session 10's first call, within 600 s: mma's tests and 27B A/B, the baseline, prefill tests
+ready
+log "tests of the tensor-core decode attention"
+gpu_pytest "$OUT/gpu_tests_mma.txt" tests/gpu -k "attention_decode or tensor_cores"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_mma.txt" | tail -8
+log "decode A/B at depth 32768 (int8 KV) and 0: ATTN_MMA (27B)"
+timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --depth 32768 \
+  --attr="base,ATTN_MMA=1" --out "$OUT/decode_mma.json" 2>&1 | grep -E "PDL|attr|rror" | head -30
+transformers_ready 6
+log "ninfer bench pp8192 --baseline transformers"
+timeout 250 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 8192 -n 0 -r 1 \
+  --baseline transformers -o json --out "$OUT/pp8192_baseline.json" 2>&1 | grep -E "^\||baseline|rror" | head -8
+log "prefill tests"
+gpu_pytest "$OUT/gpu_tests.txt" tests/gpu/test_prefill.py
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | tail -6
 fi
 if [ "$PART" = mma ]; then  # next session: decode attention on tensor cores (attn_decode_mma, NINFER_ATTN_MMA)
 ready
