@@ -429,3 +429,35 @@ if [ "$PART" = ppchunk ]; then  # pp8192 with larger tensor-core prefill chunks 
       -o json --out "$OUT/pp8192_gemm$T.json" 2>&1 | grep -E "^pp|rror|GiB" | head -4
   done
 fi
+if [ "$PART" = s10a ]; then  # session 10: pipelined attn_decode_mma (tests, A/B 27B + 35B), the baseline's failure
+ready
+log "tests of the decode attention (lengths to 1500: attn_decode_mma's stage ring)"
+gpu_pytest "$OUT/gpu_tests_mma.txt" tests/gpu -k "attention_decode or tensor_cores"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_mma.txt" | tail -8
+log "decode A/B at depth 32768 (int8 KV) and 0: ATTN_MMA (loads ahead)"
+timeout 240 python3 bench/gpu_decode.py --synthetic qwen3.8-27b,qwen3.6-35b-a3b --depth 32768 \
+  --attr="base,ATTN_MMA=1" --out "$OUT/decode_mma.json" 2>&1 | grep -E "PDL|attr|rror" | head -30
+log "python files with NUL bytes under site-packages"
+python3 - <<'PY' 2>&1 | head -20
+import os, site, sys
+roots = [p for p in site.getsitepackages() + [site.getusersitepackages()] if os.path.isdir(p)]
+n = 0
+for root in roots:
+    for d, _, files in os.walk(root):
+        for f in files:
+            if f.endswith(".py"):
+                p = os.path.join(d, f)
+                try:
+                    data = open(p, "rb").read()
+                except OSError:
+                    continue
+                n += 1
+                if b"\0" in data:
+                    print("NUL:", p, len(data))
+print("scanned", n, "files under", roots)
+PY
+log "ninfer bench pp8192 --baseline transformers (NINFER_DEBUG: the traceback)"
+NINFER_DEBUG=1 timeout 250 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 8192 -n 0 -r 1 \
+  --baseline transformers -o json --out "$OUT/pp8192_baseline.json" > "$OUT/baseline_log.txt" 2>&1
+grep -E "^\||baseline|rror|File " "$OUT/baseline_log.txt" | tail -30
+fi

@@ -1,20 +1,25 @@
-// Split-K decode attention on tensor cores (CudaQwen35.ATTN_MMA; same arguments, split ranges and partials
-// as attn_decode_split). grid (Hkv, nsplit, M), block 128 (4 warps), dynamic smem ADM_SMEM (2 blocks an SM).
-// A block takes KV head kvh's G query heads as the rows of one m16 tile (G <= 16; rows past G zero) over
-// the split's tokens [t0, t1), 64 a round: warp w the round's tokens 16 w .. 16 w + 15, their K and V rows
-// copied (bf16: cp.async) or decoded (int8 codes x scales -> fp16) into the warp's own tiles (rows past the
-// split zero), S = Q K^T (16 k-steps x 2 n-tiles of m16n8k16), the online softmax of each row over the
-// warp's tokens (log2 units), O += P V (32 n-tiles of 8 dims). No block barrier in the loop: a warp reads
-// only its own tiles. The 4 warps' (max, sum, O) are then merged through shared memory into the split's
-// partials as attn_decode_merge writes them (max in natural-log units). Against attn_decode_split's one
-// token a warp a round (a dependent load, 5 shuffles and the softmax per token: ~115 us a layer at 32K on
-// the H200, ~20 us of bytes), 16 tokens a warp a round go through two MMA chains.
-// (Written without device time: NINFER_ATTN_MMA=1, off until measured.) Compiled after attn_prefill.cu in
-// the module (kernels.SOURCES): it uses that file's fa_* helpers (ldmatrix, mma.sync, packing, cp.async, the
-// int8 decode).
+// Split-K decode attention on tensor cores (CudaQwen35.ATTN_MMA; same arguments and partials as
+// attn_decode_split). grid (Hkv, nsplit, M), block 128 (4 warps), dynamic smem ADM_SMEM (one block an SM; the
+// executor sizes nsplit to one wave). A block takes KV head kvh's G query heads as the rows of one m16 tile
+// (G <= 16; rows past G zero) over the split's tokens [t0, t1) (a split's share rounded up to 16 tokens, so a
+// round never crosses a 64-token page), 64 a round: warp w the round's tokens 16 w .. 16 w + 15, S = Q K^T
+// (16 k-steps x 2 n-tiles of m16n8k16), the online softmax of each row over the warp's tokens (log2 units),
+// O += P V (32 n-tiles of 8 dims). No block barrier in the loop: a warp reads only its own shared memory.
+// Loads run ahead of the math: each warp keeps its next rounds' K and V rows in flight through cp.async
+// (int8: ADM_NS8 stages of raw codes and scales, decoded to one fp16 tile a round; bf16: ADM_NSB tiles
+// copied as they are). Session 10 on the H200 measured the first version (each round's rows loaded, then
+// used: ~80 us a layer at 32K, against ~17 us of bytes) at +4.9% tok/s at depth 32768. The 4 warps'
+// (max, sum, O) are then merged through shared memory into the split's partials as attn_decode_merge
+// writes them (max in natural-log units). Compiled after attn_prefill.cu in the module (kernels.SOURCES):
+// it uses that file's fa_* helpers (ldmatrix, mma.sync, packing, cp.async, the int8 decode).
 #include "common.cuh"
-#define ADM_LD 264  // row stride in 16-bit elements (as FA_LD: ldmatrix phases conflict-free)
-#define ADM_SMEM (2 * ADM_LD * 16 * 9)  // Q, then K and V a warp: 76,032 bytes
+#define ADM_LD 264                      // row stride in 16-bit elements (as FA_LD: ldmatrix phases conflict-free)
+#define ADM_TILE (2 * 16 * ADM_LD * 2)  // a warp's K and V tiles, fp16 / bf16: 16,896 bytes
+#define ADM_RAW (2 * 16 * 256 + 2 * 16 * 8)  // int8: 16 rows of K and V codes, then their 4 scales a row
+#define ADM_NS8 4                       // int8: raw stages a warp (3 rounds in flight while one is used)
+#define ADM_NSB 3                       // bf16: tile stages a warp (2 rounds in flight)
+#define ADM_WARP (ADM_NS8 * ADM_RAW + ADM_TILE)  // = ADM_NSB * ADM_TILE = 50,688 bytes a warp
+#define ADM_SMEM (16 * ADM_LD * 2 + 4 * ADM_WARP)  // the Q tile, then the 4 warps': 211,200 bytes
 
 #if !NI_PRE_SM80
 // One key tile's online-softmax step for a thread's two rows (a: g, b: g + 8) of a 16-row MMA tile: each
@@ -78,37 +83,65 @@ __device__ __forceinline__ void fa_pack_p(const float (&s)[N][4], int kk, unsign
   p[3] = fa_pack<BF>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 }
 
-// The warp's 16 K (or V) rows, tokens tb .. tb + 15 (those >= t1 zero) of KV head kvh, into dst [16][ADM_LD]
-// (bf16: cp.async, the caller commits and waits; int8: through registers).
+__device__ __forceinline__ void adm_cp_async8(unsigned dst, const void* src, bool ok) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" :: "r"(dst), "l"(src), "r"(ok ? 8 : 0));
+}
+template <int N>
+__device__ __forceinline__ void adm_cp_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
+
+// Ask for the warp's 16 K and V rows, tokens tb .. tb + 15 (those >= t1 zero-filled) of KV head kvh, all in
+// one 64-token page: bf16 into the tiles at dst ([16][ADM_LD] K, then V); int8 into the raw stage at dst
+// (codes [16][256] K, then V, then the rows' 4 scales, K then V). The caller commits the group.
 template <bool KV8>
-__device__ __forceinline__ void adm_load_rows(unsigned short* dst, const unsigned short* __restrict__ cache,
-                                              const __half* __restrict__ scales, const int* __restrict__ pt,
-                                              int Hkv, int kvh, int tb, int t1, int lane) {
+__device__ __forceinline__ void adm_issue(unsigned dst, const unsigned short* __restrict__ kc,
+                                          const unsigned short* __restrict__ vc, const __half* __restrict__ ks,
+                                          const __half* __restrict__ vsc, const int* __restrict__ pt, int Hkv,
+                                          int kvh, int tb, int t1, int lane) {
+  const size_t base = (size_t)pt[tb / KV_PAGE] * KV_PAGE;  // the page's first row
   if constexpr (!KV8) {  // 16 rows x 32 chunks of 16 bytes: lane = chunk, one row a step
-#pragma unroll 4
+#pragma unroll
     for (int r = 0; r < 16; ++r) {
-      const int t = tb + r < t1 ? tb + r : tb;  // (a mapped address for the zero fill)
-      const size_t row = ((size_t)pt[t / KV_PAGE] * KV_PAGE + t % KV_PAGE) * Hkv + kvh;
-      fa_cp_async16(fa_smem_addr(dst + r * ADM_LD + lane * 8), cache + row * 256 + lane * 8, tb + r < t1);
+      const bool ok = tb + r < t1;
+      const size_t row = (base + (tb + (ok ? r : 0)) % KV_PAGE) * Hkv + kvh;
+      fa_cp_async16(dst + (r * ADM_LD + lane * 8) * 2, kc + row * 256 + lane * 8, ok);
+      fa_cp_async16(dst + ((16 + r) * ADM_LD + lane * 8) * 2, vc + row * 256 + lane * 8, ok);
     }
-  } else {  // 16 rows x 16 chunks of 16 codes: two rows a step
-    const signed char* codes = reinterpret_cast<const signed char*>(cache);
+  } else {  // 16 rows x 16 chunks of 16 codes: two rows a step; lanes 0-15 a K row's scales, 16-31 a V row's
+    const signed char* kb = reinterpret_cast<const signed char*>(kc);
+    const signed char* vb = reinterpret_cast<const signed char*>(vc);
+    const int c = lane & 15;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int r = 2 * i + (lane >> 4);
+      const bool ok = tb + r < t1;
+      const size_t row = (base + (tb + (ok ? r : 0)) % KV_PAGE) * Hkv + kvh;
+      fa_cp_async16(dst + r * 256 + c * 16, kb + row * 256 + c * 16, ok);
+      fa_cp_async16(dst + 4096 + r * 256 + c * 16, vb + row * 256 + c * 16, ok);
+    }
+    const int r = lane & 15;
+    const bool ok = tb + r < t1;
+    const size_t row = (base + (tb + (ok ? r : 0)) % KV_PAGE) * Hkv + kvh;
+    adm_cp_async8(dst + 8192 + (lane >> 4) * 128 + r * 8, (lane < 16 ? ks : vsc) + row * 4, ok);
+  }
+}
+
+// int8: a raw stage's codes times their scales into the warp's fp16 K and V tiles (two rows a step).
+__device__ __forceinline__ void adm_decode(unsigned short* tile, const unsigned char* raw, int lane) {
+  const int c = lane & 15;
+#pragma unroll
+  for (int kv = 0; kv < 2; ++kv) {
 #pragma unroll 4
     for (int i = 0; i < 8; ++i) {
-      const int r = 2 * i + (lane >> 4), c = lane & 15;
-      uint4 o0 = make_uint4(0u, 0u, 0u, 0u), o1 = o0;
-      if (tb + r < t1) {
-        const int t = tb + r;
-        const size_t row = ((size_t)pt[t / KV_PAGE] * KV_PAGE + t % KV_PAGE) * Hkv + kvh;
-        const uint4 w = __ldg(reinterpret_cast<const uint4*>(codes + row * 256 + c * 16));
-        const __half s = scales[row * 4 + (c >> 2)];
-        const __half2 s2 = __halves2half2(s, s);
-        fa_dequant4(w.x, s2, o0.x, o0.y);
-        fa_dequant4(w.y, s2, o0.z, o0.w);
-        fa_dequant4(w.z, s2, o1.x, o1.y);
-        fa_dequant4(w.w, s2, o1.z, o1.w);
-      }
-      uint4* d = reinterpret_cast<uint4*>(dst + r * ADM_LD + c * 16);
+      const int r = 2 * i + (lane >> 4);
+      const uint4 w = *reinterpret_cast<const uint4*>(raw + kv * 4096 + r * 256 + c * 16);
+      const __half s = *reinterpret_cast<const __half*>(raw + 8192 + kv * 128 + r * 8 + (c >> 2) * 2);
+      const __half2 s2 = __halves2half2(s, s);
+      uint4 o0, o1;
+      fa_dequant4(w.x, s2, o0.x, o0.y);
+      fa_dequant4(w.y, s2, o0.z, o0.w);
+      fa_dequant4(w.z, s2, o1.x, o1.y);
+      fa_dequant4(w.w, s2, o1.z, o1.w);
+      uint4* d = reinterpret_cast<uint4*>(tile + (kv * 16 + r) * ADM_LD + c * 16);
       d[0] = o0;
       d[1] = o1;
     }
@@ -130,12 +163,23 @@ __global__ void __launch_bounds__(128) attn_decode_mma(ATTN_DECODE_PARAMS) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
   const int Hq = Hkv * G;
   const int L = pos[m] + 1;
-  const int per = min(chunk, (L + nsplit - 1) / nsplit);
+  const int per = (((L + nsplit - 1) / nsplit + 15) / 16) * 16;  // nsplit * per >= L; rounds in one page
   const int t0 = split * per, t1 = min(t0 + per, L);
   const int* pt = page_table + (size_t)m * pt_stride;
   unsigned short* Qs = adm_smem;
-  unsigned short* Ks = adm_smem + 16 * ADM_LD * (1 + 2 * warp);
+  unsigned char* wbase = reinterpret_cast<unsigned char*>(adm_smem + 16 * ADM_LD) + warp * ADM_WARP;
+  constexpr int NS = KV8 ? ADM_NS8 : ADM_NSB;
+  // the tile the MMAs read: int8 the one after the raw stages; bf16 the round's stage (stage 0 here)
+  unsigned short* Ks = reinterpret_cast<unsigned short*>(wbase + (KV8 ? ADM_NS8 * ADM_RAW : 0));
   unsigned short* Vs = Ks + 16 * ADM_LD;
+  const int nr = t1 - t0 > 16 * warp ? (t1 - t0 - 16 * warp + 63) / 64 : 0;  // the warp's rounds
+  const unsigned stage0 = fa_smem_addr(wbase);
+  constexpr unsigned STAGE = KV8 ? ADM_RAW : ADM_TILE;
+#pragma unroll
+  for (int i = 0; i < NS - 1; ++i) {  // the first rounds asked for before Q is even staged
+    if (i < nr) adm_issue<KV8>(stage0 + i * STAGE, kc, vc, ks, vsc, pt, Hkv, kvh, t0 + 16 * warp + 64 * i, t1, lane);
+    fa_cp_commit();
+  }
 
   // Q: the G rows scaled (rows past G zero), rounded to the MMA type
   for (int i = tid; i < 16 * 64; i += 128) {
@@ -158,14 +202,23 @@ __global__ void __launch_bounds__(128) attn_decode_mma(ATTN_DECODE_PARAMS) {
   const unsigned ka = fa_smem_addr(Ks + ((lane & 7) + 8 * (lane >> 4)) * ADM_LD + 8 * ((lane >> 3) & 1));
   const unsigned va = fa_smem_addr(Vs + ((lane & 7) + 8 * ((lane >> 3) & 1)) * ADM_LD + 8 * (lane >> 4));
 
-  for (int tb = t0 + 16 * warp; tb < t1; tb += 64) {
-    adm_load_rows<KV8>(Ks, kc, ks, pt, Hkv, kvh, tb, t1, lane);
-    adm_load_rows<KV8>(Vs, vc, vsc, pt, Hkv, kvh, tb, t1, lane);
-    if constexpr (!KV8) {
+  int st = 0;  // round i's stage: i % NS
+  for (int i = 0; i < nr; ++i) {
+    const int tb = t0 + 16 * warp + 64 * i;
+    {  // round i + NS - 1 into the stage round i - 1 used (every lane done with it: the loop's last __syncwarp)
+      const int ia = i + NS - 1, sa = st == 0 ? NS - 1 : st - 1;
+      if (ia < nr) adm_issue<KV8>(stage0 + sa * STAGE, kc, vc, ks, vsc, pt, Hkv, kvh, tb + 64 * (NS - 1), t1, lane);
       fa_cp_commit();
-      fa_cp_wait_all();
     }
-    __syncwarp();
+    adm_cp_wait<NS - 1>();  // this lane's copies of round i have landed
+    __syncwarp();           // ... and every lane's
+    unsigned koff = 0;      // bf16: the stage's tiles relative to Ks
+    if constexpr (KV8) {
+      adm_decode(Ks, wbase + st * ADM_RAW, lane);
+      __syncwarp();
+    } else {
+      koff = st * ADM_TILE;
+    }
     float s[2][4];
 #pragma unroll
     for (int n = 0; n < 2; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
@@ -173,7 +226,7 @@ __global__ void __launch_bounds__(128) attn_decode_mma(ATTN_DECODE_PARAMS) {
     for (int kk = 0; kk < 16; ++kk) {
       unsigned a[4], b[4];
       fa_ldsm_x4(a, qa + kk * 32);
-      fa_ldsm_x4(b, ka + kk * 32);
+      fa_ldsm_x4(b, ka + koff + kk * 32);
       fa_mma<BF>(s[0], a, b[0], b[1]);
       fa_mma<BF>(s[1], a, b[2], b[3]);
     }
@@ -188,12 +241,14 @@ __global__ void __launch_bounds__(128) attn_decode_mma(ATTN_DECODE_PARAMS) {
 #pragma unroll
     for (int dp = 0; dp < 16; ++dp) {
       unsigned b[4];
-      fa_ldsm_x4_t(b, va + dp * 32);
+      fa_ldsm_x4_t(b, va + koff + dp * 32);
       fa_mma<BF>(o[2 * dp], p, b[0], b[1]);
       fa_mma<BF>(o[2 * dp + 1], p, b[2], b[3]);
     }
-    __syncwarp();  // every lane done with the tiles before the next round's rows land
+    __syncwarp();  // every lane done with the stage and tiles before the next round's copies reuse them
+    st = st + 1 == NS ? 0 : st + 1;
   }
+  fa_cp_wait_all();  // (only empty groups are left: every round's copies were waited for)
 #pragma unroll
   for (int off = 1; off < 4; off <<= 1) {
     l_a += __shfl_xor_sync(0xffffffffu, l_a, off);

@@ -71,7 +71,7 @@ def mma(d, a, b0, b1):
 
 def block(q, kc, vc, ks, vs, pt, Hkv, chunk, scale, nsplit, G, kv8, L, kvh, split, part_ml, part_acc):
     rnd = fp16 if kv8 else bf16
-    per = min(chunk, (L + nsplit - 1) // nsplit)
+    per = -(-(-(-L // nsplit)) // 16) * 16  # a split's share rounded up to 16 tokens (rounds in one page)
     t0, t1 = split * per, min(split * per + per, L)
     Hq = Hkv * G
     sm = np.full(16 * LD * 9, np.nan, f32)

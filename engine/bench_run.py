@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import gc
+import os
+import traceback
 from pathlib import Path
 from typing import Callable
 
@@ -14,6 +16,13 @@ from engine.bench_models import (
 )
 from engine.bench_report import build_report
 from engine.errors import NinferError
+
+
+def _reason(e: BaseException) -> str:
+    """One line for an unexpected baseline error; a SyntaxError (a damaged install's file) names the file."""
+    if isinstance(e, SyntaxError) and e.filename:
+        return f"{type(e).__name__}: {e.msg} (reading {e.filename})"
+    return f"{type(e).__name__}: {e}"
 
 
 def _release(device: str) -> None:
@@ -125,7 +134,9 @@ def run_bench(
                 if isinstance(e, NinferError):
                     reason = f"{e.message} ({e.next_action})" if e.next_action else e.message
                 else:
-                    reason = f"{type(e).__name__}: {e}"
+                    reason = _reason(e)
+                    if os.environ.get("NINFER_DEBUG"):
+                        traceback.print_exception(e)
                 say(f"baseline failed, reporting without it: {reason}")
                 base_meta, base_results = {"name": "transformers", "error": reason}, []
                 _release(device)

@@ -36,15 +36,25 @@ class AttentionOps:
     # 128.4 against 128.0; 35B-A3B 342.1 / 342.2 against 341.4 / 341.6 (GS 4: 342.2 / 342.5). 2 by default.
     ATTN_GSPLIT = int(os.environ.get("NINFER_ATTN_GSPLIT", "2"))
     # Decode attention on tensor cores (attn_decode_mma<G, KV8>: a KV head's query group as one m16 tile, 16
-    # tokens a warp a round through two MMA chains; kernels.ATTN_MMA_G compiled). Written without device
-    # time: NINFER_ATTN_MMA=1, off until measured (session 9).
+    # tokens a warp a round through two MMA chains, the next rounds' K/V in flight through cp.async;
+    # kernels.ATTN_MMA_G compiled; 211 KB of shared memory: H100/H200 class, elsewhere the split kernel).
+    # Session 10 on the H200 (in-process A/B), its first form (no loads ahead): 27B depth 32768 int8 110.6
+    # against 105.4 tok/s, depth 0 128.3 against 128.7. NINFER_ATTN_MMA=0 for the split kernel.
     ATTN_MMA = os.environ.get("NINFER_ATTN_MMA", "0") != "0"
 
+    def _attn_mma(self) -> bool:
+        """Whether the decode attention runs attn_decode_mma (switched on, its query group compiled, a GPU
+        with mma.sync and room for its shared memory)."""
+        return (self.ATTN_MMA and self.Hq // max(self.Hkv, 1) in K.ATTN_MMA_G and K.mma_ok()
+                and K.smem_optin() >= K.ATTN_MMA_SMEM)
+
     def _alloc_attention(self):
-        """Split-K attention partials (per token row, query head and split)."""
+        """Split-K attention partials (per token row, query head and split): attn_decode_mma one block an
+        SM, so as many splits as fill the SMs once; the split kernels two waves' worth."""
         cp, M, f32 = self.cp, self.M, self.cp.float32
         pages_per_lane = self.max_context // KV_PAGE
-        self.nsplit = max(1, min(pages_per_lane, (2 * K.sm_count()) // max(self.Hkv, 1)))
+        waves = 1 if self._attn_mma() else 2
+        self.nsplit = max(1, min(pages_per_lane, (waves * K.sm_count()) // max(self.Hkv, 1)))
         self.chunk = -(-self.max_context // self.nsplit)
         self.attn_ml = cp.zeros((M, self.Hq, self.nsplit, 2), dtype=f32)
         self.attn_acc = cp.zeros((M, self.Hq, self.nsplit, ATTN_HEAD_DIM), dtype=f32)
@@ -59,7 +69,7 @@ class AttentionOps:
         args = (self.qbuf, L["kc"], L["vc"], self.qpos, self.page_table, self.pt_stride, self.Hkv, self.chunk,
                 float(1.0 / math.sqrt(ATTN_HEAD_DIM)), self.attn_ml, self.attn_acc, self.nsplit, _ptr(L["ks"]),
                 _ptr(L["vs"]))
-        if self.ATTN_MMA and g in K.ATTN_MMA_G and K.mma_ok():
+        if self._attn_mma():
             split = K.prepared(f"attn_decode_mma<{g},{kv8}>", (self.Hkv, self.nsplit, M), args, block=128,
                                smem=K.ATTN_MMA_SMEM)
         else:

@@ -44,7 +44,7 @@ ATTN_TT = (4,)
 ATTN_GSPLIT = ((3, 2), (4, 2), (2, 4))
 # attn_decode_mma<G, KV8> (cuda/attn_decode_mma.cu; CudaQwen35.ATTN_MMA): query groups compiled, its shared memory
 ATTN_MMA_G = (6, 8)
-ATTN_MMA_SMEM = 2 * 264 * 16 * 9
+ATTN_MMA_SMEM = 16 * 264 * 2 + 4 * (4 * (2 * 16 * 256 + 2 * 16 * 8) + 2 * 16 * 264 * 2)  # ADM_SMEM: 211,200
 GDN_DELTA_ROWS = (2, 4)  # state rows a warp of gdn_delta_rows (the prefill's GDN recurrence)
 # the chunked GDN prefill (gdn_chunk_prep, gdn_chunk_scan<RB> / gdn_chunk_scan_tc<RB>): state rows a block
 # of the in-order pass, and the dynamic shared memory (GDN_PREP_SMEM in cuda/gdn_tc.cu, GDN_SCAN_TC_SMEM in
