@@ -7,8 +7,9 @@
 // O += P V (32 n-tiles of 8 dims). No block barrier in the loop: a warp reads only its own shared memory.
 // Loads run ahead of the math: each warp keeps its next rounds' K and V rows in flight through cp.async
 // (int8: ADM_NS8 stages of raw codes and scales, decoded to one fp16 tile a round; bf16: ADM_NSB tiles
-// copied as they are). Session 10 on the H200 measured the first version (each round's rows loaded, then
-// used: ~80 us a layer at 32K, against ~17 us of bytes) at +4.9% tok/s at depth 32768. The 4 warps'
+// copied as they are). Session 10 on the H200, 27B at depth 32768 (int8 KV): the first form (each round's
+// rows loaded, then used: ~80 us a layer, against ~17 us of bytes) 110.6 tok/s, this one 118.1, the split
+// kernel 105.2. The 4 warps'
 // (max, sum, O) are then merged through shared memory into the split's partials as attn_decode_merge
 // writes them (max in natural-log units). Compiled after attn_prefill.cu in the module (kernels.SOURCES):
 // it uses that file's fa_* helpers (ldmatrix, mma.sync, packing, cp.async, the int8 decode).

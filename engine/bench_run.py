@@ -76,10 +76,15 @@ def run_bench(
     `fit(kv)` (from `ninfer_cli.profiles.bench_fitter`) gives the context to build an instance with
     (fitted to memory); None, or no `fit`, builds with what the tests need."""
     say = progress or (lambda _text: None)
+    preload_error = None
     if baseline:
-        from engine.bench_baseline import check_available  # noqa: PLC0415
+        from engine.bench_baseline import check_available, preload  # noqa: PLC0415
 
         check_available()
+        try:  # imported before our engines run: a late import has read junk from the device image's files
+            preload(hf_config_of(model_path, synthetic))
+        except Exception as e:  # noqa: BLE001  (reported with the results, which still run)
+            preload_error = e
     roof, measured = bench_device.roofline(env, remeasure=remeasure)
     if measured:
         say(f"roofline measured: copy {roof['copy_gbps']:.1f} GB/s, {roof['matmul_dtype']} matmul "
@@ -129,7 +134,7 @@ def run_bench(
         if baseline:
             try:
                 base_meta, base_results = _run_baseline(model_path, synthetic, tests, repetitions, warmup, device,
-                                                        tokens, roof, say)
+                                                        tokens, roof, say, preload_error)
             except Exception as e:  # noqa: BLE001  (our results are already measured: keep them)
                 if isinstance(e, NinferError):
                     reason = f"{e.message} ({e.next_action})" if e.next_action else e.message
@@ -152,10 +157,13 @@ def run_bench(
                         results=results, baseline=base_meta, baseline_results=base_results)
 
 
-def _run_baseline(model_path, synthetic, tests, repetitions, warmup, device, tokens, roof, say):
+def _run_baseline(model_path, synthetic, tests, repetitions, warmup, device, tokens, roof, say,
+                  preload_error=None):
     from engine.bench_baseline import build_baseline  # noqa: PLC0415
     from engine.config import ModelArgs  # noqa: PLC0415
 
+    if preload_error is not None:
+        raise preload_error
     cfg = hf_config_of(model_path, synthetic)
     say("baseline: building a random-init transformers model of the same geometry")
     eng = build_baseline(cfg, device=device)

@@ -270,6 +270,7 @@ def test_attention_query_group_cut_plumbing(cp, monkeypatch):
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5_cuda import CudaQwen35
 
+    monkeypatch.setattr(CudaQwen35, "ATTN_MMA", False)  # (on by default where it fits: H100-class GPUs)
     cfg = dict(CFG, num_attention_heads=12, num_key_value_heads=2)  # 6 query heads a KV head, as the 27B
     args, w = _weights(cfg)
     for gs, name in ((1, "attn_decode_split<6,false>"), (2, "attn_decode_split<3,false,2>"),

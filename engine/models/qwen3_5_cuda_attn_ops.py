@@ -38,9 +38,11 @@ class AttentionOps:
     # Decode attention on tensor cores (attn_decode_mma<G, KV8>: a KV head's query group as one m16 tile, 16
     # tokens a warp a round through two MMA chains, the next rounds' K/V in flight through cp.async;
     # kernels.ATTN_MMA_G compiled; 211 KB of shared memory: H100/H200 class, elsewhere the split kernel).
-    # Session 10 on the H200 (in-process A/B), its first form (no loads ahead): 27B depth 32768 int8 110.6
-    # against 105.4 tok/s, depth 0 128.3 against 128.7. NINFER_ATTN_MMA=0 for the split kernel.
-    ATTN_MMA = os.environ.get("NINFER_ATTN_MMA", "0") != "0"
+    # Session 10 on the H200 (in-process A/B, twice each): its first form (no loads ahead) 27B depth 32768
+    # int8 110.6 against 105.4 tok/s, depth 0 128.3 against 128.7; with the loads ahead (s10a) 118.1 / 118.1
+    # against 105.2 / 105.2, depth 0 128.8 / 128.9 against 128.7 / 128.7, 35B-A3B 342.2 / 342.1 against
+    # 342.1 / 342.0. On by default; NINFER_ATTN_MMA=0 for the split kernel.
+    ATTN_MMA = os.environ.get("NINFER_ATTN_MMA", "1") != "0"
 
     def _attn_mma(self) -> bool:
         """Whether the decode attention runs attn_decode_mma (switched on, its query group compiled, a GPU

@@ -149,6 +149,27 @@ def test_a_failing_baseline_keeps_our_results(monkeypatch):
     assert [x["test"] for x in data["results"]] == ["pp8"]
 
 
+def test_a_baseline_import_failure_is_caught_early_and_named(monkeypatch):
+    """The baseline's imports run before our engines (preload); their failure is reported after our
+    results, a SyntaxError with the file it read."""
+    from engine import bench_baseline
+
+    monkeypatch.setattr(bench_baseline, "check_available", lambda: None)
+    calls = []
+
+    def junk(cfg):
+        calls.append(cfg)
+        raise SyntaxError("source code string cannot contain null bytes", ("/x/torch/_utils_internal.py", 13, 0, ""))
+
+    monkeypatch.setattr(bench_baseline, "preload", junk)
+    r = invoke("--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1", "--baseline", "transformers", "-o", "json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert len(calls) == 1 and [x["test"] for x in data["results"]] == ["pp8"]
+    assert data["baseline"]["error"] == ("SyntaxError: source code string cannot contain null bytes "
+                                         "(reading /x/torch/_utils_internal.py)")
+
+
 def test_ctrl_c_reports_the_finished_tests_and_exits_130(monkeypatch):
     from engine import bench_run
 
