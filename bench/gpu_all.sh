@@ -461,3 +461,28 @@ NINFER_DEBUG=1 timeout 250 python3 -m ninfer_cli.main bench --synthetic qwen3.8-
   --baseline transformers -o json --out "$OUT/pp8192_baseline.json" > "$OUT/baseline_log.txt" 2>&1
 grep -E "^\||baseline|rror|File " "$OUT/baseline_log.txt" | tail -30
 fi
+if [ "$PART" = s10b ]; then  # session 10: the defaults (attn_decode_mma on) through every GPU test; issue 8's baseline;
+ready                        # the decode breakdown at depth 0 and 32768
+log "ninfer bench pp8192 --baseline transformers (its imports now before our engine)"
+NINFER_DEBUG=1 timeout 250 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 8192 -n 0 -r 1 \
+  --baseline transformers -o json --out "$OUT/pp8192_baseline.json" > "$OUT/baseline_log.txt" 2>&1
+grep -E "^\||baseline|rror|File " "$OUT/baseline_log.txt" | tail -12
+log "all GPU tests"
+gpu_pytest "$OUT/gpu_tests.txt" tests/gpu
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | tail -12
+decode_all
+fi
+if [ "$PART" = s10c ]; then  # session 10: issue 7's decode figures through `ninfer bench`, beside transformers
+ready
+log "27B tg128 with the transformers baseline"
+NINFER_DEBUG=1 timeout 200 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
+  --baseline transformers -o json --out "$OUT/tg128_27b_baseline.json" > "$OUT/tg_27b_log.txt" 2>&1
+grep -E "^\||baseline|rror" "$OUT/tg_27b_log.txt" | tail -8
+log "27B tg128 at depth 32768, int8 and bf16 KV"
+timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -d 32768 --kv int8,bf16 -r 2 \
+  -o json --out "$OUT/tg128_d32768_27b.json" 2>&1 | grep -E "^\||rror" | tail -6
+log "35B-A3B tg128 with the transformers baseline"
+NINFER_DEBUG=1 timeout 220 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
+  --baseline transformers -o json --out "$OUT/tg128_35b_baseline.json" > "$OUT/tg_35b_log.txt" 2>&1
+grep -E "^\||baseline|rror" "$OUT/tg_35b_log.txt" | tail -8
+fi
