@@ -276,6 +276,7 @@ def test_attention_query_group_cut_over_blocks_gives_the_same_tokens(monkeypatch
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5_cuda import CudaQwen35
 
+    monkeypatch.setattr(CudaQwen35, "ATTN_MMA", False)  # (the split kernels: attn_decode_mma is the default)
     cfg = dict(CFG, num_attention_heads=12, num_key_value_heads=2)
     args = ModelArgs.from_config(cfg)
     w = gpu_weights.from_logical(args, quantized_weights(args))
