@@ -474,6 +474,8 @@ decode_all
 fi
 if [ "$PART" = s10c ]; then  # session 10: issue 7's decode figures through `ninfer bench`, beside transformers
 ready
+gpu_pytest "$OUT/gpu_tests_gsplit.txt" tests/gpu/test_gpu_engine.py -k "query_group or tensor_cores"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_gsplit.txt" | tail -4
 log "27B tg128 with the transformers baseline"
 NINFER_DEBUG=1 timeout 200 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
   --baseline transformers -o json --out "$OUT/tg128_27b_baseline.json" > "$OUT/tg_27b_log.txt" 2>&1
