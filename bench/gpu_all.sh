@@ -488,3 +488,14 @@ NINFER_DEBUG=1 timeout 220 python3 -m ninfer_cli.main bench --synthetic qwen3.6-
   --baseline transformers -o json --out "$OUT/tg128_35b_baseline.json" > "$OUT/tg_35b_log.txt" 2>&1
 grep -E "^\||baseline|rror" "$OUT/tg_35b_log.txt" | tail -8
 fi
+if [ "$PART" = s10d ]; then  # session 10: the transformers baseline beside the 35B-A3B's pp8192 and the 27B's pp131072
+ready
+log "35B-A3B pp8192 with the transformers baseline"
+NINFER_DEBUG=1 timeout 200 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 8192 -n 0 -r 1 \
+  --baseline transformers -o json --out "$OUT/pp8192_35b_baseline.json" > "$OUT/pp_35b_log.txt" 2>&1
+grep -E "^\||baseline|rror" "$OUT/pp_35b_log.txt" | tail -8
+log "27B pp131072 with the transformers baseline (SIGINT at 320 s: the bench reports what finished)"
+NINFER_DEBUG=1 timeout -s INT -k 20 320 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 131072 -n 0 \
+  -r 1 --warmup 0 --baseline transformers -o json --out "$OUT/pp131072_baseline.json" > "$OUT/pp_long_log.txt" 2>&1
+grep -E "^\||baseline|rror|interrupted" "$OUT/pp_long_log.txt" | tail -8
+fi
