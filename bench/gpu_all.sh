@@ -499,3 +499,10 @@ NINFER_DEBUG=1 timeout -s INT -k 20 320 python3 -m ninfer_cli.main bench --synth
   -r 1 --warmup 0 --baseline transformers -o json --out "$OUT/pp131072_baseline.json" > "$OUT/pp_long_log.txt" 2>&1
 grep -E "^\||baseline|rror|interrupted" "$OUT/pp_long_log.txt" | tail -8
 fi
+if [ "$PART" = s10e ]; then  # session 10: the 27B's tg128 at depth 32768 (int8 KV) beside transformers (its bf16 cache)
+ready
+log "27B tg128 @ d32768 int8 with the transformers baseline"
+NINFER_DEBUG=1 timeout -s INT -k 20 300 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -d 32768 \
+  --kv int8 -r 1 --baseline transformers -o json --out "$OUT/tg128_d32768_baseline.json" > "$OUT/tg_d32768_log.txt" 2>&1
+grep -E "^\||baseline|rror|interrupted" "$OUT/tg_d32768_log.txt" | tail -8
+fi
