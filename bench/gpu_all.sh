@@ -16,7 +16,11 @@
 # (The one-off A/B parts of session 5, pre2 / s5 / pdl / br / s5b, are in git history at 4f9b3f1; those of
 # session 6, next / gdnc / moep / s6 / moeprof / s6b / s6c / s6d / s6e, at c858397; session 7's l2pf, with
 # the L2 warm-up it measured, at 741ff0c.)
-#   next: base, then mma (next session's first call).
+#   next: attn_decode_mma's forms for smaller shared memory (A100-class: 4 warps, 2 stages; 99 KB: 3 warps or
+#         4 (bf16), 1 stage), forced on the H200 (NINFER_ATTN_MMA_FORM): tests, A/B at depth 32768 (next session).
+#   s10e: the 27B's tg128 at depth 32768 beside transformers. s10d: the baseline beside the 35B's pp8192 and the
+#         27B's pp131072. s10c: decode through `ninfer bench` beside transformers. s10b: all GPU tests on the
+#         defaults, the pp8192 baseline, the breakdown. s10a: attn_decode_mma with loads ahead (tests, A/B).
 #   mma:  decode attention on tensor cores (attn_decode_mma): its tests, A/B at depth 32768 and 0.
 #   base: the transformers baseline beside the 27B's pp8192 (its imports retried first).
 #   fin10: prefill benches (27B, 35B-A3B, pp131072), GDN/columns/prefill tests, transformers baseline pp8192.
@@ -31,7 +35,7 @@
 #         GPU tests, decode 27B + 35B with breakdown and depth 32768.
 #   s10:  prefill gate|up in fp16, RB by head count, one partial after MoE (A/B); decode STAGE_DOWN A/B.
 #   s9:   PDL overlap probe, prefill tests, prefill profiles with the norms writing the GEMMs' fp16 input (A/B).
-# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | s8 | s8d | s9 | s10 | s11 | fin8 | fin9 | prep | gsplit | s12 | s13 | s14 | s15 | s16 | fin10 | base | mma | next
+# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | s8 | s8d | s9 | s10 | s11 | fin8 | fin9 | prep | gsplit | s12 | s13 | s14 | s15 | s16 | fin10 | base | mma | s10a | s10b | s10c | s10d | s10e | next
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.cupy_cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -347,22 +351,6 @@ log "27B pp8192 beside the transformers baseline"
 timeout ${BASE_S:-170} python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 8192 -n 0 -r 1 \
   --baseline transformers -o json --out "$OUT/pp8192_baseline.json" 2>&1 | grep -E "^pp|transformers|rror" | head -6
 fi
-if [ "$PART" = next ]; then  # session 10's first call, within 600 s: mma's tests and 27B A/B, the baseline, prefill tests
-ready
-log "tests of the tensor-core decode attention"
-gpu_pytest "$OUT/gpu_tests_mma.txt" tests/gpu -k "attention_decode or tensor_cores"
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_mma.txt" | tail -8
-log "decode A/B at depth 32768 (int8 KV) and 0: ATTN_MMA (27B)"
-timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --depth 32768 \
-  --attr="base,ATTN_MMA=1" --out "$OUT/decode_mma.json" 2>&1 | grep -E "PDL|attr|rror" | head -30
-transformers_ready 6
-log "ninfer bench pp8192 --baseline transformers"
-timeout 250 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 8192 -n 0 -r 1 \
-  --baseline transformers -o json --out "$OUT/pp8192_baseline.json" 2>&1 | grep -E "^\||baseline|rror" | head -8
-log "prefill tests"
-gpu_pytest "$OUT/gpu_tests.txt" tests/gpu/test_prefill.py
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | tail -6
-fi
 if [ "$PART" = mma ]; then  # next session: decode attention on tensor cores (attn_decode_mma, NINFER_ATTN_MMA)
 ready
 log "tests of the tensor-core decode attention"
@@ -505,4 +493,13 @@ log "27B tg128 @ d32768 int8 with the transformers baseline"
 NINFER_DEBUG=1 timeout -s INT -k 20 300 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -d 32768 \
   --kv int8 -r 1 --baseline transformers -o json --out "$OUT/tg128_d32768_baseline.json" > "$OUT/tg_d32768_log.txt" 2>&1
 grep -E "^\||baseline|rror|interrupted" "$OUT/tg_d32768_log.txt" | tail -8
+fi
+if [ "$PART" = next ]; then  # next session's first call: attn_decode_mma's smaller forms (A100-class, 99 KB GPUs) on the H200
+ready
+log "tests of the decode attention (every attn_decode_mma form)"
+gpu_pytest "$OUT/gpu_tests_mma.txt" tests/gpu -k "attention_decode or tensor_cores"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_mma.txt" | tail -8
+log "decode A/B at depth 32768 (int8 KV): forms 0 (4 warps, 4 stages), 1 (4, 2), 2 (3, 1)"
+timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --depth 32768 \
+  --attr="base,ATTN_MMA_FORM=1,ATTN_MMA_FORM=2" --out "$OUT/decode_forms.json" 2>&1 | grep -E "PDL|attr|rror" | head -30
 fi

@@ -1,26 +1,28 @@
 // Split-K decode attention on tensor cores (CudaQwen35.ATTN_MMA; same arguments and partials as
-// attn_decode_split). grid (Hkv, nsplit, M), block 128 (4 warps), dynamic smem ADM_SMEM (one block an SM; the
-// executor sizes nsplit to one wave). A block takes KV head kvh's G query heads as the rows of one m16 tile
-// (G <= 16; rows past G zero) over the split's tokens [t0, t1) (a split's share rounded up to 16 tokens, so a
-// round never crosses a 64-token page), 64 a round: warp w the round's tokens 16 w .. 16 w + 15, S = Q K^T
-// (16 k-steps x 2 n-tiles of m16n8k16), the online softmax of each row over the warp's tokens (log2 units),
-// O += P V (32 n-tiles of 8 dims). No block barrier in the loop: a warp reads only its own shared memory.
-// Loads run ahead of the math: each warp keeps its next rounds' K and V rows in flight through cp.async
-// (int8: ADM_NS8 stages of raw codes and scales, decoded to one fp16 tile a round; bf16: ADM_NSB tiles
-// copied as they are). Session 10 on the H200, 27B at depth 32768 (int8 KV): the first form (each round's
-// rows loaded, then used: ~80 us a layer, against ~17 us of bytes) 110.6 tok/s, this one 118.1, the split
-// kernel 105.2. The 4 warps'
-// (max, sum, O) are then merged through shared memory into the split's partials as attn_decode_merge
-// writes them (max in natural-log units). Compiled after attn_prefill.cu in the module (kernels.SOURCES):
-// it uses that file's fa_* helpers (ldmatrix, mma.sync, packing, cp.async, the int8 decode).
+// attn_decode_split). grid (Hkv, nsplit, M), block 32 W (W warps), dynamic smem ADM_SMEM_OF(KV8, W, NS) (one
+// block an SM; the executor sizes nsplit to one wave). A block takes KV head kvh's G query heads as the rows
+// of one m16 tile (G <= 16; rows past G zero) over the split's tokens [t0, t1) (a split's share rounded up
+// to 16 tokens, so a round never crosses a 64-token page), 16 W a round: warp w the round's tokens 16 w ..
+// 16 w + 15, S = Q K^T (16 k-steps x 2 n-tiles of m16n8k16), the online softmax of each row over the warp's
+// tokens (log2 units), O += P V (32 n-tiles of 8 dims). No block barrier in the loop: a warp reads only its
+// own shared memory. Loads run ahead of the math: each warp keeps its next NS - 1 rounds' K and V rows in
+// flight through cp.async (int8: NS stages of raw codes and scales, decoded to one fp16 tile a round; bf16:
+// NS tiles copied as they are; NS = 1: each round's rows loaded, then used). Session 10 on the H200, 27B at
+// depth 32768 (int8 KV): W 4 with NS 1 (~80 us a layer, against ~17 us of bytes) 110.6 tok/s, with NS 4
+// 118.1, the split kernel 105.2. The W warps' (max, sum, O) are then merged through shared memory into the
+// split's partials as attn_decode_merge writes them (max in natural-log units). Compiled after
+// attn_prefill.cu in the module (kernels.SOURCES): it uses that file's fa_* helpers (ldmatrix, mma.sync,
+// packing, cp.async, the int8 decode).
 #include "common.cuh"
 #define ADM_LD 264                      // row stride in 16-bit elements (as FA_LD: ldmatrix phases conflict-free)
 #define ADM_TILE (2 * 16 * ADM_LD * 2)  // a warp's K and V tiles, fp16 / bf16: 16,896 bytes
 #define ADM_RAW (2 * 16 * 256 + 2 * 16 * 8)  // int8: 16 rows of K and V codes, then their 4 scales a row
-#define ADM_NS8 4                       // int8: raw stages a warp (3 rounds in flight while one is used)
-#define ADM_NSB 3                       // bf16: tile stages a warp (2 rounds in flight)
-#define ADM_WARP (ADM_NS8 * ADM_RAW + ADM_TILE)  // = ADM_NSB * ADM_TILE = 50,688 bytes a warp
-#define ADM_SMEM (16 * ADM_LD * 2 + 4 * ADM_WARP)  // the Q tile, then the 4 warps': 211,200 bytes
+// A form: W warps a block, NS stages a warp (int8: raw stages, one fp16 tile; bf16: tile stages); shared
+// memory ADM_SMEM_OF(KV8, W, NS): the Q tile, then the warps' stages (kernels.attn_mma_smem mirrors it).
+// The H100/H200 form: int8 W 4, NS 4 (3 rounds in flight while one is used), bf16 W 4, NS 3: 211,200
+// bytes; smaller ones for GPUs with less shared memory a block (kernels.ATTN_MMA_FORMS).
+#define ADM_WARP_OF(KV8, NS) ((KV8) ? (NS) * ADM_RAW + ADM_TILE : (NS) * ADM_TILE)
+#define ADM_SMEM_OF(KV8, W, NS) (16 * ADM_LD * 2 + (W) * ADM_WARP_OF(KV8, NS))
 
 #if !NI_PRE_SM80
 // One key tile's online-softmax step for a thread's two rows (a: g, b: g + 8) of a 16-row MMA tile: each
@@ -150,12 +152,16 @@ __device__ __forceinline__ void adm_decode(unsigned short* tile, const unsigned 
 }
 #endif
 
-template <int G, bool KV8>
-__global__ void __launch_bounds__(128) attn_decode_mma(ATTN_DECODE_PARAMS) {
+template <int G, bool KV8, int W, int NS>
+__global__ void __launch_bounds__(32 * W) attn_decode_mma(ATTN_DECODE_PARAMS) {
 #if NI_PRE_SM80  // below sm_80: never launched (kernels.mma_ok)
   __trap();
 #else
   static_assert(G >= 1 && G <= 16, "one m16 tile of query heads");
+  static_assert(W >= 1 && W <= 8 && NS >= 1, "a form");
+  // (the merge's [W][16][256] fp32 rows and their (max, sum) reuse the stages)
+  static_assert(W * 16 * 258 * 4 <= ADM_SMEM_OF(KV8, W, NS), "merge room");
+  constexpr int T = 32 * W, RT = 16 * W;  // threads; tokens a round
   constexpr bool BF = !KV8;  // MMA inputs: bf16 for a bf16 cache, fp16 for int8 codes x scales
   constexpr float LOG2E = 1.4426950408889634f;
   extern __shared__ __align__(16) unsigned short adm_smem[];
@@ -168,22 +174,21 @@ __global__ void __launch_bounds__(128) attn_decode_mma(ATTN_DECODE_PARAMS) {
   const int t0 = split * per, t1 = min(t0 + per, L);
   const int* pt = page_table + (size_t)m * pt_stride;
   unsigned short* Qs = adm_smem;
-  unsigned char* wbase = reinterpret_cast<unsigned char*>(adm_smem + 16 * ADM_LD) + warp * ADM_WARP;
-  constexpr int NS = KV8 ? ADM_NS8 : ADM_NSB;
+  unsigned char* wbase = reinterpret_cast<unsigned char*>(adm_smem + 16 * ADM_LD) + warp * ADM_WARP_OF(KV8, NS);
   // the tile the MMAs read: int8 the one after the raw stages; bf16 the round's stage (stage 0 here)
-  unsigned short* Ks = reinterpret_cast<unsigned short*>(wbase + (KV8 ? ADM_NS8 * ADM_RAW : 0));
+  unsigned short* Ks = reinterpret_cast<unsigned short*>(wbase + (KV8 ? NS * ADM_RAW : 0));
   unsigned short* Vs = Ks + 16 * ADM_LD;
-  const int nr = t1 - t0 > 16 * warp ? (t1 - t0 - 16 * warp + 63) / 64 : 0;  // the warp's rounds
+  const int nr = t1 - t0 > 16 * warp ? (t1 - t0 - 16 * warp + RT - 1) / RT : 0;  // the warp's rounds
   const unsigned stage0 = fa_smem_addr(wbase);
   constexpr unsigned STAGE = KV8 ? ADM_RAW : ADM_TILE;
 #pragma unroll
   for (int i = 0; i < NS - 1; ++i) {  // the first rounds asked for before Q is even staged
-    if (i < nr) adm_issue<KV8>(stage0 + i * STAGE, kc, vc, ks, vsc, pt, Hkv, kvh, t0 + 16 * warp + 64 * i, t1, lane);
+    if (i < nr) adm_issue<KV8>(stage0 + i * STAGE, kc, vc, ks, vsc, pt, Hkv, kvh, t0 + 16 * warp + RT * i, t1, lane);
     fa_cp_commit();
   }
 
   // Q: the G rows scaled (rows past G zero), rounded to the MMA type
-  for (int i = tid; i < 16 * 64; i += 128) {
+  for (int i = tid; i < 16 * 64; i += T) {
     const int r = i >> 6, c = (i & 63) * 4;
     float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
     if (r < G) v = *reinterpret_cast<const float4*>(q + ((size_t)m * Hq + kvh * G + r) * 256 + c);
@@ -205,10 +210,10 @@ __global__ void __launch_bounds__(128) attn_decode_mma(ATTN_DECODE_PARAMS) {
 
   int st = 0;  // round i's stage: i % NS
   for (int i = 0; i < nr; ++i) {
-    const int tb = t0 + 16 * warp + 64 * i;
+    const int tb = t0 + 16 * warp + RT * i;
     {  // round i + NS - 1 into the stage round i - 1 used (every lane done with it: the loop's last __syncwarp)
       const int ia = i + NS - 1, sa = st == 0 ? NS - 1 : st - 1;
-      if (ia < nr) adm_issue<KV8>(stage0 + sa * STAGE, kc, vc, ks, vsc, pt, Hkv, kvh, tb + 64 * (NS - 1), t1, lane);
+      if (ia < nr) adm_issue<KV8>(stage0 + sa * STAGE, kc, vc, ks, vsc, pt, Hkv, kvh, tb + RT * (NS - 1), t1, lane);
       fa_cp_commit();
     }
     adm_cp_wait<NS - 1>();  // this lane's copies of round i have landed
@@ -256,11 +261,11 @@ __global__ void __launch_bounds__(128) attn_decode_mma(ATTN_DECODE_PARAMS) {
     l_b += __shfl_xor_sync(0xffffffffu, l_b, off);
   }
 
-  // merge the 4 warps: their rows' (max, sum) and O through shared memory (over the tiles), thread d
-  // handling dimensions d and d + 128 of each row
+  // merge the W warps: their rows' (max, sum) and O through shared memory (over the stages), thread d
+  // handling dimensions d, d + T, ... of each row
   __syncthreads();
-  float* sm_o = reinterpret_cast<float*>(adm_smem);  // [4][16][256]
-  float* sm_ml = sm_o + 4 * 16 * 256;                 // [4][16][2]
+  float* sm_o = reinterpret_cast<float*>(adm_smem);  // [W][16][256]
+  float* sm_ml = sm_o + W * 16 * 256;                 // [W][16][2]
 #pragma unroll
   for (int n = 0; n < 32; ++n) {
     const int d = 8 * n + 2 * t4;
@@ -277,21 +282,21 @@ __global__ void __launch_bounds__(128) attn_decode_mma(ATTN_DECODE_PARAMS) {
   for (int r = 0; r < G; ++r) {
     float M_ = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < 4; ++w) M_ = fmaxf(M_, sm_ml[(w * 16 + r) * 2]);
-    float Ls = 0.f, A0 = 0.f, A1 = 0.f;
-    if (M_ > -INFINITY) {
+    for (int w = 0; w < W; ++w) M_ = fmaxf(M_, sm_ml[(w * 16 + r) * 2]);
+    float cw[W], Ls = 0.f;  // each warp's weight in the merged row
 #pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        const float mw = sm_ml[(w * 16 + r) * 2];
-        const float c = mw > -INFINITY ? exp2f(mw - M_) : 0.f;
-        Ls += sm_ml[(w * 16 + r) * 2 + 1] * c;
-        A0 += sm_o[(w * 16 + r) * 256 + tid] * c;
-        A1 += sm_o[(w * 16 + r) * 256 + tid + 128] * c;
-      }
+    for (int w = 0; w < W; ++w) {
+      const float mw = sm_ml[(w * 16 + r) * 2];
+      cw[w] = M_ > -INFINITY && mw > -INFINITY ? exp2f(mw - M_) : 0.f;
+      Ls += sm_ml[(w * 16 + r) * 2 + 1] * cw[w];
     }
     const size_t hs = ((size_t)m * Hq + kvh * G + r) * nsplit + split;
-    part_acc[hs * 256 + tid] = A0;
-    part_acc[hs * 256 + tid + 128] = A1;
+    for (int d = tid; d < 256; d += T) {
+      float A = 0.f;
+#pragma unroll
+      for (int w = 0; w < W; ++w) A += sm_o[(w * 16 + r) * 256 + d] * cw[w];
+      part_acc[hs * 256 + d] = A;
+    }
     if (tid == 0) {
       part_ml[hs * 2] = M_ > -INFINITY ? M_ * 0.6931471805599453f : -INFINITY;  // natural-log units
       part_ml[hs * 2 + 1] = Ls;

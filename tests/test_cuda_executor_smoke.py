@@ -2,6 +2,8 @@
 (tests/fake_cupy.py, kernels are no-ops). Catches breakage of the GPU path's plumbing in CI; the
 kernels' numbers are checked by tests/gpu on a device. This file: the decode step and the engine around
 it; the tensor-core prefill's are in test_cuda_prefill_smoke.py."""
+import functools
+
 import numpy as np
 import pytest
 
@@ -246,22 +248,39 @@ def test_conv_epilogue_is_refused_where_it_is_not_compiled(cp):
 
 
 def test_attention_on_tensor_cores_plumbing(cp, monkeypatch):
-    """NINFER_ATTN_MMA: the decode attention takes attn_decode_mma<G, KV8> (grid Hkv x nsplit x M, 128
-    threads, its dynamic shared memory) where G is compiled (kernels.ATTN_MMA_G), the split kernel elsewhere."""
+    """NINFER_ATTN_MMA: the decode attention takes attn_decode_mma<G, KV8, W, NS> (grid Hkv x nsplit x M, W
+    warps, its form's dynamic shared memory) where G is compiled (kernels.ATTN_MMA_G), the split kernel
+    elsewhere; the form is the first of kernels.ATTN_MMA_FORMS that fits the device's shared memory, and
+    nsplit fills the SMs once (the split kernels: twice)."""
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5_cuda import CudaQwen35
     from engine.ops import kernels as K
 
     monkeypatch.setattr(CudaQwen35, "ATTN_MMA", True)
-    for hq, want in ((12, "attn_decode_mma<6,false>"), (4, "attn_decode_split<2,false>")):
-        cfg = dict(CFG, num_attention_heads=hq, num_key_value_heads=2)
+    for limit, kv, want, form in ((227 * 1024, "bf16", "attn_decode_mma<6,false,4,3>", (4, 3)),
+                                  (227 * 1024, "int8", "attn_decode_mma<6,true,4,4>", (4, 4)),
+                                  (163 * 1024, "int8", "attn_decode_mma<6,true,4,2>", (4, 2)),
+                                  (99 * 1024, "int8", "attn_decode_mma<6,true,3,1>", (3, 1)),
+                                  (99 * 1024, "bf16", "attn_decode_mma<6,false,4,1>", (4, 1)),
+                                  (48 * 1024, "bf16", "attn_decode_split<3,false,2>", None)):
+        monkeypatch.setattr(K, "smem_optin", functools.cache(lambda limit=limit: limit))  # (the fixture clears it)
+        cfg = dict(CFG, num_attention_heads=12, num_key_value_heads=2)
         args, w = _weights(cfg)
-        ex = build_engine(args, w, cfg, max_context=256, prefill_cols=8, prefill_gemm=0).model.executor
+        ex = build_engine(args, w, cfg, max_context=256, prefill_cols=8, prefill_gemm=0, kv=kv).model.executor
         att = [op for op in _flat(ex.ops) if getattr(op, "name", "").startswith("attn_decode")]
-        assert att and all(op.name == want for op in att)
-        if want.startswith("attn_decode_mma"):
-            assert all(op.grid == (2, ex.nsplit, ex.M) and op.block == 128 and op.smem == K.ATTN_MMA_SMEM
-                       for op in att)
+        assert att and all(op.name == want for op in att), (limit, kv, {op.name for op in att})
+        if form:
+            assert all(op.grid == (2, ex.nsplit, ex.M) and op.block == 32 * form[0]
+                       and op.smem == K.attn_mma_smem(kv == "int8", *form) for op in att)
+        assert ex.nsplit == min(256 // 64, (1 if form else 2) * K.sm_count() // 2)
+    monkeypatch.setattr(K, "smem_optin", functools.cache(lambda: 227 * 1024))
+    cfg = dict(CFG, num_attention_heads=4, num_key_value_heads=2)  # 2 query heads a KV head: not compiled
+    args, w = _weights(cfg)
+    ex = build_engine(args, w, cfg, max_context=256, prefill_cols=8, prefill_gemm=0).model.executor
+    assert {op.name for op in _flat(ex.ops) if getattr(op, "name", "").startswith("attn_decode")} == {
+        "attn_decode_split<2,false>"}
+    assert K.attn_mma_smem(True, 4, 4) == K.attn_mma_smem(False, 4, 3) == 211_200
+    assert K.attn_mma_form(True, 227 * 1024, pick=2) == (3, 1) and K.attn_mma_form(True, 80 * 1024) is None
 
 
 def test_attention_query_group_cut_plumbing(cp, monkeypatch):

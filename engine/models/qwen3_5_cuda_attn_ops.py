@@ -43,19 +43,23 @@ class AttentionOps:
     # against 105.2 / 105.2, depth 0 128.8 / 128.9 against 128.7 / 128.7, 35B-A3B 342.2 / 342.1 against
     # 342.1 / 342.0. On by default; NINFER_ATTN_MMA=0 for the split kernel.
     ATTN_MMA = os.environ.get("NINFER_ATTN_MMA", "1") != "0"
+    # Which attn_decode_mma form (an index into kernels.ATTN_MMA_FORMS[int8 KV]): -1 the first that fits the
+    # device's shared memory; 1 and 2 (the A100-class and 99 KB forms) can be tried on an H200 this way.
+    ATTN_MMA_FORM = int(os.environ.get("NINFER_ATTN_MMA_FORM", "-1"))
 
-    def _attn_mma(self) -> bool:
-        """Whether the decode attention runs attn_decode_mma (switched on, its query group compiled, a GPU
-        with mma.sync and room for its shared memory)."""
-        return (self.ATTN_MMA and self.Hq // max(self.Hkv, 1) in K.ATTN_MMA_G and K.mma_ok()
-                and K.smem_optin() >= K.ATTN_MMA_SMEM)
+    def _attn_mma(self):
+        """(W, NS) of the attn_decode_mma form the decode attention runs, or None for the split kernels
+        (switched off, the query group not compiled, no mma.sync, or no form fits the shared memory)."""
+        if not (self.ATTN_MMA and self.Hq // max(self.Hkv, 1) in K.ATTN_MMA_G and K.mma_ok()):
+            return None
+        return K.attn_mma_form(self.kv == "int8", K.smem_optin(), self.ATTN_MMA_FORM)
 
     def _alloc_attention(self):
         """Split-K attention partials (per token row, query head and split): attn_decode_mma one block an
         SM, so as many splits as fill the SMs once; the split kernels two waves' worth."""
         cp, M, f32 = self.cp, self.M, self.cp.float32
         pages_per_lane = self.max_context // KV_PAGE
-        waves = 1 if self._attn_mma() else 2
+        waves = 1 if self._attn_mma() is not None else 2
         self.nsplit = max(1, min(pages_per_lane, (waves * K.sm_count()) // max(self.Hkv, 1)))
         self.chunk = -(-self.max_context // self.nsplit)
         self.attn_ml = cp.zeros((M, self.Hq, self.nsplit, 2), dtype=f32)
@@ -71,9 +75,11 @@ class AttentionOps:
         args = (self.qbuf, L["kc"], L["vc"], self.qpos, self.page_table, self.pt_stride, self.Hkv, self.chunk,
                 float(1.0 / math.sqrt(ATTN_HEAD_DIM)), self.attn_ml, self.attn_acc, self.nsplit, _ptr(L["ks"]),
                 _ptr(L["vs"]))
-        if self._attn_mma():
-            split = K.prepared(f"attn_decode_mma<{g},{kv8}>", (self.Hkv, self.nsplit, M), args, block=128,
-                               smem=K.ATTN_MMA_SMEM)
+        form = self._attn_mma()
+        if form is not None:
+            w, ns = form
+            split = K.prepared(f"attn_decode_mma<{g},{kv8},{w},{ns}>", (self.Hkv, self.nsplit, M), args,
+                               block=32 * w, smem=K.attn_mma_smem(kv8 == "true", w, ns))
         else:
             if self.ATTN_TT in K.ATTN_TT:
                 name = f"attn_decode_tt<{g},{kv8},{self.ATTN_TT}>"

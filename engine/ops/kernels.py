@@ -42,9 +42,26 @@ ATTN_GROUPS = (1, 2, 3, 4, 6, 8)
 ATTN_TT = (4,)
 # attn_decode_split<G, KV8, GS>: a KV head's G GS query heads over GS blocks of G (CudaQwen35.ATTN_GSPLIT)
 ATTN_GSPLIT = ((3, 2), (4, 2), (2, 4))
-# attn_decode_mma<G, KV8> (cuda/attn_decode_mma.cu; CudaQwen35.ATTN_MMA): query groups compiled, its shared memory
+# attn_decode_mma<G, KV8, W, NS> (cuda/attn_decode_mma.cu; CudaQwen35.ATTN_MMA): query groups compiled; its
+# forms (W warps a block, NS stages a warp) by int8 KV or not, the first whose shared memory fits the device
+# runs: the H100/H200 form (211,200 bytes), an A100-class one (143,616), a 99 KB consumer-GPU one (84,480 /
+# 76,032: NS 1, each round loaded then used).
 ATTN_MMA_G = (6, 8)
-ATTN_MMA_SMEM = 16 * 264 * 2 + 4 * (4 * (2 * 16 * 256 + 2 * 16 * 8) + 2 * 16 * 264 * 2)  # ADM_SMEM: 211,200
+ATTN_MMA_FORMS = {True: ((4, 4), (4, 2), (3, 1)), False: ((4, 3), (4, 2), (4, 1))}
+
+
+def attn_mma_smem(kv8: bool, w: int, ns: int) -> int:
+    """Dynamic shared memory of attn_decode_mma<G, kv8, w, ns> (ADM_SMEM_OF): the Q tile, then per warp the
+    stages (int8: raw codes and scales) and, for int8, the decoded fp16 tile."""
+    tile, raw = 2 * 16 * 264 * 2, 2 * 16 * 256 + 2 * 16 * 8
+    return 16 * 264 * 2 + w * (ns * raw + tile if kv8 else ns * tile)
+
+
+def attn_mma_form(kv8: bool, limit: int, pick: int = -1):
+    """(W, NS) of the attn_decode_mma form to run with `limit` bytes of shared memory a block (`pick` >= 0:
+    only that entry of ATTN_MMA_FORMS), or None when none fits."""
+    forms = ATTN_MMA_FORMS[kv8] if pick < 0 else ATTN_MMA_FORMS[kv8][pick:pick + 1]
+    return next(((w, ns) for w, ns in forms if attn_mma_smem(kv8, w, ns) <= limit), None)
 GDN_DELTA_ROWS = (2, 4)  # state rows a warp of gdn_delta_rows (the prefill's GDN recurrence)
 # the chunked GDN prefill (gdn_chunk_prep, gdn_chunk_scan<RB> / gdn_chunk_scan_tc<RB>): state rows a block
 # of the in-order pass, and the dynamic shared memory (GDN_PREP_SMEM in cuda/gdn_tc.cu, GDN_SCAN_TC_SMEM in
@@ -127,7 +144,8 @@ def _names(experimental: bool = False) -> list[str]:
     names += [f"attn_decode_split<{g},{kv8}>" for g in ATTN_GROUPS for kv8 in ("false", "true")]
     names += [f"attn_decode_tt<{g},{kv8},{tt}>" for g in ATTN_GROUPS for kv8 in ("false", "true") for tt in ATTN_TT]
     names += [f"attn_decode_split<{g},{kv8},{gs}>" for g, gs in ATTN_GSPLIT for kv8 in ("false", "true")]
-    names += [f"attn_decode_mma<{g},{kv8}>" for g in ATTN_MMA_G for kv8 in ("false", "true")]
+    names += [f"attn_decode_mma<{g},{str(kv8).lower()},{w},{ns}>" for g in ATTN_MMA_G for kv8 in (False, True)
+              for w, ns in ATTN_MMA_FORMS[kv8]]
     names += [f"gdn_delta_rows<{r}>" for r in GDN_DELTA_ROWS]
     names += [f"gdn_chunk_scan<{rb}>" for rb in GDN_SCAN_RB]
     names += [f"attn_prefill_fa<{w},{kv8}>" for w in (4, 8) for kv8 in ("false", "true")]  # warps, int8 KV

@@ -334,15 +334,16 @@ def test_gdn_step(cp):
 
 
 # tt: tokens a warp a round (their K/V loads in flight together); gs: blocks a KV head's query group is cut
-# into (attn_decode_split<g / gs, kv8, gs>); tt = 0: attn_decode_mma<g, kv8> (tensor cores)
-@pytest.mark.parametrize("tt,gs", [(1, 1), (4, 1), (1, 2), (1, 4), (0, 1)])
+# into (attn_decode_split<g / gs, kv8, gs>); tt = 0: attn_decode_mma<g, kv8, W, NS> (tensor cores), gs its
+# form's index in kernels.ATTN_MMA_FORMS (W warps, NS stages: each runs on an H200)
+@pytest.mark.parametrize("tt,gs", [(1, 1), (4, 1), (1, 2), (1, 4), (0, 0), (0, 1), (0, 2)])
 @pytest.mark.parametrize("kv", ["bf16", "int8"])
 @pytest.mark.parametrize("g", [6, 8])
 @pytest.mark.parametrize("length", [1, 63, 200, 1500])
 def test_attention_decode(cp, g, length, kv, tt, gs):
     from engine.ops import kernels as K
 
-    if gs > 1 and (g // gs, gs) not in K.ATTN_GSPLIT:
+    if tt and gs > 1 and (g // gs, gs) not in K.ATTN_GSPLIT:
         pytest.skip(f"no attn_decode_split<{g // gs},*,{gs}> compiled")
     from engine.ops import kernels as K
     from engine.ops.kvquant import dequantize_kv_int8_g64, quantize_kv_int8_g64
@@ -385,11 +386,13 @@ def test_attention_decode(cp, g, length, kv, tt, gs):
     out = poisoned(cp, (1, hq * d))
     kv8 = "true" if int8 else "false"
     name = f"attn_decode_split<{g},{kv8}>" if tt == 1 else f"attn_decode_tt<{g},{kv8},{tt}>"
-    if gs > 1:
+    if tt and gs > 1:
         name = f"attn_decode_split<{g // gs},{kv8},{gs}>"
     launch = dict(grid=(hkv * gs, nsplit, 1))
     if tt == 0:
-        name, launch = f"attn_decode_mma<{g},{kv8}>", dict(grid=(hkv, nsplit, 1), block=128, smem=K.ATTN_MMA_SMEM)
+        w, ns = K.ATTN_MMA_FORMS[int8][gs]
+        name = f"attn_decode_mma<{g},{kv8},{w},{ns}>"
+        launch = dict(grid=(hkv, nsplit, 1), block=32 * w, smem=K.attn_mma_smem(int8, w, ns))
     K.prepared(name, args=(qbuf, kc, vc, pos, pt, pages, hkv, chunk, 1 / 16, ml, acc, nsplit, ptr(ksc), ptr(vsc)),
                **launch)()
     K.prepared("attn_combine", (hq, 1), (ml, acc, nsplit, cp.asarray(gate), hq * d, out, hq * d, hq))()
