@@ -257,6 +257,7 @@ def test_attention_on_tensor_cores_plumbing(cp, monkeypatch):
     from engine.ops import kernels as K
 
     monkeypatch.setattr(CudaQwen35, "ATTN_MMA", True)
+    monkeypatch.setattr(K, "ATTN_MMA_AUTO", 3)  # every form in the automatic choice
     for limit, kv, want, form in ((227 * 1024, "bf16", "attn_decode_mma<6,false,4,3>", (4, 3)),
                                   (227 * 1024, "int8", "attn_decode_mma<6,true,4,4>", (4, 4)),
                                   (163 * 1024, "int8", "attn_decode_mma<6,true,4,2>", (4, 2)),
@@ -281,6 +282,8 @@ def test_attention_on_tensor_cores_plumbing(cp, monkeypatch):
         "attn_decode_split<2,false>"}
     assert K.attn_mma_smem(True, 4, 4) == K.attn_mma_smem(False, 4, 3) == 211_200
     assert K.attn_mma_form(True, 227 * 1024, pick=2) == (3, 1) and K.attn_mma_form(True, 80 * 1024) is None
+    monkeypatch.setattr(K, "ATTN_MMA_AUTO", 1)  # (the default until the smaller forms run on a GPU)
+    assert K.attn_mma_form(True, 163 * 1024) is None and K.attn_mma_form(True, 163 * 1024, pick=1) == (4, 2)
 
 
 def test_attention_query_group_cut_plumbing(cp, monkeypatch):

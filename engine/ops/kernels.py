@@ -48,6 +48,10 @@ ATTN_GSPLIT = ((3, 2), (4, 2), (2, 4))
 # 76,032: NS 1, each round loaded then used).
 ATTN_MMA_G = (6, 8)
 ATTN_MMA_FORMS = {True: ((4, 4), (4, 2), (3, 1)), False: ((4, 3), (4, 2), (4, 1))}
+# how many of those the automatic choice considers: the smaller forms were written after session 10's device
+# time ran out (compiled and emulated, not yet run on a GPU), so until `bench/gpu_all.sh next` has tested
+# them (forced on the H200) other GPUs keep the split kernels; NINFER_ATTN_MMA_FORM=1 or 2 picks one.
+ATTN_MMA_AUTO = 1
 
 
 def attn_mma_smem(kv8: bool, w: int, ns: int) -> int:
@@ -58,9 +62,9 @@ def attn_mma_smem(kv8: bool, w: int, ns: int) -> int:
 
 
 def attn_mma_form(kv8: bool, limit: int, pick: int = -1):
-    """(W, NS) of the attn_decode_mma form to run with `limit` bytes of shared memory a block (`pick` >= 0:
-    only that entry of ATTN_MMA_FORMS), or None when none fits."""
-    forms = ATTN_MMA_FORMS[kv8] if pick < 0 else ATTN_MMA_FORMS[kv8][pick:pick + 1]
+    """(W, NS) of the attn_decode_mma form to run with `limit` bytes of shared memory a block (the first
+    ATTN_MMA_AUTO entries of ATTN_MMA_FORMS; `pick` >= 0: only that entry), or None when none fits."""
+    forms = ATTN_MMA_FORMS[kv8][:ATTN_MMA_AUTO] if pick < 0 else ATTN_MMA_FORMS[kv8][pick:pick + 1]
     return next(((w, ns) for w, ns in forms if attn_mma_smem(kv8, w, ns) <= limit), None)
 GDN_DELTA_ROWS = (2, 4)  # state rows a warp of gdn_delta_rows (the prefill's GDN recurrence)
 # the chunked GDN prefill (gdn_chunk_prep, gdn_chunk_scan<RB> / gdn_chunk_scan_tc<RB>): state rows a block
