@@ -499,7 +499,10 @@ ready
 log "tests of the decode attention (every attn_decode_mma form)"
 gpu_pytest "$OUT/gpu_tests_mma.txt" tests/gpu -k "attention_decode or tensor_cores"
 grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_mma.txt" | tail -8
-log "decode A/B at depth 32768 (int8 KV): forms 0 (4 warps, 4 stages), 1 (4, 2), 2 (3, 1)"
-timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --depth 32768 \
-  --attr="base,ATTN_MMA_FORM=1,ATTN_MMA_FORM=2" --out "$OUT/decode_forms.json" 2>&1 | grep -E "PDL|attr|rror" | head -30
+log "decode at depth 32768, a process a form (nsplit follows its resident blocks): -1 auto (4 warps, 4 stages int8 /
+  3 bf16), 1 (4, 2), 2 (int8 3 warps / bf16 4, 1 stage)"
+for f in -1 1 2; do
+  NINFER_ATTN_MMA_FORM=$f timeout 100 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --depth 32768 \
+    --out "$OUT/decode_form$f.json" 2>&1 | grep -E "depth 32768|rror" | sed "s/^/form $f: /" | head -4
+done
 fi

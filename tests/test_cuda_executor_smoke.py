@@ -273,7 +273,8 @@ def test_attention_on_tensor_cores_plumbing(cp, monkeypatch):
         if form:
             assert all(op.grid == (2, ex.nsplit, ex.M) and op.block == 32 * form[0]
                        and op.smem == K.attn_mma_smem(kv == "int8", *form) for op in att)
-        assert ex.nsplit == min(256 // 64, (1 if form else 2) * K.sm_count() // 2)
+        waves = K.blocks_per_sm(want, 32 * form[0], att[0].smem) if form else 2  # (resident blocks an SM)
+        assert ex.nsplit == min(256 // 64, (waves * K.sm_count()) // 2)
     monkeypatch.setattr(K, "smem_optin", functools.cache(lambda: 227 * 1024))
     cfg = dict(CFG, num_attention_heads=4, num_key_value_heads=2)  # 2 query heads a KV head: not compiled
     args, w = _weights(cfg)
@@ -284,6 +285,8 @@ def test_attention_on_tensor_cores_plumbing(cp, monkeypatch):
     assert K.attn_mma_form(True, 227 * 1024, pick=2) == (3, 1) and K.attn_mma_form(True, 80 * 1024) is None
     monkeypatch.setattr(K, "ATTN_MMA_AUTO", 1)  # (the default until the smaller forms run on a GPU)
     assert K.attn_mma_form(True, 163 * 1024) is None and K.attn_mma_form(True, 163 * 1024, pick=1) == (4, 2)
+    with pytest.raises(ValueError, match="NINFER_ATTN_MMA_FORM=3"):
+        K.attn_mma_form(True, 227 * 1024, pick=3)
 
 
 def test_attention_query_group_cut_plumbing(cp, monkeypatch):

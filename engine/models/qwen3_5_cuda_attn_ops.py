@@ -48,18 +48,27 @@ class AttentionOps:
     ATTN_MMA_FORM = int(os.environ.get("NINFER_ATTN_MMA_FORM", "-1"))
 
     def _attn_mma(self):
-        """(W, NS) of the attn_decode_mma form the decode attention runs, or None for the split kernels
-        (switched off, the query group not compiled, no mma.sync, or no form fits the shared memory)."""
-        if not (self.ATTN_MMA and self.Hq // max(self.Hkv, 1) in K.ATTN_MMA_G and K.mma_ok()):
+        """(kernel name, threads, dynamic shared memory) of the attn_decode_mma form the decode attention runs,
+        or None for the split kernels (switched off, the query group not compiled, no mma.sync, or no form
+        fits the shared memory)."""
+        g = self.Hq // max(self.Hkv, 1)
+        if not (self.ATTN_MMA and g in K.ATTN_MMA_G and K.mma_ok()):
             return None
-        return K.attn_mma_form(self.kv == "int8", K.smem_optin(), self.ATTN_MMA_FORM)
+        kv8 = self.kv == "int8"
+        form = K.attn_mma_form(kv8, K.smem_optin(), self.ATTN_MMA_FORM)
+        if form is None:
+            return None
+        w, ns = form
+        return f"attn_decode_mma<{g},{str(kv8).lower()},{w},{ns}>", 32 * w, K.attn_mma_smem(kv8, w, ns)
 
     def _alloc_attention(self):
-        """Split-K attention partials (per token row, query head and split): attn_decode_mma one block an
-        SM, so as many splits as fill the SMs once; the split kernels two waves' worth."""
+        """Split-K attention partials (per token row, query head and split): as many splits as fill the SMs
+        once with attn_decode_mma's resident blocks (its automatic form: one an SM), two waves' worth of the
+        split kernels."""
         cp, M, f32 = self.cp, self.M, self.cp.float32
         pages_per_lane = self.max_context // KV_PAGE
-        waves = 1 if self._attn_mma() is not None else 2
+        mma = self._attn_mma()
+        waves = K.blocks_per_sm(*mma) if mma is not None else 2
         self.nsplit = max(1, min(pages_per_lane, (waves * K.sm_count()) // max(self.Hkv, 1)))
         self.chunk = -(-self.max_context // self.nsplit)
         self.attn_ml = cp.zeros((M, self.Hq, self.nsplit, 2), dtype=f32)
@@ -75,11 +84,10 @@ class AttentionOps:
         args = (self.qbuf, L["kc"], L["vc"], self.qpos, self.page_table, self.pt_stride, self.Hkv, self.chunk,
                 float(1.0 / math.sqrt(ATTN_HEAD_DIM)), self.attn_ml, self.attn_acc, self.nsplit, _ptr(L["ks"]),
                 _ptr(L["vs"]))
-        form = self._attn_mma()
-        if form is not None:
-            w, ns = form
-            split = K.prepared(f"attn_decode_mma<{g},{kv8},{w},{ns}>", (self.Hkv, self.nsplit, M), args,
-                               block=32 * w, smem=K.attn_mma_smem(kv8 == "true", w, ns))
+        mma = self._attn_mma()
+        if mma is not None:
+            name, block, smem = mma
+            split = K.prepared(name, (self.Hkv, self.nsplit, M), args, block=block, smem=smem)
         else:
             if self.ATTN_TT in K.ATTN_TT:
                 name = f"attn_decode_tt<{g},{kv8},{self.ATTN_TT}>"

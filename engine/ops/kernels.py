@@ -64,6 +64,8 @@ def attn_mma_smem(kv8: bool, w: int, ns: int) -> int:
 def attn_mma_form(kv8: bool, limit: int, pick: int = -1):
     """(W, NS) of the attn_decode_mma form to run with `limit` bytes of shared memory a block (the first
     ATTN_MMA_AUTO entries of ATTN_MMA_FORMS; `pick` >= 0: only that entry), or None when none fits."""
+    if pick >= len(ATTN_MMA_FORMS[kv8]):
+        raise ValueError(f"NINFER_ATTN_MMA_FORM={pick}: the forms are 0..{len(ATTN_MMA_FORMS[kv8]) - 1} (-1: automatic)")
     forms = ATTN_MMA_FORMS[kv8][:ATTN_MMA_AUTO] if pick < 0 else ATTN_MMA_FORMS[kv8][pick:pick + 1]
     return next(((w, ns) for w, ns in forms if attn_mma_smem(kv8, w, ns) <= limit), None)
 GDN_DELTA_ROWS = (2, 4)  # state rows a warp of gdn_delta_rows (the prefill's GDN recurrence)
@@ -262,8 +264,10 @@ _CTYPE = {np.dtype(np.uint64): ctypes.c_uint64, np.dtype(np.int64): ctypes.c_int
 
 @functools.cache
 def blocks_per_sm(name: str, block: int = WARPS * 32, smem: int = 0) -> int:
-    """Resident blocks of kernel `name` per multiprocessor (the driver's occupancy calculator)."""
+    """Resident blocks of kernel `name` per multiprocessor (the driver's occupancy calculator; with `smem`
+    bytes of dynamic shared memory, which the kernel is first allowed to take)."""
     try:
+        _allow_smem(kernel(name), name, smem)
         lib = ctypes.CDLL("libcuda.so.1")
         out = ctypes.c_int(0)
         rc = lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(out), ctypes.c_void_p(int(kernel(name).kernel.ptr)),
