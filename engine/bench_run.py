@@ -133,8 +133,10 @@ def run_bench(
             _release(device)
         if baseline:
             try:
+                if preload_error is not None:  # (its imports failed before our engines ran)
+                    raise preload_error
                 base_meta, base_results = _run_baseline(model_path, synthetic, tests, repetitions, warmup, device,
-                                                        tokens, roof, say, preload_error)
+                                                        tokens, roof, say)
             except Exception as e:  # noqa: BLE001  (our results are already measured: keep them)
                 if isinstance(e, NinferError):
                     reason = f"{e.message} ({e.next_action})" if e.next_action else e.message
@@ -157,13 +159,10 @@ def run_bench(
                         results=results, baseline=base_meta, baseline_results=base_results)
 
 
-def _run_baseline(model_path, synthetic, tests, repetitions, warmup, device, tokens, roof, say,
-                  preload_error=None):
+def _run_baseline(model_path, synthetic, tests, repetitions, warmup, device, tokens, roof, say):
     from engine.bench_baseline import build_baseline  # noqa: PLC0415
     from engine.config import ModelArgs  # noqa: PLC0415
 
-    if preload_error is not None:
-        raise preload_error
     cfg = hf_config_of(model_path, synthetic)
     say("baseline: building a random-init transformers model of the same geometry")
     eng = build_baseline(cfg, device=device)

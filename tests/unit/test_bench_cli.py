@@ -137,6 +137,7 @@ def test_a_failing_baseline_keeps_our_results(monkeypatch):
     from engine import bench_baseline, bench_run
 
     monkeypatch.setattr(bench_baseline, "check_available", lambda: None)
+    monkeypatch.setattr(bench_baseline, "preload", lambda cfg: None)  # (torch and transformers "there")
 
     def boom(*a, **k):
         raise RuntimeError("CUDA out of memory")
