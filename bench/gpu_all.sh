@@ -18,7 +18,10 @@
 #   next: attn_decode_mma's forms for smaller shared memory (A100-class: 4 warps, 2 stages; 99 KB: 3 warps or
 #         4 (bf16), 1 stage), forced on the H200 (NINFER_ATTN_MMA_FORM): tests, then each timed at depth
 #         32768 in its own process (next session's first call).
-# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | probe | ncu_mma | ppchunk | next
+#   xi16: the int16-x GEMV decode (NINFER_XI16=1, dp2a) against the fp16 one: both modules compiled, the GEMV,
+#         engine and prefill tests with int16 x, then decode 27B + 35B a process a mode (0 1 0 1; breakdown with
+#         1), then the GEMV sweep with int16 x.
+# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | probe | ncu_mma | ppchunk | next | xi16
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.cupy_cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -195,4 +198,22 @@ for f in -1 1 2; do
   NINFER_ATTN_MMA_FORM=$f timeout 100 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --depth 32768 \
     --out "$OUT/decode_form$f.json" 2>&1 | grep -E "depth 32768|rror" | sed "s/^/form $f: /" | head -4
 done
+fi
+if [ "$PART" = xi16 ]; then
+ready
+log "compile with NINFER_XI16=1"
+NINFER_XI16=1 timeout 240 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')"
+log "tests with int16 x (GEMV, MoE, norms, engine, prefill)"
+NINFER_XI16=1 gpu_pytest "$OUT/gpu_tests_xi16.txt" tests/gpu/test_kernels.py tests/gpu/test_gpu_engine.py \
+  tests/gpu/test_prefill.py -k "gemv or moe or norm or stage or engine or prefill or column or greedy or smollm"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_xi16.txt" | tail -10
+for run in 0 1b 0 1; do
+  x=${run%b}; bd=; [ "$run" = 1b ] && bd=--breakdown
+  log "decode NINFER_XI16=$x $bd"
+  NINFER_XI16=$x timeout 120 python3 bench/gpu_decode.py --synthetic qwen3.8-27b,qwen3.6-35b-a3b \
+    $bd --out "$OUT/decode_xi16_$run.json" 2>&1 | grep -E "PDL|sum of|^  [a-z]|rror" | head -40
+done
+log "GEMV sweep with int16 x"
+NINFER_XI16=1 timeout 200 python3 bench/gpu_decode.py --sweep --synthetic qwen3.8-27b,qwen3.6-35b-a3b \
+  --out "$OUT/sweep_xi16.json" 2>&1 | grep -E "best|rror" | head -30
 fi

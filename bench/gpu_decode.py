@@ -114,7 +114,7 @@ def kernel_sweep(bw):
                     results.append(r)
                     if best is None or r["gbs"] > best["gbs"]:
                         best = r
-        for mma in (K.GEMV_MMA if fmt in ("q4_g64_fp16", "q5_g64_fp16") else ()):
+        for mma in (K.GEMV_MMA if fmt in ("q4_g64_fp16", "q5_g64_fp16") and not K.XI16 else ()):
             for splits in (1, 2, 4) if epi == "partial" else (1,):
                 try:
                     plans = [GemvPlan(w, x, k, y, out_n, epi=epi, splits=splits, xpre=xpre, mma=mma) for w in copies]

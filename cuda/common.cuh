@@ -60,13 +60,39 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
   return warp_max(t);
 }
 
-// The power of two that scales a row whose largest |value| is mx to at most 256: the staged GEMV input
-// (fp16 pairs; the decode's fp16 partial sums stay in range, see gemv.cu).
-__device__ __forceinline__ float pow2_scale(float mx) {
+// The staged GEMV input of the q4/q5/q6 formats (x "pairs", written once by the producing kernel, see
+// gemv.cu): NI_XI16=0: fp16 pairs (x_k, x_k+4), k = 0..3 of each 8 values, scaled so that |x| <= 256 (the
+// decode's fp16 partial sums stay in range); NI_XI16=1: int16 pairs (x0, x2), (x4, x6), (x1, x3), (x5, x7),
+// scaled so that |x| <= 32767, for the dp2a decode (engine.ops.kernels, NINFER_XI16).
+#ifndef NI_XI16
+#define NI_XI16 0
+#endif
+#if NI_XI16
+#define STAGE_MAX 32767.f
+#else
+#define STAGE_MAX 256.f
+#endif
+// Values (a, a + STAGE_GAP) of pair jp (0..3) among the 8 values of a slot: a = stage_a(jp).
+#define STAGE_GAP (NI_XI16 ? 2 : 4)
+__device__ __forceinline__ int stage_a(int jp) { return NI_XI16 ? ((jp & 1) << 2) | (jp >> 1) : jp; }
+
+// One staged pair from two scaled values.
+__device__ __forceinline__ unsigned int stage_pack(float a, float b) {
+#if NI_XI16
+  return ((unsigned int)__float2int_rn(a) & 0xffffu) | ((unsigned int)__float2int_rn(b) << 16);
+#else
+  __half2 h = __floats2half2_rn(a, b);
+  return *reinterpret_cast<unsigned int*>(&h);
+#endif
+}
+
+// The power of two that scales a row whose largest |value| is mx to at most `target` (STAGE_MAX: the
+// staged GEMV input).
+__device__ __forceinline__ float pow2_scale(float mx, float target = STAGE_MAX) {
   float sc = 1.f;
   if (mx > 0.f) {
     int e;
-    frexpf(256.f / mx, &e);
+    frexpf(target / mx, &e);
     sc = ldexpf(1.f, e - 1);
   }
   return sc;
@@ -127,8 +153,8 @@ __device__ __forceinline__ unsigned int half2_as_u32(__half2 h) {
 }
 
 // Row y[0, K) (fp32, written by other blocks of the same kernel: read through L2 only) staged by one block as
-// the GEMV's fp16 pairs of kpad values, scaled by sc: the same values as stage_slice (norm.cu), laid out
-// by octets: 8 consecutive values k = 8o.. are the 4 pairs (k + i, k + 4 + i) of slot o & 3 of chunk o >> 2,
+// the GEMV's pairs of kpad values, scaled by sc: the same values as stage_slice (norm.cu), laid out
+// by octets: 8 consecutive values k = 8o.. are the 4 pairs (stage_pack) of slot o & 3 of chunk o >> 2,
 // one 16-byte store at uint4 (j >> 5) * 128 + c * 32 + (j & 31). Four octets' loads in flight a thread
 // (a single block walking the row one dependent L2 round per pair took ~20 us for 17,408 values).
 __device__ __forceinline__ void stage_row_cg(const float* __restrict__ y, int K, int kpad, uint4* __restrict__ dst,
@@ -156,10 +182,10 @@ __device__ __forceinline__ void stage_row_cg(const float* __restrict__ y, int K,
       if (o < nocts) {
         const int j = o >> 2, c = o & 3;
         uint4 w;
-        w.x = half2_as_u32(__floats2half2_rn(v[i][0] * sc, v[i][4] * sc));
-        w.y = half2_as_u32(__floats2half2_rn(v[i][1] * sc, v[i][5] * sc));
-        w.z = half2_as_u32(__floats2half2_rn(v[i][2] * sc, v[i][6] * sc));
-        w.w = half2_as_u32(__floats2half2_rn(v[i][3] * sc, v[i][7] * sc));
+        w.x = stage_pack(v[i][stage_a(0)] * sc, v[i][stage_a(0) + STAGE_GAP] * sc);
+        w.y = stage_pack(v[i][stage_a(1)] * sc, v[i][stage_a(1) + STAGE_GAP] * sc);
+        w.z = stage_pack(v[i][stage_a(2)] * sc, v[i][stage_a(2) + STAGE_GAP] * sc);
+        w.w = stage_pack(v[i][stage_a(3)] * sc, v[i][stage_a(3) + STAGE_GAP] * sc);
         dst[(j >> 5) * 128 + c * 32 + (j & 31)] = w;
       }
     }

@@ -10,6 +10,8 @@
 // * x is staged once per block into shared memory as fp16, scaled by a power of two so that the fp16
 //   partial sums cannot overflow (target bound per format below), in the pair order the magic decode
 //   produces, and swizzled so that a warp's 16-byte reads are bank-conflict free.
+// * NI_XI16 (NINFER_XI16=1): x staged as int16 pairs instead, and q4/q5/q6 codes turned into signed bytes
+//   for dp2a (dot_i16): about half the decode instructions of the fp16 path, exact int32 sums a chunk.
 // * One warp handles ROWS rows at once (x read once from shared memory for all of them) and keeps
 //   U 16-byte weight loads per row in flight per lane; blocks loop over row groups so that staging x
 //   is paid once per block; grid.y splits K (split-K) for the few-row, long-K shapes.
@@ -39,9 +41,9 @@ struct ConvEpi {
 };
 
 template <int FMT> struct Fmt;
-template <> struct Fmt<FMT_Q4> { static constexpr int VPU = 32, HB = 0;  static constexpr float XMAX = 512.f; };
-template <> struct Fmt<FMT_Q5> { static constexpr int VPU = 32, HB = 8;  static constexpr float XMAX = 256.f; };
-template <> struct Fmt<FMT_Q6> { static constexpr int VPU = 32, HB = 16; static constexpr float XMAX = 256.f; };
+template <> struct Fmt<FMT_Q4> { static constexpr int VPU = 32, HB = 0;  static constexpr float XMAX = NI_XI16 ? STAGE_MAX : 512.f; };
+template <> struct Fmt<FMT_Q5> { static constexpr int VPU = 32, HB = 8;  static constexpr float XMAX = NI_XI16 ? STAGE_MAX : 256.f; };
+template <> struct Fmt<FMT_Q6> { static constexpr int VPU = 32, HB = 16; static constexpr float XMAX = NI_XI16 ? STAGE_MAX : 256.f; };
 template <> struct Fmt<FMT_W8> { static constexpr int VPU = 16, HB = 0;  static constexpr float XMAX = 128.f; };
 
 // Dot product of one 16-byte word of codes (and its high bits) with the matching x pairs.
@@ -109,11 +111,69 @@ __device__ __forceinline__ float dot_words(XAt xat, Decode decode) {
   return s;
 }
 
+// NI_XI16 (int16 x pairs, see common.cuh): each word of codes becomes two words of signed bytes, E (codes
+// 0, 2, 4, 6 of the word: nibbles 0, 2, 4, 6) and O (1, 3, 5, 7), every byte F times its code (the code's
+// bits placed at the top of the byte: q4 F = 16, q5 8, q6 4), and dp2a takes two products a step against
+// the pairs (x0, x2) (x4, x6) (x1, x3) (x5, x7). No offset, no fp16 rounding: the chunk's 32 products sum
+// exactly in int32 (|F code| <= 128, |x| <= 32767). dev/emu_gemv_xi16.py checks the bit manipulations.
+__device__ __forceinline__ int dp2a_lo(unsigned int a, unsigned int b, int c) {
+  int d;
+  asm("dp2a.lo.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+__device__ __forceinline__ int dp2a_hi(unsigned int a, unsigned int b, int c) {
+  int d;
+  asm("dp2a.hi.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// q6: 2-bit fields at bits 4b (b = 0..3) of h -> bits 8b + 6 (the top two bits of byte b).
+__device__ __forceinline__ unsigned int q6_spread(unsigned int h) {
+  return ((h & 0x3u) << 6) | ((h & 0x30u) << 10) | ((h & 0x300u) << 14) | ((h & 0x3000u) << 18);
+}
+
+template <int FMT, typename XAt>
+__device__ __forceinline__ float dot_i16(uint4 w, uint2 hi, XAt xat) {
+  const unsigned int ws[4] = {w.x, w.y, w.z, w.w};
+  // q5: the chunk's high bits of even / odd codes, each at even bit positions
+  const unsigned int he = hi.x & 0x55555555u, ho = (hi.x >> 1) & 0x55555555u;
+  int se = 0, so = 0;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const uint4 xv = xat(c);
+    const unsigned int q = ws[c];
+    unsigned int e, o;
+    if constexpr (FMT == FMT_Q4) {  // two's-complement nibbles at the top of each byte
+      e = (q << 4) & 0xf0f0f0f0u;
+      o = q & 0xf0f0f0f0u;
+    } else if constexpr (FMT == FMT_Q5) {
+      // low nibble at bits 3..6, the high (sign) bit at 7: the 4 bits of byte c of he at 0, 2, 4, 6
+      // spread by one multiply to 7, 15, 23, 31 (the other copies collide only below those, see the emulator)
+      const unsigned int me = __byte_perm(he, 0u, 0x4440u | c) * 0x02082080u;
+      const unsigned int mo = __byte_perm(ho, 0u, 0x4440u | c) * 0x02082080u;
+      e = ((q << 3) & 0x78787878u) | (me & 0x80808080u);
+      o = ((q >> 1) & 0x78787878u) | (mo & 0x80808080u);
+    } else {  // q6: low nibble at bits 2..5, the two high bits at 6..7
+      const unsigned int hh = ((c < 2 ? hi.x : hi.y) >> (16 * (c & 1))) & 0xffffu;
+      e = ((q << 2) & 0x3c3c3c3cu) | q6_spread(hh & 0x3333u);
+      o = ((q >> 2) & 0x3c3c3c3cu) | q6_spread((hh >> 2) & 0x3333u);
+    }
+    se = dp2a_lo(xv.x, e, se);
+    se = dp2a_hi(xv.y, e, se);
+    so = dp2a_lo(xv.z, o, so);
+    so = dp2a_hi(xv.w, o, so);
+  }
+  constexpr float inv = FMT == FMT_Q4 ? 1.f / 16 : (FMT == FMT_Q5 ? 1.f / 8 : 1.f / 4);
+  return (float)(se + so) * inv;
+}
+
 // xat(c): the x pairs of slot c of this chunk (q4-q6: 4 slots; w8: 2 swizzled slots, see key).
 template <int FMT, typename XAt>
 __device__ __forceinline__ float dot_core(uint4 w, uint2 hi, XAt xat, int key, const DecodeK& dk) {
   const unsigned int ws[4] = {w.x, w.y, w.z, w.w};
-  if constexpr (FMT == FMT_W8) {
+  if constexpr (NI_XI16 && FMT != FMT_W8) {
+    return dot_i16<FMT>(w, hi, xat);
+  } else if constexpr (FMT == FMT_W8) {
     const __half2 B = __floats2half2_rn(1152.f, 1152.f);
     float s = 0.f;
 #pragma unroll
@@ -358,11 +418,13 @@ __global__ void __launch_bounds__(256, (M == 1 && U == 2) ? (ROWS == 1 ? 5 : (RO
           dst = (m * nloc + jl) * 8 + phys * 4 + (c & 1) * 2 + jp;
         } else {
           const int c = pi >> 2, jp = pi & 3;
-          ka = (js + jl) * 32 + 8 * c + jp;
-          kb = ka + 4;
+          ka = (js + jl) * 32 + 8 * c + stage_a(jp);
+          kb = ka + STAGE_GAP;
           dst = m * nloc_pad * 16 + (jl >> 5) * 512 + c * 128 + (jl & 31) * 4 + jp;
         }
-        xs[dst] = __floats2half2_rn(ka < K ? xm[ka] * sc : 0.f, kb < K ? xm[kb] * sc : 0.f);
+        const float a = ka < K ? xm[ka] * sc : 0.f, b = kb < K ? xm[kb] * sc : 0.f;
+        if constexpr (FMT == FMT_W8) xs[dst] = __floats2half2_rn(a, b);
+        else reinterpret_cast<unsigned int*>(xs)[dst] = stage_pack(a, b);
       }
     }
     __syncthreads();

@@ -15,15 +15,15 @@ __device__ __forceinline__ void stage_slice(const float* xm, int K, int c0, int 
   auto at = [&](int k) { return CG ? __ldcg(xm + k) : xm[k]; };
   for (int p = c0 * 16 + threadIdx.x; p < c1 * 16; p += blockDim.x) {
     const int jl = p >> 4, pi = p & 15, c = pi >> 2, jp = pi & 3;
-    const int ka = jl * 32 + 8 * c + jp, kb = ka + 4;
-    dst[(jl >> 5) * 512 + c * 128 + (jl & 31) * 4 + jp] =
-        __floats2half2_rn(ka < K ? at(ka) * sc : 0.f, kb < K ? at(kb) * sc : 0.f);
+    const int ka = jl * 32 + 8 * c + stage_a(jp), kb = ka + STAGE_GAP;
+    reinterpret_cast<unsigned int*>(dst)[(jl >> 5) * 512 + c * 128 + (jl & 31) * 4 + jp] =
+        stage_pack(ka < K ? at(ka) * sc : 0.f, kb < K ? at(kb) * sc : 0.f);
   }
 }
 
 
-// Write x[0:K) (fp32, block-shared input) as the fp16 pairs the q4/q5/q6 GEMV decodes, scaled by a
-// power of two so that |x| <= 256, in the slot-major order of gemv.cu (blocks of 32 chunks of 32
+// Write x[0:K) (fp32, block-shared input) as the pairs the q4/q5/q6 GEMV decodes (stage_pack), scaled by a
+// power of two so that |x| <= STAGE_MAX, in the slot-major order of gemv.cu (blocks of 32 chunks of 32
 // values: slot c of chunk j at pair (j >> 5) * 512 + c * 128 + (j & 31) * 4); *xinv = 1 / scale.
 // kpad = K rounded up to 1024 (whole blocks); pairs past K are zero.
 __device__ void stage_pairs(const float* xm, int K, int kpad, __half2* dst, float* xinv, float* red) {
@@ -131,8 +131,9 @@ extern "C" __global__ void __launch_bounds__(1024) residual_rmsnorm_mb(
   __half2* dst = xh + (size_t)m * kpad / 2;
   for (int p = c0 * 16 + threadIdx.x; p < c1 * 16; p += bd) {
     const int jl = p >> 4, pi = p & 15, c = pi >> 2, jp = pi & 3;
-    const int ka = jl * 32 + 8 * c + jp;
-    dst[(jl >> 5) * 512 + c * 128 + (jl & 31) * 4 + jp] = __floats2half2_rn(slice[ka - k0] * sc, slice[ka + 4 - k0] * sc);
+    const int ka = jl * 32 + 8 * c + stage_a(jp);
+    reinterpret_cast<unsigned int*>(dst)[(jl >> 5) * 512 + c * 128 + (jl & 31) * 4 + jp] =
+        stage_pack(slice[ka - k0] * sc, slice[ka + STAGE_GAP - k0] * sc);
   }
   if (blockIdx.x == 0 && threadIdx.x == 0) xinv[m] = 1.f / sc;
 }

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.artifact import formats
+from engine.ops import kernels
 from engine.ops.kernels import (EPI, FMT_IDS, GEMV_ASYNC_M, GEMV_CONV_ROWS, GEMV_MMA, GEMV_PF, GEMV_PRE_MAIN, LDG_NAMES,
                                 LDG_PREFIX, WARPS, Launch,
                                 _allow_smem, blocks_per_sm, kernel, sm_count)
@@ -187,6 +188,8 @@ class GemvPlan:
 
     def _mma_plan(self, w, xpre, y, ldy, m, epi, splits, mma, y_offset):
         tiles, kw, u = mma
+        if kernels.XI16:
+            raise ValueError("gemv_mma reads fp16 x pairs; this process stages int16 ones (NINFER_XI16=1)")
         if epi == "swiglu":
             tiles = 2
             if (w.n // 2) % 16:

@@ -94,6 +94,12 @@ PDL = os.environ.get("NINFER_PDL", "1") != "0"
 GEMV_PF = int(os.environ.get("NINFER_GEMV_PF", "0"))
 
 
+# The staged GEMV input of the q4/q5/q6 formats: int16 pairs and the dp2a decode (1), or fp16 pairs and the
+# magic-number decode (0). Read once at import: every module of a process must agree (the producers stage
+# what the GEMVs read). gemv_mma (experimental) reads fp16 pairs only.
+XI16 = os.environ.get("NINFER_XI16", "0") != "0"
+
+
 def cuda_source_dir() -> Path:
     """The CUDA sources: shipped in the wheel as engine/_cuda, or the repository's cuda/ in a checkout."""
     try:
@@ -117,6 +123,8 @@ def _source(files=None, ldg: bool = False) -> str:
     parts = [common]
     if ldg or os.environ.get("NINFER_W_NOALLOC", "1") == "0":  # GEMV weight loads through L1 (plain __ldg)
         parts.insert(0, "#define NI_W_NOALLOC 0")
+    if XI16:  # q4/q5/q6 GEMV input staged as int16 pairs, dp2a decode (cuda/gemv.cu dot_i16)
+        parts.insert(0, "#define NI_XI16 1")
     for name in SOURCES[1:] if files is None else files:
         text = (root / name).read_text()
         parts.append(re.sub(r'#include "common.cuh"\n', "", text))
