@@ -328,7 +328,7 @@ template <int FMT, int ROWS, int M, int U, bool CONV = false>
 // One-token decode variants held to an occupancy: one row at 5 blocks/SM (51 registers), two rows at
 // 4 (64; not q5, which would spill). With the slot-major x the compiler otherwise hoists every x load
 // of an iteration (immediate offsets) and grows to 96-116 registers.
-__global__ void __launch_bounds__(256, (M == 1 && U == 2) ? (ROWS == 1 ? 5 : (ROWS == 2 && FMT != FMT_Q5 ? 4 : 1)) : 1) gemv_rs(GEMV_RS_PARAMS) {
+__global__ void __launch_bounds__(256, (M == 1 && U == 2) ? (ROWS == 1 ? 5 : (ROWS == 2 && (FMT != FMT_Q5 || NI_XI16) ? 4 : 1)) : 1) gemv_rs(GEMV_RS_PARAMS) {
   // MoE: grid.z picks a routed slot; its expert's rows start at eidx[z] * erows of the stacked object,
   // its x is xz bytes further on (and its own xinv), its output yz floats further on, times ywt[z].
   // pf > 0: before the PDL wait (weights depend on no kernel), each lane asks L2 for the weights, scales

@@ -24,7 +24,7 @@ __device__ __forceinline__ float routed_slot(XP& x, IP& xinv, YP& y, long long x
 // computed once per row group and advanced by constants (gemv_rs recomputes a 64-bit address, ~12
 // instructions, for every load). Same arithmetic and epilogues as gemv_rs; MoE routing included.
 template <int FMT, int ROWS, int M, int U, bool CONV = false>
-__global__ void __launch_bounds__(256, (M == 1 && U == 2) ? (ROWS == 1 ? 5 : (ROWS == 2 && FMT != FMT_Q5 ? 4 : 1)) : 1)
+__global__ void __launch_bounds__(256, (M == 1 && U == 2) ? (ROWS == 1 ? 5 : (ROWS == 2 && (FMT != FMT_Q5 || NI_XI16) ? 4 : 1)) : 1)
 gemv_rs_pre(GEMV_RS_PARAMS, __half2* __restrict__ sxh, float* __restrict__ sxinv, int skpad, unsigned int* __restrict__ sslot) {
   // sxh != nullptr (SwiGLU, one token, no split, no routing): the output row is also staged for the
   // next GEMV, as stage_x would: every block folds the largest |output| it wrote into sslot[0]
