@@ -21,7 +21,10 @@
 #   xi16: the int16-x GEMV decode (NINFER_XI16=1, dp2a) against the fp16 one: both modules compiled, the GEMV,
 #         engine and prefill tests with int16 x, then decode 27B + 35B a process a mode (0 1 0 1; breakdown with
 #         1), then the GEMV sweep with int16 x.
-# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | probe | ncu_mma | ppchunk | next | xi16
+#   s11b: the int16-x defaults through every GPU test; decode 27B + 35B with the A/B of stage_x_amax (breakdown),
+#         the 35B-A3B's breakdown, depth 32768; the 27B GEMV sweep (q5 two-row GEMVs now at 4 blocks an SM);
+#         then `next` (attn_decode_mma's smaller forms).
+# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | probe | ncu_mma | ppchunk | next | xi16 | s11b
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.cupy_cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -186,6 +189,24 @@ if [ "$PART" = ppchunk ]; then  # pp8192 with larger tensor-core prefill chunks 
     NINFER_PREFILL_GEMM=$T timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 8192 -n 0 -r 2 \
       -o json --out "$OUT/pp8192_gemm$T.json" 2>&1 | grep -E "^pp|rror|GiB" | head -4
   done
+fi
+if [ "$PART" = s11b ]; then
+ready
+log "all GPU tests"
+gpu_pytest "$OUT/gpu_tests.txt" tests/gpu
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | tail -12
+log "decode A/B: stage_x_amax (base) against stage_x_mb (STAGE_AMAX=0)"
+timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.8-27b,qwen3.6-35b-a3b --attr="base,STAGE_AMAX=0" \
+  --breakdown --out "$OUT/decode_ab.json" 2>&1 | grep -E "PDL|attr|sum of|^  [a-z]|rror" | head -40
+log "35B-A3B breakdown"
+timeout 60 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --breakdown --out "$OUT/decode_35b.json" 2>&1 \
+  | grep -E "PDL|sum of|^  [a-z]|rror" | head -30
+log "27B depth 32768"
+timeout 90 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --depth 32768 --out "$OUT/decode_d32768.json" 2>&1 \
+  | grep -E "PDL|rror" | head -6
+log "GEMV sweep (27B shapes)"
+timeout 120 python3 bench/gpu_decode.py --sweep --out "$OUT/sweep.json" 2>&1 | grep -E "best|rror" | head -24
+PART=next
 fi
 if [ "$PART" = next ]; then  # next session's first call: attn_decode_mma's smaller forms (A100-class, 99 KB GPUs) on the H200
 ready

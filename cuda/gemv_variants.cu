@@ -30,6 +30,8 @@ gemv_rs_pre(GEMV_RS_PARAMS, __half2* __restrict__ sxh, float* __restrict__ sxinv
   // next GEMV, as stage_x would: every block folds the largest |output| it wrote into sslot[0]
   // (atomicMax on the float bits), takes a ticket in sslot[1], and the last block stages the whole row
   // and resets both words for the next launch. (Written without device time: measure before use.)
+  // sxh == nullptr, sslot != nullptr (same conditions): only the fold into sslot[0]; stage_x_amax stages the
+  // row from it and resets both words.
   using F = Fmt<FMT>;
   static_assert(F::VPU == 32, "q4-q6 (slot-major staged x)");
   float wrote = 0.f;
@@ -123,6 +125,10 @@ gemv_rs_pre(GEMV_RS_PARAMS, __half2* __restrict__ sxh, float* __restrict__ sxinv
     __syncthreads();
     stage_row_by_last_block(bmax, sslot, sslot + 1, gridDim.x, y, N - pair_stride, skpad,
                             reinterpret_cast<uint4*>(sxh), sxinv);
+  } else if (sslot != nullptr) {  // the largest |output| only, for stage_x_amax (no max pass over the row)
+    __shared__ float red[32];
+    const float bmax = block_max(wrote, red);
+    if (threadIdx.x == 0 && bmax > 0.f) atomicMax(sslot, __float_as_uint(bmax));
   }
 }
 

@@ -54,6 +54,28 @@ extern "C" __global__ void stage_x_mb(const float* __restrict__ x, int ldx, int 
   if (blockIdx.x == 0 && threadIdx.x == 0) xinv[m] = 1.f / sc;
 }
 
+// stage_x_mb for one token row whose largest |value| its producer folded into slot[0] (atomicMax on the
+// float bits: gemv_rs_pre's SwiGLU with an amax slot), so no block reads the whole row for it: the same scale,
+// the same pairs. Each block takes a ticket in slot[1] after reading slot[0]; the last resets both words.
+extern "C" __global__ void stage_x_amax(const float* __restrict__ x, int K, int kpad, __half2* __restrict__ xh,
+                                        float* __restrict__ xinv, unsigned int* __restrict__ slot) {
+  NI_PDL_ENTRY();
+  __shared__ float gmax;
+  if (threadIdx.x == 0) gmax = __uint_as_float(__ldcg(slot));
+  __syncthreads();
+  const float sc = pow2_scale(gmax);
+  const int nch = kpad / 32, per = (nch + gridDim.x - 1) / gridDim.x;
+  const int c0 = blockIdx.x * per, c1 = min(c0 + per, nch);
+  stage_slice(x, K, c0, c1, xh, sc);
+  if (threadIdx.x == 0) {
+    if (blockIdx.x == 0) *xinv = 1.f / sc;
+    if (atomicAdd(slot + 1, 1u) == gridDim.x - 1) {  // every block has read slot[0] (before its ticket)
+      slot[0] = 0u;
+      slot[1] = 0u;
+    }
+  }
+}
+
 // x_out = x_in + sum of S partials; out = rmsnorm(x_out) * (1 + w) (offset) or * w; out also staged.
 // x_in and x_out must differ (other blocks still read x_in). Blocks of 1024 threads, H <= 8 x 1024: each
 // thread keeps its values of the row in registers, the sum of squares and the largest |out| are reduced

@@ -160,6 +160,10 @@ def test_fused_gate_up_staging_drops_the_stage_launch(cp):
     n_layers = args.num_hidden_layers
     assert plain.count("stage_x_mb") - fused.count("stage_x_mb") == n_layers
     assert sum(n.startswith("gemv_rs_pre<") for n in fused) == n_layers
+    # pre2 alone: gemv_rs_pre folds the row's largest |value| into a slot, stage_x_amax stages from it
+    amax = launches({key: dict(rows=2, unroll=2, splits=1, pre2=True)})
+    assert plain.count("stage_x_mb") - amax.count("stage_x_mb") == n_layers
+    assert amax.count("stage_x_amax") == n_layers and "stage_x_amax" not in plain + fused
 
 
 def test_ffn_split_plumbing(cp, monkeypatch):

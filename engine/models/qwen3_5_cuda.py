@@ -232,12 +232,13 @@ class CudaQwen35(AttentionOps, MlpOps, SamplingOps):
                         stages=cfg.get("stages", 0), mma=None if conv else cfg.get("mma"), pre2=cfg.get("pre2", False),
                         ldg=cfg.get("ldg", False), conv=conv).launch
 
-    def _plan_gemv(self, w, x, y, epi, splits, xpre, stage_out=None):
+    def _plan_gemv(self, w, x, y, epi, splits, xpre, stage_out=None, amax_out=None):
         cfg = self.gemv_cfg.get((w.fmt, w.n, w.k), {})
         return GemvPlan(w, x, x.shape[-1], y, y.shape[-1], m=self.M, epi=epi, splits=cfg.get("splits", splits),
                         rows=cfg.get("rows"), unroll=cfg.get("unroll", 2), xpre=xpre, pf=cfg.get("pf"),
                         stages=cfg.get("stages", 0), mma=cfg.get("mma"), pre2=cfg.get("pre2", False),
-                        stage_out=stage_out if cfg.get("fuse_stage") else None, ldg=cfg.get("ldg", False))
+                        stage_out=stage_out if cfg.get("fuse_stage") else None, ldg=cfg.get("ldg", False),
+                        amax_out=amax_out)
 
     # GDN decode: gdn_delta + gated_rmsnorm_stage as one kernel (gdn_delta_gated_stage: gdn_delta's blocks, the
     # last block of a head applies its gated norm, the last head stages the row) with NINFER_GDN_FUSED=1.

@@ -78,19 +78,30 @@ class MlpOps:
     # the fp32 SwiGLU row (NINFER_STAGE_DOWN=0: a launch a layer fewer, as the MoE's routed down does).
     STAGE_DOWN = os.environ.get("NINFER_STAGE_DOWN", "1") != "0"
 
+    # The down projection's staging reads the SwiGLU row's largest |value| from the gate|up GEMV (gemv_rs_pre
+    # folds it into a slot as it writes the row; one token) instead of reducing the whole row in each of its
+    # blocks: stage_x_amax, the same pairs. NINFER_STAGE_AMAX=0: stage_x_mb.
+    STAGE_AMAX = os.environ.get("NINFER_STAGE_AMAX", "1") != "0"
+
     def _ffn_ops(self, L, xn) -> tuple[list, int]:
         """The dense MLP's ops (gate|up with SwiGLU, staging, down into partials) and the partial planes
         the next norm sums."""
         gu, dn = L["gate_up"], L["down"]
         s = self._ffn_split_at(dn) if self.FFN_SPLIT else 0
         if not s:
+            pre = self.STAGE_DOWN
             gu_plan = self._plan_gemv(gu, self.xn, self.act, "swiglu", 1, xn,
-                                      stage_out=(self.xh_act, self.xinv_act, self.kpad_act, self.stage_slot))
-            pre = gu_plan.stages_out or self.STAGE_DOWN
+                                      stage_out=(self.xh_act, self.xinv_act, self.kpad_act, self.stage_slot),
+                                      amax_out=self.stage_slot if self.STAGE_AMAX and pre else None)
+            pre = gu_plan.stages_out or pre
             d_plan = self._plan_gemv(dn, self.act, self.part, "partial", self._splits(dn),
                                      (self.xh_act, self.xinv_act) if pre else None)
             ops = [gu_plan.launch]
-            if not gu_plan.stages_out and pre:  # (gemv_rs_pre with fuse_stage in its tuning entry stages it itself)
+            if gu_plan.tracks_amax:
+                ops.append(K.prepared("stage_x_amax", (self.NORM_BLOCKS,),
+                                      (self.act, self.inter, self.kpad_act, self.xh_act, self.xinv_act, self.stage_slot),
+                                      block=1024))
+            elif not gu_plan.stages_out and pre:  # (gemv_rs_pre with fuse_stage in its tuning entry stages it itself)
                 ops.append(self._stage(self.act, self.inter, self.kpad_act, self.xh_act, self.xinv_act))
             return ops + [d_plan.launch], d_plan.splits
         inter, M, H = dn.k, self.M, self.H

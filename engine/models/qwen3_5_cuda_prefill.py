@@ -160,12 +160,12 @@ class CudaQwen35Prefill(PrefillWeights16, PrefillMoeOps, CudaQwen35Columns):
         fn.name = name  # what bench/prefill_profile.py groups op times by
         return fn
 
-    def _plan_gemv(self, w, x, y, epi, splits, xpre, stage_out=None):
+    def _plan_gemv(self, w, x, y, epi, splits, xpre, stage_out=None, amax_out=None):
         """Projections as GEMMs. SwiGLU (gate|up) goes through `_gemv`'s GEMM + SwiGLU; the out- and
         down-projections add their product to the residual stream x itself (beta = 1, RESIDUAL_GEMM: the
         next norm reads no partial), else put it into split 0 of the partials (the next norm adds it)."""
         plan = type("PrefillPlan", (), {})()
-        plan.splits, plan.stages_out = 1, False
+        plan.splits, plan.stages_out, plan.tracks_amax = 1, False, False
         if epi == "swiglu":
             plan.launch = self._gemv(w, x, y, epi="swiglu")
             return plan

@@ -91,13 +91,13 @@ class GemvPlan:
                  splits: int = 1, rows: int | None = None, unroll: int = 4, y_offset: int = 0, xpre=None,
                  experts=None, pf: int | None = None, stages: int = 0, mma=None, pre2: bool = False,
                  stage_out=None, pair_stride: int | None = None, k_chunks: int | None = None, ldg: bool = False,
-                 conv=None):
+                 conv=None, amax_out=None):
         """pair_stride (SwiGLU): rows between a gate row and its up row (w.n // 2 unless w is a row view
         of a larger [gate; up] parent: `swiglu_slice`). k_chunks: 16-byte chunks of each row to walk (a
         column view: `col_slice`; pre-staged x only, split into whole slices exactly). conv (epi "conv", one
         K slice): (weights [4, C], history [M, 3, C], C, the channel of row 0, rows that take the conv)."""
         self.w, self.m, self.epi = w, m, EPI[epi]
-        self.stages, self.pre2, self.stages_out = 0, False, False
+        self.stages, self.pre2, self.stages_out, self.tracks_amax = 0, False, False, False
         ps = w.n // 2 if pair_stride is None else int(pair_stride)
         if mma and epi != "conv" and xpre is not None and experts is None \
                 and w.fmt in ("q4_g64_fp16", "q5_g64_fp16") and m <= 8 \
@@ -177,12 +177,15 @@ class GemvPlan:
                       np.int32(cv[2]), np.int32(cv[3]), np.int32(cv[4]))
         # stage_out = (xh, xinv, kpad, slot): gemv_rs_pre's SwiGLU also stages its output row (one token,
         # no split, no routing), so the next GEMV needs no stage_x launch; slot: 2 zeroed uint32 words
-        self.stages_out = bool(stage_out is not None and self.pre2 and epi == "swiglu" and m == 1
-                               and splits == 1 and experts is None)
+        # amax_out = slot (2 zeroed uint32 words), without stage_out, same conditions: the SwiGLU's largest |output|
+        # folded into slot[0] for stage_x_amax (`tracks_amax`)
+        fusable = self.pre2 and epi == "swiglu" and m == 1 and splits == 1 and experts is None
+        self.stages_out = bool(stage_out is not None and fusable)
+        self.tracks_amax = bool(amax_out is not None and not self.stages_out and fusable)
         if self.pre2:
-            so = stage_out if self.stages_out else (0, 0, 0, 0)
+            so = stage_out if self.stages_out else (0, 0, 0, amax_out if self.tracks_amax else 0)
             self.args += (np.uint64(_p(so[0]) if self.stages_out else 0), np.uint64(_p(so[1]) if self.stages_out else 0),
-                          np.int32(so[2]), np.uint64(_p(so[3]) if self.stages_out else 0))
+                          np.int32(so[2]), np.uint64(_p(so[3]) if self.stages_out or self.tracks_amax else 0))
         self.splits = splits
         self._go = Launch(self.fn, self.grid, WARPS * 32, self.args, self.smem, name=kname)
 

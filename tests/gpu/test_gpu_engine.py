@@ -236,6 +236,34 @@ def test_fused_tails_give_the_same_logits(flag, kernel, tick, monkeypatch):
     assert np.array_equal(out[False][1], out[True][1])
 
 
+def test_stage_from_the_gate_up_amax_gives_the_same_logits(monkeypatch):
+    """STAGE_AMAX (the default): with gemv_rs_pre on gate|up, its blocks fold the SwiGLU row's largest |value|
+    into a slot and stage_x_amax stages the down projection's input from it (no max pass over the row):
+    tokens and logits bit-identical to stage_x_mb over a prefill and 40 steps, the slot left at zero."""
+    from engine import gpu_weights
+    from engine.config import ModelArgs
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+
+    args = ModelArgs.from_config(CFG)
+    w = gpu_weights.from_logical(args, quantized_weights(args))
+    prompt = [int(t) for t in np.random.default_rng(9).integers(0, CFG["vocab_size"], 12)]
+    probe = build_engine(args, w, CFG, max_context=256, prefill_cols=1).model.executor
+    gu = next(L["gate_up"] for L in probe.layers if "gate_up" in L)
+    cfg = {(gu.fmt, gu.n, gu.k): dict(rows=2, unroll=2, splits=1, pre2=True)}
+    out = {}
+    for on in (False, True):
+        monkeypatch.setattr(CudaQwen35, "STAGE_AMAX", on)
+        eng = build_engine(args, w, CFG, max_context=256, prefill_cols=1, gemv_cfg=dict(cfg))
+        names = [getattr(op, "name", "") for op in eng.model.executor.ops]
+        assert names.count("stage_x_amax") == (args.num_hidden_layers if on else 0)
+        first = int(np.argmax(eng.prefill(prompt)))
+        out[on] = (eng.decode_greedy(first, 40), eng.decode_step(3))
+        assert not eng.model.executor.stage_slot.get().any()
+    assert out[False][0] == out[True][0]
+    assert np.array_equal(out[False][1], out[True][1])
+
+
 def test_gdn_prep_in_the_projection_epilogue_gives_the_same_tokens(monkeypatch):
     """NINFER_GDN_PREP_FUSED: the conv + SiLU in the q|k and v|z GEMVs' epilogue and the q/k norms and gates
     in gdn_delta_raw, against gdn_prep + gdn_delta (the same operations; the compiler may contract them
