@@ -287,7 +287,8 @@ def test_attention_on_tensor_cores_plumbing(cp, monkeypatch):
         "attn_decode_split<2,false>"}
     assert K.attn_mma_smem(True, 4, 4) == K.attn_mma_smem(False, 4, 3) == 211_200
     assert K.attn_mma_form(True, 227 * 1024, pick=2) == (3, 1) and K.attn_mma_form(True, 80 * 1024) is None
-    monkeypatch.setattr(K, "ATTN_MMA_AUTO", 1)  # (the default until the smaller forms run on a GPU)
+    assert K.ATTN_MMA_AUTO == 3  # every form in the automatic choice (each ran on the H200, session 11)
+    monkeypatch.setattr(K, "ATTN_MMA_AUTO", 1)  # (the first form only)
     assert K.attn_mma_form(True, 163 * 1024) is None and K.attn_mma_form(True, 163 * 1024, pick=1) == (4, 2)
     with pytest.raises(ValueError, match="NINFER_ATTN_MMA_FORM=3"):
         K.attn_mma_form(True, 227 * 1024, pick=3)

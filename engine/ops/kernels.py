@@ -48,10 +48,11 @@ ATTN_GSPLIT = ((3, 2), (4, 2), (2, 4))
 # 76,032: NS 1, each round loaded then used).
 ATTN_MMA_G = (6, 8)
 ATTN_MMA_FORMS = {True: ((4, 4), (4, 2), (3, 1)), False: ((4, 3), (4, 2), (4, 1))}
-# how many of those the automatic choice considers: the smaller forms were written after session 10's device
-# time ran out (compiled and emulated, not yet run on a GPU), so until `bench/gpu_all.sh next` has tested
-# them (forced on the H200) other GPUs keep the split kernels; NINFER_ATTN_MMA_FORM=1 or 2 picks one.
-ATTN_MMA_AUTO = 1
+# how many of those the automatic choice considers (all): session 11 forced each form on the H200
+# (NINFER_ATTN_MMA_FORM, `bench/gpu_all.sh next`): the attention kernel tests pass for every form (105), and
+# at depth 32768 a process a form, twice: -1 133.0 / 135.4 tok/s (int8 / bf16 KV), 1 133.3 / 135.4, 2 134.4 /
+# 132.9. NINFER_ATTN_MMA_FORM=N still picks one.
+ATTN_MMA_AUTO = 3
 
 
 def attn_mma_smem(kv8: bool, w: int, ns: int) -> int:
