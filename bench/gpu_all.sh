@@ -24,7 +24,10 @@
 #   s11b: the int16-x defaults through every GPU test; decode 27B + 35B with the A/B of stage_x_amax (breakdown),
 #         the 35B-A3B's breakdown, depth 32768; the 27B GEMV sweep (q5 two-row GEMVs now at 4 blocks an SM);
 #         then `next` (attn_decode_mma's smaller forms).
-# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | probe | ncu_mma | ppchunk | next | xi16 | s11b
+#   s11c: w8 GEMVs on the pre-staged int16 pairs (NINFER_W8_PRE): GEMV, engine and prefill tests, decode a process
+#         a mode (1 0 1 0), then the better mode through `ninfer bench` tg128 (27B, 35B-A3B beside transformers;
+#         27B at depth 32768, int8 and bf16 KV).
+# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | probe | ncu_mma | ppchunk | next | xi16 | s11b | s11c
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.cupy_cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -189,6 +192,42 @@ if [ "$PART" = ppchunk ]; then  # pp8192 with larger tensor-core prefill chunks 
     NINFER_PREFILL_GEMM=$T timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 8192 -n 0 -r 2 \
       -o json --out "$OUT/pp8192_gemm$T.json" 2>&1 | grep -E "^pp|rror|GiB" | head -4
   done
+fi
+if [ "$PART" = s11c ]; then
+ready
+log "tests: w8 on pre-staged pairs (GEMV, engine, MoE prefill)"
+gpu_pytest "$OUT/gpu_tests_w8.txt" tests/gpu/test_kernels.py tests/gpu/test_gpu_engine.py tests/gpu/test_prefill.py \
+  tests/gpu/test_smollm2_gpu.py -k "w8 or prestaged or store or engine or moe or smollm or llama"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_w8.txt" | tail -8
+for x in 1 0 1 0; do
+  log "decode NINFER_W8_PRE=$x"
+  NINFER_W8_PRE=$x timeout 90 python3 bench/gpu_decode.py --synthetic qwen3.8-27b,qwen3.6-35b-a3b \
+    --out "$OUT/decode_w8pre_$x.json" 2>&1 | grep -E "PDL|rror" | head -4
+done
+W8=$(python3 - "$OUT" <<'PY'
+import json, sys
+t = {}
+for x in (0, 1):
+    try:
+        d = json.load(open(f"{sys.argv[1]}/decode_w8pre_{x}.json"))
+        t[x] = sum(r["tok_s"] for r in d["decode"])  # 27B + 35B-A3B (the last of each mode's two runs)
+    except Exception:
+        t[x] = 0
+print(0 if t[0] > t[1] * 1.003 else 1)
+PY
+)
+export NINFER_W8_PRE=$W8; log "bench with NINFER_W8_PRE=$W8"
+log "27B tg128 with the transformers baseline"
+timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
+  --baseline transformers -o json --out "$OUT/tg128_27b_baseline.json" > "$OUT/tg_27b_log.txt" 2>&1
+grep -E "^\||baseline|rror" "$OUT/tg_27b_log.txt" | tail -6
+log "35B-A3B tg128 with the transformers baseline"
+timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
+  --baseline transformers -o json --out "$OUT/tg128_35b_baseline.json" > "$OUT/tg_35b_log.txt" 2>&1
+grep -E "^\||baseline|rror" "$OUT/tg_35b_log.txt" | tail -6
+log "27B tg128 at depth 32768, int8 and bf16 KV"
+timeout 120 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -d 32768 --kv int8,bf16 -r 2 \
+  -o json --out "$OUT/tg128_d32768_27b.json" 2>&1 | grep -E "^\||rror" | tail -6
 fi
 if [ "$PART" = s11b ]; then
 ready

@@ -127,6 +127,22 @@ __device__ __forceinline__ int dp2a_hi(unsigned int a, unsigned int b, int c) {
   return d;
 }
 
+// w8 on the int16 pairs of the q4-q6 layout (gemv_rs_pre only, NI_XI16): the 16 codes of a chunk are values
+// 0..15 of a 32-value block, i.e. slots s0 (codes 0..7) and s1 (8..15); each word's bytes (codes k..k+3, plain
+// int8) permuted to (k, k+2, k+1, k+3) meet the pairs (x0, x2) and (x1, x3) (or (x4, x6), (x5, x7)).
+__device__ __forceinline__ float dot_w8_i16(uint4 w, uint4 s0, uint4 s1) {
+  const unsigned int p0 = __byte_perm(w.x, 0u, 0x3120u), p1 = __byte_perm(w.y, 0u, 0x3120u);
+  const unsigned int p2 = __byte_perm(w.z, 0u, 0x3120u), p3 = __byte_perm(w.w, 0u, 0x3120u);
+  int a = dp2a_lo(s0.x, p0, 0), b = dp2a_lo(s0.y, p1, 0);
+  a = dp2a_hi(s0.z, p0, a);
+  b = dp2a_hi(s0.w, p1, b);
+  a = dp2a_lo(s1.x, p2, a);
+  b = dp2a_lo(s1.y, p3, b);
+  a = dp2a_hi(s1.z, p2, a);
+  b = dp2a_hi(s1.w, p3, b);
+  return (float)(a + b);
+}
+
 // q6: 2-bit fields at bits 4b (b = 0..3) of h -> bits 8b + 6 (the top two bits of byte b).
 __device__ __forceinline__ unsigned int q6_spread(unsigned int h) {
   return ((h & 0x3u) << 6) | ((h & 0x30u) << 10) | ((h & 0x300u) << 14) | ((h & 0x3000u) << 18);

@@ -32,8 +32,10 @@ gemv_rs_pre(GEMV_RS_PARAMS, __half2* __restrict__ sxh, float* __restrict__ sxinv
   // and resets both words for the next launch. (Written without device time: measure before use.)
   // sxh == nullptr, sslot != nullptr (same conditions): only the fold into sslot[0]; stage_x_amax stages the
   // row from it and resets both words.
+  // (w8 too with int16 pairs: a 16-code chunk j is half of the staged 32-value block j / 2, dot_w8_i16)
   using F = Fmt<FMT>;
-  static_assert(F::VPU == 32, "q4-q6 (slot-major staged x)");
+  static_assert(F::VPU == 32 || (NI_XI16 && FMT == FMT_W8), "q4-q6 (slot-major staged x), w8 with int16 pairs");
+  constexpr bool W8 = FMT == FMT_W8;
   float wrote = 0.f;
   const int u4_per_row = gpr * 2;
   const int z = blockIdx.z;
@@ -47,8 +49,12 @@ gemv_rs_pre(GEMV_RS_PARAMS, __half2* __restrict__ sxh, float* __restrict__ sxinv
   float inv_sc[M];
   const float yw = routed_slot<M>(x, xinv, y, xz, yz, ywt, z, inv_sc);
   const DecodeK dk = decode_constants(gpr > 0 ? 1u : 0u);
-  const int xrow4 = ((u4_per_row + 31) & ~31) * 4;  // uint4 per token row of the staged pairs
+  const int xrow4 = (((W8 ? u4_per_row / 2 : u4_per_row) + 31) & ~31) * 4;  // uint4 per token row of the staged pairs
   const uint4* xlane = reinterpret_cast<const uint4*>(x) + (js >> 5) * 128 + lane;
+  // w8: chunk j = js + lane + 32 n is block chunk J = (js + lane) / 2 + 16 n (js: a multiple of 64), slots
+  // 2 (lane & 1) and + 1
+  const uint4* xw8 = reinterpret_cast<const uint4*>(x) + 64 * (lane & 1);
+  const int jw8 = (js + lane) >> 1;
 
   for (int g = blockIdx.x * wpb + warp; g < ngroups; g += gridDim.x * wpb) {
     const uint4* wp[ROWS];
@@ -96,14 +102,22 @@ gemv_rs_pre(GEMV_RS_PARAMS, __half2* __restrict__ sxh, float* __restrict__ sxinv
         if (i + u < iters) {
 #pragma unroll
           for (int m = 0; m < M; ++m) {
-            // the slot-major x of chunk j sits at (j >> 5) * 128 + (j & 31) uint4; xp[c * 32] is slot c
-            const uint4* xp = xp0 + (size_t)m * xrow4 + 128 * u;
-            uint4 xv[4];
+            if constexpr (W8) {
+              const int J = jw8 + 16 * (i + u);
+              const uint4* xq = xw8 + (size_t)m * xrow4 + ((J >> 5) << 7) + (J & 31);
+              const uint4 s0 = __ldg(xq), s1 = __ldg(xq + 32);
 #pragma unroll
-            for (int c = 0; c < 4; ++c) xv[c] = __ldg(xp + 32 * c);
+              for (int r = 0; r < ROWS; ++r) acc[r][m] += sc[u][r] * dot_w8_i16(w[u][r], s0, s1);
+            } else {
+              // the slot-major x of chunk j sits at (j >> 5) * 128 + (j & 31) uint4; xp[c * 32] is slot c
+              const uint4* xp = xp0 + (size_t)m * xrow4 + 128 * u;
+              uint4 xv[4];
 #pragma unroll
-            for (int r = 0; r < ROWS; ++r)
-              acc[r][m] += sc[u][r] * dot_core<FMT>(w[u][r], hb[u][r], [&](int c) { return xv[c]; }, 0, dk);
+              for (int c = 0; c < 4; ++c) xv[c] = __ldg(xp + 32 * c);
+#pragma unroll
+              for (int r = 0; r < ROWS; ++r)
+                acc[r][m] += sc[u][r] * dot_core<FMT>(w[u][r], hb[u][r], [&](int c) { return xv[c]; }, 0, dk);
+            }
           }
         }
       }

@@ -127,11 +127,15 @@ class GemvPlan:
             rows = rows if rows in GEMV_CONV_ROWS else 2
             stages, ldg = 0, False
         u4_per_row = w.gpr * 2
-        pre = xpre is not None and w.fmt != "q8_g32_fp16"
+        # w8 reads the pre-staged pairs when they are int16 (kernels.XI16: gemv_rs_pre's dot_w8_i16, a chunk of
+        # 16 codes is half a staged block), else stages x itself
+        w8pre = w.fmt == "q8_g32_fp16" and xpre is not None and kernels.W8_PRE
+        pre = xpre is not None and (w.fmt != "q8_g32_fp16" or w8pre)
         span = u4_per_row if k_chunks is None else int(k_chunks)
         u4ps = -(-span // splits)
-        if pre:  # slices start on a block (32 chunks) of the slot-major pre-staged pairs
-            u4ps = -(-u4ps // 32) * 32
+        if pre:  # slices start on a block (32 chunks; w8: 64) of the slot-major pre-staged pairs
+            blk = 64 if w8pre else 32
+            u4ps = -(-u4ps // blk) * blk
             splits = -(-span // u4ps)
         if k_chunks is not None and (not pre or u4ps * splits != span):
             raise ValueError(f"a column view needs pre-staged x and whole 32-chunk slices ({span} chunks)")
@@ -151,7 +155,9 @@ class GemvPlan:
             bx = max(1, min(-(-ngroups // WARPS), sm_count() * per_sm // max(ex[5], 1)))
         self.grid = (bx, splits, ex[5])
         # pre2: gemv_rs_pre (x through __ldg, pointers advanced by constants; the tuning table picks it)
-        self.pre2 = bool(pre2 and pre and vpu == 32 and not self.stages)
+        self.pre2 = bool(pre2 and pre and vpu == 32 and not self.stages) or w8pre
+        if w8pre and (rows, unroll) not in GEMV_PRE_MAIN:  # (the w8 forms compiled: GEMV_PRE_MAIN)
+            rows, unroll = (rows if (rows, 2) in GEMV_PRE_MAIN else 2), 2
         conv_t = ",true" if epi == "conv" else ""
         if conv_t and self.pre2 and (rows, unroll) not in GEMV_PRE_MAIN:
             self.pre2 = False

@@ -39,7 +39,7 @@ H200_I16 = {
     ("q5_g64_fp16", 5120, 6144): dict(rows=1, unroll=2, splits=1, pre2=True),
     ("q4_g64_fp16", 34816, 5120): dict(rows=2, unroll=2, splits=1, pre2=True),
     ("q5_g64_fp16", 5120, 17408): dict(rows=1, unroll=2, splits=2, pre2=True),
-    ("q8_g32_fp16", 248320, 5120): dict(rows=2, unroll=4, splits=1),
+    ("q8_g32_fp16", 248320, 5120): dict(rows=2, unroll=4, splits=1),  # (pre-staged w8, W8_PRE: rows 2, unroll 2)
 }
 H200 = H200_I16 if kernels.XI16 else H200_F16
 

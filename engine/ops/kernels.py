@@ -101,6 +101,9 @@ GEMV_PF = int(os.environ.get("NINFER_GEMV_PF", "0"))
 # Session 11 on the H200 (a process a mode, twice each): 27B 129.7 -> 140.1 tok/s, 35B-A3B 341 -> 349; the GEMV,
 # engine and prefill tests pass with it (bench/NOTES-decode.md).
 XI16 = os.environ.get("NINFER_XI16", "1") != "0"
+# With int16 pairs the w8 GEMVs read the pre-staged x too (gemv_rs_pre<3, ...>, dot_w8_i16) instead of staging
+# x per block from fp32 (NINFER_W8_PRE=0: as before).
+W8_PRE = XI16 and os.environ.get("NINFER_W8_PRE", "1") != "0"
 
 
 def cuda_source_dir() -> Path:
@@ -150,10 +153,11 @@ def _names(experimental: bool = False) -> list[str]:
         names += [f"gemv_mma<{f},{t},{kw},{u}>" for f in range(2) for t, kw, u in GEMV_MMA]
         return names
     names = [f"gemv_rs<{f},{r},{m},{u}>" for f in range(4) for r in GEMV_ROWS for m in GEMV_M for u in GEMV_UNROLL]
-    names += [f"gemv_rs_pre<{f},{r},{m},{u}>" for f in range(3) for r, u in GEMV_PRE_MAIN for m in GEMV_M]
+    pre_f = range(4 if XI16 else 3)  # w8 reads pre-staged pairs when they are int16
+    names += [f"gemv_rs_pre<{f},{r},{m},{u}>" for f in pre_f for r, u in GEMV_PRE_MAIN for m in GEMV_M]
     # the GDN projections' conv epilogue (EPI_CONV), one token: gemv_rs / gemv_rs_pre<..., true>
     names += [f"gemv_rs<{f},{r},1,{u},true>" for f in range(4) for r in GEMV_CONV_ROWS for u in GEMV_UNROLL]
-    names += [f"gemv_rs_pre<{f},{r},1,{u},true>" for f in range(3) for r, u in GEMV_PRE_MAIN]
+    names += [f"gemv_rs_pre<{f},{r},1,{u},true>" for f in pre_f for r, u in GEMV_PRE_MAIN]
     names += [f"gemv_bf16<{m}>" for m in GEMV_M]
     names += [f"router_route<{m}>" for m in GEMV_M]
     names += [f"embed_rs<{f}>" for f in range(4)]

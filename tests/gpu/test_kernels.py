@@ -121,6 +121,38 @@ def test_gemv_prestaged(cp, fmt, n, k, splits, pf, pre2, rows, unroll):
             assert not slot.get().any()
 
 
+@pytest.mark.parametrize("n,k", [(512, 5120), (37, 1000), (300, 130), (96, 2048)],
+                         ids=["512x5120", "37x1000", "300x130", "96x2048"])
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("m", [1, 2])
+@pytest.mark.parametrize("rows", [1, 2, 4])
+def test_gemv_w8_prestaged(cp, n, k, splits, m, rows):
+    """w8 on the pre-staged int16 pairs (kernels.W8_PRE: gemv_rs_pre<3, ...>, a chunk half a staged block;
+    split-K slices of 64 chunks), partial planes and SwiGLU; else the w8 GEMV stages x itself as before."""
+    from engine.gpu_weights import upload_matrix
+    from engine.ops import kernels as K
+
+    fmt = "q8_g32_fp16"
+    w = (RNG.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
+    dm = upload_matrix(cp, fmt, w)
+    wq = formats.decode(fmt, "row_split_k128_v1", (n, k), cp.asnumpy(dm.buf))
+    x = (RNG.standard_normal((m, k)) * 3).astype(np.float32)
+    kpad = -(-k // K.XPAD) * K.XPAD
+    xh, xinv = cp.zeros((m, kpad // 2), dtype=cp.uint32), cp.zeros(m, dtype=cp.float32)
+    xd = cp.asarray(x)  # (read by the GEMV itself when it stages x: W8_PRE off)
+    K.prepared("stage_x_mb", (3, m), (xd, k, k, kpad, xh, kpad // 2, xinv))()
+    part = poisoned(cp, (splits, m, n))
+    plan = GemvPlan(dm, xd, k, part, n, m=m, epi="partial", splits=splits, xpre=(xh, xinv), rows=rows)
+    assert plan.pre2 == K.W8_PRE
+    plan.launch()
+    check(f"gemv w8 prestaged {n}x{k}", part[: plan.splits].get().sum(axis=0), ref.linear(x, wq), **LINEAR)
+    if n % 2 == 0:
+        y = poisoned(cp, (m, n // 2))
+        GemvPlan(dm, xd, k, y, n // 2, m=m, epi="swiglu", xpre=(xh, xinv)).launch()
+        h = ref.linear(x, wq)
+        check(f"gemv w8 prestaged swiglu {n}x{k}", y.get(), ref.swiglu(h[:, : n // 2], h[:, n // 2:]), **LINEAR)
+
+
 @pytest.mark.parametrize("fmt", QFMTS[:3])
 @pytest.mark.parametrize("n,k", [(512, 5120), (37, 1000), (300, 130)], ids=["512x5120", "37x1000", "300x130"])
 @pytest.mark.parametrize("rows", [1, 2, 4])
