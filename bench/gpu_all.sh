@@ -27,7 +27,9 @@
 #   s11c: w8 GEMVs on the pre-staged int16 pairs (NINFER_W8_PRE): GEMV, engine and prefill tests, decode a process
 #         a mode (1 0 1 0), then the better mode through `ninfer bench` tg128 (27B, 35B-A3B beside transformers;
 #         27B at depth 32768, int8 and bf16 KV).
-# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | probe | ncu_mma | ppchunk | next | xi16 | s11b | s11c
+#   s11d: the 35B-A3B's breakdown on the defaults (W8_PRE), then the GEMV sweep of its shapes and its decode with
+#         the sweep's choices.
+# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | probe | ncu_mma | ppchunk | next | xi16 | s11b | s11c | s11d
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.cupy_cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -192,6 +194,15 @@ if [ "$PART" = ppchunk ]; then  # pp8192 with larger tensor-core prefill chunks 
     NINFER_PREFILL_GEMM=$T timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 8192 -n 0 -r 2 \
       -o json --out "$OUT/pp8192_gemm$T.json" 2>&1 | grep -E "^pp|rror|GiB" | head -4
   done
+fi
+if [ "$PART" = s11d ]; then
+ready
+log "35B-A3B breakdown (defaults)"
+timeout 60 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --breakdown --out "$OUT/decode_35b.json" 2>&1 \
+  | grep -E "PDL|sum of|^  [a-z]|rror" | head -30
+log "35B-A3B GEMV sweep, then its decode with the sweep's choices"
+timeout 300 python3 bench/gpu_decode.py --sweep --synthetic qwen3.6-35b-a3b --breakdown --out "$OUT/sweep_35b.json" 2>&1 \
+  | grep -E "best|PDL|sum of|^  [a-z]|rror" | head -40
 fi
 if [ "$PART" = s11c ]; then
 ready

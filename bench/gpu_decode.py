@@ -32,6 +32,14 @@ SHAPES_27B = [  # (name, fmt, N, K, epilogue)
     ("mlp down", "q5_g64_fp16", 5120, 17408, "partial"),
     ("head w8", "q8_g32_fp16", 248320, 5120, "store"),
 ]
+SHAPES_35B = [  # qwen3.6-35b-a3b (hidden 2048): w8 projections, the shared expert, the q6 head (the routed
+    ("35b attn q|k", "q8_g32_fp16", 4608, 2048, "store"),  # experts' grid.z launches are not swept)
+    ("35b gdn v|z", "q8_g32_fp16", 8192, 2048, "store"),
+    ("35b gdn q|k", "q8_g32_fp16", 4096, 2048, "store"),
+    ("35b out", "q8_g32_fp16", 2048, 4096, "partial"),
+    ("35b shared gate|up", "q8_g32_fp16", 1024, 2048, "swiglu"),
+    ("35b head q6", "q6_g64_fp16", 248320, 2048, "store"),
+]
 
 
 def time_graph(fn, reps=20, iters=5):
@@ -76,18 +84,18 @@ def copy_bandwidth():
     return best
 
 
-def kernel_sweep(bw):
+def kernel_sweep(bw, shapes=SHAPES_27B):
     from engine.gpu_weights import random_matrix
 
     rng = cp.random.default_rng(0)
     rows_opts, unroll_opts, pf_opts = (1, 2, 4), (2, 4), (0,)  # pf > 0 measured: no gain
     stage_opts = K.GEMV_ASYNC_STAGES  # gemv_rs_async ring depths (0: the register kernel)
     results = []
-    for name, fmt, n, k, epi in SHAPES_27B:
+    for name, fmt, n, k, epi in shapes:
         copies = [random_matrix(cp, rng, fmt, n, k) for _ in range(2)]  # two copies: nothing stays in L2
         x = cp.asarray(np.random.default_rng(1).standard_normal((1, k)).astype(np.float32))
         xpre = None
-        if fmt != "q8_g32_fp16":
+        if fmt != "q8_g32_fp16" or K.W8_PRE:  # (w8 reads them too with int16 pairs)
             kpad = -(-k // K.XPAD) * K.XPAD
             xpre = (cp.zeros((1, kpad // 2), dtype=cp.uint32), cp.zeros(1, dtype=cp.float32))
             K.prepared("stage_x", (1,), (x, k, k, kpad, xpre[0], xpre[1]), block=1024)()
@@ -368,7 +376,9 @@ def main():
     if a.tiny:
         report["tiny"] = tiny_parity()
     if a.sweep:
-        report["sweep"] = kernel_sweep(bw)
+        geos = a.synthetic.split(",") if a.synthetic else ["qwen3.8-27b"]
+        shapes = [s_ for g in geos for s_ in (SHAPES_35B if "35b" in g else SHAPES_27B)]
+        report["sweep"] = kernel_sweep(bw, list(dict.fromkeys(shapes)))
         cfg = best_cfg(report["sweep"])
         report["gemv_cfg"] = {f"{k[0]}:{k[1]}x{k[2]}": v for k, v in cfg.items()}
         if a.out:
