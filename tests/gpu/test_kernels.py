@@ -44,6 +44,23 @@ def poisoned(cp, shape, dtype=np.float32):
     return cp.asarray(np.full(shape, np.nan, dtype))
 
 
+def staged_case(cp, fmt, n, k, m, xscale=3.0):
+    """A random [n, k] matrix uploaded in `fmt` (unit-scale outputs), its exact decode, m rows of x, and x staged
+    by stage_x_mb as the producer kernels stage it: (dm, wq, x, x on the device, pairs, inverse scales)."""
+    from engine.gpu_weights import upload_matrix
+    from engine.ops import kernels as K
+
+    w = (RNG.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
+    dm = upload_matrix(cp, fmt, w)
+    wq = formats.decode(fmt, "row_split_k128_v1", (n, k), cp.asnumpy(dm.buf))
+    x = (RNG.standard_normal((m, k)) * xscale).astype(np.float32)
+    xd = cp.asarray(x)
+    kpad = -(-k // K.XPAD) * K.XPAD
+    xh, xinv = cp.zeros((m, kpad // 2), dtype=cp.uint32), cp.zeros(m, dtype=cp.float32)
+    K.prepared("stage_x_mb", (3, m), (xd, k, k, kpad, xh, kpad // 2, xinv))()
+    return dm, wq, x, xd, xh, xinv
+
+
 LINEAR = dict(atol=2e-3, rtol=1.6e-2, tail_frac=2e-3, worst_ratio=5, rel=8e-3)
 ELEM = dict(atol=1e-3, rtol=8e-3, tail_frac=1e-3, worst_ratio=4, rel=4e-3)
 GDN_STATE = dict(atol=5e-4, rtol=5e-3, tail_frac=2e-2, worst_ratio=5, rel=5e-3)
@@ -129,18 +146,9 @@ def test_gemv_prestaged(cp, fmt, n, k, splits, pf, pre2, rows, unroll):
 def test_gemv_w8_prestaged(cp, n, k, splits, m, rows):
     """w8 on the pre-staged int16 pairs (kernels.W8_PRE: gemv_rs_pre<3, ...>, a chunk half a staged block;
     split-K slices of 64 chunks), partial planes and SwiGLU; else the w8 GEMV stages x itself as before."""
-    from engine.gpu_weights import upload_matrix
     from engine.ops import kernels as K
 
-    fmt = "q8_g32_fp16"
-    w = (RNG.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
-    dm = upload_matrix(cp, fmt, w)
-    wq = formats.decode(fmt, "row_split_k128_v1", (n, k), cp.asnumpy(dm.buf))
-    x = (RNG.standard_normal((m, k)) * 3).astype(np.float32)
-    kpad = -(-k // K.XPAD) * K.XPAD
-    xh, xinv = cp.zeros((m, kpad // 2), dtype=cp.uint32), cp.zeros(m, dtype=cp.float32)
-    xd = cp.asarray(x)  # (read by the GEMV itself when it stages x: W8_PRE off)
-    K.prepared("stage_x_mb", (3, m), (xd, k, k, kpad, xh, kpad // 2, xinv))()
+    dm, wq, x, xd, xh, xinv = staged_case(cp, "q8_g32_fp16", n, k, m)  # (xd: read when the GEMV stages x itself)
     part = poisoned(cp, (splits, m, n))
     plan = GemvPlan(dm, xd, k, part, n, m=m, epi="partial", splits=splits, xpre=(xh, xinv), rows=rows)
     assert plan.pre2 == K.W8_PRE
@@ -192,19 +200,12 @@ def test_gemv_async(cp, fmt, n, k, rows, stages, splits):
 def test_gemv_mma(cp, fmt, n, k, m, splits):
     """gemv_mma (tensor-core MMA on subnormal-coded weights) on pre-staged x: every compiled variant,
     partial (split-K), store, add and SwiGLU epilogues, 1-8 token columns."""
-    from engine.gpu_weights import upload_matrix
     from engine.ops import kernels as K
 
     if K.XI16:
         pytest.skip("gemv_mma reads fp16 x pairs (NINFER_XI16=1 stages int16 ones)")
 
-    w = (RNG.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
-    dm = upload_matrix(cp, fmt, w)
-    wq = formats.decode(fmt, "row_split_k128_v1", (n, k), cp.asnumpy(dm.buf))
-    x = (RNG.standard_normal((m, k)) * 3).astype(np.float32)
-    kpad = -(-k // K.XPAD) * K.XPAD
-    xh, xinv = cp.zeros((m, kpad // 2), dtype=cp.uint32), cp.zeros(m, dtype=cp.float32)
-    K.prepared("stage_x_mb", (3, m), (cp.asarray(x), k, k, kpad, xh, kpad // 2, xinv))()
+    dm, wq, x, _, xh, xinv = staged_case(cp, fmt, n, k, m)
     h = ref.linear(x, wq)
     for mma in K.GEMV_MMA:
         part = poisoned(cp, (splits, m, n))
