@@ -29,7 +29,8 @@
 #         27B at depth 32768, int8 and bf16 KV).
 #   s11d: the 35B-A3B's breakdown on the defaults (W8_PRE), then the GEMV sweep of its shapes and its decode with
 #         the sweep's choices.
-# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | probe | ncu_mma | ppchunk | next | xi16 | s11b | s11c | s11d
+#   s11e: the kernel and engine tests on the session's last commit (the shared test setup, staged_case).
+# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | probe | ncu_mma | ppchunk | next | xi16 | s11b | s11c | s11d | s11e
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.cupy_cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -194,6 +195,12 @@ if [ "$PART" = ppchunk ]; then  # pp8192 with larger tensor-core prefill chunks 
     NINFER_PREFILL_GEMM=$T timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 8192 -n 0 -r 2 \
       -o json --out "$OUT/pp8192_gemm$T.json" 2>&1 | grep -E "^pp|rror|GiB" | head -4
   done
+fi
+if [ "$PART" = s11e ]; then
+ready
+log "kernel and engine tests"
+gpu_pytest "$OUT/gpu_tests.txt" tests/gpu/test_kernels.py tests/gpu/test_gpu_engine.py
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | tail -8
 fi
 if [ "$PART" = s11d ]; then
 ready
