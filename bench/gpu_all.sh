@@ -15,15 +15,15 @@
 # session 6, next / gdnc / moep / s6 / moeprof / s6b / s6c / s6d / s6e, at c858397; session 7's l2pf, with
 # the L2 warm-up it measured, at 741ff0c; those of sessions 8-10, s8 / s8d / s9 / s10 / s11 / fin8 / fin9 /
 # gsplit / prep / s12-s16 / fin10 / mma / base / s10a-s10e, which bench/NOTES-decode.md cites, at 56b24ea.)
-#   next: attn_decode_mma's forms for smaller shared memory (A100-class: 4 warps, 2 stages; 99 KB: 3 warps or
-#         4 (bf16), 1 stage), forced on the H200 (NINFER_ATTN_MMA_FORM): tests, then each timed at depth
-#         32768 in its own process (next session's first call).
+#   next: residual_rmsnorm_mb2 (NINFER_NORM_MB2, off until measured): the norm tests and the in-process A/B on the
+#         35B-A3B (next session's first call). (Session 10's `next`, attn_decode_mma's forms forced on the H200,
+#         ran in session 11 as the tail of s11b; in git history at 0dda17d.)
 #   xi16: the int16-x GEMV decode (NINFER_XI16=1, dp2a) against the fp16 one: both modules compiled, the GEMV,
 #         engine and prefill tests with int16 x, then decode 27B + 35B a process a mode (0 1 0 1; breakdown with
 #         1), then the GEMV sweep with int16 x.
 #   s11b: the int16-x defaults through every GPU test; decode 27B + 35B with the A/B of stage_x_amax (breakdown),
 #         the 35B-A3B's breakdown, depth 32768; the 27B GEMV sweep (q5 two-row GEMVs now at 4 blocks an SM);
-#         then `next` (attn_decode_mma's smaller forms).
+#         then (as run, at 0dda17d) session 10's `next`, attn_decode_mma's smaller forms.
 #   s11c: w8 GEMVs on the pre-staged int16 pairs (NINFER_W8_PRE): GEMV, engine and prefill tests, decode a process
 #         a mode (1 0 1 0), then the better mode through `ninfer bench` tg128 (27B, 35B-A3B beside transformers;
 #         27B at depth 32768, int8 and bf16 KV).
@@ -263,19 +263,15 @@ timeout 90 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --depth 32768 --o
   | grep -E "PDL|rror" | head -6
 log "GEMV sweep (27B shapes)"
 timeout 120 python3 bench/gpu_decode.py --sweep --out "$OUT/sweep.json" 2>&1 | grep -E "best|rror" | head -24
-PART=next
 fi
-if [ "$PART" = next ]; then  # next session's first call: attn_decode_mma's smaller forms (A100-class, 99 KB GPUs) on the H200
+if [ "$PART" = next ]; then  # next session's first call: residual_rmsnorm_mb2 (written after session 11's device time)
 ready
-log "tests of the decode attention (every attn_decode_mma form)"
-gpu_pytest "$OUT/gpu_tests_mma.txt" tests/gpu -k "attention_decode or tensor_cores"
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_mma.txt" | tail -8
-log "decode at depth 32768, a process a form (nsplit follows its resident blocks): -1 auto (4 warps, 4 stages int8 /
-  3 bf16), 1 (4, 2), 2 (int8 3 warps / bf16 4, 1 stage)"
-for f in -1 1 2; do
-  NINFER_ATTN_MMA_FORM=$f timeout 100 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --depth 32768 \
-    --out "$OUT/decode_form$f.json" 2>&1 | grep -E "depth 32768|rror" | sed "s/^/form $f: /" | head -4
-done
+log "tests: the norms (mb2 bit-identical to mb) and the engine with NORM_MB2"
+gpu_pytest "$OUT/gpu_tests_mb2.txt" tests/gpu/test_kernels.py tests/gpu/test_gpu_engine.py -k "norm"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_mb2.txt" | tail -8
+log "decode A/B: residual_rmsnorm_mb2 (NORM_MB2=1) on the 35B-A3B (and the 27B, whose 5,120-wide rows keep mb)"
+timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b,qwen3.8-27b --attr="base,NORM_MB2=1" \
+  --breakdown --out "$OUT/decode_mb2.json" 2>&1 | grep -E "PDL|attr|sum of|^  [a-z]|rror" | head -40
 fi
 if [ "$PART" = xi16 ]; then
 ready

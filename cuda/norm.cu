@@ -81,41 +81,46 @@ extern "C" __global__ void stage_x_amax(const float* __restrict__ x, int K, int 
 // thread keeps its values of the row in registers, the sum of squares and the largest |out| are reduced
 // together (the same operation order as block_sum / block_max, so the same bits as residual_rmsnorm),
 // and the block's slice of out is staged from shared memory (no second pass over global memory).
+// VPT: values a thread holds (VPT * blockDim.x >= H); PU: partial planes loaded a round. residual_rmsnorm_mb is
+// <8, 2> (rows up to 8,192 values); residual_rmsnorm_mb2 <2, 8> (up to 2,048 with 1,024 threads: the MoE
+// models' norm sums k + 1 = 9 planes in 2 rounds instead of 5; the same operations in the same order, so the
+// same bits). NORM_VPT: the largest VPT.
 #define NORM_VPT 8
 #define NORM_SLICE 8192
-extern "C" __global__ void __launch_bounds__(1024) residual_rmsnorm_mb(
-    const float* __restrict__ x_in, float* __restrict__ x_out, const float* __restrict__ part, int S,
-    int part_stride, const float* __restrict__ w, float* __restrict__ out, int H, float eps, int offset,
-    __half2* __restrict__ xh, float* __restrict__ xinv, int kpad) {
-  NI_PDL_ENTRY();
+#define RESIDUAL_RMSNORM_PARAMS                                                                               \
+  const float* __restrict__ x_in, float* __restrict__ x_out, const float* __restrict__ part, int S,           \
+      int part_stride, const float* __restrict__ w, float* __restrict__ out, int H, float eps, int offset,    \
+      __half2* __restrict__ xh, float* __restrict__ xinv, int kpad
+template <int VPT, int PU>
+__device__ __forceinline__ void residual_rmsnorm_body(RESIDUAL_RMSNORM_PARAMS) {
   __shared__ float red[64];
   __shared__ float slice[NORM_SLICE];
   const int m = blockIdx.y, bd = blockDim.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float* xi = x_in + (size_t)m * H;
   // every load of a pass issued before its first use: x_in and w together, then each partial plane's
-  // values (two planes a round), so that the row costs 1 + S / 2 L2 round trips, not one a value
-  float v[NORM_VPT], wv[NORM_VPT];
+  // values (PU planes a round), so that the row costs 1 + S / PU L2 round trips, not one a value
+  float v[VPT], wv[VPT];
 #pragma unroll
-  for (int i = 0; i < NORM_VPT; ++i) {
+  for (int i = 0; i < VPT; ++i) {
     const int k = threadIdx.x + i * bd;
     v[i] = k < H ? xi[k] : 0.f;
     wv[i] = k < H ? (offset ? 1.f + w[k] : w[k]) : 0.f;
   }
-#pragma unroll 2
+#pragma unroll PU
   for (int s = 0; s < S; ++s) {
     const float* ps = part + (size_t)s * part_stride + (size_t)m * H;
-    float pv[NORM_VPT];
+    float pv[VPT];
 #pragma unroll
-    for (int i = 0; i < NORM_VPT; ++i) {
+    for (int i = 0; i < VPT; ++i) {
       const int k = threadIdx.x + i * bd;
       pv[i] = k < H ? ps[k] : 0.f;
     }
 #pragma unroll
-    for (int i = 0; i < NORM_VPT; ++i) v[i] += pv[i];
+    for (int i = 0; i < VPT; ++i) v[i] += pv[i];
   }
   float ss = 0.f, mx = 0.f;
 #pragma unroll
-  for (int i = 0; i < NORM_VPT; ++i) {
+  for (int i = 0; i < VPT; ++i) {
     ss += v[i] * v[i];
     mx = fmaxf(mx, fabsf(v[i] * wv[i]));
   }
@@ -136,7 +141,7 @@ extern "C" __global__ void __launch_bounds__(1024) residual_rmsnorm_mb(
   const int k0 = c0 * 32, k1 = c1 * 32;
   float* o = out + (size_t)m * H;
 #pragma unroll
-  for (int i = 0; i < NORM_VPT; ++i) {
+  for (int i = 0; i < VPT; ++i) {
     const int k = threadIdx.x + i * bd;
     if (k >= k0 && k < k1) {
       float ov = 0.f;
@@ -148,7 +153,7 @@ extern "C" __global__ void __launch_bounds__(1024) residual_rmsnorm_mb(
       slice[k - k0] = ov;
     }
   }
-  for (int k = max(k0, NORM_VPT * bd) + threadIdx.x; k < k1; k += bd) slice[k - k0] = 0.f;  // padding past the registers
+  for (int k = max(k0, VPT * bd) + threadIdx.x; k < k1; k += bd) slice[k - k0] = 0.f;  // padding past the registers
   __syncthreads();
   __half2* dst = xh + (size_t)m * kpad / 2;
   for (int p = c0 * 16 + threadIdx.x; p < c1 * 16; p += bd) {
@@ -161,6 +166,17 @@ extern "C" __global__ void __launch_bounds__(1024) residual_rmsnorm_mb(
 }
 
 // One block per token: stage fp32 x [M, ldx] for pre-staged GEMV input.
+
+extern "C" __global__ void __launch_bounds__(1024) residual_rmsnorm_mb(RESIDUAL_RMSNORM_PARAMS) {
+  NI_PDL_ENTRY();
+  residual_rmsnorm_body<NORM_VPT, 2>(x_in, x_out, part, S, part_stride, w, out, H, eps, offset, xh, xinv, kpad);
+}
+
+extern "C" __global__ void __launch_bounds__(1024) residual_rmsnorm_mb2(RESIDUAL_RMSNORM_PARAMS) {
+  NI_PDL_ENTRY();
+  residual_rmsnorm_body<2, 8>(x_in, x_out, part, S, part_stride, w, out, H, eps, offset, xh, xinv, kpad);
+}
+
 extern "C" __global__ void stage_x(const float* __restrict__ x, int ldx, int K, int kpad, __half2* __restrict__ xh,
                                    float* __restrict__ xinv) {
   NI_PDL_ENTRY();

@@ -39,6 +39,21 @@ def test_dense_engine_builds_and_runs_every_path(cp, kv):
     assert K.pdl_ready(m.executor.ops)[1] == len(m.executor.ops)
 
 
+def test_norm_mb2_plumbing(cp, monkeypatch):
+    """NINFER_NORM_MB2 (off by default): rows of at most 2,048 values take residual_rmsnorm_mb2 (1,024 threads,
+    the same arguments); wider rows keep residual_rmsnorm_mb."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+
+    assert not CudaQwen35.NORM_MB2
+    monkeypatch.setattr(CudaQwen35, "NORM_MB2", True)
+    args, w = _weights(CFG)
+    ops = list(_flat(build_engine(args, w, CFG, max_context=256, prefill_cols=1, prefill_gemm=0).model.executor.ops))
+    mb2 = [op for op in ops if getattr(op, "name", "") == "residual_rmsnorm_mb2"]
+    assert mb2 and not any(getattr(op, "name", "") == "residual_rmsnorm_mb" for op in ops)
+    assert all(op.block == 1024 for op in mb2) and args.hidden_size <= 2048
+
+
 def test_gdn_fused_off_keeps_two_launches(cp, monkeypatch):
     """NINFER_GDN_FUSED=0 (the default): the decode step keeps gdn_delta and gated_rmsnorm_stage; with it on,
     the columns step still never fuses (its delta rule runs T tokens a launch)."""

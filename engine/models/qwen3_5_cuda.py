@@ -247,6 +247,10 @@ class CudaQwen35(AttentionOps, MlpOps, SamplingOps):
     GDN_FUSED = os.environ.get("NINFER_GDN_FUSED", "0") != "0"
     # blocks a token row of the norms and stagings (each reduces the whole row, stages its slice)
     NORM_BLOCKS = int(os.environ.get("NINFER_NORM_BLOCKS", "16"))
+    # rows of at most 2,048 values (the 35B-A3B): residual_rmsnorm_mb2, 8 partial planes a round of loads instead
+    # of 2 (the MoE norm sums 9), the same bits. Written after session 11's device time ran out: off until
+    # measured (NINFER_NORM_MB2=1; tests/gpu test_norms and test_norm_mb2_gives_the_same_logits).
+    NORM_MB2 = os.environ.get("NINFER_NORM_MB2", "0") != "0"
     MOE_ROWS = False  # several token rows of an MoE model (the tensor-core prefill's own MoE ops)
     ARGMAX_BLOCKS = 64  # blocks a row of the greedy argmax over the vocabulary
 
@@ -256,7 +260,8 @@ class CudaQwen35(AttentionOps, MlpOps, SamplingOps):
             raise NotImplementedError(f"hidden size {self.H} > 8192 in the CUDA norm kernel")
         x_in, x_out = self._res
         self._res = (x_out, x_in)
-        return K.prepared("residual_rmsnorm_mb", (self.NORM_BLOCKS, self.M),
+        name = "residual_rmsnorm_mb2" if self.NORM_MB2 and self.H <= 2 * 1024 else "residual_rmsnorm_mb"
+        return K.prepared(name, (self.NORM_BLOCKS, self.M),
                           (x_in, x_out, self.part, splits, self.M * self.H, w, self.xn, self.H,
                            float(self.args.rms_norm_eps), 1, self.xh_n, self.xinv_n, self.kpad_h), block=1024)
 

@@ -236,6 +236,29 @@ def test_fused_tails_give_the_same_logits(flag, kernel, tick, monkeypatch):
     assert np.array_equal(out[False][1], out[True][1])
 
 
+def test_norm_mb2_gives_the_same_logits(monkeypatch):
+    """NORM_MB2 (rows of at most 2,048 values: residual_rmsnorm_mb2, 8 partial planes a round): the MoE model's
+    tokens and logits bit-identical to residual_rmsnorm_mb over a prefill and 24 steps."""
+    from engine import gpu_weights
+    from engine.config import ModelArgs
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+
+    args = ModelArgs.from_config(MOE_CFG)
+    w = gpu_weights.from_logical(args, quantized_weights(args, recipe="groupwise-int-moe"), recipe="groupwise-int-moe")
+    prompt = [int(t) for t in np.random.default_rng(10).integers(0, MOE_CFG["vocab_size"], 12)]
+    out = {}
+    for on in (False, True):
+        monkeypatch.setattr(CudaQwen35, "NORM_MB2", on)
+        eng = build_engine(args, w, MOE_CFG, max_context=256, prefill_cols=1)
+        names = [getattr(op, "name", "") for op in eng.model.executor.ops]
+        assert ("residual_rmsnorm_mb2" in names) == on and ("residual_rmsnorm_mb" in names) != on
+        first = int(np.argmax(eng.prefill(prompt)))
+        out[on] = (eng.decode_greedy(first, 24), eng.decode_step(3))
+    assert out[False][0] == out[True][0]
+    assert np.array_equal(out[False][1], out[True][1])
+
+
 def test_stage_from_the_gate_up_amax_gives_the_same_logits(monkeypatch):
     """STAGE_AMAX (the default): with gemv_rs_pre on gate|up, its blocks fold the SwiGLU row's largest |value|
     into a slot and stage_x_amax stages the down projection's input from it (no max pass over the row):
