@@ -15,8 +15,8 @@
 # session 6, next / gdnc / moep / s6 / moeprof / s6b / s6c / s6d / s6e, at c858397; session 7's l2pf, with
 # the L2 warm-up it measured, at 741ff0c; those of sessions 8-10, s8 / s8d / s9 / s10 / s11 / fin8 / fin9 /
 # gsplit / prep / s12-s16 / fin10 / mma / base / s10a-s10e, which bench/NOTES-decode.md cites, at 56b24ea.)
-#   next: residual_rmsnorm_mb2 (NINFER_NORM_MB2, off until measured): the norm tests and the in-process A/B on the
-#         35B-A3B (next session's first call). (Session 10's `next`, attn_decode_mma's forms forced on the H200,
+#   next: residual_rmsnorm_mb2 (NINFER_NORM_MB2) and the routed gate|up on gemv_rs_pre (NINFER_MOE_PRE2), both
+#         off until measured: their tests and the in-process A/B on the 35B-A3B (next session's first call). (Session 10's `next`, attn_decode_mma's forms forced on the H200,
 #         ran in session 11 as the tail of s11b; in git history at 0dda17d.)
 #   xi16: the int16-x GEMV decode (NINFER_XI16=1, dp2a) against the fp16 one: both modules compiled, the GEMV,
 #         engine and prefill tests with int16 x, then decode 27B + 35B a process a mode (0 1 0 1; breakdown with
@@ -266,12 +266,13 @@ timeout 120 python3 bench/gpu_decode.py --sweep --out "$OUT/sweep.json" 2>&1 | g
 fi
 if [ "$PART" = next ]; then  # next session's first call: residual_rmsnorm_mb2 (written after session 11's device time)
 ready
-log "tests: the norms (mb2 bit-identical to mb) and the engine with NORM_MB2"
-gpu_pytest "$OUT/gpu_tests_mb2.txt" tests/gpu/test_kernels.py tests/gpu/test_gpu_engine.py -k "norm"
+log "tests: the norms (mb2 bit-identical to mb), the engine with NORM_MB2, the MoE engine with MOE_PRE2"
+gpu_pytest "$OUT/gpu_tests_mb2.txt" tests/gpu/test_kernels.py tests/gpu/test_gpu_engine.py -k "norm or moe"
 grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_mb2.txt" | tail -8
-log "decode A/B: residual_rmsnorm_mb2 (NORM_MB2=1) on the 35B-A3B (and the 27B, whose 5,120-wide rows keep mb)"
-timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b,qwen3.8-27b --attr="base,NORM_MB2=1" \
-  --breakdown --out "$OUT/decode_mb2.json" 2>&1 | grep -E "PDL|attr|sum of|^  [a-z]|rror" | head -40
+log "decode A/B on the 35B-A3B: residual_rmsnorm_mb2 (NORM_MB2=1), the routed gate|up on gemv_rs_pre (MOE_PRE2=1)"
+timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --breakdown \
+  --attr="base,NORM_MB2=1,MOE_PRE2=1,NORM_MB2=1;MOE_PRE2=1" --out "$OUT/decode_mb2.json" 2>&1 \
+  | grep -E "PDL|attr|sum of|^  [a-z]|rror" | head -40
 fi
 if [ "$PART" = xi16 ]; then
 ready

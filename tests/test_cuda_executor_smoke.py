@@ -54,6 +54,30 @@ def test_norm_mb2_plumbing(cp, monkeypatch):
     assert all(op.block == 1024 for op in mb2) and args.hidden_size <= 2048
 
 
+def test_moe_pre2_plumbing(cp, monkeypatch):
+    """NINFER_MOE_PRE2 (off by default): the routed experts' gate|up (grid.z = the k slots) runs on gemv_rs_pre;
+    the routed down-projection, which stages its slot's row itself, stays on gemv_rs."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+    from engine.ops.gemv_plan import GemvPlan
+
+    cfg = moe_cfg()
+    args, w = _weights(cfg)
+    k = cfg["num_experts_per_tok"]
+
+    def routed(on):
+        monkeypatch.setattr(CudaQwen35, "MOE_PRE2", on)
+        ops = _flat(build_engine(args, w, cfg, max_context=256, prefill_cols=1, prefill_gemm=0).model.executor.ops)
+        plans = [op.__self__ for op in ops if isinstance(getattr(op, "__self__", None), GemvPlan)]
+        return [p for p in plans if len(p.grid) > 2 and p.grid[2] == k]
+
+    assert not CudaQwen35.MOE_PRE2
+    off, on = routed(False), routed(True)
+    assert len(off) == len(on) == 2 * args.num_hidden_layers  # gate|up and down a layer
+    assert not any(p.pre2 for p in off)
+    assert sum(p.pre2 for p in on) == args.num_hidden_layers
+
+
 def test_gdn_fused_off_keeps_two_launches(cp, monkeypatch):
     """NINFER_GDN_FUSED=0 (the default): the decode step keeps gdn_delta and gated_rmsnorm_stage; with it on,
     the columns step still never fuses (its delta rule runs T tokens a launch)."""

@@ -24,6 +24,11 @@ class MlpOps:
     # with NINFER_MOE_ROUTE_FUSED=1; off until measured on a GPU.
     MOE_ROUTE_FUSED = os.environ.get("NINFER_MOE_ROUTE_FUSED", "0") != "0"
 
+    # MoE decode: the routed experts' gate|up through gemv_rs_pre (x through the read-only path, row pointers
+    # advanced by constants; faster than gemv_rs on most of the 27B's shapes with int16 x) with
+    # NINFER_MOE_PRE2=1. Written after session 11's device time ran out: off until measured.
+    MOE_PRE2 = os.environ.get("NINFER_MOE_PRE2", "0") != "0"
+
     def _moe_ops(self, L, xn):
         """Router -> top-k on the device -> routed experts (grid.z = slot) writing weighted partials
         part[0..k), shared expert into part[k]; the next norm sums the k + 1 partials."""
@@ -40,7 +45,7 @@ class MlpOps:
                      K.prepared("moe_route", (self.M,), (self.rlog, E + 1, E, k, self.eidx, self.ewts, k + 1))]
         gu, dn = L["experts_gu"], L["experts_down"]
         gu1, dn1 = gu.row_slice(0, 2 * ie), dn.row_slice(0, H)  # expert 0's rows (the kernel offsets by eidx)
-        routed = [GemvPlan(gu1, self.xn, H, self.act_e, ie, epi="swiglu", unroll=2, xpre=xn,
+        routed = [GemvPlan(gu1, self.xn, H, self.act_e, ie, epi="swiglu", unroll=2, xpre=xn, pre2=self.MOE_PRE2,
                            experts=(self.eidx, 2 * ie, 0, ie, None, k)).launch]
         if self.MOE_STAGE:
             routed.append(K.prepared("stage_x_mb", (self.NORM_BLOCKS, k), (self.act_e, ie, ie, self.kpad_e, self.xh_e,

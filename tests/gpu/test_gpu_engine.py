@@ -64,14 +64,16 @@ MOE_CFG = dict(CFG, architectures=["Qwen3_5MoeForCausalLM"], model_type="qwen3_5
 MOE_CFG.pop("intermediate_size")
 
 
-@pytest.mark.parametrize("stage", [True, False])  # MOE_STAGE: routed rows staged by a launch / in the GEMV
-def test_cuda_moe_engine_matches_numpy_engine(stage, monkeypatch):
+@pytest.mark.parametrize("stage,pre2", [(True, False), (False, False), (False, True)])
+def test_cuda_moe_engine_matches_numpy_engine(stage, pre2, monkeypatch):
+    """MOE_STAGE: routed rows staged by a launch / in the GEMV; MOE_PRE2: the routed gate|up on gemv_rs_pre."""
     from engine import api, gpu_weights
     from engine.config import ModelArgs
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5_cuda import CudaQwen35
 
     monkeypatch.setattr(CudaQwen35, "MOE_STAGE", stage)
+    monkeypatch.setattr(CudaQwen35, "MOE_PRE2", pre2)
     args = ModelArgs.from_config(MOE_CFG)
     w = quantized_weights(args, recipe="groupwise-int-moe")
     ref = api.load({"config": MOE_CFG, "weights": w}, device="cpu", gdn_mode="recurrent")
