@@ -16,7 +16,8 @@
 # the L2 warm-up it measured, at 741ff0c; those of sessions 8-10, s8 / s8d / s9 / s10 / s11 / fin8 / fin9 /
 # gsplit / prep / s12-s16 / fin10 / mma / base / s10a-s10e, which bench/NOTES-decode.md cites, at 56b24ea.)
 #   next: residual_rmsnorm_mb2 (NINFER_NORM_MB2) and the routed gate|up on gemv_rs_pre (NINFER_MOE_PRE2), both
-#         off until measured: their tests and the in-process A/B on the 35B-A3B (next session's first call). (Session 10's `next`, attn_decode_mma's forms forced on the H200,
+#         off until measured: their tests and the in-process A/B on the 35B-A3B, then its sweep with the routed
+#         expert GEMVs (next session's first call). (Session 10's `next`, attn_decode_mma's forms forced on the H200,
 #         ran in session 11 as the tail of s11b; in git history at 0dda17d.)
 #   xi16: the int16-x GEMV decode (NINFER_XI16=1, dp2a) against the fp16 one: both modules compiled, the GEMV,
 #         engine and prefill tests with int16 x, then decode 27B + 35B a process a mode (0 1 0 1; breakdown with
@@ -273,6 +274,9 @@ log "decode A/B on the 35B-A3B: residual_rmsnorm_mb2 (NORM_MB2=1), the routed ga
 timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --breakdown \
   --attr="base,NORM_MB2=1,MOE_PRE2=1,NORM_MB2=1;MOE_PRE2=1" --out "$OUT/decode_mb2.json" 2>&1 \
   | grep -E "PDL|attr|sum of|^  [a-z]|rror" | head -40
+log "35B-A3B sweep with its routed expert GEMVs (routed_sweep)"
+timeout 300 python3 bench/gpu_decode.py --sweep --synthetic qwen3.6-35b-a3b --out "$OUT/sweep_35b.json" 2>&1 \
+  | grep -E "best|routed|rror" | head -30
 fi
 if [ "$PART" = xi16 ]; then
 ready

@@ -160,6 +160,63 @@ def kernel_sweep(bw, shapes=SHAPES_27B):
     return results
 
 
+ROUTED_35B = [  # qwen3.6-35b-a3b's routed experts: a launch covers the k slots (grid.z), rows offset by eidx
+    ("35b routed gate|up", "q4_g64_fp16", 1024, 2048, "swiglu"),  # per expert: [512 gate; 512 up] x 2048
+    ("35b routed down", "q5_g64_fp16", 2048, 512, "store"),  # per expert: 2048 x 512, x its slot's fp32 row
+]
+
+
+def routed_sweep(bw, experts=256, slots=8):
+    """The routed expert GEMVs as the MoE decode launches them (MlpOps._moe_ops): `slots` distinct experts of a
+    stacked [experts x n, k] object, gate|up on the staged norm row (SwiGLU into [slots, n / 2]), down on each
+    slot's own fp32 row (staged by its blocks) into weighted planes. GB/s counts the slots' bytes."""
+    from engine.gpu_weights import random_matrix
+
+    rng = cp.random.default_rng(0)
+    nrng = np.random.default_rng(2)
+    eidx = cp.asarray(nrng.choice(experts, slots, replace=False).astype(np.int32).reshape(1, slots))
+    ewts = cp.full((1, slots + 1), 1.0 / slots, dtype=cp.float32)
+    results = []
+    for name, fmt, n, k, epi in ROUTED_35B:
+        copies = [random_matrix(cp, rng, fmt, experts * n, k) for _ in range(2)]
+        views = [c.row_slice(0, n) for c in copies]
+        nbytes = views[0].nbytes * slots
+        if epi == "swiglu":
+            x = cp.asarray(nrng.standard_normal((1, k)).astype(np.float32))
+            kpad = -(-k // K.XPAD) * K.XPAD
+            xpre = (cp.zeros((1, kpad // 2), dtype=cp.uint32), cp.zeros(1, dtype=cp.float32))
+            K.prepared("stage_x", (1,), (x, k, k, kpad, xpre[0], xpre[1]), block=1024)()
+            y = cp.zeros((slots, n // 2), cp.float32)
+            variants = [(2, u, p) for u in (2, 4) for p in (False, True)]
+
+            def plan(v, rows, u, p):
+                return GemvPlan(v, x, k, y, n // 2, epi="swiglu", unroll=u, xpre=xpre, pre2=p,
+                                experts=(eidx, n, 0, n // 2, None, slots))
+        else:
+            x = cp.asarray(nrng.standard_normal((slots, k)).astype(np.float32))
+            y = cp.zeros((slots, 1, n), cp.float32)
+            variants = [(r, u, False) for r in (1, 2, 4) for u in (2, 4)]
+
+            def plan(v, rows, u, p):
+                return GemvPlan(v, x, k, y, n, epi="store", unroll=u, rows=rows,
+                                experts=(eidx, n, k * 4, n, ewts, slots))
+        for rows, u, p in variants:
+            plans = [plan(v, rows, u, p) for v in views]
+
+            def run(plans=plans):
+                for q in plans:
+                    q.launch()
+            ms = time_graph(run) / 2
+            gbs = nbytes / (ms * 1e-3) / 1e9
+            r = dict(shape=name, fmt=fmt, n=n, k=k, rows=rows, unroll=u, pre2=p, slots=slots, us=round(ms * 1e3, 2),
+                     gbs=round(gbs, 1), pct_copy=round(100 * gbs / bw, 1))
+            results.append(r)
+            print(f"{name:20s} rows={rows} unroll={u} pre2={p}: {r['us']:6.2f} us {r['gbs']:7.1f} GB/s "
+                  f"({r['pct_copy']}%)", flush=True)
+        del copies, views
+    return results
+
+
 def best_cfg(sweep):
     cfg = {}
     for r in sweep:
@@ -379,6 +436,8 @@ def main():
         geos = a.synthetic.split(",") if a.synthetic else ["qwen3.8-27b"]
         shapes = [s_ for g in geos for s_ in (SHAPES_35B if "35b" in g else SHAPES_27B)]
         report["sweep"] = kernel_sweep(bw, list(dict.fromkeys(shapes)))
+        if any("35b" in g for g in geos):  # (reported, not part of the tuning table)
+            report["routed_sweep"] = routed_sweep(bw)
         cfg = best_cfg(report["sweep"])
         report["gemv_cfg"] = {f"{k[0]}:{k[1]}x{k[2]}": v for k, v in cfg.items()}
         if a.out:
