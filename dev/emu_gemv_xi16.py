@@ -1,4 +1,4 @@
-"""NumPy emulation of the int16-x GEMV decode (NI_XI16 in cuda/gemv.cu): checks the bit tricks offline.
+"""NumPy emulation of the int16-x GEMV decode (NI_XI16 in cuda/gemv_decode.cu): checks the bit tricks offline.
 
 Each 32-bit word of a 16-byte chunk holds codes 8c..8c+7 (nibble i = code 8c + i); the high plane's
 32-bit word holds bit 8c + i (q5) or bits 2(8c + i), +1 (q6). The kernel builds two words of signed bytes,

@@ -23,7 +23,7 @@ def main() -> int:
     if "--tc" not in sys.argv:  # --tc: the tensor-core GDN module alone
         rc = compile_one(kernels._source(), kernels._names() + kernels._names(experimental=True), "--cubin" in sys.argv)
         # the GEMVs with weight loads through L1 (module_ldg)
-        rc |= compile_one(kernels._source(("gemv.cu", "gemv_variants.cu"), ldg=True), list(kernels.LDG_NAMES), False)
+        rc |= compile_one(kernels._source(("gemv_decode.cu", "gemv.cu", "gemv_variants.cu"), ldg=True), list(kernels.LDG_NAMES), False)
     # the tensor-core GDN module (its own: mma.h); TC_INCLUDE names a toolkit include dir that has crt/mma.h
     tc_names = [f"gdn_chunk_scan_tc<{rb}{q1}>" for rb in kernels.GDN_SCAN_TC_RB for q1 in ("", ", 1")]
     rc_tc = compile_one(kernels._source(kernels.TC_SOURCES), tc_names, "--tc" in sys.argv and "--cubin" in sys.argv,

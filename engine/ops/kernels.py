@@ -18,8 +18,8 @@ import numpy as np
 
 from engine.backend import cupy_or_none
 
-SOURCES = ("common.cuh", "gemv.cu", "gemv_variants.cu", "gemv_mma.cu", "rows.cu", "norm.cu", "attention.cu", "gdn.cu",
-           "gdn_chunked.cu", "sample.cu", "sampler.cu", "moe.cu", "attn_prefill.cu", "attn_decode_mma.cu")
+SOURCES = ("common.cuh", "gemv_decode.cu", "gemv.cu", "gemv_variants.cu", "gemv_mma.cu", "rows.cu", "norm.cu",
+           "attention.cu", "gdn.cu", "gdn_chunked.cu", "sample.cu", "sampler.cu", "moe.cu", "attn_prefill.cu", "attn_decode_mma.cu")
 # Pre-staged GEMV input rows (fp16 pairs, slot-major blocks of 32 chunks) are padded to this many values.
 XPAD = 1024
 FMT_IDS = {"q4_g64_fp16": 0, "q5_g64_fp16": 1, "q6_g64_fp16": 2, "q8_g32_fp16": 3}
@@ -130,7 +130,7 @@ def _source(files=None, ldg: bool = False) -> str:
     parts = [common]
     if ldg or os.environ.get("NINFER_W_NOALLOC", "1") == "0":  # GEMV weight loads through L1 (plain __ldg)
         parts.insert(0, "#define NI_W_NOALLOC 0")
-    if XI16:  # q4/q5/q6 GEMV input staged as int16 pairs, dp2a decode (cuda/gemv.cu dot_i16)
+    if XI16:  # q4/q5/q6 GEMV input staged as int16 pairs, dp2a decode (cuda/gemv_decode.cu dot_i16)
         parts.insert(0, "#define NI_XI16 1")
     for name in SOURCES[1:] if files is None else files:
         text = (root / name).read_text()
@@ -210,7 +210,7 @@ def module_ldg():
     cp = cupy_or_none()
     if cp is None:
         raise RuntimeError("CUDA kernels need CuPy and a GPU")
-    return cp.RawModule(code=_source(("gemv.cu", "gemv_variants.cu"), ldg=True), options=("-std=c++17",),
+    return cp.RawModule(code=_source(("gemv_decode.cu", "gemv.cu", "gemv_variants.cu"), ldg=True), options=("-std=c++17",),
                         name_expressions=list(LDG_NAMES))
 
 
