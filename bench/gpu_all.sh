@@ -6,7 +6,7 @@
 #   exp:  bench/experiments/*.patch applied to a copy, its tests and sweep beside main's on the same
 #         machine (EXP="a b" picks patches). Copies made with cp -r on the device have read as NUL bytes
 #         (bench/NOTES-decode.md, session 3): check its test output before trusting a sweep.
-#   quick: compile, tests/gpu/test_kernels.py -k $TESTK, sweep, decode $GEOS with the sweep's table.
+#   quick: compile, tests/gpu/test_gemv.py tests/gpu/test_kernels.py -k $TESTK, sweep, decode $GEOS with the sweep's table.
 #   final: every GPU test, decode with breakdown and depth, prefill benches 27B + 35B, pp131072 and the
 #          pp8192 op profiles (the session-6 figures).
 #   ab:   GPU tests -k $TESTK, then decode with in-process A/B variants (ATTR, LDG; DEPTH, GEOS, BREAKDOWN).
@@ -112,11 +112,11 @@ bench_long
 log "sampled decode through the generate loop (T 0.7, top-p 0.9)"
 timeout 90 python3 bench/sampled_decode.py --tokens 64 2>&1 | tail -4
 fi
-# compile the engine's module, wait for CuPy, then tests/gpu/test_kernels.py -k "$1"
+# compile the engine's module, wait for CuPy, then tests/gpu/test_gemv.py tests/gpu/test_kernels.py -k "$1"
 kernel_tests() {
   ready
   log "kernel tests (-k $1)"
-  gpu_pytest "$OUT/gpu_tests.txt" tests/gpu/test_kernels.py -k "$1"
+  gpu_pytest "$OUT/gpu_tests.txt" tests/gpu/test_gemv.py tests/gpu/test_kernels.py -k "$1"
   grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | head -12
 }
 if [ "$PART" = quick ]; then  # kernel tests (-k $TESTK), sweep, 27B decode with the sweep's table + breakdown
@@ -177,7 +177,7 @@ fi
   rm -rf "$dir" && mkdir -p "$dir" && cp -r . "$dir" && (cd "$dir" && patch -p1 -s < "$p") || continue
   (cd "$dir" && export PYTHONPATH=$dir CUPY_CACHE_DIR=$dir/.cupy_cache && \
    timeout 300 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')" && \
-   timeout 120 python3 -m pytest -q -x tests/gpu/test_kernels.py tests/gpu/test_gpu_engine.py -k "not memory_plan" \
+   timeout 120 python3 -m pytest -q -x tests/gpu/test_gemv.py tests/gpu/test_kernels.py tests/gpu/test_gpu_engine.py -k "not memory_plan" \
      -p no:cacheprovider 2>&1 | tail -3 && \
    timeout 100 python3 bench/gpu_decode.py --sweep --synthetic qwen3.8-27b,qwen3.6-35b-a3b --out "$OUT/exp_$name.json" \
      2>&1 | grep -E "best|PDL" | head -12)
@@ -200,7 +200,7 @@ fi
 if [ "$PART" = s11e ]; then
 ready
 log "kernel and engine tests"
-gpu_pytest "$OUT/gpu_tests.txt" tests/gpu/test_kernels.py tests/gpu/test_gpu_engine.py
+gpu_pytest "$OUT/gpu_tests.txt" tests/gpu/test_gemv.py tests/gpu/test_kernels.py tests/gpu/test_gpu_engine.py
 grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | tail -8
 fi
 if [ "$PART" = s11d ]; then
@@ -215,7 +215,7 @@ fi
 if [ "$PART" = s11c ]; then
 ready
 log "tests: w8 on pre-staged pairs (GEMV, engine, MoE prefill)"
-gpu_pytest "$OUT/gpu_tests_w8.txt" tests/gpu/test_kernels.py tests/gpu/test_gpu_engine.py tests/gpu/test_prefill.py \
+gpu_pytest "$OUT/gpu_tests_w8.txt" tests/gpu/test_gemv.py tests/gpu/test_kernels.py tests/gpu/test_gpu_engine.py tests/gpu/test_prefill.py \
   tests/gpu/test_smollm2_gpu.py -k "w8 or prestaged or store or engine or moe or smollm or llama"
 grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_w8.txt" | tail -8
 for x in 1 0 1 0; do
@@ -268,7 +268,7 @@ fi
 if [ "$PART" = next ]; then  # next session's first call: residual_rmsnorm_mb2 (written after session 11's device time)
 ready
 log "tests: the norms (mb2 bit-identical to mb), the engine with NORM_MB2, the MoE engine with MOE_PRE2"
-gpu_pytest "$OUT/gpu_tests_mb2.txt" tests/gpu/test_kernels.py tests/gpu/test_gpu_engine.py -k "norm or moe"
+gpu_pytest "$OUT/gpu_tests_mb2.txt" tests/gpu/test_gemv.py tests/gpu/test_kernels.py tests/gpu/test_gpu_engine.py -k "norm or moe"
 grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_mb2.txt" | tail -8
 log "decode A/B on the 35B-A3B: residual_rmsnorm_mb2 (NORM_MB2=1), the routed gate|up on gemv_rs_pre (MOE_PRE2=1)"
 timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --breakdown \
@@ -283,7 +283,7 @@ ready
 log "compile with NINFER_XI16=1"
 NINFER_XI16=1 timeout 240 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')"
 log "tests with int16 x (GEMV, MoE, norms, engine, prefill)"
-NINFER_XI16=1 gpu_pytest "$OUT/gpu_tests_xi16.txt" tests/gpu/test_kernels.py tests/gpu/test_gpu_engine.py \
+NINFER_XI16=1 gpu_pytest "$OUT/gpu_tests_xi16.txt" tests/gpu/test_gemv.py tests/gpu/test_kernels.py tests/gpu/test_gpu_engine.py \
   tests/gpu/test_prefill.py -k "gemv or moe or norm or stage or engine or prefill or column or greedy or smollm"
 grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_xi16.txt" | tail -10
 for run in 0 1b 0 1; do

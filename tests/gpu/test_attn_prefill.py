@@ -15,7 +15,7 @@ from engine.ops import ref
 
 pytestmark = pytest.mark.gpu
 
-from test_kernels import check, poisoned  # noqa: E402  (tests/gpu is on sys.path under pytest)
+from kernel_checks import check, poisoned  # noqa: E402  (tests/gpu is on sys.path under pytest)
 
 D, PAGE = 256, 64
 ATT_BF16 = dict(atol=2e-3, rtol=1.6e-2, tail_frac=2e-3, worst_ratio=5, rel=8e-3)  # attention_bf16

@@ -1,0 +1,208 @@
+"""Every GEMV form against its reference (engine.ops.ref, engine.artifact.formats): the register kernels on x
+staged in the block or by the producer (q4/q5/q6 and w8), the async ring, the tensor-core variant, split-K,
+SwiGLU and bf16.
+
+Tolerances are the named presets of spec/testing.md (engine/ops/tolerance.py); inputs are fresh
+random data, outputs are poisoned before each run.
+"""
+import numpy as np
+import pytest
+
+from engine.artifact import formats
+from engine.ops import ref
+from engine.ops.gemv_plan import GemvPlan
+
+pytestmark = pytest.mark.gpu
+
+from kernel_checks import LINEAR, QFMTS, RNG, check, poisoned, staged_case  # noqa: E402  (tests/gpu is on sys.path)
+
+@pytest.mark.parametrize("fmt", QFMTS)
+@pytest.mark.parametrize("n,k", [(512, 5120), (37, 1000), (300, 130)], ids=["512x5120", "37x1000", "300x130"])
+@pytest.mark.parametrize("m", [1, 2, 8])
+@pytest.mark.parametrize("rows", [1, 2, 4])
+@pytest.mark.parametrize("unroll,pf", [(2, 0), (4, 0), (2, 2)])
+def test_gemv_store(cp, fmt, n, k, m, rows, unroll, pf):
+    from engine.gpu_weights import upload_matrix
+
+    w = (RNG.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)  # unit-scale outputs, as in a model
+    dm = upload_matrix(cp, fmt, w)
+    wq = formats.decode(fmt, "row_split_k128_v1", (n, k), cp.asnumpy(dm.buf))
+    x = RNG.standard_normal((m, k)).astype(np.float32)
+    y = poisoned(cp, (m, n))
+    GemvPlan(dm, cp.asarray(x), k, y, n, m=m, rows=rows, unroll=unroll, pf=pf).launch()
+    check(f"gemv {fmt}", y.get(), ref.linear(x, wq), **LINEAR)
+
+
+@pytest.mark.parametrize("fmt", QFMTS[:3])
+@pytest.mark.parametrize("n,k", [(512, 5120), (37, 1000), (300, 130)], ids=["512x5120", "37x1000", "300x130"])
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("pf,pre2", [(0, False), (1, False), (3, False), (0, True)])
+@pytest.mark.parametrize("rows,unroll", [(2, 4), (1, 2), (4, 2)])
+def test_gemv_prestaged(cp, fmt, n, k, splits, pf, pre2, rows, unroll):
+    """x staged once by stage_x (as the producer kernels do), read by the GEMV from global memory
+    (gemv_rs, and gemv_rs_pre with pre2)."""
+    from engine.gpu_weights import upload_matrix
+    from engine.ops import kernels as K
+
+    m = 2
+    w = (RNG.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
+    dm = upload_matrix(cp, fmt, w)
+    wq = formats.decode(fmt, "row_split_k128_v1", (n, k), cp.asnumpy(dm.buf))
+    x = RNG.standard_normal((m, k)).astype(np.float32)
+    kpad = -(-k // K.XPAD) * K.XPAD
+    xh, xinv = cp.zeros((m, kpad // 2), dtype=cp.uint32), cp.zeros(m, dtype=cp.float32)
+    K.prepared("stage_x_mb", (3, m), (cp.asarray(x), k, k, kpad, xh, kpad // 2, xinv))()
+    part = poisoned(cp, (splits, m, n))
+    plan = GemvPlan(dm, None, k, part, n, m=m, epi="partial", splits=splits, xpre=(xh, xinv), pf=pf,
+                      rows=rows, unroll=unroll, pre2=pre2)
+    assert plan.pre2 == pre2
+    part = part[: plan.splits]
+    plan.launch()
+    check(f"gemv prestaged {fmt}", part.get().sum(axis=0), ref.linear(x, wq), **LINEAR)
+    if pre2 and splits == 1 and n % 2 == 0:
+        y = poisoned(cp, (m, n // 2))
+        GemvPlan(dm, None, k, y, n // 2, m=m, epi="swiglu", xpre=(xh, xinv), pre2=True).launch()
+        h = ref.linear(x, wq)
+        check(f"gemv prestaged swiglu {fmt}", y.get(), ref.swiglu(h[:, : n // 2], h[:, n // 2:]), **LINEAR)
+        # one token: the SwiGLU output also staged by the last block, as stage_x_mb stages it
+        k2 = n // 2
+        kp2 = -(-k2 // K.XPAD) * K.XPAD
+        y1 = poisoned(cp, (1, k2))
+        sh, sinv, slot = cp.zeros((1, kp2 // 2), cp.uint32), cp.zeros(1, cp.float32), cp.zeros(2, cp.uint32)
+        plan = GemvPlan(dm, None, k, y1, k2, m=1, epi="swiglu", xpre=(xh, xinv), pre2=True,
+                          stage_out=(sh, sinv, kp2, slot), rows=rows, unroll=unroll)
+        assert plan.stages_out
+        for _ in range(2):  # the second launch finds the slot reset by the first
+            sh.fill(0)
+            plan.launch()
+            rh, rinv = cp.zeros_like(sh), cp.zeros_like(sinv)
+            K.prepared("stage_x_mb", (3, 1), (y1, k2, k2, kp2, rh, kp2 // 2, rinv), block=1024)()
+            assert np.array_equal(sh.get(), rh.get()) and np.array_equal(sinv.get(), rinv.get())
+            assert not slot.get().any()
+
+
+@pytest.mark.parametrize("n,k", [(512, 5120), (37, 1000), (300, 130), (96, 2048)],
+                         ids=["512x5120", "37x1000", "300x130", "96x2048"])
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("m", [1, 2])
+@pytest.mark.parametrize("rows", [1, 2, 4])
+def test_gemv_w8_prestaged(cp, n, k, splits, m, rows):
+    """w8 on the pre-staged int16 pairs (kernels.W8_PRE: gemv_rs_pre<3, ...>, a chunk half a staged block;
+    split-K slices of 64 chunks), partial planes and SwiGLU; else the w8 GEMV stages x itself as before."""
+    from engine.ops import kernels as K
+
+    dm, wq, x, xd, xh, xinv = staged_case(cp, "q8_g32_fp16", n, k, m)  # (xd: read when the GEMV stages x itself)
+    part = poisoned(cp, (splits, m, n))
+    plan = GemvPlan(dm, xd, k, part, n, m=m, epi="partial", splits=splits, xpre=(xh, xinv), rows=rows)
+    assert plan.pre2 == K.W8_PRE
+    plan.launch()
+    check(f"gemv w8 prestaged {n}x{k}", part[: plan.splits].get().sum(axis=0), ref.linear(x, wq), **LINEAR)
+    if n % 2 == 0:
+        y = poisoned(cp, (m, n // 2))
+        GemvPlan(dm, xd, k, y, n // 2, m=m, epi="swiglu", xpre=(xh, xinv)).launch()
+        h = ref.linear(x, wq)
+        check(f"gemv w8 prestaged swiglu {n}x{k}", y.get(), ref.swiglu(h[:, : n // 2], h[:, n // 2:]), **LINEAR)
+
+
+@pytest.mark.parametrize("fmt", QFMTS[:3])
+@pytest.mark.parametrize("n,k", [(512, 5120), (37, 1000), (300, 130)], ids=["512x5120", "37x1000", "300x130"])
+@pytest.mark.parametrize("rows", [1, 2, 4])
+@pytest.mark.parametrize("stages", [3, 4])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_gemv_async(cp, fmt, n, k, rows, stages, splits):
+    """gemv_rs_async (weights through a shared-memory ring) on pre-staged x, partial and swiglu."""
+    from engine.gpu_weights import upload_matrix
+    from engine.ops import kernels as K
+
+    w = (RNG.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
+    dm = upload_matrix(cp, fmt, w)
+    wq = formats.decode(fmt, "row_split_k128_v1", (n, k), cp.asnumpy(dm.buf))
+    x = RNG.standard_normal((1, k)).astype(np.float32)
+    kpad = -(-k // K.XPAD) * K.XPAD
+    xh, xinv = cp.zeros((1, kpad // 2), dtype=cp.uint32), cp.zeros(1, dtype=cp.float32)
+    K.prepared("stage_x_mb", (3, 1), (cp.asarray(x), k, k, kpad, xh, kpad // 2, xinv))()
+    part = poisoned(cp, (splits, 1, n))
+    plan = GemvPlan(dm, None, k, part, n, m=1, epi="partial", splits=splits, rows=rows, xpre=(xh, xinv),
+                      stages=stages)
+    assert plan.stages == stages
+    part = part[: plan.splits]
+    plan.launch()
+    h = ref.linear(x, wq)
+    check(f"gemv async {fmt}", part.get().sum(axis=0), h, **LINEAR)
+    if n % 2 == 0 and splits == 1:
+        y = poisoned(cp, (1, n // 2))
+        GemvPlan(dm, None, k, y, n // 2, m=1, epi="swiglu", xpre=(xh, xinv), stages=stages).launch()
+        check(f"gemv async swiglu {fmt}", y.get(), ref.swiglu(h[:, : n // 2], h[:, n // 2:]), **LINEAR)
+
+
+@pytest.mark.parametrize("fmt", QFMTS[:2])
+@pytest.mark.parametrize("n,k", [(512, 5120), (37, 1000), (300, 130), (48, 17408)],
+                         ids=["512x5120", "37x1000", "300x130", "48x17408"])
+@pytest.mark.parametrize("m", [1, 3, 8])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_gemv_mma(cp, fmt, n, k, m, splits):
+    """gemv_mma (tensor-core MMA on subnormal-coded weights) on pre-staged x: every compiled variant,
+    partial (split-K), store, add and SwiGLU epilogues, 1-8 token columns."""
+    from engine.ops import kernels as K
+
+    if K.XI16:
+        pytest.skip("gemv_mma reads fp16 x pairs (NINFER_XI16=1 stages int16 ones)")
+
+    dm, wq, x, _, xh, xinv = staged_case(cp, fmt, n, k, m)
+    h = ref.linear(x, wq)
+    for mma in K.GEMV_MMA:
+        part = poisoned(cp, (splits, m, n))
+        plan = GemvPlan(dm, None, k, part, n, m=m, epi="partial", splits=splits, xpre=(xh, xinv), mma=mma)
+        assert plan.fn is K.kernel(f"gemv_mma<{K.FMT_IDS[fmt]},{mma[0]},{mma[1]},{mma[2]}>")
+        part = part[: plan.splits]
+        plan.launch()
+        check(f"gemv mma {fmt} {mma}", part.get().sum(axis=0), h, **LINEAR)
+    if splits == 1:
+        y = cp.asarray(np.ones((m, n), np.float32))
+        GemvPlan(dm, None, k, y, n, m=m, epi="add", xpre=(xh, xinv), mma=(1, 4, 2)).launch()
+        check(f"gemv mma add {fmt}", y.get(), h + 1, **LINEAR)
+    if n % 32 == 0 and splits == 1:
+        y = poisoned(cp, (m, n // 2))
+        for mma in ((2, 4, 2),):
+            y.fill(np.nan)
+            GemvPlan(dm, None, k, y, n // 2, m=m, epi="swiglu", xpre=(xh, xinv), mma=mma).launch()
+            check(f"gemv mma swiglu {fmt} {mma}", y.get(), ref.swiglu(h[:, : n // 2], h[:, n // 2:]), **LINEAR)
+
+
+@pytest.mark.parametrize("fmt", QFMTS)
+@pytest.mark.parametrize("splits", [1, 3])
+def test_gemv_partial_splits(cp, fmt, splits):
+    from engine.gpu_weights import upload_matrix
+
+    n, k = 256, 4160
+    w = (RNG.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
+    dm = upload_matrix(cp, fmt, w)
+    wq = formats.decode(fmt, "row_split_k128_v1", (n, k), cp.asnumpy(dm.buf))
+    x = RNG.standard_normal((1, k)).astype(np.float32)
+    part = poisoned(cp, (splits, 1, n))
+    GemvPlan(dm, cp.asarray(x), k, part, n, m=1, epi="partial", splits=splits).launch()
+    check(f"gemv split {fmt}", part.get().sum(axis=0), ref.linear(x, wq), **LINEAR)
+
+
+def test_gemv_swiglu_and_bf16(cp):
+    from engine.gpu_weights import upload_matrix
+
+    n2, k = 2 * 300, 512
+    w = (RNG.standard_normal((n2, k)) / np.sqrt(k)).astype(np.float32)
+    dm = upload_matrix(cp, "q4_g64_fp16", w)
+    wq = formats.decode("q4_g64_fp16", "row_split_k128_v1", (n2, k), cp.asnumpy(dm.buf))
+    x = RNG.standard_normal((1, k)).astype(np.float32)
+    y = poisoned(cp, (1, n2 // 2))
+    GemvPlan(dm, cp.asarray(x), k, y, n2 // 2, epi="swiglu").launch()
+    h = ref.linear(x, wq)
+    check("swiglu", y.get(), ref.swiglu(h[:, : n2 // 2], h[:, n2 // 2:]), **LINEAR)
+
+    for nb in (96, 5000):  # few rows: 8 warps split each row's K; many rows: a warp per row
+        wb = (RNG.standard_normal((nb, k)) / np.sqrt(k)).astype(np.float32)
+        db = upload_matrix(cp, "bf16", wb)
+        wbq = formats.bf16_bits_to_f32(formats.f32_to_bf16_bits(wb))
+        for mb in (1, 2):
+            xb = RNG.standard_normal((mb, k)).astype(np.float32)
+            yb = poisoned(cp, (mb, nb))
+            GemvPlan(db, cp.asarray(xb), k, yb, nb, m=mb).launch()
+            check(f"gemv bf16 {nb}x{k} m={mb}", yb.get(), ref.linear(xb, wbq), **LINEAR)
