@@ -165,8 +165,6 @@ __device__ __forceinline__ void residual_rmsnorm_body(RESIDUAL_RMSNORM_PARAMS) {
   if (blockIdx.x == 0 && threadIdx.x == 0) xinv[m] = 1.f / sc;
 }
 
-// One block per token: stage fp32 x [M, ldx] for pre-staged GEMV input.
-
 extern "C" __global__ void __launch_bounds__(1024) residual_rmsnorm_mb(RESIDUAL_RMSNORM_PARAMS) {
   NI_PDL_ENTRY();
   residual_rmsnorm_body<NORM_VPT, 2>(x_in, x_out, part, S, part_stride, w, out, H, eps, offset, xh, xinv, kpad);
@@ -177,6 +175,7 @@ extern "C" __global__ void __launch_bounds__(1024) residual_rmsnorm_mb2(RESIDUAL
   residual_rmsnorm_body<2, 8>(x_in, x_out, part, S, part_stride, w, out, H, eps, offset, xh, xinv, kpad);
 }
 
+// One block per token: stage fp32 x [M, ldx] for pre-staged GEMV input.
 extern "C" __global__ void stage_x(const float* __restrict__ x, int ldx, int K, int kpad, __half2* __restrict__ xh,
                                    float* __restrict__ xinv) {
   NI_PDL_ENTRY();
