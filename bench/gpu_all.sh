@@ -31,7 +31,10 @@
 #   s11d: the 35B-A3B's breakdown on the defaults (W8_PRE), then the GEMV sweep of its shapes and its decode with
 #         the sweep's choices.
 #   s11e: the kernel and engine tests on the session's last commit (the shared test setup, staged_case).
-# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | probe | ncu_mma | ppchunk | next | xi16 | s11b | s11c | s11d | s11e
+#   s12a: moe_down (the MoE's routed and shared down-projections in one launch, NINFER_MOE_DOWN): its tests and the
+#         35B-A3B A/B (with the routed GEMV at 2 rows a warp); the 27B's norm blocks (8 / 16 / 32) and GEMV entries
+#         (o-projection splits 2 or rows 2, down splits 3, gate|up staging its own output) in one process.
+# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | probe | ncu_mma | ppchunk | next | xi16 | s11b | s11c | s11d | s11e | s12a
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.cupy_cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -277,6 +280,21 @@ timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --breakdown 
 log "35B-A3B sweep with its routed expert GEMVs (routed_sweep)"
 timeout 300 python3 bench/gpu_decode.py --sweep --synthetic qwen3.6-35b-a3b --out "$OUT/sweep_35b.json" 2>&1 \
   | grep -E "best|routed|rror" | head -30
+fi
+if [ "$PART" = s12a ]; then  # moe_down (routed + shared down in one launch), 27B norm blocks and GEMV entries
+ready
+log "tests: moe_down, the MoE engine (moe_down rows 2 / 4), the norms (mb2 on by default)"
+gpu_pytest "$OUT/gpu_tests_s12a.txt" tests/gpu/test_moe_down.py tests/gpu/test_gpu_engine.py tests/gpu/test_kernels.py -k "moe or norm"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s12a.txt" | tail -12
+log "decode A/B on the 35B-A3B: the routed down rows 2, moe_down rows 2 / 4"
+timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --breakdown \
+  --attr="base,MOE_ROUTED_ROWS=2,MOE_DOWN=1,MOE_DOWN=1;MOE_DOWN_ROWS=4" --out "$OUT/decode_35b_s12a.json" 2>&1 \
+  | grep -E "PDL|attr|sum of|^  [a-z]|rror" | head -40
+log "decode A/B on the 27B: norm blocks; o-projection splits / rows, down splits, gate|up staging its output"
+timeout 240 python3 bench/gpu_decode.py --synthetic qwen3.8-27b \
+  --attr="base,NORM_BLOCKS=8,NORM_BLOCKS=32" \
+  --ldg="base,splits=2@q5_g64_fp16:5120x6144,rows=2@q5_g64_fp16:5120x6144,splits=3@q5_g64_fp16:5120x17408,fuse_stage@q4_g64_fp16:34816x5120" \
+  --out "$OUT/decode_27b_s12a.json" 2>&1 | grep -E "PDL|attr|ldg|rror" | head -40
 fi
 if [ "$PART" = xi16 ]; then
 ready

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -270,7 +269,8 @@ def ldg_variants(eng, n, depth, variants):
     """The step with a tuning-entry flag set for the shapes a variant names (`_ab`). A variant: "base", or
     parts joined by "+", each "[FLAG@]SHAPES" with SHAPES "all", a format prefix such as "q5" or an
     "fmt:NxK" key and FLAG ldg (the default: weight loads through L1) or another boolean entry such as
-    fuse_stage (gate|up staging its SwiGLU output, with pre2)."""
+    fuse_stage (gate|up staging its SwiGLU output, with pre2), or NAME=V for an integer entry (splits=2@...,
+    rows=2@...)."""
     ex = eng.model.executor
     saved = {k: dict(v) for k, v in ex.gemv_cfg.items()}
     keys = sorted({(m.fmt, m.n, m.k) for m in ex._matrices() if m.fmt in K.FMT_IDS})
@@ -282,6 +282,10 @@ def ldg_variants(eng, n, depth, variants):
             for key in keys:
                 name = f"{key[0]}:{key[1]}x{key[2]}"
                 if sel == "all" or name == sel or key[0].startswith(sel + "_"):
+                    if "=" in flag:
+                        entry, _, val = flag.partition("=")
+                        cfg.setdefault(key, {})[entry] = int(val)
+                        continue
                     cfg.setdefault(key, {})[flag or "ldg"] = True
                     if flag == "fuse_stage":
                         cfg[key]["pre2"] = True

@@ -54,6 +54,132 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int ldl, 
   route_row(logits + (size_t)blockIdx.x * ldl, E, topk, idx, wts, ldw, blockIdx.x);
 }
 
+// A 16-byte chunk of codes (format FMT, its high bits hb) against its VPU fp32 x values: sum of code * x.
+// A code becomes an exact float by OR-ing its offset-binary form into the mantissa of 2^23 and subtracting
+// 2^23 + offset (no int->float conversions, which are quarter-rate). Value i of word c sits at bits 4i of
+// it for q4-q6 (byte i / 2, even values in the low nibble), at bits 8i for w8.
+template <int FMT>
+__device__ __forceinline__ float chunk_dot_f32(uint4 w, uint2 hb, const float* __restrict__ x) {
+  constexpr int VPU = Fmt<FMT>::VPU, PER = VPU / 4;  // values a 32-bit word
+  constexpr unsigned int OFF = FMT == FMT_Q4 ? 8u : FMT == FMT_Q5 ? 16u : FMT == FMT_Q6 ? 32u : 128u;
+  constexpr float BIAS = 8388608.f + (float)OFF;
+  const unsigned int ws[4] = {w.x, w.y, w.z, w.w};
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+  float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    float xv[PER];
+#pragma unroll
+    for (int q = 0; q < PER / 4; ++q) {
+      const float4 t = __ldg(x4 + c * (PER / 4) + q);
+      xv[4 * q] = t.x;
+      xv[4 * q + 1] = t.y;
+      xv[4 * q + 2] = t.z;
+      xv[4 * q + 3] = t.w;
+    }
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+      const int v = c * PER + i;  // value index in the chunk
+      unsigned int u;
+      if constexpr (FMT == FMT_W8) {
+        u = ((ws[c] >> (8 * i)) & 0xffu) ^ 0x80u;
+      } else {
+        u = (ws[c] >> (4 * i)) & 0xfu;
+        if constexpr (FMT == FMT_Q5) u |= ((hb.x >> v) & 1u) << 4;
+        if constexpr (FMT == FMT_Q6) u |= ((v < 16 ? hb.x >> (2 * v) : hb.y >> (2 * v - 32)) & 3u) << 4;
+        u ^= OFF;
+      }
+      const float f = __uint_as_float(0x4B000000u | u) - BIAS;
+      if (i & 1) s1 = fmaf(f, xv[i], s1);
+      else s0 = fmaf(f, xv[i], s0);
+    }
+  }
+  return s0 + s1;
+}
+
+// R rows of one [N, K] row-split matrix (format FMT) against one fp32 x row, a half-warp per row group:
+// lane hl of the half takes chunks hl, hl + 16, ... of each row (K = 512 at q4-q6: one chunk a lane; every
+// weight load of the group is issued before the first product). Returns the row sums in the half's lane 0.
+template <int FMT, int R>
+__device__ __forceinline__ void half_warp_rows(const unsigned char* __restrict__ base, const unsigned char* __restrict__ high,
+                                               const __half* __restrict__ scales, int gpr, long long row0, int nrows,
+                                               const float* __restrict__ x, int K, float (&acc)[R]) {
+  using F = Fmt<FMT>;
+  constexpr int U = F::VPU == 16 ? 2 : 1;  // chunk rounds a lane loads at once (w8 K = 512: 32 chunks)
+  const int hl = threadIdx.x & 15;
+  const int u4_per_row = gpr * 2, nch = K / F::VPU;
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = 0.f;
+  for (int j0 = hl; j0 < nch; j0 += 16 * U) {
+    uint4 w[U][R];
+    uint2 hb[U][R];
+    float sc[U][R];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int j = j0 + 16 * u;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const long long row = row0 + (r < nrows ? r : 0);
+        if (j < nch) {
+          const size_t rg = (size_t)row * gpr + (j >> 1);
+          w[u][r] = ldw(reinterpret_cast<const uint4*>(base) + (size_t)row * u4_per_row + j);
+          sc[u][r] = __half2float(scales[rg]);
+          if constexpr (FMT == FMT_Q5) hb[u][r] = make_uint2(ldw(reinterpret_cast<const unsigned int*>(high + rg * F::HB + (j & 1) * 4)), 0u);
+          else if constexpr (FMT == FMT_Q6) hb[u][r] = ldw(reinterpret_cast<const uint2*>(high + rg * F::HB + (j & 1) * 8));
+          else hb[u][r] = make_uint2(0u, 0u);
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int j = j0 + 16 * u;
+      if (j < nch) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r] += sc[u][r] * chunk_dot_f32<FMT>(w[u][r], hb[u][r], x + (size_t)j * F::VPU);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+}
+
+// The MoE decode's down projections in one launch (one token): blockIdx.z < slots is routed slot z (expert
+// eidx[z]'s rows of the stacked [E * N, K] object, format FR, x = row z of act_e), blockIdx.z == slots the
+// shared expert (format FS, [N, sK], x = act); each writes its own partial plane y + z * ldp, times wts[z]
+// (the next norm sums the slots + 1 planes). K, sK % 32 == 0, x rows 16-byte aligned (the executor's rule).
+// Replaces a routed GEMV that staged its x rows block by block and left half of each warp idle on K = 512
+// rows, and the shared down-projection on its own branch.
+template <int FR, int FS, int R>
+__global__ void __launch_bounds__(256) moe_down(const unsigned char* __restrict__ rbase, const unsigned char* __restrict__ rhigh,
+                                                const __half* __restrict__ rscales, int rgpr, const int* __restrict__ eidx,
+                                                const float* __restrict__ act_e, int ld_ae,
+                                                const unsigned char* __restrict__ sbase, const unsigned char* __restrict__ shigh,
+                                                const __half* __restrict__ sscales, int sgpr, const float* __restrict__ act,
+                                                int sK, int N, int K, float* __restrict__ y, int ldp, const float* __restrict__ wts,
+                                                int slots) {
+  NI_PDL_ENTRY();
+  const int z = blockIdx.z, half = (threadIdx.x >> 4) & 1, warp = threadIdx.x >> 5;
+  const int grp = (blockIdx.x * (blockDim.x >> 5) + warp) * 2 + half;
+  // a half past the last row computes row 0 again and stores nothing (its warp's shuffles need every lane)
+  const int row0 = grp * R < N ? grp * R : 0;
+  const int nrows = grp * R < N ? min(R, N - row0) : 0;
+  float acc[R];
+  if (z < slots) {
+    half_warp_rows<FR, R>(rbase, rhigh, rscales, rgpr, (long long)eidx[z] * N + row0, nrows, act_e + (size_t)z * ld_ae,
+                          K, acc);
+  } else {
+    half_warp_rows<FS, R>(sbase, shigh, sscales, sgpr, row0, nrows, act, sK, acc);
+  }
+  if ((threadIdx.x & 15) == 0) {
+    const float wt = wts[z];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      if (r < nrows) y[(size_t)z * ldp + row0 + r] = acc[r] * wt;
+  }
+}
+
 // The router GEMV (bf16 [E + 1, K]: the experts' logits and the shared expert's gate; a block a row, its
 // 8 warps splitting K as gemv_bf16 with kw = 8) and moe_route in one launch: the block that finishes last
 // (a ticket, reset by it) routes every token row from the logits the others wrote. The same bits as

@@ -25,7 +25,8 @@ def test_dense_engine_builds_and_runs_every_path(cp, kv):
     gdn = ({"gdn_delta_gated_stage", "gdn_prep"} if CudaQwen35.GDN_FUSED
            else {"gdn_delta_raw", "gated_rmsnorm_stage"} if CudaQwen35.GDN_PREP_FUSED
            else {"gdn_delta", "gdn_prep", "gated_rmsnorm_stage"})
-    assert {"residual_rmsnorm_mb", "argmax_step_mb"} | gdn <= names
+    norm = "residual_rmsnorm_mb2" if CudaQwen35.NORM_MB2 and args.hidden_size <= 2048 else "residual_rmsnorm_mb"
+    assert {norm, "argmax_step_mb"} | gdn <= names
     assert any(n.startswith("attn_decode_split") for n in names)
     eng.prefill(list(range(1, 150)))  # GEMM chunks of 64, a columns chunk of 8, single tokens
     assert eng.position == 149
@@ -40,18 +41,58 @@ def test_dense_engine_builds_and_runs_every_path(cp, kv):
 
 
 def test_norm_mb2_plumbing(cp, monkeypatch):
-    """NINFER_NORM_MB2 (off by default): rows of at most 2,048 values take residual_rmsnorm_mb2 (1,024 threads,
-    the same arguments); wider rows keep residual_rmsnorm_mb."""
+    """NINFER_NORM_MB2 (on by default): rows of at most 2,048 values take residual_rmsnorm_mb2 (1,024 threads,
+    the same arguments); wider rows, or the flag off, residual_rmsnorm_mb."""
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5_cuda import CudaQwen35
 
-    assert not CudaQwen35.NORM_MB2
-    monkeypatch.setattr(CudaQwen35, "NORM_MB2", True)
+    assert CudaQwen35.NORM_MB2
     args, w = _weights(CFG)
-    ops = list(_flat(build_engine(args, w, CFG, max_context=256, prefill_cols=1, prefill_gemm=0).model.executor.ops))
-    mb2 = [op for op in ops if getattr(op, "name", "") == "residual_rmsnorm_mb2"]
-    assert mb2 and not any(getattr(op, "name", "") == "residual_rmsnorm_mb" for op in ops)
-    assert all(op.block == 1024 for op in mb2) and args.hidden_size <= 2048
+    assert args.hidden_size <= 2048
+
+    def norms(on):
+        monkeypatch.setattr(CudaQwen35, "NORM_MB2", on)
+        ops = _flat(build_engine(args, w, CFG, max_context=256, prefill_cols=1, prefill_gemm=0).model.executor.ops)
+        return [op for op in ops if getattr(op, "name", "").startswith("residual_rmsnorm_mb")]
+
+    on, off = norms(True), norms(False)
+    assert {op.name for op in on} == {"residual_rmsnorm_mb2"} and {op.name for op in off} == {"residual_rmsnorm_mb"}
+    assert len(on) == len(off) and all(op.block == 1024 for op in on)
+    assert [int(a.args[3]) for a in on] == [int(b.args[3]) for b in off]  # the partial planes each sums
+
+
+def test_moe_down_plumbing(cp, monkeypatch):
+    """NINFER_MOE_DOWN (off by default): one moe_down launch a layer (grid.z = the k slots + the shared expert,
+    2 x 8 x rows rows a block) after the routed gate|up, in place of the routed down GEMV and the shared
+    down-projection's branch."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+    from engine.ops import kernels as K
+    from engine.ops.gemv_plan import GemvPlan
+
+    cfg = moe_cfg()
+    args, w = _weights(cfg)
+    k, H, L = cfg["num_experts_per_tok"], args.hidden_size, args.num_hidden_layers
+    assert not CudaQwen35.MOE_DOWN
+
+    def ops(on, rows=2):
+        monkeypatch.setattr(CudaQwen35, "MOE_DOWN", on)
+        monkeypatch.setattr(CudaQwen35, "MOE_DOWN_ROWS", rows)
+        return list(_flat(build_engine(args, w, cfg, max_context=256, prefill_cols=1, prefill_gemm=0).model.executor.ops))
+
+    def routed(o):
+        return [op.__self__ for op in o if isinstance(getattr(op, "__self__", None), GemvPlan)
+                and len(op.__self__.grid) > 2 and op.__self__.grid[2] == k]
+
+    off = ops(False)
+    assert not any(getattr(op, "name", "").startswith("moe_down") for op in off) and len(routed(off)) == 2 * L
+    for rows in K.MOE_DOWN_ROWS:
+        on = ops(True, rows)
+        down = [op for op in on if getattr(op, "name", "").startswith("moe_down<")]
+        assert len(down) == L and len(routed(on)) == L  # the routed gate|up stays a GemvPlan
+        assert all(op.grid == (-(-H // (2 * K.WARPS * rows)), 1, k + 1) for op in down)
+        assert {op.name for op in down} == {f"moe_down<{K.FMT_IDS['q5_g64_fp16']},{K.FMT_IDS['q8_g32_fp16']},{rows}>"}
+        assert all(int(op.args[-1]) == k for op in down)
 
 
 def test_moe_pre2_plumbing(cp, monkeypatch):
@@ -171,7 +212,7 @@ def test_moe_engine_builds_and_runs(cp, shared, stage, monkeypatch):
     # each attention layer stages its output with stage_x_mb (unless ATTN_FUSED: attn_combine_stage does)
     attn = 0 if CudaQwen35.ATTN_FUSED else sum(L["kind"] == "full_attention" for L in ex.layers)
     assert names.count("stage_x_mb") - attn == (args.num_hidden_layers if stage else 0)
-    norms = [o for o in _flat(ex.ops) if getattr(o, "name", "") == "residual_rmsnorm_mb"]
+    norms = [o for o in _flat(ex.ops) if getattr(o, "name", "").startswith("residual_rmsnorm_mb")]
     k = args.num_experts_per_tok
     assert [int(o.args[3]) for o in norms[2::2]] == [k + 1] * args.num_hidden_layers
     assert np.isfinite(eng.info()["weight_bytes_per_token"])

@@ -26,8 +26,34 @@ class MlpOps:
 
     # MoE decode: the routed experts' gate|up through gemv_rs_pre (x through the read-only path, row pointers
     # advanced by constants; faster than gemv_rs on most of the 27B's shapes with int16 x) with
-    # NINFER_MOE_PRE2=1. Written after session 11's device time ran out: off until measured.
+    # NINFER_MOE_PRE2=1. Off: no gain in the step (H200, session 12, in one process: 35B-A3B 384.1 / 384.0 tok/s
+    # against 385.3 / 385.0), though the isolated sweep has it 3% faster (4.92 against 5.08 us).
     MOE_PRE2 = os.environ.get("NINFER_MOE_PRE2", "0") != "0"
+    # Rows a warp of the routed down-projection GEMV (the path without MOE_DOWN). The session-12 sweep of the
+    # 35B-A3B's routed shapes: rows 2 7.83 us against rows 1 8.92 (unroll 2); not yet A/B'd in the step.
+    MOE_ROUTED_ROWS = int(os.environ.get("NINFER_MOE_ROUTED_ROWS", "1"))
+
+    # MoE decode: the routed experts' down-projections and the shared expert's in one launch (moe_down in
+    # cuda/moe.cu: a half-warp a row, fp32 x read directly, no staging), after the routed gate|up instead of
+    # beside it, with NINFER_MOE_DOWN=1 (rows a half-warp: NINFER_MOE_DOWN_ROWS, 2 or 4). Written this
+    # session: off until measured on a GPU.
+    MOE_DOWN = os.environ.get("NINFER_MOE_DOWN", "0") != "0"
+    MOE_DOWN_ROWS = int(os.environ.get("NINFER_MOE_DOWN_ROWS", "2"))
+
+    def _moe_down_op(self, dn, sd):
+        """The moe_down launch for the routed stack `dn` and the shared down-projection `sd`, or None where its
+        rules do not hold (one token row, row-split formats, whole 32-value chunks, the same output width)."""
+        H, k = self.H, self.topk
+        r = self.MOE_DOWN_ROWS if self.MOE_DOWN_ROWS in K.MOE_DOWN_ROWS else 2
+        if not (self.MOE_DOWN and self.M == 1 and dn.fmt in K.FMT_IDS and sd.fmt in K.FMT_IDS
+                and dn.k % 32 == 0 and sd.k % 32 == 0 and sd.n == H and self.act.shape[1] % 4 == 0):
+            return None
+        rows_per_block = 2 * K.WARPS * r
+        return K.prepared(f"moe_down<{K.FMT_IDS[dn.fmt]},{K.FMT_IDS[sd.fmt]},{r}>", (-(-H // rows_per_block), 1, k + 1),
+                          (np.uint64(dn.ptr(dn.base)), np.uint64(dn.ptr(dn.high)), np.uint64(dn.ptr(dn.scales)),
+                           dn.gpr, self.eidx, self.act_e, self.inter_e,
+                           np.uint64(sd.ptr(sd.base)), np.uint64(sd.ptr(sd.high)), np.uint64(sd.ptr(sd.scales)),
+                           sd.gpr, self.act, sd.k, H, dn.k, self.part, self.M * H, self.ewts, k))
 
     def _moe_ops(self, L, xn):
         """Router -> top-k on the device -> routed experts (grid.z = slot) writing weighted partials
@@ -47,6 +73,10 @@ class MlpOps:
         gu1, dn1 = gu.row_slice(0, 2 * ie), dn.row_slice(0, H)  # expert 0's rows (the kernel offsets by eidx)
         routed = [GemvPlan(gu1, self.xn, H, self.act_e, ie, epi="swiglu", unroll=2, xpre=xn, pre2=self.MOE_PRE2,
                            experts=(self.eidx, 2 * ie, 0, ie, None, k)).launch]
+        shared_gu = self._gemv(L["shared_gu"], self.xn, self.act, epi="swiglu", xpre=xn)
+        down = self._moe_down_op(dn, L["shared_down"])
+        if down is not None:  # routed gate|up, then every down-projection in one launch
+            return self._concurrent(route, [shared_gu]) + routed + [down]
         if self.MOE_STAGE:
             routed.append(K.prepared("stage_x_mb", (self.NORM_BLOCKS, k), (self.act_e, ie, ie, self.kpad_e, self.xh_e,
                                                                            self.kpad_e // 2, self.xinv_e),
@@ -55,13 +85,12 @@ class MlpOps:
                                    xpre=(self.xh_e, self.xinv_e),
                                    experts=(self.eidx, H, self.kpad_e * 2, self.M * H, self.ewts, k)).launch)
         else:  # each block of the routed down-projection stages its slot's fp32 row itself
-            routed.append(GemvPlan(dn1, self.act_e, ie, self.part, H, epi="store", unroll=2, rows=1,
+            routed.append(GemvPlan(dn1, self.act_e, ie, self.part, H, epi="store", unroll=2, rows=self.MOE_ROUTED_ROWS,
                                    experts=(self.eidx, H, ie * 4, self.M * H, self.ewts, k)).launch)
         # the shared expert beside the routed ones: its gate|up beside the router and top-k, its
         # down-projection (weighted by what moe_route computes) beside the routed experts
         shared_down = GemvPlan(L["shared_down"], self.act, self.act.shape[1], self.part[k], H, epi="store",
                                unroll=2, experts=(None, 0, 0, 0, self.ewts[0, k:], 1)).launch
-        shared_gu = self._gemv(L["shared_gu"], self.xn, self.act, epi="swiglu", xpre=xn)
         return (self._concurrent(route, [shared_gu])
                 + self._concurrent(routed, [shared_down]))
 

@@ -28,6 +28,7 @@ GEMV_ROWS = (1, 2, 4)
 GEMV_CONV_ROWS = (1, 2)  # rows a warp of the conv-epilogue GEMVs (GemvPlan takes 2 for any other)
 GEMV_UNROLL = (2, 4)  # 8 was never the best in the sweep; fewer variants compile faster
 GEMV_M = (1, 2, 8)
+MOE_DOWN_ROWS = (2, 4)  # rows a half-warp of moe_down (routed + shared down-projections, cuda/moe.cu)
 # gemv_mma (tensor-core MMA, q4/q5, pre-staged x, 1-8 token columns): (tiles of 16 rows, warps splitting K
 # within a block, groups loaded per round) variants compiled
 # (measured slower than gemv_rs on every 27B shape, also through a cp.async ring: bench/NOTES-decode.md,
@@ -161,6 +162,7 @@ def _names(experimental: bool = False) -> list[str]:
     names += [f"gemv_rs_pre<{f},{r},1,{u},true>" for f in pre_f for r, u in GEMV_PRE_MAIN]
     names += [f"gemv_bf16<{m}>" for m in GEMV_M]
     names += [f"router_route<{m}>" for m in GEMV_M]
+    names += [f"moe_down<{fr},{fs},{r}>" for fr in range(4) for fs in range(4) for r in MOE_DOWN_ROWS]
     names += [f"embed_rs<{f}>" for f in range(4)]
     names += [f"dequant_rs<{f}>" for f in range(4)]
     names += [f"attn_decode_split<{g},{kv8}>" for g in ATTN_GROUPS for kv8 in ("false", "true")]

@@ -64,16 +64,21 @@ MOE_CFG = dict(CFG, architectures=["Qwen3_5MoeForCausalLM"], model_type="qwen3_5
 MOE_CFG.pop("intermediate_size")
 
 
-@pytest.mark.parametrize("stage,pre2", [(True, False), (False, False), (False, True)])
-def test_cuda_moe_engine_matches_numpy_engine(stage, pre2, monkeypatch):
-    """MOE_STAGE: routed rows staged by a launch / in the GEMV; MOE_PRE2: the routed gate|up on gemv_rs_pre."""
+@pytest.mark.parametrize("stage,pre2,down", [(True, False, 0), (False, False, 0), (False, True, 0), (False, False, 2),
+                                             (False, False, 4)])
+def test_cuda_moe_engine_matches_numpy_engine(stage, pre2, down, monkeypatch):
+    """MOE_STAGE: routed rows staged by a launch / in the GEMV; MOE_PRE2: the routed gate|up on gemv_rs_pre;
+    down: the routed and shared down-projections in one moe_down launch, `down` rows a half-warp (0: off)."""
     from engine import api, gpu_weights
     from engine.config import ModelArgs
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5_cuda import CudaQwen35
+    from engine.ops import kernels as K
 
     monkeypatch.setattr(CudaQwen35, "MOE_STAGE", stage)
     monkeypatch.setattr(CudaQwen35, "MOE_PRE2", pre2)
+    monkeypatch.setattr(CudaQwen35, "MOE_DOWN", down > 0)
+    monkeypatch.setattr(CudaQwen35, "MOE_DOWN_ROWS", down or 2)
     args = ModelArgs.from_config(MOE_CFG)
     w = quantized_weights(args, recipe="groupwise-int-moe")
     ref = api.load({"config": MOE_CFG, "weights": w}, device="cpu", gdn_mode="recurrent")
@@ -87,6 +92,8 @@ def test_cuda_moe_engine_matches_numpy_engine(stage, pre2, monkeypatch):
     # fp16 activations can flip a near-tied expert choice, which moves that step's logits more; the
     # worst step must still pass the upstream logits gate (relative RMSE <= 0.35, spec/testing.md §5.3)
     assert np.median(errs) < 3e-2 and max(errs) < 0.35 and agree >= 30, (np.median(errs), max(errs), agree)
+    launched = [K.op_name(op) for op in gpu.model.executor.ops]
+    assert any(n.startswith("moe_down<") for n in launched) == (down > 0)
 
 
 def test_moe_route_fused_gives_the_same_logits(monkeypatch):
