@@ -34,7 +34,9 @@
 #   s12a: moe_down (the MoE's routed and shared down-projections in one launch, NINFER_MOE_DOWN): its tests and the
 #         35B-A3B A/B (with the routed GEMV at 2 rows a warp); the 27B's norm blocks (8 / 16 / 32) and GEMV entries
 #         (o-projection splits 2 or rows 2, down splits 3, gate|up staging its own output) in one process.
-# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | probe | ncu_mma | ppchunk | next | xi16 | s11b | s11c | s11d | s11e | s12a
+#   s12b: moe_down's forms (rows 2-4 a half-warp, fp32 or int16 pairs) and the fused router + top-k (MOE_ROUTE_FUSED):
+#         tests, the 35B-A3B A/B with breakdown, then the best through `ninfer bench` tg128 beside transformers.
+# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | probe | ncu_mma | ppchunk | next | xi16 | s11b | s11c | s11d | s11e | s12a | s12b
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.cupy_cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -295,6 +297,31 @@ timeout 240 python3 bench/gpu_decode.py --synthetic qwen3.8-27b \
   --attr="base,NORM_BLOCKS=8,NORM_BLOCKS=32" \
   --ldg="base,splits=2@q5_g64_fp16:5120x6144,rows=2@q5_g64_fp16:5120x6144,splits=3@q5_g64_fp16:5120x17408,fuse_stage@q4_g64_fp16:34816x5120" \
   --out "$OUT/decode_27b_s12a.json" 2>&1 | grep -E "PDL|attr|ldg|rror" | head -40
+fi
+if [ "$PART" = s12b ]; then  # moe_down's forms (rows, int16 pairs) and the fused router, then `ninfer bench` 35B-A3B
+ready
+log "tests: moe_down (fp32 / int16 pairs, rows 2-4), the MoE engine"
+gpu_pytest "$OUT/gpu_tests_s12b.txt" tests/gpu/test_moe_down.py tests/gpu/test_gpu_engine.py -k "moe"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s12b.txt" | tail -12
+log "decode A/B on the 35B-A3B (base: moe_down rows 4, fp32)"
+VARS="base,MOE_DOWN=0,MOE_DOWN_I16=1,MOE_DOWN_ROWS=3,MOE_DOWN_ROWS=3;MOE_DOWN_I16=1,MOE_DOWN_ROWS=2;MOE_DOWN_I16=1,MOE_ROUTE_FUSED=1"
+timeout 240 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --breakdown --attr="$VARS" \
+  --out "$OUT/decode_35b_s12b.json" 2>&1 | grep -E "PDL|attr|sum of|^  [a-z]|rror" | head -40
+# the best variant (its mean over the two passes) as NINFER_ variables for `ninfer bench`
+BEST=$(python3 - "$OUT/decode_35b_s12b.json" <<'PY'
+import json, sys
+try:
+    v = json.load(open(sys.argv[1]))["decode"][0]["attr_variants"]
+    best = max(v, key=lambda k: sum(v[k]) / len(v[k]))
+    print(" ".join(f"NINFER_{p}" for p in best.split(";")) if best != "base" else "")
+except Exception:
+    print("")
+PY
+)
+log "35B-A3B tg128 with the transformers baseline (env: ${BEST:-defaults})"
+env $BEST timeout 170 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
+  --baseline transformers -o json --out "$OUT/tg128_35b_baseline.json" > "$OUT/tg_35b_log.txt" 2>&1
+grep -E "^\||baseline|rror" "$OUT/tg_35b_log.txt" | tail -6
 fi
 if [ "$PART" = xi16 ]; then
 ready

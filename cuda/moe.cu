@@ -54,53 +54,70 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int ldl, 
   route_row(logits + (size_t)blockIdx.x * ldl, E, topk, idx, wts, ldw, blockIdx.x);
 }
 
-// A 16-byte chunk of codes (format FMT, its high bits hb) against its VPU fp32 x values: sum of code * x.
-// A code becomes an exact float by OR-ing its offset-binary form into the mantissa of 2^23 and subtracting
-// 2^23 + offset (no int->float conversions, which are quarter-rate). Value i of word c sits at bits 4i of
-// it for q4-q6 (byte i / 2, even values in the low nibble), at bits 8i for w8.
-template <int FMT>
-__device__ __forceinline__ float chunk_dot_f32(uint4 w, uint2 hb, const float* __restrict__ x) {
-  constexpr int VPU = Fmt<FMT>::VPU, PER = VPU / 4;  // values a 32-bit word
+// Word c of a 16-byte chunk of codes (format FMT, the chunk's high bits hb) against its PER fp32 x values:
+// sum of code * x. A code becomes an exact float by OR-ing its offset-binary form into the mantissa of 2^23
+// and subtracting 2^23 + offset (no int->float conversions, which are quarter-rate). Value i of the word
+// sits at bits 4i for q4-q6 (byte i / 2, even values in the low nibble), at bits 8i for w8; the word's
+// values are values c * PER + i of the chunk (which picks its high bits).
+template <int FMT, int PER>
+__device__ __forceinline__ float word_dot_f32(unsigned int wd, uint2 hb, int c, const float (&xv)[PER]) {
   constexpr unsigned int OFF = FMT == FMT_Q4 ? 8u : FMT == FMT_Q5 ? 16u : FMT == FMT_Q6 ? 32u : 128u;
   constexpr float BIAS = 8388608.f + (float)OFF;
-  const unsigned int ws[4] = {w.x, w.y, w.z, w.w};
-  const float4* x4 = reinterpret_cast<const float4*>(x);
   float s0 = 0.f, s1 = 0.f;
 #pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    float xv[PER];
-#pragma unroll
-    for (int q = 0; q < PER / 4; ++q) {
-      const float4 t = __ldg(x4 + c * (PER / 4) + q);
-      xv[4 * q] = t.x;
-      xv[4 * q + 1] = t.y;
-      xv[4 * q + 2] = t.z;
-      xv[4 * q + 3] = t.w;
+  for (int i = 0; i < PER; ++i) {
+    const int v = c * PER + i;  // value index in the chunk
+    unsigned int u;
+    if constexpr (FMT == FMT_W8) {
+      u = ((wd >> (8 * i)) & 0xffu) ^ 0x80u;
+    } else {
+      u = (wd >> (4 * i)) & 0xfu;
+      if constexpr (FMT == FMT_Q5) u |= ((hb.x >> v) & 1u) << 4;
+      if constexpr (FMT == FMT_Q6) u |= ((v < 16 ? hb.x >> (2 * v) : hb.y >> (2 * v - 32)) & 3u) << 4;
+      u ^= OFF;
     }
-#pragma unroll
-    for (int i = 0; i < PER; ++i) {
-      const int v = c * PER + i;  // value index in the chunk
-      unsigned int u;
-      if constexpr (FMT == FMT_W8) {
-        u = ((ws[c] >> (8 * i)) & 0xffu) ^ 0x80u;
-      } else {
-        u = (ws[c] >> (4 * i)) & 0xfu;
-        if constexpr (FMT == FMT_Q5) u |= ((hb.x >> v) & 1u) << 4;
-        if constexpr (FMT == FMT_Q6) u |= ((v < 16 ? hb.x >> (2 * v) : hb.y >> (2 * v - 32)) & 3u) << 4;
-        u ^= OFF;
-      }
-      const float f = __uint_as_float(0x4B000000u | u) - BIAS;
-      if (i & 1) s1 = fmaf(f, xv[i], s1);
-      else s0 = fmaf(f, xv[i], s0);
-    }
+    const float f = __uint_as_float(0x4B000000u | u) - BIAS;
+    if (i & 1) s1 = fmaf(f, xv[i], s1);
+    else s0 = fmaf(f, xv[i], s0);
   }
   return s0 + s1;
 }
 
+// The VPU x values of one chunk as the int16 pairs of dot_i16 / dot_w8_i16 (slot s: (x0, x2), (x4, x6), (x1, x3),
+// (x5, x7) of its 8 values), scaled by the power of two that takes their largest |value| to at most 32767: a
+// scale per chunk, so a lane needs no other lane's x. Rounding by adding 1.5 * 2^23 (the integer lands in the
+// low mantissa bits; |value| <= 2^15 < 2^22), one byte permute a pair. Returns the inverse scale.
+template <int VPU>
+__device__ __forceinline__ float chunk_pairs(const float* __restrict__ x, uint4 (&px)[VPU / 8]) {
+  float xv[VPU];
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+#pragma unroll
+  for (int q = 0; q < VPU / 4; ++q) {
+    const float4 t = __ldg(x4 + q);
+    xv[4 * q] = t.x;
+    xv[4 * q + 1] = t.y;
+    xv[4 * q + 2] = t.z;
+    xv[4 * q + 3] = t.w;
+  }
+  float mx = 0.f;
+#pragma unroll
+  for (int i = 0; i < VPU; ++i) mx = fmaxf(mx, fabsf(xv[i]));
+  const float sc = pow2_scale(mx, 32767.f);
+  auto pk = [&](int a, int b) {
+    return __byte_perm(__float_as_uint(fmaf(xv[a], sc, 12582912.f)), __float_as_uint(fmaf(xv[b], sc, 12582912.f)), 0x5410);
+  };
+#pragma unroll
+  for (int sl = 0; sl < VPU / 8; ++sl) {
+    const int b = 8 * sl;
+    px[sl] = make_uint4(pk(b, b + 2), pk(b + 4, b + 6), pk(b + 1, b + 3), pk(b + 5, b + 7));
+  }
+  return 1.f / sc;
+}
+
 // R rows of one [N, K] row-split matrix (format FMT) against one fp32 x row, a half-warp per row group:
 // lane hl of the half takes chunks hl, hl + 16, ... of each row (K = 512 at q4-q6: one chunk a lane; every
-// weight load of the group is issued before the first product). Returns the row sums in the half's lane 0.
-template <int FMT, int R>
+// weight load of the group is issued before the first product). Returns the row sums in every lane of the half.
+template <int FMT, int R, bool I16>
 __device__ __forceinline__ void half_warp_rows(const unsigned char* __restrict__ base, const unsigned char* __restrict__ high,
                                                const __half* __restrict__ scales, int gpr, long long row0, int nrows,
                                                const float* __restrict__ x, int K, float (&acc)[R]) {
@@ -133,9 +150,42 @@ __device__ __forceinline__ void half_warp_rows(const unsigned char* __restrict__
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int j = j0 + 16 * u;
-      if (j < nch) {
+      if (j < nch && I16) {  // the chunk's x as int16 pairs once, then dp2a for each row
+        uint4 px[F::VPU / 8];
+        const float xinv = chunk_pairs<F::VPU>(x + (size_t)j * F::VPU, px);
 #pragma unroll
-        for (int r = 0; r < R; ++r) acc[r] += sc[u][r] * chunk_dot_f32<FMT>(w[u][r], hb[u][r], x + (size_t)j * F::VPU);
+        for (int r = 0; r < R; ++r) {
+          float d;
+          if constexpr (FMT == FMT_W8) d = dot_w8_i16(w[u][r], px[0], px[1]);
+          else d = dot_i16<FMT>(w[u][r], hb[u][r], [&](int c) { return px[c]; });
+          acc[r] += sc[u][r] * xinv * d;
+        }
+      } else if (j < nch) {
+        // a word of x at a time for all R rows (the chunk's 32 x values are not all held at once)
+        constexpr int PER = F::VPU / 4;
+        const float4* x4 = reinterpret_cast<const float4*>(x + (size_t)j * F::VPU);
+        float part[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) part[r] = 0.f;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          float xv[PER];
+#pragma unroll
+          for (int q = 0; q < PER / 4; ++q) {
+            const float4 t = __ldg(x4 + c * (PER / 4) + q);
+            xv[4 * q] = t.x;
+            xv[4 * q + 1] = t.y;
+            xv[4 * q + 2] = t.z;
+            xv[4 * q + 3] = t.w;
+          }
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            const unsigned int wd = c == 0 ? w[u][r].x : c == 1 ? w[u][r].y : c == 2 ? w[u][r].z : w[u][r].w;
+            part[r] += word_dot_f32<FMT, PER>(wd, hb[u][r], c, xv);
+          }
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r] += sc[u][r] * part[r];
       }
     }
   }
@@ -150,8 +200,10 @@ __device__ __forceinline__ void half_warp_rows(const unsigned char* __restrict__
 // shared expert (format FS, [N, sK], x = act); each writes its own partial plane y + z * ldp, times wts[z]
 // (the next norm sums the slots + 1 planes). K, sK % 32 == 0, x rows 16-byte aligned (the executor's rule).
 // Replaces a routed GEMV that staged its x rows block by block and left half of each warp idle on K = 512
-// rows, and the shared down-projection on its own branch.
-template <int FR, int FS, int R>
+// rows, and the shared down-projection on its own branch. I16: each lane turns its chunk of x into int16 pairs
+// (its own power-of-two scale) and takes dp2a (dot_i16, dot_w8_i16: ~2 instructions a value a row); else
+// fp32 products of codes made floats (~6 a value a row).
+template <int FR, int FS, int R, bool I16>
 __global__ void __launch_bounds__(256) moe_down(const unsigned char* __restrict__ rbase, const unsigned char* __restrict__ rhigh,
                                                 const __half* __restrict__ rscales, int rgpr, const int* __restrict__ eidx,
                                                 const float* __restrict__ act_e, int ld_ae,
@@ -167,10 +219,10 @@ __global__ void __launch_bounds__(256) moe_down(const unsigned char* __restrict_
   const int nrows = grp * R < N ? min(R, N - row0) : 0;
   float acc[R];
   if (z < slots) {
-    half_warp_rows<FR, R>(rbase, rhigh, rscales, rgpr, (long long)eidx[z] * N + row0, nrows, act_e + (size_t)z * ld_ae,
+    half_warp_rows<FR, R, I16>(rbase, rhigh, rscales, rgpr, (long long)eidx[z] * N + row0, nrows, act_e + (size_t)z * ld_ae,
                           K, acc);
   } else {
-    half_warp_rows<FS, R>(sbase, shigh, sscales, sgpr, row0, nrows, act, sK, acc);
+    half_warp_rows<FS, R, I16>(sbase, shigh, sscales, sgpr, row0, nrows, act, sK, acc);
   }
   if ((threadIdx.x & 15) == 0) {
     const float wt = wts[z];

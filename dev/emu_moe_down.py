@@ -1,6 +1,7 @@
-"""Offline replay of moe_down's decode (cuda/moe.cu, chunk_dot_f32 and half_warp_rows' addressing) in NumPy
-against the canonical decoder: the bit positions of every format, the chunk and scale indexing of the planes.
-Run: PYTHONPATH=. python dev/emu_moe_down.py (no GPU)."""
+"""Offline replay of moe_down's decode (cuda/moe.cu: word_dot_f32 and half_warp_rows' addressing) in NumPy
+against the canonical decoder (the bit positions of every format, the chunk and scale indexing of the planes),
+and of chunk_pairs' rounding (x * scale + 1.5 * 2^23, the low 16 bits) against round-half-even; the int16
+pairs' order and dp2a are dev/emu_gemv_xi16.py's. Run: PYTHONPATH=. python dev/emu_moe_down.py (no GPU)."""
 import numpy as np
 
 from engine.artifact import formats
@@ -65,3 +66,13 @@ if __name__ == "__main__":
                 continue
             assert np.array_equal(got, want), (fmt, n, k, np.abs(got - want).max())
             print(f"{fmt} [{n}, {k}]: exact")
+    for _ in range(200):
+        x = (rng.standard_normal(32) * 10.0 ** rng.uniform(-6, 6)).astype(np.float32)
+        mx = np.float32(np.abs(x).max())
+        e = np.frexp(np.float32(32767.0) / mx)[1]  # pow2_scale(mx, 32767)
+        sc = np.float32(np.ldexp(1.0, int(e) - 1))
+        t = (x.astype(np.float64) * sc + 12582912.0).astype(np.float32)  # fmaf: one rounding
+        lo = (t.view(np.uint32) & 0xFFFF).astype(np.uint16).view(np.int16).astype(np.int64)
+        want = np.rint(x.astype(np.float64) * sc).astype(np.int64)
+        assert np.array_equal(lo, want) and np.abs(want).max() <= 32767, (lo, want)
+    print("chunk_pairs rounding: exact (200 chunks, |x| from 1e-6 to 1e6)")

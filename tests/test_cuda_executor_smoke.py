@@ -62,7 +62,7 @@ def test_norm_mb2_plumbing(cp, monkeypatch):
 
 
 def test_moe_down_plumbing(cp, monkeypatch):
-    """NINFER_MOE_DOWN (off by default): one moe_down launch a layer (grid.z = the k slots + the shared expert,
+    """NINFER_MOE_DOWN (on by default): one moe_down launch a layer (grid.z = the k slots + the shared expert,
     2 x 8 x rows rows a block) after the routed gate|up, in place of the routed down GEMV and the shared
     down-projection's branch."""
     from engine.gpu_engine import build_engine
@@ -73,11 +73,12 @@ def test_moe_down_plumbing(cp, monkeypatch):
     cfg = moe_cfg()
     args, w = _weights(cfg)
     k, H, L = cfg["num_experts_per_tok"], args.hidden_size, args.num_hidden_layers
-    assert not CudaQwen35.MOE_DOWN
+    assert CudaQwen35.MOE_DOWN
 
-    def ops(on, rows=2):
+    def ops(on, rows=4, i16=False):
         monkeypatch.setattr(CudaQwen35, "MOE_DOWN", on)
         monkeypatch.setattr(CudaQwen35, "MOE_DOWN_ROWS", rows)
+        monkeypatch.setattr(CudaQwen35, "MOE_DOWN_I16", i16)
         return list(_flat(build_engine(args, w, cfg, max_context=256, prefill_cols=1, prefill_gemm=0).model.executor.ops))
 
     def routed(o):
@@ -87,12 +88,14 @@ def test_moe_down_plumbing(cp, monkeypatch):
     off = ops(False)
     assert not any(getattr(op, "name", "").startswith("moe_down") for op in off) and len(routed(off)) == 2 * L
     for rows in K.MOE_DOWN_ROWS:
-        on = ops(True, rows)
-        down = [op for op in on if getattr(op, "name", "").startswith("moe_down<")]
-        assert len(down) == L and len(routed(on)) == L  # the routed gate|up stays a GemvPlan
-        assert all(op.grid == (-(-H // (2 * K.WARPS * rows)), 1, k + 1) for op in down)
-        assert {op.name for op in down} == {f"moe_down<{K.FMT_IDS['q5_g64_fp16']},{K.FMT_IDS['q8_g32_fp16']},{rows}>"}
-        assert all(int(op.args[-1]) == k for op in down)
+        for i16 in (False, True):
+            on = ops(True, rows, i16)
+            down = [op for op in on if getattr(op, "name", "").startswith("moe_down<")]
+            assert len(down) == L and len(routed(on)) == L  # the routed gate|up stays a GemvPlan
+            assert all(op.grid == (-(-H // (2 * K.WARPS * rows)), 1, k + 1) for op in down)
+            fr, fs = K.FMT_IDS["q5_g64_fp16"], K.FMT_IDS["q8_g32_fp16"]
+            assert {op.name for op in down} == {f"moe_down<{fr},{fs},{rows},{str(i16).lower()}>"}
+            assert all(int(op.args[-1]) == k for op in down)
 
 
 def test_moe_pre2_plumbing(cp, monkeypatch):
@@ -105,6 +108,8 @@ def test_moe_pre2_plumbing(cp, monkeypatch):
     cfg = moe_cfg()
     args, w = _weights(cfg)
     k = cfg["num_experts_per_tok"]
+
+    monkeypatch.setattr(CudaQwen35, "MOE_DOWN", False)  # (the routed down-projection as a GEMV)
 
     def routed(on):
         monkeypatch.setattr(CudaQwen35, "MOE_PRE2", on)
@@ -192,14 +197,17 @@ def test_attn_fused_replaces_combine_and_staging(cp, monkeypatch):
     assert count[True] == (count[False][0] - attn, 0, attn) and count[False][1:] == (attn, 0)
 
 
-@pytest.mark.parametrize("shared,stage", [(256, True), (128, True), (128, False)])  # 128: a routed expert's width
-def test_moe_engine_builds_and_runs(cp, shared, stage, monkeypatch):
+@pytest.mark.parametrize("shared,stage,down", [(256, True, False), (128, True, False), (128, False, False),
+                                               (256, False, True)])  # 128: a routed expert's width
+def test_moe_engine_builds_and_runs(cp, shared, stage, down, monkeypatch):
     """The routed down projection: a GEMV slot a grid.z, staged by a launch (MOE_STAGE) or by its own
-    blocks; the next norm sums the k slots' planes and the shared expert's."""
+    blocks, or moe_down (MOE_DOWN, with the shared one); the next norm sums the k slots' planes and the
+    shared expert's."""
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5_cuda import CudaQwen35
 
     monkeypatch.setattr(CudaQwen35, "MOE_STAGE", stage)
+    monkeypatch.setattr(CudaQwen35, "MOE_DOWN", down)
 
     cfg = moe_cfg(shared)
     args, w = _weights(cfg)

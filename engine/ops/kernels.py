@@ -28,7 +28,13 @@ GEMV_ROWS = (1, 2, 4)
 GEMV_CONV_ROWS = (1, 2)  # rows a warp of the conv-epilogue GEMVs (GemvPlan takes 2 for any other)
 GEMV_UNROLL = (2, 4)  # 8 was never the best in the sweep; fewer variants compile faster
 GEMV_M = (1, 2, 8)
-MOE_DOWN_ROWS = (2, 4)  # rows a half-warp of moe_down (routed + shared down-projections, cuda/moe.cu)
+# moe_down<routed fmt, shared fmt, rows a half-warp, int16 pairs> (the MoE decode's down-projections, cuda/moe.cu):
+# any routed format with a q5 or w8 shared expert, rows 2 / 4, fp32 or int16 products; rows 3 for q5 + w8 (the
+# 35B-A3B's)
+MOE_DOWN_ROWS = (2, 3, 4)
+MOE_DOWN_NAMES = tuple(dict.fromkeys(
+    [f"moe_down<{fr},{fs},{r},{i16}>" for fr in range(4) for fs in (1, 3) for r in (2, 4) for i16 in ("false", "true")]
+    + [f"moe_down<1,3,3,{i16}>" for i16 in ("false", "true")]))
 # gemv_mma (tensor-core MMA, q4/q5, pre-staged x, 1-8 token columns): (tiles of 16 rows, warps splitting K
 # within a block, groups loaded per round) variants compiled
 # (measured slower than gemv_rs on every 27B shape, also through a cp.async ring: bench/NOTES-decode.md,
@@ -162,7 +168,7 @@ def _names(experimental: bool = False) -> list[str]:
     names += [f"gemv_rs_pre<{f},{r},1,{u},true>" for f in pre_f for r, u in GEMV_PRE_MAIN]
     names += [f"gemv_bf16<{m}>" for m in GEMV_M]
     names += [f"router_route<{m}>" for m in GEMV_M]
-    names += [f"moe_down<{fr},{fs},{r}>" for fr in range(4) for fs in range(4) for r in MOE_DOWN_ROWS]
+    names += list(MOE_DOWN_NAMES)
     names += [f"embed_rs<{f}>" for f in range(4)]
     names += [f"dequant_rs<{f}>" for f in range(4)]
     names += [f"attn_decode_split<{g},{kv8}>" for g in ATTN_GROUPS for kv8 in ("false", "true")]

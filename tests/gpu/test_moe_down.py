@@ -1,6 +1,7 @@
 """moe_down (cuda/moe.cu): the MoE decode's routed down-projections (grid.z = slot, the expert id read on the
 device) and the shared expert's in one launch, each slot's weighted output in its own partial plane, against
-the exact decode of the same codes in float64 (the LINEAR preset of spec/testing.md)."""
+the exact decode of the same codes in float64 (the LINEAR preset of spec/testing.md); fp32 products and int16
+pairs with dp2a (a scale per chunk of x), rows 2-4 a half-warp, rows past N (200) in the last block."""
 import numpy as np
 import pytest
 
@@ -11,10 +12,11 @@ pytestmark = pytest.mark.gpu
 from kernel_checks import LINEAR, QFMTS, RNG, check, poisoned  # noqa: E402  (tests/gpu is on sys.path)
 
 
-@pytest.mark.parametrize("rows", [2, 4])
+@pytest.mark.parametrize("i16", [False, True])
 @pytest.mark.parametrize("n,k,sk", [(2048, 512, 512), (200, 128, 256)])
-@pytest.mark.parametrize("fr,fs", [(f, "q8_g32_fp16") for f in QFMTS] + [("q5_g64_fp16", "q5_g64_fp16")])
-def test_moe_down(cp, fr, fs, n, k, sk, rows):
+@pytest.mark.parametrize("fr,fs,rows", [(f, "q8_g32_fp16", r) for f in QFMTS for r in (2, 4)]
+                         + [("q5_g64_fp16", "q5_g64_fp16", 4), ("q5_g64_fp16", "q8_g32_fp16", 3)])
+def test_moe_down(cp, fr, fs, n, k, sk, rows, i16):
     from engine.gpu_weights import upload_matrix
     from engine.ops import kernels as K
 
@@ -31,7 +33,9 @@ def test_moe_down(cp, fr, fs, n, k, sk, rows):
     act = (RNG.standard_normal((1, ld)) * 3).astype(np.float32)
     part = poisoned(cp, (slots + 2, 1, n))
     rpb = 2 * K.WARPS * rows
-    K.prepared(f"moe_down<{K.FMT_IDS[fr]},{K.FMT_IDS[fs]},{rows}>", (-(-n // rpb), 1, slots + 1),
+    name = f"moe_down<{K.FMT_IDS[fr]},{K.FMT_IDS[fs]},{rows},{str(i16).lower()}>"
+    assert name in K.MOE_DOWN_NAMES
+    K.prepared(name, (-(-n // rpb), 1, slots + 1),
                (np.uint64(dr.ptr(dr.base)), np.uint64(dr.ptr(dr.high)), np.uint64(dr.ptr(dr.scales)), dr.gpr,
                 cp.asarray(eidx), cp.asarray(act_e), k, np.uint64(ds.ptr(ds.base)), np.uint64(ds.ptr(ds.high)),
                 np.uint64(ds.ptr(ds.scales)), ds.gpr, cp.asarray(act), sk, n, k, part, n, cp.asarray(wts),
