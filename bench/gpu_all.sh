@@ -36,7 +36,10 @@
 #         (o-projection splits 2 or rows 2, down splits 3, gate|up staging its own output) in one process.
 #   s12b: moe_down's forms (rows 2-4 a half-warp, fp32 or int16 pairs) and the fused router + top-k (MOE_ROUTE_FUSED):
 #         tests, the 35B-A3B A/B with breakdown, then the best through `ninfer bench` tg128 beside transformers.
-# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | probe | ncu_mma | ppchunk | next | xi16 | s11b | s11c | s11d | s11e | s12a | s12b
+#   s12c: GDN_MERGE (q|k and v|z of one format as one GEMV): its test and the 35B-A3B A/B, then `ninfer bench` tg128
+#         of the 35B-A3B (with the better mode), the 27B, and the 27B at depth 32768 (int8 and bf16 KV).
+#   s12d: every GPU test on the session's last commit.
+# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | probe | ncu_mma | ppchunk | next | xi16 | s11b | s11c | s11d | s11e | s12a | s12b | s12c | s12d
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.cupy_cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -322,6 +325,40 @@ log "35B-A3B tg128 with the transformers baseline (env: ${BEST:-defaults})"
 env $BEST timeout 170 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   --baseline transformers -o json --out "$OUT/tg128_35b_baseline.json" > "$OUT/tg_35b_log.txt" 2>&1
 grep -E "^\||baseline|rror" "$OUT/tg_35b_log.txt" | tail -6
+fi
+if [ "$PART" = s12c ]; then  # GDN_MERGE A/B on the 35B-A3B, then `ninfer bench` tg128: 35B-A3B, 27B, 27B at depth 32768
+ready
+log "tests: GDN_MERGE, the MoE engine (moe_down rows 3 by default)"
+gpu_pytest "$OUT/gpu_tests_s12c.txt" tests/gpu/test_gpu_engine.py -k "gdn_merge or moe"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s12c.txt" | tail -12
+log "decode A/B on the 35B-A3B: q|k and v|z as one GEMV (GDN_MERGE=1)"
+timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --breakdown --attr="base,GDN_MERGE=1" \
+  --out "$OUT/decode_35b_s12c.json" 2>&1 | grep -E "PDL|attr|sum of|^  [a-z]|rror" | head -30
+BEST=$(python3 - "$OUT/decode_35b_s12c.json" <<'PY'
+import json, sys
+try:
+    v = json.load(open(sys.argv[1]))["decode"][0]["attr_variants"]
+    best = max(v, key=lambda k: sum(v[k]) / len(v[k]))
+    print(" ".join(f"NINFER_{p}" for p in best.split(";")) if best != "base" else "")
+except Exception:
+    print("")
+PY
+)
+log "35B-A3B tg128 (env: ${BEST:-defaults})"
+env $BEST timeout 120 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
+  -o json --out "$OUT/tg128_35b.json" 2>&1 | grep -E "^\||rror" | tail -4
+log "27B tg128"
+timeout 120 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
+  -o json --out "$OUT/tg128_27b.json" 2>&1 | grep -E "^\||rror" | tail -4
+log "27B tg128 at depth 32768, int8 and bf16 KV"
+timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -d 32768 --kv int8,bf16 -r 2 \
+  -o json --out "$OUT/tg128_d32768_27b.json" 2>&1 | grep -E "^\||rror" | tail -6
+fi
+if [ "$PART" = s12d ]; then  # every GPU test on the session's last commit
+ready
+log "all GPU tests"
+gpu_pytest "$OUT/gpu_tests.txt" tests/gpu
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | tail -12
 fi
 if [ "$PART" = xi16 ]; then
 ready

@@ -61,6 +61,46 @@ def test_norm_mb2_plumbing(cp, monkeypatch):
     assert [int(a.args[3]) for a in on] == [int(b.args[3]) for b in off]  # the partial planes each sums
 
 
+def test_gdn_merge_plumbing(cp, monkeypatch):
+    """NINFER_GDN_MERGE (off by default): GDN layers whose q, k, v and z share a row-split format hold them as one
+    object (q|k and v|z its views, the same bytes counted once) and project it with one conv-epilogue GEMV into
+    one [q|k|v|z] row, which the delta rule and the gated norm read at their offsets; mixed formats (the dense
+    recipe: q|k q4, v|z q5) keep two GEMVs."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+    from engine.ops.gemv_plan import GemvPlan
+
+    assert not CudaQwen35.GDN_MERGE
+    cfg = moe_cfg()
+    args, w = _weights(cfg)
+
+    def build(c, weights, on):
+        monkeypatch.setattr(CudaQwen35, "GDN_MERGE", on)
+        return build_engine(args if c is cfg else _weights(c)[0], weights, c, max_context=256, prefill_cols=1,
+                            prefill_gemm=0).model.executor
+
+    off, on = build(cfg, w, False), build(cfg, w, True)
+    gdn = [L for L in on.layers if L["kind"] != "full_attention"]
+    assert gdn and all(L["qk"].buf is L["qkvz"].buf and L["vz"].buf is L["qkvz"].buf for L in gdn)
+    assert on.weight_bytes() == off.weight_bytes()
+
+    def conv_plans(ex):
+        return [op.__self__ for op in _flat(ex.ops) if isinstance(getattr(op, "__self__", None), GemvPlan)
+                and op.__self__.epi == 4]
+
+    q, m = conv_plans(off), conv_plans(on)
+    assert len(q) == 2 * len(gdn) and len(m) == len(gdn)
+    # (conv_w, conv_st, C, base, rows) follow the 20 common arguments: every channel of q|k|v from row 0
+    assert all(p.w.n == gdn[0]["qkvz"].n and int(p.args[22]) == int(p.args[24]) > 0 == int(p.args[23]) for p in m)
+    assert sorted(int(p.args[23]) for p in q[:2]) == [0, 512]  # separate: v's channels after q|k's (2 x 2 x 128)
+    delta = [op for op in _flat(on.ops) if getattr(op, "name", "") == "gdn_delta_raw"]
+    assert all(int(op.args[0]) == on.buf_qkvz.data.ptr for op in delta)
+    args_d, wd = _weights(CFG)
+    dense = build(CFG, wd, True)
+    assert not any("qkvz" in L for L in dense.layers) and len(conv_plans(dense)) == 2 * sum(
+        L["kind"] != "full_attention" for L in dense.layers)
+
+
 def test_moe_down_plumbing(cp, monkeypatch):
     """NINFER_MOE_DOWN (on by default): one moe_down launch a layer (grid.z = the k slots + the shared expert,
     2 x 8 x rows rows a block) after the routed gate|up, in place of the routed down GEMV and the shared

@@ -83,8 +83,14 @@ class CudaQwen35(AttentionOps, MlpOps, SamplingOps):
                 L["o"] = w[p + "attention/output"]
                 L["qn"], L["kn"] = w[p + "attention/query_norm"], w[p + "attention/key_norm"]
             else:
-                L["qk"] = concat_rows(cp, [w[p + "gdn/query"], w[p + "gdn/key"]])
-                L["vz"] = concat_rows(cp, [w[p + "gdn/value"], w[p + "gdn/z"]])
+                parts = [w[p + f"gdn/{n}"] for n in ("query", "key", "value", "z")]
+                nqk = parts[0].n + parts[1].n
+                if all(m.fmt in K.FMT_IDS and m.fmt == parts[0].fmt and m.k == parts[0].k for m in parts):
+                    # one row-split object (q|k and v|z are views of it): GDN_MERGE projects it in one GEMV
+                    L["qkvz"] = concat_rows(cp, parts)
+                    L["qk"], L["vz"] = L["qkvz"].row_slice(0, nqk), L["qkvz"].row_slice(nqk, L["qkvz"].n)
+                else:
+                    L["qk"], L["vz"] = concat_rows(cp, parts[:2]), concat_rows(cp, parts[2:])
                 L["ab"] = concat_rows(cp, [w[p + "gdn/a_projection"], w[p + "gdn/b_projection"]])
                 L["o"] = w[p + "gdn/output"]
                 L["conv"] = w[p + "gdn/convolution"]
@@ -245,6 +251,10 @@ class CudaQwen35(AttentionOps, MlpOps, SamplingOps):
     # Off until measured: its first form (a 1024-thread block a head) took 7.7 us a layer on the H200 against
     # 3.1 + 4.2 for the two (27B 127.1 tok/s either way; 35B-A3B 332.1 against 338.2); this one is unmeasured.
     GDN_FUSED = os.environ.get("NINFER_GDN_FUSED", "0") != "0"
+    # GDN decode: q|k and v|z (one format: the 35B-A3B's w8) as one GEMV over their shared object, its output one
+    # [q|k|v|z] row (NINFER_GDN_MERGE=1), instead of two GEMVs on two branches (which the H200 ran one after the
+    # other: 11.9 us a layer against 7.1 + 4.6 alone). Written this session: off until measured.
+    GDN_MERGE = os.environ.get("NINFER_GDN_MERGE", "0") != "0"
     # blocks a token row of the norms and stagings (each reduces the whole row, stages its slice)
     NORM_BLOCKS = int(os.environ.get("NINFER_NORM_BLOCKS", "16"))
     # rows of at most 2,048 values (the 35B-A3B): residual_rmsnorm_mb2, 8 partial planes a round of loads instead
@@ -280,10 +290,12 @@ class CudaQwen35(AttentionOps, MlpOps, SamplingOps):
         history at 9f9d324, `moe_down_sum`.)"""
         return self.topk + 1
 
-    def _gated_norm(self, L, ldb, zoff, att_stage):
-        """GDN output: gated norm and the o-projection's staging in one launch (one block a token row)."""
+    def _gated_norm(self, L, ldb, zoff, att_stage, buf_b=None):
+        """GDN output: gated norm and the o-projection's staging in one launch (one block a token row); z at
+        column zoff of buf_b (self.buf_b unless given)."""
+        buf_b = self.buf_b if buf_b is None else buf_b
         return K.prepared("gated_rmsnorm_stage", (self.M,),
-                          (self.att2, self.buf_b[:, zoff:], ldb, L["norm"], self.att, self.att.shape[1], self.Hv,
+                          (self.att2, buf_b[:, zoff:], ldb, L["norm"], self.att, self.att.shape[1], self.Hv,
                            float(self.args.rms_norm_eps)) + att_stage, block=1024)
 
     def _stage(self, x, k, kpad, xh, xinv, ldh=None):
@@ -348,18 +360,30 @@ class CudaQwen35(AttentionOps, MlpOps, SamplingOps):
                 Hk, Hv = self.Hk, self.Hv
                 lda, ldb = self.buf_a.shape[1], self.buf_b.shape[1]
                 fuse_prep = self._prep_fused() and L["qk"].fmt in K.FMT_IDS and L["vz"].fmt in K.FMT_IDS
+                buf_a, buf_b = self.buf_a, self.buf_b
                 if fuse_prep:  # the conv + SiLU in the q|k and v projections' epilogue, the rest in the delta rule
                     C, qkc = (2 * Hk + Hv) * GDN_HEAD_DIM, 2 * Hk * GDN_HEAD_DIM
-                    qk = self._gemv(L["qk"], self.xn, self.buf_a, xpre=xn, epi="conv",
-                                    conv=(L["conv"], L["conv_state"], C, 0, qkc))
-                    vz = self._gemv(L["vz"], self.xn, self.buf_b, xpre=xn, epi="conv",
-                                    conv=(L["conv"], L["conv_state"], C, qkc, Hv * GDN_HEAD_DIM))
+                    if self.GDN_MERGE and "qkvz" in L and L["qk"].n == qkc:
+                        qkvz = L["qkvz"]
+                        if getattr(self, "buf_qkvz", None) is None or self.buf_qkvz.shape[1] < qkvz.n:
+                            self.buf_qkvz = self.cp.zeros((M, qkvz.n), dtype=self.cp.float32)
+                        buf_a, buf_b = self.buf_qkvz, self.buf_qkvz[:, qkc:]
+                        lda = ldb = self.buf_qkvz.shape[1]
+                        merged = self._gemv(qkvz, self.xn, self.buf_qkvz, xpre=xn, epi="conv",
+                                            conv=(L["conv"], L["conv_state"], C, 0, C))
+                        ops.extend(self._concurrent([merged], [self._gemv(L["ab"], self.xn, self.ab)]))
+                    else:
+                        qk = self._gemv(L["qk"], self.xn, self.buf_a, xpre=xn, epi="conv",
+                                        conv=(L["conv"], L["conv_state"], C, 0, qkc))
+                        vz = self._gemv(L["vz"], self.xn, self.buf_b, xpre=xn, epi="conv",
+                                        conv=(L["conv"], L["conv_state"], C, qkc, Hv * GDN_HEAD_DIM))
+                        ops.extend(self._concurrent([vz], [qk, self._gemv(L["ab"], self.xn, self.ab)]))
                 else:
                     vz = self._gemv(L["vz"], self.xn, self.buf_b, xpre=xn)
-                ops.extend(self._concurrent([vz], [qk, self._gemv(L["ab"], self.xn, self.ab)]))
+                    ops.extend(self._concurrent([vz], [qk, self._gemv(L["ab"], self.xn, self.ab)]))
                 if fuse_prep:
                     core = [K.prepared("gdn_delta_raw", (-(-Hv * GDN_HEAD_DIM // K.WARPS), M),
-                                       (self.buf_a, lda, self.buf_b, ldb, self.ab, self.ab.shape[1], L["a_log"],
+                                       (buf_a, lda, buf_b, ldb, self.ab, self.ab.shape[1], L["a_log"],
                                         L["dt_bias"], float(1.0 / math.sqrt(GDN_HEAD_DIM)), L["state"], self.att2,
                                         Hk, Hv, 0))]
                 else:
@@ -374,7 +398,7 @@ class CudaQwen35(AttentionOps, MlpOps, SamplingOps):
                                             self.att.shape[1], Hk, Hv, 0, eps) + att_stage
                                            + (tk[:M], tk[M:2 * M], tk[2 * M:]))]
                 else:
-                    core.append(self._gated_norm(L, ldb, zoff, att_stage))
+                    core.append(self._gated_norm(L, ldb, zoff, att_stage, buf_b))
             o_plan = self._plan_gemv(L["o"], self.att, self.part, "partial", self._splits(L["o"]),
                                      (self.xh_att, self.xinv_att))
             ops.extend(core)

@@ -21,7 +21,8 @@ class MlpOps:
     MOE_STAGE = os.environ.get("NINFER_MOE_STAGE", "0") != "0"
 
     # MoE decode: the router GEMV and the top-k routing in one launch (router_route, the last block routes),
-    # with NINFER_MOE_ROUTE_FUSED=1; off until measured on a GPU.
+    # with NINFER_MOE_ROUTE_FUSED=1. Off: H200, session 12, in one process: 35B-A3B 421.1 / 421.2 tok/s against
+    # 423.1 / 423.0.
     MOE_ROUTE_FUSED = os.environ.get("NINFER_MOE_ROUTE_FUSED", "0") != "0"
 
     # MoE decode: the routed experts' gate|up through gemv_rs_pre (x through the read-only path, row pointers
@@ -36,9 +37,11 @@ class MlpOps:
     # MoE decode: the routed experts' down-projections and the shared expert's in one launch (moe_down in
     # cuda/moe.cu: a half-warp a row, fp32 x read directly, no staging), after the routed gate|up instead of
     # beside it (NINFER_MOE_DOWN=0: the routed GEMV and the shared one on a branch). H200, session 12, in one
-    # process: 35B-A3B 418.9 / 418.8 tok/s with 4 rows a half-warp, 410.5 / 410.6 with 2, against 398.8 / 398.8.
+    # process (bench/results/s12b_*): 35B-A3B 427.2 / 427.4 tok/s with 3 rows a half-warp (80 registers, one
+    # wave), 423.1 / 423.0 with 4, against 401.1 / 401.0 without; int16 pairs and dp2a (MOE_DOWN_I16) 426.5 /
+    # 426.2 at 3 rows, 422.6 / 422.4 at 4: the fp32 products stay.
     MOE_DOWN = os.environ.get("NINFER_MOE_DOWN", "1") != "0"
-    MOE_DOWN_ROWS = int(os.environ.get("NINFER_MOE_DOWN_ROWS", "4"))
+    MOE_DOWN_ROWS = int(os.environ.get("NINFER_MOE_DOWN_ROWS", "3"))
     MOE_DOWN_I16 = os.environ.get("NINFER_MOE_DOWN_I16", "0") != "0"  # int16 pairs and dp2a instead of fp32
 
     def _moe_down_op(self, dn, sd):

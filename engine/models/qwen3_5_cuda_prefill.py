@@ -210,13 +210,14 @@ class CudaQwen35Prefill(PrefillWeights16, PrefillMoeOps, CudaQwen35Columns):
             "residual_rmsnorm_f16", (self.M,), args + (self._x16, H, float(self.args.rms_norm_eps), 1), block=256),
             self.xn, "residual_rmsnorm_f16")
 
-    def _gated_norm(self, L, ldb, zoff, att_stage):
+    def _gated_norm(self, L, ldb, zoff, att_stage, buf_b=None):
         if not self.NORM16:
-            return super()._gated_norm(L, ldb, zoff, att_stage)
+            return super()._gated_norm(L, ldb, zoff, att_stage, buf_b)
         Hv = self.Hv
+        buf_b = self.buf_b if buf_b is None else buf_b
         return self._writes_x16(lambda: K.prepared(
             "gated_rmsnorm_f16", (-(-Hv // K.WARPS), self.M),
-            (self.att2, self.buf_b[:, zoff:], ldb, L["norm"], self._x16, Hv, float(self.args.rms_norm_eps))),
+            (self.att2, buf_b[:, zoff:], ldb, L["norm"], self._x16, Hv, float(self.args.rms_norm_eps))),
             self.att, "gated_rmsnorm_f16")
 
     def _writes_x16(self, build, of, name: str):
