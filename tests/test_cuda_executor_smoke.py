@@ -62,7 +62,7 @@ def test_norm_mb2_plumbing(cp, monkeypatch):
 
 
 def test_gdn_merge_plumbing(cp, monkeypatch):
-    """NINFER_GDN_MERGE (off by default): GDN layers whose q, k, v and z share a row-split format hold them as one
+    """NINFER_GDN_MERGE (on by default): GDN layers whose q, k, v and z share a row-split format hold them as one
     object (q|k and v|z its views, the same bytes counted once) and project it with one conv-epilogue GEMV into
     one [q|k|v|z] row, which the delta rule and the gated norm read at their offsets; mixed formats (the dense
     recipe: q|k q4, v|z q5) keep two GEMVs."""
@@ -70,7 +70,7 @@ def test_gdn_merge_plumbing(cp, monkeypatch):
     from engine.models.qwen3_5_cuda import CudaQwen35
     from engine.ops.gemv_plan import GemvPlan
 
-    assert not CudaQwen35.GDN_MERGE
+    assert CudaQwen35.GDN_MERGE
     cfg = moe_cfg()
     args, w = _weights(cfg)
 

@@ -252,9 +252,10 @@ class CudaQwen35(AttentionOps, MlpOps, SamplingOps):
     # 3.1 + 4.2 for the two (27B 127.1 tok/s either way; 35B-A3B 332.1 against 338.2); this one is unmeasured.
     GDN_FUSED = os.environ.get("NINFER_GDN_FUSED", "0") != "0"
     # GDN decode: q|k and v|z (one format: the 35B-A3B's w8) as one GEMV over their shared object, its output one
-    # [q|k|v|z] row (NINFER_GDN_MERGE=1), instead of two GEMVs on two branches (which the H200 ran one after the
-    # other: 11.9 us a layer against 7.1 + 4.6 alone). Written this session: off until measured.
-    GDN_MERGE = os.environ.get("NINFER_GDN_MERGE", "0") != "0"
+    # [q|k|v|z] row, instead of two GEMVs on two branches (which the H200 ran one after the other: 11.9 us a
+    # layer against 7.1 + 4.6 alone). H200, session 12, in one process: 35B-A3B 430.0 / 430.0 tok/s against
+    # 428.1 / 427.4 (NINFER_GDN_MERGE=0 for the two). Mixed formats (the 27B's q4 q|k, q5 v|z) keep two.
+    GDN_MERGE = os.environ.get("NINFER_GDN_MERGE", "1") != "0"
     # blocks a token row of the norms and stagings (each reduces the whole row, stages its slice)
     NORM_BLOCKS = int(os.environ.get("NINFER_NORM_BLOCKS", "16"))
     # rows of at most 2,048 values (the 35B-A3B): residual_rmsnorm_mb2, 8 partial planes a round of loads instead
