@@ -39,7 +39,9 @@
 #   s12c: GDN_MERGE (q|k and v|z of one format as one GEMV): its test and the 35B-A3B A/B, then `ninfer bench` tg128
 #         of the 35B-A3B (with the better mode), the 27B, and the 27B at depth 32768 (int8 and bf16 KV).
 #   s12d: every GPU test on the session's last commit.
-# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | probe | ncu_mma | ppchunk | next | xi16 | s11b | s11c | s11d | s11e | s12a | s12b | s12c | s12d
+#   s12e: moe_gate_up (the top-k routing inside the routed gate|up, MOE_ROUTE_GU): its test (and GDN_MERGE's, whose
+#         s12d run hit the junk read), the 35B-A3B A/B, `ninfer bench` tg128 with the better mode.
+# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | probe | ncu_mma | ppchunk | next | xi16 | s11b | s11c | s11d | s11e | s12a | s12b | s12c | s12d | s12e
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.cupy_cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -359,6 +361,31 @@ ready
 log "all GPU tests"
 gpu_pytest "$OUT/gpu_tests.txt" tests/gpu
 grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | tail -12
+fi
+if [ "$PART" = s12e ]; then  # the routing inside the routed gate|up (MOE_ROUTE_GU), GDN_MERGE's test, `ninfer bench` 35B-A3B
+ready
+log "tests: moe_gate_up (bit-identical to moe_route + gemv_rs_pre), GDN_MERGE, the MoE engine"
+gpu_pytest "$OUT/gpu_tests_s12e.txt" tests/gpu/test_gpu_engine.py -k "gdn_merge or moe"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s12e.txt" | tail -12
+log "decode A/B on the 35B-A3B: MOE_ROUTE_GU=1 (and MOE_PRE2=1, its GEMV body without the routing)"
+timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --attr="base,MOE_ROUTE_GU=1,MOE_PRE2=1" \
+  --out "$OUT/decode_35b_s12e.json" 2>&1 | grep -E "PDL|attr|rror" | head -20
+BEST=$(python3 - "$OUT/decode_35b_s12e.json" <<'PY'
+import json, sys
+try:
+    v = json.load(open(sys.argv[1]))["decode"][0]["attr_variants"]
+    best = max(v, key=lambda k: sum(v[k]) / len(v[k]))
+    print(" ".join(f"NINFER_{p}" for p in best.split(";")) if best != "base" else "")
+except Exception:
+    print("")
+PY
+)
+log "35B-A3B tg128 (env: ${BEST:-defaults})"
+env $BEST timeout 120 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
+  -o json --out "$OUT/tg128_35b.json" 2>&1 | grep -E "^\||rror" | tail -4
+log "27B tg128 (gemv_rs_pre's body now shared with moe_gate_up: the q4-q6 two-row forms' SASS moved by one IMAD)"
+timeout 120 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
+  -o json --out "$OUT/tg128_27b.json" 2>&1 | grep -E "^\||rror" | tail -4
 fi
 if [ "$PART" = xi16 ]; then
 ready

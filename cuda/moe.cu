@@ -232,6 +232,32 @@ __global__ void __launch_bounds__(256) moe_down(const unsigned char* __restrict_
   }
 }
 
+// The MoE decode's routed gate|up with the routing in its prologue (one token): every block ranks the router's
+// E logits and the shared expert's gate logit itself (route_row, warp 0: the same top-k, weights and ties as
+// moe_route), takes its slot's expert from that and runs gemv_rs_pre's body on the expert's rows (grid.z =
+// slot, output row z of y); block (0, 0, 0) also writes the ranking to idx / wts for moe_down. One kernel
+// boundary a layer less than router GEMV -> moe_route -> gate|up. GEMV arguments as gemv_rs_pre's with no
+// expert ids or output weights (eidx, ywt null), erows the rows an expert.
+template <int FMT, int ROWS, int U>
+__global__ void __launch_bounds__(256, GEMV_PRE_MINB(FMT, ROWS, 1, U))
+moe_gate_up(GEMV_RS_PARAMS, __half2* __restrict__ sxh, float* __restrict__ sxinv, int skpad,
+            unsigned int* __restrict__ sslot, const float* __restrict__ logits, int E, int topk,
+            int* __restrict__ idx, float* __restrict__ wts) {
+  NI_PDL_ENTRY();
+  __shared__ int s_idx[32];
+  __shared__ float s_wts[33];
+  if (threadIdx.x < 32) route_row(logits, E, topk, s_idx, s_wts, topk + 1, 0);
+  __syncthreads();
+  if (blockIdx.x == 0 && blockIdx.z == 0 && threadIdx.x <= topk) {
+    if (threadIdx.x < topk) idx[threadIdx.x] = s_idx[threadIdx.x];
+    wts[threadIdx.x] = s_wts[threadIdx.x];
+  }
+  gemv_rs_pre_body<FMT, ROWS, 1, U, false>(base, high, scales, N, gpr, pair_stride, x, ldx, K, u4_per_split, y, ldy,
+                                           epi, xinv, nullptr, erows, xz, yz, nullptr, pf, conv_w, conv_st, conv_c,
+                                           conv_base, conv_rows, sxh, sxinv, skpad, sslot,
+                                           (long long)s_idx[blockIdx.z] * erows);
+}
+
 // The router GEMV (bf16 [E + 1, K]: the experts' logits and the shared expert's gate; a block a row, its
 // 8 warps splitting K as gemv_bf16 with kw = 8) and moe_route in one launch: the block that finishes last
 // (a ticket, reset by it) routes every token row from the logits the others wrote. The same bits as

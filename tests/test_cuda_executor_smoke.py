@@ -101,6 +101,33 @@ def test_gdn_merge_plumbing(cp, monkeypatch):
         L["kind"] != "full_attention" for L in dense.layers)
 
 
+def test_moe_route_gu_plumbing(cp, monkeypatch):
+    """NINFER_MOE_ROUTE_GU (off by default): no moe_route launch; the routed gate|up is one moe_gate_up launch a
+    layer (gemv_rs_pre's grid and arguments with no expert ids, then the logits, E, k and the ranking's outputs)."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+    from engine.ops import kernels as K
+
+    assert not CudaQwen35.MOE_ROUTE_GU
+    cfg = moe_cfg()
+    args, w = _weights(cfg)
+    k, E, L = cfg["num_experts_per_tok"], cfg["num_experts"], args.num_hidden_layers
+
+    def names(on):
+        monkeypatch.setattr(CudaQwen35, "MOE_ROUTE_GU", on)
+        ex = build_engine(args, w, cfg, max_context=256, prefill_cols=1, prefill_gemm=0).model.executor
+        return ex, [op for op in _flat(ex.ops) if getattr(op, "name", "")]
+
+    _, off = names(False)
+    ex, on = names(True)
+    assert sum(op.name == "moe_route" for op in off) == L and not any(op.name == "moe_route" for op in on)
+    gu = [op for op in on if op.name.startswith("moe_gate_up<")]
+    assert len(gu) == L and {op.name for op in gu} == {f"moe_gate_up<{K.FMT_IDS['q4_g64_fp16']},2,2>"}
+    assert all(op.grid[2] == k and int(op.args[14]) == 0 and int(op.args[18]) == 0 for op in gu)  # no eidx, ywt
+    assert all([int(a) for a in op.args[-5:]] == [ex.rlog.data.ptr, E, k, ex.eidx.data.ptr, ex.ewts.data.ptr]
+               for op in gu)
+
+
 def test_moe_down_plumbing(cp, monkeypatch):
     """NINFER_MOE_DOWN (on by default): one moe_down launch a layer (grid.z = the k slots + the shared expert,
     2 x 8 x rows rows a block) after the routed gate|up, in place of the routed down GEMV and the shared

@@ -25,6 +25,12 @@ class MlpOps:
     # 423.1 / 423.0.
     MOE_ROUTE_FUSED = os.environ.get("NINFER_MOE_ROUTE_FUSED", "0") != "0"
 
+    # MoE decode: the top-k routing inside the routed gate|up (moe_gate_up in cuda/moe.cu: every block ranks the
+    # router logits itself, then runs gemv_rs_pre's body on its slot's expert) instead of a moe_route launch
+    # between the router GEMV and the gate|up, with NINFER_MOE_ROUTE_GU=1. Written this session: off until
+    # measured on a GPU.
+    MOE_ROUTE_GU = os.environ.get("NINFER_MOE_ROUTE_GU", "0") != "0"
+
     # MoE decode: the routed experts' gate|up through gemv_rs_pre (x through the read-only path, row pointers
     # advanced by constants; faster than gemv_rs on most of the 27B's shapes with int16 x) with
     # NINFER_MOE_PRE2=1. Off: no gain in the step (H200, session 12, in one process: 35B-A3B 384.1 / 384.0 tok/s
@@ -83,6 +89,18 @@ class MlpOps:
         gu1, dn1 = gu.row_slice(0, 2 * ie), dn.row_slice(0, H)  # expert 0's rows (the kernel offsets by eidx)
         routed = [GemvPlan(gu1, self.xn, H, self.act_e, ie, epi="swiglu", unroll=2, xpre=xn, pre2=self.MOE_PRE2,
                            experts=(self.eidx, 2 * ie, 0, ie, None, k)).launch]
+        if self.MOE_ROUTE_GU and self.M == 1 and not self.MOE_ROUTE_FUSED and gu.fmt in K.FMT_IDS \
+                and gu.fmt != "q8_g32_fp16" and k <= 32 and E <= 512:
+            # the router GEMV alone on the main branch; moe_gate_up ranks its logits
+            plan = GemvPlan(gu1, self.xn, H, self.act_e, ie, epi="swiglu", unroll=2, xpre=xn, pre2=True,
+                            experts=(None, 2 * ie, 0, ie, None, k))
+            if plan.pre2:
+                route = route[:1]
+                name = f"moe_gate_up<{K.FMT_IDS[gu.fmt]},2,2>"
+                routed = [K.Launch(K.kernel(name), plan.grid, K.WARPS * 32,
+                                   plan.args + (np.uint64(self.rlog.data.ptr), np.int32(E), np.int32(k),
+                                                np.uint64(self.eidx.data.ptr), np.uint64(self.ewts.data.ptr)),
+                                   plan.smem, name=name)]
         shared_gu = self._gemv(L["shared_gu"], self.xn, self.act, epi="swiglu", xpre=xn)
         down = self._moe_down_op(dn, L["shared_down"])
         if down is not None:  # routed gate|up, then every down-projection in one launch
