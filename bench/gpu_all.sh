@@ -81,6 +81,18 @@ gpu_pytest() {
     { echo "== retry $attempt"; cat "$out.retry"; } >> "$out"
   done
 }
+# the best in-process A/B variant of a gpu_decode.py --attr report (its mean over the passes) as NINFER_ variables
+best_attr_env() {
+  python3 - "$1" <<'PY'
+import json, sys
+try:
+    v = json.load(open(sys.argv[1]))["decode"][0]["attr_variants"]
+    best = max(v, key=lambda k: sum(v[k]) / len(v[k]))
+    print(" ".join(f"NINFER_{p}" for p in best.split(";")) if best != "base" else "")
+except Exception:
+    print("")
+PY
+}
 # decode 27B + 35B with the per-kernel breakdown and the 27B at depth 32K (the tuning table)
 decode_all() {
   log "decode"
@@ -312,17 +324,7 @@ log "decode A/B on the 35B-A3B (base: moe_down rows 4, fp32)"
 VARS="base,MOE_DOWN=0,MOE_DOWN_I16=1,MOE_DOWN_ROWS=3,MOE_DOWN_ROWS=3;MOE_DOWN_I16=1,MOE_DOWN_ROWS=2;MOE_DOWN_I16=1,MOE_ROUTE_FUSED=1"
 timeout 240 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --breakdown --attr="$VARS" \
   --out "$OUT/decode_35b_s12b.json" 2>&1 | grep -E "PDL|attr|sum of|^  [a-z]|rror" | head -40
-# the best variant (its mean over the two passes) as NINFER_ variables for `ninfer bench`
-BEST=$(python3 - "$OUT/decode_35b_s12b.json" <<'PY'
-import json, sys
-try:
-    v = json.load(open(sys.argv[1]))["decode"][0]["attr_variants"]
-    best = max(v, key=lambda k: sum(v[k]) / len(v[k]))
-    print(" ".join(f"NINFER_{p}" for p in best.split(";")) if best != "base" else "")
-except Exception:
-    print("")
-PY
-)
+BEST=$(best_attr_env "$OUT/decode_35b_s12b.json")
 log "35B-A3B tg128 with the transformers baseline (env: ${BEST:-defaults})"
 env $BEST timeout 170 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   --baseline transformers -o json --out "$OUT/tg128_35b_baseline.json" > "$OUT/tg_35b_log.txt" 2>&1
@@ -336,16 +338,7 @@ grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s12c.txt" | tail -12
 log "decode A/B on the 35B-A3B: q|k and v|z as one GEMV (GDN_MERGE=1)"
 timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --breakdown --attr="base,GDN_MERGE=1" \
   --out "$OUT/decode_35b_s12c.json" 2>&1 | grep -E "PDL|attr|sum of|^  [a-z]|rror" | head -30
-BEST=$(python3 - "$OUT/decode_35b_s12c.json" <<'PY'
-import json, sys
-try:
-    v = json.load(open(sys.argv[1]))["decode"][0]["attr_variants"]
-    best = max(v, key=lambda k: sum(v[k]) / len(v[k]))
-    print(" ".join(f"NINFER_{p}" for p in best.split(";")) if best != "base" else "")
-except Exception:
-    print("")
-PY
-)
+BEST=$(best_attr_env "$OUT/decode_35b_s12c.json")
 log "35B-A3B tg128 (env: ${BEST:-defaults})"
 env $BEST timeout 120 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b.json" 2>&1 | grep -E "^\||rror" | tail -4
@@ -370,16 +363,7 @@ grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s12e.txt" | tail -12
 log "decode A/B on the 35B-A3B: MOE_ROUTE_GU=1 (and MOE_PRE2=1, its GEMV body without the routing)"
 timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --attr="base,MOE_ROUTE_GU=1,MOE_PRE2=1" \
   --out "$OUT/decode_35b_s12e.json" 2>&1 | grep -E "PDL|attr|rror" | head -20
-BEST=$(python3 - "$OUT/decode_35b_s12e.json" <<'PY'
-import json, sys
-try:
-    v = json.load(open(sys.argv[1]))["decode"][0]["attr_variants"]
-    best = max(v, key=lambda k: sum(v[k]) / len(v[k]))
-    print(" ".join(f"NINFER_{p}" for p in best.split(";")) if best != "base" else "")
-except Exception:
-    print("")
-PY
-)
+BEST=$(best_attr_env "$OUT/decode_35b_s12e.json")
 log "35B-A3B tg128 (env: ${BEST:-defaults})"
 env $BEST timeout 120 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b.json" 2>&1 | grep -E "^\||rror" | tail -4
