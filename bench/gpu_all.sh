@@ -41,7 +41,9 @@
 #   s12d: every GPU test on the session's last commit.
 #   s12e: moe_gate_up (the top-k routing inside the routed gate|up, MOE_ROUTE_GU): its test (and GDN_MERGE's, whose
 #         s12d run hit the junk read), the 35B-A3B A/B, `ninfer bench` tg128 with the better mode.
-# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | probe | ncu_mma | ppchunk | next | xi16 | s11b | s11c | s11d | s11e | s12a | s12b | s12c | s12d | s12e
+#   s12f: gated_rmsnorm_stage2 (GATED_STAGE2): its tests, the A/B on the 27B and the 35B-A3B, `ninfer bench` tg128 of each
+#         with its better mode.
+# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | probe | ncu_mma | ppchunk | next | xi16 | s11b | s11c | s11d | s11e | s12a | s12b | s12c | s12d | s12e | s12f
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.cupy_cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -370,6 +372,21 @@ env $BEST timeout 120 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a
 log "27B tg128 (gemv_rs_pre's body now shared with moe_gate_up: the q4-q6 two-row forms' SASS moved by one IMAD)"
 timeout 120 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_27b.json" 2>&1 | grep -E "^\||rror" | tail -4
+fi
+if [ "$PART" = s12f ]; then  # gated_rmsnorm_stage2 (GATED_STAGE2): tests, A/B on both models, `ninfer bench` with the better
+ready
+log "tests: the gated norms (stage2 bit-identical), the engine with GATED_STAGE2"
+gpu_pytest "$OUT/gpu_tests_s12f.txt" tests/gpu/test_kernels.py tests/gpu/test_gpu_engine.py -k "gated or norm"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s12f.txt" | tail -12
+for g in qwen3.8-27b qwen3.6-35b-a3b; do
+  log "decode A/B on $g: GATED_STAGE2=1"
+  timeout 150 python3 bench/gpu_decode.py --synthetic $g --attr="base,GATED_STAGE2=1" \
+    --out "$OUT/decode_${g}_s12f.json" 2>&1 | grep -E "PDL|attr|rror" | head -10
+  BEST=$(best_attr_env "$OUT/decode_${g}_s12f.json")
+  log "$g tg128 (env: ${BEST:-defaults})"
+  env $BEST timeout 120 python3 -m ninfer_cli.main bench --synthetic $g -p 0 -n 128 -r 2 \
+    -o json --out "$OUT/tg128_${g}_s12f.json" 2>&1 | grep -E "^\||rror" | tail -3
+done
 fi
 if [ "$PART" = xi16 ]; then
 ready

@@ -128,6 +128,26 @@ def test_moe_route_gu_plumbing(cp, monkeypatch):
                for op in gu)
 
 
+def test_gated_stage2_plumbing(cp, monkeypatch):
+    """NINFER_GATED_STAGE2 (off by default): every GDN layer's gated norm + staging is gated_rmsnorm_stage2 with
+    gated_rmsnorm_stage's grid, block and arguments."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+
+    assert not CudaQwen35.GATED_STAGE2
+    args, w = _weights(CFG)
+
+    def gated(on):
+        monkeypatch.setattr(CudaQwen35, "GATED_STAGE2", on)
+        ops = _flat(build_engine(args, w, CFG, max_context=256, prefill_cols=1, prefill_gemm=0).model.executor.ops)
+        return [op for op in ops if getattr(op, "name", "").startswith("gated_rmsnorm_stage")]
+
+    off, on = gated(False), gated(True)
+    assert {op.name for op in off} == {"gated_rmsnorm_stage"} and {op.name for op in on} == {"gated_rmsnorm_stage2"}
+    assert len(on) == len(off) == sum(k != "full_attention" for k in args.layer_types)
+    assert all(a.grid == b.grid and a.block == b.block and len(a.args) == len(b.args) for a, b in zip(on, off))
+
+
 def test_moe_down_plumbing(cp, monkeypatch):
     """NINFER_MOE_DOWN (on by default): one moe_down launch a layer (grid.z = the k slots + the shared expert,
     2 x 8 x rows rows a block) after the routed gate|up, in place of the routed down GEMV and the shared

@@ -256,6 +256,10 @@ class CudaQwen35(AttentionOps, MlpOps, SamplingOps):
     # layer against 7.1 + 4.6 alone). H200, session 12, in one process: 35B-A3B 430.0 / 430.0 tok/s against
     # 428.1 / 427.4 (NINFER_GDN_MERGE=0 for the two). Mixed formats (the 27B's q4 q|k, q5 v|z) keep two.
     GDN_MERGE = os.environ.get("NINFER_GDN_MERGE", "1") != "0"
+    # GDN decode: gated_rmsnorm_stage2 (2 heads a warp, both loaded before use, the row staged from registers: one
+    # L2 round and a barrier fewer, the same bits) with NINFER_GATED_STAGE2=1. Written this session: off until
+    # measured.
+    GATED_STAGE2 = os.environ.get("NINFER_GATED_STAGE2", "0") != "0"
     # blocks a token row of the norms and stagings (each reduces the whole row, stages its slice)
     NORM_BLOCKS = int(os.environ.get("NINFER_NORM_BLOCKS", "16"))
     # rows of at most 2,048 values (the 35B-A3B): residual_rmsnorm_mb2, 8 partial planes a round of loads instead
@@ -295,7 +299,8 @@ class CudaQwen35(AttentionOps, MlpOps, SamplingOps):
         """GDN output: gated norm and the o-projection's staging in one launch (one block a token row); z at
         column zoff of buf_b (self.buf_b unless given)."""
         buf_b = self.buf_b if buf_b is None else buf_b
-        return K.prepared("gated_rmsnorm_stage", (self.M,),
+        name = "gated_rmsnorm_stage2" if self.GATED_STAGE2 and self.Hv <= 64 else "gated_rmsnorm_stage"
+        return K.prepared(name, (self.M,),
                           (self.att2, buf_b[:, zoff:], ldb, L["norm"], self.att, self.att.shape[1], self.Hv,
                            float(self.args.rms_norm_eps)) + att_stage, block=1024)
 

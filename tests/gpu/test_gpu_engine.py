@@ -328,6 +328,29 @@ def test_gdn_merge_gives_the_same_logits(monkeypatch):
     assert np.isfinite(a).all() and float(np.abs(a - b).max()) <= 1e-5 * (1.0 + float(np.abs(b).max()))
 
 
+def test_gated_stage2_gives_the_same_logits(monkeypatch):
+    """GATED_STAGE2 (gated_rmsnorm_stage2: 2 heads a warp, the row staged from registers): the dense model's tokens
+    and logits bit-identical to gated_rmsnorm_stage's over a prefill and 24 steps."""
+    from engine import gpu_weights
+    from engine.config import ModelArgs
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+
+    args = ModelArgs.from_config(CFG)
+    w = gpu_weights.from_logical(args, quantized_weights(args))
+    prompt = [int(t) for t in np.random.default_rng(14).integers(0, CFG["vocab_size"], 12)]
+    out = {}
+    for on in (False, True):
+        monkeypatch.setattr(CudaQwen35, "GATED_STAGE2", on)
+        eng = build_engine(args, w, CFG, max_context=256, prefill_cols=1)
+        names = [getattr(op, "name", "") for op in eng.model.executor.ops]
+        assert ("gated_rmsnorm_stage2" in names) == on
+        first = int(np.argmax(eng.prefill(prompt)))
+        out[on] = (eng.decode_greedy(first, 24), eng.decode_step(3))
+    assert out[False][0] == out[True][0]
+    assert np.array_equal(out[False][1], out[True][1])
+
+
 def test_stage_from_the_gate_up_amax_gives_the_same_logits(monkeypatch):
     """STAGE_AMAX (the default): with gemv_rs_pre on gate|up, its blocks fold the SwiGLU row's largest |value|
     into a slot and stage_x_amax stages the down projection's input from it (no max pass over the row):
