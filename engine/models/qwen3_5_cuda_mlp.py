@@ -27,8 +27,9 @@ class MlpOps:
 
     # MoE decode: the top-k routing inside the routed gate|up (moe_gate_up in cuda/moe.cu: every block ranks the
     # router logits itself, then runs gemv_rs_pre's body on its slot's expert) instead of a moe_route launch
-    # between the router GEMV and the gate|up, with NINFER_MOE_ROUTE_GU=1. Written this session: off until
-    # measured on a GPU.
+    # between the router GEMV and the gate|up, with NINFER_MOE_ROUTE_GU=1. Off: H200, session 12, in one process:
+    # 35B-A3B 426.7 / 426.4 tok/s against 427.8 / 427.7 (the ranking before the weight loads costs what the
+    # launch saved); bit-identical to moe_route + gemv_rs_pre (tests/gpu).
     MOE_ROUTE_GU = os.environ.get("NINFER_MOE_ROUTE_GU", "0") != "0"
 
     # MoE decode: the routed experts' gate|up through gemv_rs_pre (x through the read-only path, row pointers
