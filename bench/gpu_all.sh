@@ -43,7 +43,9 @@
 #         s12d run hit the junk read), the 35B-A3B A/B, `ninfer bench` tg128 with the better mode.
 #   s12f: gated_rmsnorm_stage2 (GATED_STAGE2): its tests, the A/B on the 27B and the 35B-A3B, `ninfer bench` tg128 of each
 #         with its better mode.
-# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | probe | ncu_mma | ppchunk | next | xi16 | s11b | s11c | s11d | s11e | s12a | s12b | s12c | s12d | s12e | s12f
+#   s12g: norm_route (NORM_ROUTE: the MoE block's post-attention norm, router GEMV and top-k in one launch): its tests
+#         and the 35B-A3B A/B (the session's last device minutes).
+# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | probe | ncu_mma | ppchunk | next | xi16 | s11b | s11c | s11d | s11e | s12a | s12b | s12c | s12d | s12e | s12f | s12g
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.cupy_cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -387,6 +389,15 @@ for g in qwen3.8-27b qwen3.6-35b-a3b; do
   env $BEST timeout 120 python3 -m ninfer_cli.main bench --synthetic $g -p 0 -n 128 -r 2 \
     -o json --out "$OUT/tg128_${g}_s12f.json" 2>&1 | grep -E "^\||rror" | tail -3
 done
+fi
+if [ "$PART" = s12g ]; then  # norm_route (the MoE block's norm, router and top-k in one launch): tests, the 35B-A3B A/B
+ready
+log "tests: norm_route against the three kernels, the MoE engine with it"
+gpu_pytest "$OUT/gpu_tests_s12g.txt" tests/gpu/test_moe_down.py tests/gpu/test_gpu_engine.py -k "norm_route or moe_engine"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s12g.txt" | tail -12
+log "decode A/B on the 35B-A3B: NORM_ROUTE=1"
+timeout 100 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --attr="base,NORM_ROUTE=1" \
+  --out "$OUT/decode_35b_s12g.json" 2>&1 | grep -E "PDL|attr|rror" | head -10
 fi
 if [ "$PART" = xi16 ]; then
 ready

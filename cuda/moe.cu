@@ -258,6 +258,48 @@ moe_gate_up(GEMV_RS_PARAMS, __half2* __restrict__ sxh, float* __restrict__ sxinv
                                            (long long)s_idx[blockIdx.z] * erows);
 }
 
+// The MoE block's input norm, its router and its top-k in one launch (one token; H <= 2,048 with 1,024 threads,
+// the router bf16 [E1 = E + 1, H], at most 32 of its rows a block): every block normalizes the row as
+// residual_rmsnorm_mb2 does (its slice of out and of the staged pairs, the same bits) and keeps the whole normed
+// row in shared memory, then computes its share of the router's rows (a warp a row, fp32; the rows asked of L2
+// before the norm, as they depend on no kernel), and the block that finishes last (a ticket, reset by it) ranks
+// the logits (route_row). Replaces residual_rmsnorm_mb2 -> gemv_bf16 -> moe_route (CudaQwen35.NORM_ROUTE).
+extern "C" __global__ void __launch_bounds__(1024, 1) norm_route(RESIDUAL_RMSNORM_PARAMS, const unsigned short* __restrict__ rw,
+                                                              int E1, float* __restrict__ logits, int E, int topk,
+                                                              int* __restrict__ idx, float* __restrict__ wts,
+                                                              unsigned int* __restrict__ ticket) {
+  __shared__ __align__(16) float row[2048];
+  __shared__ int last;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int per = (E1 + gridDim.x - 1) / gridDim.x, rr = blockIdx.x * per + warp;
+  const bool has = warp < per && rr < E1;
+  const unsigned short* wr = rw + (size_t)(has ? rr : 0) * H;
+  if (has)
+    for (int j = lane * 64; j < H; j += 32 * 64) prefetch_l2(wr + j);  // 128-byte lines
+  NI_PDL_ENTRY();
+  residual_rmsnorm_body<2, 8, true>(x_in, x_out, part, S, part_stride, w, out, H, eps, offset, xh, xinv, kpad, row);
+  __syncthreads();
+  if (has) {
+    float acc = 0.f;
+    for (int j = lane; j < H / 8; j += 32) {
+      const uint4 q = ldw(reinterpret_cast<const uint4*>(wr) + j);
+      const float4 a = *reinterpret_cast<const float4*>(row + 8 * j), b = *reinterpret_cast<const float4*>(row + 8 * j + 4);
+      acc += bf16_lo(q.x) * a.x + bf16_hi(q.x) * a.y + bf16_lo(q.y) * a.z + bf16_hi(q.y) * a.w + bf16_lo(q.z) * b.x +
+             bf16_hi(q.z) * b.y + bf16_lo(q.w) * b.z + bf16_hi(q.w) * b.w;
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) logits[rr] = acc;
+  }
+  __threadfence();  // this block's logits, before its ticket
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (threadIdx.x < 32) route_row<true>(logits, E, topk, idx, wts, topk + 1, 0);
+  if (threadIdx.x == 0) *ticket = 0u;
+}
+
 // The router GEMV (bf16 [E + 1, K]: the experts' logits and the shared expert's gate; a block a row, its
 // 8 warps splitting K as gemv_bf16 with kw = 8) and moe_route in one launch: the block that finishes last
 // (a ticket, reset by it) routes every token row from the logits the others wrote. The same bits as

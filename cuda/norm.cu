@@ -91,8 +91,10 @@ extern "C" __global__ void stage_x_amax(const float* __restrict__ x, int K, int 
   const float* __restrict__ x_in, float* __restrict__ x_out, const float* __restrict__ part, int S,           \
       int part_stride, const float* __restrict__ w, float* __restrict__ out, int H, float eps, int offset,    \
       __half2* __restrict__ xh, float* __restrict__ xinv, int kpad
-template <int VPT, int PU>
-__device__ __forceinline__ void residual_rmsnorm_body(RESIDUAL_RMSNORM_PARAMS) {
+// FULL: every thread also writes its normed values of the whole row to `full` (shared memory; norm_route in
+// moe.cu reads the row back for the router), the same values as out.
+template <int VPT, int PU, bool FULL = false>
+__device__ __forceinline__ void residual_rmsnorm_body(RESIDUAL_RMSNORM_PARAMS, float* __restrict__ full = nullptr) {
   __shared__ float red[64];
   __shared__ float slice[NORM_SLICE];
   const int m = blockIdx.y, bd = blockDim.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -136,6 +138,13 @@ __device__ __forceinline__ void residual_rmsnorm_body(RESIDUAL_RMSNORM_PARAMS) {
   mx = warp_max(lane < nwarp ? red[32 + lane] : 0.f);
   const float r = rsqrtf(ss / H + eps);
   const float sc = pow2_scale(mx * r);
+  if constexpr (FULL) {
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int k = threadIdx.x + i * bd;
+      if (k < H) full[k] = v[i] * r * wv[i];
+    }
+  }
   const int nch = kpad / 32, per = (nch + gridDim.x - 1) / gridDim.x;
   const int c0 = blockIdx.x * per, c1 = min(c0 + per, nch);
   const int k0 = c0 * 32, k1 = c1 * 32;

@@ -148,6 +148,36 @@ def test_gated_stage2_plumbing(cp, monkeypatch):
     assert all(a.grid == b.grid and a.block == b.block and len(a.args) == len(b.args) for a, b in zip(on, off))
 
 
+def test_norm_route_plumbing(cp, monkeypatch):
+    """NINFER_NORM_ROUTE (off by default): each MoE layer's post-attention norm is norm_route (the router's rows,
+    E + 1, the logits, E, k, the ranking's outputs and a ticket after the norm's arguments), no router GEMV or
+    moe_route launch is left, and the routed gate|up runs beside the shared one, then moe_down; without moe_down
+    it stays off."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+
+    assert not CudaQwen35.NORM_ROUTE
+    cfg = moe_cfg()
+    args, w = _weights(cfg)
+    k, E, L = cfg["num_experts_per_tok"], cfg["num_experts"], args.num_hidden_layers
+
+    def build(on, down=True):
+        monkeypatch.setattr(CudaQwen35, "NORM_ROUTE", on)
+        monkeypatch.setattr(CudaQwen35, "MOE_DOWN", down)
+        return build_engine(args, w, cfg, max_context=256, prefill_cols=1, prefill_gemm=0).model.executor
+
+    off, on = build(False), build(True)
+    names_off = [getattr(op, "name", "") for op in _flat(off.ops)]
+    names_on = [getattr(op, "name", "") for op in _flat(on.ops)]
+    assert names_on.count("norm_route") == L and names_off.count("norm_route") == 0
+    assert names_off.count("moe_route") == L and names_on.count("moe_route") == 0
+    nr = [op for op in _flat(on.ops) if getattr(op, "name", "") == "norm_route"]
+    assert all([int(a) for a in op.args[-7:]] == [E + 1, on.rlog.data.ptr, E, k, on.eidx.data.ptr, on.ewts.data.ptr,
+                                                   on.route_ticket.data.ptr] for op in nr)
+    assert len(names_on) == len(names_off) - 2 * L  # the router GEMV and moe_route gone
+    assert "norm_route" not in [getattr(op, "name", "") for op in _flat(build(True, down=False).ops)]
+
+
 def test_moe_down_plumbing(cp, monkeypatch):
     """NINFER_MOE_DOWN (on by default): one moe_down launch a layer (grid.z = the k slots + the shared expert,
     2 x 8 x rows rows a block) after the routed gate|up, in place of the routed down GEMV and the shared

@@ -270,16 +270,35 @@ class CudaQwen35(AttentionOps, MlpOps, SamplingOps):
     MOE_ROWS = False  # several token rows of an MoE model (the tensor-core prefill's own MoE ops)
     ARGMAX_BLOCKS = 64  # blocks a row of the greedy argmax over the vocabulary
 
-    def _norm(self, splits, w):
-        """x += split-K partials; xn = rmsnorm(x) (1 + w), also pre-staged as fp16 pairs for the GEMVs."""
+    def _norm(self, splits, w, route=None):
+        """x += split-K partials; xn = rmsnorm(x) (1 + w), also pre-staged as fp16 pairs for the GEMVs. route: the
+        MoE router (bf16 [E + 1, H]) whose logits and top-k the same launch computes (norm_route)."""
         if self.H > 8 * 1024:  # residual_rmsnorm_mb holds a row in registers: 8 values a thread
             raise NotImplementedError(f"hidden size {self.H} > 8192 in the CUDA norm kernel")
         x_in, x_out = self._res
         self._res = (x_out, x_in)
         name = "residual_rmsnorm_mb2" if self.NORM_MB2 and self.H <= 2 * 1024 else "residual_rmsnorm_mb"
-        return K.prepared(name, (self.NORM_BLOCKS, self.M),
-                          (x_in, x_out, self.part, splits, self.M * self.H, w, self.xn, self.H,
-                           float(self.args.rms_norm_eps), 1, self.xh_n, self.xinv_n, self.kpad_h), block=1024)
+        args = (x_in, x_out, self.part, splits, self.M * self.H, w, self.xn, self.H, float(self.args.rms_norm_eps), 1,
+                self.xh_n, self.xinv_n, self.kpad_h)
+        if route is not None:
+            E, k = self.args.num_experts, self.topk
+            if getattr(self, "route_ticket", None) is None:
+                self.route_ticket = self.cp.zeros(1, dtype=self.cp.uint32)
+            name, args = "norm_route", args + (np.uint64(route.ptr(route.base)), route.n, self.rlog, E, k, self.eidx,
+                                               self.ewts, self.route_ticket)
+        return K.prepared(name, (self.NORM_BLOCKS, self.M), args, block=1024)
+
+    # MoE decode: the post-attention norm, the router GEMV and the top-k in one launch (norm_route in cuda/moe.cu),
+    # the routed gate|up then beside the shared one, with NINFER_NORM_ROUTE=1 (one token, H <= 2,048, a bf16
+    # router of at most 32 rows a norm block, moe_down on). Written this session: off until measured.
+    NORM_ROUTE = os.environ.get("NINFER_NORM_ROUTE", "0") != "0"
+
+    def _norm_route_ok(self, L) -> bool:
+        rw = L.get("router")
+        return (self.NORM_ROUTE and self.args.is_moe and self.M == 1 and rw is not None and rw.fmt == "bf16"
+                and self.H <= 2048 and self.H % 8 == 0 and -(-rw.n // self.NORM_BLOCKS) <= 32
+                and self.topk <= 32 and self.args.num_experts <= 512 and not self.MOE_ROUTE_FUSED
+                and not self.MOE_ROUTE_GU and self._moe_down_op(L["experts_down"], L["shared_down"]) is not None)
 
     # GDN decode without the gdn_prep launch: the q|k and v projections' epilogue applies the causal conv and
     # SiLU (EPI_CONV), gdn_delta_raw the q/k norms and the gates; NINFER_GDN_PREP_FUSED=0 for the launch.
@@ -409,9 +428,10 @@ class CudaQwen35(AttentionOps, MlpOps, SamplingOps):
                                      (self.xh_att, self.xinv_att))
             ops.extend(core)
             ops.append(o_plan.launch)
-            ops.append(self._norm(o_plan.splits, L["post_norm"]))
+            routed_in_norm = self.args.is_moe and self._norm_route_ok(L)
+            ops.append(self._norm(o_plan.splits, L["post_norm"], route=L["router"] if routed_in_norm else None))
             if self.args.is_moe:
-                ops.extend(self._moe_ops(L, xn))
+                ops.extend(self._moe_ops(L, xn, routed_in_norm))
                 prev_splits = self._moe_splits()
             else:
                 ffn, prev_splits = self._ffn_ops(L, xn)

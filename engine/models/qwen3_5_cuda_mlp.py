@@ -72,9 +72,10 @@ class MlpOps:
                            np.uint64(sd.ptr(sd.base)), np.uint64(sd.ptr(sd.high)), np.uint64(sd.ptr(sd.scales)),
                            sd.gpr, self.act, sd.k, H, dn.k, self.part, self.M * H, self.ewts, k))
 
-    def _moe_ops(self, L, xn):
+    def _moe_ops(self, L, xn, routed_in_norm=False):
         """Router -> top-k on the device -> routed experts (grid.z = slot) writing weighted partials
-        part[0..k), shared expert into part[k]; the next norm sums the k + 1 partials."""
+        part[0..k), shared expert into part[k]; the next norm sums the k + 1 partials. routed_in_norm: the norm
+        before computed the router logits and the top-k (norm_route; moe_down on)."""
         E, k, H, ie = self.args.num_experts, self.topk, self.H, self.inter_e
         rw = L["router"]
         if self.MOE_ROUTE_FUSED and rw.fmt == "bf16" and rw.k % 8 == 0:
@@ -104,6 +105,8 @@ class MlpOps:
                                    plan.smem, name=name)]
         shared_gu = self._gemv(L["shared_gu"], self.xn, self.act, epi="swiglu", xpre=xn)
         down = self._moe_down_op(dn, L["shared_down"])
+        if down is not None and routed_in_norm:  # the routed gate|up beside the shared one, then the downs
+            return self._concurrent(routed, [shared_gu]) + [down]
         if down is not None:  # routed gate|up, then every down-projection in one launch
             return self._concurrent(route, [shared_gu]) + routed + [down]
         if self.MOE_STAGE:

@@ -64,13 +64,14 @@ MOE_CFG = dict(CFG, architectures=["Qwen3_5MoeForCausalLM"], model_type="qwen3_5
 MOE_CFG.pop("intermediate_size")
 
 
-@pytest.mark.parametrize("stage,pre2,down,i16", [(True, False, 0, False), (False, False, 0, False), (False, True, 0, False),
-                                                 (False, False, 2, False), (False, False, 4, False),
-                                                 (False, False, 4, True), (False, False, 3, True)])
-def test_cuda_moe_engine_matches_numpy_engine(stage, pre2, down, i16, monkeypatch):
+@pytest.mark.parametrize("stage,pre2,down,i16,nr", [(True, False, 0, False, 0), (False, False, 0, False, 0),
+                                                    (False, True, 0, False, 0), (False, False, 2, False, 0),
+                                                    (False, False, 4, False, 0), (False, False, 4, True, 0),
+                                                    (False, False, 3, True, 0), (False, False, 3, False, 1)])
+def test_cuda_moe_engine_matches_numpy_engine(stage, pre2, down, i16, nr, monkeypatch):
     """MOE_STAGE: routed rows staged by a launch / in the GEMV; MOE_PRE2: the routed gate|up on gemv_rs_pre;
     down: the routed and shared down-projections in one moe_down launch, `down` rows a half-warp (0: off),
-    i16: its int16 pairs and dp2a."""
+    i16: its int16 pairs and dp2a; nr: the post-attention norm, router and top-k in one launch (norm_route)."""
     from engine import api, gpu_weights
     from engine.config import ModelArgs
     from engine.gpu_engine import build_engine
@@ -82,6 +83,7 @@ def test_cuda_moe_engine_matches_numpy_engine(stage, pre2, down, i16, monkeypatc
     monkeypatch.setattr(CudaQwen35, "MOE_DOWN", down > 0)
     monkeypatch.setattr(CudaQwen35, "MOE_DOWN_ROWS", down or 4)
     monkeypatch.setattr(CudaQwen35, "MOE_DOWN_I16", i16)
+    monkeypatch.setattr(CudaQwen35, "NORM_ROUTE", bool(nr))
     args = ModelArgs.from_config(MOE_CFG)
     w = quantized_weights(args, recipe="groupwise-int-moe")
     ref = api.load({"config": MOE_CFG, "weights": w}, device="cpu", gdn_mode="recurrent")
@@ -97,6 +99,7 @@ def test_cuda_moe_engine_matches_numpy_engine(stage, pre2, down, i16, monkeypatc
     assert np.median(errs) < 3e-2 and max(errs) < 0.35 and agree >= 30, (np.median(errs), max(errs), agree)
     launched = [K.op_name(op) for op in gpu.model.executor.ops]
     assert (f"moe_down<1,3,{down},{str(i16).lower()}>" in launched) == (down > 0)
+    assert launched.count("norm_route") == (args.num_hidden_layers if nr else 0)
 
 
 def test_moe_route_fused_gives_the_same_logits(monkeypatch):
