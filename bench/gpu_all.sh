@@ -14,11 +14,8 @@
 # (The one-off A/B parts of session 5, pre2 / s5 / pdl / br / s5b, are in git history at 4f9b3f1; those of
 # session 6, next / gdnc / moep / s6 / moeprof / s6b / s6c / s6d / s6e, at c858397; session 7's l2pf, with
 # the L2 warm-up it measured, at 741ff0c; those of sessions 8-10, s8 / s8d / s9 / s10 / s11 / fin8 / fin9 /
-# gsplit / prep / s12-s16 / fin10 / mma / base / s10a-s10e, which bench/NOTES-decode.md cites, at 56b24ea.)
-#   next: residual_rmsnorm_mb2 (NINFER_NORM_MB2) and the routed gate|up on gemv_rs_pre (NINFER_MOE_PRE2), both
-#         off until measured: their tests and the in-process A/B on the 35B-A3B, then its sweep with the routed
-#         expert GEMVs (next session's first call). (Session 10's `next`, attn_decode_mma's forms forced on the H200,
-#         ran in session 11 as the tail of s11b; in git history at 0dda17d.)
+# gsplit / prep / s12-s16 / fin10 / mma / base / s10a-s10e, which bench/NOTES-decode.md cites, at 56b24ea; session
+# 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   xi16: the int16-x GEMV decode (NINFER_XI16=1, dp2a) against the fp16 one: both modules compiled, the GEMV,
 #         engine and prefill tests with int16 x, then decode 27B + 35B a process a mode (0 1 0 1; breakdown with
 #         1), then the GEMV sweep with int16 x.
@@ -31,21 +28,7 @@
 #   s11d: the 35B-A3B's breakdown on the defaults (W8_PRE), then the GEMV sweep of its shapes and its decode with
 #         the sweep's choices.
 #   s11e: the kernel and engine tests on the session's last commit (the shared test setup, staged_case).
-#   s12a: moe_down (the MoE's routed and shared down-projections in one launch, NINFER_MOE_DOWN): its tests and the
-#         35B-A3B A/B (with the routed GEMV at 2 rows a warp); the 27B's norm blocks (8 / 16 / 32) and GEMV entries
-#         (o-projection splits 2 or rows 2, down splits 3, gate|up staging its own output) in one process.
-#   s12b: moe_down's forms (rows 2-4 a half-warp, fp32 or int16 pairs) and the fused router + top-k (MOE_ROUTE_FUSED):
-#         tests, the 35B-A3B A/B with breakdown, then the best through `ninfer bench` tg128 beside transformers.
-#   s12c: GDN_MERGE (q|k and v|z of one format as one GEMV): its test and the 35B-A3B A/B, then `ninfer bench` tg128
-#         of the 35B-A3B (with the better mode), the 27B, and the 27B at depth 32768 (int8 and bf16 KV).
-#   s12d: every GPU test on the session's last commit.
-#   s12e: moe_gate_up (the top-k routing inside the routed gate|up, MOE_ROUTE_GU): its test (and GDN_MERGE's, whose
-#         s12d run hit the junk read), the 35B-A3B A/B, `ninfer bench` tg128 with the better mode.
-#   s12f: gated_rmsnorm_stage2 (GATED_STAGE2): its tests, the A/B on the 27B and the 35B-A3B, `ninfer bench` tg128 of each
-#         with its better mode.
-#   s12g: norm_route (NORM_ROUTE: the MoE block's post-attention norm, router GEMV and top-k in one launch): its tests
-#         and the 35B-A3B A/B (the session's last device minutes).
-# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | probe | ncu_mma | ppchunk | next | xi16 | s11b | s11c | s11d | s11e | s12a | s12b | s12c | s12d | s12e | s12f | s12g
+# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | probe | ncu_mma | ppchunk | xi16 | s11b | s11c | s11d | s11e
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.cupy_cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -290,114 +273,6 @@ timeout 90 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --depth 32768 --o
   | grep -E "PDL|rror" | head -6
 log "GEMV sweep (27B shapes)"
 timeout 120 python3 bench/gpu_decode.py --sweep --out "$OUT/sweep.json" 2>&1 | grep -E "best|rror" | head -24
-fi
-if [ "$PART" = next ]; then  # next session's first call: residual_rmsnorm_mb2 (written after session 11's device time)
-ready
-log "tests: the norms (mb2 bit-identical to mb), the engine with NORM_MB2, the MoE engine with MOE_PRE2"
-gpu_pytest "$OUT/gpu_tests_mb2.txt" tests/gpu/test_gemv.py tests/gpu/test_kernels.py tests/gpu/test_gpu_engine.py -k "norm or moe"
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_mb2.txt" | tail -8
-log "decode A/B on the 35B-A3B: residual_rmsnorm_mb2 (NORM_MB2=1), the routed gate|up on gemv_rs_pre (MOE_PRE2=1)"
-timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --breakdown \
-  --attr="base,NORM_MB2=1,MOE_PRE2=1,NORM_MB2=1;MOE_PRE2=1" --out "$OUT/decode_mb2.json" 2>&1 \
-  | grep -E "PDL|attr|sum of|^  [a-z]|rror" | head -40
-log "35B-A3B sweep with its routed expert GEMVs (routed_sweep)"
-timeout 300 python3 bench/gpu_decode.py --sweep --synthetic qwen3.6-35b-a3b --out "$OUT/sweep_35b.json" 2>&1 \
-  | grep -E "best|routed|rror" | head -30
-fi
-if [ "$PART" = s12a ]; then  # moe_down (routed + shared down in one launch), 27B norm blocks and GEMV entries
-ready
-log "tests: moe_down, the MoE engine (moe_down rows 2 / 4), the norms (mb2 on by default)"
-gpu_pytest "$OUT/gpu_tests_s12a.txt" tests/gpu/test_moe_down.py tests/gpu/test_gpu_engine.py tests/gpu/test_kernels.py -k "moe or norm"
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s12a.txt" | tail -12
-log "decode A/B on the 35B-A3B: the routed down rows 2, moe_down rows 2 / 4"
-timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --breakdown \
-  --attr="base,MOE_ROUTED_ROWS=2,MOE_DOWN=1,MOE_DOWN=1;MOE_DOWN_ROWS=4" --out "$OUT/decode_35b_s12a.json" 2>&1 \
-  | grep -E "PDL|attr|sum of|^  [a-z]|rror" | head -40
-log "decode A/B on the 27B: norm blocks; o-projection splits / rows, down splits, gate|up staging its output"
-timeout 240 python3 bench/gpu_decode.py --synthetic qwen3.8-27b \
-  --attr="base,NORM_BLOCKS=8,NORM_BLOCKS=32" \
-  --ldg="base,splits=2@q5_g64_fp16:5120x6144,rows=2@q5_g64_fp16:5120x6144,splits=3@q5_g64_fp16:5120x17408,fuse_stage@q4_g64_fp16:34816x5120" \
-  --out "$OUT/decode_27b_s12a.json" 2>&1 | grep -E "PDL|attr|ldg|rror" | head -40
-fi
-if [ "$PART" = s12b ]; then  # moe_down's forms (rows, int16 pairs) and the fused router, then `ninfer bench` 35B-A3B
-ready
-log "tests: moe_down (fp32 / int16 pairs, rows 2-4), the MoE engine"
-gpu_pytest "$OUT/gpu_tests_s12b.txt" tests/gpu/test_moe_down.py tests/gpu/test_gpu_engine.py -k "moe"
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s12b.txt" | tail -12
-log "decode A/B on the 35B-A3B (base: moe_down rows 4, fp32)"
-VARS="base,MOE_DOWN=0,MOE_DOWN_I16=1,MOE_DOWN_ROWS=3,MOE_DOWN_ROWS=3;MOE_DOWN_I16=1,MOE_DOWN_ROWS=2;MOE_DOWN_I16=1,MOE_ROUTE_FUSED=1"
-timeout 240 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --breakdown --attr="$VARS" \
-  --out "$OUT/decode_35b_s12b.json" 2>&1 | grep -E "PDL|attr|sum of|^  [a-z]|rror" | head -40
-BEST=$(best_attr_env "$OUT/decode_35b_s12b.json")
-log "35B-A3B tg128 with the transformers baseline (env: ${BEST:-defaults})"
-env $BEST timeout 170 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
-  --baseline transformers -o json --out "$OUT/tg128_35b_baseline.json" > "$OUT/tg_35b_log.txt" 2>&1
-grep -E "^\||baseline|rror" "$OUT/tg_35b_log.txt" | tail -6
-fi
-if [ "$PART" = s12c ]; then  # GDN_MERGE A/B on the 35B-A3B, then `ninfer bench` tg128: 35B-A3B, 27B, 27B at depth 32768
-ready
-log "tests: GDN_MERGE, the MoE engine (moe_down rows 3 by default)"
-gpu_pytest "$OUT/gpu_tests_s12c.txt" tests/gpu/test_gpu_engine.py -k "gdn_merge or moe"
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s12c.txt" | tail -12
-log "decode A/B on the 35B-A3B: q|k and v|z as one GEMV (GDN_MERGE=1)"
-timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --breakdown --attr="base,GDN_MERGE=1" \
-  --out "$OUT/decode_35b_s12c.json" 2>&1 | grep -E "PDL|attr|sum of|^  [a-z]|rror" | head -30
-BEST=$(best_attr_env "$OUT/decode_35b_s12c.json")
-log "35B-A3B tg128 (env: ${BEST:-defaults})"
-env $BEST timeout 120 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
-  -o json --out "$OUT/tg128_35b.json" 2>&1 | grep -E "^\||rror" | tail -4
-log "27B tg128"
-timeout 120 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
-  -o json --out "$OUT/tg128_27b.json" 2>&1 | grep -E "^\||rror" | tail -4
-log "27B tg128 at depth 32768, int8 and bf16 KV"
-timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -d 32768 --kv int8,bf16 -r 2 \
-  -o json --out "$OUT/tg128_d32768_27b.json" 2>&1 | grep -E "^\||rror" | tail -6
-fi
-if [ "$PART" = s12d ]; then  # every GPU test on the session's last commit
-ready
-log "all GPU tests"
-gpu_pytest "$OUT/gpu_tests.txt" tests/gpu
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | tail -12
-fi
-if [ "$PART" = s12e ]; then  # the routing inside the routed gate|up (MOE_ROUTE_GU), GDN_MERGE's test, `ninfer bench` 35B-A3B
-ready
-log "tests: moe_gate_up (bit-identical to moe_route + gemv_rs_pre), GDN_MERGE, the MoE engine"
-gpu_pytest "$OUT/gpu_tests_s12e.txt" tests/gpu/test_gpu_engine.py -k "gdn_merge or moe"
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s12e.txt" | tail -12
-log "decode A/B on the 35B-A3B: MOE_ROUTE_GU=1 (and MOE_PRE2=1, its GEMV body without the routing)"
-timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --attr="base,MOE_ROUTE_GU=1,MOE_PRE2=1" \
-  --out "$OUT/decode_35b_s12e.json" 2>&1 | grep -E "PDL|attr|rror" | head -20
-BEST=$(best_attr_env "$OUT/decode_35b_s12e.json")
-log "35B-A3B tg128 (env: ${BEST:-defaults})"
-env $BEST timeout 120 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
-  -o json --out "$OUT/tg128_35b.json" 2>&1 | grep -E "^\||rror" | tail -4
-log "27B tg128 (gemv_rs_pre's body now shared with moe_gate_up: the q4-q6 two-row forms' SASS moved by one IMAD)"
-timeout 120 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
-  -o json --out "$OUT/tg128_27b.json" 2>&1 | grep -E "^\||rror" | tail -4
-fi
-if [ "$PART" = s12f ]; then  # gated_rmsnorm_stage2 (GATED_STAGE2): tests, A/B on both models, `ninfer bench` with the better
-ready
-log "tests: the gated norms (stage2 bit-identical), the engine with GATED_STAGE2"
-gpu_pytest "$OUT/gpu_tests_s12f.txt" tests/gpu/test_kernels.py tests/gpu/test_gpu_engine.py -k "gated or norm"
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s12f.txt" | tail -12
-for g in qwen3.8-27b qwen3.6-35b-a3b; do
-  log "decode A/B on $g: GATED_STAGE2=1"
-  timeout 150 python3 bench/gpu_decode.py --synthetic $g --attr="base,GATED_STAGE2=1" \
-    --out "$OUT/decode_${g}_s12f.json" 2>&1 | grep -E "PDL|attr|rror" | head -10
-  BEST=$(best_attr_env "$OUT/decode_${g}_s12f.json")
-  log "$g tg128 (env: ${BEST:-defaults})"
-  env $BEST timeout 120 python3 -m ninfer_cli.main bench --synthetic $g -p 0 -n 128 -r 2 \
-    -o json --out "$OUT/tg128_${g}_s12f.json" 2>&1 | grep -E "^\||rror" | tail -3
-done
-fi
-if [ "$PART" = s12g ]; then  # norm_route (the MoE block's norm, router and top-k in one launch): tests, the 35B-A3B A/B
-ready
-log "tests: norm_route against the three kernels, the MoE engine with it"
-gpu_pytest "$OUT/gpu_tests_s12g.txt" tests/gpu/test_moe_down.py tests/gpu/test_gpu_engine.py -k "norm_route or moe_engine"
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s12g.txt" | tail -12
-log "decode A/B on the 35B-A3B: NORM_ROUTE=1"
-timeout 100 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --attr="base,NORM_ROUTE=1" \
-  --out "$OUT/decode_35b_s12g.json" 2>&1 | grep -E "PDL|attr|rror" | head -10
 fi
 if [ "$PART" = xi16 ]; then
 ready

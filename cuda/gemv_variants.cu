@@ -23,11 +23,9 @@ __device__ __forceinline__ float routed_slot(XP& x, IP& xinv, YP& y, long long x
 // memory, so every x load is a generic LD), and each row's weight, scale and high-bit pointers are
 // computed once per row group and advanced by constants (gemv_rs recomputes a 64-bit address, ~12
 // instructions, for every load). Same arithmetic and epilogues as gemv_rs; MoE routing included.
-// The body (the kernel below calls it; moe_gate_up in moe.cu too, after its own routing): roff is the rows'
-// offset in the object when eidx is null (the routing's, computed in the block; 0 for every other caller).
-template <int FMT, int ROWS, int M, int U, bool CONV>
-__device__ __forceinline__ void gemv_rs_pre_body(GEMV_RS_PARAMS, __half2* __restrict__ sxh, float* __restrict__ sxinv,
-                                                 int skpad, unsigned int* __restrict__ sslot, long long roff) {
+template <int FMT, int ROWS, int M, int U, bool CONV = false>
+__global__ void __launch_bounds__(256, (M == 1 && U == 2) ? (ROWS == 1 ? 5 : (ROWS == 2 && (FMT != FMT_Q5 || NI_XI16) ? 4 : 1)) : 1)
+gemv_rs_pre(GEMV_RS_PARAMS, __half2* __restrict__ sxh, float* __restrict__ sxinv, int skpad, unsigned int* __restrict__ sslot) {
   // sxh != nullptr (SwiGLU, one token, no split, no routing): the output row is also staged for the
   // next GEMV, as stage_x would: every block folds the largest |output| it wrote into sslot[0]
   // (atomicMax on the float bits), takes a ticket in sslot[1], and the last block stages the whole row
@@ -47,7 +45,7 @@ __device__ __forceinline__ void gemv_rs_pre_body(GEMV_RS_PARAMS, __half2* __rest
   const int je = min(js + u4_per_split, u4_per_row);
   const int iters = je - js > lane ? (je - js - lane + 31) >> 5 : 0;  // chunks j = js + lane + 32 i
   NI_PDL_ENTRY();
-  const long long row_off = eidx != nullptr ? (long long)eidx[z] * erows : roff;
+  const long long row_off = eidx != nullptr ? (long long)eidx[z] * erows : 0;
   float inv_sc[M];
   const float yw = routed_slot<M>(x, xinv, y, xz, yz, ywt, z, inv_sc);
   const DecodeK dk = decode_constants(gpr > 0 ? 1u : 0u);
@@ -146,18 +144,6 @@ __device__ __forceinline__ void gemv_rs_pre_body(GEMV_RS_PARAMS, __half2* __rest
     const float bmax = block_max(wrote, red);
     if (threadIdx.x == 0 && bmax > 0.f) atomicMax(sslot, __float_as_uint(bmax));
   }
-}
-
-// gemv_rs_pre's occupancy bound (blocks an SM), shared with moe_gate_up
-#define GEMV_PRE_MINB(FMT, ROWS, M, U) \
-  (((M) == 1 && (U) == 2) ? ((ROWS) == 1 ? 5 : ((ROWS) == 2 && ((FMT) != FMT_Q5 || NI_XI16) ? 4 : 1)) : 1)
-
-template <int FMT, int ROWS, int M, int U, bool CONV = false>
-__global__ void __launch_bounds__(256, GEMV_PRE_MINB(FMT, ROWS, M, U))
-gemv_rs_pre(GEMV_RS_PARAMS, __half2* __restrict__ sxh, float* __restrict__ sxinv, int skpad, unsigned int* __restrict__ sslot) {
-  gemv_rs_pre_body<FMT, ROWS, M, U, CONV>(base, high, scales, N, gpr, pair_stride, x, ldx, K, u4_per_split, y, ldy, epi,
-                                          xinv, eidx, erows, xz, yz, ywt, pf, conv_w, conv_st, conv_c, conv_base,
-                                          conv_rows, sxh, sxinv, skpad, sslot, 0);
 }
 
 #if !NI_PRE_SM80  // (cp.async: sm_80; the experimental module only)

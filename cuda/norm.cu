@@ -91,10 +91,8 @@ extern "C" __global__ void stage_x_amax(const float* __restrict__ x, int K, int 
   const float* __restrict__ x_in, float* __restrict__ x_out, const float* __restrict__ part, int S,           \
       int part_stride, const float* __restrict__ w, float* __restrict__ out, int H, float eps, int offset,    \
       __half2* __restrict__ xh, float* __restrict__ xinv, int kpad
-// FULL: every thread also writes its normed values of the whole row to `full` (shared memory; norm_route in
-// moe.cu reads the row back for the router), the same values as out.
-template <int VPT, int PU, bool FULL = false>
-__device__ __forceinline__ void residual_rmsnorm_body(RESIDUAL_RMSNORM_PARAMS, float* __restrict__ full = nullptr) {
+template <int VPT, int PU>
+__device__ __forceinline__ void residual_rmsnorm_body(RESIDUAL_RMSNORM_PARAMS) {
   __shared__ float red[64];
   __shared__ float slice[NORM_SLICE];
   const int m = blockIdx.y, bd = blockDim.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -138,13 +136,6 @@ __device__ __forceinline__ void residual_rmsnorm_body(RESIDUAL_RMSNORM_PARAMS, f
   mx = warp_max(lane < nwarp ? red[32 + lane] : 0.f);
   const float r = rsqrtf(ss / H + eps);
   const float sc = pow2_scale(mx * r);
-  if constexpr (FULL) {
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      const int k = threadIdx.x + i * bd;
-      if (k < H) full[k] = v[i] * r * wv[i];
-    }
-  }
   const int nch = kpad / 32, per = (nch + gridDim.x - 1) / gridDim.x;
   const int c0 = blockIdx.x * per, c1 = min(c0 + per, nch);
   const int k0 = c0 * 32, k1 = c1 * 32;
@@ -268,74 +259,6 @@ extern "C" __global__ void gated_rmsnorm_stage(const float* __restrict__ o, cons
     mx = fmaxf(mx, gated_head(o, z, ldz, w, out, ldo, Hv, eps, m, gw));
   const float sc = pow2_scale(block_max(mx, red));  // its barriers also publish the block's writes of out
   stage_slice(out + (size_t)m * ldo, K, 0, kpad / 32, xh + (size_t)m * kpad / 2, sc);
-  if (threadIdx.x == 0) xinv[m] = 1.f / sc;
-}
-
-// gated_rmsnorm_stage for at most 2 heads a warp (Hv <= 64 with 1,024 threads): both heads' loads issued
-// before either is used, the values kept in registers, and each pair of lanes staging its 8 values (one
-// 16-byte store of the octet's 4 pairs, the neighbour's 4 values by shuffles) once the block's largest |value|
-// is known: one dependent L2 round and one barrier fewer than gated_rmsnorm_stage, whose bits it writes
-// (the same arithmetic as gated_vals). Pairs in [K, kpad) are zeroed. CudaQwen35.GATED_STAGE2.
-__device__ __forceinline__ float4 gated_res(float4 ov, float4 zv, float4 wv, float eps) {
-  const float ss = warp_sum(ov.x * ov.x + ov.y * ov.y + ov.z * ov.z + ov.w * ov.w);
-  const float r = rsqrtf(ss / 128.f + eps);
-  float4 res;
-  res.x = ov.x * r * wv.x * silu(zv.x);
-  res.y = ov.y * r * wv.y * silu(zv.y);
-  res.z = ov.z * r * wv.z * silu(zv.z);
-  res.w = ov.w * r * wv.w * silu(zv.w);
-  return res;
-}
-
-extern "C" __global__ void __launch_bounds__(1024) gated_rmsnorm_stage2(
-    const float* __restrict__ o, const float* __restrict__ z, int ldz, const float* __restrict__ w,
-    float* __restrict__ out, int ldo, int Hv, float eps, int K, int kpad, __half2* __restrict__ xh,
-    float* __restrict__ xinv) {
-  NI_PDL_ENTRY();
-  __shared__ float red[32];
-  const int m = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  const int g0 = warp, g1 = warp + nw;
-  const bool h0 = g0 < Hv, h1 = g1 < Hv;
-  const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
-  const float4* o4 = reinterpret_cast<const float4*>(o + (size_t)m * Hv * 128);
-  const float4* z4 = reinterpret_cast<const float4*>(z + (size_t)m * ldz);
-  const float4 wv = reinterpret_cast<const float4*>(w)[lane];
-  const float4 o0 = h0 ? o4[g0 * 32 + lane] : zero, z0 = h0 ? z4[g0 * 32 + lane] : zero;
-  const float4 o1 = h1 ? o4[g1 * 32 + lane] : zero, z1 = h1 ? z4[g1 * 32 + lane] : zero;
-  const float4 r0 = gated_res(o0, z0, wv, eps), r1 = gated_res(o1, z1, wv, eps);
-  float mx = 0.f;
-  if (h0) {
-    reinterpret_cast<float4*>(out + (size_t)m * ldo + (size_t)g0 * 128)[lane] = r0;
-    mx = fmaxf(fmaxf(fabsf(r0.x), fabsf(r0.y)), fmaxf(fabsf(r0.z), fabsf(r0.w)));
-  }
-  if (h1) {
-    reinterpret_cast<float4*>(out + (size_t)m * ldo + (size_t)g1 * 128)[lane] = r1;
-    mx = fmaxf(mx, fmaxf(fmaxf(fabsf(r1.x), fabsf(r1.y)), fmaxf(fabsf(r1.z), fabsf(r1.w))));
-  }
-  const float sc = pow2_scale(block_max(mx, red));
-  uint4* dst = reinterpret_cast<uint4*>(xh + (size_t)m * kpad / 2);
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const float4 rv = hh == 0 ? r0 : r1;
-    const int gw = hh == 0 ? g0 : g1;
-    // the octet of lanes 2i, 2i + 1: values 0..3 here, 4..7 from the odd neighbour
-    const float n0 = __shfl_down_sync(0xffffffffu, rv.x, 1), n1 = __shfl_down_sync(0xffffffffu, rv.y, 1);
-    const float n2 = __shfl_down_sync(0xffffffffu, rv.z, 1), n3 = __shfl_down_sync(0xffffffffu, rv.w, 1);
-    if (gw < Hv && (lane & 1) == 0) {
-      const float v[8] = {rv.x, rv.y, rv.z, rv.w, n0, n1, n2, n3};
-      const int oc = gw * 16 + (lane >> 1), j = oc >> 2, c = oc & 3;  // octet, its chunk and slot
-      uint4 q;
-      q.x = stage_pack(v[stage_a(0)] * sc, v[stage_a(0) + STAGE_GAP] * sc);
-      q.y = stage_pack(v[stage_a(1)] * sc, v[stage_a(1) + STAGE_GAP] * sc);
-      q.z = stage_pack(v[stage_a(2)] * sc, v[stage_a(2) + STAGE_GAP] * sc);
-      q.w = stage_pack(v[stage_a(3)] * sc, v[stage_a(3) + STAGE_GAP] * sc);
-      dst[(j >> 5) * 128 + c * 32 + (j & 31)] = q;
-    }
-  }
-  for (int oc = K / 8 + threadIdx.x; oc < kpad / 8; oc += blockDim.x) {  // the padding
-    const int j = oc >> 2, c = oc & 3;
-    dst[(j >> 5) * 128 + c * 32 + (j & 31)] = make_uint4(0u, 0u, 0u, 0u);
-  }
   if (threadIdx.x == 0) xinv[m] = 1.f / sc;
 }
 

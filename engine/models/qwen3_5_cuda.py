@@ -256,10 +256,6 @@ class CudaQwen35(AttentionOps, MlpOps, SamplingOps):
     # layer against 7.1 + 4.6 alone). H200, session 12, in one process: 35B-A3B 430.0 / 430.0 tok/s against
     # 428.1 / 427.4 (NINFER_GDN_MERGE=0 for the two). Mixed formats (the 27B's q4 q|k, q5 v|z) keep two.
     GDN_MERGE = os.environ.get("NINFER_GDN_MERGE", "1") != "0"
-    # GDN decode: gated_rmsnorm_stage2 (2 heads a warp, both loaded before use, the row staged from registers: one
-    # L2 round and a barrier fewer, the same bits) with NINFER_GATED_STAGE2=1. Off: H200, session 12, in one
-    # process: 27B 146.6 / 146.6 tok/s either way, 35B-A3B 422.5 / 422.0 against 427.6 / 427.8.
-    GATED_STAGE2 = os.environ.get("NINFER_GATED_STAGE2", "0") != "0"
     # blocks a token row of the norms and stagings (each reduces the whole row, stages its slice)
     NORM_BLOCKS = int(os.environ.get("NINFER_NORM_BLOCKS", "16"))
     # rows of at most 2,048 values (the 35B-A3B): residual_rmsnorm_mb2, 8 partial planes a round of loads instead
@@ -270,37 +266,16 @@ class CudaQwen35(AttentionOps, MlpOps, SamplingOps):
     MOE_ROWS = False  # several token rows of an MoE model (the tensor-core prefill's own MoE ops)
     ARGMAX_BLOCKS = 64  # blocks a row of the greedy argmax over the vocabulary
 
-    def _norm(self, splits, w, route=None):
-        """x += split-K partials; xn = rmsnorm(x) (1 + w), also pre-staged as fp16 pairs for the GEMVs. route: the
-        MoE router (bf16 [E + 1, H]) whose logits and top-k the same launch computes (norm_route)."""
+    def _norm(self, splits, w):
+        """x += split-K partials; xn = rmsnorm(x) (1 + w), also pre-staged as fp16 pairs for the GEMVs."""
         if self.H > 8 * 1024:  # residual_rmsnorm_mb holds a row in registers: 8 values a thread
             raise NotImplementedError(f"hidden size {self.H} > 8192 in the CUDA norm kernel")
         x_in, x_out = self._res
         self._res = (x_out, x_in)
         name = "residual_rmsnorm_mb2" if self.NORM_MB2 and self.H <= 2 * 1024 else "residual_rmsnorm_mb"
-        args = (x_in, x_out, self.part, splits, self.M * self.H, w, self.xn, self.H, float(self.args.rms_norm_eps), 1,
-                self.xh_n, self.xinv_n, self.kpad_h)
-        if route is not None:
-            E, k = self.args.num_experts, self.topk
-            if getattr(self, "route_ticket", None) is None:
-                self.route_ticket = self.cp.zeros(1, dtype=self.cp.uint32)
-            name, args = "norm_route", args + (np.uint64(route.ptr(route.base)), route.n, self.rlog, E, k, self.eidx,
-                                               self.ewts, self.route_ticket)
-        return K.prepared(name, (self.NORM_BLOCKS, self.M), args, block=1024)
-
-    # MoE decode: the post-attention norm, the router GEMV and the top-k in one launch (norm_route in cuda/moe.cu),
-    # the routed gate|up then beside the shared one, with NINFER_NORM_ROUTE=1 (one token, H <= 2,048, a bf16
-    # router of at most 32 rows a norm block, moe_down on). Off: H200, session 12, in one process: 35B-A3B 423.6 /
-    # 423.6 tok/s against 430.3 / 430.5 (the norm's blocks then wait on the router rows and the last block's
-    # ranking, where the router GEMV had run beside the shared gate|up).
-    NORM_ROUTE = os.environ.get("NINFER_NORM_ROUTE", "0") != "0"
-
-    def _norm_route_ok(self, L) -> bool:
-        rw = L.get("router")
-        return (self.NORM_ROUTE and self.args.is_moe and self.M == 1 and rw is not None and rw.fmt == "bf16"
-                and self.H <= 2048 and self.H % 8 == 0 and -(-rw.n // self.NORM_BLOCKS) <= 32
-                and self.topk <= 32 and self.args.num_experts <= 512 and not self.MOE_ROUTE_FUSED
-                and not self.MOE_ROUTE_GU and self._moe_down_op(L["experts_down"], L["shared_down"]) is not None)
+        return K.prepared(name, (self.NORM_BLOCKS, self.M),
+                          (x_in, x_out, self.part, splits, self.M * self.H, w, self.xn, self.H,
+                           float(self.args.rms_norm_eps), 1, self.xh_n, self.xinv_n, self.kpad_h), block=1024)
 
     # GDN decode without the gdn_prep launch: the q|k and v projections' epilogue applies the causal conv and
     # SiLU (EPI_CONV), gdn_delta_raw the q/k norms and the gates; NINFER_GDN_PREP_FUSED=0 for the launch.
@@ -318,10 +293,11 @@ class CudaQwen35(AttentionOps, MlpOps, SamplingOps):
 
     def _gated_norm(self, L, ldb, zoff, att_stage, buf_b=None):
         """GDN output: gated norm and the o-projection's staging in one launch (one block a token row); z at
-        column zoff of buf_b (self.buf_b unless given)."""
+        column zoff of buf_b (self.buf_b unless given). (A form with 2 heads a warp staged from registers, the same
+        bits, measured flat on the 27B and slower on the 35B-A3B in session 12: 422.3 against 427.7 tok/s; in git
+        history at 018601e, gated_rmsnorm_stage2.)"""
         buf_b = self.buf_b if buf_b is None else buf_b
-        name = "gated_rmsnorm_stage2" if self.GATED_STAGE2 and self.Hv <= 64 else "gated_rmsnorm_stage"
-        return K.prepared(name, (self.M,),
+        return K.prepared("gated_rmsnorm_stage", (self.M,),
                           (self.att2, buf_b[:, zoff:], ldb, L["norm"], self.att, self.att.shape[1], self.Hv,
                            float(self.args.rms_norm_eps)) + att_stage, block=1024)
 
@@ -430,10 +406,9 @@ class CudaQwen35(AttentionOps, MlpOps, SamplingOps):
                                      (self.xh_att, self.xinv_att))
             ops.extend(core)
             ops.append(o_plan.launch)
-            routed_in_norm = self.args.is_moe and self._norm_route_ok(L)
-            ops.append(self._norm(o_plan.splits, L["post_norm"], route=L["router"] if routed_in_norm else None))
+            ops.append(self._norm(o_plan.splits, L["post_norm"]))
             if self.args.is_moe:
-                ops.extend(self._moe_ops(L, xn, routed_in_norm))
+                ops.extend(self._moe_ops(L, xn))
                 prev_splits = self._moe_splits()
             else:
                 ffn, prev_splits = self._ffn_ops(L, xn)

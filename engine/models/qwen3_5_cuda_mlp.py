@@ -24,13 +24,10 @@ class MlpOps:
     # with NINFER_MOE_ROUTE_FUSED=1. Off: H200, session 12, in one process: 35B-A3B 421.1 / 421.2 tok/s against
     # 423.1 / 423.0.
     MOE_ROUTE_FUSED = os.environ.get("NINFER_MOE_ROUTE_FUSED", "0") != "0"
-
-    # MoE decode: the top-k routing inside the routed gate|up (moe_gate_up in cuda/moe.cu: every block ranks the
-    # router logits itself, then runs gemv_rs_pre's body on its slot's expert) instead of a moe_route launch
-    # between the router GEMV and the gate|up, with NINFER_MOE_ROUTE_GU=1. Off: H200, session 12, in one process:
-    # 35B-A3B 426.7 / 426.4 tok/s against 427.8 / 427.7 (the ranking before the weight loads costs what the
-    # launch saved); bit-identical to moe_route + gemv_rs_pre (tests/gpu).
-    MOE_ROUTE_GU = os.environ.get("NINFER_MOE_ROUTE_GU", "0") != "0"
+    # (Session 12 also measured the top-k inside every block of the routed gate|up, `moe_gate_up`: 426.6 against
+    # 427.8 tok/s, and the router + top-k inside the post-attention norm, `norm_route`: 423.6 against 430.4; both
+    # bit-exact or within their tests, both slower, removed; in git history at 018601e, NINFER_MOE_ROUTE_GU and
+    # NINFER_NORM_ROUTE.)
 
     # MoE decode: the routed experts' gate|up through gemv_rs_pre (x through the read-only path, row pointers
     # advanced by constants; faster than gemv_rs on most of the 27B's shapes with int16 x) with
@@ -72,10 +69,9 @@ class MlpOps:
                            np.uint64(sd.ptr(sd.base)), np.uint64(sd.ptr(sd.high)), np.uint64(sd.ptr(sd.scales)),
                            sd.gpr, self.act, sd.k, H, dn.k, self.part, self.M * H, self.ewts, k))
 
-    def _moe_ops(self, L, xn, routed_in_norm=False):
+    def _moe_ops(self, L, xn):
         """Router -> top-k on the device -> routed experts (grid.z = slot) writing weighted partials
-        part[0..k), shared expert into part[k]; the next norm sums the k + 1 partials. routed_in_norm: the norm
-        before computed the router logits and the top-k (norm_route; moe_down on)."""
+        part[0..k), shared expert into part[k]; the next norm sums the k + 1 partials."""
         E, k, H, ie = self.args.num_experts, self.topk, self.H, self.inter_e
         rw = L["router"]
         if self.MOE_ROUTE_FUSED and rw.fmt == "bf16" and rw.k % 8 == 0:
@@ -91,22 +87,8 @@ class MlpOps:
         gu1, dn1 = gu.row_slice(0, 2 * ie), dn.row_slice(0, H)  # expert 0's rows (the kernel offsets by eidx)
         routed = [GemvPlan(gu1, self.xn, H, self.act_e, ie, epi="swiglu", unroll=2, xpre=xn, pre2=self.MOE_PRE2,
                            experts=(self.eidx, 2 * ie, 0, ie, None, k)).launch]
-        if self.MOE_ROUTE_GU and self.M == 1 and not self.MOE_ROUTE_FUSED and gu.fmt in K.FMT_IDS \
-                and gu.fmt != "q8_g32_fp16" and k <= 32 and E <= 512:
-            # the router GEMV alone on the main branch; moe_gate_up ranks its logits
-            plan = GemvPlan(gu1, self.xn, H, self.act_e, ie, epi="swiglu", unroll=2, xpre=xn, pre2=True,
-                            experts=(None, 2 * ie, 0, ie, None, k))
-            if plan.pre2:
-                route = route[:1]
-                name = f"moe_gate_up<{K.FMT_IDS[gu.fmt]},2,2>"
-                routed = [K.Launch(K.kernel(name), plan.grid, K.WARPS * 32,
-                                   plan.args + (np.uint64(self.rlog.data.ptr), np.int32(E), np.int32(k),
-                                                np.uint64(self.eidx.data.ptr), np.uint64(self.ewts.data.ptr)),
-                                   plan.smem, name=name)]
         shared_gu = self._gemv(L["shared_gu"], self.xn, self.act, epi="swiglu", xpre=xn)
         down = self._moe_down_op(dn, L["shared_down"])
-        if down is not None and routed_in_norm:  # the routed gate|up beside the shared one, then the downs
-            return self._concurrent(routed, [shared_gu]) + [down]
         if down is not None:  # routed gate|up, then every down-projection in one launch
             return self._concurrent(route, [shared_gu]) + routed + [down]
         if self.MOE_STAGE:

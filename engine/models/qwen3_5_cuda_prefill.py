@@ -197,12 +197,12 @@ class CudaQwen35Prefill(PrefillWeights16, PrefillMoeOps, CudaQwen35Columns):
     # half the bytes for the GEMM to write and the SwiGLU pass to read; NINFER_PREFILL_GU16=0: fp32.
     GU16 = os.environ.get("NINFER_PREFILL_GU16", "1") != "0"
 
-    def _norm(self, splits, w, route=None):
+    def _norm(self, splits, w):
         H = self.H
         if self._residual_in_place():  # (the final norm, the decode step's kernel, writes the other buffer)
             self._res = (self.x, self.x2) if w is self.final_norm else (self.x, self.x)
-        if route is not None or not self.NORM16 or w is self.final_norm or H % 4 or H > 4 * 256 * 8:
-            return super()._norm(splits, w, route)
+        if not self.NORM16 or w is self.final_norm or H % 4 or H > 4 * 256 * 8:
+            return super()._norm(splits, w)
         x_in, x_out = self._res
         self._res = (x_out, x_in)
         args = (x_in, x_out, self.part, splits, self.M * H, w, self.xn if self.args.is_moe else np.uint64(0))

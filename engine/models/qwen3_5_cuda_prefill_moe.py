@@ -27,7 +27,7 @@ class PrefillMoeOps:
         self._swiglu(gu.n // 2, n, self.act)
         self._matmul(dn, self.act, y, y.shape[1], rows=n)
 
-    def _moe_ops(self, L, xn, routed_in_norm=False):
+    def _moe_ops(self, L, xn):
         """The chunk's MoE block (`_moe_chunk`): router GEMM and top-k, the (token, slot) pairs grouped by
         expert on the device, every expert's weights dequantized in one launch, the experts' GEMMs, the
         weighted sum back into token rows; the shared expert as plain GEMMs. All of it lands in partial

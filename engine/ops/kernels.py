@@ -169,7 +169,6 @@ def _names(experimental: bool = False) -> list[str]:
     names += [f"gemv_bf16<{m}>" for m in GEMV_M]
     names += [f"router_route<{m}>" for m in GEMV_M]
     names += list(MOE_DOWN_NAMES)
-    names += [f"moe_gate_up<{f},2,2>" for f in range(3)]  # routed gate|up with the routing (q4-q6, SwiGLU pairs)
     names += [f"embed_rs<{f}>" for f in range(4)]
     names += [f"dequant_rs<{f}>" for f in range(4)]
     names += [f"attn_decode_split<{g},{kv8}>" for g in ATTN_GROUPS for kv8 in ("false", "true")]

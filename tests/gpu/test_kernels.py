@@ -84,7 +84,7 @@ def test_residual_rmsnorm_and_gated(cp):
     check("gated_rmsnorm", go.get()[:, : hv * 128],
           ref.gated_rmsnorm(o, z.reshape(m, hv, 128), gw, 1e-6).reshape(m, -1), **ELEM)
     # fused with the staging: the same rows, and the pairs stage_x_mb writes from them
-    for hv2 in (5, 48, 64):  # 48, 64 heads: more than the 32 warps of the block
+    for hv2 in (5, 48):  # 48 heads: more than the 32 warps of the block
         o2 = RNG.standard_normal((m, hv2, 128)).astype(np.float32)
         z2 = RNG.standard_normal((m, hv2 * 128)).astype(np.float32)
         k2 = hv2 * 128
@@ -99,14 +99,6 @@ def test_residual_rmsnorm_and_gated(cp):
         xh4, xinv4 = cp.zeros_like(xh3), cp.zeros_like(xinv3)
         K.prepared("stage_x_mb", (3, m), (g2, ld2, k2, kp2, xh4, kp2 // 2, xinv4), block=1024)()
         assert np.array_equal(xh3.get(), xh4.get()) and np.array_equal(xinv3.get(), xinv4.get())
-        # gated_rmsnorm_stage2 (2 heads a warp, staged from registers): the same bits, its padding pairs zeroed
-        g5 = poisoned(cp, (m, ld2))
-        xh5 = cp.asarray(np.full((m, kp2 // 2), 0xFFFFFFFF, np.uint32))
-        xinv5 = cp.zeros_like(xinv3)
-        K.prepared("gated_rmsnorm_stage2", (m,), (cp.asarray(o2), cp.asarray(z2), k2, cp.asarray(gw), g5, ld2, hv2,
-                                                  1e-6, k2, kp2, xh5, xinv5), block=1024)()
-        assert np.array_equal(g5.get()[:, :k2], g2.get()[:, :k2])
-        assert np.array_equal(xh5.get(), xh3.get()) and np.array_equal(xinv5.get(), xinv3.get())
 
 
 def test_gdn_step(cp):

@@ -1,8 +1,7 @@
 """moe_down (cuda/moe.cu): the MoE decode's routed down-projections (grid.z = slot, the expert id read on the
 device) and the shared expert's in one launch, each slot's weighted output in its own partial plane, against
 the exact decode of the same codes in float64 (the LINEAR preset of spec/testing.md); fp32 products and int16
-pairs with dp2a (a scale per chunk of x), rows 2-4 a half-warp, rows past N (200) in the last block. Also
-norm_route (the MoE block's input norm, router and top-k in one launch) against the three kernels it replaces."""
+pairs with dp2a (a scale per chunk of x), rows 2-4 a half-warp, rows past N (200) in the last block."""
 import numpy as np
 import pytest
 
@@ -48,42 +47,3 @@ def test_moe_down(cp, fr, fs, n, k, sk, rows, i16):
         check(f"{fr} slot {z}", got[z, 0], want, **LINEAR)
     check(f"{fs} shared", got[slots, 0], wts[0, slots] * (qs @ act[0, :sk].astype(np.float64)), **LINEAR)
     assert np.isnan(got[slots + 1]).all()  # nothing past the shared plane
-
-
-@pytest.mark.parametrize("h,e,k,s", [(2048, 256, 8, 1), (2048, 256, 8, 2), (512, 8, 2, 1)])
-def test_norm_route(cp, h, e, k, s):
-    """norm_route against residual_rmsnorm_mb2 -> gemv_bf16 -> moe_route: the residual, the normed row and its
-    staged pairs bit-identical; the logits within fp32 rounding (another summation order); the same experts with
-    the same weights; the ticket back at zero."""
-    from engine.gpu_weights import upload_matrix
-    from engine.ops import kernels as K
-
-    nb, kpad = 16, -(-h // K.XPAD) * K.XPAD
-    x = cp.asarray(RNG.standard_normal((1, h)).astype(np.float32))
-    part = cp.asarray(RNG.standard_normal((s, 1, h)).astype(np.float32))
-    w = cp.asarray(RNG.standard_normal(h).astype(np.float32) * 0.1)
-    rw = upload_matrix(cp, "bf16", RNG.standard_normal((e + 1, h)).astype(np.float32) / np.sqrt(h))
-    got = {}
-    for fused in (False, True):
-        xo, xn = poisoned(cp, (1, h)), poisoned(cp, (1, h))
-        xh, xinv = cp.zeros((1, kpad // 2), dtype=cp.uint32), cp.zeros(1, dtype=cp.float32)
-        logits, idx, wts = poisoned(cp, (1, e + 1)), cp.zeros((1, k), cp.int32), poisoned(cp, (1, k + 1))
-        args = (x, xo, part, s, h, w, xn, h, 1e-6, 1, xh, xinv, kpad)
-        if fused:
-            ticket = cp.zeros(1, dtype=cp.uint32)
-            K.prepared("norm_route", (nb, 1), args + (np.uint64(rw.ptr(rw.base)), e + 1, logits, e, k, idx, wts, ticket),
-                       block=1024)()
-            assert int(ticket.get()[0]) == 0
-        else:
-            K.prepared("residual_rmsnorm_mb2", (nb, 1), args, block=1024)()
-            K.prepared("gemv_bf16<1>", (-(-(e + 1) * K.WARPS // K.WARPS),),
-                       (np.uint64(rw.ptr(rw.base)), e + 1, h, xn, h, logits, e + 1, 0, K.WARPS))()
-            K.prepared("moe_route", (1,), (logits, e + 1, e, k, idx, wts, k + 1))()
-        got[fused] = [a.get() for a in (xo, xn, xh, xinv, logits, idx, wts)]
-    a, b = got[False], got[True]
-    assert all(np.array_equal(p, q) for p, q in zip(a[:4], b[:4]))  # residual, normed row, pairs, scale
-    assert np.abs(a[4] - b[4]).max() <= 1e-5 * (1 + np.abs(a[4]).max())
-    order_a, order_b = np.argsort(a[5][0]), np.argsort(b[5][0])
-    assert np.array_equal(a[5][0][order_a], b[5][0][order_b])
-    assert np.abs(a[6][0][:k][order_a] - b[6][0][:k][order_b]).max() < 1e-5
-    assert abs(a[6][0][k] - b[6][0][k]) < 1e-6
