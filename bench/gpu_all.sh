@@ -16,6 +16,8 @@
 # the L2 warm-up it measured, at 741ff0c; those of sessions 8-10, s8 / s8d / s9 / s10 / s11 / fin8 / fin9 /
 # gsplit / prep / s12-s16 / fin10 / mma / base / s10a-s10e, which bench/NOTES-decode.md cites, at 56b24ea; session
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
+#   next: attn_decode_mma's raw-K int8 form (NINFER_ATTN_KRAW, off until measured): its tests, the 27B at depth 32768
+#         (int8 KV) A/B in one process, then `ninfer bench` there with the better mode (next session's first call).
 #   xi16: the int16-x GEMV decode (NINFER_XI16=1, dp2a) against the fp16 one: both modules compiled, the GEMV,
 #         engine and prefill tests with int16 x, then decode 27B + 35B a process a mode (0 1 0 1; breakdown with
 #         1), then the GEMV sweep with int16 x.
@@ -28,7 +30,7 @@
 #   s11d: the 35B-A3B's breakdown on the defaults (W8_PRE), then the GEMV sweep of its shapes and its decode with
 #         the sweep's choices.
 #   s11e: the kernel and engine tests on the session's last commit (the shared test setup, staged_case).
-# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | probe | ncu_mma | ppchunk | xi16 | s11b | s11c | s11d | s11e
+# Usage (GPU machine, repo root): bash bench/gpu_all.sh main | final | quick | exp | ab | fin7 | probe | ncu_mma | ppchunk | next | xi16 | s11b | s11c | s11d | s11e
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.cupy_cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -68,12 +70,13 @@ gpu_pytest() {
     { echo "== retry $attempt"; cat "$out.retry"; } >> "$out"
   done
 }
-# the best in-process A/B variant of a gpu_decode.py --attr report (its mean over the passes) as NINFER_ variables
+# the best in-process A/B variant of a gpu_decode.py --attr report (its mean over the passes) as NINFER_ variables;
+# $2: which of the report's decode entries (0: the first geometry at depth 0; with --depth, 1: int8 at that depth)
 best_attr_env() {
-  python3 - "$1" <<'PY'
+  python3 - "$1" "${2:-0}" <<'PY'
 import json, sys
 try:
-    v = json.load(open(sys.argv[1]))["decode"][0]["attr_variants"]
+    v = json.load(open(sys.argv[1]))["decode"][int(sys.argv[2])]["attr_variants"]
     best = max(v, key=lambda k: sum(v[k]) / len(v[k]))
     print(" ".join(f"NINFER_{p}" for p in best.split(";")) if best != "base" else "")
 except Exception:
@@ -273,6 +276,19 @@ timeout 90 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --depth 32768 --o
   | grep -E "PDL|rror" | head -6
 log "GEMV sweep (27B shapes)"
 timeout 120 python3 bench/gpu_decode.py --sweep --out "$OUT/sweep.json" 2>&1 | grep -E "best|rror" | head -24
+fi
+if [ "$PART" = next ]; then  # next session's first call: attn_decode_mma's raw-K int8 form (written after session 12's device time)
+ready
+log "tests: decode attention int8 (every form, the raw-K one included), the engine with ATTN_KRAW"
+gpu_pytest "$OUT/gpu_tests_kraw.txt" tests/gpu/test_kernels.py tests/gpu/test_gpu_engine.py -k "attention_decode and int8 or raw_k"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_kraw.txt" | tail -10
+log "27B at depth 32768, int8 KV: ATTN_KRAW=1 A/B in one process"
+timeout 240 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --depth 32768 --attr="base,ATTN_KRAW=1" \
+  --out "$OUT/decode_kraw.json" 2>&1 | grep -E "PDL|attr|rror" | head -12
+BEST=$(best_attr_env "$OUT/decode_kraw.json" 1)
+log "27B tg128 at depth 32768, int8 KV (env: ${BEST:-defaults})"
+env $BEST timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -d 32768 --kv int8 -r 2 \
+  -o json --out "$OUT/tg128_d32768_kraw.json" 2>&1 | grep -E "^\||rror" | tail -3
 fi
 if [ "$PART" = xi16 ]; then
 ready

@@ -128,11 +128,13 @@ __device__ __forceinline__ void adm_issue(unsigned dst, const unsigned short* __
   }
 }
 
-// int8: a raw stage's codes times their scales into the warp's fp16 K and V tiles (two rows a step).
+// int8: a raw stage's codes times their scales into the warp's fp16 K and V tiles (two rows a step); KV0 = 1:
+// the V tile only (KRAW: K is read raw by the MMAs).
+template <int KV0 = 0>
 __device__ __forceinline__ void adm_decode(unsigned short* tile, const unsigned char* raw, int lane) {
   const int c = lane & 15;
 #pragma unroll
-  for (int kv = 0; kv < 2; ++kv) {
+  for (int kv = KV0; kv < 2; ++kv) {
 #pragma unroll 4
     for (int i = 0; i < 8; ++i) {
       const int r = 2 * i + (lane >> 4);
@@ -152,7 +154,12 @@ __device__ __forceinline__ void adm_decode(unsigned short* tile, const unsigned 
 }
 #endif
 
-template <int G, bool KV8, int W, int NS>
+// KRAW (int8 only): K never becomes an fp16 tile. Q is staged with its 256 dims permuted so that the B
+// fragment of k-step kk for quad t4 is the 4 contiguous codes at dim 64 (kk / 4) + 16 t4 + 4 (kk % 4) (one
+// 16-byte shared load a row covers a 64-dim group's 4 k-steps); each code pair is PRMT-ed to the fp16 pair
+// 1152 + code (exact), S accumulates a 64-dim group at a time, and S = sum over the 4 groups of the token's
+// group scale x (S_group - 1152 x the group's sum of the staged Q row). V is decoded as before.
+template <int G, bool KV8, int W, int NS, bool KRAW = false>
 __global__ void __launch_bounds__(32 * W) attn_decode_mma(ATTN_DECODE_PARAMS) {
 #if NI_PRE_SM80  // below sm_80: never launched (kernels.mma_ok)
   __trap();
@@ -163,6 +170,8 @@ __global__ void __launch_bounds__(32 * W) attn_decode_mma(ATTN_DECODE_PARAMS) {
   static_assert(W * 16 * 258 * 4 <= ADM_SMEM_OF(KV8, W, NS), "merge room");
   constexpr int T = 32 * W, RT = 16 * W;  // threads; tokens a round
   constexpr bool BF = !KV8;  // MMA inputs: bf16 for a bf16 cache, fp16 for int8 codes x scales
+  constexpr bool KR = KV8 && KRAW;
+  static_assert(!KRAW || KV8, "raw K codes: int8 caches only");
   constexpr float LOG2E = 1.4426950408889634f;
   extern __shared__ __align__(16) unsigned short adm_smem[];
   NI_PDL_ENTRY();
@@ -195,9 +204,34 @@ __global__ void __launch_bounds__(32 * W) attn_decode_mma(ATTN_DECODE_PARAMS) {
     uint2 p;
     p.x = fa_pack<BF>(v.x * scale, v.y * scale);
     p.y = fa_pack<BF>(v.z * scale, v.w * scale);
-    *reinterpret_cast<uint2*>(Qs + r * ADM_LD + c) = p;
+    if constexpr (KR) {  // dims c..c+3 = 64 gq + 16 t + 4 j: k-step 4 gq + j, columns 2t, 2t + 1 and 2t + 8, 2t + 9
+      const int gq = c >> 6, t = (c >> 4) & 3, j = (c >> 2) & 3, col = (4 * gq + j) * 16 + 2 * t;
+      *reinterpret_cast<unsigned*>(Qs + r * ADM_LD + col) = p.x;
+      *reinterpret_cast<unsigned*>(Qs + r * ADM_LD + col + 8) = p.y;
+    } else {
+      *reinterpret_cast<uint2*>(Qs + r * ADM_LD + c) = p;
+    }
   }
   __syncthreads();
+  float qs_a[4], qs_b[4];  // KR: 1152 x the sum of the staged Q of rows g and g + 8 over each 64-dim group
+  if constexpr (KR) {
+    __shared__ float qsum[16][4];
+    if (tid < 64) {
+      const int r = tid >> 2, gq = tid & 3;
+      float t = 0.f;
+      for (int d = 0; d < 64; d += 2) {
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(Qs + r * ADM_LD + 64 * gq + d));
+        t += f.x + f.y;
+      }
+      qsum[r][gq] = 1152.f * t;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int gq = 0; gq < 4; ++gq) {
+      qs_a[gq] = qsum[g][gq];
+      qs_b[gq] = qsum[g + 8][gq];
+    }
+  }
 
   float o[32][4];
 #pragma unroll
@@ -219,7 +253,10 @@ __global__ void __launch_bounds__(32 * W) attn_decode_mma(ATTN_DECODE_PARAMS) {
     adm_cp_wait<NS - 1>();  // this lane's copies of round i have landed
     __syncwarp();           // ... and every lane's
     unsigned koff = 0;      // bf16: the stage's tiles relative to Ks
-    if constexpr (KV8) {
+    if constexpr (KR) {
+      adm_decode<1>(Ks, wbase + st * ADM_RAW, lane);
+      __syncwarp();
+    } else if constexpr (KV8) {
       adm_decode(Ks, wbase + st * ADM_RAW, lane);
       __syncwarp();
     } else {
@@ -228,13 +265,46 @@ __global__ void __launch_bounds__(32 * W) attn_decode_mma(ATTN_DECODE_PARAMS) {
     float s[2][4];
 #pragma unroll
     for (int n = 0; n < 2; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    if constexpr (KR) {
+      const unsigned char* raw = wbase + st * ADM_RAW;
+      const __half* ksc = reinterpret_cast<const __half*>(raw + 8192);  // [16 rows][4 groups]
 #pragma unroll
-    for (int kk = 0; kk < 16; ++kk) {
-      unsigned a[4], b[4];
-      fa_ldsm_x4(a, qa + kk * 32);
-      fa_ldsm_x4(b, ka + koff + kk * 32);
-      fa_mma<BF>(s[0], a, b[0], b[1]);
-      fa_mma<BF>(s[1], a, b[2], b[3]);
+      for (int gq = 0; gq < 4; ++gq) {
+        float sg[2][4];
+#pragma unroll
+        for (int n = 0; n < 2; ++n) sg[n][0] = sg[n][1] = sg[n][2] = sg[n][3] = 0.f;
+        uint4 kw[2];  // tokens g and 8 + g: the group's 16 codes of quad t4
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+          kw[n] = *reinterpret_cast<const uint4*>(raw + (8 * n + g) * 256 + 64 * gq + 16 * t4);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          unsigned a[4];
+          fa_ldsm_x4(a, qa + (4 * gq + j) * 32);
+#pragma unroll
+          for (int n = 0; n < 2; ++n) {
+            const unsigned u = (j == 0 ? kw[n].x : j == 1 ? kw[n].y : j == 2 ? kw[n].z : kw[n].w) ^ 0x80808080u;
+            fa_mma<false>(sg[n], a, __byte_perm(u, 0x64646464u, 0x4140), __byte_perm(u, 0x64646464u, 0x4342));
+          }
+        }
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int tok = 8 * n + 2 * t4 + (e & 1);
+            const float sc = __half2float(ksc[tok * 4 + gq]);
+            s[n][e] += sc * (sg[n][e] - (e < 2 ? qs_a[gq] : qs_b[gq]));
+          }
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < 16; ++kk) {
+        unsigned a[4], b[4];
+        fa_ldsm_x4(a, qa + kk * 32);
+        fa_ldsm_x4(b, ka + koff + kk * 32);
+        fa_mma<BF>(s[0], a, b[0], b[1]);
+        fa_mma<BF>(s[1], a, b[2], b[3]);
+      }
     }
     const int nv = t1 - tb;  // valid tokens of the warp's 16 (token 0 is: the maxima stay finite)
     fa_softmax_tile(s, o, m_a, m_b, l_a, l_b, [&](int n, int e, float& sa, float& sb) {

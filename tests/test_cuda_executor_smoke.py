@@ -422,6 +422,31 @@ def test_attention_on_tensor_cores_plumbing(cp, monkeypatch):
         K.attn_mma_form(True, 227 * 1024, pick=3)
 
 
+def test_attention_raw_k_plumbing(cp, monkeypatch):
+    """NINFER_ATTN_KRAW (off by default): an int8 cache on the first attn_decode_mma form takes its raw-K
+    instantiation (same grid, block and shared memory); bf16 caches and the smaller forms keep theirs."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+    from engine.ops import kernels as K
+
+    assert not CudaQwen35.ATTN_KRAW
+    monkeypatch.setattr(CudaQwen35, "ATTN_MMA", True)
+    monkeypatch.setattr(K, "ATTN_MMA_AUTO", 3)
+    cfg = dict(CFG, num_attention_heads=12, num_key_value_heads=2)
+    args, w = _weights(cfg)
+    assert K.attn_mma_kraw_name(6) in K._names()
+    for kraw, limit, kv, want in ((True, 227 * 1024, "int8", "attn_decode_mma<6,true,4,4,true>"),
+                                  (False, 227 * 1024, "int8", "attn_decode_mma<6,true,4,4>"),
+                                  (True, 227 * 1024, "bf16", "attn_decode_mma<6,false,4,3>"),
+                                  (True, 163 * 1024, "int8", "attn_decode_mma<6,true,4,2>")):
+        monkeypatch.setattr(CudaQwen35, "ATTN_KRAW", kraw)
+        monkeypatch.setattr(K, "smem_optin", functools.cache(lambda limit=limit: limit))
+        ex = build_engine(args, w, cfg, max_context=256, prefill_cols=8, prefill_gemm=0, kv=kv).model.executor
+        att = [op for op in _flat(ex.ops) if getattr(op, "name", "").startswith("attn_decode")]
+        assert att and {op.name for op in att} == {want}, (kraw, limit, kv, {op.name for op in att})
+        assert all(op.smem == K.attn_mma_smem(kv == "int8", *K.attn_mma_form(kv == "int8", limit)) for op in att)
+
+
 def test_attention_query_group_cut_plumbing(cp, monkeypatch):
     """NINFER_ATTN_GSPLIT: the decode attention takes attn_decode_split<G / GS, KV8, GS> over Hkv GS blocks a
     split where that cut is compiled (kernels.ATTN_GSPLIT), the one-block kernel elsewhere."""

@@ -46,6 +46,11 @@ class AttentionOps:
     # Which attn_decode_mma form (an index into kernels.ATTN_MMA_FORMS[int8 KV]): -1 the first that fits the
     # device's shared memory; 1 and 2 (the A100-class and 99 KB forms) can be tried on an H200 this way.
     ATTN_MMA_FORM = int(os.environ.get("NINFER_ATTN_MMA_FORM", "-1"))
+    # int8 KV: K's codes straight into the MMAs (attn_decode_mma<..., true>: Q staged with a dim permutation, the
+    # codes PRMT-ed to 1152 + code, the group scales and offsets applied to the scores; only V is decoded to fp16),
+    # with NINFER_ATTN_KRAW=1 where the first int8 form runs. Written after session 12's device time: off until
+    # measured (dev/emu_attn_kraw.py checks the permutation and the combine; tests/gpu: test_attention_decode).
+    ATTN_KRAW = os.environ.get("NINFER_ATTN_KRAW", "0") != "0"
 
     def _attn_mma(self):
         """(kernel name, threads, dynamic shared memory) of the attn_decode_mma form the decode attention runs,
@@ -59,6 +64,8 @@ class AttentionOps:
         if form is None:
             return None
         w, ns = form
+        if kv8 and self.ATTN_KRAW and (w, ns) == K.ATTN_MMA_FORMS[True][0]:
+            return K.attn_mma_kraw_name(g), 32 * w, K.attn_mma_smem(kv8, w, ns)
         return f"attn_decode_mma<{g},{str(kv8).lower()},{w},{ns}>", 32 * w, K.attn_mma_smem(kv8, w, ns)
 
     def _alloc_attention(self):

@@ -69,6 +69,13 @@ def attn_mma_smem(kv8: bool, w: int, ns: int) -> int:
     return 16 * 264 * 2 + w * (ns * raw + tile if kv8 else ns * tile)
 
 
+def attn_mma_kraw_name(g: int) -> str:
+    """attn_decode_mma's raw-K int8 form (KRAW: the codes into the MMAs, scales on the scores), compiled for the
+    first int8 form only."""
+    w, ns = ATTN_MMA_FORMS[True][0]
+    return f"attn_decode_mma<{g},true,{w},{ns},true>"
+
+
 def attn_mma_form(kv8: bool, limit: int, pick: int = -1):
     """(W, NS) of the attn_decode_mma form to run with `limit` bytes of shared memory a block (the first
     ATTN_MMA_AUTO entries of ATTN_MMA_FORMS; `pick` >= 0: only that entry), or None when none fits."""
@@ -176,6 +183,7 @@ def _names(experimental: bool = False) -> list[str]:
     names += [f"attn_decode_split<{g},{kv8},{gs}>" for g, gs in ATTN_GSPLIT for kv8 in ("false", "true")]
     names += [f"attn_decode_mma<{g},{str(kv8).lower()},{w},{ns}>" for g in ATTN_MMA_G for kv8 in (False, True)
               for w, ns in ATTN_MMA_FORMS[kv8]]
+    names += [attn_mma_kraw_name(g) for g in ATTN_MMA_G]  # the raw-K int8 form (the H100/H200 one)
     names += [f"gdn_delta_rows<{r}>" for r in GDN_DELTA_ROWS]
     names += [f"gdn_chunk_scan<{rb}>" for rb in GDN_SCAN_RB]
     names += [f"attn_prefill_fa<{w},{kv8}>" for w in (4, 8) for kv8 in ("false", "true")]  # warps, int8 KV

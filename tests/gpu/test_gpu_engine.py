@@ -415,6 +415,35 @@ def test_attention_on_tensor_cores_matches_the_split_kernel(monkeypatch):
     assert agree >= len(errs) - 2, agree
 
 
+def test_attention_raw_k_matches_the_decoded_k(monkeypatch):
+    """NINFER_ATTN_KRAW=1 (int8 KV: K's codes into the MMAs, the group scales on the scores) on a model with the
+    27B's grouping: the logits after a 150-token prefill and over 40 teacher-forced steps close to
+    attn_decode_mma's decoded-K form (which rounds code x scale to fp16), and the same greedy choices there."""
+    from engine import gpu_weights
+    from engine.config import ModelArgs
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+    from engine.ops import kernels as K
+
+    cfg = dict(CFG, num_attention_heads=12, num_key_value_heads=2)
+    args = ModelArgs.from_config(cfg)
+    w = gpu_weights.from_logical(args, quantized_weights(args))
+    rng = np.random.default_rng(11)
+    prompt = [int(t) for t in rng.integers(0, cfg["vocab_size"], 150)]
+    forced = [int(t) for t in rng.integers(0, cfg["vocab_size"], 40)]
+    out = {}
+    for kraw in (False, True):
+        monkeypatch.setattr(CudaQwen35, "ATTN_KRAW", kraw)
+        eng = build_engine(args, w, cfg, max_context=512, prefill_cols=1, kv="int8")
+        names = {getattr(op, "name", "") for op in eng.model.executor.ops}
+        assert (K.attn_mma_kraw_name(6) in names) == kraw
+        out[kraw] = [np.asarray(eng.prefill(prompt)).copy()] + [np.asarray(eng.decode_step(t)).copy() for t in forced]
+    errs = [float(np.linalg.norm(a - b) / np.linalg.norm(b)) for a, b in zip(out[True], out[False])]
+    assert max(errs) < 2e-2, max(errs)
+    agree = sum(int(np.argmax(a)) == int(np.argmax(b)) for a, b in zip(out[True], out[False]))
+    assert agree >= len(errs) - 2, agree
+
+
 def test_ldg_weight_loads_give_the_same_logits():
     """GEMV weight loads through L1 (`ldg` in a tuning entry: the module_ldg build) change only the cache
     path: tokens and logits bit-identical to the no_allocate loads, with every GEMV of the step on it."""
