@@ -18,13 +18,12 @@ from engine.ops import gemv_tuning
 from engine.ops import kernels as K
 from engine.ops.gemv_plan import GemvPlan
 from engine.models.qwen3_5_cuda_attn_ops import ATTN_HEAD_DIM, KV_PAGE, AttentionOps, _ptr  # noqa: F401
+from engine.models.qwen3_5_cuda_gdn_ops import GDN_HEAD_DIM, GdnOps
 from engine.models.qwen3_5_cuda_mlp import MlpOps
 from engine.models.qwen3_5_cuda_sampling import SamplingOps
 
-GDN_HEAD_DIM = 128
 
-
-class CudaQwen35(AttentionOps, MlpOps, SamplingOps):
+class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
     """Decode-step executor for Qwen3.5 dense models on one GPU.
 
     `weights` maps logical names (spec/container.md §2.3) to `DevMatrix` (projections, embedding,
@@ -246,16 +245,6 @@ class CudaQwen35(AttentionOps, MlpOps, SamplingOps):
                         stage_out=stage_out if cfg.get("fuse_stage") else None, ldg=cfg.get("ldg", False),
                         amax_out=amax_out)
 
-    # GDN decode: gdn_delta + gated_rmsnorm_stage as one kernel (gdn_delta_gated_stage: gdn_delta's blocks, the
-    # last block of a head applies its gated norm, the last head stages the row) with NINFER_GDN_FUSED=1.
-    # Off until measured: its first form (a 1024-thread block a head) took 7.7 us a layer on the H200 against
-    # 3.1 + 4.2 for the two (27B 127.1 tok/s either way; 35B-A3B 332.1 against 338.2); this one is unmeasured.
-    GDN_FUSED = os.environ.get("NINFER_GDN_FUSED", "0") != "0"
-    # GDN decode: q|k and v|z (one format: the 35B-A3B's w8) as one GEMV over their shared object, its output one
-    # [q|k|v|z] row, instead of two GEMVs on two branches (which the H200 ran one after the other: 11.9 us a
-    # layer against 7.1 + 4.6 alone). H200, session 12, in one process: 35B-A3B 430.0 / 430.0 tok/s against
-    # 428.1 / 427.4 (NINFER_GDN_MERGE=0 for the two). Mixed formats (the 27B's q4 q|k, q5 v|z) keep two.
-    GDN_MERGE = os.environ.get("NINFER_GDN_MERGE", "1") != "0"
     # blocks a token row of the norms and stagings (each reduces the whole row, stages its slice)
     NORM_BLOCKS = int(os.environ.get("NINFER_NORM_BLOCKS", "16"))
     # rows of at most 2,048 values (the 35B-A3B): residual_rmsnorm_mb2, 8 partial planes a round of loads instead
@@ -277,10 +266,6 @@ class CudaQwen35(AttentionOps, MlpOps, SamplingOps):
                           (x_in, x_out, self.part, splits, self.M * self.H, w, self.xn, self.H,
                            float(self.args.rms_norm_eps), 1, self.xh_n, self.xinv_n, self.kpad_h), block=1024)
 
-    # GDN decode without the gdn_prep launch: the q|k and v projections' epilogue applies the causal conv and
-    # SiLU (EPI_CONV), gdn_delta_raw the q/k norms and the gates; NINFER_GDN_PREP_FUSED=0 for the launch.
-    GDN_PREP_FUSED = os.environ.get("NINFER_GDN_PREP_FUSED", "1") != "0"
-
     def _prep_fused(self) -> bool:
         return (self.GDN_PREP_FUSED and not self.GDN_FUSED and self.M == 1
                 and type(self)._gdn_core_ops is CudaQwen35._gdn_core_ops and type(self)._gemv is CudaQwen35._gemv)
@@ -290,16 +275,6 @@ class CudaQwen35(AttentionOps, MlpOps, SamplingOps):
         (One kernel summing the slots, session 8, measured slower: 35B-A3B 338.9 against 345.1 tok/s; in git
         history at 9f9d324, `moe_down_sum`.)"""
         return self.topk + 1
-
-    def _gated_norm(self, L, ldb, zoff, att_stage, buf_b=None):
-        """GDN output: gated norm and the o-projection's staging in one launch (one block a token row); z at
-        column zoff of buf_b (self.buf_b unless given). (A form with 2 heads a warp staged from registers, the same
-        bits, measured flat on the 27B and slower on the 35B-A3B in session 12: 422.3 against 427.7 tok/s; in git
-        history at 018601e, gated_rmsnorm_stage2.)"""
-        buf_b = self.buf_b if buf_b is None else buf_b
-        return K.prepared("gated_rmsnorm_stage", (self.M,),
-                          (self.att2, buf_b[:, zoff:], ldb, L["norm"], self.att, self.att.shape[1], self.Hv,
-                           float(self.args.rms_norm_eps)) + att_stage, block=1024)
 
     def _stage(self, x, k, kpad, xh, xinv, ldh=None):
         """x[:, :k] as the fp16 pairs of kpad values (ldh pairs a row of xh: kpad / 2 unless a slice)."""
@@ -335,11 +310,9 @@ class CudaQwen35(AttentionOps, MlpOps, SamplingOps):
             att_k = L["o"].k
             att_kpad = -(-att_k // K.XPAD) * K.XPAD  # per layer: the staged row stride the o-projection's K implies
             att_stage = (att_k, att_kpad, self.xh_att, self.xinv_att)
-            if L["kind"] == "full_attention" or not (self._prep_fused() and L["qk"].fmt in K.FMT_IDS
-                                                     and L["vz"].fmt in K.FMT_IDS):
-                qk = self._gemv(L["qk"], self.xn, self.buf_a, xpre=xn)
             if L["kind"] == "full_attention":
-                qw, kw = self.Hq * ATTN_HEAD_DIM, self.Hkv * ATTN_HEAD_DIM
+                qk = self._gemv(L["qk"], self.xn, self.buf_a, xpre=xn)
+                qw = self.Hq * ATTN_HEAD_DIM
                 ops.extend(self._concurrent([self._gemv(L["gv"], self.xn, self.buf_b, xpre=xn)], [qk]))
                 lda, ldb = self.buf_a.shape[1], self.buf_b.shape[1]
                 nh = self.Hq + self.Hkv
@@ -358,50 +331,9 @@ class CudaQwen35(AttentionOps, MlpOps, SamplingOps):
                                            self.att.shape[1], self.Hq) + att_stage + (tk[:M], tk[M:]))
                 else:
                     core.append(self._stage(self.att, att_k, att_kpad, self.xh_att, self.xinv_att))
-                del kw
             else:
-                Hk, Hv = self.Hk, self.Hv
-                lda, ldb = self.buf_a.shape[1], self.buf_b.shape[1]
-                fuse_prep = self._prep_fused() and L["qk"].fmt in K.FMT_IDS and L["vz"].fmt in K.FMT_IDS
-                buf_a, buf_b = self.buf_a, self.buf_b
-                if fuse_prep:  # the conv + SiLU in the q|k and v projections' epilogue, the rest in the delta rule
-                    C, qkc = (2 * Hk + Hv) * GDN_HEAD_DIM, 2 * Hk * GDN_HEAD_DIM
-                    if self.GDN_MERGE and "qkvz" in L and L["qk"].n == qkc:
-                        qkvz = L["qkvz"]
-                        if getattr(self, "buf_qkvz", None) is None or self.buf_qkvz.shape[1] < qkvz.n:
-                            self.buf_qkvz = self.cp.zeros((M, qkvz.n), dtype=self.cp.float32)
-                        buf_a, buf_b = self.buf_qkvz, self.buf_qkvz[:, qkc:]
-                        lda = ldb = self.buf_qkvz.shape[1]
-                        merged = self._gemv(qkvz, self.xn, self.buf_qkvz, xpre=xn, epi="conv",
-                                            conv=(L["conv"], L["conv_state"], C, 0, C))
-                        ops.extend(self._concurrent([merged], [self._gemv(L["ab"], self.xn, self.ab)]))
-                    else:
-                        qk = self._gemv(L["qk"], self.xn, self.buf_a, xpre=xn, epi="conv",
-                                        conv=(L["conv"], L["conv_state"], C, 0, qkc))
-                        vz = self._gemv(L["vz"], self.xn, self.buf_b, xpre=xn, epi="conv",
-                                        conv=(L["conv"], L["conv_state"], C, qkc, Hv * GDN_HEAD_DIM))
-                        ops.extend(self._concurrent([vz], [qk, self._gemv(L["ab"], self.xn, self.ab)]))
-                else:
-                    vz = self._gemv(L["vz"], self.xn, self.buf_b, xpre=xn)
-                    ops.extend(self._concurrent([vz], [qk, self._gemv(L["ab"], self.xn, self.ab)]))
-                if fuse_prep:
-                    core = [K.prepared("gdn_delta_raw", (-(-Hv * GDN_HEAD_DIM // K.WARPS), M),
-                                       (buf_a, lda, buf_b, ldb, self.ab, self.ab.shape[1], L["a_log"],
-                                        L["dt_bias"], float(1.0 / math.sqrt(GDN_HEAD_DIM)), L["state"], self.att2,
-                                        Hk, Hv, 0))]
-                else:
-                    core = self._gdn_core_ops(L, lda, ldb)
-                zoff = Hv * GDN_HEAD_DIM
-                if self.GDN_FUSED and type(self)._gdn_core_ops is CudaQwen35._gdn_core_ops:
-                    # the delta rule, gated norm and staging in one launch (the last block stages)
-                    tk = self.gdn_tick
-                    core[1:] = [K.prepared("gdn_delta_gated_stage", (-(-Hv * GDN_HEAD_DIM // K.WARPS), M),
-                                           (self.gdn_q, self.gdn_k, self.gdn_v, self.gdn_g, self.gdn_beta, L["state"],
-                                            self.att2, self.buf_b[:, zoff:], ldb, L["norm"], self.att,
-                                            self.att.shape[1], Hk, Hv, 0, eps) + att_stage
-                                           + (tk[:M], tk[M:2 * M], tk[2 * M:]))]
-                else:
-                    core.append(self._gated_norm(L, ldb, zoff, att_stage, buf_b))
+                proj, core = self._gdn_ops(L, xn, att_stage)
+                ops.extend(proj)
             o_plan = self._plan_gemv(L["o"], self.att, self.part, "partial", self._splits(L["o"]),
                                      (self.xh_att, self.xinv_att))
             ops.extend(core)
@@ -431,17 +363,6 @@ class CudaQwen35(AttentionOps, MlpOps, SamplingOps):
 
     def _pre_ops(self):
         return []
-
-    def _gdn_core_ops(self, L, lda, ldb):
-        """Conv + SiLU + norms + gates, then the delta rule: one token per lane row."""
-        Hk, Hv, M = self.Hk, self.Hv, self.M
-        return [K.prepared("gdn_prep", (-(-(2 * Hk + Hv) // K.WARPS), M),
-                           (self.buf_a, lda, self.buf_b, ldb, self.ab, self.ab.shape[1], L["conv_state"], L["conv"],
-                            L["a_log"], L["dt_bias"], self.gdn_q, self.gdn_k, self.gdn_v, self.gdn_g, self.gdn_beta,
-                            Hk, Hv, float(1.0 / math.sqrt(GDN_HEAD_DIM)))),
-                K.prepared("gdn_delta", (-(-Hv * GDN_HEAD_DIM // K.WARPS), M),
-                           (self.gdn_q, self.gdn_k, self.gdn_v, self.gdn_g, self.gdn_beta, L["state"], self.att2,
-                            Hk, Hv, 0))]
 
     def _tail_ops(self):
         """Head and device argmax: the next input token, the position and the history advance."""

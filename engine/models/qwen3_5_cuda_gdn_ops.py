@@ -1,0 +1,100 @@
+"""The Gated DeltaNet layers of the CUDA decode step (`CudaQwen35` takes it as a base): the projections
+(q|k, v|z and a|b on two streams; the causal conv + SiLU in their epilogue where that is fused; q|k|v|z as one
+GEMV where they share a format), the delta rule, and the gated norm with the o-projection's staging, with the
+switches that pick them. The methods use the executor's buffers (`_alloc`: buf_a, buf_b, ab, the gdn_*
+buffers, att, att2) and helpers (`_gemv`, `_concurrent`, `_prep_fused`)."""
+from __future__ import annotations
+
+import math
+import os
+
+from engine.ops import kernels as K
+
+GDN_HEAD_DIM = 128
+
+
+class GdnOps:
+    # GDN decode: gdn_delta + gated_rmsnorm_stage as one kernel (gdn_delta_gated_stage: gdn_delta's blocks, the
+    # last block of a head applies its gated norm, the last head stages the row) with NINFER_GDN_FUSED=1.
+    # Off until measured: its first form (a 1024-thread block a head) took 7.7 us a layer on the H200 against
+    # 3.1 + 4.2 for the two (27B 127.1 tok/s either way; 35B-A3B 332.1 against 338.2); this one is unmeasured.
+    GDN_FUSED = os.environ.get("NINFER_GDN_FUSED", "0") != "0"
+    # GDN decode: q|k and v|z (one format: the 35B-A3B's w8) as one GEMV over their shared object, its output one
+    # [q|k|v|z] row, instead of two GEMVs on two branches (which the H200 ran one after the other: 11.9 us a
+    # layer against 7.1 + 4.6 alone). H200, session 12, in one process: 35B-A3B 430.0 / 430.0 tok/s against
+    # 428.1 / 427.4 (NINFER_GDN_MERGE=0 for the two). Mixed formats (the 27B's q4 q|k, q5 v|z) keep two.
+    GDN_MERGE = os.environ.get("NINFER_GDN_MERGE", "1") != "0"
+    # GDN decode without the gdn_prep launch: the q|k and v projections' epilogue applies the causal conv and
+    # SiLU (EPI_CONV), gdn_delta_raw the q/k norms and the gates; NINFER_GDN_PREP_FUSED=0 for the launch.
+    GDN_PREP_FUSED = os.environ.get("NINFER_GDN_PREP_FUSED", "1") != "0"
+
+    def _gdn_ops(self, L, xn, att_stage) -> tuple[list, list]:
+        """A GDN layer's (projection ops, core ops up to the o-projection's staged input) for one decode step;
+        xn: the staged normed row (pairs, inverse scales), att_stage: the o-projection's staging arguments."""
+        M, eps = self.M, float(self.args.rms_norm_eps)
+        ops = []
+        Hk, Hv = self.Hk, self.Hv
+        lda, ldb = self.buf_a.shape[1], self.buf_b.shape[1]
+        fuse_prep = self._prep_fused() and L["qk"].fmt in K.FMT_IDS and L["vz"].fmt in K.FMT_IDS
+        buf_a, buf_b = self.buf_a, self.buf_b
+        if fuse_prep:  # the conv + SiLU in the q|k and v projections' epilogue, the rest in the delta rule
+            C, qkc = (2 * Hk + Hv) * GDN_HEAD_DIM, 2 * Hk * GDN_HEAD_DIM
+            if self.GDN_MERGE and "qkvz" in L and L["qk"].n == qkc:
+                qkvz = L["qkvz"]
+                if getattr(self, "buf_qkvz", None) is None or self.buf_qkvz.shape[1] < qkvz.n:
+                    self.buf_qkvz = self.cp.zeros((M, qkvz.n), dtype=self.cp.float32)
+                buf_a, buf_b = self.buf_qkvz, self.buf_qkvz[:, qkc:]
+                lda = ldb = self.buf_qkvz.shape[1]
+                merged = self._gemv(qkvz, self.xn, self.buf_qkvz, xpre=xn, epi="conv",
+                                    conv=(L["conv"], L["conv_state"], C, 0, C))
+                ops.extend(self._concurrent([merged], [self._gemv(L["ab"], self.xn, self.ab)]))
+            else:
+                qk = self._gemv(L["qk"], self.xn, self.buf_a, xpre=xn, epi="conv",
+                                conv=(L["conv"], L["conv_state"], C, 0, qkc))
+                vz = self._gemv(L["vz"], self.xn, self.buf_b, xpre=xn, epi="conv",
+                                conv=(L["conv"], L["conv_state"], C, qkc, Hv * GDN_HEAD_DIM))
+                ops.extend(self._concurrent([vz], [qk, self._gemv(L["ab"], self.xn, self.ab)]))
+        else:
+            qk = self._gemv(L["qk"], self.xn, self.buf_a, xpre=xn)
+            vz = self._gemv(L["vz"], self.xn, self.buf_b, xpre=xn)
+            ops.extend(self._concurrent([vz], [qk, self._gemv(L["ab"], self.xn, self.ab)]))
+        if fuse_prep:
+            core = [K.prepared("gdn_delta_raw", (-(-Hv * GDN_HEAD_DIM // K.WARPS), M),
+                               (buf_a, lda, buf_b, ldb, self.ab, self.ab.shape[1], L["a_log"],
+                                L["dt_bias"], float(1.0 / math.sqrt(GDN_HEAD_DIM)), L["state"], self.att2,
+                                Hk, Hv, 0))]
+        else:
+            core = self._gdn_core_ops(L, lda, ldb)
+        zoff = Hv * GDN_HEAD_DIM
+        if self.GDN_FUSED and type(self)._gdn_core_ops is GdnOps._gdn_core_ops:
+            # the delta rule, gated norm and staging in one launch (the last block stages)
+            tk = self.gdn_tick
+            core[1:] = [K.prepared("gdn_delta_gated_stage", (-(-Hv * GDN_HEAD_DIM // K.WARPS), M),
+                                   (self.gdn_q, self.gdn_k, self.gdn_v, self.gdn_g, self.gdn_beta, L["state"],
+                                    self.att2, self.buf_b[:, zoff:], ldb, L["norm"], self.att,
+                                    self.att.shape[1], Hk, Hv, 0, eps) + att_stage
+                                   + (tk[:M], tk[M:2 * M], tk[2 * M:]))]
+        else:
+            core.append(self._gated_norm(L, ldb, zoff, att_stage, buf_b))
+        return ops, core
+
+    def _gated_norm(self, L, ldb, zoff, att_stage, buf_b=None):
+        """GDN output: gated norm and the o-projection's staging in one launch (one block a token row); z at
+        column zoff of buf_b (self.buf_b unless given). (A form with 2 heads a warp staged from registers, the same
+        bits, measured flat on the 27B and slower on the 35B-A3B in session 12: 422.3 against 427.7 tok/s; in git
+        history at 018601e, gated_rmsnorm_stage2.)"""
+        buf_b = self.buf_b if buf_b is None else buf_b
+        return K.prepared("gated_rmsnorm_stage", (self.M,),
+                          (self.att2, buf_b[:, zoff:], ldb, L["norm"], self.att, self.att.shape[1], self.Hv,
+                           float(self.args.rms_norm_eps)) + att_stage, block=1024)
+
+    def _gdn_core_ops(self, L, lda, ldb):
+        """Conv + SiLU + norms + gates, then the delta rule: one token per lane row."""
+        Hk, Hv, M = self.Hk, self.Hv, self.M
+        return [K.prepared("gdn_prep", (-(-(2 * Hk + Hv) // K.WARPS), M),
+                           (self.buf_a, lda, self.buf_b, ldb, self.ab, self.ab.shape[1], L["conv_state"], L["conv"],
+                            L["a_log"], L["dt_bias"], self.gdn_q, self.gdn_k, self.gdn_v, self.gdn_g, self.gdn_beta,
+                            Hk, Hv, float(1.0 / math.sqrt(GDN_HEAD_DIM)))),
+                K.prepared("gdn_delta", (-(-Hv * GDN_HEAD_DIM // K.WARPS), M),
+                           (self.gdn_q, self.gdn_k, self.gdn_v, self.gdn_g, self.gdn_beta, L["state"], self.att2,
+                            Hk, Hv, 0))]
