@@ -189,7 +189,7 @@ fi
   rm -rf "$dir" && mkdir -p "$dir" && cp -r . "$dir" && (cd "$dir" && patch -p1 -s < "$p") || continue
   (cd "$dir" && export PYTHONPATH=$dir CUPY_CACHE_DIR=$dir/.cupy_cache && \
    timeout 300 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')" && \
-   timeout 120 python3 -m pytest -q -x tests/gpu/test_gemv.py tests/gpu/test_kernels.py tests/gpu/test_gpu_engine.py -k "not memory_plan" \
+   timeout 120 python3 -m pytest -q -x tests/gpu/test_gemv.py tests/gpu/test_kernels.py tests/gpu/test_gpu_engine.py tests/gpu/test_gpu_engine_moe.py -k "not memory_plan" \
      -p no:cacheprovider 2>&1 | tail -3 && \
    timeout 100 python3 bench/gpu_decode.py --sweep --synthetic qwen3.8-27b,qwen3.6-35b-a3b --out "$OUT/exp_$name.json" \
      2>&1 | grep -E "best|PDL" | head -12)
@@ -212,7 +212,7 @@ fi
 if [ "$PART" = s11e ]; then
 ready
 log "kernel and engine tests"
-gpu_pytest "$OUT/gpu_tests.txt" tests/gpu/test_gemv.py tests/gpu/test_kernels.py tests/gpu/test_gpu_engine.py
+gpu_pytest "$OUT/gpu_tests.txt" tests/gpu/test_gemv.py tests/gpu/test_kernels.py tests/gpu/test_gpu_engine.py tests/gpu/test_gpu_engine_moe.py
 grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests.txt" | tail -8
 fi
 if [ "$PART" = s11d ]; then
@@ -227,7 +227,7 @@ fi
 if [ "$PART" = s11c ]; then
 ready
 log "tests: w8 on pre-staged pairs (GEMV, engine, MoE prefill)"
-gpu_pytest "$OUT/gpu_tests_w8.txt" tests/gpu/test_gemv.py tests/gpu/test_kernels.py tests/gpu/test_gpu_engine.py tests/gpu/test_prefill.py \
+gpu_pytest "$OUT/gpu_tests_w8.txt" tests/gpu/test_gemv.py tests/gpu/test_kernels.py tests/gpu/test_gpu_engine.py tests/gpu/test_gpu_engine_moe.py tests/gpu/test_prefill.py \
   tests/gpu/test_smollm2_gpu.py -k "w8 or prestaged or store or engine or moe or smollm or llama"
 grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_w8.txt" | tail -8
 for x in 1 0 1 0; do
@@ -295,7 +295,7 @@ ready
 log "compile with NINFER_XI16=1"
 NINFER_XI16=1 timeout 240 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')"
 log "tests with int16 x (GEMV, MoE, norms, engine, prefill)"
-NINFER_XI16=1 gpu_pytest "$OUT/gpu_tests_xi16.txt" tests/gpu/test_gemv.py tests/gpu/test_kernels.py tests/gpu/test_gpu_engine.py \
+NINFER_XI16=1 gpu_pytest "$OUT/gpu_tests_xi16.txt" tests/gpu/test_gemv.py tests/gpu/test_kernels.py tests/gpu/test_gpu_engine.py tests/gpu/test_gpu_engine_moe.py \
   tests/gpu/test_prefill.py -k "gemv or moe or norm or stage or engine or prefill or column or greedy or smollm"
 grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_xi16.txt" | tail -10
 for run in 0 1b 0 1; do

@@ -10,7 +10,7 @@ log start; nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,n
 log compile
 timeout 300 python3 -c "import time; t=time.time(); from engine.ops import kernels as K; K.kernel('argmax_step'); print('compiled in', round(time.time()-t,1), 's')"
 log tests
-timeout ${TEST_S:-240} python3 -m pytest -q -x tests/gpu/test_gemv.py tests/gpu/test_kernels.py tests/gpu/test_gpu_engine.py -p no:cacheprovider 2>&1 | tail -${TEST_TAIL:-15}
+timeout ${TEST_S:-240} python3 -m pytest -q -x tests/gpu/test_gemv.py tests/gpu/test_kernels.py tests/gpu/test_gpu_engine.py tests/gpu/test_gpu_engine_moe.py -p no:cacheprovider 2>&1 | tail -${TEST_TAIL:-15}
 log sweep
 timeout ${SWEEP_S:-150} python3 bench/gpu_decode.py --sweep --out "$OUT/sweep.json" 2>&1 | tail -30
 log decode
