@@ -234,19 +234,7 @@ __global__ void __launch_bounds__(256, (M == 1 && U == 2) ? (ROWS == 1 ? 5 : (RO
         const int j = jj + 32 * u;
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
-          if (j < je) {
-            const size_t rg = (size_t)rows[r] * gpr + (j >> 1);
-            w[u][r] = ldw(reinterpret_cast<const uint4*>(base) + (size_t)rows[r] * u4_per_row + j);
-            sc[u][r] = __half2float(scales[rg]);
-            if constexpr (FMT == FMT_Q5) {
-              hb[u][r].x = ldw(reinterpret_cast<const unsigned int*>(high + rg * F::HB + (j & 1) * 4));
-              hb[u][r].y = 0u;
-            } else if constexpr (FMT == FMT_Q6) {
-              hb[u][r] = ldw(reinterpret_cast<const uint2*>(high + rg * F::HB + (j & 1) * 8));
-            } else {
-              hb[u][r] = make_uint2(0u, 0u);
-            }
-          }
+          if (j < je) load_chunk<FMT>(base, high, scales, gpr, u4_per_row, (size_t)rows[r], j, w[u][r], sc[u][r], hb[u][r]);
         }
       }
 #pragma unroll

@@ -156,6 +156,25 @@ __device__ __forceinline__ float dot_i16(uint4 w, uint2 hi, XAt xat) {
   return (float)(se + so) * inv;
 }
 
+// Chunk j (16 bytes of codes) of row `row` of a row-split matrix: its codes, its group's scale and (q5/q6) its
+// high bits, each through the weight-stream load (ldw).
+template <int FMT>
+__device__ __forceinline__ void load_chunk(const unsigned char* __restrict__ base, const unsigned char* __restrict__ high,
+                                           const __half* __restrict__ scales, int gpr, int u4_per_row, size_t row,
+                                           int j, uint4& w, float& sc, uint2& hb) {
+  const size_t rg = row * gpr + (j >> 1);
+  w = ldw(reinterpret_cast<const uint4*>(base) + row * u4_per_row + j);
+  sc = __half2float(scales[rg]);
+  if constexpr (FMT == FMT_Q5) {
+    hb.x = ldw(reinterpret_cast<const unsigned int*>(high + rg * Fmt<FMT>::HB + (j & 1) * 4));
+    hb.y = 0u;
+  } else if constexpr (FMT == FMT_Q6) {
+    hb = ldw(reinterpret_cast<const uint2*>(high + rg * Fmt<FMT>::HB + (j & 1) * 8));
+  } else {
+    hb = make_uint2(0u, 0u);
+  }
+}
+
 // xat(c): the x pairs of slot c of this chunk (q4-q6: 4 slots; w8: 2 swizzled slots, see key).
 template <int FMT, typename XAt>
 __device__ __forceinline__ float dot_core(uint4 w, uint2 hi, XAt xat, int key, const DecodeK& dk) {

@@ -137,14 +137,7 @@ __device__ __forceinline__ void half_warp_rows(const unsigned char* __restrict__
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         const long long row = row0 + (r < nrows ? r : 0);
-        if (j < nch) {
-          const size_t rg = (size_t)row * gpr + (j >> 1);
-          w[u][r] = ldw(reinterpret_cast<const uint4*>(base) + (size_t)row * u4_per_row + j);
-          sc[u][r] = __half2float(scales[rg]);
-          if constexpr (FMT == FMT_Q5) hb[u][r] = make_uint2(ldw(reinterpret_cast<const unsigned int*>(high + rg * F::HB + (j & 1) * 4)), 0u);
-          else if constexpr (FMT == FMT_Q6) hb[u][r] = ldw(reinterpret_cast<const uint2*>(high + rg * F::HB + (j & 1) * 8));
-          else hb[u][r] = make_uint2(0u, 0u);
-        }
+        if (j < nch) load_chunk<FMT>(base, high, scales, gpr, u4_per_row, (size_t)row, j, w[u][r], sc[u][r], hb[u][r]);
       }
     }
 #pragma unroll
