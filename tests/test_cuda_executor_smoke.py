@@ -391,7 +391,7 @@ def test_attention_on_tensor_cores_plumbing(cp, monkeypatch):
     monkeypatch.setattr(CudaQwen35, "ATTN_MMA", True)
     monkeypatch.setattr(K, "ATTN_MMA_AUTO", 3)  # every form in the automatic choice
     for limit, kv, want, form in ((227 * 1024, "bf16", "attn_decode_mma<6,false,4,3>", (4, 3)),
-                                  (227 * 1024, "int8", "attn_decode_mma<6,true,4,4>", (4, 4)),
+                                  (227 * 1024, "int8", "attn_decode_mma<6,true,4,4,true>", (4, 4)),  # (raw K)
                                   (163 * 1024, "int8", "attn_decode_mma<6,true,4,2>", (4, 2)),
                                   (99 * 1024, "int8", "attn_decode_mma<6,true,3,1>", (3, 1)),
                                   (99 * 1024, "bf16", "attn_decode_mma<6,false,4,1>", (4, 1)),
@@ -423,13 +423,13 @@ def test_attention_on_tensor_cores_plumbing(cp, monkeypatch):
 
 
 def test_attention_raw_k_plumbing(cp, monkeypatch):
-    """NINFER_ATTN_KRAW (off by default): an int8 cache on the first attn_decode_mma form takes its raw-K
+    """NINFER_ATTN_KRAW (on by default): an int8 cache on the first attn_decode_mma form takes its raw-K
     instantiation (same grid, block and shared memory); bf16 caches and the smaller forms keep theirs."""
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5_cuda import CudaQwen35
     from engine.ops import kernels as K
 
-    assert not CudaQwen35.ATTN_KRAW
+    assert CudaQwen35.ATTN_KRAW
     monkeypatch.setattr(CudaQwen35, "ATTN_MMA", True)
     monkeypatch.setattr(K, "ATTN_MMA_AUTO", 3)
     cfg = dict(CFG, num_attention_heads=12, num_key_value_heads=2)
