@@ -16,6 +16,7 @@
 # the L2 warm-up it measured, at 741ff0c; those of sessions 8-10, s8 / s8d / s9 / s10 / s11 / fin8 / fin9 /
 # gsplit / prep / s12-s16 / fin10 / mma / base / s10a-s10e, which bench/NOTES-decode.md cites, at 56b24ea; session
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
+#   tma: gemv_tma's tests, the fast sweep against gemv_rs_pre, the 27B A/B by shape (session 13)
 #   next: attn_decode_mma's raw-K int8 form (NINFER_ATTN_KRAW, off until measured): its tests, the 27B at depth 32768
 #         (int8 KV) A/B in one process, then `ninfer bench` there with the better mode (next session's first call).
 #   xi16: the int16-x GEMV decode (NINFER_XI16=1, dp2a) against the fp16 one: both modules compiled, the GEMV,
@@ -289,6 +290,19 @@ BEST=$(best_attr_env "$OUT/decode_kraw.json" 1)
 log "27B tg128 at depth 32768, int8 KV (env: ${BEST:-defaults})"
 env $BEST timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -d 32768 --kv int8 -r 2 \
   -o json --out "$OUT/tg128_d32768_kraw.json" 2>&1 | grep -E "^\||rror" | tail -3
+fi
+if [ "$PART" = tma ]; then  # session 13: gemv_tma (bulk copies through shared-memory stages, one block an SM)
+ready
+log "tests: gemv_tma (compiles the experimental module)"
+gpu_pytest "$OUT/gpu_tests_tma.txt" tests/gpu/test_gemv.py -k "tma"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_tma.txt" | tail -8
+log "GEMV sweep (27B shapes): gemv_rs_pre as the table runs it against gemv_tma"
+timeout 200 python3 bench/gpu_decode.py --sweep --sweep-fast --out "$OUT/sweep_tma.json" 2>&1 | grep -E "best|rror" | head -30
+D=q5_g64_fp16:5120x17408; G=q4_g64_fp16:34816x5120; O=q5_g64_fp16:5120x6144
+log "27B decode A/B in one process: gemv_tma on down / gate|up / both / + o-projection"
+timeout 300 python3 bench/gpu_decode.py --synthetic qwen3.8-27b \
+  --ldg="base,tma=16@$D,tma=16@$G,tma=16@$D+tma=16@$G,tma=16@$D+tma=16@$G+tma=16@$O,tma=8@$D+tma=8@$G" \
+  --out "$OUT/decode_tma.json" 2>&1 | grep -E "PDL|ldg|rror" | head -20
 fi
 if [ "$PART" = xi16 ]; then
 ready

@@ -83,12 +83,15 @@ def copy_bandwidth():
     return best
 
 
-def kernel_sweep(bw, shapes=SHAPES_27B):
+def kernel_sweep(bw, shapes=SHAPES_27B, fast=False):
+    """fast: the register kernels as the tuning table runs them (gemv_rs_pre, rows 1-2, unroll 2) against gemv_tma."""
     from engine.gpu_weights import random_matrix
 
     rng = cp.random.default_rng(0)
     rows_opts, unroll_opts, pf_opts = (1, 2, 4), (2, 4), (0,)  # pf > 0 measured: no gain
     stage_opts = K.GEMV_ASYNC_STAGES  # gemv_rs_async ring depths (0: the register kernel)
+    if fast:
+        rows_opts, unroll_opts, stage_opts = (1, 2), (2,), ()
     results = []
     for name, fmt, n, k, epi in shapes:
         copies = [random_matrix(cp, rng, fmt, n, k) for _ in range(2)]  # two copies: nothing stays in L2
@@ -102,7 +105,8 @@ def kernel_sweep(bw, shapes=SHAPES_27B):
         y = cp.zeros((8, out_n), cp.float32)
         best = None
         for rows in rows_opts if epi != "swiglu" else (2,):
-            for unroll, stages, pre2 in ([(u_, 0, False) for u_ in unroll_opts] + [(2, s_, False) for s_ in stage_opts]
+            for unroll, stages, pre2 in ([(u_, 0, False) for u_ in unroll_opts if not fast or xpre is None]
+                                         + [(2, s_, False) for s_ in stage_opts]
                                          + [(u_, 0, True) for u_ in unroll_opts]):
                 if (stages or pre2) and xpre is None:
                     continue
@@ -139,8 +143,34 @@ def kernel_sweep(bw, shapes=SHAPES_27B):
                 results.append(r)
                 if r["gbs"] > best["gbs"]:
                     best = r
+        if xpre is not None and fmt != "q8_g32_fp16" and K.XI16 and K.tma_capable():
+            for nw in K.GEMV_TMA_NW:  # gemv_tma: bulk copies through shared-memory stages, one block an SM
+                for splits in (1, 2, 4) if epi == "partial" else (1,):
+                    try:
+                        plans = [GemvPlan(w, x, k, y, out_n, epi=epi, splits=splits, xpre=xpre, tma=nw) for w in copies]
+                        if plans[0].tma is None:
+                            continue
+
+                        def run(plans=plans):
+                            for p in plans:
+                                p.launch()
+                        ms = time_graph(run) / 2
+                    except Exception as e:  # noqa: BLE001 - report and go on with the other variants
+                        print(f"{name}: gemv_tma {nw} splits {splits}: error {type(e).__name__}: {e}", flush=True)
+                        continue
+                    gbs = copies[0].nbytes / (ms * 1e-3) / 1e9
+                    r = dict(shape=name, fmt=fmt, n=n, k=k, rows=0, unroll=0, splits=plans[0].splits, pf=0, stages=0,
+                             tma=list(plans[0].tma), us=round(ms * 1e3, 2), gbs=round(gbs, 1),
+                             pct_copy=round(100 * gbs / bw, 1))
+                    results.append(r)
+                    if r["gbs"] > best["gbs"]:
+                        best = r
+            tm = [r for r in results if r["shape"] == name and r.get("tma")]
+            if tm:
+                b = max(tm, key=lambda r: r["gbs"])
+                print(f"{name:12s} gemv_tma best (nw, S, P)={b['tma']}: {b['us']:.1f} us ({b['pct_copy']}%)", flush=True)
         reg = max((r for r in results if r["shape"] == name and not r["stages"] and not r.get("mma")
-                   and not r.get("pre2")), key=lambda r: r["gbs"])
+                   and not r.get("pre2") and not r.get("tma")), key=lambda r: r["gbs"])
         p2 = [r for r in results if r["shape"] == name and r.get("pre2")]
         if p2:
             b = max(p2, key=lambda r: r["gbs"])
@@ -151,7 +181,7 @@ def kernel_sweep(bw, shapes=SHAPES_27B):
             b = max(mm, key=lambda r: r["gbs"])
             print(f"{name:12s} mma best {b['mma']} splits={b['splits']}: {b['us']:.1f} us ({b['pct_copy']}%)", flush=True)
         print(f"{name:12s} {fmt:12s} {n:6d}x{k:<6d} best rows={best['rows']} unroll={best['unroll']} "
-              f"splits={best['splits']} stages={best['stages']} mma={best.get('mma')}: {best['us']:8.1f} us "
+              f"splits={best['splits']} stages={best['stages']} mma={best.get('mma')} tma={best.get('tma')}: {best['us']:8.1f} us "
               f"{best['gbs']:7.1f} GB/s "
               f"({best['pct_copy']}%); best register kernel {reg['us']:.1f} us ({reg['pct_copy']}%)",
               flush=True)
@@ -223,7 +253,8 @@ def best_cfg(sweep):
         if key not in cfg or r["gbs"] > cfg[key]["gbs"]:
             cfg[key] = r
     return {k: dict(rows=v["rows"], unroll=v["unroll"], splits=v["splits"], pf=v.get("pf", 0),
-                    stages=v.get("stages", 0), mma=v.get("mma"), pre2=v.get("pre2", False)) for k, v in cfg.items()}
+                    stages=v.get("stages", 0), mma=v.get("mma"), pre2=v.get("pre2", False),
+                    **({"tma": v["tma"][0]} if v.get("tma") else {})) for k, v in cfg.items()}
 
 
 def _burst_tps(eng, n, depth):
@@ -406,6 +437,7 @@ def tiny_parity(steps=64):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--sweep-fast", action="store_true", help="with --sweep: gemv_rs_pre as the table runs it and gemv_tma")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--synthetic", default="")
     ap.add_argument("--depth", type=int, default=0)
@@ -439,8 +471,8 @@ def main():
     if a.sweep:
         geos = a.synthetic.split(",") if a.synthetic else ["qwen3.8-27b"]
         shapes = [s_ for g in geos for s_ in (SHAPES_35B if "35b" in g else SHAPES_27B)]
-        report["sweep"] = kernel_sweep(bw, list(dict.fromkeys(shapes)))
-        if any("35b" in g for g in geos):  # (reported, not part of the tuning table)
+        report["sweep"] = kernel_sweep(bw, list(dict.fromkeys(shapes)), fast=a.sweep_fast)
+        if any("35b" in g for g in geos) and not a.sweep_fast:  # (reported, not part of the tuning table)
             report["routed_sweep"] = routed_sweep(bw)
         cfg = best_cfg(report["sweep"])
         report["gemv_cfg"] = {f"{k[0]}:{k[1]}x{k[2]}": v for k, v in cfg.items()}

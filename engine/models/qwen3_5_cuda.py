@@ -235,7 +235,7 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
                         splits=1 if conv else cfg.get("splits", splits), rows=cfg.get("rows"),
                         unroll=cfg.get("unroll", 2), y_offset=y_offset, xpre=xpre, pf=cfg.get("pf"),
                         stages=cfg.get("stages", 0), mma=None if conv else cfg.get("mma"), pre2=cfg.get("pre2", False),
-                        ldg=cfg.get("ldg", False), conv=conv).launch
+                        ldg=cfg.get("ldg", False), conv=conv, tma=None if conv else cfg.get("tma")).launch
 
     def _plan_gemv(self, w, x, y, epi, splits, xpre, stage_out=None, amax_out=None):
         cfg = self.gemv_cfg.get((w.fmt, w.n, w.k), {})
@@ -243,7 +243,7 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
                         rows=cfg.get("rows"), unroll=cfg.get("unroll", 2), xpre=xpre, pf=cfg.get("pf"),
                         stages=cfg.get("stages", 0), mma=cfg.get("mma"), pre2=cfg.get("pre2", False),
                         stage_out=stage_out if cfg.get("fuse_stage") else None, ldg=cfg.get("ldg", False),
-                        amax_out=amax_out)
+                        amax_out=amax_out, tma=cfg.get("tma"))
 
     # blocks a token row of the norms and stagings (each reduces the whole row, stages its slice)
     NORM_BLOCKS = int(os.environ.get("NINFER_NORM_BLOCKS", "16"))

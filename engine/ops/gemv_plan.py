@@ -91,14 +91,17 @@ class GemvPlan:
                  splits: int = 1, rows: int | None = None, unroll: int = 4, y_offset: int = 0, xpre=None,
                  experts=None, pf: int | None = None, stages: int = 0, mma=None, pre2: bool = False,
                  stage_out=None, pair_stride: int | None = None, k_chunks: int | None = None, ldg: bool = False,
-                 conv=None, amax_out=None):
+                 conv=None, amax_out=None, tma: int | None = None):
         """pair_stride (SwiGLU): rows between a gate row and its up row (w.n // 2 unless w is a row view
         of a larger [gate; up] parent: `swiglu_slice`). k_chunks: 16-byte chunks of each row to walk (a
         column view: `col_slice`; pre-staged x only, split into whole slices exactly). conv (epi "conv", one
         K slice): (weights [4, C], history [M, 3, C], C, the channel of row 0, rows that take the conv)."""
         self.w, self.m, self.epi = w, m, EPI[epi]
-        self.stages, self.pre2, self.stages_out, self.tracks_amax = 0, False, False, False
+        self.stages, self.pre2, self.stages_out, self.tracks_amax, self.tma = 0, False, False, False, None
         ps = w.n // 2 if pair_stride is None else int(pair_stride)
+        if tma and self._tma_ok(w, xpre, m, epi, experts, k_chunks, pair_stride, y_offset):
+            self._tma_plan(w, xpre, y, ldy, m, epi, splits, int(tma), amax_out)
+            return
         if mma and epi != "conv" and xpre is not None and experts is None \
                 and w.fmt in ("q4_g64_fp16", "q5_g64_fp16") and m <= 8 \
                 and pair_stride is None and k_chunks is None:
@@ -194,6 +197,45 @@ class GemvPlan:
                           np.int32(so[2]), np.uint64(_p(so[3]) if self.stages_out or self.tracks_amax else 0))
         self.splits = splits
         self._go = Launch(self.fn, self.grid, WARPS * 32, self.args, self.smem, name=kname)
+
+    @staticmethod
+    def _tma_ok(w, xpre, m, epi, experts, k_chunks, pair_stride, y_offset) -> bool:
+        """gemv_tma's rules: sm_90, q4-q6 on pre-staged int16 pairs, one token, no routing or column view, a
+        store / partial / SwiGLU epilogue, every plane's rows on 16-byte boundaries (gpr % 8 == 0)."""
+        return (w.fmt in FMT_IDS and w.fmt != "q8_g32_fp16" and xpre is not None and m == 1 and experts is None
+                and k_chunks is None and pair_stride is None and y_offset == 0 and kernels.XI16
+                and epi in ("store", "partial", "swiglu") and w.gpr % 8 == 0
+                and all(w.ptr(o) % 16 == 0 for o in (w.base, w.high, w.scales)) and kernels.tma_capable())
+
+    def _tma_plan(self, w, xpre, y, ldy, m, epi, splits, nw, amax_out):
+        """gemv_tma<fmt, nw> (cuda/gemv_tma.cu): one block an SM, a producer warp streaming whole rows into a
+        ring of shared-memory stages with bulk copies, nw consumer warps; split K (partial) into P planes."""
+        if nw not in kernels.GEMV_TMA_NW:
+            raise ValueError(f"gemv_tma with {nw} consumer warps is not compiled (GEMV_TMA_NW)")
+        f = FMT_IDS[w.fmt]
+        swiglu = epi == "swiglu"
+        P = 1 if swiglu else max(1, min(int(splits), nw))
+        while nw % P:
+            P -= 1
+        rsl = 2 * nw if swiglu else nw // P
+        stage_bytes = rsl * w.gpr * (32 + 2 + w._hb())
+        xh, xinv = xpre
+        kpad = int(xh.shape[-1]) * 2
+        S = kernels.gemv_tma_stages(kpad, stage_bytes)
+        if S < 2:
+            raise ValueError(f"gemv_tma: two stages of {stage_bytes} bytes do not fit in shared memory")
+        ng = w.n - w.n // 2 if swiglu else w.n
+        name = f"gemv_tma<{f},{nw}>"
+        self.fn = kernel(name)
+        self.smem = kernels.gemv_tma_smem(S, kpad, stage_bytes)
+        _allow_smem(self.fn, name, self.smem)
+        self.grid, self.splits, self.tma = (max(1, min(sm_count(), ng)),), P, (nw, S, P)
+        self.tracks_amax = bool(swiglu and amax_out is not None)
+        self.args = (np.uint64(w.ptr(w.base)), np.uint64(w.ptr(w.high)), np.uint64(w.ptr(w.scales)),
+                     np.int32(w.n), np.int32(w.gpr), np.int32(w.n // 2 if swiglu else 0), np.uint64(_p(xh)),
+                     np.uint64(_p(xinv)), np.int32(kpad), np.int32(P), np.uint64(_p(y)), np.int32(m * ldy),
+                     np.int32(self.epi), np.uint64(_p(amax_out) if self.tracks_amax else 0), np.int32(S))
+        self._go = Launch(self.fn, self.grid, (nw + 1) * 32, self.args, self.smem, name=name)
 
     def _mma_plan(self, w, xpre, y, ldy, m, epi, splits, mma, y_offset):
         tiles, kw, u = mma

@@ -19,7 +19,8 @@ import numpy as np
 from engine.backend import cupy_or_none
 
 SOURCES = ("common.cuh", "gemv_decode.cu", "gemv.cu", "gemv_variants.cu", "gemv_mma.cu", "rows.cu", "norm.cu",
-           "attention.cu", "gdn.cu", "gdn_chunked.cu", "sample.cu", "sampler.cu", "moe.cu", "attn_prefill.cu", "attn_decode_mma.cu")
+           "attention.cu", "gdn.cu", "gdn_chunked.cu", "sample.cu", "sampler.cu", "moe.cu", "attn_prefill.cu", "attn_decode_mma.cu",
+           "gemv_tma.cu")
 # Pre-staged GEMV input rows (fp16 pairs, slot-major blocks of 32 chunks) are padded to this many values.
 XPAD = 1024
 FMT_IDS = {"q4_g64_fp16": 0, "q5_g64_fp16": 1, "q6_g64_fp16": 2, "q8_g32_fp16": 3}
@@ -156,7 +157,29 @@ def _source(files=None, ldg: bool = False) -> str:
 # module on first use, so the engine's first run does not wait for them. The gemv_rs_pre (rows, unroll)
 # pairs of GEMV_PRE_MAIN are in the table and compile with the engine's module.
 GEMV_PRE_MAIN = ((1, 2), (2, 2))
-EXPERIMENTAL = ("gemv_rs_pre<", "gemv_rs_async<", "gemv_mma<")
+EXPERIMENTAL = ("gemv_rs_pre<", "gemv_rs_async<", "gemv_mma<", "gemv_tma<")
+# gemv_tma<fmt, NW> (cuda/gemv_tma.cu, sm_90: weights by bulk copies through a ring of shared-memory stages,
+# one block an SM, NW consumer warps and a producer warp): consumer warps compiled
+GEMV_TMA_NW = (8, 16)
+
+
+def gemv_tma_smem(stages: int, kpad: int, stage_bytes: int) -> int:
+    """Dynamic shared memory of gemv_tma (GEMV_TMA_SMEM): barriers, the x pairs, the stages."""
+    return 128 * (((2 * stages + 1) * 8) // 128 + 1) + kpad * 2 + stages * stage_bytes
+
+
+def gemv_tma_stages(kpad: int, stage_bytes: int, most: int = 8) -> int:
+    """Stages of gemv_tma that fit the device's shared memory (at most `most`)."""
+    s = most
+    while s > 0 and gemv_tma_smem(s, kpad, stage_bytes) > smem_optin():
+        s -= 1
+    return s
+
+
+@functools.cache
+def tma_capable() -> bool:
+    """sm_90 or newer: cp.async.bulk and mbarrier transaction counts (gemv_tma)."""
+    return _compute_capability() >= 90
 
 
 def _names(experimental: bool = False) -> list[str]:
@@ -166,6 +189,7 @@ def _names(experimental: bool = False) -> list[str]:
         names += [f"gemv_rs_async<{f},{r},{m},{st}>" for f in range(3) for r in GEMV_ROWS for m in GEMV_ASYNC_M
                   for st in GEMV_ASYNC_STAGES]
         names += [f"gemv_mma<{f},{t},{kw},{u}>" for f in range(2) for t, kw, u in GEMV_MMA]
+        names += [f"gemv_tma<{f},{nw}>" for f in range(3) for nw in GEMV_TMA_NW] if XI16 else []
         return names
     names = [f"gemv_rs<{f},{r},{m},{u}>" for f in range(4) for r in GEMV_ROWS for m in GEMV_M for u in GEMV_UNROLL]
     pre_f = range(4 if XI16 else 3)  # w8 reads pre-staged pairs when they are int16

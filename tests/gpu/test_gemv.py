@@ -135,6 +135,51 @@ def test_gemv_async(cp, fmt, n, k, rows, stages, splits):
         check(f"gemv async swiglu {fmt}", y.get(), ref.swiglu(h[:, : n // 2], h[:, n // 2:]), **LINEAR)
 
 
+@pytest.mark.parametrize("fmt", QFMTS[:3])
+@pytest.mark.parametrize("n,k", [(512, 5120), (1000, 1024), (48, 17408), (4100, 6144)],
+                         ids=["512x5120", "1000x1024", "48x17408", "4100x6144"])
+@pytest.mark.parametrize("nw", [8, 16])
+@pytest.mark.parametrize("splits", [1, 2, 3])
+def test_gemv_tma(cp, fmt, n, k, nw, splits):
+    """gemv_tma (sm_90: bulk copies into a ring of shared-memory stages, one block an SM) on pre-staged int16 x:
+    partial planes (split K, P dividing the consumer warps), store, and SwiGLU with its largest |output| folded
+    into a slot; fewer rows than multiprocessors too."""
+    from engine.ops import kernels as K
+
+    if not K.XI16 or not K.tma_capable():
+        pytest.skip("gemv_tma needs sm_90 and int16 x pairs")
+    dm, wq, x, _, xh, xinv = staged_case(cp, fmt, n, k, 1)
+    h = ref.linear(x, wq)
+    part = poisoned(cp, (splits, 1, n))
+    plan = GemvPlan(dm, None, k, part, n, m=1, epi="partial", splits=splits, xpre=(xh, xinv), tma=nw)
+    assert plan.tma is not None and plan.tma[0] == nw and plan.splits <= splits and nw % plan.splits == 0
+    plan.launch()
+    check(f"gemv tma partial {fmt}", part[: plan.splits].get().sum(axis=0), h, **LINEAR)
+    y = poisoned(cp, (1, n))
+    GemvPlan(dm, None, k, y, n, m=1, epi="store", xpre=(xh, xinv), tma=nw).launch()
+    check(f"gemv tma store {fmt}", y.get(), h, **LINEAR)
+    if n % 2 == 0 and splits == 1:
+        y = poisoned(cp, (1, n // 2))
+        slot = cp.zeros(2, dtype=cp.uint32)
+        plan = GemvPlan(dm, None, k, y, n // 2, m=1, epi="swiglu", xpre=(xh, xinv), tma=nw, amax_out=slot)
+        assert plan.tracks_amax
+        plan.launch()
+        yh = y.get()
+        check(f"gemv tma swiglu {fmt}", yh, ref.swiglu(h[:, : n // 2], h[:, n // 2:]), **LINEAR)
+        assert float(slot[:1].view(cp.float32).get()[0]) == float(np.abs(yh).max())
+
+
+def test_gemv_tma_falls_back(cp):
+    """Shapes outside gemv_tma's rules (a row's scales not on a 16-byte boundary: K = 1,600, 25 groups) take the
+    register kernel."""
+    dm, wq, x, _, xh, xinv = staged_case(cp, "q4_g64_fp16", 300, 1600, 1)
+    y = poisoned(cp, (1, 300))
+    plan = GemvPlan(dm, None, 1600, y, 300, m=1, xpre=(xh, xinv), tma=16)
+    assert plan.tma is None
+    plan.launch()
+    check("gemv tma fallback", y.get(), ref.linear(x, wq), **LINEAR)
+
+
 @pytest.mark.parametrize("fmt", QFMTS[:2])
 @pytest.mark.parametrize("n,k", [(512, 5120), (37, 1000), (300, 130), (48, 17408)],
                          ids=["512x5120", "37x1000", "300x130", "48x17408"])
