@@ -16,6 +16,7 @@
 # the L2 warm-up it measured, at 741ff0c; those of sessions 8-10, s8 / s8d / s9 / s10 / s11 / fin8 / fin9 /
 # gsplit / prep / s12-s16 / fin10 / mma / base / s10a-s10e, which bench/NOTES-decode.md cites, at 56b24ea; session
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
+#   tma2: the dense MLP on gemv_tma with its norm / staging prologues (MLP_TMA): tests, A/B, breakdown, fast sweep
 #   tma: gemv_tma's tests, the fast sweep against gemv_rs_pre, the 27B A/B by shape (session 13)
 #   next: attn_decode_mma's raw-K int8 form (NINFER_ATTN_KRAW, off until measured): its tests, the 27B at depth 32768
 #         (int8 KV) A/B in one process, then `ninfer bench` there with the better mode (next session's first call).
@@ -303,6 +304,20 @@ log "27B decode A/B in one process: gemv_tma on down / gate|up / both / + o-proj
 timeout 300 python3 bench/gpu_decode.py --synthetic qwen3.8-27b \
   --ldg="base,tma=16@$D,tma=16@$G,tma=16@$D+tma=16@$G,tma=16@$D+tma=16@$G+tma=16@$O,tma=8@$D+tma=8@$G" \
   --out "$OUT/decode_tma.json" 2>&1 | grep -E "PDL|ldg|rror" | head -20
+fi
+if [ "$PART" = tma2 ]; then  # session 13: the dense MLP on gemv_tma with the norm / staging prologues (NINFER_MLP_TMA)
+ready
+log "tests: gemv_tma (every form, the prologues), the engine with MLP_TMA"
+gpu_pytest "$OUT/gpu_tests_tma2.txt" tests/gpu/test_gemv.py tests/gpu/test_gpu_engine.py -k "tma"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_tma2.txt" | tail -8
+log "27B decode A/B in one process: MLP_TMA"
+timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --attr="base,MLP_TMA=1,MLP_TMA=1;MLP_TMA_NW=8" \
+  --out "$OUT/decode_mlp_tma.json" 2>&1 | grep -E "PDL|attr|rror" | head -12
+log "27B breakdown with MLP_TMA"
+NINFER_MLP_TMA=1 timeout 120 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --breakdown \
+  --out "$OUT/decode_mlp_tma_bd.json" 2>&1 | grep -E "PDL|sum of|^  [a-z]|rror" | head -24
+log "GEMV sweep (27B shapes): gemv_rs_pre as the table runs it against gemv_tma"
+timeout 200 python3 bench/gpu_decode.py --sweep --sweep-fast --out "$OUT/sweep_tma.json" 2>&1 | grep -E "best|rror" | head -30
 fi
 if [ "$PART" = xi16 ]; then
 ready

@@ -170,7 +170,7 @@ def kernel_sweep(bw, shapes=SHAPES_27B, fast=False):
                 b = max(tm, key=lambda r: r["gbs"])
                 print(f"{name:12s} gemv_tma best (nw, S, P)={b['tma']}: {b['us']:.1f} us ({b['pct_copy']}%)", flush=True)
         reg = max((r for r in results if r["shape"] == name and not r["stages"] and not r.get("mma")
-                   and not r.get("pre2") and not r.get("tma")), key=lambda r: r["gbs"])
+                   and not r.get("tma") and (fast or not r.get("pre2"))), key=lambda r: r["gbs"])
         p2 = [r for r in results if r["shape"] == name and r.get("pre2")]
         if p2:
             b = max(p2, key=lambda r: r["gbs"])

@@ -59,7 +59,81 @@ __device__ __forceinline__ void bulk_g2s(void* dst, const void* src, unsigned in
   const unsigned char* __restrict__ base, const unsigned char* __restrict__ high,                                \
       const unsigned char* __restrict__ scales, int N, int gpr, int pair_stride, const uint4* __restrict__ xh,   \
       const float* __restrict__ xinv, int kpad, int P, float* __restrict__ y, int plane_stride, int epi,         \
-      unsigned int* __restrict__ amax_slot, int S
+      unsigned int* __restrict__ amax_slot, int S, int pro, const float* __restrict__ x_in, float* __restrict__ x_out, \
+      const float* __restrict__ part, int nplanes, int part_stride, const float* __restrict__ norm_w, int H,     \
+      float eps, unsigned int* __restrict__ slot_in
+
+// The x prologues (pro): GEMV_PRO_PAIRS copies the pre-staged pairs (xh, xinv); GEMV_PRO_NORM is residual_rmsnorm's
+// work done by every block while its producer already streams weights: x = x_in + the nplanes partial planes, out =
+// rmsnorm(x) (1 + norm_w) staged as the pairs (block 0 also writes x to x_out, the next norm's residual), so the
+// norm kernel and a kernel boundary go; GEMV_PRO_AMAX stages the fp32 row xh (H values) with the scale of the
+// largest |value| its producer folded into slot_in[0] (stage_x_amax's pairs, bit for bit), the last block to take
+// a ticket in slot_in[1] resetting both words.
+#define GEMV_PRO_PAIRS 0
+#define GEMV_PRO_NORM 1
+#define GEMV_PRO_AMAX 2
+
+// The NORM / AMAX prologue of gemv_tma on its NW consumer warps (named barrier 1): stage the x pairs into xs (slot-major,
+// as stage_slice writes them); returns 1 / the scale.
+template <int NW>
+__device__ __forceinline__ float tma_prologue(int pro, unsigned char* xs, int kpad, const float* __restrict__ row,
+                                              const float* __restrict__ x_in, float* __restrict__ x_out,
+                                              const float* __restrict__ part, int nplanes, int part_stride,
+                                              const float* __restrict__ norm_w, int H, float eps,
+                                              unsigned int* __restrict__ slot_in) {
+  constexpr int NT = NW * 32;
+  __shared__ float red[2][32];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  unsigned int* dst = reinterpret_cast<unsigned int*>(xs);
+  float sc;
+  if (pro == GEMV_PRO_NORM) {
+    float* scr = reinterpret_cast<float*>(xs + (size_t)kpad * 2);
+    float ss = 0.f, mx = 0.f;
+#pragma unroll 4
+    for (int k = tid; k < H; k += NT) {
+      float v = x_in[k];
+      for (int s = 0; s < nplanes; ++s) v += part[(size_t)s * part_stride + k];
+      scr[k] = v;
+      if (blockIdx.x == 0) x_out[k] = v;
+      ss += v * v;
+      mx = fmaxf(mx, fabsf(v * (1.f + norm_w[k])));
+    }
+    ss = warp_sum(ss);
+    mx = warp_max(mx);
+    if (lane == 0) {
+      red[0][warp] = ss;
+      red[1][warp] = mx;
+    }
+    asm volatile("bar.sync 1, %0;" :: "n"(NT) : "memory");
+    ss = warp_sum(lane < NW ? red[0][lane] : 0.f);
+    mx = warp_max(lane < NW ? red[1][lane] : 0.f);
+    const float r = rsqrtf(ss / H + eps);
+    sc = pow2_scale(mx * r);
+    for (int p = tid; p < kpad / 2; p += NT) {
+      const int jl = p >> 4, pi = p & 15, c = pi >> 2, jp = pi & 3;
+      const int ka = jl * 32 + 8 * c + stage_a(jp), kb = ka + STAGE_GAP;
+      const float a = ka < H ? scr[ka] * r * (1.f + norm_w[ka]) : 0.f;
+      const float b = kb < H ? scr[kb] * r * (1.f + norm_w[kb]) : 0.f;
+      dst[(jl >> 5) * 512 + c * 128 + (jl & 31) * 4 + jp] = stage_pack(a * sc, b * sc);
+    }
+  } else {  // GEMV_PRO_AMAX
+    if (tid == 0) red[0][0] = __uint_as_float(__ldcg(slot_in));
+    asm volatile("bar.sync 1, %0;" :: "n"(NT) : "memory");
+    sc = pow2_scale(red[0][0]);
+    if (tid == 0 && atomicAdd(slot_in + 1, 1u) == gridDim.x - 1) {  // every block has read slot_in[0]
+      slot_in[0] = 0u;
+      slot_in[1] = 0u;
+    }
+    for (int p = tid; p < kpad / 2; p += NT) {
+      const int jl = p >> 4, pi = p & 15, c = pi >> 2, jp = pi & 3;
+      const int ka = jl * 32 + 8 * c + stage_a(jp), kb = ka + STAGE_GAP;
+      dst[(jl >> 5) * 512 + c * 128 + (jl & 31) * 4 + jp] =
+          stage_pack(ka < H ? __ldcg(row + ka) * sc : 0.f, kb < H ? __ldcg(row + kb) * sc : 0.f);
+    }
+  }
+  asm volatile("bar.sync 1, %0;" :: "n"(NT) : "memory");
+  return 1.f / sc;
+}
 
 template <int FMT, int NW>
 __global__ void __launch_bounds__((NW + 1) * 32, 1) gemv_tma(GEMV_TMA_PARAMS) {
@@ -80,7 +154,7 @@ __global__ void __launch_bounds__((NW + 1) * 32, 1) gemv_tma(GEMV_TMA_PARAMS) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned long long* bars = reinterpret_cast<unsigned long long*>(smem_raw);  // full[S], empty[S], x
   unsigned char* xs = smem_raw + 128 * ((2 * S + 1) * 8 / 128 + 1);
-  unsigned char* ring = xs + (size_t)kpad * 2;
+  unsigned char* ring = xs + (size_t)kpad * (pro == GEMV_PRO_NORM ? 6 : 2);  // (NORM: the fp32 row after the pairs)
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
       mbar_init(bars + s, 1);
@@ -94,8 +168,10 @@ __global__ void __launch_bounds__((NW + 1) * 32, 1) gemv_tma(GEMV_TMA_PARAMS) {
 
   if (warp == NW) {  // producer
     if (lane == 0) {
-      mbar_expect_tx(bars + 2 * S, (unsigned int)kpad * 2);
-      bulk_g2s(xs, xh, (unsigned int)kpad * 2, bars + 2 * S);
+      if (pro == GEMV_PRO_PAIRS) {
+        mbar_expect_tx(bars + 2 * S, (unsigned int)kpad * 2);
+        bulk_g2s(xs, xh, (unsigned int)kpad * 2, bars + 2 * S);
+      }
       for (int t = 0; t < T; ++t) {
         const int s = t % S;
         if (t >= S) mbar_wait(bars + S + s, ((t / S) - 1) & 1);
@@ -118,13 +194,19 @@ __global__ void __launch_bounds__((NW + 1) * 32, 1) gemv_tma(GEMV_TMA_PARAMS) {
   }
 
   // consumers
-  const float inv = xinv[0];
+  float inv;
+  if (pro == GEMV_PRO_PAIRS) {
+    inv = xinv[0];
+    mbar_wait(bars + 2 * S, 0);
+  } else {
+    inv = tma_prologue<NW>(pro, xs, kpad, reinterpret_cast<const float*>(xh), x_in, x_out, part, nplanes, part_stride,
+                           norm_w, H, eps, slot_in);
+  }
   const int q = swiglu ? warp : warp / P, p = swiglu ? 0 : warp % P;
   const int KP = u4_per_row / (swiglu ? 1 : P);  // chunks a piece (the executor keeps them whole 32-chunk blocks)
   const int js = p * KP, je = js + KP;
   const uint4* xs4 = reinterpret_cast<const uint4*>(xs);
   float wrote = 0.f;
-  mbar_wait(bars + 2 * S, 0);
   for (int t = 0; t < T; ++t) {
     const int s = t % S;
     const int g0 = g_lo + t * RS, nr = min(RS, g_hi - g0);
@@ -180,5 +262,5 @@ __global__ void __launch_bounds__((NW + 1) * 32, 1) gemv_tma(GEMV_TMA_PARAMS) {
 #endif
 }
 
-// Dynamic shared memory of gemv_tma with S stages (GemvPlan.tma_smem mirrors it).
-#define GEMV_TMA_SMEM(S, kpad, stage_bytes) (128 * (((2 * (S) + 1) * 8) / 128 + 1) + (kpad) * 2 + (S) * (stage_bytes))
+// Dynamic shared memory of gemv_tma with S stages (kernels.gemv_tma_smem mirrors it): barriers, the pairs (and for
+// the NORM prologue the fp32 row), the stages.

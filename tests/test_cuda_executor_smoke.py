@@ -463,3 +463,37 @@ def test_attention_query_group_cut_plumbing(cp, monkeypatch):
         att = [op for op in _flat(ex.ops) if getattr(op, "name", "").startswith("attn_decode")]
         assert att and all(op.name == name for op in att)
         assert all(op.grid[0] == args.num_key_value_heads * (2 if gs == 2 else 1) for op in att)
+
+
+def test_mlp_tma_plumbing(cp, monkeypatch):
+    """NINFER_MLP_TMA (sm_90): each dense layer's post-attention norm, gate|up, stage_x_amax and down become two
+    gemv_tma launches (the norm and the staging inside them, producer warp + consumer warps, one block an SM),
+    the residual buffers alternating as the norm kernels alternate them; off, the four kernels as before."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+    from engine.ops import kernels as K
+
+    args, w = _weights(CFG)
+    monkeypatch.setattr(K, "tma_capable", lambda: True)
+
+    def ops(on):
+        monkeypatch.setattr(CudaQwen35, "MLP_TMA", on)
+        ex = build_engine(args, w, CFG, max_context=256, prefill_cols=1, prefill_gemm=0).model.executor
+        return ex, [getattr(getattr(op, "__self__", None), "_go", op) for op in _flat(ex.ops)]  # (GEMV plans' launches)
+
+    ex_off, off = ops(False)
+    ex_on, on = ops(True)
+    names_on = [getattr(op, "name", "") for op in on]
+    tma = [op for op in on if getattr(op, "name", "").startswith("gemv_tma<")]
+    layers = args.num_hidden_layers
+    assert len(tma) == 2 * layers and "stage_x_amax" not in names_on
+    norms = lambda names: sum(n.startswith("residual_rmsnorm") for n in names)  # noqa: E731
+    assert norms(names_on) == norms([getattr(op, "name", "") for op in off]) - layers
+    assert len(on) == len(off) - 2 * layers
+    for gu, dn in zip(tma[::2], tma[1::2]):
+        assert gu.block == (CudaQwen35.MLP_TMA_NW + 1) * 32 and gu.grid[0] <= K.sm_count()
+        assert int(gu.args[15]) == 1 and int(dn.args[15]) == 2  # the norm prologue, then the amax one
+        assert int(dn.args[6]) == ex_on.act.data.ptr and int(dn.args[24]) == ex_on.stage_slot.data.ptr
+    # the residual: layer l's gate|up reads what the norm before it wrote and writes the other buffer
+    bufs = {ex_on.x.data.ptr, ex_on.x2.data.ptr}
+    assert all({int(op.args[16]), int(op.args[17])} == bufs for op in tma[::2])

@@ -132,6 +132,34 @@ class MlpOps:
     # A/B, twice): 27B 146.8 against 143.5 tok/s (the staging 5.1 -> 2.3 us a layer).
     STAGE_AMAX = os.environ.get("NINFER_STAGE_AMAX", "1") != "0"
 
+    # The dense MLP on gemv_tma (cuda/gemv_tma.cu, sm_90; NINFER_MLP_TMA=1): two launches a layer instead of four.
+    # gate|up stages the post-attention norm itself (every block, while its producer warp already streams the
+    # weights: no norm kernel, no boundary before the weights move) and folds its SwiGLU row's largest |value|;
+    # down stages that row from the folded maximum itself (no stage_x_amax). MLP_TMA_NW: its consumer warps.
+    MLP_TMA = os.environ.get("NINFER_MLP_TMA", "0") != "0"
+    MLP_TMA_NW = int(os.environ.get("NINFER_MLP_TMA_NW", "16"))
+
+    def _ffn_tma_ops(self, L, splits: int):
+        """(ops, partial planes) of the post-attention norm and the dense MLP as two gemv_tma launches, or None
+        where MLP_TMA is off or its rules do not hold (one token row, sm_90, int16 pairs, gemv_tma's shapes)."""
+        gu, dn = L["gate_up"], L["down"]
+        if not (self.MLP_TMA and self.M == 1 and K.XI16 and not self.FFN_SPLIT and K.tma_capable()
+                and all(GemvPlan._tma_ok(w, (self.xh_n, self.xinv_n), 1, e, None, None, None, 0)
+                        for w, e in ((gu, "swiglu"), (dn, "partial")))):
+            return None
+        x_in, x_out = self._res
+        H, nw = self.H, self.MLP_TMA_NW
+        norm = ("norm", x_in, x_out, self.part, splits, self.M * H, L["post_norm"], H, float(self.args.rms_norm_eps))
+        gu_plan = GemvPlan(gu, self.xn, H, self.act, self.act.shape[1], epi="swiglu", xpre=(self.xh_n, self.xinv_n),
+                           tma=nw, tma_pro=norm, amax_out=self.stage_slot)
+        d_plan = GemvPlan(dn, self.act, self.act.shape[1], self.part, H, epi="partial", splits=self._splits(dn),
+                          xpre=(self.xh_act, self.xinv_act), tma=nw,
+                          tma_pro=("amax", self.act, self.inter, self.stage_slot))
+        if d_plan.splits > self.max_splits:  # (rows too long for two stages of nw / max_splits rows)
+            return None
+        self._res = (x_out, x_in)
+        return [gu_plan.launch, d_plan.launch], d_plan.splits
+
     def _ffn_ops(self, L, xn) -> tuple[list, int]:
         """The dense MLP's ops (gate|up with SwiGLU, staging, down into partials) and the partial planes
         the next norm sums."""

@@ -91,7 +91,7 @@ class GemvPlan:
                  splits: int = 1, rows: int | None = None, unroll: int = 4, y_offset: int = 0, xpre=None,
                  experts=None, pf: int | None = None, stages: int = 0, mma=None, pre2: bool = False,
                  stage_out=None, pair_stride: int | None = None, k_chunks: int | None = None, ldg: bool = False,
-                 conv=None, amax_out=None, tma: int | None = None):
+                 conv=None, amax_out=None, tma: int | None = None, tma_pro=None):
         """pair_stride (SwiGLU): rows between a gate row and its up row (w.n // 2 unless w is a row view
         of a larger [gate; up] parent: `swiglu_slice`). k_chunks: 16-byte chunks of each row to walk (a
         column view: `col_slice`; pre-staged x only, split into whole slices exactly). conv (epi "conv", one
@@ -99,8 +99,8 @@ class GemvPlan:
         self.w, self.m, self.epi = w, m, EPI[epi]
         self.stages, self.pre2, self.stages_out, self.tracks_amax, self.tma = 0, False, False, False, None
         ps = w.n // 2 if pair_stride is None else int(pair_stride)
-        if tma and self._tma_ok(w, xpre, m, epi, experts, k_chunks, pair_stride, y_offset):
-            self._tma_plan(w, xpre, y, ldy, m, epi, splits, int(tma), amax_out)
+        if tma and self._tma_ok(w, xpre, m, epi, experts, k_chunks, pair_stride, y_offset) \
+                and self._tma_plan(w, xpre, y, ldy, m, epi, splits, int(tma), amax_out, tma_pro):
             return
         if mma and epi != "conv" and xpre is not None and experts is None \
                 and w.fmt in ("q4_g64_fp16", "q5_g64_fp16") and m <= 8 \
@@ -207,27 +207,50 @@ class GemvPlan:
                 and epi in ("store", "partial", "swiglu") and w.gpr % 8 == 0
                 and all(w.ptr(o) % 16 == 0 for o in (w.base, w.high, w.scales)) and kernels.tma_capable())
 
-    def _tma_plan(self, w, xpre, y, ldy, m, epi, splits, nw, amax_out):
-        """gemv_tma<fmt, nw> (cuda/gemv_tma.cu): one block an SM, a producer warp streaming whole rows into a
-        ring of shared-memory stages with bulk copies, nw consumer warps; split K (partial) into P planes."""
-        if nw not in kernels.GEMV_TMA_NW:
-            raise ValueError(f"gemv_tma with {nw} consumer warps is not compiled (GEMV_TMA_NW)")
-        f = FMT_IDS[w.fmt]
+    @staticmethod
+    def tma_geometry(w, epi: str, splits: int, nw: int, xbytes: int):
+        """(pieces P a row is split into, bytes a stage, stages) of gemv_tma, or None where two stages do not fit:
+        a stage holds nw / P rows (SwiGLU: nw gate and nw up rows, P = 1); a split-K (partial) GEMV takes more
+        pieces than `splits` asks for when its rows are too long for two stages."""
         swiglu = epi == "swiglu"
         P = 1 if swiglu else max(1, min(int(splits), nw))
         while nw % P:
             P -= 1
-        rsl = 2 * nw if swiglu else nw // P
-        stage_bytes = rsl * w.gpr * (32 + 2 + w._hb())
+        while True:
+            rsl = 2 * nw if swiglu else nw // P
+            stage_bytes = rsl * w.gpr * (32 + 2 + w._hb())
+            S = kernels.gemv_tma_stages(xbytes, stage_bytes)
+            if S >= 2:
+                return P, stage_bytes, S
+            if epi != "partial" or P >= nw:
+                return None
+            P *= 2
+
+    def _tma_plan(self, w, xpre, y, ldy, m, epi, splits, nw, amax_out, pro=None):
+        """gemv_tma<fmt, nw> (cuda/gemv_tma.cu): one block an SM, a producer warp streaming whole rows into a
+        ring of shared-memory stages with bulk copies, nw consumer warps; split K (partial) into P planes.
+        pro (the x prologue; None: copy the pre-staged pairs xpre): ("norm", x_in, x_out, planes, nplanes,
+        plane stride, norm weight, H, eps) stages rmsnorm(x_in + planes) (1 + w) in every block (block 0 writes
+        x_out); ("amax", fp32 row, values, slot) stages the row with the scale of slot[0] (stage_x_amax's pairs).
+        xpre's pairs then only give kpad."""
+        if nw not in kernels.GEMV_TMA_NW:
+            raise ValueError(f"gemv_tma with {nw} consumer warps is not compiled (GEMV_TMA_NW)")
+        f = FMT_IDS[w.fmt]
+        swiglu = epi == "swiglu"
         xh, xinv = xpre
         kpad = int(xh.shape[-1]) * 2
-        S = kernels.gemv_tma_stages(kpad, stage_bytes)
-        if S < 2:
-            raise ValueError(f"gemv_tma: two stages of {stage_bytes} bytes do not fit in shared memory")
+        kind = pro[0] if pro else "pairs"
+        xbytes = kpad * (6 if kind == "norm" else 2)  # (norm: the fp32 row after the pairs)
+        geo = self.tma_geometry(w, epi, splits, nw, xbytes)
+        if geo is None:  # (two stages do not fit: the register kernel)
+            if pro:
+                raise ValueError(f"gemv_tma: two stages of {w.fmt} {w.n}x{w.k} do not fit in shared memory")
+            return False
+        P, stage_bytes, S = geo
         ng = w.n - w.n // 2 if swiglu else w.n
         name = f"gemv_tma<{f},{nw}>"
         self.fn = kernel(name)
-        self.smem = kernels.gemv_tma_smem(S, kpad, stage_bytes)
+        self.smem = kernels.gemv_tma_smem(S, xbytes, stage_bytes)
         _allow_smem(self.fn, name, self.smem)
         self.grid, self.splits, self.tma = (max(1, min(sm_count(), ng)),), P, (nw, S, P)
         self.tracks_amax = bool(swiglu and amax_out is not None)
@@ -235,7 +258,21 @@ class GemvPlan:
                      np.int32(w.n), np.int32(w.gpr), np.int32(w.n // 2 if swiglu else 0), np.uint64(_p(xh)),
                      np.uint64(_p(xinv)), np.int32(kpad), np.int32(P), np.uint64(_p(y)), np.int32(m * ldy),
                      np.int32(self.epi), np.uint64(_p(amax_out) if self.tracks_amax else 0), np.int32(S))
+        if kind == "norm":
+            _, x_in, x_out, planes, nplanes, pstride, nw_, H, eps = pro
+            self.args += (np.int32(1), np.uint64(_p(x_in)), np.uint64(_p(x_out)), np.uint64(_p(planes)), np.int32(nplanes),
+                          np.int32(pstride), np.uint64(_p(nw_)), np.int32(H), np.float32(eps), np.uint64(0))
+        elif kind == "amax":
+            _, row, H, slot = pro
+            self.args = self.args[:6] + (np.uint64(_p(row)),) + self.args[7:]  # (xh: the fp32 row)
+            self.args += (np.int32(2), np.uint64(0), np.uint64(0), np.uint64(0), np.int32(0), np.int32(0), np.uint64(0),
+                          np.int32(H), np.float32(0), np.uint64(_p(slot)))
+        else:
+            self.args += (np.int32(0), np.uint64(0), np.uint64(0), np.uint64(0), np.int32(0), np.int32(0), np.uint64(0),
+                          np.int32(0), np.float32(0), np.uint64(0))
+        self.tma_pro = kind
         self._go = Launch(self.fn, self.grid, (nw + 1) * 32, self.args, self.smem, name=name)
+        return True
 
     def _mma_plan(self, w, xpre, y, ldy, m, epi, splits, mma, y_offset):
         tiles, kw, u = mma

@@ -163,15 +163,16 @@ EXPERIMENTAL = ("gemv_rs_pre<", "gemv_rs_async<", "gemv_mma<", "gemv_tma<")
 GEMV_TMA_NW = (8, 16)
 
 
-def gemv_tma_smem(stages: int, kpad: int, stage_bytes: int) -> int:
-    """Dynamic shared memory of gemv_tma (GEMV_TMA_SMEM): barriers, the x pairs, the stages."""
-    return 128 * (((2 * stages + 1) * 8) // 128 + 1) + kpad * 2 + stages * stage_bytes
+def gemv_tma_smem(stages: int, xbytes: int, stage_bytes: int) -> int:
+    """Dynamic shared memory of gemv_tma: barriers, the x region (the pairs, kpad x 2 bytes; the NORM prologue's
+    fp32 row after them), the stages."""
+    return 128 * (((2 * stages + 1) * 8) // 128 + 1) + xbytes + stages * stage_bytes
 
 
-def gemv_tma_stages(kpad: int, stage_bytes: int, most: int = 8) -> int:
-    """Stages of gemv_tma that fit the device's shared memory (at most `most`)."""
+def gemv_tma_stages(xbytes: int, stage_bytes: int, most: int = 8) -> int:
+    """Stages of gemv_tma that fit the device's shared memory (at most `most`; 1 KiB left for its static part)."""
     s = most
-    while s > 0 and gemv_tma_smem(s, kpad, stage_bytes) > smem_optin():
+    while s > 0 and gemv_tma_smem(s, xbytes, stage_bytes) > smem_optin() - 1024:
         s -= 1
     return s
 

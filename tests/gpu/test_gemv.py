@@ -150,23 +150,73 @@ def test_gemv_tma(cp, fmt, n, k, nw, splits):
         pytest.skip("gemv_tma needs sm_90 and int16 x pairs")
     dm, wq, x, _, xh, xinv = staged_case(cp, fmt, n, k, 1)
     h = ref.linear(x, wq)
-    part = poisoned(cp, (splits, 1, n))
+    part = poisoned(cp, (nw, 1, n))
     plan = GemvPlan(dm, None, k, part, n, m=1, epi="partial", splits=splits, xpre=(xh, xinv), tma=nw)
-    assert plan.tma is not None and plan.tma[0] == nw and plan.splits <= splits and nw % plan.splits == 0
+    assert plan.tma is not None and plan.tma[0] == nw and nw % plan.splits == 0  # (P >= splits: rows too long)
     plan.launch()
     check(f"gemv tma partial {fmt}", part[: plan.splits].get().sum(axis=0), h, **LINEAR)
     y = poisoned(cp, (1, n))
-    GemvPlan(dm, None, k, y, n, m=1, epi="store", xpre=(xh, xinv), tma=nw).launch()
+    plan = GemvPlan(dm, None, k, y, n, m=1, epi="store", xpre=(xh, xinv), tma=nw)
+    assert (plan.tma is None) == (GemvPlan.tma_geometry(dm, "store", 1, nw, xh.shape[-1] * 2) is None)
+    plan.launch()  # (the register kernel where two stages of whole rows do not fit)
     check(f"gemv tma store {fmt}", y.get(), h, **LINEAR)
     if n % 2 == 0 and splits == 1:
         y = poisoned(cp, (1, n // 2))
         slot = cp.zeros(2, dtype=cp.uint32)
         plan = GemvPlan(dm, None, k, y, n // 2, m=1, epi="swiglu", xpre=(xh, xinv), tma=nw, amax_out=slot)
-        assert plan.tracks_amax
+        assert plan.tma is None or plan.tracks_amax
         plan.launch()
         yh = y.get()
         check(f"gemv tma swiglu {fmt}", yh, ref.swiglu(h[:, : n // 2], h[:, n // 2:]), **LINEAR)
-        assert float(slot[:1].view(cp.float32).get()[0]) == float(np.abs(yh).max())
+        if plan.tma is not None:
+            assert float(slot[:1].view(cp.float32).get()[0]) == float(np.abs(yh).max())
+
+
+@pytest.mark.parametrize("fmt", QFMTS[:3])
+@pytest.mark.parametrize("h,inter", [(512, 1024), (5120, 2048), (2048, 17408)], ids=["512-1024", "5120-2048", "2048-17408"])
+@pytest.mark.parametrize("nplanes", [0, 2])
+def test_gemv_tma_prologues(cp, fmt, h, inter, nplanes):
+    """gemv_tma's x prologues: gate|up (SwiGLU) staging rmsnorm(x_in + partial planes) (1 + w) itself, block 0 writing
+    the new residual, its largest |output| folded into a slot; then down staging that row from the slot (the pairs
+    stage_x_amax would write) into split-K planes, the last block resetting the slot."""
+    from engine.gpu_weights import upload_matrix
+    from engine.ops import kernels as K
+
+    if not K.XI16 or not K.tma_capable():
+        pytest.skip("gemv_tma needs sm_90 and int16 x pairs")
+    wg = (RNG.standard_normal((2 * inter, h)) / np.sqrt(h)).astype(np.float32)
+    wd = (RNG.standard_normal((h, inter)) / np.sqrt(inter)).astype(np.float32)
+    gu, dn = upload_matrix(cp, fmt, wg), upload_matrix(cp, fmt, wd)
+    gq = formats.decode(fmt, "row_split_k128_v1", (2 * inter, h), cp.asnumpy(gu.buf))
+    dq = formats.decode(fmt, "row_split_k128_v1", (h, inter), cp.asnumpy(dn.buf))
+    x_in = RNG.standard_normal((1, h)).astype(np.float32)
+    planes = (RNG.standard_normal((max(nplanes, 1), 1, h)) * 0.5).astype(np.float32)
+    nw_ = (RNG.standard_normal(h) * 0.1).astype(np.float32)
+    x = x_in.copy()
+    for s_ in range(nplanes):
+        x = x + planes[s_]
+    xn = x / np.sqrt(np.mean(x.astype(np.float64) ** 2) + 1e-6) * (1 + nw_)
+    kp_h, kp_i = -(-h // K.XPAD) * K.XPAD, -(-inter // K.XPAD) * K.XPAD
+    xh_n, xinv_n = cp.zeros((1, kp_h // 2), dtype=cp.uint32), cp.zeros(1, dtype=cp.float32)
+    xh_a, xinv_a = cp.zeros((1, kp_i // 2), dtype=cp.uint32), cp.zeros(1, dtype=cp.float32)
+    x_out, act, slot = poisoned(cp, (1, h)), poisoned(cp, (1, inter)), cp.zeros(2, dtype=cp.uint32)
+    d_in, d_planes, d_w = cp.asarray(x_in), cp.asarray(planes), cp.asarray(nw_)
+    g = GemvPlan(gu, None, h, act, inter, m=1, epi="swiglu", xpre=(xh_n, xinv_n), tma=16, amax_out=slot,
+                 tma_pro=("norm", d_in, x_out, d_planes, nplanes, h, d_w, h, 1e-6))
+    assert g.tma_pro == "norm" and g.tracks_amax
+    g.launch()
+    assert np.array_equal(x_out.get(), x)
+    hg = ref.linear(xn.astype(np.float32), gq)
+    a = act.get()
+    check(f"gemv tma norm+swiglu {fmt}", a, ref.swiglu(hg[:, :inter], hg[:, inter:]), **LINEAR)
+    assert float(slot[:1].view(cp.float32).get()[0]) == float(np.abs(a).max())
+    part = poisoned(cp, (16, 1, h))
+    d = GemvPlan(dn, None, inter, part, h, m=1, epi="partial", splits=2, xpre=(xh_a, xinv_a), tma=16,
+                 tma_pro=("amax", act, inter, slot))
+    assert d.tma_pro == "amax"
+    d.launch()
+    check(f"gemv tma amax down {fmt}", part[: d.splits].get().sum(axis=0), ref.linear(a, dq), **LINEAR)
+    assert slot.get().tolist() == [0, 0]
 
 
 def test_gemv_tma_falls_back(cp):
