@@ -16,6 +16,7 @@
 # the L2 warm-up it measured, at 741ff0c; those of sessions 8-10, s8 / s8d / s9 / s10 / s11 / fin8 / fin9 /
 # gsplit / prep / s12-s16 / fin10 / mma / base / s10a-s10e, which bench/NOTES-decode.md cites, at 56b24ea; session
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
+#   tma3: MLP_TMA again with the prologues' loads batched, then `ninfer bench` 27B / 35B-A3B tg128
 #   tma2: the dense MLP on gemv_tma with its norm / staging prologues (MLP_TMA): tests, A/B, breakdown, fast sweep
 #   tma: gemv_tma's tests, the fast sweep against gemv_rs_pre, the 27B A/B by shape (session 13)
 #   next: attn_decode_mma's raw-K int8 form (NINFER_ATTN_KRAW, off until measured): its tests, the 27B at depth 32768
@@ -318,6 +319,21 @@ NINFER_MLP_TMA=1 timeout 120 python3 bench/gpu_decode.py --synthetic qwen3.8-27b
   --out "$OUT/decode_mlp_tma_bd.json" 2>&1 | grep -E "PDL|sum of|^  [a-z]|rror" | head -24
 log "GEMV sweep (27B shapes): gemv_rs_pre as the table runs it against gemv_tma"
 timeout 200 python3 bench/gpu_decode.py --sweep --sweep-fast --out "$OUT/sweep_tma.json" 2>&1 | grep -E "best|rror" | head -30
+fi
+if [ "$PART" = tma3 ]; then  # session 13: MLP_TMA with its prologues' loads batched; then the final benches
+ready
+log "tests: gemv_tma (every form, the prologues), the engine with MLP_TMA"
+gpu_pytest "$OUT/gpu_tests_tma3.txt" tests/gpu/test_gemv.py tests/gpu/test_gpu_engine.py -k "tma"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_tma3.txt" | tail -8
+log "27B decode A/B in one process: MLP_TMA"
+timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --attr="base,MLP_TMA=1" --breakdown \
+  --out "$OUT/decode_mlp_tma3.json" 2>&1 | grep -E "PDL|attr|sum of|^  [a-z]|rror" | head -30
+BEST=$(best_attr_env "$OUT/decode_mlp_tma3.json" 0)
+log "27B tg128 (env: ${BEST:-defaults}); 35B-A3B tg128"
+env $BEST timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
+  -o json --out "$OUT/tg128_27b.json" 2>&1 | grep -E "^\||rror" | tail -3
+timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
+  -o json --out "$OUT/tg128_35b.json" 2>&1 | grep -E "^\||rror" | tail -1
 fi
 if [ "$PART" = xi16 ]; then
 ready

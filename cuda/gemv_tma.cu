@@ -75,6 +75,7 @@ __device__ __forceinline__ void bulk_g2s(void* dst, const void* src, unsigned in
 
 // The NORM / AMAX prologue of gemv_tma on its NW consumer warps (named barrier 1): stage the x pairs into xs (slot-major,
 // as stage_slice writes them); returns 1 / the scale.
+#define TMA_VPT 16  // values a consumer thread holds in the NORM prologue (H <= 8,192 with 16 consumer warps)
 template <int NW>
 __device__ __forceinline__ float tma_prologue(int pro, unsigned char* xs, int kpad, const float* __restrict__ row,
                                               const float* __restrict__ x_in, float* __restrict__ x_out,
@@ -86,17 +87,37 @@ __device__ __forceinline__ float tma_prologue(int pro, unsigned char* xs, int kp
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   unsigned int* dst = reinterpret_cast<unsigned int*>(xs);
   float sc;
-  if (pro == GEMV_PRO_NORM) {
-    float* scr = reinterpret_cast<float*>(xs + (size_t)kpad * 2);
+  if (pro == GEMV_PRO_NORM) {  // (H <= NT x TMA_VPT; every load of a round issued before its first use)
+    float* scr = reinterpret_cast<float*>(xs + (size_t)kpad * 2);  // x, then (1 + w), kpad floats each
+    float* wscr = scr + kpad;
+    float v[TMA_VPT], wv[TMA_VPT];
+#pragma unroll
+    for (int i = 0; i < TMA_VPT; ++i) {
+      const int k = tid + i * NT;
+      v[i] = k < H ? x_in[k] : 0.f;
+      wv[i] = k < H ? 1.f + norm_w[k] : 0.f;
+    }
+    for (int s = 0; s < nplanes; ++s) {
+      float pv[TMA_VPT];
+#pragma unroll
+      for (int i = 0; i < TMA_VPT; ++i) {
+        const int k = tid + i * NT;
+        pv[i] = k < H ? part[(size_t)s * part_stride + k] : 0.f;
+      }
+#pragma unroll
+      for (int i = 0; i < TMA_VPT; ++i) v[i] += pv[i];
+    }
     float ss = 0.f, mx = 0.f;
-#pragma unroll 4
-    for (int k = tid; k < H; k += NT) {
-      float v = x_in[k];
-      for (int s = 0; s < nplanes; ++s) v += part[(size_t)s * part_stride + k];
-      scr[k] = v;
-      if (blockIdx.x == 0) x_out[k] = v;
-      ss += v * v;
-      mx = fmaxf(mx, fabsf(v * (1.f + norm_w[k])));
+#pragma unroll
+    for (int i = 0; i < TMA_VPT; ++i) {
+      const int k = tid + i * NT;
+      if (k < kpad) {
+        scr[k] = v[i];
+        wscr[k] = wv[i];
+      }
+      if (k < H && blockIdx.x == 0) x_out[k] = v[i];
+      ss += v[i] * v[i];
+      mx = fmaxf(mx, fabsf(v[i] * wv[i]));
     }
     ss = warp_sum(ss);
     mx = warp_max(mx);
@@ -112,9 +133,8 @@ __device__ __forceinline__ float tma_prologue(int pro, unsigned char* xs, int kp
     for (int p = tid; p < kpad / 2; p += NT) {
       const int jl = p >> 4, pi = p & 15, c = pi >> 2, jp = pi & 3;
       const int ka = jl * 32 + 8 * c + stage_a(jp), kb = ka + STAGE_GAP;
-      const float a = ka < H ? scr[ka] * r * (1.f + norm_w[ka]) : 0.f;
-      const float b = kb < H ? scr[kb] * r * (1.f + norm_w[kb]) : 0.f;
-      dst[(jl >> 5) * 512 + c * 128 + (jl & 31) * 4 + jp] = stage_pack(a * sc, b * sc);
+      dst[(jl >> 5) * 512 + c * 128 + (jl & 31) * 4 + jp] =
+          stage_pack(scr[ka] * r * wscr[ka] * sc, scr[kb] * r * wscr[kb] * sc);  // (zeros past H)
     }
   } else {  // GEMV_PRO_AMAX
     if (tid == 0) red[0][0] = __uint_as_float(__ldcg(slot_in));
@@ -124,11 +144,25 @@ __device__ __forceinline__ float tma_prologue(int pro, unsigned char* xs, int kp
       slot_in[0] = 0u;
       slot_in[1] = 0u;
     }
-    for (int p = tid; p < kpad / 2; p += NT) {
-      const int jl = p >> 4, pi = p & 15, c = pi >> 2, jp = pi & 3;
-      const int ka = jl * 32 + 8 * c + stage_a(jp), kb = ka + STAGE_GAP;
-      dst[(jl >> 5) * 512 + c * 128 + (jl & 31) * 4 + jp] =
-          stage_pack(ka < H ? __ldcg(row + ka) * sc : 0.f, kb < H ? __ldcg(row + kb) * sc : 0.f);
+    constexpr int B = 8;  // pairs a thread loads before it stores them
+    for (int p0 = tid; p0 < kpad / 2; p0 += B * NT) {
+      float a[B], b[B];
+#pragma unroll
+      for (int u = 0; u < B; ++u) {
+        const int p = p0 + u * NT;
+        const int jl = p >> 4, pi = p & 15, c = pi >> 2, jp = pi & 3;
+        const int ka = jl * 32 + 8 * c + stage_a(jp), kb = ka + STAGE_GAP;
+        a[u] = p < kpad / 2 && ka < H ? __ldcg(row + ka) : 0.f;
+        b[u] = p < kpad / 2 && kb < H ? __ldcg(row + kb) : 0.f;
+      }
+#pragma unroll
+      for (int u = 0; u < B; ++u) {
+        const int p = p0 + u * NT;
+        if (p < kpad / 2) {
+          const int jl = p >> 4, pi = p & 15, c = pi >> 2, jp = pi & 3;
+          dst[(jl >> 5) * 512 + c * 128 + (jl & 31) * 4 + jp] = stage_pack(a[u] * sc, b[u] * sc);
+        }
+      }
     }
   }
   asm volatile("bar.sync 1, %0;" :: "n"(NT) : "memory");
@@ -154,7 +188,7 @@ __global__ void __launch_bounds__((NW + 1) * 32, 1) gemv_tma(GEMV_TMA_PARAMS) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned long long* bars = reinterpret_cast<unsigned long long*>(smem_raw);  // full[S], empty[S], x
   unsigned char* xs = smem_raw + 128 * ((2 * S + 1) * 8 / 128 + 1);
-  unsigned char* ring = xs + (size_t)kpad * (pro == GEMV_PRO_NORM ? 6 : 2);  // (NORM: the fp32 row after the pairs)
+  unsigned char* ring = xs + (size_t)kpad * (pro == GEMV_PRO_NORM ? 10 : 2);  // (NORM: x and 1 + w after the pairs)
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
       mbar_init(bars + s, 1);

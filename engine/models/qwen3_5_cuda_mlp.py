@@ -147,8 +147,12 @@ class MlpOps:
                 and all(GemvPlan._tma_ok(w, (self.xh_n, self.xinv_n), 1, e, None, None, None, 0)
                         for w, e in ((gu, "swiglu"), (dn, "partial")))):
             return None
-        x_in, x_out = self._res
         H, nw = self.H, self.MLP_TMA_NW
+        kp_h, kp_i = self.xh_n.shape[1] * 2, self.xh_act.shape[1] * 2
+        if H > nw * 512 or GemvPlan.tma_geometry(gu, "swiglu", 1, nw, kp_h * 10) is None \
+                or GemvPlan.tma_geometry(dn, "partial", self._splits(dn), nw, kp_i * 2) is None:
+            return None
+        x_in, x_out = self._res
         norm = ("norm", x_in, x_out, self.part, splits, self.M * H, L["post_norm"], H, float(self.args.rms_norm_eps))
         gu_plan = GemvPlan(gu, self.xn, H, self.act, self.act.shape[1], epi="swiglu", xpre=(self.xh_n, self.xinv_n),
                            tma=nw, tma_pro=norm, amax_out=self.stage_slot)

@@ -240,7 +240,9 @@ class GemvPlan:
         xh, xinv = xpre
         kpad = int(xh.shape[-1]) * 2
         kind = pro[0] if pro else "pairs"
-        xbytes = kpad * (6 if kind == "norm" else 2)  # (norm: the fp32 row after the pairs)
+        xbytes = kpad * (10 if kind == "norm" else 2)  # (norm: x and 1 + w as fp32 after the pairs)
+        if kind == "norm" and pro[7] > (nw * 32) * 16:  # (TMA_VPT values a consumer thread)
+            raise ValueError(f"gemv_tma's norm prologue holds at most {nw * 512} values, not {pro[7]}")
         geo = self.tma_geometry(w, epi, splits, nw, xbytes)
         if geo is None:  # (two stages do not fit: the register kernel)
             if pro:

@@ -165,7 +165,7 @@ GEMV_TMA_NW = (8, 16)
 
 def gemv_tma_smem(stages: int, xbytes: int, stage_bytes: int) -> int:
     """Dynamic shared memory of gemv_tma: barriers, the x region (the pairs, kpad x 2 bytes; the NORM prologue's
-    fp32 row after them), the stages."""
+    fp32 x and 1 + w after them, kpad x 8), the stages."""
     return 128 * (((2 * stages + 1) * 8) // 128 + 1) + xbytes + stages * stage_bytes
 
 

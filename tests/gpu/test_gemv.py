@@ -199,6 +199,8 @@ def test_gemv_tma_prologues(cp, fmt, h, inter, nplanes):
     kp_h, kp_i = -(-h // K.XPAD) * K.XPAD, -(-inter // K.XPAD) * K.XPAD
     xh_n, xinv_n = cp.zeros((1, kp_h // 2), dtype=cp.uint32), cp.zeros(1, dtype=cp.float32)
     xh_a, xinv_a = cp.zeros((1, kp_i // 2), dtype=cp.uint32), cp.zeros(1, dtype=cp.float32)
+    if GemvPlan.tma_geometry(gu, "swiglu", 1, 16, kp_h * 10) is None:
+        pytest.skip("two stages of these gate|up rows and the norm's rows do not fit in shared memory")
     x_out, act, slot = poisoned(cp, (1, h)), poisoned(cp, (1, inter)), cp.zeros(2, dtype=cp.uint32)
     d_in, d_planes, d_w = cp.asarray(x_in), cp.asarray(planes), cp.asarray(nw_)
     g = GemvPlan(gu, None, h, act, inter, m=1, epi="swiglu", xpre=(xh_n, xinv_n), tma=16, amax_out=slot,
