@@ -16,6 +16,7 @@
 # the L2 warm-up it measured, at 741ff0c; those of sessions 8-10, s8 / s8d / s9 / s10 / s11 / fin8 / fin9 /
 # gsplit / prep / s12-s16 / fin10 / mma / base / s10a-s10e, which bench/NOTES-decode.md cites, at 56b24ea; session
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
+#   tma4: MLP_TMA with a gate|up group over 2-4 warps (finer stages) and down in 4 pieces: tests, A/B
 #   tma3: MLP_TMA again with the prologues' loads batched, then `ninfer bench` 27B / 35B-A3B tg128
 #   tma2: the dense MLP on gemv_tma with its norm / staging prologues (MLP_TMA): tests, A/B, breakdown, fast sweep
 #   tma: gemv_tma's tests, the fast sweep against gemv_rs_pre, the 27B A/B by shape (session 13)
@@ -334,6 +335,24 @@ env $BEST timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -
   -o json --out "$OUT/tg128_27b.json" 2>&1 | grep -E "^\||rror" | tail -3
 timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b.json" 2>&1 | grep -E "^\||rror" | tail -1
+fi
+if [ "$PART" = tma4 ]; then  # session 13: MLP_TMA with a gate|up group over 2-4 warps, down in 4 pieces
+ready
+log "tests: gemv_tma (every form, the prologues, SwiGLU pieces), the engine with MLP_TMA"
+gpu_pytest "$OUT/gpu_tests_tma4.txt" tests/gpu/test_gemv.py tests/gpu/test_gpu_engine.py -k "tma"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_tma4.txt" | tail -8
+log "27B decode A/B in one process: MLP_TMA forms"
+timeout 300 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --attr="base,MLP_TMA=1,MLP_TMA=1;MLP_TMA_GU_P=2,\
+MLP_TMA=1;MLP_TMA_DOWN_P=4,MLP_TMA=1;MLP_TMA_GU_P=2;MLP_TMA_DOWN_P=4,MLP_TMA=1;MLP_TMA_GU_P=4" \
+  --out "$OUT/decode_mlp_tma4.json" 2>&1 | grep -E "PDL|attr|rror" | head -16
+BEST=$(best_attr_env "$OUT/decode_mlp_tma4.json" 0)
+if [ -n "$BEST" ]; then
+  log "27B tg128 (env: $BEST) and its breakdown"
+  env $BEST timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
+    -o json --out "$OUT/tg128_27b_tma4.json" 2>&1 | grep -E "^\||rror" | tail -3
+  env $BEST timeout 120 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --breakdown \
+    --out "$OUT/decode_tma4_bd.json" 2>&1 | grep -E "PDL|sum of|^  [a-z]|rror" | head -16
+fi
 fi
 if [ "$PART" = xi16 ]; then
 ready

@@ -10,11 +10,11 @@
 // small copies a chunk and lost to the register kernel; this one issues three or six a stage.)
 //
 // Work: block b takes the contiguous groups [b ng / nb, (b+1) ng / nb) (a group: one row, or for SwiGLU the
-// gate row g and the up row g + pair_stride), so blocks differ by at most one group. A stage holds RS groups'
-// rows (all P pieces of each: consecutive rows are contiguous in every plane, so a stage is one bulk copy a
-// plane, two for SwiGLU); consumer warp w decodes piece w % P of group w / P of the stage. P > 1 (split K,
-// EPI_PARTIAL): piece p writes plane p (plane_stride floats apart), which the next norm sums as it sums split-K
-// planes. Barriers: full[s] (the producer's expect_tx, completed by the copies), empty[s] (NW consumer arrivals).
+// gate row g and the up row g + pair_stride), so blocks differ by at most one group. A stage holds RS = NW / P
+// groups' rows (all P pieces of each: consecutive rows are contiguous in every plane, so a stage is one bulk copy
+// a plane, two for SwiGLU); consumer warp w decodes piece w % P of group w / P of the stage. P > 1 (split K):
+// EPI_PARTIAL's piece p writes plane p (plane_stride floats apart), which the next norm sums as it sums split-K
+// planes; SwiGLU's P warps of a group add their sums through shared memory (named barrier 2 + group) first. Barriers: full[s] (the producer's expect_tx, completed by the copies), empty[s] (NW consumer arrivals).
 // Layout of a stage (RSL = RS row slots, 2 RS for SwiGLU: gate rows then up rows): codes RSL x gpr x 32 B, then
 // scales RSL x gpr x 2 B, then high bits RSL x gpr x HB B; gpr % 8 == 0 keeps every part 16-byte aligned.
 // Shared memory: the x pairs (kpad x 2 B, one bulk copy), S stages, 2 S + 1 barriers.
@@ -180,7 +180,7 @@ __global__ void __launch_bounds__((NW + 1) * 32, 1) gemv_tma(GEMV_TMA_PARAMS) {
   const int u4_per_row = gpr * 2, rowb = gpr * 32;
   const int ng = swiglu ? N - pair_stride : N;
   const int g_lo = (int)((long long)blockIdx.x * ng / gridDim.x), g_hi = (int)((long long)(blockIdx.x + 1) * ng / gridDim.x);
-  const int RS = swiglu ? NW : NW / P;  // groups a stage
+  const int RS = NW / P;  // groups a stage
   const int RSL = swiglu ? 2 * RS : RS;  // row slots a stage
   const int T = (g_hi - g_lo + RS - 1) / RS;  // stages this block fills
   const unsigned int stage_bytes = (unsigned int)RSL * gpr * (32 + 2 + HB);
@@ -236,9 +236,9 @@ __global__ void __launch_bounds__((NW + 1) * 32, 1) gemv_tma(GEMV_TMA_PARAMS) {
     inv = tma_prologue<NW>(pro, xs, kpad, reinterpret_cast<const float*>(xh), x_in, x_out, part, nplanes, part_stride,
                            norm_w, H, eps, slot_in);
   }
-  const int q = swiglu ? warp : warp / P, p = swiglu ? 0 : warp % P;
-  const int KP = u4_per_row / (swiglu ? 1 : P);  // chunks a piece (the executor keeps them whole 32-chunk blocks)
-  const int js = p * KP, je = js + KP;
+  const int q = warp / P, p = warp % P;  // this warp's group of a stage, and its piece of the group's rows
+  const int js = p * u4_per_row / P, je = (p + 1) * u4_per_row / P;
+  __shared__ float red_sw[2][NW][2];  // SwiGLU pieces' sums (P > 1), by stage parity
   const uint4* xs4 = reinterpret_cast<const uint4*>(xs);
   float wrote = 0.f;
   for (int t = 0; t < T; ++t) {
@@ -277,16 +277,31 @@ __global__ void __launch_bounds__((NW + 1) * 32, 1) gemv_tma(GEMV_TMA_PARAMS) {
     __syncwarp();
     if (lane == 0) mbar_arrive(bars + S + s);  // this warp is done with the stage
     if (live) {
-      const float v0 = warp_sum(acc[0]) * inv;
       if (swiglu) {
-        const float v1 = warp_sum(acc[1]) * inv;
-        if (lane == 0) {
-          const float o = silu(v0) * v1;
+        float v0 = warp_sum(acc[0]), v1 = warp_sum(acc[1]);
+        if (P > 1) {  // the group's P warps meet at barrier 2 + q; piece 0 adds the pieces in order
+          if (lane == 0) {
+            red_sw[t & 1][warp][0] = v0;
+            red_sw[t & 1][warp][1] = v1;
+          }
+          asm volatile("bar.sync %0, %1;" :: "r"(2 + q), "r"(P * 32) : "memory");
+          if (p == 0) {
+            v0 = 0.f;
+            v1 = 0.f;
+            for (int i = 0; i < P; ++i) {
+              v0 += red_sw[t & 1][q * P + i][0];
+              v1 += red_sw[t & 1][q * P + i][1];
+            }
+          }
+        }
+        if (p == 0 && lane == 0) {
+          const float o = silu(v0 * inv) * (v1 * inv);
           y[g0 + q] = o;
           wrote = fmaxf(wrote, fabsf(o));
         }
-      } else if (lane == 0) {
-        y[(size_t)p * plane_stride + g0 + q] = v0;
+      } else {
+        const float v0 = warp_sum(acc[0]) * inv;
+        if (lane == 0) y[(size_t)p * plane_stride + g0 + q] = v0;
       }
     }
   }

@@ -138,6 +138,10 @@ class MlpOps:
     # down stages that row from the folded maximum itself (no stage_x_amax). MLP_TMA_NW: its consumer warps.
     MLP_TMA = os.environ.get("NINFER_MLP_TMA", "0") != "0"
     MLP_TMA_NW = int(os.environ.get("NINFER_MLP_TMA_NW", "16"))
+    # pieces a gate|up group (its gate and up rows) is split into over consumer warps (smaller stages, more
+    # of them), and the down-projection's least pieces (its split-K planes)
+    MLP_TMA_GU_P = int(os.environ.get("NINFER_MLP_TMA_GU_P", "1"))
+    MLP_TMA_DOWN_P = int(os.environ.get("NINFER_MLP_TMA_DOWN_P", "1"))
 
     def _ffn_tma_ops(self, L, splits: int):
         """(ops, partial planes) of the post-attention norm and the dense MLP as two gemv_tma launches, or None
@@ -149,14 +153,15 @@ class MlpOps:
             return None
         H, nw = self.H, self.MLP_TMA_NW
         kp_h, kp_i = self.xh_n.shape[1] * 2, self.xh_act.shape[1] * 2
-        if H > nw * 512 or GemvPlan.tma_geometry(gu, "swiglu", 1, nw, kp_h * 10) is None \
-                or GemvPlan.tma_geometry(dn, "partial", self._splits(dn), nw, kp_i * 2) is None:
+        dsplits = max(self._splits(dn), self.MLP_TMA_DOWN_P)
+        if H > nw * 512 or GemvPlan.tma_geometry(gu, "swiglu", self.MLP_TMA_GU_P, nw, kp_h * 10) is None \
+                or GemvPlan.tma_geometry(dn, "partial", dsplits, nw, kp_i * 2) is None:
             return None
         x_in, x_out = self._res
         norm = ("norm", x_in, x_out, self.part, splits, self.M * H, L["post_norm"], H, float(self.args.rms_norm_eps))
         gu_plan = GemvPlan(gu, self.xn, H, self.act, self.act.shape[1], epi="swiglu", xpre=(self.xh_n, self.xinv_n),
-                           tma=nw, tma_pro=norm, amax_out=self.stage_slot)
-        d_plan = GemvPlan(dn, self.act, self.act.shape[1], self.part, H, epi="partial", splits=self._splits(dn),
+                           tma=nw, tma_pro=norm, amax_out=self.stage_slot, splits=self.MLP_TMA_GU_P)
+        d_plan = GemvPlan(dn, self.act, self.act.shape[1], self.part, H, epi="partial", splits=dsplits,
                           xpre=(self.xh_act, self.xinv_act), tma=nw,
                           tma_pro=("amax", self.act, self.inter, self.stage_slot))
         if d_plan.splits > self.max_splits:  # (rows too long for two stages of nw / max_splits rows)

@@ -210,19 +210,19 @@ class GemvPlan:
     @staticmethod
     def tma_geometry(w, epi: str, splits: int, nw: int, xbytes: int):
         """(pieces P a row is split into, bytes a stage, stages) of gemv_tma, or None where two stages do not fit:
-        a stage holds nw / P rows (SwiGLU: nw gate and nw up rows, P = 1); a split-K (partial) GEMV takes more
-        pieces than `splits` asks for when its rows are too long for two stages."""
+        a stage holds nw / P groups' rows (SwiGLU: as many gate and up rows), each group's pieces on P warps
+        (`splits` asks for P; partial: P planes); more pieces where the rows are too long for two stages."""
         swiglu = epi == "swiglu"
-        P = 1 if swiglu else max(1, min(int(splits), nw))
+        P = max(1, min(int(splits), nw, 8 if swiglu else nw))  # (SwiGLU: named barriers 2 + group, at most 16)
         while nw % P:
             P -= 1
         while True:
-            rsl = 2 * nw if swiglu else nw // P
+            rsl = (2 if swiglu else 1) * (nw // P)
             stage_bytes = rsl * w.gpr * (32 + 2 + w._hb())
             S = kernels.gemv_tma_stages(xbytes, stage_bytes)
             if S >= 2:
                 return P, stage_bytes, S
-            if epi != "partial" or P >= nw:
+            if epi == "store" or P >= nw or (swiglu and P >= 8):
                 return None
             P *= 2
 
@@ -254,7 +254,7 @@ class GemvPlan:
         self.fn = kernel(name)
         self.smem = kernels.gemv_tma_smem(S, xbytes, stage_bytes)
         _allow_smem(self.fn, name, self.smem)
-        self.grid, self.splits, self.tma = (max(1, min(sm_count(), ng)),), P, (nw, S, P)
+        self.grid, self.splits, self.tma = (max(1, min(sm_count(), ng)),), 1 if swiglu else P, (nw, S, P)
         self.tracks_amax = bool(swiglu and amax_out is not None)
         self.args = (np.uint64(w.ptr(w.base)), np.uint64(w.ptr(w.high)), np.uint64(w.ptr(w.scales)),
                      np.int32(w.n), np.int32(w.gpr), np.int32(w.n // 2 if swiglu else 0), np.uint64(_p(xh)),

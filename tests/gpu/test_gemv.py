@@ -160,11 +160,12 @@ def test_gemv_tma(cp, fmt, n, k, nw, splits):
     assert (plan.tma is None) == (GemvPlan.tma_geometry(dm, "store", 1, nw, xh.shape[-1] * 2) is None)
     plan.launch()  # (the register kernel where two stages of whole rows do not fit)
     check(f"gemv tma store {fmt}", y.get(), h, **LINEAR)
-    if n % 2 == 0 and splits == 1:
+    if n % 2 == 0 and splits <= 2:  # (splits: pieces of a group over warps, their sums added in shared memory)
         y = poisoned(cp, (1, n // 2))
         slot = cp.zeros(2, dtype=cp.uint32)
-        plan = GemvPlan(dm, None, k, y, n // 2, m=1, epi="swiglu", xpre=(xh, xinv), tma=nw, amax_out=slot)
-        assert plan.tma is None or plan.tracks_amax
+        plan = GemvPlan(dm, None, k, y, n // 2, m=1, epi="swiglu", xpre=(xh, xinv), tma=nw, amax_out=slot,
+                        splits=splits)
+        assert plan.tma is None or (plan.tracks_amax and plan.tma[2] >= splits and plan.splits == 1)
         plan.launch()
         yh = y.get()
         check(f"gemv tma swiglu {fmt}", yh, ref.swiglu(h[:, : n // 2], h[:, n // 2:]), **LINEAR)
@@ -177,8 +178,9 @@ def test_gemv_tma(cp, fmt, n, k, nw, splits):
 @pytest.mark.parametrize("nplanes", [0, 2])
 def test_gemv_tma_prologues(cp, fmt, h, inter, nplanes):
     """gemv_tma's x prologues: gate|up (SwiGLU) staging rmsnorm(x_in + partial planes) (1 + w) itself, block 0 writing
-    the new residual, its largest |output| folded into a slot; then down staging that row from the slot (the pairs
-    stage_x_amax would write) into split-K planes, the last block resetting the slot."""
+    the new residual, its largest |output| folded into a slot (with 2 planes: each group on 2 warps); then down
+    staging that row from the slot (the pairs stage_x_amax would write) into split-K planes, the last block
+    resetting the slot."""
     from engine.gpu_weights import upload_matrix
     from engine.ops import kernels as K
 
@@ -204,7 +206,7 @@ def test_gemv_tma_prologues(cp, fmt, h, inter, nplanes):
     x_out, act, slot = poisoned(cp, (1, h)), poisoned(cp, (1, inter)), cp.zeros(2, dtype=cp.uint32)
     d_in, d_planes, d_w = cp.asarray(x_in), cp.asarray(planes), cp.asarray(nw_)
     g = GemvPlan(gu, None, h, act, inter, m=1, epi="swiglu", xpre=(xh_n, xinv_n), tma=16, amax_out=slot,
-                 tma_pro=("norm", d_in, x_out, d_planes, nplanes, h, d_w, h, 1e-6))
+                 tma_pro=("norm", d_in, x_out, d_planes, nplanes, h, d_w, h, 1e-6), splits=1 + nplanes // 2)
     assert g.tma_pro == "norm" and g.tracks_amax
     g.launch()
     assert np.array_equal(x_out.get(), x)
