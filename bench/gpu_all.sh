@@ -16,6 +16,7 @@
 # the L2 warm-up it measured, at 741ff0c; those of sessions 8-10, s8 / s8d / s9 / s10 / s11 / fin8 / fin9 /
 # gsplit / prep / s12-s16 / fin10 / mma / base / s10a-s10e, which bench/NOTES-decode.md cites, at 56b24ea; session
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
+#   fin13: the engine tests on the final defaults, the 35B-A3B's norm blocks, the depth-32768 int8 bench
 #   tma4: MLP_TMA with a gate|up group over 2-4 warps (finer stages) and down in 4 pieces: tests, A/B
 #   tma3: MLP_TMA again with the prologues' loads batched, then `ninfer bench` 27B / 35B-A3B tg128
 #   tma2: the dense MLP on gemv_tma with its norm / staging prologues (MLP_TMA): tests, A/B, breakdown, fast sweep
@@ -353,6 +354,21 @@ if [ -n "$BEST" ]; then
   env $BEST timeout 120 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --breakdown \
     --out "$OUT/decode_tma4_bd.json" 2>&1 | grep -E "PDL|sum of|^  [a-z]|rror" | head -16
 fi
+fi
+if [ "$PART" = fin13 ]; then  # session 13's last call: the engine tests on the final defaults (raw-K int8 on),
+# the 35B-A3B's norm blocks A/B, `ninfer bench` at depth 32768 int8 with the defaults (no env)
+ready
+log "tests: engines (dense, MoE), decode attention"
+gpu_pytest "$OUT/gpu_tests_fin13.txt" tests/gpu/test_gpu_engine.py tests/gpu/test_gpu_engine_moe.py
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_fin13.txt" | tail -8
+gpu_pytest "$OUT/gpu_tests_fin13_attn.txt" tests/gpu/test_kernels.py -k "attention_decode"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_fin13_attn.txt" | tail -4
+log "35B-A3B A/B in one process: norm blocks"
+timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --attr="base,NORM_BLOCKS=8,NORM_BLOCKS=4" \
+  --out "$OUT/decode_35b_normblocks.json" 2>&1 | grep -E "PDL|attr|rror" | head -10
+log "27B tg128 at depth 32768, int8 KV (defaults)"
+timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -d 32768 --kv int8 -r 2 \
+  -o json --out "$OUT/tg128_d32768_fin13.json" 2>&1 | grep -E "^\||rror" | tail -1
 fi
 if [ "$PART" = xi16 ]; then
 ready

@@ -18,6 +18,13 @@
 // Layout of a stage (RSL = RS row slots, 2 RS for SwiGLU: gate rows then up rows): codes RSL x gpr x 32 B, then
 // scales RSL x gpr x 2 B, then high bits RSL x gpr x HB B; gpr % 8 == 0 keeps every part 16-byte aligned.
 // Shared memory: the x pairs (kpad x 2 B, one bulk copy), S stages, 2 S + 1 barriers.
+//
+// Measured (H200, session 13; bench/NOTES-decode.md): correct everywhere (tests/gpu/test_gemv.py), but not faster
+// than gemv_rs_pre where it matters: fast sweep gate|up 27.2 us against 25.8, down 19.2 against 17.8, v|z 15.8
+// against 14.3, o-projection 8.3 against 8.6; in the step the MLP on it (CudaQwen35.MLP_TMA, with the x prologues
+// below) 146.4 against 146.9 tok/s. With the weights streaming, not registers, as the bound on bytes in flight,
+// the GEMVs are no faster: what the register kernels lose to the copy rate is not bytes in flight. Kept in the
+// experimental module, off, as the base of a persistent (several ops a launch) decode.
 #include "common.cuh"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

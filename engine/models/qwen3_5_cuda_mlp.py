@@ -136,6 +136,11 @@ class MlpOps:
     # gate|up stages the post-attention norm itself (every block, while its producer warp already streams the
     # weights: no norm kernel, no boundary before the weights move) and folds its SwiGLU row's largest |value|;
     # down stages that row from the folded maximum itself (no stage_x_amax). MLP_TMA_NW: its consumer warps.
+    # Off: slower on the H200 (session 13, 27B, in one process, two passes each; bench/results/s13c-s13e): with
+    # the prologues' loads one at a time 140.7 against 147.0 tok/s; batched 146.4 against 146.9 (s13d), 145.0
+    # against 146.8 (s13e, another machine); a gate|up group over 2 / 4 warps 143.4 / 115.6, down in 4 pieces
+    # 142.3. gemv_tma alone loses to gemv_rs_pre on the big shapes (fast sweep s13c: gate|up 27.2 against 25.8 us,
+    # down 19.2 against 17.8), so the saved norm, staging and two boundaries (~8 us a layer) are spent again.
     MLP_TMA = os.environ.get("NINFER_MLP_TMA", "0") != "0"
     MLP_TMA_NW = int(os.environ.get("NINFER_MLP_TMA_NW", "16"))
     # pieces a gate|up group (its gate and up rows) is split into over consumer warps (smaller stages, more

@@ -159,7 +159,8 @@ def _source(files=None, ldg: bool = False) -> str:
 GEMV_PRE_MAIN = ((1, 2), (2, 2))
 EXPERIMENTAL = ("gemv_rs_pre<", "gemv_rs_async<", "gemv_mma<", "gemv_tma<")
 # gemv_tma<fmt, NW> (cuda/gemv_tma.cu, sm_90: weights by bulk copies through a ring of shared-memory stages,
-# one block an SM, NW consumer warps and a producer warp): consumer warps compiled
+# one block an SM, NW consumer warps and a producer warp): consumer warps compiled. Measured slower than
+# gemv_rs_pre on the 27B's big shapes (session 13): in no tuning entry; CudaQwen35.MLP_TMA (off) uses it.
 GEMV_TMA_NW = (8, 16)
 
 
