@@ -16,6 +16,7 @@
 # the L2 warm-up it measured, at 741ff0c; those of sessions 8-10, s8 / s8d / s9 / s10 / s11 / fin8 / fin9 /
 # gsplit / prep / s12-s16 / fin10 / mma / base / s10a-s10e, which bench/NOTES-decode.md cites, at 56b24ea; session
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
+#   tma5: the down-projection alone on gemv_tma (MLP_TMA=2): A/B, the engine test
 #   fin13: the engine tests on the final defaults, the 35B-A3B's norm blocks, the depth-32768 int8 bench
 #   tma4: MLP_TMA with a gate|up group over 2-4 warps (finer stages) and down in 4 pieces: tests, A/B
 #   tma3: MLP_TMA again with the prologues' loads batched, then `ninfer bench` 27B / 35B-A3B tg128
@@ -369,6 +370,15 @@ timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --attr="base
 log "27B tg128 at depth 32768, int8 KV (defaults)"
 timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -d 32768 --kv int8 -r 2 \
   -o json --out "$OUT/tg128_d32768_fin13.json" 2>&1 | grep -E "^\||rror" | tail -1
+fi
+if [ "$PART" = tma5 ]; then  # session 13: the down-projection alone on gemv_tma (NINFER_MLP_TMA=2), A/B first
+ready
+log "27B decode A/B in one process: MLP_TMA=2"
+timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --attr="base,MLP_TMA=2" \
+  --out "$OUT/decode_mlp_tma5.json" 2>&1 | grep -E "PDL|attr|rror" | head -8
+log "tests: the engine with MLP_TMA 0 / 1 / 2"
+gpu_pytest "$OUT/gpu_tests_tma5.txt" tests/gpu/test_gpu_engine.py -k "mlp_tma"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_tma5.txt" | tail -4
 fi
 if [ "$PART" = xi16 ]; then
 ready

@@ -497,3 +497,8 @@ def test_mlp_tma_plumbing(cp, monkeypatch):
     # the residual: layer l's gate|up reads what the norm before it wrote and writes the other buffer
     bufs = {ex_on.x.data.ptr, ex_on.x2.data.ptr}
     assert all({int(op.args[16]), int(op.args[17])} == bufs for op in tma[::2])
+    # NINFER_MLP_TMA=2: the down-projection only (the norm and gate|up kernels kept, stage_x_amax gone)
+    ex2, two = ops(2)
+    names2 = [getattr(op, "name", "") for op in two]
+    assert sum(n.startswith("gemv_tma<") for n in names2) == layers and "stage_x_amax" not in names2
+    assert norms(names2) == norms([getattr(op, "name", "") for op in off]) and len(two) == len(off) - layers

@@ -141,7 +141,8 @@ class MlpOps:
     # against 146.8 (s13e, another machine); a gate|up group over 2 / 4 warps 143.4 / 115.6, down in 4 pieces
     # 142.3. gemv_tma alone loses to gemv_rs_pre on the big shapes (fast sweep s13c: gate|up 27.2 against 25.8 us,
     # down 19.2 against 17.8), so the saved norm, staging and two boundaries (~8 us a layer) are spent again.
-    MLP_TMA = os.environ.get("NINFER_MLP_TMA", "0") != "0"
+    # NINFER_MLP_TMA=2: the down-projection only (its staging inside it; the norm and gate|up kernels as before).
+    MLP_TMA = int(os.environ.get("NINFER_MLP_TMA", "0"))
     MLP_TMA_NW = int(os.environ.get("NINFER_MLP_TMA_NW", "16"))
     # pieces a gate|up group (its gate and up rows) is split into over consumer warps (smaller stages, more
     # of them), and the down-projection's least pieces (its split-K planes)
@@ -162,6 +163,19 @@ class MlpOps:
         if H > nw * 512 or GemvPlan.tma_geometry(gu, "swiglu", self.MLP_TMA_GU_P, nw, kp_h * 10) is None \
                 or GemvPlan.tma_geometry(dn, "partial", dsplits, nw, kp_i * 2) is None:
             return None
+        if self.MLP_TMA == 2:  # down only: the norm kernel, gate|up on the register kernel folding its maximum
+            gcfg = self.gemv_cfg.get((gu.fmt, gu.n, gu.k), {})
+            gu_plan = GemvPlan(gu, self.xn, H, self.act, self.act.shape[1], epi="swiglu", rows=gcfg.get("rows"),
+                               unroll=gcfg.get("unroll", 2), xpre=(self.xh_n, self.xinv_n), pre2=True,
+                               amax_out=self.stage_slot)  # (gemv_rs_pre folds the maximum)
+            if not gu_plan.tracks_amax:
+                return None
+            d_plan = GemvPlan(dn, self.act, self.act.shape[1], self.part, H, epi="partial", splits=dsplits,
+                              xpre=(self.xh_act, self.xinv_act), tma=nw,
+                              tma_pro=("amax", self.act, self.inter, self.stage_slot))
+            if d_plan.splits > self.max_splits:
+                return None
+            return [self._norm(splits, L["post_norm"]), gu_plan.launch, d_plan.launch], d_plan.splits
         x_in, x_out = self._res
         norm = ("norm", x_in, x_out, self.part, splits, self.M * H, L["post_norm"], H, float(self.args.rms_norm_eps))
         gu_plan = GemvPlan(gu, self.xn, H, self.act, self.act.shape[1], epi="swiglu", xpre=(self.xh_n, self.xinv_n),

@@ -341,13 +341,14 @@ def test_mlp_tma_matches_the_four_kernels(monkeypatch):
     prompt = [int(t) for t in rng.integers(0, CFG["vocab_size"], 150)]
     forced = [int(t) for t in rng.integers(0, CFG["vocab_size"], 40)]
     out = {}
-    for on in (False, True):
-        monkeypatch.setattr(CudaQwen35, "MLP_TMA", on)
+    for mode in (0, 1, 2):  # (2: the down-projection alone on gemv_tma)
+        monkeypatch.setattr(CudaQwen35, "MLP_TMA", mode)
         eng = build_engine(args, w, CFG, max_context=512, prefill_cols=1)
         names = [getattr(getattr(getattr(op, "__self__", None), "_go", op), "name", "") for op in eng.model.executor.ops]
-        assert sum(n.startswith("gemv_tma<") for n in names) == (2 * args.num_hidden_layers if on else 0)
-        out[on] = forced_logits(eng, prompt, forced)
-    assert_close_runs(out[True], out[False])
+        assert sum(n.startswith("gemv_tma<") for n in names) == (0, 2, 1)[mode] * args.num_hidden_layers
+        out[mode] = forced_logits(eng, prompt, forced)
+    assert_close_runs(out[1], out[0])
+    assert_close_runs(out[2], out[0])
 
 
 def test_ldg_weight_loads_give_the_same_logits():
