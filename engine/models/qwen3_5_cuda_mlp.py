@@ -141,7 +141,8 @@ class MlpOps:
     # against 146.8 (s13e, another machine); a gate|up group over 2 / 4 warps 143.4 / 115.6, down in 4 pieces
     # 142.3. gemv_tma alone loses to gemv_rs_pre on the big shapes (fast sweep s13c: gate|up 27.2 against 25.8 us,
     # down 19.2 against 17.8), so the saved norm, staging and two boundaries (~8 us a layer) are spent again.
-    # NINFER_MLP_TMA=2: the down-projection only (its staging inside it; the norm and gate|up kernels as before).
+    # NINFER_MLP_TMA=2: the down-projection only (its staging inside it; the norm and gate|up kernels as before):
+    # 144.2 / 144.1 against 147.0 / 146.9 tok/s (s13g): the staging kernel it saves costs less than gemv_tma loses.
     MLP_TMA = int(os.environ.get("NINFER_MLP_TMA", "0"))
     MLP_TMA_NW = int(os.environ.get("NINFER_MLP_TMA_NW", "16"))
     # pieces a gate|up group (its gate and up rows) is split into over consumer warps (smaller stages, more
