@@ -83,6 +83,14 @@ def copy_bandwidth():
     return best
 
 
+def time_plans(plans) -> float:
+    """ms of one GEMV: each plan (copies of one matrix, so that nothing stays in L2) launched in turn in a graph."""
+    def run():
+        for p in plans:
+            p.launch()
+    return time_graph(run) / len(plans)
+
+
 def kernel_sweep(bw, shapes=SHAPES_27B, fast=False):
     """fast: the register kernels as the tuning table runs them (gemv_rs_pre, rows 1-2, unroll 2) against gemv_tma."""
     from engine.gpu_weights import random_matrix
@@ -111,13 +119,8 @@ def kernel_sweep(bw, shapes=SHAPES_27B, fast=False):
                 if (stages or pre2) and xpre is None:
                     continue
                 for splits, pf in [(s_, p_) for s_ in ((1, 2, 4, 8) if epi == "partial" else (1,)) for p_ in pf_opts]:
-                    plans = [GemvPlan(w, x, k, y, out_n, epi=epi, splits=splits, rows=rows, unroll=unroll,
-                                        xpre=xpre, pf=pf, stages=stages, pre2=pre2) for w in copies]
-
-                    def run(plans=plans):
-                        for p in plans:
-                            p.launch()
-                    ms = time_graph(run) / 2
+                    ms = time_plans([GemvPlan(w, x, k, y, out_n, epi=epi, splits=splits, rows=rows, unroll=unroll,
+                                              xpre=xpre, pf=pf, stages=stages, pre2=pre2) for w in copies])
                     gbs = copies[0].nbytes / (ms * 1e-3) / 1e9
                     r = dict(shape=name, fmt=fmt, n=n, k=k, rows=rows, unroll=unroll, splits=splits, pf=pf, stages=stages,
                              pre2=pre2,
@@ -128,12 +131,8 @@ def kernel_sweep(bw, shapes=SHAPES_27B, fast=False):
         for mma in (K.GEMV_MMA if fmt in ("q4_g64_fp16", "q5_g64_fp16") and not K.XI16 else ()):
             for splits in (1, 2, 4) if epi == "partial" else (1,):
                 try:
-                    plans = [GemvPlan(w, x, k, y, out_n, epi=epi, splits=splits, xpre=xpre, mma=mma) for w in copies]
-
-                    def run(plans=plans):
-                        for p in plans:
-                            p.launch()
-                    ms = time_graph(run) / 2
+                    ms = time_plans([GemvPlan(w, x, k, y, out_n, epi=epi, splits=splits, xpre=xpre, mma=mma)
+                                     for w in copies])
                 except Exception as e:  # noqa: BLE001 - report and go on with the other variants
                     print(f"{name}: gemv_mma {mma} splits {splits}: error {type(e).__name__}: {e}", flush=True)
                     continue
@@ -150,11 +149,7 @@ def kernel_sweep(bw, shapes=SHAPES_27B, fast=False):
                         plans = [GemvPlan(w, x, k, y, out_n, epi=epi, splits=splits, xpre=xpre, tma=nw) for w in copies]
                         if plans[0].tma is None:
                             continue
-
-                        def run(plans=plans):
-                            for p in plans:
-                                p.launch()
-                        ms = time_graph(run) / 2
+                        ms = time_plans(plans)
                     except Exception as e:  # noqa: BLE001 - report and go on with the other variants
                         print(f"{name}: gemv_tma {nw} splits {splits}: error {type(e).__name__}: {e}", flush=True)
                         continue
@@ -230,12 +225,7 @@ def routed_sweep(bw, experts=256, slots=8):
                 return GemvPlan(v, x, k, y, n, epi="store", unroll=u, rows=rows,
                                 experts=(eidx, n, k * 4, n, ewts, slots))
         for rows, u, p in variants:
-            plans = [plan(v, rows, u, p) for v in views]
-
-            def run(plans=plans):
-                for q in plans:
-                    q.launch()
-            ms = time_graph(run) / 2
+            ms = time_plans([plan(v, rows, u, p) for v in views])
             gbs = nbytes / (ms * 1e-3) / 1e9
             r = dict(shape=name, fmt=fmt, n=n, k=k, rows=rows, unroll=u, pre2=p, slots=slots, us=round(ms * 1e3, 2),
                      gbs=round(gbs, 1), pct_copy=round(100 * gbs / bw, 1))

@@ -258,6 +258,19 @@ def test_attention_query_group_cut_over_blocks_gives_the_same_tokens(monkeypatch
     assert np.allclose(out[2][1], out[1][1], rtol=1e-4, atol=1e-4)
 
 
+def forced_case(cfg, seed):
+    """A quantized model of `cfg` for the path comparisons: (args, weights, a 150-token prompt, 40 forced tokens)."""
+    from engine import gpu_weights
+    from engine.config import ModelArgs
+
+    args = ModelArgs.from_config(cfg)
+    w = gpu_weights.from_logical(args, quantized_weights(args))
+    rng = np.random.default_rng(seed)
+    prompt = [int(t) for t in rng.integers(0, cfg["vocab_size"], 150)]
+    forced = [int(t) for t in rng.integers(0, cfg["vocab_size"], 40)]
+    return args, w, prompt, forced
+
+
 def forced_logits(eng, prompt, forced):
     """The logits after `prompt` (prefilled) and after each of the teacher-forced tokens."""
     return [np.asarray(eng.prefill(prompt)).copy()] + [np.asarray(eng.decode_step(t)).copy() for t in forced]
@@ -276,17 +289,11 @@ def test_attention_on_tensor_cores_matches_the_split_kernel(monkeypatch):
     """NINFER_ATTN_MMA=1 (attn_decode_mma<6, false, W, NS>: bf16 Q, K, P, V into fp32 MMAs) on a model with the 27B's
     grouping: the logits after a 150-token prefill and over 40 teacher-forced steps close to
     attn_decode_split's (fp32 dots), and the same greedy choices there."""
-    from engine import gpu_weights
-    from engine.config import ModelArgs
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5_cuda import CudaQwen35
 
     cfg = dict(CFG, num_attention_heads=12, num_key_value_heads=2)
-    args = ModelArgs.from_config(cfg)
-    w = gpu_weights.from_logical(args, quantized_weights(args))
-    rng = np.random.default_rng(10)
-    prompt = [int(t) for t in rng.integers(0, cfg["vocab_size"], 150)]
-    forced = [int(t) for t in rng.integers(0, cfg["vocab_size"], 40)]
+    args, w, prompt, forced = forced_case(cfg, 10)
     out = {}
     for mma in (False, True):
         monkeypatch.setattr(CudaQwen35, "ATTN_MMA", mma)
@@ -301,18 +308,12 @@ def test_attention_raw_k_matches_the_decoded_k(monkeypatch):
     """NINFER_ATTN_KRAW=1 (int8 KV: K's codes into the MMAs, the group scales on the scores) on a model with the
     27B's grouping: the logits after a 150-token prefill and over 40 teacher-forced steps close to
     attn_decode_mma's decoded-K form (which rounds code x scale to fp16), and the same greedy choices there."""
-    from engine import gpu_weights
-    from engine.config import ModelArgs
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5_cuda import CudaQwen35
     from engine.ops import kernels as K
 
     cfg = dict(CFG, num_attention_heads=12, num_key_value_heads=2)
-    args = ModelArgs.from_config(cfg)
-    w = gpu_weights.from_logical(args, quantized_weights(args))
-    rng = np.random.default_rng(11)
-    prompt = [int(t) for t in rng.integers(0, cfg["vocab_size"], 150)]
-    forced = [int(t) for t in rng.integers(0, cfg["vocab_size"], 40)]
+    args, w, prompt, forced = forced_case(cfg, 11)
     out = {}
     for kraw in (False, True):
         monkeypatch.setattr(CudaQwen35, "ATTN_KRAW", kraw)
@@ -327,19 +328,13 @@ def test_mlp_tma_matches_the_four_kernels(monkeypatch):
     """NINFER_MLP_TMA=1 (sm_90: the post-attention norm inside gate|up's gemv_tma, the down-projection's staging
     inside its own): the logits after a 150-token prompt and over 40 teacher-forced steps close to the norm, gate|up,
     stage_x_amax and down kernels', and the same greedy choices there."""
-    from engine import gpu_weights
-    from engine.config import ModelArgs
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5_cuda import CudaQwen35
     from engine.ops import kernels as K
 
     if not (K.tma_capable() and K.XI16):
         pytest.skip("gemv_tma needs sm_90 and int16 x pairs")
-    args = ModelArgs.from_config(CFG)
-    w = gpu_weights.from_logical(args, quantized_weights(args))
-    rng = np.random.default_rng(12)
-    prompt = [int(t) for t in rng.integers(0, CFG["vocab_size"], 150)]
-    forced = [int(t) for t in rng.integers(0, CFG["vocab_size"], 40)]
+    args, w, prompt, forced = forced_case(CFG, 12)
     out = {}
     for mode in (0, 1, 2):  # (2: the down-projection alone on gemv_tma)
         monkeypatch.setattr(CudaQwen35, "MLP_TMA", mode)
