@@ -14,7 +14,8 @@
 // groups' rows (all P pieces of each: consecutive rows are contiguous in every plane, so a stage is one bulk copy
 // a plane, two for SwiGLU); consumer warp w decodes piece w % P of group w / P of the stage. P > 1 (split K):
 // EPI_PARTIAL's piece p writes plane p (plane_stride floats apart), which the next norm sums as it sums split-K
-// planes; SwiGLU's P warps of a group add their sums through shared memory (named barrier 2 + group) first. Barriers: full[s] (the producer's expect_tx, completed by the copies), empty[s] (NW consumer arrivals).
+// planes; SwiGLU's P warps of a group add their sums through shared memory (named barrier 2 + group) first.
+// Barriers: full[s] (the producer's expect_tx, completed by the copies), empty[s] (NW consumer arrivals).
 // Layout of a stage (RSL = RS row slots, 2 RS for SwiGLU: gate rows then up rows): codes RSL x gpr x 32 B, then
 // scales RSL x gpr x 2 B, then high bits RSL x gpr x HB B; gpr % 8 == 0 keeps every part 16-byte aligned.
 // Shared memory: the x pairs (kpad x 2 B, one bulk copy), S stages, 2 S + 1 barriers.
