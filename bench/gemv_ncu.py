@@ -1,7 +1,7 @@
 """Launch the 27B's main decode GEMVs twice each with plain launches, for Nsight Compute
 (`bash bench/gpu_profile.sh` runs it under ncu). Each shape runs with the engine's tuning table
-(`engine.ops.gemv_tuning`), x pre-staged as in decode. NCU_MMA="t,kw,u" launches gemv_mma instead;
-NCU_SHAPES="mlp gate|up,..." picks shapes.
+(`engine.ops.gemv_tuning`), x pre-staged as in decode. NCU_MMA="t,kw,u" launches gemv_mma instead,
+NCU_TMA=NW gemv_tma (sm_90, NW consumer warps); NCU_SHAPES="mlp gate|up,..." picks shapes.
 """
 from __future__ import annotations
 
@@ -41,8 +41,9 @@ def main():
         c = cfg.get((fmt, n, k), {})
         y = cp.zeros((8, out_n), cp.float32)
         mma = tuple(int(v) for v in os.environ["NCU_MMA"].split(",")) if os.environ.get("NCU_MMA") else None
+        tma = int(os.environ["NCU_TMA"]) if os.environ.get("NCU_TMA") else None
         plan = GemvPlan(w, x, k, y, out_n, epi=epi, splits=c.get("splits", 1), rows=c.get("rows"),
-                          unroll=c.get("unroll", 2), xpre=xpre, mma=mma)
+                        unroll=c.get("unroll", 2), xpre=xpre, mma=mma, pre2=c.get("pre2", False), tma=tma)
         for _ in range(2):
             plan.launch()
         cp.cuda.Device().synchronize()

@@ -16,6 +16,7 @@
 # the L2 warm-up it measured, at 741ff0c; those of sessions 8-10, s8 / s8d / s9 / s10 / s11 / fin8 / fin9 /
 # gsplit / prep / s12-s16 / fin10 / mma / base / s10a-s10e, which bench/NOTES-decode.md cites, at 56b24ea; session
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
+#   ncu_tma: Nsight Compute on q5 down, gemv_rs_pre against gemv_tma (why the copy-engine GEMV is slower)
 #   tma5: the down-projection alone on gemv_tma (MLP_TMA=2): A/B, the engine test
 #   fin13: the engine tests on the final defaults, the 35B-A3B's norm blocks, the depth-32768 int8 bench
 #   tma4: MLP_TMA with a gate|up group over 2-4 warps (finer stages) and down in 4 pieces: tests, A/B
@@ -379,6 +380,16 @@ timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --attr="base,MLP
 log "tests: the engine with MLP_TMA 0 / 1 / 2"
 gpu_pytest "$OUT/gpu_tests_tma5.txt" tests/gpu/test_gpu_engine.py -k "mlp_tma"
 grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_tma5.txt" | tail -4
+fi
+if [ "$PART" = ncu_tma ]; then  # next session's first call: Nsight Compute, gemv_rs_pre against gemv_tma on q5 down
+  ready
+  NCU_SHAPES="mlp down" NCU_KERNEL=gemv_ bash bench/gpu_profile.sh; cp "$OUT/ncu.txt" "$OUT/ncu_pre.txt"
+  NCU_SHAPES="mlp down" NCU_TMA=16 NCU_KERNEL=gemv_tma bash bench/gpu_profile.sh; cp "$OUT/ncu.txt" "$OUT/ncu_tma.txt"
+  for f in pre tma; do
+    log "$f"
+    grep -E "Stall|Warp Cycles|Issue Slot|Executed Ipc|Mem Busy|Max Bandwidth|DRAM Through|Registers Per|Achieved Occ|Duration" \
+      "$OUT/ncu_$f.txt" | head -24
+  done
 fi
 if [ "$PART" = xi16 ]; then
 ready
