@@ -4,7 +4,7 @@ MMA variants on weights that stay in L2 (one 10 MB copy replayed) and on weights
 import cupy as cp
 import numpy as np
 
-from bench.gpu_decode import time_graph
+from bench.gemv_sweep import time_plans
 from engine.gpu_weights import random_matrix
 from engine.ops import kernels as K
 from engine.ops.gemv_plan import GemvPlan
@@ -24,12 +24,7 @@ def main():
         for v in variants:
             out = []
             for label, ws in (("L2", copies[:1] * 8), ("DRAM", copies)):
-                plans = [GemvPlan(w, x, k, y, n, epi="store", xpre=xpre, **v) for w in ws]
-
-                def run(plans=plans):
-                    for p in plans:
-                        p.launch()
-                us = time_graph(run) / len(plans) * 1e3
+                us = time_plans([GemvPlan(w, x, k, y, n, epi="store", xpre=xpre, **v) for w in ws]) * 1e3
                 out.append(f"{label} {us:6.2f} us ({copies[0].nbytes / us / 1e3:6.0f} GB/s)")
             print(f"{fmt} {n}x{k} {v}: " + ", ".join(out), flush=True)
 

@@ -1,4 +1,4 @@
-"""bench/gpu_decode.py's routed_sweep builds the MoE decode's routed expert GEMVs (gate|up over the staged norm
+"""bench/gemv_sweep.py's routed_sweep builds the MoE decode's routed expert GEMVs (gate|up over the staged norm
 row, down over each slot's own row, grid.z = the slots) for every variant it times: checked on the CuPy stand-in
 with a stub timer, so a device call does not find an argument mistake."""
 import sys
@@ -14,13 +14,13 @@ def test_routed_sweep_plans_every_variant(monkeypatch):
     cp = fake_cupy.install(monkeypatch)
     import importlib
 
-    import gpu_decode
+    import gemv_sweep
     from engine import gpu_weights
     from engine.artifact import formats
     from engine.ops import kernels as K
     from engine.ops.gemv_plan import DevMatrix
 
-    gd = importlib.reload(gpu_decode)
+    gd = importlib.reload(gemv_sweep)
     monkeypatch.setattr(cp, "random", types.SimpleNamespace(default_rng=lambda seed: None), raising=False)
     monkeypatch.setattr(gpu_weights, "random_matrix", lambda cp_, rng, fmt, n, k: DevMatrix.from_object(
         fmt, (n, k), cp.zeros(formats.rowsplit_geometry(fmt, (n, k)).bytes + 4, dtype=cp.uint8)))
