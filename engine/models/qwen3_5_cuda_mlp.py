@@ -164,6 +164,11 @@ class MlpOps:
         if H > nw * 512 or GemvPlan.tma_geometry(gu, "swiglu", self.MLP_TMA_GU_P, nw, kp_h * 10) is None \
                 or GemvPlan.tma_geometry(dn, "partial", dsplits, nw, kp_i * 2) is None:
             return None
+        d_plan = GemvPlan(dn, self.act, self.act.shape[1], self.part, H, epi="partial", splits=dsplits,
+                          xpre=(self.xh_act, self.xinv_act), tma=nw,
+                          tma_pro=("amax", self.act, self.inter, self.stage_slot))
+        if d_plan.splits > self.max_splits:  # (rows too long for two stages of nw / max_splits rows)
+            return None
         if self.MLP_TMA == 2:  # down only: the norm kernel, gate|up on the register kernel folding its maximum
             gcfg = self.gemv_cfg.get((gu.fmt, gu.n, gu.k), {})
             gu_plan = GemvPlan(gu, self.xn, H, self.act, self.act.shape[1], epi="swiglu", rows=gcfg.get("rows"),
@@ -171,21 +176,11 @@ class MlpOps:
                                amax_out=self.stage_slot)  # (gemv_rs_pre folds the maximum)
             if not gu_plan.tracks_amax:
                 return None
-            d_plan = GemvPlan(dn, self.act, self.act.shape[1], self.part, H, epi="partial", splits=dsplits,
-                              xpre=(self.xh_act, self.xinv_act), tma=nw,
-                              tma_pro=("amax", self.act, self.inter, self.stage_slot))
-            if d_plan.splits > self.max_splits:
-                return None
             return [self._norm(splits, L["post_norm"]), gu_plan.launch, d_plan.launch], d_plan.splits
         x_in, x_out = self._res
         norm = ("norm", x_in, x_out, self.part, splits, self.M * H, L["post_norm"], H, float(self.args.rms_norm_eps))
         gu_plan = GemvPlan(gu, self.xn, H, self.act, self.act.shape[1], epi="swiglu", xpre=(self.xh_n, self.xinv_n),
                            tma=nw, tma_pro=norm, amax_out=self.stage_slot, splits=self.MLP_TMA_GU_P)
-        d_plan = GemvPlan(dn, self.act, self.act.shape[1], self.part, H, epi="partial", splits=dsplits,
-                          xpre=(self.xh_act, self.xinv_act), tma=nw,
-                          tma_pro=("amax", self.act, self.inter, self.stage_slot))
-        if d_plan.splits > self.max_splits:  # (rows too long for two stages of nw / max_splits rows)
-            return None
         self._res = (x_out, x_in)
         return [gu_plan.launch, d_plan.launch], d_plan.splits
 

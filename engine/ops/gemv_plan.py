@@ -97,7 +97,8 @@ class GemvPlan:
         column view: `col_slice`; pre-staged x only, split into whole slices exactly). conv (epi "conv", one
         K slice): (weights [4, C], history [M, 3, C], C, the channel of row 0, rows that take the conv)."""
         self.w, self.m, self.epi = w, m, EPI[epi]
-        self.stages, self.pre2, self.stages_out, self.tracks_amax, self.tma = 0, False, False, False, None
+        self.stages, self.pre2, self.stages_out, self.tracks_amax = 0, False, False, False
+        self.tma = self.tma_pro = None  # (gemv_tma: (NW, stages, pieces) and its x prologue)
         ps = w.n // 2 if pair_stride is None else int(pair_stride)
         if tma and self._tma_ok(w, xpre, m, epi, experts, k_chunks, pair_stride, y_offset) \
                 and self._tma_plan(w, xpre, y, ldy, m, epi, splits, int(tma), amax_out, tma_pro):
@@ -256,22 +257,23 @@ class GemvPlan:
         _allow_smem(self.fn, name, self.smem)
         self.grid, self.splits, self.tma = (max(1, min(sm_count(), ng)),), 1 if swiglu else P, (nw, S, P)
         self.tracks_amax = bool(swiglu and amax_out is not None)
-        self.args = (np.uint64(w.ptr(w.base)), np.uint64(w.ptr(w.high)), np.uint64(w.ptr(w.scales)),
-                     np.int32(w.n), np.int32(w.gpr), np.int32(w.n // 2 if swiglu else 0), np.uint64(_p(xh)),
-                     np.uint64(_p(xinv)), np.int32(kpad), np.int32(P), np.uint64(_p(y)), np.int32(m * ldy),
-                     np.int32(self.epi), np.uint64(_p(amax_out) if self.tracks_amax else 0), np.int32(S))
+        # the prologue's arguments (pro, x_in, x_out, planes, nplanes, plane stride, norm weight, H, eps, slot);
+        # the amax prologue reads its fp32 row where the pairs would be
+        zero = (np.uint64(0), np.uint64(0), np.uint64(0), np.int32(0), np.int32(0), np.uint64(0))
+        xsrc = xh
         if kind == "norm":
             _, x_in, x_out, planes, nplanes, pstride, nw_, H, eps = pro
-            self.args += (np.int32(1), np.uint64(_p(x_in)), np.uint64(_p(x_out)), np.uint64(_p(planes)), np.int32(nplanes),
-                          np.int32(pstride), np.uint64(_p(nw_)), np.int32(H), np.float32(eps), np.uint64(0))
+            pro_args = (np.int32(1), np.uint64(_p(x_in)), np.uint64(_p(x_out)), np.uint64(_p(planes)), np.int32(nplanes),
+                        np.int32(pstride), np.uint64(_p(nw_)), np.int32(H), np.float32(eps), np.uint64(0))
         elif kind == "amax":
-            _, row, H, slot = pro
-            self.args = self.args[:6] + (np.uint64(_p(row)),) + self.args[7:]  # (xh: the fp32 row)
-            self.args += (np.int32(2), np.uint64(0), np.uint64(0), np.uint64(0), np.int32(0), np.int32(0), np.uint64(0),
-                          np.int32(H), np.float32(0), np.uint64(_p(slot)))
+            _, xsrc, H, slot = pro
+            pro_args = (np.int32(2),) + zero + (np.int32(H), np.float32(0), np.uint64(_p(slot)))
         else:
-            self.args += (np.int32(0), np.uint64(0), np.uint64(0), np.uint64(0), np.int32(0), np.int32(0), np.uint64(0),
-                          np.int32(0), np.float32(0), np.uint64(0))
+            pro_args = (np.int32(0),) + zero + (np.int32(0), np.float32(0), np.uint64(0))
+        self.args = (np.uint64(w.ptr(w.base)), np.uint64(w.ptr(w.high)), np.uint64(w.ptr(w.scales)),
+                     np.int32(w.n), np.int32(w.gpr), np.int32(w.n // 2 if swiglu else 0), np.uint64(_p(xsrc)),
+                     np.uint64(_p(xinv)), np.int32(kpad), np.int32(P), np.uint64(_p(y)), np.int32(m * ldy),
+                     np.int32(self.epi), np.uint64(_p(amax_out) if self.tracks_amax else 0), np.int32(S)) + pro_args
         self.tma_pro = kind
         self._go = Launch(self.fn, self.grid, (nw + 1) * 32, self.args, self.smem, name=name)
         return True
