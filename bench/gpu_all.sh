@@ -16,6 +16,7 @@
 # the L2 warm-up it measured, at 741ff0c; those of sessions 8-10, s8 / s8d / s9 / s10 / s11 / fin8 / fin9 /
 # gsplit / prep / s12-s16 / fin10 / mma / base / s10a-s10e, which bench/NOTES-decode.md cites, at 56b24ea; session
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
+#   fused: the post-attention norm and the dense MLP as one persistent launch (MLP_FUSED): tests, A/B, breakdown
 #   ncu_tma: Nsight Compute on q5 down, gemv_rs_pre against gemv_tma (why the copy-engine GEMV is slower)
 #   tma5: the down-projection alone on gemv_tma (MLP_TMA=2): A/B, the engine test
 #   fin13: the engine tests on the final defaults, the 35B-A3B's norm blocks, the depth-32768 int8 bench
@@ -356,6 +357,18 @@ if [ -n "$BEST" ]; then
   env $BEST timeout 120 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --breakdown \
     --out "$OUT/decode_tma4_bd.json" 2>&1 | grep -E "PDL|sum of|^  [a-z]|rror" | head -16
 fi
+fi
+if [ "$PART" = fused ]; then  # session 14: the post-attention norm and the dense MLP in one persistent launch
+ready
+log "tests: mlp_fused against the four kernels (kernel level, engine)"
+gpu_pytest "$OUT/gpu_tests_fused.txt" tests/gpu/test_mlp_fused.py tests/gpu/test_gpu_engine.py -k "mlp_fused"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_fused.txt" | tail -8
+log "27B decode A/B in one process: MLP_FUSED=1 (down splits: the table's 2, then 3)"
+timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --attr="base,MLP_FUSED=1,MLP_FUSED=1;MLP_FUSED_SPLITS=3" \
+  --out "$OUT/decode_fused.json" 2>&1 | grep -E "PDL|attr|rror" | head -10
+log "27B breakdown with MLP_FUSED=1"
+NINFER_MLP_FUSED=1 timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --breakdown \
+  --out "$OUT/decode_fused_bd.json" 2>&1 | grep -E "PDL|sum of|^  [a-z]|rror" | head -16
 fi
 if [ "$PART" = fin13 ]; then  # session 13's last call: the engine tests on the final defaults (raw-K int8 on),
 # the 35B-A3B's norm blocks A/B, `ninfer bench` at depth 32768 int8 with the defaults (no env)

@@ -381,3 +381,40 @@ def test_mlp_tma_plumbing(cp, monkeypatch):
     names2 = [getattr(op, "name", "") for op in two]
     assert sum(n.startswith("gemv_tma<") for n in names2) == layers and "stage_x_amax" not in names2
     assert norms(names2) == norms([getattr(op, "name", "") for op in off]) and len(two) == len(off) - layers
+
+
+def test_mlp_fused_plumbing(cp, monkeypatch):
+    """NINFER_MLP_FUSED: each dense layer's post-attention norm, gate|up, staging and down become one mlp_fused
+    launch (1,024 threads, one block a multiprocessor, the barrier counter, the residual buffers alternating as the
+    norm kernels alternate them); off, the four kernels as before."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+    from engine.ops import kernels as K
+
+    args, w = _weights(CFG)
+    monkeypatch.setattr(K, "resident_blocks", lambda name, block, smem=0: 1)
+
+    def ops(on):
+        monkeypatch.setattr(CudaQwen35, "MLP_FUSED", on)
+        ex = build_engine(args, w, CFG, max_context=256, prefill_cols=1, prefill_gemm=0).model.executor
+        return ex, [getattr(getattr(op, "__self__", None), "_go", op) for op in _flat(ex.ops)]
+
+    _, off = ops(0)
+    ex, on = ops(1)
+    layers = args.num_hidden_layers
+    names_on, names_off = [getattr(op, "name", "") for op in on], [getattr(op, "name", "") for op in off]
+    fused = [op for op in on if getattr(op, "name", "").startswith("mlp_fused<")]
+    stages = lambda names: sum(n.startswith("stage_x") for n in names)  # noqa: E731
+    assert len(fused) == layers and stages(names_on) == stages(names_off) - layers
+    norms = lambda names: sum(n.startswith("residual_rmsnorm") for n in names)  # noqa: E731
+    assert norms(names_on) == norms(names_off) - layers and len(on) == len(off) - 3 * layers
+    bufs = {ex.x.data.ptr, ex.x2.data.ptr}
+    for op in fused:
+        assert op.block == 1024 and op.grid == (K.sm_count(),) and op.smem == ex.kpad_h * 6
+        assert {int(op.args[0]), int(op.args[1])} == bufs  # reads one residual buffer, writes the other
+        assert int(op.args[2]) == int(op.args[25]) == ex.part.data.ptr and int(op.args[27]) == ex.mlp_bar.data.ptr
+        assert int(op.args[18]) == ex.stage_slot.data.ptr and int(op.args[13]) == ex.act.data.ptr
+    # the next norm reads what the fused launch wrote, and sums its planes
+    i = names_on.index(fused[0].name)
+    nxt = next(op for op in on[i + 1:] if getattr(op, "name", "").startswith("residual_rmsnorm"))
+    assert int(nxt.args[0]) == int(fused[0].args[1]) and int(nxt.args[3]) == int(fused[0].args[24])

@@ -10,7 +10,7 @@ import os
 import numpy as np
 
 from engine.ops import kernels as K
-from engine.ops.gemv_plan import GemvPlan
+from engine.ops.gemv_plan import GemvPlan, mlp_fused_launch
 
 
 class MlpOps:
@@ -183,6 +183,31 @@ class MlpOps:
                            tma=nw, tma_pro=norm, amax_out=self.stage_slot, splits=self.MLP_TMA_GU_P)
         self._res = (x_out, x_in)
         return [gu_plan.launch, d_plan.launch], d_plan.splits
+
+    # The post-attention norm and the dense MLP as one persistent launch (cuda/mlp_fused.cu, NINFER_MLP_FUSED=1): every
+    # block stages the normed row itself while its first gate|up loads are in flight, gate|up folds its SwiGLU
+    # maximum, two grid barriers around the down input's staging, the down-projection's first loads issued before
+    # them. The same planes, bit for bit, as the norm, gate|up, stage_x_amax and down kernels it replaces.
+    MLP_FUSED = int(os.environ.get("NINFER_MLP_FUSED", "0"))
+    MLP_FUSED_SPLITS = int(os.environ.get("NINFER_MLP_FUSED_SPLITS", "0"))  # the down's split-K slices (0: its table entry)
+
+    def _ffn_fused_ops(self, L, splits: int):
+        """(ops, partial planes) of the post-attention norm and the dense MLP as one mlp_fused launch, or None where
+        MLP_FUSED is off or its rules do not hold (one token row, int16 pairs, q4 gate|up and q5 down, H <= 8,192)."""
+        gu, dn = L["gate_up"], L["down"]
+        if not (self.MLP_FUSED and self.M == 1 and K.XI16 and not self.FFN_SPLIT and self.H <= 8 * 1024):
+            return None
+        if getattr(self, "mlp_bar", None) is None:
+            self.mlp_bar = self.cp.zeros(1, dtype=self.cp.uint64)
+        x_in, x_out = self._res
+        H = self.H
+        norm = (x_in, x_out, self.part, splits, self.M * H, L["post_norm"], H, float(self.args.rms_norm_eps), self.kpad_h)
+        got = mlp_fused_launch(gu, dn, norm, self.act, self.kpad_act, self.xh_act, self.xinv_act, self.stage_slot,
+                               self.part, self.MLP_FUSED_SPLITS or self._splits(dn), self.mlp_bar)
+        if got is None or got[1] > self.max_splits:
+            return None
+        self._res = (x_out, x_in)
+        return [got[0]], got[1]
 
     def _ffn_ops(self, L, xn) -> tuple[list, int]:
         """The dense MLP's ops (gate|up with SwiGLU, staging, down into partials) and the partial planes

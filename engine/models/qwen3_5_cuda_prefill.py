@@ -35,6 +35,7 @@ class CudaQwen35Prefill(PrefillWeights16, PrefillMoeOps, CudaQwen35Columns):
 
     BRANCHES = False  # cuBLAS calls through CuPy's handle stay on one stream
     FFN_SPLIT = False  # (one GEMM a projection)
+    MLP_FUSED = 0  # (the decode's persistent MLP kernel: one token row)
     NORM_BLOCKS = 1  # T rows give the norms their parallelism; more blocks a row would re-read it
     PREP_SPLIT = 64  # token slices of the GDN conv/norm kernel (16 tokens each at T = 1024)
     # state rows a warp in the recurrence; NINFER_GDN_ROWS=1 takes gdn_delta_cols (a row a warp).

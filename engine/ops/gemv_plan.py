@@ -304,3 +304,40 @@ class GemvPlan:
 
     def launch(self):
         self._go()
+
+
+def down_slices(w: DevMatrix, splits: int) -> tuple[int, int]:
+    """(16-byte chunks a split-K slice, slices) of a pre-staged GEMV over w asked for `splits` slices: whole
+    32-chunk blocks of the staged pairs (GemvPlan's rule)."""
+    span = w.gpr * 2
+    u4ps = -(-(-(-span // max(int(splits), 1))) // 32) * 32
+    return u4ps, -(-span // u4ps)
+
+
+def mlp_fused_launch(gu: DevMatrix, dn: DevMatrix, norm: tuple, act, kpad_act: int, xh_act, xinv_act, slot, y,
+                     splits: int, bar):
+    """The post-attention norm and the dense MLP of one token as one mlp_fused launch (cuda/mlp_fused.cu), or None
+    where it is not compiled for these formats and sizes. norm = (x_in, x_out, planes in, planes, plane stride,
+    norm weight, H, eps, kpad_h); gu: [2I, H] (gate rows, then up rows), dn: [H, I]; act: the fp32 SwiGLU row
+    (I values), staged into xh_act / xinv_act with the scale of the largest |value| folded into slot[0] (slot: 2
+    zeroed uint32 words, zeroed again by the launch); y: the down-projection's split-K planes (`splits` asked,
+    whole 32-chunk slices; H floats apart); bar: a zeroed uint64, the grid barrier's counter (one a grid size).
+    Returns (launch, planes written)."""
+    x_in, x_out, part, nplanes, pstride, nw_, H, eps, kpad_h = norm
+    inter = dn.k
+    vpt = min((v for v in kernels.MLP_FUSED_VPT if v * 1024 >= H), default=0)
+    if gu.fmt not in FMT_IDS or dn.fmt not in FMT_IDS or gu.n != 2 * inter or gu.k != H or dn.n != H:
+        return None
+    name = f"mlp_fused<{FMT_IDS[gu.fmt]},{FMT_IDS[dn.fmt]},1,{vpt}>"
+    if name not in kernels.MLP_FUSED_NAMES:
+        return None
+    u4ps, dsplits = down_slices(dn, splits)
+    smem = kpad_h * 6  # the normed row's pairs, then its fp32 values
+    grid = sm_count() * kernels.resident_blocks(name, 1024, smem)
+    P, I = (lambda a: np.uint64(_p(a))), np.int32
+    args = (P(x_in), P(x_out), P(part), I(nplanes), I(pstride), P(nw_), I(H), np.float32(eps), I(kpad_h),
+            P(gu.ptr(gu.base)), P(gu.ptr(gu.high)), P(gu.ptr(gu.scales)), I(gu.gpr),
+            P(act), I(inter), I(kpad_act), P(xh_act), P(xinv_act), P(slot),
+            P(dn.ptr(dn.base)), P(dn.ptr(dn.high)), P(dn.ptr(dn.scales)), I(dn.gpr), I(u4ps), I(dsplits),
+            P(y), I(H), P(bar))
+    return kernels.prepared(name, (grid,), args, block=1024, smem=smem), dsplits

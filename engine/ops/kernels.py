@@ -20,7 +20,7 @@ from engine.backend import cupy_or_none
 
 SOURCES = ("common.cuh", "gemv_decode.cu", "gemv.cu", "gemv_variants.cu", "gemv_mma.cu", "rows.cu", "norm.cu",
            "attention.cu", "gdn.cu", "gdn_chunked.cu", "sample.cu", "sampler.cu", "moe.cu", "attn_prefill.cu", "attn_decode_mma.cu",
-           "gemv_tma.cu")
+           "gemv_tma.cu", "mlp_fused.cu")
 # Pre-staged GEMV input rows (fp16 pairs, slot-major blocks of 32 chunks) are padded to this many values.
 XPAD = 1024
 FMT_IDS = {"q4_g64_fp16": 0, "q5_g64_fp16": 1, "q6_g64_fp16": 2, "q8_g32_fp16": 3}
@@ -157,11 +157,16 @@ def _source(files=None, ldg: bool = False) -> str:
 # module on first use, so the engine's first run does not wait for them. The gemv_rs_pre (rows, unroll)
 # pairs of GEMV_PRE_MAIN are in the table and compile with the engine's module.
 GEMV_PRE_MAIN = ((1, 2), (2, 2))
-EXPERIMENTAL = ("gemv_rs_pre<", "gemv_rs_async<", "gemv_mma<", "gemv_tma<")
+EXPERIMENTAL = ("gemv_rs_pre<", "gemv_rs_async<", "gemv_mma<", "gemv_tma<", "mlp_fused<")
 # gemv_tma<fmt, NW> (cuda/gemv_tma.cu, sm_90: weights by bulk copies through a ring of shared-memory stages,
 # one block an SM, NW consumer warps and a producer warp): consumer warps compiled. Measured slower than
 # gemv_rs_pre on the 27B's big shapes (session 13): in no tuning entry; CudaQwen35.MLP_TMA (off) uses it.
 GEMV_TMA_NW = (8, 16)
+# mlp_fused<gate|up fmt, down fmt, down rows a warp, norm values a thread> (cuda/mlp_fused.cu: the post-attention
+# norm and the dense MLP in one persistent launch, CudaQwen35.MLP_FUSED): the groupwise-int recipe's q4 gate|up and
+# q5 down; hidden sizes up to 1,024 VPT (VPT 5: the 27B's 5,120; 1: the tests' small models)
+MLP_FUSED_VPT = (1, 2, 5, 8)
+MLP_FUSED_NAMES = tuple(f"mlp_fused<0,1,1,{v}>" for v in MLP_FUSED_VPT)  # (down rows 2 spill)
 
 
 def gemv_tma_smem(stages: int, xbytes: int, stage_bytes: int) -> int:
@@ -192,6 +197,7 @@ def _names(experimental: bool = False) -> list[str]:
                   for st in GEMV_ASYNC_STAGES]
         names += [f"gemv_mma<{f},{t},{kw},{u}>" for f in range(2) for t, kw, u in GEMV_MMA]
         names += [f"gemv_tma<{f},{nw}>" for f in range(3) for nw in GEMV_TMA_NW] if XI16 else []
+        names += list(MLP_FUSED_NAMES) if XI16 else []
         return names
     names = [f"gemv_rs<{f},{r},{m},{u}>" for f in range(4) for r in GEMV_ROWS for m in GEMV_M for u in GEMV_UNROLL]
     pre_f = range(4 if XI16 else 3)  # w8 reads pre-staged pairs when they are int16
@@ -335,6 +341,18 @@ def blocks_per_sm(name: str, block: int = WARPS * 32, smem: int = 0) -> int:
     except (OSError, AttributeError):
         pass
     return 2
+
+
+def resident_blocks(name: str, block: int, smem: int = 0) -> int:
+    """Blocks of kernel `name` that the occupancy calculator says fit on a multiprocessor at once, at least 1
+    (no guess where the call fails: a grid barrier needs every block resident)."""
+    _allow_smem(kernel(name), name, smem)
+    out = ctypes.c_int(0)
+    rc = ctypes.CDLL("libcuda.so.1").cuOccupancyMaxActiveBlocksPerMultiprocessor(
+        ctypes.byref(out), ctypes.c_void_p(int(kernel(name).kernel.ptr)), ctypes.c_int(block), ctypes.c_size_t(smem))
+    if rc != 0 or out.value < 1:
+        raise RuntimeError(f"{name}: no resident block of {block} threads and {smem} bytes of shared memory ({rc})")
+    return out.value
 
 
 @functools.cache

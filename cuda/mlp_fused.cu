@@ -1,0 +1,280 @@
+// The dense MLP of one decode token as one persistent launch (experimental module, CudaQwen35.MLP_FUSED):
+//
+//   x_out = x_in + planes;  xn = rmsnorm(x_out) (1 + w)            every block, into its own shared memory
+//   act = silu(gate xn) * (up xn), its largest |value| folded      gate|up, a warp a row pair (gemv_rs_pre's)
+//   --- grid barrier ---  each block stages a slice of act as the down input's int16 pairs (stage_x_amax's)
+//   --- grid barrier ---  y[s] = down[:, slice s] pairs           split-K planes (gemv_rs_pre's)
+//
+// Why: the kernel-per-op step pays, a layer, a norm launch (4.4 us), a staging launch (2.3 us), three graph
+// boundaries (~0.55 us each) and the ramp of two GEMVs whose first weight loads wait for the launch. Here the
+// blocks are resident for the whole MLP (one a multiprocessor, 32 warps: the occupancy the register GEMVs run at),
+// so every warp issues its first weight loads before the dependent step in front of them (the norm, the
+// barriers), and the next row group's loads before the current one's reduction. The arithmetic is the kernels'
+// it replaces, in the same order: the planes it writes are bit-identical to residual_rmsnorm_mb -> gemv_rs_pre
+// (SwiGLU, amax) -> stage_x_amax -> gemv_rs_pre (partial).
+// The grid barrier needs every block resident at once: the launch takes the occupancy calculator's grid, and
+// nothing runs beside it in the decode graph (it sits on the main chain between joins). A barrier that waits
+// ~2 s (a block that never became resident) traps instead of hanging.
+#include "common.cuh"
+
+#define MLP_THREADS 1024
+
+// All blocks of the grid: every block's prior writes visible to every block after it. `ctr` only grows (a
+// launch adds gridDim.x per barrier), so it needs no reset as long as every launch on it has the same grid.
+__device__ __forceinline__ void grid_barrier(unsigned long long* ctr) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    const unsigned long long n = gridDim.x;
+    const unsigned long long target = (atomicAdd(ctr, 1ull) / n + 1) * n;
+    const long long t0 = clock64();
+    unsigned long long cur;
+    do {
+      asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(cur) : "l"(ctr) : "memory");
+      if (clock64() - t0 > (1ll << 32)) __trap();
+    } while (cur < target);
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+// One warp's rows of a row-split GEMV over pre-staged pairs (gemv_rs_pre's loads and arithmetic): `start` sets the
+// row pointers of a row group, `load` issues the next U iterations' weight, scale and high-bit loads (lane j0 + 32 i),
+// `consume` multiplies them with x (xat(i, c): slot c of iteration i's chunk) into acc.
+template <int FMT, int ROWS, int U>
+struct WarpRows {
+  using F = Fmt<FMT>;
+  const uint4* wp[ROWS];
+  const __half* sp[ROWS];
+  const unsigned char* hp[ROWS];
+  uint4 w[U][ROWS];
+  uint2 hb[U][ROWS];
+  float sc[U][ROWS];
+  int iters, i;
+
+  __device__ __forceinline__ void start(const unsigned char* base, const unsigned char* high, const __half* scales,
+                                        int gpr, const int (&row)[ROWS], int j0, int n_iters) {
+    iters = n_iters;
+    i = 0;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      wp[r] = reinterpret_cast<const uint4*>(base) + (size_t)row[r] * gpr * 2 + j0;
+      sp[r] = scales + (size_t)row[r] * gpr + (j0 >> 1);
+      hp[r] = high + ((size_t)row[r] * gpr + (j0 >> 1)) * F::HB + (j0 & 1) * (F::HB / 2);
+    }
+  }
+
+  __device__ __forceinline__ void load() {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (i + u < iters) {
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+          w[u][r] = ldw(wp[r] + 32 * u);
+          sc[u][r] = __half2float(sp[r][16 * u]);
+          if constexpr (FMT == FMT_Q5) {
+            hb[u][r].x = ldw(reinterpret_cast<const unsigned int*>(hp[r] + 16 * F::HB * u));
+            hb[u][r].y = 0u;
+          } else if constexpr (FMT == FMT_Q6) {
+            hb[u][r] = ldw(reinterpret_cast<const uint2*>(hp[r] + 16 * F::HB * u));
+          } else {
+            hb[u][r] = make_uint2(0u, 0u);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      wp[r] += 32 * U;
+      sp[r] += 16 * U;
+      hp[r] += 16 * F::HB * U;
+    }
+  }
+
+  // the loaded iterations i .. i + U - 1 into acc; then the next U loads, if any (the caller loaded the first)
+  template <typename XAt>
+  __device__ __forceinline__ void run(float (&acc)[ROWS], XAt xat, const DecodeK& dk) {
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) acc[r] = 0.f;
+    for (; i < iters;) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (i + u < iters) {
+          uint4 xv[4];
+#pragma unroll
+          for (int c = 0; c < 4; ++c) xv[c] = xat(i + u, c);
+#pragma unroll
+          for (int r = 0; r < ROWS; ++r)
+            acc[r] += sc[u][r] * dot_core<FMT>(w[u][r], hb[u][r], [&](int c) { return xv[c]; }, 0, dk);
+        }
+      }
+      i += U;
+      if (i < iters) load();
+    }
+  }
+};
+
+// FGU: gate|up's format (rows g and g + I of a [gate; up] object, I = inter); FDN, DROWS: the down-projection's
+// format and rows a warp; VPT: the norm's values a thread (H <= 1,024 VPT). kpad_h / kpad_i: the staged widths (H and I rounded up to 1,024). Dynamic shared
+// memory: kpad_h x 6 bytes (the normed row's pairs, then its fp32 values).
+#define MLP_FUSED_PARAMS                                                                                          \
+  const float* __restrict__ x_in, float* __restrict__ x_out, const float* __restrict__ part, int nplanes,        \
+      int part_stride, const float* __restrict__ norm_w, int H, float eps, int kpad_h,                           \
+      const unsigned char* __restrict__ gbase, const unsigned char* __restrict__ ghigh,                          \
+      const __half* __restrict__ gscales, int ggpr, float* __restrict__ act, int inter, int kpad_i,              \
+      __half2* __restrict__ xh_act, float* __restrict__ xinv_act, unsigned int* __restrict__ slot,               \
+      const unsigned char* __restrict__ dbase, const unsigned char* __restrict__ dhigh,                          \
+      const __half* __restrict__ dscales, int dgpr, int du4ps, int dsplits, float* __restrict__ y, int plane,    \
+      unsigned long long* __restrict__ bar
+template <int FGU, int FDN, int DROWS, int VPT>
+__global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
+  extern __shared__ __align__(16) unsigned char mlp_smem[];
+  __shared__ float red[64];
+  NI_PDL_ENTRY();
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  // warp w of block b is warp w x grid + b of the launch: a round's last, partial pass spreads over every block
+  const int nwarps = gridDim.x * (MLP_THREADS / 32), gw = warp * gridDim.x + blockIdx.x;
+  const DecodeK dk = decode_constants(ggpr > 0 ? 1u : 0u);
+
+  // gate|up: group g is SwiGLU output g (gate row g, up row g + inter); every lane walks the whole row
+  WarpRows<FGU, 2, 2> gu;
+  const int g_iters = ggpr * 2 > lane ? (ggpr * 2 - lane + 31) >> 5 : 0;
+  int g = gw;
+  if (g < inter) {  // the first group's loads, before the norm
+    const int rows[2] = {g, g + inter};
+    gu.start(gbase, ghigh, gscales, ggpr, rows, lane, g_iters);
+    gu.load();
+  }
+
+  // the norm (residual_rmsnorm_mb's operations in its order, so the same bits), into this block's pairs
+  const uint4* xs = reinterpret_cast<const uint4*>(mlp_smem);
+  float* xf = reinterpret_cast<float*>(mlp_smem + (size_t)kpad_h * 2);
+  float gu_inv;
+  {
+    float v[VPT], wv[VPT];
+#pragma unroll
+    for (int k8 = 0; k8 < VPT; ++k8) {
+      const int k = tid + k8 * MLP_THREADS;
+      v[k8] = k < H ? x_in[k] : 0.f;
+      wv[k8] = k < H ? 1.f + norm_w[k] : 0.f;
+    }
+#pragma unroll 2
+    for (int s = 0; s < nplanes; ++s) {
+      float pv[VPT];
+#pragma unroll
+      for (int k8 = 0; k8 < VPT; ++k8) {
+        const int k = tid + k8 * MLP_THREADS;
+        pv[k8] = k < H ? part[(size_t)s * part_stride + k] : 0.f;
+      }
+#pragma unroll
+      for (int k8 = 0; k8 < VPT; ++k8) v[k8] += pv[k8];
+    }
+    float ss = 0.f, mx = 0.f;
+#pragma unroll
+    for (int k8 = 0; k8 < VPT; ++k8) {
+      ss += v[k8] * v[k8];
+      mx = fmaxf(mx, fabsf(v[k8] * wv[k8]));
+    }
+    ss = warp_sum(ss);
+    mx = warp_max(mx);
+    if (lane == 0) {
+      red[warp] = ss;
+      red[32 + warp] = mx;
+    }
+    __syncthreads();
+    ss = warp_sum(red[lane]);
+    mx = warp_max(red[32 + lane]);
+    const float r = rsqrtf(ss / H + eps);
+    const float sc = pow2_scale(mx * r);
+    gu_inv = 1.f / sc;
+#pragma unroll
+    for (int k8 = 0; k8 < VPT; ++k8) {
+      const int k = tid + k8 * MLP_THREADS;
+      if (k < kpad_h) xf[k] = k < H ? v[k8] * r * wv[k8] : 0.f;
+      if (k < H && blockIdx.x == 0) x_out[k] = v[k8];
+    }
+    __syncthreads();
+    unsigned int* dst = reinterpret_cast<unsigned int*>(mlp_smem);
+    for (int p = tid; p < kpad_h / 2; p += MLP_THREADS) {
+      const int jl = p >> 4, pi = p & 15, c = pi >> 2, jp = pi & 3;
+      const int ka = jl * 32 + 8 * c + stage_a(jp);
+      dst[(jl >> 5) * 512 + c * 128 + (jl & 31) * 4 + jp] = stage_pack(xf[ka] * sc, xf[ka + STAGE_GAP] * sc);
+    }
+    __syncthreads();
+  }
+
+  // gate|up + SwiGLU, x from shared memory
+  float wrote = 0.f;
+  {
+    const uint4* xl = xs + lane;
+    auto xat = [&](int it, int c) { return xl[it * 128 + c * 32]; };
+    const float inv[1] = {gu_inv};
+    while (g < inter) {
+      float acc[2];
+      gu.run(acc, xat, dk);
+      const int gn = g + nwarps;
+      if (gn < inter) {  // the next group's loads in flight during this one's reduction
+        const int rows[2] = {gn, gn + inter};
+        gu.start(gbase, ghigh, gscales, ggpr, rows, lane, g_iters);
+        gu.load();
+      }
+      float a2[2][1] = {{acc[0]}, {acc[1]}};
+      wrote = fmaxf(wrote, gemv_store<2, 1, true>(a2, g, 2 * inter, inter, EPI_SWIGLU, inv, 1.f, act, 0, lane,
+                                                   ConvEpi{nullptr, nullptr, 0, 0, 0}));
+      g = gn;
+    }
+  }
+
+  // the down-projection's first loads (weights depend on nothing), then the two barriers around the staging
+  const int dgroups = (H + DROWS - 1) / DROWS, items = dgroups * dsplits, du4 = dgpr * 2;
+  WarpRows<FDN, DROWS, 2> dn;
+  int item = gw;
+  auto dn_start = [&](int it) {
+    const int grp = it / dsplits, s = it - grp * dsplits;
+    const int js = s * du4ps, je = min(js + du4ps, du4);
+    int rows[DROWS];
+#pragma unroll
+    for (int r = 0; r < DROWS; ++r) rows[r] = min(grp * DROWS + r, H - 1);
+    dn.start(dbase, dhigh, dscales, dgpr, rows, js + lane, je - js > lane ? (je - js - lane + 31) >> 5 : 0);
+    dn.load();
+  };
+  if (item < items) dn_start(item);
+
+  const float bmax = block_max(wrote, red);
+  if (tid == 0 && bmax > 0.f) atomicMax(slot, __float_as_uint(bmax));
+  grid_barrier(bar);
+  float dsc;
+  {
+    if (tid == 0) red[0] = __uint_as_float(__ldcg(slot));
+    __syncthreads();
+    dsc = pow2_scale(red[0]);
+    const int nch = kpad_i / 32, per = (nch + gridDim.x - 1) / gridDim.x;
+    const int c0 = min((int)blockIdx.x * per, nch), c1 = min(c0 + per, nch);
+    stage_slice<true>(act, inter, c0, c1, xh_act, dsc);
+  }
+  grid_barrier(bar);
+  if (blockIdx.x == 0 && tid == 0) {  // (every block read slot[0] before the second barrier)
+    *xinv_act = 1.f / dsc;
+    slot[0] = 0u;
+    slot[1] = 0u;
+  }
+
+  // down: item = row group x split-K slice; x pairs of the slice from global memory (L1)
+  const float dinv = 1.f / dsc;
+  const uint4* x4 = reinterpret_cast<const uint4*>(xh_act);
+  while (item < items) {
+    const int grp = item / dsplits, s = item - grp * dsplits;
+    const uint4* xl = x4 + ((s * du4ps) >> 5) * 128 + lane;
+    float acc[DROWS];
+    dn.run(acc, [&](int it, int c) { return __ldg(xl + it * 128 + c * 32); }, dk);
+    const int nxt = item + nwarps;
+    if (nxt < items) dn_start(nxt);
+#pragma unroll
+    for (int r = 0; r < DROWS; ++r) {
+      const float v = warp_sum(acc[r]) * dinv * 1.f;
+      const int row = grp * DROWS + r;
+      if (lane == 0 && row < H) y[(size_t)s * plane + row] = v;
+    }
+    item = nxt;
+  }
+}
