@@ -11,7 +11,8 @@
 // so every warp issues its first weight loads before the dependent step in front of them (the norm, the
 // barriers), and the next row group's loads before the current one's reduction. The arithmetic is the kernels'
 // it replaces, in the same order: the planes it writes are bit-identical to residual_rmsnorm_mb -> gemv_rs_pre
-// (SwiGLU, amax) -> stage_x_amax -> gemv_rs_pre (partial).
+// (SwiGLU, amax) -> stage_x_amax -> gemv_rs_pre (partial). With nw2 (CudaQwen35.MLP_FUSED = 2) a third barrier and
+// the next norm (residual_rmsnorm_mb's body: every block reduces the row, writes its slice) follow in the same launch.
 // The grid barrier needs every block resident at once: the launch takes the occupancy calculator's grid, and
 // nothing runs beside it in the decode graph (it sits on the main chain between joins). A barrier that waits
 // ~2 s (a block that never became resident) traps instead of hanging.
@@ -125,7 +126,8 @@ struct WarpRows {
       __half2* __restrict__ xh_act, float* __restrict__ xinv_act, unsigned int* __restrict__ slot,               \
       const unsigned char* __restrict__ dbase, const unsigned char* __restrict__ dhigh,                          \
       const __half* __restrict__ dscales, int dgpr, int du4ps, int dsplits, float* __restrict__ y, int plane,    \
-      unsigned long long* __restrict__ bar
+      unsigned long long* __restrict__ bar, const float* __restrict__ nw2, float* __restrict__ xn2,             \
+      __half2* __restrict__ xh2, float* __restrict__ xinv2, unsigned long long* __restrict__ tstamp
 template <int FGU, int FDN, int DROWS, int VPT>
 __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
   extern __shared__ __align__(16) unsigned char mlp_smem[];
@@ -135,6 +137,14 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
   // warp w of block b is warp w x grid + b of the launch: a round's last, partial pass spreads over every block
   const int nwarps = gridDim.x * (MLP_THREADS / 32), gw = warp * gridDim.x + blockIdx.x;
   const DecodeK dk = decode_constants(ggpr > 0 ? 1u : 0u);
+  auto stamp = [&](int i) {  // (tstamp != nullptr: each block's phase boundaries, %globaltimer ns, for bench/)
+    if (tstamp != nullptr && tid == 0) {
+      unsigned long long t;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+      tstamp[blockIdx.x * 8 + i] = t;
+    }
+  };
+  stamp(0);
 
   // gate|up: group g is SwiGLU output g (gate row g, up row g + inter); every lane walks the whole row
   WarpRows<FGU, 2, 2> gu;
@@ -164,7 +174,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
 #pragma unroll
       for (int k8 = 0; k8 < VPT; ++k8) {
         const int k = tid + k8 * MLP_THREADS;
-        pv[k8] = k < H ? part[(size_t)s * part_stride + k] : 0.f;
+        pv[k8] = k < H ? __ldcg(part + (size_t)s * part_stride + k) : 0.f;  // (L2: the down phase rewrites them)
       }
 #pragma unroll
       for (int k8 = 0; k8 < VPT; ++k8) v[k8] += pv[k8];
@@ -203,6 +213,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
     __syncthreads();
   }
 
+  stamp(1);
   // gate|up + SwiGLU, x from shared memory
   float wrote = 0.f;
   {
@@ -240,9 +251,11 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
   };
   if (item < items) dn_start(item);
 
+  stamp(2);
   const float bmax = block_max(wrote, red);
   if (tid == 0 && bmax > 0.f) atomicMax(slot, __float_as_uint(bmax));
   grid_barrier(bar);
+  stamp(3);
   float dsc;
   {
     if (tid == 0) red[0] = __uint_as_float(__ldcg(slot));
@@ -253,6 +266,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
     stage_slice<true>(act, inter, c0, c1, xh_act, dsc);
   }
   grid_barrier(bar);
+  stamp(4);
   if (blockIdx.x == 0 && tid == 0) {  // (every block read slot[0] before the second barrier)
     *xinv_act = 1.f / dsc;
     slot[0] = 0u;
@@ -277,4 +291,12 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
     }
     item = nxt;
   }
+  stamp(5);
+  if (nw2 != nullptr) {  // the next norm (the next layer's input norm, or the final one) on the planes just written
+    grid_barrier(bar);
+    stamp(6);
+    residual_rmsnorm_body<NORM_VPT, 2>(x_out, const_cast<float*>(x_in), y, dsplits, plane, nw2, xn2, H, eps, 1, xh2, xinv2,
+                                       kpad_h);
+  }
+  stamp(7);
 }

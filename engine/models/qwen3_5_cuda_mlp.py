@@ -188,12 +188,14 @@ class MlpOps:
     # block stages the normed row itself while its first gate|up loads are in flight, gate|up folds its SwiGLU
     # maximum, two grid barriers around the down input's staging, the down-projection's first loads issued before
     # them. The same planes, bit for bit, as the norm, gate|up, stage_x_amax and down kernels it replaces.
+    # NINFER_MLP_FUSED=2: the next norm (the next layer's input norm, or the final one) too, after a third barrier.
     MLP_FUSED = int(os.environ.get("NINFER_MLP_FUSED", "0"))
     MLP_FUSED_SPLITS = int(os.environ.get("NINFER_MLP_FUSED_SPLITS", "0"))  # the down's split-K slices (0: its table entry)
 
-    def _ffn_fused_ops(self, L, splits: int):
-        """(ops, partial planes) of the post-attention norm and the dense MLP as one mlp_fused launch, or None where
-        MLP_FUSED is off or its rules do not hold (one token row, int16 pairs, q4 gate|up and q5 down, H <= 8,192)."""
+    def _ffn_fused_ops(self, L, splits: int, next_norm=None):
+        """(ops, partial planes, next norm done) of the post-attention norm and the dense MLP as one mlp_fused launch
+        (MLP_FUSED = 2: with the next norm, weight next_norm, in it too), or None where MLP_FUSED is off or its rules
+        do not hold (one token row, int16 pairs, q4 gate|up and q5 down, H <= 8,192)."""
         gu, dn = L["gate_up"], L["down"]
         if not (self.MLP_FUSED and self.M == 1 and K.XI16 and not self.FFN_SPLIT and self.H <= 8 * 1024):
             return None
@@ -202,12 +204,14 @@ class MlpOps:
         x_in, x_out = self._res
         H = self.H
         norm = (x_in, x_out, self.part, splits, self.M * H, L["post_norm"], H, float(self.args.rms_norm_eps), self.kpad_h)
+        post = (next_norm, self.xn, self.xh_n, self.xinv_n) if self.MLP_FUSED == 2 and next_norm is not None else None
         got = mlp_fused_launch(gu, dn, norm, self.act, self.kpad_act, self.xh_act, self.xinv_act, self.stage_slot,
-                               self.part, self.MLP_FUSED_SPLITS or self._splits(dn), self.mlp_bar)
+                               self.part, self.MLP_FUSED_SPLITS or self._splits(dn), self.mlp_bar, post=post)
         if got is None or got[1] > self.max_splits:
             return None
-        self._res = (x_out, x_in)
-        return [got[0]], got[1]
+        if post is None:  # (the next norm reads x_out and writes x_in, as the norm kernels alternate them)
+            self._res = (x_out, x_in)
+        return [got[0]], got[1], post is not None
 
     def _ffn_ops(self, L, xn) -> tuple[list, int]:
         """The dense MLP's ops (gate|up with SwiGLU, staging, down into partials) and the partial planes

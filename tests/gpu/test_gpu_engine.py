@@ -349,7 +349,7 @@ def test_mlp_tma_matches_the_four_kernels(monkeypatch):
 def test_mlp_fused_matches_the_four_kernels(monkeypatch):
     """NINFER_MLP_FUSED=1 (the post-attention norm and the dense MLP in one persistent mlp_fused launch a layer): the
     same logits, bit for bit, as the norm, gate|up, stage_x_amax and down kernels, after a 150-token prompt and over
-    40 teacher-forced steps."""
+    40 teacher-forced steps; NINFER_MLP_FUSED=2 (the next norm in the launch too) the same."""
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5_cuda import CudaQwen35
     from engine.ops import kernels as K
@@ -358,13 +358,15 @@ def test_mlp_fused_matches_the_four_kernels(monkeypatch):
         pytest.skip("mlp_fused reads int16 pairs")
     args, w, prompt, forced = forced_case(CFG, 13)
     out = {}
-    for on in (0, 1):
-        monkeypatch.setattr(CudaQwen35, "MLP_FUSED", on)
+    for mode in (0, 1, 2):  # (2: the next norm in the launch too)
+        monkeypatch.setattr(CudaQwen35, "MLP_FUSED", mode)
         eng = build_engine(args, w, CFG, max_context=512, prefill_cols=1)
         names = [getattr(getattr(getattr(op, "__self__", None), "_go", op), "name", "") for op in eng.model.executor.ops]
-        assert sum(n.startswith("mlp_fused<") for n in names) == on * args.num_hidden_layers
-        out[on] = forced_logits(eng, prompt, forced)
-    assert all(np.array_equal(a, b) for a, b in zip(out[1], out[0]))
+        assert sum(n.startswith("mlp_fused<") for n in names) == min(mode, 1) * args.num_hidden_layers
+        assert sum(n.startswith("residual_rmsnorm") for n in names) == (2 * args.num_hidden_layers + 1, 1 + args.num_hidden_layers, 1)[mode]
+        out[mode] = forced_logits(eng, prompt, forced)
+    for mode in (1, 2):
+        assert all(np.array_equal(a, b) for a, b in zip(out[mode], out[0])), mode
 
 
 def test_ldg_weight_loads_give_the_same_logits():

@@ -1,0 +1,84 @@
+"""mlp_fused alone on the 27B's first dense layer (synthetic weights): the launch's time (CUDA events over repeated
+launches) and where it goes (each block's %globaltimer at the phase boundaries: start, norm done, gate|up done,
+barrier 1, barrier 2, down done, barrier 3, end), for down splits 2-4, with and without the next norm.
+
+    python bench/mlp_fused_probe.py [--geometry qwen3.8-27b] [--out FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import cupy as cp
+import numpy as np
+
+from engine.ops.gemv_plan import mlp_fused_launch
+
+PHASES = ("norm", "gate|up", "barrier 1", "stage + barrier 2", "down", "barrier 3", "next norm")
+
+
+def probe(ex, splits: int, post: bool, n: int = 200) -> dict:
+    L = ex.layers[next(i for i, L in enumerate(ex.layers) if "gate_up" in L)]
+    H = ex.H
+    bar = cp.zeros(1, dtype=cp.uint64)
+    slot = cp.zeros(2, dtype=cp.uint32)
+    x_in, x_out = cp.array(ex.x), cp.array(ex.x2)
+    nxt = (L["in_norm"], ex.xn, ex.xh_n, ex.xinv_n) if post else None
+
+    def launch(ts=None):
+        return mlp_fused_launch(L["gate_up"], L["down"], (x_in, x_out, ex.part, 1, H, L["post_norm"], H, 1e-6, ex.kpad_h),
+                                ex.act, ex.kpad_act, ex.xh_act, ex.xinv_act, slot, ex.part, splits, bar, post=nxt,
+                                tstamp=ts)
+
+    go, dsplits = launch()
+    for _ in range(5):
+        go()
+    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+    e0.record()
+    for _ in range(n):
+        go()
+    e1.record()
+    e1.synchronize()
+    us = cp.cuda.get_elapsed_time(e0, e1) * 1e3 / n
+    grid = go.grid[0]
+    ts = cp.zeros((grid, 8), dtype=cp.uint64)
+    rows = []
+    for _ in range(20):
+        tgo = launch(ts)[0]
+        tgo()
+        cp.cuda.Device().synchronize()
+        t = ts.get().astype(np.int64)
+        rows.append(t - t[:, 0].min())
+    t = np.median(np.stack(rows), axis=0)  # [grid, 8] ns from the first block's start
+    idx = [1, 2, 3, 4, 5, 6, 7] if post else [1, 2, 3, 4, 5, 7]
+    names = PHASES if post else PHASES[:5] + ("end",)
+    phases = {nm: dict(first_us=round(float(t[:, i].min()) / 1e3, 2), last_us=round(float(t[:, i].max()) / 1e3, 2))
+              for nm, i in zip(names, idx)}
+    return dict(splits=dsplits, post=post, grid=grid, us=round(us, 2), start_spread_us=round(float(t[:, 0].max()) / 1e3, 2),
+                phases=phases)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--geometry", default="qwen3.8-27b")
+    ap.add_argument("--out", default="")
+    a = ap.parse_args()
+    from engine.synthetic import build_engine
+
+    eng = build_engine(a.geometry, max_context=4096)
+    ex = eng.model.executor
+    out = []
+    for post in (False, True):
+        for splits in (2, 3, 4):
+            r = probe(ex, splits, post)
+            out.append(r)
+            ph = "  ".join(f"{k} {v['first_us']}-{v['last_us']}" for k, v in r["phases"].items())
+            print(f"mlp_fused splits {r['splits']} post {post}: {r['us']} us a launch (grid {r['grid']}, starts spread "
+                  f"{r['start_spread_us']} us); phases end (first-last block, us): {ph}", flush=True)
+    if a.out:
+        Path(a.out).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
