@@ -345,8 +345,12 @@ def blocks_per_sm(name: str, block: int = WARPS * 32, smem: int = 0) -> int:
 
 def resident_blocks(name: str, block: int, smem: int = 0) -> int:
     """Blocks of kernel `name` that the occupancy calculator says fit on a multiprocessor at once, at least 1
-    (no guess where the call fails: a grid barrier needs every block resident)."""
-    _allow_smem(kernel(name), name, smem)
+    (no guess where the call fails: a grid barrier needs every block resident). The kernel is allowed `smem` bytes
+    of dynamic shared memory explicitly: with static shared memory the default allowance is 48 KiB less it."""
+    fn = kernel(name)
+    if smem > _SMEM_SET.get(name, 0):
+        fn.max_dynamic_shared_size_bytes = smem
+        _SMEM_SET[name] = smem
     out = ctypes.c_int(0)
     rc = ctypes.CDLL("libcuda.so.1").cuOccupancyMaxActiveBlocksPerMultiprocessor(
         ctypes.byref(out), ctypes.c_void_p(int(kernel(name).kernel.ptr)), ctypes.c_int(block), ctypes.c_size_t(smem))
