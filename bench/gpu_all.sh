@@ -16,6 +16,7 @@
 # the L2 warm-up it measured, at 741ff0c; those of sessions 8-10, s8 / s8d / s9 / s10 / s11 / fin8 / fin9 /
 # gsplit / prep / s12-s16 / fin10 / mma / base / s10a-s10e, which bench/NOTES-decode.md cites, at 56b24ea; session
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
+#   fused3: fused2's calls on the split barrier / loads-first / LOCAL staging kernel, with its variants
 #   fused2: MLP_FUSED=2 (the next norm inside too), down splits 3 / 4, mlp_fused_probe phases, `ninfer bench` tg128
 #   fused: the post-attention norm and the dense MLP as one persistent launch (MLP_FUSED): tests, A/B, breakdown
 #   ncu_tma: Nsight Compute on q5 down, gemv_rs_pre against gemv_tma (why the copy-engine GEMV is slower)
@@ -359,7 +360,10 @@ if [ -n "$BEST" ]; then
     --out "$OUT/decode_tma4_bd.json" 2>&1 | grep -E "PDL|sum of|^  [a-z]|rror" | head -16
 fi
 fi
-if [ "$PART" = fused2 ]; then  # session 14: MLP_FUSED with the next norm inside (=2), down splits; phase timings
+if [ "$PART" = fused2 ] || [ "$PART" = fused3 ]; then  # session 14: MLP_FUSED with the next norm inside (=2), down
+# splits; phase timings; fused3: the split barrier, the norm's loads first, every block staging the down's input (LOCAL)
+FATTR="base,MLP_FUSED=1;MLP_FUSED_SPLITS=3,MLP_FUSED=2;MLP_FUSED_SPLITS=3,MLP_FUSED=2;MLP_FUSED_SPLITS=4"
+[ "$PART" = fused3 ] && FATTR="base,MLP_FUSED=1;MLP_FUSED_SPLITS=3,MLP_FUSED=1;MLP_FUSED_SPLITS=3;MLP_FUSED_LOCAL=1,MLP_FUSED=1;MLP_FUSED_SPLITS=2;MLP_FUSED_LOCAL=1,MLP_FUSED=2;MLP_FUSED_SPLITS=3;MLP_FUSED_LOCAL=1"
 ready
 log "tests: mlp_fused (kernel, with and without the next norm; engine modes 0 / 1 / 2)"
 gpu_pytest "$OUT/gpu_tests_fused2.txt" tests/gpu/test_mlp_fused.py tests/gpu/test_gpu_engine.py -k "mlp_fused"
@@ -368,8 +372,7 @@ log "mlp_fused alone: launch time and phases"
 timeout 120 python3 bench/mlp_fused_probe.py --out "$OUT/mlp_fused_probe.json" 2>&1 | grep -E "mlp_fused|rror" | head -8
 log "27B decode A/B in one process"
 timeout 240 python3 bench/gpu_decode.py --synthetic qwen3.8-27b \
-  --attr="base,MLP_FUSED=1;MLP_FUSED_SPLITS=3,MLP_FUSED=2;MLP_FUSED_SPLITS=3,MLP_FUSED=2;MLP_FUSED_SPLITS=4" \
-  --out "$OUT/decode_fused2.json" 2>&1 | grep -E "PDL|attr|rror" | head -12
+  --attr="$FATTR" --out "$OUT/decode_fused2.json" 2>&1 | grep -E "PDL|attr|rror" | head -12
 BEST=$(best_attr_env "$OUT/decode_fused2.json" 0)
 log "27B tg128 (env: ${BEST:-defaults})"
 env $BEST timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \

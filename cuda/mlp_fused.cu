@@ -39,6 +39,31 @@ __device__ __forceinline__ void grid_barrier(unsigned long long* ctr) {
   __syncthreads();
 }
 
+// grid_barrier in two halves: arrive (every thread of the block; thread 0 gets the count to wait for) and wait, so
+// that a block can issue loads that the barrier need not wait for (its fence would) between the two.
+__device__ __forceinline__ unsigned long long grid_arrive(unsigned long long* ctr) {
+  __syncthreads();
+  unsigned long long target = 0;
+  if (threadIdx.x == 0) {
+    __threadfence();
+    const unsigned long long n = gridDim.x;
+    target = (atomicAdd(ctr, 1ull) / n + 1) * n;
+  }
+  return target;
+}
+__device__ __forceinline__ void grid_wait(unsigned long long* ctr, unsigned long long target) {
+  if (threadIdx.x == 0) {
+    const long long t0 = clock64();
+    unsigned long long cur;
+    do {
+      asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(cur) : "l"(ctr) : "memory");
+      if (clock64() - t0 > (1ll << 32)) __trap();
+    } while (cur < target);
+    __threadfence();
+  }
+  __syncthreads();
+}
+
 // One warp's rows of a row-split GEMV over pre-staged pairs (gemv_rs_pre's loads and arithmetic): `start` sets the
 // row pointers of a row group, `load` issues the next U iterations' weight, scale and high-bit loads (lane j0 + 32 i),
 // `consume` multiplies them with x (xat(i, c): slot c of iteration i's chunk) into acc.
@@ -127,7 +152,7 @@ struct WarpRows {
       const unsigned char* __restrict__ dbase, const unsigned char* __restrict__ dhigh,                          \
       const __half* __restrict__ dscales, int dgpr, int du4ps, int dsplits, float* __restrict__ y, int plane,    \
       unsigned long long* __restrict__ bar, const float* __restrict__ nw2, float* __restrict__ xn2,             \
-      __half2* __restrict__ xh2, float* __restrict__ xinv2, unsigned long long* __restrict__ tstamp
+      __half2* __restrict__ xh2, float* __restrict__ xinv2, unsigned long long* __restrict__ tstamp, int local_stage
 template <int FGU, int FDN, int DROWS, int VPT>
 __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
   extern __shared__ __align__(16) unsigned char mlp_smem[];
@@ -146,35 +171,41 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
   };
   stamp(0);
 
+  // the norm's loads first (x_in, 1 + w, the first partial plane), then the first gate|up group's weight loads, so
+  // that the norm's values do not queue behind the weights
+  const uint4* xs = reinterpret_cast<const uint4*>(mlp_smem);
+  float* xf = reinterpret_cast<float*>(mlp_smem + (size_t)kpad_h * 2);
+  float v[VPT], wv[VPT], p0[VPT];
+#pragma unroll
+  for (int k8 = 0; k8 < VPT; ++k8) {
+    const int k = tid + k8 * MLP_THREADS;
+    v[k8] = k < H ? x_in[k] : 0.f;
+    wv[k8] = k < H ? 1.f + norm_w[k] : 0.f;
+    p0[k8] = k < H && nplanes > 0 ? __ldcg(part + k) : 0.f;  // (L2: the down phase rewrites the planes)
+  }
   // gate|up: group g is SwiGLU output g (gate row g, up row g + inter); every lane walks the whole row
   WarpRows<FGU, 2, 2> gu;
   const int g_iters = ggpr * 2 > lane ? (ggpr * 2 - lane + 31) >> 5 : 0;
   int g = gw;
-  if (g < inter) {  // the first group's loads, before the norm
+  if (g < inter) {
     const int rows[2] = {g, g + inter};
     gu.start(gbase, ghigh, gscales, ggpr, rows, lane, g_iters);
     gu.load();
   }
 
   // the norm (residual_rmsnorm_mb's operations in its order, so the same bits), into this block's pairs
-  const uint4* xs = reinterpret_cast<const uint4*>(mlp_smem);
-  float* xf = reinterpret_cast<float*>(mlp_smem + (size_t)kpad_h * 2);
   float gu_inv;
   {
-    float v[VPT], wv[VPT];
+    if (nplanes > 0) {
 #pragma unroll
-    for (int k8 = 0; k8 < VPT; ++k8) {
-      const int k = tid + k8 * MLP_THREADS;
-      v[k8] = k < H ? x_in[k] : 0.f;
-      wv[k8] = k < H ? 1.f + norm_w[k] : 0.f;
+      for (int k8 = 0; k8 < VPT; ++k8) v[k8] += p0[k8];
     }
-#pragma unroll 2
-    for (int s = 0; s < nplanes; ++s) {
+    for (int s = 1; s < nplanes; ++s) {
       float pv[VPT];
 #pragma unroll
       for (int k8 = 0; k8 < VPT; ++k8) {
         const int k = tid + k8 * MLP_THREADS;
-        pv[k8] = k < H ? __ldcg(part + (size_t)s * part_stride + k) : 0.f;  // (L2: the down phase rewrites them)
+        pv[k8] = k < H ? __ldcg(part + (size_t)s * part_stride + k) : 0.f;
       }
 #pragma unroll
       for (int k8 = 0; k8 < VPT; ++k8) v[k8] += pv[k8];
@@ -249,48 +280,57 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
     dn.start(dbase, dhigh, dscales, dgpr, rows, js + lane, je - js > lane ? (je - js - lane + 31) >> 5 : 0);
     dn.load();
   };
-  if (item < items) dn_start(item);
-
   stamp(2);
   const float bmax = block_max(wrote, red);
   if (tid == 0 && bmax > 0.f) atomicMax(slot, __float_as_uint(bmax));
-  grid_barrier(bar);
+  const unsigned long long t1 = grid_arrive(bar);
+  if (item < items) dn_start(item);  // (issued after arriving: the arrival's fence does not wait for them)
+  grid_wait(bar, t1);
   stamp(3);
-  float dsc;
-  {
-    if (tid == 0) red[0] = __uint_as_float(__ldcg(slot));
+  if (tid == 0) red[0] = __uint_as_float(__ldcg(slot));
+  __syncthreads();
+  const float dsc = pow2_scale(red[0]), dinv = 1.f / dsc;
+  if (local_stage) {  // every block stages the whole row into its own shared memory: no second barrier
+    stage_row_cg(act, inter, kpad_i, reinterpret_cast<uint4*>(mlp_smem), dsc);
+    if (tid == 0 && atomicAdd(slot + 1, 1u) == gridDim.x - 1) {  // (every block has read slot[0])
+      slot[0] = 0u;
+      slot[1] = 0u;
+    }
+    if (blockIdx.x == 0 && tid == 0) *xinv_act = dinv;
     __syncthreads();
-    dsc = pow2_scale(red[0]);
+  } else {  // each block a slice of the pairs in global memory, then a second barrier
     const int nch = kpad_i / 32, per = (nch + gridDim.x - 1) / gridDim.x;
     const int c0 = min((int)blockIdx.x * per, nch), c1 = min(c0 + per, nch);
     stage_slice<true>(act, inter, c0, c1, xh_act, dsc);
-  }
-  grid_barrier(bar);
-  stamp(4);
-  if (blockIdx.x == 0 && tid == 0) {  // (every block read slot[0] before the second barrier)
-    *xinv_act = 1.f / dsc;
-    slot[0] = 0u;
-    slot[1] = 0u;
-  }
-
-  // down: item = row group x split-K slice; x pairs of the slice from global memory (L1)
-  const float dinv = 1.f / dsc;
-  const uint4* x4 = reinterpret_cast<const uint4*>(xh_act);
-  while (item < items) {
-    const int grp = item / dsplits, s = item - grp * dsplits;
-    const uint4* xl = x4 + ((s * du4ps) >> 5) * 128 + lane;
-    float acc[DROWS];
-    dn.run(acc, [&](int it, int c) { return __ldg(xl + it * 128 + c * 32); }, dk);
-    const int nxt = item + nwarps;
-    if (nxt < items) dn_start(nxt);
-#pragma unroll
-    for (int r = 0; r < DROWS; ++r) {
-      const float v = warp_sum(acc[r]) * dinv * 1.f;
-      const int row = grp * DROWS + r;
-      if (lane == 0 && row < H) y[(size_t)s * plane + row] = v;
+    grid_wait(bar, grid_arrive(bar));
+    if (blockIdx.x == 0 && tid == 0) {  // (every block read slot[0] before the second barrier)
+      *xinv_act = dinv;
+      slot[0] = 0u;
+      slot[1] = 0u;
     }
-    item = nxt;
   }
+  stamp(4);
+
+  // down: item = row group x split-K slice; x pairs of the slice from shared memory or global memory (L1)
+  auto down = [&](const uint4* x4, auto ld) {
+    while (item < items) {
+      const int grp = item / dsplits, s = item - grp * dsplits;
+      const uint4* xl = x4 + ((s * du4ps) >> 5) * 128 + lane;
+      float acc[DROWS];
+      dn.run(acc, [&](int it, int c) { return ld(xl + it * 128 + c * 32); }, dk);
+      const int nxt = item + nwarps;
+      if (nxt < items) dn_start(nxt);
+#pragma unroll
+      for (int r = 0; r < DROWS; ++r) {
+        const float v = warp_sum(acc[r]) * dinv * 1.f;
+        const int row = grp * DROWS + r;
+        if (lane == 0 && row < H) y[(size_t)s * plane + row] = v;
+      }
+      item = nxt;
+    }
+  };
+  if (local_stage) down(reinterpret_cast<const uint4*>(mlp_smem), [](const uint4* p) { return *p; });
+  else down(reinterpret_cast<const uint4*>(xh_act), [](const uint4* p) { return __ldg(p); });
   stamp(5);
   if (nw2 != nullptr) {  // the next norm (the next layer's input norm, or the final one) on the planes just written
     grid_barrier(bar);

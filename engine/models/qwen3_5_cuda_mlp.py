@@ -190,6 +190,8 @@ class MlpOps:
     # them. The same planes, bit for bit, as the norm, gate|up, stage_x_amax and down kernels it replaces.
     # NINFER_MLP_FUSED=2: the next norm (the next layer's input norm, or the final one) too, after a third barrier.
     MLP_FUSED = int(os.environ.get("NINFER_MLP_FUSED", "0"))
+    # every block stages the down's input itself (no second barrier) instead of a slice each between two barriers
+    MLP_FUSED_LOCAL = int(os.environ.get("NINFER_MLP_FUSED_LOCAL", "0"))
     MLP_FUSED_SPLITS = int(os.environ.get("NINFER_MLP_FUSED_SPLITS", "0"))  # the down's split-K slices (0: its table entry)
 
     def _ffn_fused_ops(self, L, splits: int, next_norm=None):
@@ -206,7 +208,8 @@ class MlpOps:
         norm = (x_in, x_out, self.part, splits, self.M * H, L["post_norm"], H, float(self.args.rms_norm_eps), self.kpad_h)
         post = (next_norm, self.xn, self.xh_n, self.xinv_n) if self.MLP_FUSED == 2 and next_norm is not None else None
         got = mlp_fused_launch(gu, dn, norm, self.act, self.kpad_act, self.xh_act, self.xinv_act, self.stage_slot,
-                               self.part, self.MLP_FUSED_SPLITS or self._splits(dn), self.mlp_bar, post=post)
+                               self.part, self.MLP_FUSED_SPLITS or self._splits(dn), self.mlp_bar, post=post,
+                               local_stage=bool(self.MLP_FUSED_LOCAL))
         if got is None or got[1] > self.max_splits:
             return None
         if post is None:  # (the next norm reads x_out and writes x_in, as the norm kernels alternate them)

@@ -315,7 +315,7 @@ def down_slices(w: DevMatrix, splits: int) -> tuple[int, int]:
 
 
 def mlp_fused_launch(gu: DevMatrix, dn: DevMatrix, norm: tuple, act, kpad_act: int, xh_act, xinv_act, slot, y,
-                     splits: int, bar, post=None, tstamp=None):
+                     splits: int, bar, post=None, tstamp=None, local_stage: bool = False):
     """The post-attention norm and the dense MLP of one token as one mlp_fused launch (cuda/mlp_fused.cu), or None
     where it is not compiled for these formats and sizes. norm = (x_in, x_out, planes in, planes, plane stride,
     norm weight, H, eps, kpad_h); gu: [2I, H] (gate rows, then up rows), dn: [H, I]; act: the fp32 SwiGLU row
@@ -324,6 +324,8 @@ def mlp_fused_launch(gu: DevMatrix, dn: DevMatrix, norm: tuple, act, kpad_act: i
     whole 32-chunk slices; H floats apart); bar: a zeroed uint64, the grid barrier's counter (one a grid size).
     post = (norm weight, fp32 normed row, pairs, 1 / scale): the next norm in the same launch, after a third barrier (x_out
     + the planes written into x_in, which must then be free). tstamp: 8 uint64 a block of phase timestamps (bench/).
+    local_stage: every block stages the whole SwiGLU row into its own shared memory (no second barrier; xh_act is then
+    not written).
     Returns (launch, planes written)."""
     x_in, x_out, part, nplanes, pstride, nw_, H, eps, kpad_h = norm
     inter = dn.k
@@ -334,7 +336,7 @@ def mlp_fused_launch(gu: DevMatrix, dn: DevMatrix, norm: tuple, act, kpad_act: i
     if name not in kernels.MLP_FUSED_NAMES:
         return None
     u4ps, dsplits = down_slices(dn, splits)
-    smem = kpad_h * 6  # the normed row's pairs, then its fp32 values
+    smem = max(kpad_h * 6, kpad_act * 2 if local_stage else 0)  # the normed row's pairs and fp32 values; the down's pairs
     if post is not None and H > 8 * 1024:  # (residual_rmsnorm_mb's body: 8 values a thread)
         return None
     grid = sm_count() * kernels.resident_blocks(name, 1024, smem)
@@ -344,5 +346,5 @@ def mlp_fused_launch(gu: DevMatrix, dn: DevMatrix, norm: tuple, act, kpad_act: i
             P(act), I(inter), I(kpad_act), P(xh_act), P(xinv_act), P(slot),
             P(dn.ptr(dn.base)), P(dn.ptr(dn.high)), P(dn.ptr(dn.scales)), I(dn.gpr), I(u4ps), I(dsplits),
             P(y), I(H), P(bar)) + tuple(P(a) if a is not None else np.uint64(0) for a in (post or (None,) * 4)) \
-        + (np.uint64(0) if tstamp is None else P(tstamp),)
+        + (np.uint64(0) if tstamp is None else P(tstamp), I(bool(local_stage)))
     return kernels.prepared(name, (grid,), args, block=1024, smem=smem), dsplits

@@ -2,7 +2,8 @@
 against the four kernels it replaces (residual_rmsnorm_mb, gemv_rs_pre SwiGLU folding its maximum, stage_x_amax,
 gemv_rs_pre into split-K planes): the same residual, SwiGLU row, staged pairs and planes, bit for bit; and against
 the float reference within the GEMV tolerances. With the next norm in the launch (post): the residual it writes back
-into x_in, its fp32 row and pairs, as residual_rmsnorm_mb after the four kernels writes them."""
+into x_in, its fp32 row and pairs, as residual_rmsnorm_mb after the four kernels writes them. local: every block stages
+the down's input itself (one barrier fewer)."""
 import numpy as np
 import pytest
 
@@ -19,7 +20,8 @@ from kernel_checks import LINEAR, RNG, check, poisoned  # noqa: E402  (tests/gpu
                                                     (512, 1024, 3, 2)],
                          ids=["5120x3072-1", "5120x2048-2", "1000x1000-0", "512x1024-3"])
 @pytest.mark.parametrize("post", [False, True], ids=["mlp", "mlp+norm"])
-def test_mlp_fused_matches_the_four_kernels(cp, h, inter, nplanes, splits, post):
+@pytest.mark.parametrize("local", [False, True], ids=["global", "local"])
+def test_mlp_fused_matches_the_four_kernels(cp, h, inter, nplanes, splits, post, local):
     from engine.gpu_weights import upload_matrix
     from engine.ops import kernels as K
 
@@ -61,7 +63,7 @@ def test_mlp_fused_matches_the_four_kernels(cp, h, inter, nplanes, splits, post)
     bar = cp.asarray(np.zeros(1, np.uint64))
     got = mlp_fused_launch(gu, dn, (b["x_in"], b["x_out"], planes, nplanes, h, nw_, h, 1e-6, kp_h), b["act"], kp_i,
                            b["xh"], b["xinv"], b["slot"], b["y"], splits, bar,
-                           post=(w2, b["xn2"], b["xh2"], b["xinv2"]) if post else None)
+                           post=(w2, b["xn2"], b["xh2"], b["xinv2"]) if post else None, local_stage=local)
     assert got is not None
     launch, dsplits = got
     assert dsplits == d.splits
@@ -70,10 +72,12 @@ def test_mlp_fused_matches_the_four_kernels(cp, h, inter, nplanes, splits, post)
         launch()
         launch()
     cp.cuda.Device().synchronize()
-    assert int(bar.get()[0]) == (3 if post else 6) * launch.grid[0]
+    barriers = 1 + (not local) + post
+    assert int(bar.get()[0]) == barriers * (1 if post else 3) * launch.grid[0]
     assert np.array_equal(b["x_out"].get(), a["x_out"].get())
     assert np.array_equal(b["act"].get(), a["act"].get())
-    assert np.array_equal(b["xh"].get(), a["xh"].get()) and np.array_equal(b["xinv"].get(), a["xinv"].get())
+    assert np.array_equal(b["xinv"].get(), a["xinv"].get())
+    assert local or np.array_equal(b["xh"].get(), a["xh"].get())  # (local: every block's own pairs in shared memory)
     assert np.array_equal(b["y"][:dsplits].get(), a["y"][:dsplits].get())
     assert b["slot"].get().tolist() == [0, 0] and a["slot"].get().tolist() == [0, 0]
     if post:
