@@ -16,6 +16,7 @@
 # the L2 warm-up it measured, at 741ff0c; those of sessions 8-10, s8 / s8d / s9 / s10 / s11 / fin8 / fin9 /
 # gsplit / prep / s12-s16 / fin10 / mma / base / s10a-s10e, which bench/NOTES-decode.md cites, at 56b24ea; session
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
+#   fused4: fused3's calls with each warp's first down item prefetched into shared memory (MLP_FUSED_PF)
 #   fused3: fused2's calls on the split barrier / loads-first / LOCAL staging kernel, with its variants
 #   fused2: MLP_FUSED=2 (the next norm inside too), down splits 3 / 4, mlp_fused_probe phases, `ninfer bench` tg128
 #   fused: the post-attention norm and the dense MLP as one persistent launch (MLP_FUSED): tests, A/B, breakdown
@@ -360,9 +361,10 @@ if [ -n "$BEST" ]; then
     --out "$OUT/decode_tma4_bd.json" 2>&1 | grep -E "PDL|sum of|^  [a-z]|rror" | head -16
 fi
 fi
-if [ "$PART" = fused2 ] || [ "$PART" = fused3 ]; then  # session 14: MLP_FUSED with the next norm inside (=2), down
+if [ "$PART" = fused2 ] || [ "$PART" = fused3 ] || [ "$PART" = fused4 ]; then  # session 14: MLP_FUSED with the next norm inside (=2), down
 # splits; phase timings; fused3: the split barrier, the norm's loads first, every block staging the down's input (LOCAL)
 FATTR="base,MLP_FUSED=1;MLP_FUSED_SPLITS=3,MLP_FUSED=2;MLP_FUSED_SPLITS=3,MLP_FUSED=2;MLP_FUSED_SPLITS=4"
+[ "$PART" = fused4 ] && FATTR="base,MLP_FUSED=1;MLP_FUSED_SPLITS=3;MLP_FUSED_LOCAL=1,MLP_FUSED=1;MLP_FUSED_SPLITS=3;MLP_FUSED_LOCAL=1;MLP_FUSED_PF=1,MLP_FUSED=1;MLP_FUSED_SPLITS=4;MLP_FUSED_LOCAL=1;MLP_FUSED_PF=1,MLP_FUSED=1;MLP_FUSED_SPLITS=3;MLP_FUSED_PF=1"
 [ "$PART" = fused3 ] && FATTR="base,MLP_FUSED=1;MLP_FUSED_SPLITS=3,MLP_FUSED=1;MLP_FUSED_SPLITS=3;MLP_FUSED_LOCAL=1,MLP_FUSED=1;MLP_FUSED_SPLITS=2;MLP_FUSED_LOCAL=1,MLP_FUSED=2;MLP_FUSED_SPLITS=3;MLP_FUSED_LOCAL=1"
 ready
 log "tests: mlp_fused (kernel, with and without the next norm; engine modes 0 / 1 / 2)"

@@ -19,7 +19,7 @@ from engine.ops.gemv_plan import mlp_fused_launch
 PHASES = ("norm", "gate|up", "barrier 1", "stage (+ barrier 2)", "down", "barrier 3", "next norm")
 
 
-def probe(ex, splits: int, post: bool, local: bool, n: int = 200) -> dict:
+def probe(ex, splits: int, post: bool, local: bool, pf: bool = False, n: int = 200) -> dict:
     L = ex.layers[next(i for i, L in enumerate(ex.layers) if "gate_up" in L)]
     H = ex.H
     bar = cp.zeros(1, dtype=cp.uint64)
@@ -30,7 +30,7 @@ def probe(ex, splits: int, post: bool, local: bool, n: int = 200) -> dict:
     def launch(ts=None):
         return mlp_fused_launch(L["gate_up"], L["down"], (x_in, x_out, ex.part, 1, H, L["post_norm"], H, 1e-6, ex.kpad_h),
                                 ex.act, ex.kpad_act, ex.xh_act, ex.xinv_act, slot, ex.part, splits, bar, post=nxt,
-                                tstamp=ts, local_stage=local)
+                                tstamp=ts, local_stage=local, prefetch=pf)
 
     go, dsplits = launch()
     for _ in range(5):
@@ -56,7 +56,7 @@ def probe(ex, splits: int, post: bool, local: bool, n: int = 200) -> dict:
     names = PHASES if post else PHASES[:5] + ("end",)
     phases = {nm: dict(first_us=round(float(t[:, i].min()) / 1e3, 2), last_us=round(float(t[:, i].max()) / 1e3, 2))
               for nm, i in zip(names, idx)}
-    return dict(splits=dsplits, post=post, local=local, grid=grid, us=round(us, 2), start_spread_us=round(float(t[:, 0].max()) / 1e3, 2),
+    return dict(splits=dsplits, post=post, local=local, pf_bytes=int(go.args[-1]), grid=grid, us=round(us, 2), start_spread_us=round(float(t[:, 0].max()) / 1e3, 2),
                 phases=phases)
 
 
@@ -70,11 +70,12 @@ def main():
     eng = build_engine(a.geometry, max_context=4096)
     ex = eng.model.executor
     out = []
-    for splits, post, local in ((3, False, False), (3, False, True), (2, False, True), (4, False, True), (3, True, True)):
-        r = probe(ex, splits, post, local)
+    for splits, post, local, pf in ((3, False, True, False), (3, False, True, True), (4, False, True, True),
+                                    (3, False, False, True), (3, True, True, True)):
+        r = probe(ex, splits, post, local, pf)
         out.append(r)
         ph = "  ".join(f"{k} {v['first_us']}-{v['last_us']}" for k, v in r["phases"].items())
-        print(f"mlp_fused splits {r['splits']} post {post} local {local}: {r['us']} us a launch (grid {r['grid']}, starts "
+        print(f"mlp_fused splits {r['splits']} post {post} local {local} pf {r['pf_bytes']} B a warp: {r['us']} us a launch (grid {r['grid']}, starts "
               f"spread {r['start_spread_us']} us); phases end (first-last block, us): {ph}", flush=True)
     if a.out:
         Path(a.out).write_text(json.dumps(out, indent=1))

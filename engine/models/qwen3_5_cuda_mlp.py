@@ -192,6 +192,8 @@ class MlpOps:
     MLP_FUSED = int(os.environ.get("NINFER_MLP_FUSED", "0"))
     # every block stages the down's input itself (no second barrier) instead of a slice each between two barriers
     MLP_FUSED_LOCAL = int(os.environ.get("NINFER_MLP_FUSED_LOCAL", "0"))
+    # each warp's first down item copied into shared memory (cp.async) during the barriers and the staging
+    MLP_FUSED_PF = int(os.environ.get("NINFER_MLP_FUSED_PF", "0"))
     MLP_FUSED_SPLITS = int(os.environ.get("NINFER_MLP_FUSED_SPLITS", "0"))  # the down's split-K slices (0: its table entry)
 
     def _ffn_fused_ops(self, L, splits: int, next_norm=None):
@@ -209,7 +211,7 @@ class MlpOps:
         post = (next_norm, self.xn, self.xh_n, self.xinv_n) if self.MLP_FUSED == 2 and next_norm is not None else None
         got = mlp_fused_launch(gu, dn, norm, self.act, self.kpad_act, self.xh_act, self.xinv_act, self.stage_slot,
                                self.part, self.MLP_FUSED_SPLITS or self._splits(dn), self.mlp_bar, post=post,
-                               local_stage=bool(self.MLP_FUSED_LOCAL))
+                               local_stage=bool(self.MLP_FUSED_LOCAL), prefetch=bool(self.MLP_FUSED_PF))
         if got is None or got[1] > self.max_splits:
             return None
         if post is None:  # (the next norm reads x_out and writes x_in, as the norm kernels alternate them)

@@ -358,16 +358,19 @@ def test_mlp_fused_matches_the_four_kernels(monkeypatch):
         pytest.skip("mlp_fused reads int16 pairs")
     args, w, prompt, forced = forced_case(CFG, 13)
     out = {}
-    for mode in (0, 1, 2, 3):  # (2: the next norm in the launch too; 3: mode 1 with every block staging the down's input)
-        monkeypatch.setattr(CudaQwen35, "MLP_FUSED", min(mode, 1) if mode == 3 else mode)
-        monkeypatch.setattr(CudaQwen35, "MLP_FUSED_LOCAL", int(mode == 3))
+    for mode in (0, 1, 2, 3, 4):  # (2: the next norm in the launch too; 3: mode 1 with every block staging the down's
+        # input; 4: 3 with each warp's first down item prefetched into shared memory)
+        monkeypatch.setattr(CudaQwen35, "MLP_FUSED", 1 if mode >= 3 else mode)
+        monkeypatch.setattr(CudaQwen35, "MLP_FUSED_LOCAL", int(mode >= 3))
+        monkeypatch.setattr(CudaQwen35, "MLP_FUSED_PF", int(mode == 4))
         eng = build_engine(args, w, CFG, max_context=512, prefill_cols=1)
         names = [getattr(getattr(getattr(op, "__self__", None), "_go", op), "name", "") for op in eng.model.executor.ops]
         assert sum(n.startswith("mlp_fused<") for n in names) == min(mode, 1) * args.num_hidden_layers
         n_layers = args.num_hidden_layers
-        assert sum(n.startswith("residual_rmsnorm") for n in names) == (2 * n_layers + 1, 1 + n_layers, 1, 1 + n_layers)[mode]
+        assert sum(n.startswith("residual_rmsnorm") for n in names) == (2 * n_layers + 1, 1 + n_layers, 1, 1 + n_layers,
+                                                                         1 + n_layers)[mode]
         out[mode] = forced_logits(eng, prompt, forced)
-    for mode in (1, 2, 3):
+    for mode in (1, 2, 3, 4):
         assert all(np.array_equal(a, b) for a, b in zip(out[mode], out[0])), mode
 
 

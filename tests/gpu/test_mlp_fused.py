@@ -3,7 +3,8 @@ against the four kernels it replaces (residual_rmsnorm_mb, gemv_rs_pre SwiGLU fo
 gemv_rs_pre into split-K planes): the same residual, SwiGLU row, staged pairs and planes, bit for bit; and against
 the float reference within the GEMV tolerances. With the next norm in the launch (post): the residual it writes back
 into x_in, its fp32 row and pairs, as residual_rmsnorm_mb after the four kernels writes them. local: every block stages
-the down's input itself (one barrier fewer)."""
+the down's input itself (one barrier fewer); pf: each warp's first down item copied into shared memory during the
+barriers."""
 import numpy as np
 import pytest
 
@@ -20,8 +21,9 @@ from kernel_checks import LINEAR, RNG, check, poisoned  # noqa: E402  (tests/gpu
                                                     (512, 1024, 3, 2)],
                          ids=["5120x3072-1", "5120x2048-2", "1000x1000-0", "512x1024-3"])
 @pytest.mark.parametrize("post", [False, True], ids=["mlp", "mlp+norm"])
-@pytest.mark.parametrize("local", [False, True], ids=["global", "local"])
-def test_mlp_fused_matches_the_four_kernels(cp, h, inter, nplanes, splits, post, local):
+@pytest.mark.parametrize("local,pf", [(False, False), (True, False), (True, True), (False, True)],
+                         ids=["global", "local", "local+pf", "global+pf"])
+def test_mlp_fused_matches_the_four_kernels(cp, h, inter, nplanes, splits, post, local, pf):
     from engine.gpu_weights import upload_matrix
     from engine.ops import kernels as K
 
@@ -63,9 +65,11 @@ def test_mlp_fused_matches_the_four_kernels(cp, h, inter, nplanes, splits, post,
     bar = cp.asarray(np.zeros(1, np.uint64))
     got = mlp_fused_launch(gu, dn, (b["x_in"], b["x_out"], planes, nplanes, h, nw_, h, 1e-6, kp_h), b["act"], kp_i,
                            b["xh"], b["xinv"], b["slot"], b["y"], splits, bar,
-                           post=(w2, b["xn2"], b["xh2"], b["xinv2"]) if post else None, local_stage=local)
+                           post=(w2, b["xn2"], b["xh2"], b["xinv2"]) if post else None, local_stage=local,
+                           prefetch=pf)
     assert got is not None
     launch, dsplits = got
+    assert pf or int(launch.args[-1]) == 0  # (pf_bytes: 0 where the prefetch is off or does not fit)
     assert dsplits == d.splits
     launch()
     if not post:  # (the barrier counter carries over between launches; with post, x_in is rewritten)
