@@ -16,6 +16,7 @@
 # the L2 warm-up it measured, at 741ff0c; those of sessions 8-10, s8 / s8d / s9 / s10 / s11 / fin8 / fin9 /
 # gsplit / prep / s12-s16 / fin10 / mma / base / s10a-s10e, which bench/NOTES-decode.md cites, at 56b24ea; session
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
+#   fin14: mlp_fused's tests with the dense engine's, its phases, the A/B, `ninfer bench` 27B (depth 0 and 32768)
 #   fused4: fused3's calls with each warp's first down item prefetched into shared memory (MLP_FUSED_PF)
 #   fused3: fused2's calls on the split barrier / loads-first / LOCAL staging kernel, with its variants
 #   fused2: MLP_FUSED=2 (the next norm inside too), down splits 3 / 4, mlp_fused_probe phases, `ninfer bench` tg128
@@ -360,6 +361,25 @@ if [ -n "$BEST" ]; then
   env $BEST timeout 120 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --breakdown \
     --out "$OUT/decode_tma4_bd.json" 2>&1 | grep -E "PDL|sum of|^  [a-z]|rror" | head -16
 fi
+fi
+if [ "$PART" = fin14 ]; then  # session 14's last call: mlp_fused (the next norm and the prefetch removed) through its
+# tests and the dense engine tests, its phases, the A/B, then `ninfer bench` 27B tg128 at depth 0 and 32768 (int8 KV)
+ready
+log "tests: mlp_fused (kernel), the dense engine"
+gpu_pytest "$OUT/gpu_tests_fin14.txt" tests/gpu/test_mlp_fused.py tests/gpu/test_gpu_engine.py
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_fin14.txt" | tail -8
+log "mlp_fused alone: launch time and phases"
+timeout 120 python3 bench/mlp_fused_probe.py --out "$OUT/mlp_fused_probe.json" 2>&1 | grep -E "mlp_fused|rror" | head -4
+log "27B decode A/B in one process"
+timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.8-27b \
+  --attr="base,MLP_FUSED=1,MLP_FUSED=1;MLP_FUSED_LOCAL=0,MLP_FUSED=1;MLP_FUSED_SPLITS=2" \
+  --out "$OUT/decode_fin14.json" 2>&1 | grep -E "PDL|attr|rror" | head -12
+BEST=$(best_attr_env "$OUT/decode_fin14.json" 0)
+log "27B tg128, depth 0 and 32768 int8 (env: ${BEST:-defaults})"
+env $BEST timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
+  -o json --out "$OUT/tg128_27b_fin14.json" 2>&1 | grep -E "^\||rror" | tail -1
+env $BEST timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -d 32768 --kv int8 -r 2 \
+  -o json --out "$OUT/tg128_d32768_fin14.json" 2>&1 | grep -E "^\||rror" | tail -1
 fi
 if [ "$PART" = fused2 ] || [ "$PART" = fused3 ] || [ "$PART" = fused4 ]; then  # session 14: MLP_FUSED with the next norm inside (=2), down
 # splits; phase timings; fused3: the split barrier, the norm's loads first, every block staging the down's input (LOCAL)

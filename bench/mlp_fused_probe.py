@@ -1,7 +1,7 @@
 """mlp_fused alone on the 27B's first dense layer (synthetic weights): the launch's time (CUDA events over repeated
 launches) and where it goes (each block's %globaltimer at the phase boundaries: start, norm done, gate|up done,
-barrier 1, staging (and barrier 2) done, down done, barrier 3, end), for down splits 2-4, with and without the next
-norm, the down's input staged by slices between two barriers or by every block for itself (local).
+barrier 1, staging (and barrier 2) done, down done), for down splits 2 and 3, the down's input staged by slices
+between two barriers or by every block for itself (local).
 
     python bench/mlp_fused_probe.py [--geometry qwen3.8-27b] [--out FILE]
 """
@@ -16,21 +16,20 @@ import numpy as np
 
 from engine.ops.gemv_plan import mlp_fused_launch
 
-PHASES = ("norm", "gate|up", "barrier 1", "stage (+ barrier 2)", "down", "barrier 3", "next norm")
+PHASES = ("norm", "gate|up", "barrier 1", "stage (+ barrier 2)", "down")
 
 
-def probe(ex, splits: int, post: bool, local: bool, pf: bool = False, n: int = 200) -> dict:
+def probe(ex, splits: int, local: bool, n: int = 200) -> dict:
     L = ex.layers[next(i for i, L in enumerate(ex.layers) if "gate_up" in L)]
     H = ex.H
     bar = cp.zeros(1, dtype=cp.uint64)
     slot = cp.zeros(2, dtype=cp.uint32)
     x_in, x_out = cp.array(ex.x), cp.array(ex.x2)
-    nxt = (L["in_norm"], ex.xn, ex.xh_n, ex.xinv_n) if post else None
 
     def launch(ts=None):
         return mlp_fused_launch(L["gate_up"], L["down"], (x_in, x_out, ex.part, 1, H, L["post_norm"], H, 1e-6, ex.kpad_h),
-                                ex.act, ex.kpad_act, ex.xh_act, ex.xinv_act, slot, ex.part, splits, bar, post=nxt,
-                                tstamp=ts, local_stage=local, prefetch=pf)
+                                ex.act, ex.kpad_act, ex.xh_act, ex.xinv_act, slot, ex.part, splits, bar,
+                                tstamp=ts, local_stage=local)
 
     go, dsplits = launch()
     for _ in range(5):
@@ -52,11 +51,11 @@ def probe(ex, splits: int, post: bool, local: bool, pf: bool = False, n: int = 2
         t = ts.get().astype(np.int64)
         rows.append(t - t[:, 0].min())
     t = np.median(np.stack(rows), axis=0)  # [grid, 8] ns from the first block's start
-    idx = [1, 2, 3, 4, 5, 6, 7] if post else [1, 2, 3, 4, 5, 7]
-    names = PHASES if post else PHASES[:5] + ("end",)
+    idx = [1, 2, 3, 4, 5]
+    names = PHASES
     phases = {nm: dict(first_us=round(float(t[:, i].min()) / 1e3, 2), last_us=round(float(t[:, i].max()) / 1e3, 2))
               for nm, i in zip(names, idx)}
-    return dict(splits=dsplits, post=post, local=local, pf_bytes=int(go.args[-1]), grid=grid, us=round(us, 2), start_spread_us=round(float(t[:, 0].max()) / 1e3, 2),
+    return dict(splits=dsplits, local=local, grid=grid, us=round(us, 2), start_spread_us=round(float(t[:, 0].max()) / 1e3, 2),
                 phases=phases)
 
 
@@ -70,12 +69,11 @@ def main():
     eng = build_engine(a.geometry, max_context=4096)
     ex = eng.model.executor
     out = []
-    for splits, post, local, pf in ((3, False, True, False), (3, False, True, True), (4, False, True, True),
-                                    (3, False, False, True), (3, True, True, True)):
-        r = probe(ex, splits, post, local, pf)
+    for splits, local in ((3, True), (3, False), (2, True)):
+        r = probe(ex, splits, local)
         out.append(r)
         ph = "  ".join(f"{k} {v['first_us']}-{v['last_us']}" for k, v in r["phases"].items())
-        print(f"mlp_fused splits {r['splits']} post {post} local {local} pf {r['pf_bytes']} B a warp: {r['us']} us a launch (grid {r['grid']}, starts "
+        print(f"mlp_fused splits {r['splits']} local {local}: {r['us']} us a launch (grid {r['grid']}, starts "
               f"spread {r['start_spread_us']} us); phases end (first-last block, us): {ph}", flush=True)
     if a.out:
         Path(a.out).write_text(json.dumps(out, indent=1))

@@ -11,8 +11,7 @@
 // so every warp issues its first weight loads before the dependent step in front of them (the norm, the
 // barriers), and the next row group's loads before the current one's reduction. The arithmetic is the kernels'
 // it replaces, in the same order: the planes it writes are bit-identical to residual_rmsnorm_mb -> gemv_rs_pre
-// (SwiGLU, amax) -> stage_x_amax -> gemv_rs_pre (partial). With nw2 (CudaQwen35.MLP_FUSED = 2) a third barrier and
-// the next norm (residual_rmsnorm_mb's body: every block reduces the row, writes its slice) follow in the same launch.
+// (SwiGLU, amax) -> stage_x_amax -> gemv_rs_pre (partial).
 // The grid barrier needs every block resident at once: the launch takes the occupancy calculator's grid, and
 // nothing runs beside it in the decode graph (it sits on the main chain between joins). A barrier that waits
 // ~2 s (a block that never became resident) traps instead of hanging.
@@ -68,8 +67,7 @@ __device__ __forceinline__ void grid_wait(unsigned long long* ctr, unsigned long
 // One warp's rows of a row-split GEMV over pre-staged pairs (gemv_rs_pre's loads and arithmetic): `start` sets the
 // row pointers of a row group, `load` issues the next U iterations' weight, scale and high-bit loads (lane j0 + 32 i),
 // `consume` multiplies them with x (xat(i, c): slot c of iteration i's chunk) into acc.
-// SMEM: the planes are a copy in shared memory (plain loads).
-template <int FMT, int ROWS, int U, bool SMEM = false>
+template <int FMT, int ROWS, int U>
 struct WarpRows {
   using F = Fmt<FMT>;
   const uint4* wp[ROWS];
@@ -98,15 +96,13 @@ struct WarpRows {
       if (i + u < iters) {
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
-          w[u][r] = SMEM ? wp[r][32 * u] : ldw(wp[r] + 32 * u);
+          w[u][r] = ldw(wp[r] + 32 * u);
           sc[u][r] = __half2float(sp[r][16 * u]);
           if constexpr (FMT == FMT_Q5) {
-            const unsigned int* h = reinterpret_cast<const unsigned int*>(hp[r] + 16 * F::HB * u);
-            hb[u][r].x = SMEM ? *h : ldw(h);
+            hb[u][r].x = ldw(reinterpret_cast<const unsigned int*>(hp[r] + 16 * F::HB * u));
             hb[u][r].y = 0u;
           } else if constexpr (FMT == FMT_Q6) {
-            const uint2* h = reinterpret_cast<const uint2*>(hp[r] + 16 * F::HB * u);
-            hb[u][r] = SMEM ? *h : ldw(h);
+            hb[u][r] = ldw(reinterpret_cast<const uint2*>(hp[r] + 16 * F::HB * u));
           } else {
             hb[u][r] = make_uint2(0u, 0u);
           }
@@ -155,9 +151,7 @@ struct WarpRows {
       __half2* __restrict__ xh_act, float* __restrict__ xinv_act, unsigned int* __restrict__ slot,               \
       const unsigned char* __restrict__ dbase, const unsigned char* __restrict__ dhigh,                          \
       const __half* __restrict__ dscales, int dgpr, int du4ps, int dsplits, float* __restrict__ y, int plane,    \
-      unsigned long long* __restrict__ bar, const float* __restrict__ nw2, float* __restrict__ xn2,             \
-      __half2* __restrict__ xh2, float* __restrict__ xinv2, unsigned long long* __restrict__ tstamp, int local_stage,   \
-      int pf_off, int pf_bytes
+      unsigned long long* __restrict__ bar, unsigned long long* __restrict__ tstamp, int local_stage
 template <int FGU, int FDN, int DROWS, int VPT>
 __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
   extern __shared__ __align__(16) unsigned char mlp_smem[];
@@ -285,31 +279,10 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
     dn.start(dbase, dhigh, dscales, dgpr, rows, js + lane, je - js > lane ? (je - js - lane + 31) >> 5 : 0);
     dn.load();
   };
-  // pf_bytes > 0: each warp copies its whole first down item (weights, scales, high bits of one row's slice) into its
-  // own pf_bytes of shared memory at pf_off with cp.async while the barriers and the staging run: the DRAM stays busy
-  // through them with bytes the down phase then reads from shared memory
-  constexpr int HBD = Fmt<FDN>::HB;
-  unsigned char* pf = mlp_smem + pf_off + (size_t)warp * pf_bytes;
-  int pf_n = 0;  // (chunks of the prefetched slice)
-  if (pf_bytes > 0 && item < items) {
-    const int grp = item / dsplits, s = item - grp * dsplits;
-    const int js = s * du4ps, je = min(js + du4ps, du4), row = min(grp * DROWS, H - 1);
-    pf_n = je - js;
-    const unsigned char* gw_ = dbase + ((size_t)row * du4 + js) * 16;
-    const unsigned char* gs_ = reinterpret_cast<const unsigned char*>(dscales) + ((size_t)row * dgpr + js / 2) * 2;
-    const unsigned char* gh_ = dhigh + ((size_t)row * dgpr + js / 2) * HBD;
-    for (int c = lane; c < pf_n; c += 32) cp_async16(pf + c * 16, gw_ + c * 16);
-    for (int c = lane; c < pf_n / 16; c += 32) cp_async16(pf + pf_n * 16 + c * 16, gs_ + c * 16);
-    for (int c = lane; c < pf_n * HBD / 32; c += 32) cp_async16(pf + pf_n * 17 + c * 16, gh_ + c * 16);
-    cp_async_commit();
-  }
   stamp(2);
   const float bmax = block_max(wrote, red);
   if (tid == 0 && bmax > 0.f) atomicMax(slot, __float_as_uint(bmax));
   const unsigned long long t1 = grid_arrive(bar);
-  if (pf_n > 0) {
-    item += nwarps;  // (the prefetched item is decoded after the staging)
-  }
   if (item < items) dn_start(item);  // (issued after arriving: the arrival's fence does not wait for them)
   grid_wait(bar, t1);
   stamp(3);
@@ -355,32 +328,8 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
       item = nxt;
     }
   };
-  if (pf_n > 0) {  // the prefetched first item, from shared memory (the next one's loads already in flight)
-    cp_async_wait<0>();
-    __syncwarp();
-    const int it0 = item - nwarps, grp = it0 / dsplits, s = it0 - grp * dsplits;
-    WarpRows<FDN, 1, 2, true> ds;
-    const int rows[1] = {0};
-    ds.start(pf, pf + pf_n * 17, reinterpret_cast<const __half*>(pf + pf_n * 16), pf_n / 2, rows, lane,
-             pf_n > lane ? (pf_n - lane + 31) >> 5 : 0);
-    ds.load();
-    float acc[1];
-    const uint4* xl = (local_stage ? reinterpret_cast<const uint4*>(mlp_smem) : reinterpret_cast<const uint4*>(xh_act))
-                      + ((s * du4ps) >> 5) * 128 + lane;
-    if (local_stage) ds.run(acc, [&](int it, int c) { return xl[it * 128 + c * 32]; }, dk);
-    else ds.run(acc, [&](int it, int c) { return __ldg(xl + it * 128 + c * 32); }, dk);
-    const float v = warp_sum(acc[0]) * dinv * 1.f;
-    if (lane == 0 && grp < H) y[(size_t)s * plane + grp] = v;
-  }
   if (local_stage) down(reinterpret_cast<const uint4*>(mlp_smem), [](const uint4* p) { return *p; });
   else down(reinterpret_cast<const uint4*>(xh_act), [](const uint4* p) { return __ldg(p); });
   stamp(5);
-  if (nw2 != nullptr) {  // the next norm (the next layer's input norm, or the final one) on the planes just written
-    grid_barrier(bar);
-    stamp(6);
-    residual_rmsnorm_body<NORM_VPT, 2>(x_out, const_cast<float*>(x_in), y, dsplits, plane, nw2, xn2, H, eps, 1, xh2, xinv2,
-                                       kpad_h);
-  }
-  stamp(7);
 }
 #endif  // !NI_PRE_SM80

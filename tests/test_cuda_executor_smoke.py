@@ -410,7 +410,7 @@ def test_mlp_fused_plumbing(cp, monkeypatch):
     assert norms(names_on) == norms(names_off) - layers and len(on) == len(off) - 3 * layers
     bufs = {ex.x.data.ptr, ex.x2.data.ptr}
     for op in fused:
-        assert op.block == 1024 and op.grid == (K.sm_count(),) and op.smem == ex.kpad_h * 6
+        assert op.block == 1024 and op.grid == (K.sm_count(),)
         assert {int(op.args[0]), int(op.args[1])} == bufs  # reads one residual buffer, writes the other
         assert int(op.args[2]) == int(op.args[25]) == ex.part.data.ptr and int(op.args[27]) == ex.mlp_bar.data.ptr
         assert int(op.args[18]) == ex.stage_slot.data.ptr and int(op.args[13]) == ex.act.data.ptr
@@ -418,14 +418,5 @@ def test_mlp_fused_plumbing(cp, monkeypatch):
     i = names_on.index(fused[0].name)
     nxt = next(op for op in on[i + 1:] if getattr(op, "name", "").startswith("residual_rmsnorm"))
     assert int(nxt.args[0]) == int(fused[0].args[1]) and int(nxt.args[3]) == int(fused[0].args[24])
-    assert all(int(op.args[28]) == 0 for op in fused)  # (no next norm inside)
-    # NINFER_MLP_FUSED=2: the next layer's input norm (the last layer: the final norm) inside the launch too; the
-    # residual read and written back into the same buffer pair
-    ex2, two = ops(2)
-    names2 = [getattr(op, "name", "") for op in two]
-    fused2 = [op for op in two if getattr(op, "name", "").startswith("mlp_fused<")]
-    assert len(fused2) == layers and norms(names2) == 1 and len(two) == len(off) - 4 * layers
-    finals = [int(op.args[28]) for op in fused2]
-    assert finals[-1] == ex2.final_norm.data.ptr and all(p != 0 for p in finals)
-    assert all(int(op.args[29]) == ex2.xn.data.ptr and int(op.args[30]) == ex2.xh_n.data.ptr for op in fused2)
-    assert len({(int(op.args[0]), int(op.args[1])) for op in fused2}) == 1
+    assert all(int(op.args[28]) == 0 and int(op.args[29]) == 1 for op in fused)  # (no timestamps; local staging)
+    assert all(op.smem == max(ex.kpad_h * 6, ex.kpad_act * 2) for op in fused)

@@ -304,11 +304,8 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
         self._res = (self.x, self.x2)
         log2_theta = float(math.log2(a.rope_theta))
         rot = a.rotary_dim
-        normed = False  # (the layer's input norm already inside the fused MLP launch before it: MLP_FUSED = 2)
-        for i, L in enumerate(self.layers):
-            if not normed:
-                ops.append(self._norm(prev_splits, L["in_norm"]))
-            normed = False
+        for L in self.layers:
+            ops.append(self._norm(prev_splits, L["in_norm"]))
             xn = (self.xh_n, self.xinv_n)
             att_k = L["o"].k
             att_kpad = -(-att_k // K.XPAD) * K.XPAD  # per layer: the staged row stride the o-projection's K implies
@@ -341,14 +338,9 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
                                      (self.xh_att, self.xinv_att))
             ops.extend(core)
             ops.append(o_plan.launch)
-            nxt = self.layers[i + 1]["in_norm"] if i + 1 < len(self.layers) else self.final_norm
-            fused = None if self.args.is_moe else self._ffn_fused_ops(L, o_plan.splits, nxt)
-            if fused is not None:  # (the post-attention norm, and with MLP_FUSED = 2 the next one, in one launch)
-                ops.extend(fused[0])
-                prev_splits, normed = fused[1], fused[2]
-                continue
-            tma_ffn = None if self.args.is_moe else self._ffn_tma_ops(L, o_plan.splits)
-            if tma_ffn is not None:  # (the post-attention norm inside the gate|up launch)
+            tma_ffn = None if self.args.is_moe else (self._ffn_fused_ops(L, o_plan.splits)
+                                                     or self._ffn_tma_ops(L, o_plan.splits))
+            if tma_ffn is not None:  # (the post-attention norm inside the gate|up / fused MLP launch)
                 ops.extend(tma_ffn[0])
                 prev_splits = tma_ffn[1]
                 continue
@@ -359,8 +351,7 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
             else:
                 ffn, prev_splits = self._ffn_ops(L, xn)
                 ops.extend(ffn)
-        if not normed:
-            ops.append(self._norm(prev_splits, self.final_norm))
+        ops.append(self._norm(prev_splits, self.final_norm))
         ops.extend(self._tail_ops())
         return ops
 

@@ -186,37 +186,36 @@ class MlpOps:
 
     # The post-attention norm and the dense MLP as one persistent launch (cuda/mlp_fused.cu, NINFER_MLP_FUSED=1): every
     # block stages the normed row itself while its first gate|up loads are in flight, gate|up folds its SwiGLU
-    # maximum, two grid barriers around the down input's staging, the down-projection's first loads issued before
-    # them. The same planes, bit for bit, as the norm, gate|up, stage_x_amax and down kernels it replaces.
-    # NINFER_MLP_FUSED=2: the next norm (the next layer's input norm, or the final one) too, after a third barrier.
+    # maximum, a grid barrier, the down-projection's first loads issued between its arrival and its wait. The same
+    # planes, bit for bit, as the norm, gate|up, stage_x_amax and down kernels it replaces. MLP_FUSED_LOCAL: every
+    # block stages the whole down input into its own shared memory (else a slice each, between two barriers).
+    # MLP_FUSED_SPLITS: the down's split-K slices (0: its table entry). H200, session 14, in one process
+    # (bench/results/*_20261130n*): see bench/NOTES-decode.md. Also measured and removed: the next norm in the same
+    # launch after a third barrier, and each warp's first down item copied into shared memory (cp.async) during the
+    # barriers (git history at this file's session-14 commits).
     MLP_FUSED = int(os.environ.get("NINFER_MLP_FUSED", "0"))
-    # every block stages the down's input itself (no second barrier) instead of a slice each between two barriers
-    MLP_FUSED_LOCAL = int(os.environ.get("NINFER_MLP_FUSED_LOCAL", "0"))
-    # each warp's first down item copied into shared memory (cp.async) during the barriers and the staging
-    MLP_FUSED_PF = int(os.environ.get("NINFER_MLP_FUSED_PF", "0"))
-    MLP_FUSED_SPLITS = int(os.environ.get("NINFER_MLP_FUSED_SPLITS", "0"))  # the down's split-K slices (0: its table entry)
+    MLP_FUSED_LOCAL = int(os.environ.get("NINFER_MLP_FUSED_LOCAL", "1"))
+    MLP_FUSED_SPLITS = int(os.environ.get("NINFER_MLP_FUSED_SPLITS", "3"))
 
-    def _ffn_fused_ops(self, L, splits: int, next_norm=None):
-        """(ops, partial planes, next norm done) of the post-attention norm and the dense MLP as one mlp_fused launch
-        (MLP_FUSED = 2: with the next norm, weight next_norm, in it too), or None where MLP_FUSED is off or its rules
-        do not hold (one token row, int16 pairs, q4 gate|up and q5 down, H <= 8,192)."""
+    def _ffn_fused_ops(self, L, splits: int):
+        """(ops, partial planes) of the post-attention norm and the dense MLP as one mlp_fused launch, or None where
+        MLP_FUSED is off or its rules do not hold (one token row, int16 pairs, q4 gate|up and q5 down, H <= 8,192)."""
         gu, dn = L["gate_up"], L["down"]
-        if not (self.MLP_FUSED and self.M == 1 and K.XI16 and not self.FFN_SPLIT and self.H <= 8 * 1024):
+        if not (self.MLP_FUSED and self.M == 1 and K.XI16 and not self.FFN_SPLIT and self.H <= 8 * 1024
+                and K.fused_capable()):
             return None
         if getattr(self, "mlp_bar", None) is None:
             self.mlp_bar = self.cp.zeros(1, dtype=self.cp.uint64)
         x_in, x_out = self._res
         H = self.H
         norm = (x_in, x_out, self.part, splits, self.M * H, L["post_norm"], H, float(self.args.rms_norm_eps), self.kpad_h)
-        post = (next_norm, self.xn, self.xh_n, self.xinv_n) if self.MLP_FUSED == 2 and next_norm is not None else None
         got = mlp_fused_launch(gu, dn, norm, self.act, self.kpad_act, self.xh_act, self.xinv_act, self.stage_slot,
-                               self.part, self.MLP_FUSED_SPLITS or self._splits(dn), self.mlp_bar, post=post,
-                               local_stage=bool(self.MLP_FUSED_LOCAL), prefetch=bool(self.MLP_FUSED_PF))
+                               self.part, self.MLP_FUSED_SPLITS or self._splits(dn), self.mlp_bar,
+                               local_stage=bool(self.MLP_FUSED_LOCAL))
         if got is None or got[1] > self.max_splits:
             return None
-        if post is None:  # (the next norm reads x_out and writes x_in, as the norm kernels alternate them)
-            self._res = (x_out, x_in)
-        return [got[0]], got[1], post is not None
+        self._res = (x_out, x_in)
+        return [got[0]], got[1]
 
     def _ffn_ops(self, L, xn) -> tuple[list, int]:
         """The dense MLP's ops (gate|up with SwiGLU, staging, down into partials) and the partial planes

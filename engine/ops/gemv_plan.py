@@ -315,18 +315,15 @@ def down_slices(w: DevMatrix, splits: int) -> tuple[int, int]:
 
 
 def mlp_fused_launch(gu: DevMatrix, dn: DevMatrix, norm: tuple, act, kpad_act: int, xh_act, xinv_act, slot, y,
-                     splits: int, bar, post=None, tstamp=None, local_stage: bool = False, prefetch: bool = False):
+                     splits: int, bar, tstamp=None, local_stage: bool = False):
     """The post-attention norm and the dense MLP of one token as one mlp_fused launch (cuda/mlp_fused.cu), or None
     where it is not compiled for these formats and sizes. norm = (x_in, x_out, planes in, planes, plane stride,
     norm weight, H, eps, kpad_h); gu: [2I, H] (gate rows, then up rows), dn: [H, I]; act: the fp32 SwiGLU row
     (I values), staged into xh_act / xinv_act with the scale of the largest |value| folded into slot[0] (slot: 2
     zeroed uint32 words, zeroed again by the launch); y: the down-projection's split-K planes (`splits` asked,
     whole 32-chunk slices; H floats apart); bar: a zeroed uint64, the grid barrier's counter (one a grid size).
-    post = (norm weight, fp32 normed row, pairs, 1 / scale): the next norm in the same launch, after a third barrier (x_out
-    + the planes written into x_in, which must then be free). tstamp: 8 uint64 a block of phase timestamps (bench/).
     local_stage: every block stages the whole SwiGLU row into its own shared memory (no second barrier; xh_act is then
-    not written). prefetch: each warp copies its first down item into shared memory (cp.async) while the barriers and
-    the staging run (where it fits: whole 32-chunk rows of a 16-byte aligned plane, and the shared memory).
+    not written). tstamp: 8 uint64 a block of phase timestamps (bench/mlp_fused_probe.py).
     Returns (launch, planes written)."""
     x_in, x_out, part, nplanes, pstride, nw_, H, eps, kpad_h = norm
     inter = dn.k
@@ -338,21 +335,11 @@ def mlp_fused_launch(gu: DevMatrix, dn: DevMatrix, norm: tuple, act, kpad_act: i
         return None
     u4ps, dsplits = down_slices(dn, splits)
     smem = max(kpad_h * 6, kpad_act * 2 if local_stage else 0)  # the normed row's pairs and fp32 values; the down's pairs
-    pf_off = -(-smem // 128) * 128
-    hb = {"q4_g64_fp16": 0, "q5_g64_fp16": 8, "q6_g64_fp16": 16}.get(dn.fmt, -1)
-    pf_bytes = -(-down_slices(dn, splits)[0] * (17 + hb // 2) // 16) * 16
-    if not (prefetch and hb >= 0 and dn.gpr % 16 == 0 and all(dn.ptr(o) % 16 == 0 for o in (dn.base, dn.high, dn.scales))
-            and pf_off + 32 * pf_bytes <= kernels.smem_optin() - 40 * 1024):  # (the next norm's 33 KB static)
-        pf_bytes = 0
-    smem = pf_off + 32 * pf_bytes if pf_bytes else smem
-    if post is not None and H > 8 * 1024:  # (residual_rmsnorm_mb's body: 8 values a thread)
-        return None
     grid = sm_count() * kernels.resident_blocks(name, 1024, smem)
     P, I = (lambda a: np.uint64(_p(a))), np.int32
     args = (P(x_in), P(x_out), P(part), I(nplanes), I(pstride), P(nw_), I(H), np.float32(eps), I(kpad_h),
             P(gu.ptr(gu.base)), P(gu.ptr(gu.high)), P(gu.ptr(gu.scales)), I(gu.gpr),
             P(act), I(inter), I(kpad_act), P(xh_act), P(xinv_act), P(slot),
             P(dn.ptr(dn.base)), P(dn.ptr(dn.high)), P(dn.ptr(dn.scales)), I(dn.gpr), I(u4ps), I(dsplits),
-            P(y), I(H), P(bar)) + tuple(P(a) if a is not None else np.uint64(0) for a in (post or (None,) * 4)) \
-        + (np.uint64(0) if tstamp is None else P(tstamp), I(bool(local_stage)), I(pf_off), I(pf_bytes))
+            P(y), I(H), P(bar), np.uint64(0) if tstamp is None else P(tstamp), I(bool(local_stage)))
     return kernels.prepared(name, (grid,), args, block=1024, smem=smem), dsplits

@@ -343,6 +343,11 @@ def blocks_per_sm(name: str, block: int = WARPS * 32, smem: int = 0) -> int:
     return 2
 
 
+def fused_capable() -> bool:
+    """sm_80 or newer: the experimental module (mlp_fused, cp.async) is compiled there only."""
+    return _compute_capability() >= 80
+
+
 def resident_blocks(name: str, block: int, smem: int = 0) -> int:
     """Blocks of kernel `name` that the occupancy calculator says fit on a multiprocessor at once, at least 1
     (no guess where the call fails: a grid barrier needs every block resident). The kernel is allowed `smem` bytes

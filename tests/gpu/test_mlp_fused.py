@@ -1,10 +1,8 @@
 """mlp_fused (cuda/mlp_fused.cu): the post-attention norm and the dense MLP of one token in one persistent launch
 against the four kernels it replaces (residual_rmsnorm_mb, gemv_rs_pre SwiGLU folding its maximum, stage_x_amax,
 gemv_rs_pre into split-K planes): the same residual, SwiGLU row, staged pairs and planes, bit for bit; and against
-the float reference within the GEMV tolerances. With the next norm in the launch (post): the residual it writes back
-into x_in, its fp32 row and pairs, as residual_rmsnorm_mb after the four kernels writes them. local: every block stages
-the down's input itself (one barrier fewer); pf: each warp's first down item copied into shared memory during the
-barriers."""
+the float reference within the GEMV tolerances. local: every block stages the down's input itself (one barrier
+fewer)."""
 import numpy as np
 import pytest
 
@@ -20,10 +18,8 @@ from kernel_checks import LINEAR, RNG, check, poisoned  # noqa: E402  (tests/gpu
 @pytest.mark.parametrize("h,inter,nplanes,splits", [(5120, 3072, 1, 2), (5120, 2048, 2, 1), (1000, 1000, 0, 3),
                                                     (512, 1024, 3, 2)],
                          ids=["5120x3072-1", "5120x2048-2", "1000x1000-0", "512x1024-3"])
-@pytest.mark.parametrize("post", [False, True], ids=["mlp", "mlp+norm"])
-@pytest.mark.parametrize("local,pf", [(False, False), (True, False), (True, True), (False, True)],
-                         ids=["global", "local", "local+pf", "global+pf"])
-def test_mlp_fused_matches_the_four_kernels(cp, h, inter, nplanes, splits, post, local, pf):
+@pytest.mark.parametrize("local", [False, True], ids=["global", "local"])
+def test_mlp_fused_matches_the_four_kernels(cp, h, inter, nplanes, splits, local):
     from engine.gpu_weights import upload_matrix
     from engine.ops import kernels as K
 
@@ -33,14 +29,12 @@ def test_mlp_fused_matches_the_four_kernels(cp, h, inter, nplanes, splits, post,
     wd = (RNG.standard_normal((h, inter)) / np.sqrt(inter)).astype(np.float32)
     gu, dn = upload_matrix(cp, "q4_g64_fp16", wg), upload_matrix(cp, "q5_g64_fp16", wd)
     x_host = RNG.standard_normal((1, h)).astype(np.float32)
-    w2 = cp.asarray((RNG.standard_normal(h) * 0.1).astype(np.float32))
     planes = cp.asarray((RNG.standard_normal((max(nplanes, 1), 1, h)) * 0.5).astype(np.float32))
     nw_ = cp.asarray((RNG.standard_normal(h) * 0.1).astype(np.float32))
     kp_h, kp_i = -(-h // K.XPAD) * K.XPAD, -(-inter // K.XPAD) * K.XPAD
 
     def bufs():
-        return dict(x_in=cp.asarray(x_host), x_out=poisoned(cp, (1, h)), xn2=poisoned(cp, (1, h)), xinv2=poisoned(cp, (1,)),
-                    xh2=cp.asarray(np.zeros((1, kp_h // 2), np.uint32)), act=poisoned(cp, (1, inter)), y=poisoned(cp, (8, 1, h)),
+        return dict(x_in=cp.asarray(x_host), x_out=poisoned(cp, (1, h)), act=poisoned(cp, (1, inter)), y=poisoned(cp, (8, 1, h)),
                     xh=cp.asarray(np.zeros((1, kp_i // 2), np.uint32)), xinv=poisoned(cp, (1,)),
                     slot=cp.asarray(np.zeros(2, np.uint32)))
 
@@ -57,36 +51,24 @@ def test_mlp_fused_matches_the_four_kernels(cp, h, inter, nplanes, splits, post,
     d = GemvPlan(dn, a["act"], inter, a["y"], h, epi="partial", splits=splits, rows=1, unroll=2,
                  xpre=(a["xh"], a["xinv"]), pre2=True)
     d.launch()
-    if post:
-        K.prepared("residual_rmsnorm_mb", (16, 1), (a["x_out"], a["x_in"], a["y"], d.splits, h, w2, a["xn2"], h, 1e-6, 1,
-                                                     a["xh2"], a["xinv2"], kp_h), block=1024)()
 
     b = bufs()
     bar = cp.asarray(np.zeros(1, np.uint64))
     got = mlp_fused_launch(gu, dn, (b["x_in"], b["x_out"], planes, nplanes, h, nw_, h, 1e-6, kp_h), b["act"], kp_i,
-                           b["xh"], b["xinv"], b["slot"], b["y"], splits, bar,
-                           post=(w2, b["xn2"], b["xh2"], b["xinv2"]) if post else None, local_stage=local,
-                           prefetch=pf)
+                           b["xh"], b["xinv"], b["slot"], b["y"], splits, bar, local_stage=local)
     assert got is not None
     launch, dsplits = got
-    assert pf or int(launch.args[-1]) == 0  # (pf_bytes: 0 where the prefetch is off or does not fit)
     assert dsplits == d.splits
-    launch()
-    if not post:  # (the barrier counter carries over between launches; with post, x_in is rewritten)
-        launch()
+    for _ in range(3):  # (the barrier counter carries over between launches)
         launch()
     cp.cuda.Device().synchronize()
-    barriers = 1 + (not local) + post
-    assert int(bar.get()[0]) == barriers * (1 if post else 3) * launch.grid[0]
+    assert int(bar.get()[0]) == 3 * (1 if local else 2) * launch.grid[0]
     assert np.array_equal(b["x_out"].get(), a["x_out"].get())
     assert np.array_equal(b["act"].get(), a["act"].get())
     assert np.array_equal(b["xinv"].get(), a["xinv"].get())
     assert local or np.array_equal(b["xh"].get(), a["xh"].get())  # (local: every block's own pairs in shared memory)
     assert np.array_equal(b["y"][:dsplits].get(), a["y"][:dsplits].get())
     assert b["slot"].get().tolist() == [0, 0] and a["slot"].get().tolist() == [0, 0]
-    if post:
-        for k in ("x_in", "xn2", "xh2", "xinv2"):
-            assert np.array_equal(b[k].get(), a[k].get()), k
 
     # and the float reference: rmsnorm, SwiGLU, down
     x = x_host + (planes.get()[:nplanes].sum(axis=0) if nplanes else 0)
