@@ -16,6 +16,7 @@
 # the L2 warm-up it measured, at 741ff0c; those of sessions 8-10, s8 / s8d / s9 / s10 / s11 / fin8 / fin9 /
 # gsplit / prep / s12-s16 / fin10 / mma / base / s10a-s10e, which bench/NOTES-decode.md cites, at 56b24ea; session
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
+#   fin14b: mlp_fused on by default (cooperative launch): tests, the A/B against MLP_FUSED=0, `ninfer bench` 27B tg128
 #   fin14: mlp_fused's tests with the dense engine's, its phases, the A/B, `ninfer bench` 27B (depth 0 and 32768)
 #   fused4: fused3's calls with each warp's first down item prefetched into shared memory (MLP_FUSED_PF)
 #   fused3: fused2's calls on the split barrier / loads-first / LOCAL staging kernel, with its variants
@@ -361,6 +362,19 @@ if [ -n "$BEST" ]; then
   env $BEST timeout 120 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --breakdown \
     --out "$OUT/decode_tma4_bd.json" 2>&1 | grep -E "PDL|sum of|^  [a-z]|rror" | head -16
 fi
+fi
+if [ "$PART" = fin14b ]; then  # session 14: mlp_fused on by default, launched cooperatively: its tests, the numpy
+# engine comparison, the A/B against the four kernels, `ninfer bench` 27B tg128 with the defaults
+ready
+log "tests: mlp_fused (kernel, engine), the CUDA engine against the NumPy one"
+gpu_pytest "$OUT/gpu_tests_fin14b.txt" tests/gpu/test_mlp_fused.py tests/gpu/test_gpu_engine.py -k "mlp_fused or numpy_engine"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_fin14b.txt" | tail -6
+log "27B decode A/B in one process (base: the defaults)"
+timeout 100 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --attr="base,MLP_FUSED=0" \
+  --out "$OUT/decode_fin14b.json" 2>&1 | grep -E "PDL|attr|rror" | head -6
+log "27B tg128 (defaults)"
+timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
+  -o json --out "$OUT/tg128_27b_fin14b.json" 2>&1 | grep -E "^\||rror" | tail -1
 fi
 if [ "$PART" = fin14 ]; then  # session 14's last call: mlp_fused (the next norm and the prefetch removed) through its
 # tests and the dense engine tests, its phases, the A/B, then `ninfer bench` 27B tg128 at depth 0 and 32768 (int8 KV)

@@ -231,9 +231,12 @@ def test_moe_engine_builds_and_runs(cp, shared, stage, down, monkeypatch):
     assert np.isfinite(eng.info()["weight_bytes_per_token"])
 
 
-def test_fused_gate_up_staging_drops_the_stage_launch(cp):
+def test_fused_gate_up_staging_drops_the_stage_launch(cp, monkeypatch):
     """pre2 + fuse_stage in the gate|up tuning entry: gemv_rs_pre stages its own output, one stage_x_mb
     launch fewer a layer; the rest of the step is unchanged."""
+    from engine.models.qwen3_5_cuda import CudaQwen35
+
+    monkeypatch.setattr(CudaQwen35, "MLP_FUSED", 0)  # (the four-kernel MLP)
     from engine.gpu_engine import build_engine
 
     args, w = _weights(CFG)
@@ -264,6 +267,9 @@ def test_ffn_split_plumbing(cp, monkeypatch):
     runs as two halves (gate|up A; gate|up B
     beside stage A + down A; stage B + down B), the down halves into partial planes 0 and 1 over column
     views of the down matrix; a narrower MLP, and the flag off, keep one gate|up, stage and down."""
+    from engine.models.qwen3_5_cuda import CudaQwen35 as _C
+
+    monkeypatch.setattr(_C, "MLP_FUSED", 0)  # (the four-kernel MLP)
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5_cuda import CudaQwen35
     from engine.ops import kernels as K
@@ -348,6 +354,9 @@ def test_mlp_tma_plumbing(cp, monkeypatch):
     """NINFER_MLP_TMA (sm_90): each dense layer's post-attention norm, gate|up, stage_x_amax and down become two
     gemv_tma launches (the norm and the staging inside them, producer warp + consumer warps, one block an SM),
     the residual buffers alternating as the norm kernels alternate them; off, the four kernels as before."""
+    from engine.models.qwen3_5_cuda import CudaQwen35 as _C
+
+    monkeypatch.setattr(_C, "MLP_FUSED", 0)  # (the four-kernel MLP)
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5_cuda import CudaQwen35
     from engine.ops import kernels as K

@@ -144,10 +144,10 @@ def test_flash_prefill_plumbing(cp, monkeypatch, kv):
     launches = []
     prepared = K.prepared
 
-    def spy(name, grid, args, block=K.WARPS * 32, smem=0):
+    def spy(name, grid, args, block=K.WARPS * 32, smem=0, **kw):
         if name.startswith("attn_prefill_fa"):
             launches.append((name, tuple(grid), args, block, smem))
-        return prepared(name, grid, args, block=block, smem=smem)
+        return prepared(name, grid, args, block=block, smem=smem, **kw)
     monkeypatch.setattr(K, "prepared", spy)
     args, w = _weights(CFG)
     eng = build_engine(args, w, CFG, max_context=512, kv=kv, prefill_cols=8, prefill_gemm=64)

@@ -193,7 +193,7 @@ class MlpOps:
     # (bench/results/*_20261130n*): see bench/NOTES-decode.md. Also measured and removed: the next norm in the same
     # launch after a third barrier, and each warp's first down item copied into shared memory (cp.async) during the
     # barriers (git history at this file's session-14 commits).
-    MLP_FUSED = int(os.environ.get("NINFER_MLP_FUSED", "0"))
+    MLP_FUSED = int(os.environ.get("NINFER_MLP_FUSED", "1"))
     MLP_FUSED_LOCAL = int(os.environ.get("NINFER_MLP_FUSED_LOCAL", "1"))
     MLP_FUSED_SPLITS = int(os.environ.get("NINFER_MLP_FUSED_SPLITS", "3"))
 

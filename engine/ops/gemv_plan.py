@@ -342,4 +342,4 @@ def mlp_fused_launch(gu: DevMatrix, dn: DevMatrix, norm: tuple, act, kpad_act: i
             P(act), I(inter), I(kpad_act), P(xh_act), P(xinv_act), P(slot),
             P(dn.ptr(dn.base)), P(dn.ptr(dn.high)), P(dn.ptr(dn.scales)), I(dn.gpr), I(u4ps), I(dsplits),
             P(y), I(H), P(bar), np.uint64(0) if tstamp is None else P(tstamp), I(bool(local_stage)))
-    return kernels.prepared(name, (grid,), args, block=1024, smem=smem), dsplits
+    return kernels.prepared(name, (grid,), args, block=1024, smem=smem, cooperative=True), dsplits

@@ -321,6 +321,7 @@ class _LaunchConfig(ctypes.Structure):
 
 
 _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # cuda.h
+_CU_LAUNCH_ATTRIBUTE_COOPERATIVE = 2
 _CTYPE = {np.dtype(np.uint64): ctypes.c_uint64, np.dtype(np.int64): ctypes.c_int64,
           np.dtype(np.int32): ctypes.c_int32, np.dtype(np.uint32): ctypes.c_uint32,
           np.dtype(np.float32): ctypes.c_float}
@@ -357,7 +358,11 @@ def resident_blocks(name: str, block: int, smem: int = 0) -> int:
         fn.max_dynamic_shared_size_bytes = smem
         _SMEM_SET[name] = smem
     out = ctypes.c_int(0)
-    rc = ctypes.CDLL("libcuda.so.1").cuOccupancyMaxActiveBlocksPerMultiprocessor(
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:  # (no driver: a CPU-only build of the plan, nothing is launched)
+        return 1
+    rc = lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(
         ctypes.byref(out), ctypes.c_void_p(int(kernel(name).kernel.ptr)), ctypes.c_int(block), ctypes.c_size_t(smem))
     if rc != 0 or out.value < 1:
         raise RuntimeError(f"{name}: no resident block of {block} threads and {smem} bytes of shared memory ({rc})")
@@ -381,14 +386,16 @@ class Launch:
     """One kernel launch with its arguments fixed at build time; call it to launch on the current stream.
 
     With `PDL` on it goes through cuLaunchKernelEx with programmatic stream serialization allowed, so
-    the kernel overlaps the tail of the one before it (see NI_PDL_ENTRY in cuda/common.cuh)."""
+    the kernel overlaps the tail of the one before it (see NI_PDL_ENTRY in cuda/common.cuh). `cooperative`
+    (a kernel with grid barriers: mlp_fused): always through cuLaunchKernelEx with the cooperative attribute
+    instead, so that a grid whose blocks cannot all be resident is refused at launch rather than waiting."""
 
-    def __init__(self, fn, grid, block: int, args: tuple, smem: int = 0, name: str = ""):
+    def __init__(self, fn, grid, block: int, args: tuple, smem: int = 0, name: str = "", cooperative: bool = False):
         self.fn, self.grid, self.block, self.args, self.smem = fn, tuple(int(g) for g in grid), int(block), args, smem
-        self.name = name
+        self.name, self.cooperative = name, cooperative
         self._ex = None
         launch_ex = _cu_launch_ex()
-        if launch_ex is None or not pdl_capable():
+        if launch_ex is None or not (pdl_capable() or cooperative):
             return
         try:
             fptr = int(fn.kernel.ptr)
@@ -397,17 +404,20 @@ class Launch:
             return
         params = (ctypes.c_void_p * max(len(vals), 1))(*[ctypes.addressof(v) for v in vals])
         attr = _LaunchAttr()
-        attr.id = _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.id = _CU_LAUNCH_ATTRIBUTE_COOPERATIVE if cooperative else _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
         ctypes.memmove(attr.value, ctypes.byref(ctypes.c_int(1)), 4)
         g = self.grid + (1,) * (3 - len(self.grid))
         cfg = _LaunchConfig(g[0], g[1], g[2], self.block, 1, 1, int(smem), None, ctypes.pointer(attr), 1)
         self._ex = (launch_ex, cfg, fptr, params, vals, attr)
 
     def __call__(self):
-        if PDL and self._ex is not None:
+        if (PDL or self.cooperative) and self._ex is not None:
             launch_ex, cfg, fptr, params, _vals, _attr = self._ex
             cfg.hStream = cupy_or_none().cuda.get_current_stream().ptr
             rc = launch_ex(ctypes.byref(cfg), fptr, params, None)
+            if rc != 0 and self.cooperative:
+                raise RuntimeError(f"{self.name}: the GPU refused its cooperative launch ({rc}: another process or MPS may "
+                                   "hold part of it); run with NINFER_MLP_FUSED=0")
             if rc != 0:
                 raise RuntimeError(f"cuLaunchKernelEx failed ({rc}) for {self.name or 'a kernel'}")
             return
@@ -479,9 +489,9 @@ def _arg(a):
     return a
 
 
-def prepared(name: str, grid, args, block: int = WARPS * 32, smem: int = 0):
-    """A launch with its arguments converted once (and `smem` bytes of dynamic shared memory); call the
-    result to launch."""
+def prepared(name: str, grid, args, block: int = WARPS * 32, smem: int = 0, cooperative: bool = False):
+    """A launch with its arguments converted once (and `smem` bytes of dynamic shared memory; `cooperative`: see
+    Launch); call the result to launch."""
     fn = kernel(name)
     _allow_smem(fn, name, smem)
-    return Launch(fn, grid, block, tuple(_arg(a) for a in args), smem=smem, name=name)
+    return Launch(fn, grid, block, tuple(_arg(a) for a in args), smem=smem, name=name, cooperative=cooperative)

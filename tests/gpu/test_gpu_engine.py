@@ -182,6 +182,7 @@ def test_stage_from_the_gate_up_amax_gives_the_same_logits(monkeypatch):
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5_cuda import CudaQwen35
 
+    monkeypatch.setattr(CudaQwen35, "MLP_FUSED", 0)  # (the four-kernel MLP)
     args = ModelArgs.from_config(CFG)
     w = gpu_weights.from_logical(args, quantized_weights(args))
     prompt = [int(t) for t in np.random.default_rng(9).integers(0, CFG["vocab_size"], 12)]
@@ -336,6 +337,7 @@ def test_mlp_tma_matches_the_four_kernels(monkeypatch):
         pytest.skip("gemv_tma needs sm_90 and int16 x pairs")
     args, w, prompt, forced = forced_case(CFG, 12)
     out = {}
+    monkeypatch.setattr(CudaQwen35, "MLP_FUSED", 0)  # (mlp_fused comes first where both are on)
     for mode in (0, 1, 2):  # (2: the down-projection alone on gemv_tma)
         monkeypatch.setattr(CudaQwen35, "MLP_TMA", mode)
         eng = build_engine(args, w, CFG, max_context=512, prefill_cols=1)
