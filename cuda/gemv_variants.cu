@@ -18,6 +18,33 @@ __device__ __forceinline__ float routed_slot(XP& x, IP& xinv, YP& y, long long x
   return ywt != nullptr ? ywt[z] : 1.f;
 }
 
+// The weight, scale and high-bit loads of U consecutive iterations of ROWS rows (lane chunks 32 apart; those of the
+// iterations i + u < iters): the pre-staged GEMVs' (gemv_rs_pre, mlp_fused's WarpRows) load round.
+template <int FMT, int ROWS, int U>
+__device__ __forceinline__ void load_row_chunks(uint4 (&w)[U][ROWS], uint2 (&hb)[U][ROWS], float (&sc)[U][ROWS],
+                                                const uint4* const (&wp)[ROWS], const __half* const (&sp)[ROWS],
+                                                const unsigned char* const (&hp)[ROWS], int i, int iters) {
+  constexpr int HB = Fmt<FMT>::HB;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    if (i + u < iters) {
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
+        w[u][r] = ldw(wp[r] + 32 * u);
+        sc[u][r] = __half2float(sp[r][16 * u]);
+        if constexpr (FMT == FMT_Q5) {
+          hb[u][r].x = ldw(reinterpret_cast<const unsigned int*>(hp[r] + 16 * HB * u));
+          hb[u][r].y = 0u;
+        } else if constexpr (FMT == FMT_Q6) {
+          hb[u][r] = ldw(reinterpret_cast<const uint2*>(hp[r] + 16 * HB * u));
+        } else {
+          hb[u][r] = make_uint2(0u, 0u);
+        }
+      }
+    }
+  }
+}
+
 // gemv_rs for pre-staged x only (the decode step's GEMVs), with the two cuts its SASS asked for: x is
 // read with __ldg from global memory (gemv_rs reads it through a generic pointer that may be shared
 // memory, so every x load is a generic LD), and each row's weight, scale and high-bit pointers are
@@ -79,24 +106,7 @@ gemv_rs_pre(GEMV_RS_PARAMS, __half2* __restrict__ sxh, float* __restrict__ sxinv
       uint4 w[U][ROWS];
       uint2 hb[U][ROWS];
       float sc[U][ROWS];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        if (i + u < iters) {
-#pragma unroll
-          for (int r = 0; r < ROWS; ++r) {
-            w[u][r] = ldw(wp[r] + 32 * u);
-            sc[u][r] = __half2float(sp[r][16 * u]);
-            if constexpr (FMT == FMT_Q5) {
-              hb[u][r].x = ldw(reinterpret_cast<const unsigned int*>(hp[r] + 16 * F::HB * u));
-              hb[u][r].y = 0u;
-            } else if constexpr (FMT == FMT_Q6) {
-              hb[u][r] = ldw(reinterpret_cast<const uint2*>(hp[r] + 16 * F::HB * u));
-            } else {
-              hb[u][r] = make_uint2(0u, 0u);
-            }
-          }
-        }
-      }
+      load_row_chunks<FMT>(w, hb, sc, wp, sp, hp, i, iters);
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         if (i + u < iters) {

@@ -1,4 +1,4 @@
-// The dense MLP of one decode token as one persistent launch (experimental module, CudaQwen35.MLP_FUSED):
+// The dense MLP of one decode token as one persistent launch (CudaQwen35.MLP_FUSED, on by default):
 //
 //   x_out = x_in + planes;  xn = rmsnorm(x_out) (1 + w)            every block, into its own shared memory
 //   act = silu(gate xn) * (up xn), its largest |value| folded      gate|up, a warp a row pair (gemv_rs_pre's)
@@ -16,28 +16,8 @@
 // nothing runs beside it in the decode graph (it sits on the main chain between joins). A barrier that waits
 // ~2 s (a block that never became resident) traps instead of hanging.
 #include "common.cuh"
-#if !NI_PRE_SM80  // (cp.async: sm_80; the experimental module only)
 
 #define MLP_THREADS 1024
-
-// All blocks of the grid: every block's prior writes visible to every block after it. `ctr` only grows (a
-// launch adds gridDim.x per barrier), so it needs no reset as long as every launch on it has the same grid.
-__device__ __forceinline__ void grid_barrier(unsigned long long* ctr) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    const unsigned long long n = gridDim.x;
-    const unsigned long long target = (atomicAdd(ctr, 1ull) / n + 1) * n;
-    const long long t0 = clock64();
-    unsigned long long cur;
-    do {
-      asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(cur) : "l"(ctr) : "memory");
-      if (clock64() - t0 > (1ll << 32)) __trap();
-    } while (cur < target);
-    __threadfence();
-  }
-  __syncthreads();
-}
 
 // grid_barrier in two halves: arrive (every thread of the block; thread 0 gets the count to wait for) and wait, so
 // that a block can issue loads that the barrier need not wait for (its fence would) between the two.
@@ -63,6 +43,10 @@ __device__ __forceinline__ void grid_wait(unsigned long long* ctr, unsigned long
   }
   __syncthreads();
 }
+
+// All blocks of the grid: every block's prior writes visible to every block after it. `ctr` only grows (a
+// launch adds gridDim.x per barrier), so it needs no reset as long as every launch on it has the same grid.
+__device__ __forceinline__ void grid_barrier(unsigned long long* ctr) { grid_wait(ctr, grid_arrive(ctr)); }
 
 // One warp's rows of a row-split GEMV over pre-staged pairs (gemv_rs_pre's loads and arithmetic): `start` sets the
 // row pointers of a row group, `load` issues the next U iterations' weight, scale and high-bit loads (lane j0 + 32 i),
@@ -91,24 +75,7 @@ struct WarpRows {
   }
 
   __device__ __forceinline__ void load() {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (i + u < iters) {
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r) {
-          w[u][r] = ldw(wp[r] + 32 * u);
-          sc[u][r] = __half2float(sp[r][16 * u]);
-          if constexpr (FMT == FMT_Q5) {
-            hb[u][r].x = ldw(reinterpret_cast<const unsigned int*>(hp[r] + 16 * F::HB * u));
-            hb[u][r].y = 0u;
-          } else if constexpr (FMT == FMT_Q6) {
-            hb[u][r] = ldw(reinterpret_cast<const uint2*>(hp[r] + 16 * F::HB * u));
-          } else {
-            hb[u][r] = make_uint2(0u, 0u);
-          }
-        }
-      }
-    }
+    load_row_chunks<FMT>(w, hb, sc, wp, sp, hp, i, iters);
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
       wp[r] += 32 * U;
@@ -209,21 +176,8 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
 #pragma unroll
       for (int k8 = 0; k8 < VPT; ++k8) v[k8] += pv[k8];
     }
-    float ss = 0.f, mx = 0.f;
-#pragma unroll
-    for (int k8 = 0; k8 < VPT; ++k8) {
-      ss += v[k8] * v[k8];
-      mx = fmaxf(mx, fabsf(v[k8] * wv[k8]));
-    }
-    ss = warp_sum(ss);
-    mx = warp_max(mx);
-    if (lane == 0) {
-      red[warp] = ss;
-      red[32 + warp] = mx;
-    }
-    __syncthreads();
-    ss = warp_sum(red[lane]);
-    mx = warp_max(red[32 + lane]);
+    float ss, mx;
+    row_sumsq_max(v, wv, red, ss, mx);
     const float r = rsqrtf(ss / H + eps);
     const float sc = pow2_scale(mx * r);
     gu_inv = 1.f / sc;
@@ -301,7 +255,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
     const int nch = kpad_i / 32, per = (nch + gridDim.x - 1) / gridDim.x;
     const int c0 = min((int)blockIdx.x * per, nch), c1 = min(c0 + per, nch);
     stage_slice<true>(act, inter, c0, c1, xh_act, dsc);
-    grid_wait(bar, grid_arrive(bar));
+    grid_barrier(bar);
     if (blockIdx.x == 0 && tid == 0) {  // (every block read slot[0] before the second barrier)
       *xinv_act = dinv;
       slot[0] = 0u;
@@ -332,4 +286,3 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
   else down(reinterpret_cast<const uint4*>(xh_act), [](const uint4* p) { return __ldg(p); });
   stamp(5);
 }
-#endif  // !NI_PRE_SM80

@@ -91,11 +91,35 @@ extern "C" __global__ void stage_x_amax(const float* __restrict__ x, int K, int 
   const float* __restrict__ x_in, float* __restrict__ x_out, const float* __restrict__ part, int S,           \
       int part_stride, const float* __restrict__ w, float* __restrict__ out, int H, float eps, int offset,    \
       __half2* __restrict__ xh, float* __restrict__ xinv, int kpad
+// The block's sum of v^2 and largest |v w| over the VPT values each thread holds (red: 64 floats of shared memory;
+// every thread gets both), in one barrier: the norms' reduction (residual_rmsnorm_mb, mlp_fused), one operation order.
+template <int VPT>
+__device__ __forceinline__ void row_sumsq_max(const float (&v)[VPT], const float (&wv)[VPT], float* red, float& ss,
+                                              float& mx) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarp = (blockDim.x + 31) >> 5;
+  ss = 0.f;
+  mx = 0.f;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    ss += v[i] * v[i];
+    mx = fmaxf(mx, fabsf(v[i] * wv[i]));
+  }
+  ss = warp_sum(ss);
+  mx = warp_max(mx);
+  if (lane == 0) {
+    red[warp] = ss;
+    red[32 + warp] = mx;
+  }
+  __syncthreads();
+  ss = warp_sum(lane < nwarp ? red[lane] : 0.f);
+  mx = warp_max(lane < nwarp ? red[32 + lane] : 0.f);
+}
+
 template <int VPT, int PU>
 __device__ __forceinline__ void residual_rmsnorm_body(RESIDUAL_RMSNORM_PARAMS) {
   __shared__ float red[64];
   __shared__ float slice[NORM_SLICE];
-  const int m = blockIdx.y, bd = blockDim.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int m = blockIdx.y, bd = blockDim.x;
   const float* xi = x_in + (size_t)m * H;
   // every load of a pass issued before its first use: x_in and w together, then each partial plane's
   // values (PU planes a round), so that the row costs 1 + S / PU L2 round trips, not one a value
@@ -118,22 +142,8 @@ __device__ __forceinline__ void residual_rmsnorm_body(RESIDUAL_RMSNORM_PARAMS) {
 #pragma unroll
     for (int i = 0; i < VPT; ++i) v[i] += pv[i];
   }
-  float ss = 0.f, mx = 0.f;
-#pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-    ss += v[i] * v[i];
-    mx = fmaxf(mx, fabsf(v[i] * wv[i]));
-  }
-  ss = warp_sum(ss);
-  mx = warp_max(mx);
-  if (lane == 0) {
-    red[warp] = ss;
-    red[32 + warp] = mx;
-  }
-  __syncthreads();
-  const int nwarp = (bd + 31) >> 5;
-  ss = warp_sum(lane < nwarp ? red[lane] : 0.f);
-  mx = warp_max(lane < nwarp ? red[32 + lane] : 0.f);
+  float ss, mx;
+  row_sumsq_max(v, wv, red, ss, mx);
   const float r = rsqrtf(ss / H + eps);
   const float sc = pow2_scale(mx * r);
   const int nch = kpad / 32, per = (nch + gridDim.x - 1) / gridDim.x;

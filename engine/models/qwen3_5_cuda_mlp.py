@@ -201,8 +201,7 @@ class MlpOps:
         """(ops, partial planes) of the post-attention norm and the dense MLP as one mlp_fused launch, or None where
         MLP_FUSED is off or its rules do not hold (one token row, int16 pairs, q4 gate|up and q5 down, H <= 8,192)."""
         gu, dn = L["gate_up"], L["down"]
-        if not (self.MLP_FUSED and self.M == 1 and K.XI16 and not self.FFN_SPLIT and self.H <= 8 * 1024
-                and K.fused_capable()):
+        if not (self.MLP_FUSED and self.M == 1 and K.XI16 and not self.FFN_SPLIT and self.H <= 8 * 1024):
             return None
         if getattr(self, "mlp_bar", None) is None:
             self.mlp_bar = self.cp.zeros(1, dtype=self.cp.uint64)

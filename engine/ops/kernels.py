@@ -157,7 +157,7 @@ def _source(files=None, ldg: bool = False) -> str:
 # module on first use, so the engine's first run does not wait for them. The gemv_rs_pre (rows, unroll)
 # pairs of GEMV_PRE_MAIN are in the table and compile with the engine's module.
 GEMV_PRE_MAIN = ((1, 2), (2, 2))
-EXPERIMENTAL = ("gemv_rs_pre<", "gemv_rs_async<", "gemv_mma<", "gemv_tma<", "mlp_fused<")
+EXPERIMENTAL = ("gemv_rs_pre<", "gemv_rs_async<", "gemv_mma<", "gemv_tma<")
 # gemv_tma<fmt, NW> (cuda/gemv_tma.cu, sm_90: weights by bulk copies through a ring of shared-memory stages,
 # one block an SM, NW consumer warps and a producer warp): consumer warps compiled. Measured slower than
 # gemv_rs_pre on the 27B's big shapes (session 13): in no tuning entry; CudaQwen35.MLP_TMA (off) uses it.
@@ -197,7 +197,6 @@ def _names(experimental: bool = False) -> list[str]:
                   for st in GEMV_ASYNC_STAGES]
         names += [f"gemv_mma<{f},{t},{kw},{u}>" for f in range(2) for t, kw, u in GEMV_MMA]
         names += [f"gemv_tma<{f},{nw}>" for f in range(3) for nw in GEMV_TMA_NW] if XI16 else []
-        names += list(MLP_FUSED_NAMES) if XI16 else []
         return names
     names = [f"gemv_rs<{f},{r},{m},{u}>" for f in range(4) for r in GEMV_ROWS for m in GEMV_M for u in GEMV_UNROLL]
     pre_f = range(4 if XI16 else 3)  # w8 reads pre-staged pairs when they are int16
@@ -206,6 +205,7 @@ def _names(experimental: bool = False) -> list[str]:
     names += [f"gemv_rs<{f},{r},1,{u},true>" for f in range(4) for r in GEMV_CONV_ROWS for u in GEMV_UNROLL]
     names += [f"gemv_rs_pre<{f},{r},1,{u},true>" for f in pre_f for r, u in GEMV_PRE_MAIN]
     names += [f"gemv_bf16<{m}>" for m in GEMV_M]
+    names += list(MLP_FUSED_NAMES) if XI16 else []  # (the dense MLP's persistent launch, cuda/mlp_fused.cu)
     names += [f"router_route<{m}>" for m in GEMV_M]
     names += list(MOE_DOWN_NAMES)
     names += [f"embed_rs<{f}>" for f in range(4)]
@@ -342,11 +342,6 @@ def blocks_per_sm(name: str, block: int = WARPS * 32, smem: int = 0) -> int:
     except (OSError, AttributeError):
         pass
     return 2
-
-
-def fused_capable() -> bool:
-    """sm_80 or newer: the experimental module (mlp_fused, cp.async) is compiled there only."""
-    return _compute_capability() >= 80
 
 
 def resident_blocks(name: str, block: int, smem: int = 0) -> int:
