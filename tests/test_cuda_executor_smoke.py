@@ -429,3 +429,18 @@ def test_mlp_fused_plumbing(cp, monkeypatch):
     assert int(nxt.args[0]) == int(fused[0].args[1]) and int(nxt.args[3]) == int(fused[0].args[24])
     assert all(int(op.args[28]) == 0 and int(op.args[29]) == 1 for op in fused)  # (no timestamps; local staging)
     assert all(op.smem == max(ex.kpad_h * 6, ex.kpad_act * 2) for op in fused)
+
+
+def test_mlp_fused_falls_back_where_no_block_fits(cp, monkeypatch):
+    """Where the occupancy calculator fits no 1,024-thread block of mlp_fused, the dense MLP keeps the four kernels."""
+    from engine.gpu_engine import build_engine
+    from engine.ops import kernels as K
+
+    def none_fit(name, block, smem=0):
+        raise RuntimeError(f"{name}: no resident block")
+    monkeypatch.setattr(K, "resident_blocks", none_fit)
+    args, w = _weights(CFG)
+    ex = build_engine(args, w, CFG, max_context=256, prefill_cols=1, prefill_gemm=0).model.executor
+    names = [getattr(getattr(getattr(op, "__self__", None), "_go", op), "name", "") for op in _flat(ex.ops)]
+    assert not any(n.startswith("mlp_fused<") for n in names)
+    assert sum(n.startswith("residual_rmsnorm") for n in names) == 2 * args.num_hidden_layers + 1

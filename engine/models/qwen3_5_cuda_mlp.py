@@ -208,9 +208,12 @@ class MlpOps:
         x_in, x_out = self._res
         H = self.H
         norm = (x_in, x_out, self.part, splits, self.M * H, L["post_norm"], H, float(self.args.rms_norm_eps), self.kpad_h)
-        got = mlp_fused_launch(gu, dn, norm, self.act, self.kpad_act, self.xh_act, self.xinv_act, self.stage_slot,
-                               self.part, self.MLP_FUSED_SPLITS or self._splits(dn), self.mlp_bar,
-                               local_stage=bool(self.MLP_FUSED_LOCAL))
+        try:
+            got = mlp_fused_launch(gu, dn, norm, self.act, self.kpad_act, self.xh_act, self.xinv_act, self.stage_slot,
+                                   self.part, self.MLP_FUSED_SPLITS or self._splits(dn), self.mlp_bar,
+                                   local_stage=bool(self.MLP_FUSED_LOCAL))
+        except RuntimeError:  # (no block of it fits on this GPU: the four kernels)
+            return None
         if got is None or got[1] > self.max_splits:
             return None
         self._res = (x_out, x_in)
