@@ -16,6 +16,8 @@
 # the L2 warm-up it measured, at 741ff0c; those of sessions 8-10, s8 / s8d / s9 / s10 / s11 / fin8 / fin9 /
 # gsplit / prep / s12-s16 / fin10 / mma / base / s10a-s10e, which bench/NOTES-decode.md cites, at 56b24ea; session
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
+#   chunk: bench/experiments/mlp_fused_chunk.patch applied (the down's input staged by chunks with a scale each,
+#          MLP_FUSED_CHUNK): its tests, phases, A/B and bench; next session's first call
 #   fin14b: mlp_fused on by default (cooperative launch): tests, the A/B against MLP_FUSED=0, `ninfer bench` 27B tg128
 #   fin14: mlp_fused's tests with the dense engine's, its phases, the A/B, `ninfer bench` 27B (depth 0 and 32768)
 #   fused4: fused3's calls with each warp's first down item prefetched into shared memory (MLP_FUSED_PF)
@@ -362,6 +364,24 @@ if [ -n "$BEST" ]; then
   env $BEST timeout 120 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --breakdown \
     --out "$OUT/decode_tma4_bd.json" 2>&1 | grep -E "PDL|sum of|^  [a-z]|rror" | head -16
 fi
+fi
+if [ "$PART" = chunk ]; then  # next session's first call: mlp_fused with the down's input staged a chunk at a time by
+# its owner block with a scale each (MLP_FUSED_CHUNK, written without device time, kept as a patch so that the
+# measured default kernel stays as it ran): applied to this checkout, then tests, phases, A/B, bench
+patch -p1 -s --forward < bench/experiments/mlp_fused_chunk.patch || log "the patch did not apply"
+ready
+log "tests: mlp_fused (kernel incl. chunk-scaled, engine)"
+gpu_pytest "$OUT/gpu_tests_chunk.txt" tests/gpu/test_mlp_fused.py tests/gpu/test_gpu_engine.py -k "mlp_fused"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_chunk.txt" | tail -6
+log "mlp_fused alone: launch time and phases"
+timeout 120 python3 bench/mlp_fused_probe.py --out "$OUT/mlp_fused_probe.json" 2>&1 | grep -E "mlp_fused|rror" | head -5
+log "27B decode A/B in one process"
+timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --attr="base,MLP_FUSED_CHUNK=1,MLP_FUSED=0" \
+  --out "$OUT/decode_chunk.json" 2>&1 | grep -E "PDL|attr|rror" | head -8
+BEST=$(best_attr_env "$OUT/decode_chunk.json" 0)
+log "27B tg128 (env: ${BEST:-defaults})"
+env $BEST timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
+  -o json --out "$OUT/tg128_27b_chunk.json" 2>&1 | grep -E "^\||rror" | tail -1
 fi
 if [ "$PART" = fin14b ]; then  # session 14: mlp_fused on by default, launched cooperatively: its tests, the numpy
 # engine comparison, the A/B against the four kernels, `ninfer bench` 27B tg128 with the defaults
