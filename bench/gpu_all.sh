@@ -16,14 +16,11 @@
 # the L2 warm-up it measured, at 741ff0c; those of sessions 8-10, s8 / s8d / s9 / s10 / s11 / fin8 / fin9 /
 # gsplit / prep / s12-s16 / fin10 / mma / base / s10a-s10e, which bench/NOTES-decode.md cites, at 56b24ea; session
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
+#   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
+#   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
 #   chunk: bench/experiments/mlp_fused_chunk.patch applied (the down's input staged by chunks with a scale each,
 #          MLP_FUSED_CHUNK): its tests, phases, A/B and bench; next session's first call
 #   fin14b: mlp_fused on by default (cooperative launch): tests, the A/B against MLP_FUSED=0, `ninfer bench` 27B tg128
-#   fin14: mlp_fused's tests with the dense engine's, its phases, the A/B, `ninfer bench` 27B (depth 0 and 32768)
-#   fused4: fused3's calls with each warp's first down item prefetched into shared memory (MLP_FUSED_PF)
-#   fused3: fused2's calls on the split barrier / loads-first / LOCAL staging kernel, with its variants
-#   fused2: MLP_FUSED=2 (the next norm inside too), down splits 3 / 4, mlp_fused_probe phases, `ninfer bench` tg128
-#   fused: the post-attention norm and the dense MLP as one persistent launch (MLP_FUSED): tests, A/B, breakdown
 #   ncu_tma: Nsight Compute on q5 down, gemv_rs_pre against gemv_tma (why the copy-engine GEMV is slower)
 #   tma5: the down-projection alone on gemv_tma (MLP_TMA=2): A/B, the engine test
 #   fin13: the engine tests on the final defaults, the 35B-A3B's norm blocks, the depth-32768 int8 bench
@@ -395,56 +392,6 @@ timeout 100 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --attr="base,MLP
 log "27B tg128 (defaults)"
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_27b_fin14b.json" 2>&1 | grep -E "^\||rror" | tail -1
-fi
-if [ "$PART" = fin14 ]; then  # session 14's last call: mlp_fused (the next norm and the prefetch removed) through its
-# tests and the dense engine tests, its phases, the A/B, then `ninfer bench` 27B tg128 at depth 0 and 32768 (int8 KV)
-ready
-log "tests: mlp_fused (kernel), the dense engine"
-gpu_pytest "$OUT/gpu_tests_fin14.txt" tests/gpu/test_mlp_fused.py tests/gpu/test_gpu_engine.py
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_fin14.txt" | tail -8
-log "mlp_fused alone: launch time and phases"
-timeout 120 python3 bench/mlp_fused_probe.py --out "$OUT/mlp_fused_probe.json" 2>&1 | grep -E "mlp_fused|rror" | head -4
-log "27B decode A/B in one process"
-timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.8-27b \
-  --attr="base,MLP_FUSED=1,MLP_FUSED=1;MLP_FUSED_LOCAL=0,MLP_FUSED=1;MLP_FUSED_SPLITS=2" \
-  --out "$OUT/decode_fin14.json" 2>&1 | grep -E "PDL|attr|rror" | head -12
-BEST=$(best_attr_env "$OUT/decode_fin14.json" 0)
-log "27B tg128, depth 0 and 32768 int8 (env: ${BEST:-defaults})"
-env $BEST timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
-  -o json --out "$OUT/tg128_27b_fin14.json" 2>&1 | grep -E "^\||rror" | tail -1
-env $BEST timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -d 32768 --kv int8 -r 2 \
-  -o json --out "$OUT/tg128_d32768_fin14.json" 2>&1 | grep -E "^\||rror" | tail -1
-fi
-if [ "$PART" = fused2 ] || [ "$PART" = fused3 ] || [ "$PART" = fused4 ]; then  # session 14: MLP_FUSED with the next norm inside (=2), down
-# splits; phase timings; fused3: the split barrier, the norm's loads first, every block staging the down's input (LOCAL)
-FATTR="base,MLP_FUSED=1;MLP_FUSED_SPLITS=3,MLP_FUSED=2;MLP_FUSED_SPLITS=3,MLP_FUSED=2;MLP_FUSED_SPLITS=4"
-[ "$PART" = fused4 ] && FATTR="base,MLP_FUSED=1;MLP_FUSED_SPLITS=3;MLP_FUSED_LOCAL=1,MLP_FUSED=1;MLP_FUSED_SPLITS=3;MLP_FUSED_LOCAL=1;MLP_FUSED_PF=1,MLP_FUSED=1;MLP_FUSED_SPLITS=4;MLP_FUSED_LOCAL=1;MLP_FUSED_PF=1,MLP_FUSED=1;MLP_FUSED_SPLITS=3;MLP_FUSED_PF=1"
-[ "$PART" = fused3 ] && FATTR="base,MLP_FUSED=1;MLP_FUSED_SPLITS=3,MLP_FUSED=1;MLP_FUSED_SPLITS=3;MLP_FUSED_LOCAL=1,MLP_FUSED=1;MLP_FUSED_SPLITS=2;MLP_FUSED_LOCAL=1,MLP_FUSED=2;MLP_FUSED_SPLITS=3;MLP_FUSED_LOCAL=1"
-ready
-log "tests: mlp_fused (kernel, with and without the next norm; engine modes 0 / 1 / 2)"
-gpu_pytest "$OUT/gpu_tests_fused2.txt" tests/gpu/test_mlp_fused.py tests/gpu/test_gpu_engine.py -k "mlp_fused"
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_fused2.txt" | tail -8
-log "mlp_fused alone: launch time and phases"
-timeout 120 python3 bench/mlp_fused_probe.py --out "$OUT/mlp_fused_probe.json" 2>&1 | grep -E "mlp_fused|rror" | head -8
-log "27B decode A/B in one process"
-timeout 240 python3 bench/gpu_decode.py --synthetic qwen3.8-27b \
-  --attr="$FATTR" --out "$OUT/decode_fused2.json" 2>&1 | grep -E "PDL|attr|rror" | head -12
-BEST=$(best_attr_env "$OUT/decode_fused2.json" 0)
-log "27B tg128 (env: ${BEST:-defaults})"
-env $BEST timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
-  -o json --out "$OUT/tg128_27b_fused2.json" 2>&1 | grep -E "^\||rror" | tail -3
-fi
-if [ "$PART" = fused ]; then  # session 14: the post-attention norm and the dense MLP in one persistent launch
-ready
-log "tests: mlp_fused against the four kernels (kernel level, engine)"
-gpu_pytest "$OUT/gpu_tests_fused.txt" tests/gpu/test_mlp_fused.py tests/gpu/test_gpu_engine.py -k "mlp_fused"
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_fused.txt" | tail -8
-log "27B decode A/B in one process: MLP_FUSED=1 (down splits: the table's 2, then 3)"
-timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --attr="base,MLP_FUSED=1,MLP_FUSED=1;MLP_FUSED_SPLITS=3" \
-  --out "$OUT/decode_fused.json" 2>&1 | grep -E "PDL|attr|rror" | head -10
-log "27B breakdown with MLP_FUSED=1"
-NINFER_MLP_FUSED=1 timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --breakdown \
-  --out "$OUT/decode_fused_bd.json" 2>&1 | grep -E "PDL|sum of|^  [a-z]|rror" | head -16
 fi
 if [ "$PART" = fin13 ]; then  # session 13's last call: the engine tests on the final defaults (raw-K int8 on),
 # the 35B-A3B's norm blocks A/B, `ninfer bench` at depth 32768 int8 with the defaults (no env)

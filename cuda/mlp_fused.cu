@@ -2,8 +2,9 @@
 //
 //   x_out = x_in + planes;  xn = rmsnorm(x_out) (1 + w)            every block, into its own shared memory
 //   act = silu(gate xn) * (up xn), its largest |value| folded      gate|up, a warp a row pair (gemv_rs_pre's)
-//   --- grid barrier ---  each block stages a slice of act as the down input's int16 pairs (stage_x_amax's)
-//   --- grid barrier ---  y[s] = down[:, slice s] pairs           split-K planes (gemv_rs_pre's)
+//   --- grid barrier ---  act staged as the down input's int16 pairs (stage_x_amax's): local_stage, by every block
+//                         into its own shared memory; else a slice a block into global memory, then a second barrier
+//   y[s] = down[:, slice s] pairs                                   split-K planes (gemv_rs_pre's)
 //
 // Why: the kernel-per-op step pays, a layer, a norm launch (4.4 us), a staging launch (2.3 us), three graph
 // boundaries (~0.55 us each) and the ramp of two GEMVs whose first weight loads wait for the launch. Here the
@@ -50,7 +51,7 @@ __device__ __forceinline__ void grid_barrier(unsigned long long* ctr) { grid_wai
 
 // One warp's rows of a row-split GEMV over pre-staged pairs (gemv_rs_pre's loads and arithmetic): `start` sets the
 // row pointers of a row group, `load` issues the next U iterations' weight, scale and high-bit loads (lane j0 + 32 i),
-// `consume` multiplies them with x (xat(i, c): slot c of iteration i's chunk) into acc.
+// `run` multiplies them with x (xat(i, c): slot c of iteration i's chunk) into acc, loading the rest as it goes.
 template <int FMT, int ROWS, int U>
 struct WarpRows {
   using F = Fmt<FMT>;
@@ -108,8 +109,9 @@ struct WarpRows {
 };
 
 // FGU: gate|up's format (rows g and g + I of a [gate; up] object, I = inter); FDN, DROWS: the down-projection's
-// format and rows a warp; VPT: the norm's values a thread (H <= 1,024 VPT). kpad_h / kpad_i: the staged widths (H and I rounded up to 1,024). Dynamic shared
-// memory: kpad_h x 6 bytes (the normed row's pairs, then its fp32 values).
+// format and rows a warp; VPT: the norm's values a thread (H <= 1,024 VPT). kpad_h / kpad_i: the staged widths (H and
+// I rounded up to 1,024). Dynamic shared memory: kpad_h x 6 bytes (the normed row's pairs, then its fp32 values), or
+// kpad_i x 2 (the down's pairs) where local_stage needs more.
 #define MLP_FUSED_PARAMS                                                                                          \
   const float* __restrict__ x_in, float* __restrict__ x_out, const float* __restrict__ part, int nplanes,        \
       int part_stride, const float* __restrict__ norm_w, int H, float eps, int kpad_h,                           \

@@ -338,11 +338,11 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
                                      (self.xh_att, self.xinv_att))
             ops.extend(core)
             ops.append(o_plan.launch)
-            tma_ffn = None if self.args.is_moe else (self._ffn_fused_ops(L, o_plan.splits)
-                                                     or self._ffn_tma_ops(L, o_plan.splits))
-            if tma_ffn is not None:  # (the post-attention norm inside the gate|up / fused MLP launch)
-                ops.extend(tma_ffn[0])
-                prev_splits = tma_ffn[1]
+            one_launch = None if self.args.is_moe else (self._ffn_fused_ops(L, o_plan.splits)
+                                                        or self._ffn_tma_ops(L, o_plan.splits))
+            if one_launch is not None:  # (the post-attention norm inside the fused MLP / gate|up launch)
+                ops.extend(one_launch[0])
+                prev_splits = one_launch[1]
                 continue
             ops.append(self._norm(o_plan.splits, L["post_norm"]))
             if self.args.is_moe:

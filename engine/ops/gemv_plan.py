@@ -138,9 +138,7 @@ class GemvPlan:
         span = u4_per_row if k_chunks is None else int(k_chunks)
         u4ps = -(-span // splits)
         if pre:  # slices start on a block (32 chunks; w8: 64) of the slot-major pre-staged pairs
-            blk = 64 if w8pre else 32
-            u4ps = -(-u4ps // blk) * blk
-            splits = -(-span // u4ps)
+            u4ps, splits = prestaged_slices(span, splits, 64 if w8pre else 32)
         if k_chunks is not None and (not pre or u4ps * splits != span):
             raise ValueError(f"a column view needs pre-staged x and whole 32-chunk slices ({span} chunks)")
         vpu = 16 if w.fmt == "q8_g32_fp16" else 32
@@ -306,11 +304,10 @@ class GemvPlan:
         self._go()
 
 
-def down_slices(w: DevMatrix, splits: int) -> tuple[int, int]:
-    """(16-byte chunks a split-K slice, slices) of a pre-staged GEMV over w asked for `splits` slices: whole
-    32-chunk blocks of the staged pairs (GemvPlan's rule)."""
-    span = w.gpr * 2
-    u4ps = -(-(-(-span // max(int(splits), 1))) // 32) * 32
+def prestaged_slices(span: int, splits: int, blk: int = 32) -> tuple[int, int]:
+    """(16-byte chunks a split-K slice, slices) of a pre-staged GEMV over `span` chunks a row asked for `splits`
+    slices: each slice whole blocks of `blk` chunks of the slot-major staged pairs (w8: 64)."""
+    u4ps = -(-(-(-span // max(int(splits), 1))) // blk) * blk
     return u4ps, -(-span // u4ps)
 
 
@@ -333,7 +330,7 @@ def mlp_fused_launch(gu: DevMatrix, dn: DevMatrix, norm: tuple, act, kpad_act: i
     name = f"mlp_fused<{FMT_IDS[gu.fmt]},{FMT_IDS[dn.fmt]},1,{vpt}>"
     if name not in kernels.MLP_FUSED_NAMES:
         return None
-    u4ps, dsplits = down_slices(dn, splits)
+    u4ps, dsplits = prestaged_slices(dn.gpr * 2, splits)
     smem = max(kpad_h * 6, kpad_act * 2 if local_stage else 0)  # the normed row's pairs and fp32 values; the down's pairs
     grid = sm_count() * kernels.resident_blocks(name, 1024, smem)
     P, I = (lambda a: np.uint64(_p(a))), np.int32

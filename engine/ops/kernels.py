@@ -327,41 +327,36 @@ _CTYPE = {np.dtype(np.uint64): ctypes.c_uint64, np.dtype(np.int64): ctypes.c_int
           np.dtype(np.float32): ctypes.c_float}
 
 
-@functools.cache
-def blocks_per_sm(name: str, block: int = WARPS * 32, smem: int = 0) -> int:
-    """Resident blocks of kernel `name` per multiprocessor (the driver's occupancy calculator; with `smem`
-    bytes of dynamic shared memory, which the kernel is first allowed to take)."""
-    try:
-        _allow_smem(kernel(name), name, smem)
-        lib = ctypes.CDLL("libcuda.so.1")
-        out = ctypes.c_int(0)
-        rc = lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(out), ctypes.c_void_p(int(kernel(name).kernel.ptr)),
-                                                            ctypes.c_int(block), ctypes.c_size_t(smem))
-        if rc == 0 and out.value > 0:
-            return out.value
-    except (OSError, AttributeError):
-        pass
-    return 2
-
-
-def resident_blocks(name: str, block: int, smem: int = 0) -> int:
-    """Blocks of kernel `name` that the occupancy calculator says fit on a multiprocessor at once, at least 1
-    (no guess where the call fails: a grid barrier needs every block resident). The kernel is allowed `smem` bytes
-    of dynamic shared memory explicitly: with static shared memory the default allowance is 48 KiB less it."""
-    fn = kernel(name)
-    if smem > _SMEM_SET.get(name, 0):
-        fn.max_dynamic_shared_size_bytes = smem
-        _SMEM_SET[name] = smem
+def _occupancy(name: str, block: int, smem: int):
+    """The driver's resident blocks of kernel `name` a multiprocessor (after allowing it `smem` bytes of dynamic
+    shared memory), or None where it cannot be asked (no driver, a stand-in kernel)."""
+    _allow_smem(kernel(name), name, smem)
     out = ctypes.c_int(0)
     try:
         lib = ctypes.CDLL("libcuda.so.1")
-    except OSError:  # (no driver: a CPU-only build of the plan, nothing is launched)
+        rc = lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(out), ctypes.c_void_p(int(kernel(name).kernel.ptr)),
+                                                            ctypes.c_int(block), ctypes.c_size_t(smem))
+    except (OSError, AttributeError):
+        return None
+    return out.value if rc == 0 else None
+
+
+@functools.cache
+def blocks_per_sm(name: str, block: int = WARPS * 32, smem: int = 0) -> int:
+    """Resident blocks of kernel `name` per multiprocessor (the driver's occupancy calculator; with `smem`
+    bytes of dynamic shared memory, which the kernel is first allowed to take); 2 where it cannot be asked."""
+    return _occupancy(name, block, smem) or 2
+
+
+def resident_blocks(name: str, block: int, smem: int = 0) -> int:
+    """Blocks of kernel `name` that the occupancy calculator says fit on a multiprocessor at once (no guess: a grid
+    barrier needs every block resident; 1 without a driver, where nothing is launched). Raises where none fits."""
+    n = _occupancy(name, block, smem)
+    if n is None:
         return 1
-    rc = lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(
-        ctypes.byref(out), ctypes.c_void_p(int(kernel(name).kernel.ptr)), ctypes.c_int(block), ctypes.c_size_t(smem))
-    if rc != 0 or out.value < 1:
-        raise RuntimeError(f"{name}: no resident block of {block} threads and {smem} bytes of shared memory ({rc})")
-    return out.value
+    if n < 1:
+        raise RuntimeError(f"{name}: no resident block of {block} threads and {smem} bytes of shared memory")
+    return n
 
 
 @functools.cache
@@ -465,8 +460,8 @@ _SMEM_SET: dict[str, int] = {}
 
 def _allow_smem(fn, name: str, smem: int) -> None:
     """Let kernel `name` take `smem` bytes of dynamic shared memory (the attribute is the kernel's, so it
-    is only ever raised)."""
-    if smem > _SMEM_SET.get(name, 48 * 1024):
+    is only ever raised). Set for any size: a kernel's default allowance is 48 KiB less its static shared memory."""
+    if smem > _SMEM_SET.get(name, 0):
         fn.max_dynamic_shared_size_bytes = smem
         _SMEM_SET[name] = smem
 
