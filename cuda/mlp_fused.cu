@@ -19,6 +19,7 @@
 #include "common.cuh"
 
 #define MLP_THREADS 1024
+#define MLP_CHUNKS 16  // chunk-scaled down input: 32-value chunks a block at most (gemv_plan checks)
 
 // grid_barrier in two halves: arrive (every thread of the block; thread 0 gets the count to wait for) and wait, so
 // that a block can issue loads that the barrier need not wait for (its fence would) between the two.
@@ -43,6 +44,31 @@ __device__ __forceinline__ void grid_wait(unsigned long long* ctr, unsigned long
     __threadfence();
   }
   __syncthreads();
+}
+
+// A contiguous range into L2 ahead of its loads (the weights of a warp's next row group, while a dependent step runs):
+// one bulk prefetch through the copy engine on sm_90 (no registers, no load slots), else a line a lane.
+__device__ __forceinline__ void prefetch_range_l2(const void* p, size_t bytes, int lane) {
+  const size_t a = reinterpret_cast<size_t>(p) & ~(size_t)15, e = (reinterpret_cast<size_t>(p) + bytes + 15) & ~(size_t)15;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (lane == 0 && e > a)
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"((unsigned)(e - a)) : "memory");
+#else
+  for (size_t o = a + (size_t)lane * 128; o < e; o += 32 * 128) prefetch_l2(reinterpret_cast<const void*>(o));
+#endif
+}
+
+// The weights of rows [row, row + n) of a q4/q5/q6 object between uint4 js and je of each row into L2.
+template <int FMT>
+__device__ __forceinline__ void prefetch_rows_l2(const unsigned char* base, const unsigned char* high,
+                                                 const __half* scales, int gpr, int row, int n, int js, int je,
+                                                 int lane) {
+  for (int r = row; r < row + n; ++r) {
+    prefetch_range_l2(base + ((size_t)r * gpr * 2 + js) * 16, (size_t)(je - js) * 16, lane);
+    prefetch_range_l2(scales + (size_t)r * gpr + (js >> 1), (size_t)(je - js), lane);
+    if constexpr (Fmt<FMT>::HB > 0)
+      prefetch_range_l2(high + ((size_t)r * gpr + (js >> 1)) * Fmt<FMT>::HB, (size_t)(je - js) / 2 * Fmt<FMT>::HB, lane);
+  }
 }
 
 // All blocks of the grid: every block's prior writes visible to every block after it. `ctr` only grows (a
@@ -86,8 +112,9 @@ struct WarpRows {
   }
 
   // the loaded iterations i .. i + U - 1 into acc; then the next U loads, if any (the caller loaded the first)
-  template <typename XAt>
-  __device__ __forceinline__ void run(float (&acc)[ROWS], XAt xat, const DecodeK& dk) {
+  // XS: x has a scale a 32-value chunk, xs(i) that of iteration i's chunk (mlp_fused's chunk-scaled pairs)
+  template <bool XS = false, typename XAt, typename XSc = float (*)(int)>
+  __device__ __forceinline__ void run(float (&acc)[ROWS], XAt xat, const DecodeK& dk, XSc xs = nullptr) {
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) acc[r] = 0.f;
     for (; i < iters;) {
@@ -97,9 +124,14 @@ struct WarpRows {
           uint4 xv[4];
 #pragma unroll
           for (int c = 0; c < 4; ++c) xv[c] = xat(i + u, c);
+          float xsu = 1.f;
+          if constexpr (XS) xsu = xs(i + u);
 #pragma unroll
-          for (int r = 0; r < ROWS; ++r)
-            acc[r] += sc[u][r] * dot_core<FMT>(w[u][r], hb[u][r], [&](int c) { return xv[c]; }, 0, dk);
+          for (int r = 0; r < ROWS; ++r) {
+            const float d = dot_core<FMT>(w[u][r], hb[u][r], [&](int c) { return xv[c]; }, 0, dk);
+            if constexpr (XS) acc[r] += (sc[u][r] * xsu) * d;
+            else acc[r] += sc[u][r] * d;
+          }
         }
       }
       i += U;
@@ -120,11 +152,13 @@ struct WarpRows {
       __half2* __restrict__ xh_act, float* __restrict__ xinv_act, unsigned int* __restrict__ slot,               \
       const unsigned char* __restrict__ dbase, const unsigned char* __restrict__ dhigh,                          \
       const __half* __restrict__ dscales, int dgpr, int du4ps, int dsplits, float* __restrict__ y, int plane,    \
-      unsigned long long* __restrict__ bar, unsigned long long* __restrict__ tstamp, int local_stage
-template <int FGU, int FDN, int DROWS, int VPT>
+      unsigned long long* __restrict__ bar, unsigned long long* __restrict__ tstamp, int local_stage,            \
+      float* __restrict__ xsc
+template <int FGU, int FDN, int DROWS, int VPT, bool CHUNK = false, int PFO = 0>
 __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
   extern __shared__ __align__(16) unsigned char mlp_smem[];
   __shared__ float red[64];
+  __shared__ float cvals[MLP_CHUNKS * 32];  // (xsc: this block's SwiGLU values, MLP_CHUNKS chunks at most)
   NI_PDL_ENTRY();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   // warp w of block b is warp w x grid + b of the launch: a round's last, partial pass spreads over every block
@@ -139,8 +173,30 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
   };
   stamp(0);
 
-  // the norm's loads first (x_in, 1 + w, the first partial plane), then the first gate|up group's weight loads, so
-  // that the norm's values do not queue behind the weights
+  // gate|up: group g is SwiGLU output g (gate row g, up row g + inter); every lane walks the whole row
+  WarpRows<FGU, 2, 2> gu;
+  const int g_iters = ggpr * 2 > lane ? (ggpr * 2 - lane + 31) >> 5 : 0;
+  // CHUNK (chunk-scaled down input): block b owns the 32-value chunks [cb0, cb1) of the SwiGLU row (the down
+  // rows' chunk count, dgpr x 2), warp w group w of each; else warp gw takes groups gw, gw + nwarps, ...
+  const int nch_d = dgpr * 2;
+  const int cb0 = (int)((long long)blockIdx.x * nch_d / gridDim.x), cb1 = (int)((long long)(blockIdx.x + 1) * nch_d / gridDim.x);
+  int g = CHUNK ? cb0 * 32 + warp : gw;
+  const int g_step = CHUNK ? 32 : nwarps, g_end = CHUNK ? min(cb1 * 32, inter) : inter;
+  auto gu_first = [&]() {
+    if (g < g_end) {
+      const int rows[2] = {g, g + inter};
+      gu.start(gbase, ghigh, gscales, ggpr, rows, lane, g_iters);
+      gu.load();
+    }
+  };
+  // PFO & 1: the warp's first two row groups into L2 (the copy engine's prefetch), the norm with nothing queued in
+  // front of its loads, then the first weight loads (from L2); else the first loads in flight during the norm
+  if constexpr (PFO & 1) {
+    for (int gg = g, n = 0; gg < g_end && n < 2; gg += g_step, ++n) {
+      prefetch_rows_l2<FGU>(gbase, ghigh, gscales, ggpr, gg, 1, 0, ggpr * 2, lane);
+      prefetch_rows_l2<FGU>(gbase, ghigh, gscales, ggpr, gg + inter, 1, 0, ggpr * 2, lane);
+    }
+  }
   const uint4* xs = reinterpret_cast<const uint4*>(mlp_smem);
   float* xf = reinterpret_cast<float*>(mlp_smem + (size_t)kpad_h * 2);
   float v[VPT], wv[VPT], p0[VPT];
@@ -151,15 +207,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
     wv[k8] = k < H ? 1.f + norm_w[k] : 0.f;
     p0[k8] = k < H && nplanes > 0 ? __ldcg(part + k) : 0.f;  // (L2: the down phase rewrites the planes)
   }
-  // gate|up: group g is SwiGLU output g (gate row g, up row g + inter); every lane walks the whole row
-  WarpRows<FGU, 2, 2> gu;
-  const int g_iters = ggpr * 2 > lane ? (ggpr * 2 - lane + 31) >> 5 : 0;
-  int g = gw;
-  if (g < inter) {
-    const int rows[2] = {g, g + inter};
-    gu.start(gbase, ghigh, gscales, ggpr, rows, lane, g_iters);
-    gu.load();
-  }
+  if constexpr (!(PFO & 1)) gu_first();
 
   // the norm (residual_rmsnorm_mb's operations in its order, so the same bits), into this block's pairs
   float gu_inv;
@@ -168,7 +216,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
 #pragma unroll
       for (int k8 = 0; k8 < VPT; ++k8) v[k8] += p0[k8];
     }
-    for (int s = 1; s < nplanes; ++s) {
+    auto add_plane = [&](int s) {
       float pv[VPT];
 #pragma unroll
       for (int k8 = 0; k8 < VPT; ++k8) {
@@ -177,7 +225,9 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
       }
 #pragma unroll
       for (int k8 = 0; k8 < VPT; ++k8) v[k8] += pv[k8];
-    }
+    };
+#pragma unroll 2
+    for (int s = 1; s < nplanes; ++s) add_plane(s);  // (two planes' loads a round)
     float ss, mx;
     row_sumsq_max(v, wv, red, ss, mx);
     const float r = rsqrtf(ss / H + eps);
@@ -198,34 +248,55 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
     }
     __syncthreads();
   }
+  if constexpr (PFO & 1) gu_first();
 
   stamp(1);
+  // the down's items (row group x split-K slice); PFO & 2: as a warp starts its last gate|up group, its first down
+  // item (PFO & 4: and its second) into L2, read while the grid finishes gate|up and meets at the barrier
+  const int dgroups = (H + DROWS - 1) / DROWS, items = dgroups * dsplits, du4 = dgpr * 2;
+  int item = gw;
+  auto dn_prefetch = [&]() {
+    for (int it = item, n = 0; it < items && n < ((PFO & 4) ? 2 : 1); it += nwarps, ++n) {
+      const int grp = it / dsplits, s = it - grp * dsplits, js = s * du4ps;
+      prefetch_rows_l2<FDN>(dbase, dhigh, dscales, dgpr, grp * DROWS, min(DROWS, H - grp * DROWS), js,
+                            min(js + du4ps, du4), lane);
+    }
+  };
+  if ((PFO & 2) && g >= g_end) dn_prefetch();
   // gate|up + SwiGLU, x from shared memory
   float wrote = 0.f;
   {
     const uint4* xl = xs + lane;
     auto xat = [&](int it, int c) { return xl[it * 128 + c * 32]; };
     const float inv[1] = {gu_inv};
-    while (g < inter) {
+    while (g < g_end) {
       float acc[2];
       gu.run(acc, xat, dk);
-      const int gn = g + nwarps;
-      if (gn < inter) {  // the next group's loads in flight during this one's reduction
+      const int gn = g + g_step;
+      if (gn < g_end) {  // the next group's loads in flight during this one's reduction
         const int rows[2] = {gn, gn + inter};
         gu.start(gbase, ghigh, gscales, ggpr, rows, lane, g_iters);
         gu.load();
+      } else if constexpr ((PFO & 2) != 0) {
+        dn_prefetch();
       }
-      float a2[2][1] = {{acc[0]}, {acc[1]}};
-      wrote = fmaxf(wrote, gemv_store<2, 1, true>(a2, g, 2 * inter, inter, EPI_SWIGLU, inv, 1.f, act, 0, lane,
-                                                   ConvEpi{nullptr, nullptr, 0, 0, 0}));
+      if constexpr (CHUNK) {  // (gemv_store's SwiGLU, the value also kept for the block's chunk staging)
+        const float o = silu(warp_sum(acc[0]) * inv[0] * 1.f) * (warp_sum(acc[1]) * inv[0] * 1.f);
+        if (lane == 0) {
+          act[g] = o;
+          cvals[g - cb0 * 32] = o;
+        }
+      } else {
+        float a2[2][1] = {{acc[0]}, {acc[1]}};
+        wrote = fmaxf(wrote, gemv_store<2, 1, true>(a2, g, 2 * inter, inter, EPI_SWIGLU, inv, 1.f, act, 0, lane,
+                                                     ConvEpi{nullptr, nullptr, 0, 0, 0}));
+      }
       g = gn;
     }
   }
 
   // the down-projection's first loads (weights depend on nothing), then the two barriers around the staging
-  const int dgroups = (H + DROWS - 1) / DROWS, items = dgroups * dsplits, du4 = dgpr * 2;
   WarpRows<FDN, DROWS, 2> dn;
-  int item = gw;
   auto dn_start = [&](int it) {
     const int grp = it / dsplits, s = it - grp * dsplits;
     const int js = s * du4ps, je = min(js + du4ps, du4);
@@ -236,16 +307,35 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
     dn.load();
   };
   stamp(2);
-  const float bmax = block_max(wrote, red);
-  if (tid == 0 && bmax > 0.f) atomicMax(slot, __float_as_uint(bmax));
+  if constexpr (CHUNK) {  // each chunk of the block staged with its own power-of-two scale, warp w chunk cb0 + w
+    __syncthreads();
+    const int c = cb0 + warp;
+    if (c < cb1) {
+      const float* cv = cvals + warp * 32;
+      auto val = [&](int k) { return c * 32 + k < inter ? cv[k] : 0.f; };
+      const float sc = pow2_scale(warp_max(fabsf(val(lane))));
+      if (lane < 16) {
+        const int cs = lane >> 2, jp = lane & 3, ka = 8 * cs + stage_a(jp);
+        reinterpret_cast<unsigned int*>(xh_act)[(c >> 5) * 512 + cs * 128 + (c & 31) * 4 + jp] =
+            stage_pack(val(ka) * sc, val(ka + STAGE_GAP) * sc);
+      }
+      if (lane == 0) xsc[c] = 1.f / sc;
+    }
+  } else {
+    const float bmax = block_max(wrote, red);
+    if (tid == 0 && bmax > 0.f) atomicMax(slot, __float_as_uint(bmax));
+  }
   const unsigned long long t1 = grid_arrive(bar);
   if (item < items) dn_start(item);  // (issued after arriving: the arrival's fence does not wait for them)
   grid_wait(bar, t1);
   stamp(3);
-  if (tid == 0) red[0] = __uint_as_float(__ldcg(slot));
-  __syncthreads();
-  const float dsc = pow2_scale(red[0]), dinv = 1.f / dsc;
-  if (local_stage) {  // every block stages the whole row into its own shared memory: no second barrier
+  float dinv = 1.f;
+  if constexpr (CHUNK) {
+  } else if (local_stage) {
+    if (tid == 0) red[0] = __uint_as_float(__ldcg(slot));
+    __syncthreads();
+    const float dsc = pow2_scale(red[0]);
+    dinv = 1.f / dsc;  // every block stages the whole row into its own shared memory: no second barrier
     stage_row_cg(act, inter, kpad_i, reinterpret_cast<uint4*>(mlp_smem), dsc);
     if (tid == 0 && atomicAdd(slot + 1, 1u) == gridDim.x - 1) {  // (every block has read slot[0])
       slot[0] = 0u;
@@ -254,6 +344,10 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
     if (blockIdx.x == 0 && tid == 0) *xinv_act = dinv;
     __syncthreads();
   } else {  // each block a slice of the pairs in global memory, then a second barrier
+    if (tid == 0) red[0] = __uint_as_float(__ldcg(slot));
+    __syncthreads();
+    const float dsc = pow2_scale(red[0]);
+    dinv = 1.f / dsc;
     const int nch = kpad_i / 32, per = (nch + gridDim.x - 1) / gridDim.x;
     const int c0 = min((int)blockIdx.x * per, nch), c1 = min(c0 + per, nch);
     stage_slice<true>(act, inter, c0, c1, xh_act, dsc);
@@ -272,7 +366,13 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
       const int grp = item / dsplits, s = item - grp * dsplits;
       const uint4* xl = x4 + ((s * du4ps) >> 5) * 128 + lane;
       float acc[DROWS];
-      dn.run(acc, [&](int it, int c) { return ld(xl + it * 128 + c * 32); }, dk);
+      if constexpr (CHUNK) {
+        const float* xsl = xsc + s * du4ps + lane;
+        dn.template run<true>(acc, [&](int it, int c) { return ld(xl + it * 128 + c * 32); }, dk,
+                              [&](int it) { return __ldg(xsl + 32 * it); });
+      } else {
+        dn.run(acc, [&](int it, int c) { return ld(xl + it * 128 + c * 32); }, dk);
+      }
       const int nxt = item + nwarps;
       if (nxt < items) dn_start(nxt);
 #pragma unroll
@@ -284,7 +384,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
       item = nxt;
     }
   };
-  if (local_stage) down(reinterpret_cast<const uint4*>(mlp_smem), [](const uint4* p) { return *p; });
+  if (local_stage && xsc == nullptr) down(reinterpret_cast<const uint4*>(mlp_smem), [](const uint4* p) { return *p; });
   else down(reinterpret_cast<const uint4*>(xh_act), [](const uint4* p) { return __ldg(p); });
   stamp(5);
 }

@@ -402,6 +402,7 @@ def test_mlp_fused_plumbing(cp, monkeypatch):
 
     args, w = _weights(CFG)
     monkeypatch.setattr(K, "resident_blocks", lambda name, block, smem=0: 1)
+    monkeypatch.setattr(CudaQwen35, "MLP_FUSED_CHUNK", 0)  # (one scale for the down's input; chunked below)
 
     def ops(on):
         monkeypatch.setattr(CudaQwen35, "MLP_FUSED", on)
@@ -429,6 +430,16 @@ def test_mlp_fused_plumbing(cp, monkeypatch):
     assert int(nxt.args[0]) == int(fused[0].args[1]) and int(nxt.args[3]) == int(fused[0].args[24])
     assert all(int(op.args[28]) == 0 and int(op.args[29]) == 1 for op in fused)  # (no timestamps; local staging)
     assert all(op.smem == max(ex.kpad_h * 6, ex.kpad_act * 2) for op in fused)
+    assert all(int(op.args[30]) == 0 for op in fused)  # (no chunk scales)
+    monkeypatch.setattr(CudaQwen35, "MLP_FUSED_CHUNK", 1)
+    ex3, three = ops(1)
+    chunked = [op for op in three if getattr(op, "name", "").startswith("mlp_fused<")]
+    assert len(chunked) == layers and all(int(op.args[30]) == ex3.xsc_act.data.ptr for op in chunked)
+    assert all(op.smem == ex3.kpad_h * 6 for op in chunked)
+    monkeypatch.setattr(K, "MLP_FUSED_CHUNKS", 0)  # (a block would own more chunks than its row holds: one scale)
+    _, one = ops(1)
+    fused1 = [op for op in one if getattr(op, "name", "").startswith("mlp_fused<")]
+    assert len(fused1) == layers and all(int(op.args[30]) == 0 and not op.name.endswith(",true>") for op in fused1)
 
 
 def test_mlp_fused_falls_back_where_no_block_fits(cp, monkeypatch):

@@ -196,6 +196,21 @@ class MlpOps:
     MLP_FUSED = int(os.environ.get("NINFER_MLP_FUSED", "1"))
     MLP_FUSED_LOCAL = int(os.environ.get("NINFER_MLP_FUSED_LOCAL", "1"))
     MLP_FUSED_SPLITS = int(os.environ.get("NINFER_MLP_FUSED_SPLITS", "3"))
+    # NINFER_MLP_FUSED_CHUNK (on by default): each block stages its own 32-value chunks of the SwiGLU row with a
+    # power-of-two scale each before the barrier (no global maximum, no staging after it; the down multiplies a chunk
+    # scale in). Session 15: 149.1 vs 147.9 tok/s in one process (bench/results/s15a_*); 0 gives the four kernels'
+    # bits back (one scale for the row).
+    MLP_FUSED_CHUNK = int(os.environ.get("NINFER_MLP_FUSED_CHUNK", "1"))
+    # NINFER_MLP_FUSED_L2: the chunk-scaled kernel's L2 prefetches (gemv_plan.mlp_fused_launch's pfo; 0: none).
+    MLP_FUSED_L2 = int(os.environ.get("NINFER_MLP_FUSED_L2", "0"))
+
+    def _chunk_scales(self):
+        """mlp_fused's chunk scales (a float a 32-value chunk of the SwiGLU row), or None with MLP_FUSED_CHUNK off."""
+        if not self.MLP_FUSED_CHUNK:
+            return None
+        if getattr(self, "xsc_act", None) is None:
+            self.xsc_act = self.cp.zeros(self.kpad_act // 32, dtype=self.cp.float32)
+        return self.xsc_act
 
     def _ffn_fused_ops(self, L, splits: int):
         """(ops, partial planes) of the post-attention norm and the dense MLP as one mlp_fused launch, or None where
@@ -208,12 +223,18 @@ class MlpOps:
         x_in, x_out = self._res
         H = self.H
         norm = (x_in, x_out, self.part, splits, self.M * H, L["post_norm"], H, float(self.args.rms_norm_eps), self.kpad_h)
-        try:
-            got = mlp_fused_launch(gu, dn, norm, self.act, self.kpad_act, self.xh_act, self.xinv_act, self.stage_slot,
-                                   self.part, self.MLP_FUSED_SPLITS or self._splits(dn), self.mlp_bar,
-                                   local_stage=bool(self.MLP_FUSED_LOCAL))
-        except RuntimeError:  # (no block of it fits on this GPU: the four kernels)
-            return None
+        got, scales = None, self._chunk_scales()
+        # chunked first; where a block would own more chunks than its shared row holds, one scale for the row
+        for chunk_scales in ([scales, None] if scales is not None else [None]):
+            try:
+                got = mlp_fused_launch(gu, dn, norm, self.act, self.kpad_act, self.xh_act, self.xinv_act,
+                                       self.stage_slot, self.part, self.MLP_FUSED_SPLITS or self._splits(dn),
+                                       self.mlp_bar, local_stage=bool(self.MLP_FUSED_LOCAL), chunk_scales=chunk_scales,
+                                       pfo=self.MLP_FUSED_L2)
+            except RuntimeError:  # (no block of it fits on this GPU: the four kernels)
+                return None
+            if got is not None:
+                break
         if got is None or got[1] > self.max_splits:
             return None
         self._res = (x_out, x_in)

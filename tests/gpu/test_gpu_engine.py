@@ -351,7 +351,8 @@ def test_mlp_tma_matches_the_four_kernels(monkeypatch):
 def test_mlp_fused_matches_the_four_kernels(monkeypatch):
     """NINFER_MLP_FUSED=1 (the post-attention norm and the dense MLP in one persistent mlp_fused launch a layer): the
     same logits, bit for bit, as the norm, gate|up, stage_x_amax and down kernels, after a 150-token prompt and over
-    40 teacher-forced steps; with every block staging the down's input (MLP_FUSED_LOCAL) or a slice each."""
+    40 teacher-forced steps; with every block staging the down's input (MLP_FUSED_LOCAL) or a slice each; with a scale
+    a 32-value chunk of the down's input (MLP_FUSED_CHUNK) close to them."""
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5_cuda import CudaQwen35
     from engine.ops import kernels as K
@@ -361,6 +362,7 @@ def test_mlp_fused_matches_the_four_kernels(monkeypatch):
     args, w, prompt, forced = forced_case(CFG, 13)
     out = {}
     n = args.num_hidden_layers
+    monkeypatch.setattr(CudaQwen35, "MLP_FUSED_CHUNK", 0)  # (one scale for the down's input: the four kernels' bits)
     for mode in (0, 1, 2):  # (1: local staging, 2: a slice a block between two barriers)
         monkeypatch.setattr(CudaQwen35, "MLP_FUSED", min(mode, 1))
         monkeypatch.setattr(CudaQwen35, "MLP_FUSED_LOCAL", int(mode == 1))
@@ -371,6 +373,10 @@ def test_mlp_fused_matches_the_four_kernels(monkeypatch):
         out[mode] = forced_logits(eng, prompt, forced)
     for mode in (1, 2):
         assert all(np.array_equal(a, b) for a, b in zip(out[mode], out[0])), mode
+    monkeypatch.setattr(CudaQwen35, "MLP_FUSED", 1)
+    monkeypatch.setattr(CudaQwen35, "MLP_FUSED_CHUNK", 1)  # (a scale a 32-value chunk of the down's input)
+    eng = build_engine(args, w, CFG, max_context=512, prefill_cols=1)
+    assert_close_runs(forced_logits(eng, prompt, forced), out[0])
 
 
 def test_ldg_weight_loads_give_the_same_logits():
