@@ -18,8 +18,9 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
-#   pf: mlp_fused's L2 prefetch forms (MLP_FUSED_L2, session 15): tests, phases, A/B, bench, breakdown (session 15's
-#       first call `chunk`, the chunk-scaled patch's tests and A/B, is in git history at 5ce38a8)
+#   bar: mlp_fused's reduction barrier (MLP_FUSED_BAR) and the GDN tail in one launch (GDN_RAW_FUSED): tests, phases,
+#        A/B (27B, 35B-A3B), bench, breakdown (session 15's `chunk` and `pf` calls are in git history at 5ce38a8 and
+#        6f1b847)
 #   fin14b: mlp_fused on by default (cooperative launch): tests, the A/B against MLP_FUSED=0, `ninfer bench` 27B tg128
 #   ncu_tma: Nsight Compute on q5 down, gemv_rs_pre against gemv_tma (why the copy-engine GEMV is slower)
 #   tma5: the down-projection alone on gemv_tma (MLP_TMA=2): A/B, the engine test
@@ -362,26 +363,29 @@ if [ -n "$BEST" ]; then
     --out "$OUT/decode_tma4_bd.json" 2>&1 | grep -E "PDL|sum of|^  [a-z]|rror" | head -16
 fi
 fi
-if [ "$PART" = pf ]; then  # session 15: mlp_fused's L2 prefetches (PFO: 1 the first gate|up groups during a norm
-# that runs first, 2 / 4 each warp's first / second down item as it starts its last gate|up group): tests, phases,
-# A/B in one process, `ninfer bench` and the per-kernel breakdown with the best
+if [ "$PART" = bar ]; then  # session 15: mlp_fused's barrier arrival as a reduction (MLP_FUSED_BAR), the GDN delta
+# rule + gated norm + staging in one launch (GDN_RAW_FUSED): tests, phases, A/B in one process, bench, breakdown
 ready
-log "tests: mlp_fused (kernel incl. the prefetch forms, engine)"
-gpu_pytest "$OUT/gpu_tests_pf.txt" tests/gpu/test_mlp_fused.py tests/gpu/test_gpu_engine.py -k "mlp_fused or numpy_engine"
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_pf.txt" | tail -6
+log "tests: mlp_fused (kernel incl. the reduction barrier, engine), the fused tails, the CUDA engine against NumPy"
+gpu_pytest "$OUT/gpu_tests_bar.txt" tests/gpu/test_mlp_fused.py tests/gpu/test_gpu_engine.py \
+  -k "mlp_fused or fused_tails or numpy_engine"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_bar.txt" | tail -6
 log "mlp_fused alone: launch time and phases"
-timeout 120 python3 bench/mlp_fused_probe.py --out "$OUT/mlp_fused_probe_pf.json" 2>&1 | grep -E "mlp_fused|rror" | head -9
+timeout 120 python3 bench/mlp_fused_probe.py --out "$OUT/mlp_fused_probe_bar.json" 2>&1 | grep -E "mlp_fused|rror" | head -6
 log "27B decode A/B in one process"
 timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.8-27b \
-  --attr="base,MLP_FUSED_L2=1,MLP_FUSED_L2=2,MLP_FUSED_L2=3,MLP_FUSED_L2=7,MLP_FUSED_L2=3;MLP_FUSED_SPLITS=4" \
-  --out "$OUT/decode_pf.json" 2>&1 | grep -E "PDL|attr|rror" | head -14
-BEST=$(best_attr_env "$OUT/decode_pf.json" 0)
+  --attr="base,MLP_FUSED_BAR=1,GDN_RAW_FUSED=1,MLP_FUSED_BAR=1;GDN_RAW_FUSED=1" \
+  --out "$OUT/decode_bar.json" 2>&1 | grep -E "PDL|attr|rror" | head -10
+BEST=$(best_attr_env "$OUT/decode_bar.json" 0)
 log "27B tg128 (env: ${BEST:-defaults})"
 env $BEST timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
-  -o json --out "$OUT/tg128_27b_pf.json" 2>&1 | grep -E "^\||rror" | tail -1
+  -o json --out "$OUT/tg128_27b_bar.json" 2>&1 | grep -E "^\||rror" | tail -1
+log "35B-A3B decode A/B in one process (its GDN layers)"
+timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --attr="base,GDN_RAW_FUSED=1" \
+  --out "$OUT/decode_bar_35b.json" 2>&1 | grep -E "PDL|attr|rror" | head -6
 log "27B breakdown (env: ${BEST:-defaults})"
 env $BEST timeout 120 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --breakdown \
-  --out "$OUT/decode_pf_bd.json" 2>&1 | grep -E "sum of|^  [a-z]|rror" | head -24
+  --out "$OUT/decode_bar_bd.json" 2>&1 | grep -E "sum of|^  [a-z]|rror" | head -16
 fi
 if [ "$PART" = fin14b ]; then  # session 14: mlp_fused on by default, launched cooperatively: its tests, the numpy
 # engine comparison, the A/B against the four kernels, `ninfer bench` 27B tg128 with the defaults

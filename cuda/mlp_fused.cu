@@ -46,29 +46,16 @@ __device__ __forceinline__ void grid_wait(unsigned long long* ctr, unsigned long
   __syncthreads();
 }
 
-// A contiguous range into L2 ahead of its loads (the weights of a warp's next row group, while a dependent step runs):
-// one bulk prefetch through the copy engine on sm_90 (no registers, no load slots), else a line a lane.
-__device__ __forceinline__ void prefetch_range_l2(const void* p, size_t bytes, int lane) {
-  const size_t a = reinterpret_cast<size_t>(p) & ~(size_t)15, e = (reinterpret_cast<size_t>(p) + bytes + 15) & ~(size_t)15;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (lane == 0 && e > a)
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"((unsigned)(e - a)) : "memory");
-#else
-  for (size_t o = a + (size_t)lane * 128; o < e; o += 32 * 128) prefetch_l2(reinterpret_cast<const void*>(o));
-#endif
-}
-
-// The weights of rows [row, row + n) of a q4/q5/q6 object between uint4 js and je of each row into L2.
-template <int FMT>
-__device__ __forceinline__ void prefetch_rows_l2(const unsigned char* base, const unsigned char* high,
-                                                 const __half* scales, int gpr, int row, int n, int js, int je,
-                                                 int lane) {
-  for (int r = row; r < row + n; ++r) {
-    prefetch_range_l2(base + ((size_t)r * gpr * 2 + js) * 16, (size_t)(je - js) * 16, lane);
-    prefetch_range_l2(scales + (size_t)r * gpr + (js >> 1), (size_t)(je - js), lane);
-    if constexpr (Fmt<FMT>::HB > 0)
-      prefetch_range_l2(high + ((size_t)r * gpr + (js >> 1)) * Fmt<FMT>::HB, (size_t)(je - js) / 2 * Fmt<FMT>::HB, lane);
+// grid_arrive without the atomic's round trip (fast_bar): the target comes from the counter as the launch found it
+// (base: a multiple of gridDim.x, read by thread 0 at the start, where no block of this launch can have passed a
+// barrier), and the arrival is a reduction whose value nobody waits for.
+__device__ __forceinline__ unsigned long long grid_arrive_red(unsigned long long* ctr, unsigned long long target) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    asm volatile("red.relaxed.gpu.global.add.u64 [%0], 1;" ::"l"(ctr) : "memory");
   }
+  return target;
 }
 
 // All blocks of the grid: every block's prior writes visible to every block after it. `ctr` only grows (a
@@ -153,8 +140,8 @@ struct WarpRows {
       const unsigned char* __restrict__ dbase, const unsigned char* __restrict__ dhigh,                          \
       const __half* __restrict__ dscales, int dgpr, int du4ps, int dsplits, float* __restrict__ y, int plane,    \
       unsigned long long* __restrict__ bar, unsigned long long* __restrict__ tstamp, int local_stage,            \
-      float* __restrict__ xsc
-template <int FGU, int FDN, int DROWS, int VPT, bool CHUNK = false, int PFO = 0>
+      float* __restrict__ xsc, int fast_bar
+template <int FGU, int FDN, int DROWS, int VPT, bool CHUNK = false>
 __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
   extern __shared__ __align__(16) unsigned char mlp_smem[];
   __shared__ float red[64];
@@ -172,31 +159,15 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
     }
   };
   stamp(0);
-
-  // gate|up: group g is SwiGLU output g (gate row g, up row g + inter); every lane walks the whole row
-  WarpRows<FGU, 2, 2> gu;
-  const int g_iters = ggpr * 2 > lane ? (ggpr * 2 - lane + 31) >> 5 : 0;
-  // CHUNK (chunk-scaled down input): block b owns the 32-value chunks [cb0, cb1) of the SwiGLU row (the down
-  // rows' chunk count, dgpr x 2), warp w group w of each; else warp gw takes groups gw, gw + nwarps, ...
-  const int nch_d = dgpr * 2;
-  const int cb0 = (int)((long long)blockIdx.x * nch_d / gridDim.x), cb1 = (int)((long long)(blockIdx.x + 1) * nch_d / gridDim.x);
-  int g = CHUNK ? cb0 * 32 + warp : gw;
-  const int g_step = CHUNK ? 32 : nwarps, g_end = CHUNK ? min(cb1 * 32, inter) : inter;
-  auto gu_first = [&]() {
-    if (g < g_end) {
-      const int rows[2] = {g, g + inter};
-      gu.start(gbase, ghigh, gscales, ggpr, rows, lane, g_iters);
-      gu.load();
-    }
-  };
-  // PFO & 1: the warp's first two row groups into L2 (the copy engine's prefetch), the norm with nothing queued in
-  // front of its loads, then the first weight loads (from L2); else the first loads in flight during the norm
-  if constexpr (PFO & 1) {
-    for (int gg = g, n = 0; gg < g_end && n < 2; gg += g_step, ++n) {
-      prefetch_rows_l2<FGU>(gbase, ghigh, gscales, ggpr, gg, 1, 0, ggpr * 2, lane);
-      prefetch_rows_l2<FGU>(gbase, ghigh, gscales, ggpr, gg + inter, 1, 0, ggpr * 2, lane);
-    }
+  __shared__ unsigned long long bar_base;  // (fast_bar: the counter at the start, rounded down to a whole barrier;
+  if (fast_bar && tid == 0) {              // thread 0 alone reads it back, in shared memory to spare registers)
+    unsigned long long c;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(c) : "l"(bar) : "memory");
+    bar_base = c / gridDim.x * gridDim.x;
   }
+
+  // the norm's loads first (x_in, 1 + w, the first partial plane), then the first gate|up group's weight loads, so
+  // that the norm's values do not queue behind the weights
   const uint4* xs = reinterpret_cast<const uint4*>(mlp_smem);
   float* xf = reinterpret_cast<float*>(mlp_smem + (size_t)kpad_h * 2);
   float v[VPT], wv[VPT], p0[VPT];
@@ -207,7 +178,20 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
     wv[k8] = k < H ? 1.f + norm_w[k] : 0.f;
     p0[k8] = k < H && nplanes > 0 ? __ldcg(part + k) : 0.f;  // (L2: the down phase rewrites the planes)
   }
-  if constexpr (!(PFO & 1)) gu_first();
+  // gate|up: group g is SwiGLU output g (gate row g, up row g + inter); every lane walks the whole row
+  WarpRows<FGU, 2, 2> gu;
+  const int g_iters = ggpr * 2 > lane ? (ggpr * 2 - lane + 31) >> 5 : 0;
+  // CHUNK (chunk-scaled down input): block b owns the 32-value chunks [cb0, cb1) of the SwiGLU row (the down
+  // rows' chunk count, dgpr x 2), warp w group w of each; else warp gw takes groups gw, gw + nwarps, ...
+  const int nch_d = dgpr * 2;
+  const int cb0 = (int)((long long)blockIdx.x * nch_d / gridDim.x), cb1 = (int)((long long)(blockIdx.x + 1) * nch_d / gridDim.x);
+  int g = CHUNK ? cb0 * 32 + warp : gw;
+  const int g_step = CHUNK ? 32 : nwarps, g_end = CHUNK ? min(cb1 * 32, inter) : inter;
+  if (g < g_end) {
+    const int rows[2] = {g, g + inter};
+    gu.start(gbase, ghigh, gscales, ggpr, rows, lane, g_iters);
+    gu.load();
+  }
 
   // the norm (residual_rmsnorm_mb's operations in its order, so the same bits), into this block's pairs
   float gu_inv;
@@ -216,7 +200,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
 #pragma unroll
       for (int k8 = 0; k8 < VPT; ++k8) v[k8] += p0[k8];
     }
-    auto add_plane = [&](int s) {
+    for (int s = 1; s < nplanes; ++s) {
       float pv[VPT];
 #pragma unroll
       for (int k8 = 0; k8 < VPT; ++k8) {
@@ -225,9 +209,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
       }
 #pragma unroll
       for (int k8 = 0; k8 < VPT; ++k8) v[k8] += pv[k8];
-    };
-#pragma unroll 2
-    for (int s = 1; s < nplanes; ++s) add_plane(s);  // (two planes' loads a round)
+    }
     float ss, mx;
     row_sumsq_max(v, wv, red, ss, mx);
     const float r = rsqrtf(ss / H + eps);
@@ -248,21 +230,8 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
     }
     __syncthreads();
   }
-  if constexpr (PFO & 1) gu_first();
 
   stamp(1);
-  // the down's items (row group x split-K slice); PFO & 2: as a warp starts its last gate|up group, its first down
-  // item (PFO & 4: and its second) into L2, read while the grid finishes gate|up and meets at the barrier
-  const int dgroups = (H + DROWS - 1) / DROWS, items = dgroups * dsplits, du4 = dgpr * 2;
-  int item = gw;
-  auto dn_prefetch = [&]() {
-    for (int it = item, n = 0; it < items && n < ((PFO & 4) ? 2 : 1); it += nwarps, ++n) {
-      const int grp = it / dsplits, s = it - grp * dsplits, js = s * du4ps;
-      prefetch_rows_l2<FDN>(dbase, dhigh, dscales, dgpr, grp * DROWS, min(DROWS, H - grp * DROWS), js,
-                            min(js + du4ps, du4), lane);
-    }
-  };
-  if ((PFO & 2) && g >= g_end) dn_prefetch();
   // gate|up + SwiGLU, x from shared memory
   float wrote = 0.f;
   {
@@ -277,8 +246,6 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
         const int rows[2] = {gn, gn + inter};
         gu.start(gbase, ghigh, gscales, ggpr, rows, lane, g_iters);
         gu.load();
-      } else if constexpr ((PFO & 2) != 0) {
-        dn_prefetch();
       }
       if constexpr (CHUNK) {  // (gemv_store's SwiGLU, the value also kept for the block's chunk staging)
         const float o = silu(warp_sum(acc[0]) * inv[0] * 1.f) * (warp_sum(acc[1]) * inv[0] * 1.f);
@@ -296,7 +263,9 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
   }
 
   // the down-projection's first loads (weights depend on nothing), then the two barriers around the staging
+  const int dgroups = (H + DROWS - 1) / DROWS, items = dgroups * dsplits, du4 = dgpr * 2;
   WarpRows<FDN, DROWS, 2> dn;
+  int item = gw;
   auto dn_start = [&](int it) {
     const int grp = it / dsplits, s = it - grp * dsplits;
     const int js = s * du4ps, je = min(js + du4ps, du4);
@@ -325,7 +294,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
     const float bmax = block_max(wrote, red);
     if (tid == 0 && bmax > 0.f) atomicMax(slot, __float_as_uint(bmax));
   }
-  const unsigned long long t1 = grid_arrive(bar);
+  const unsigned long long t1 = fast_bar ? grid_arrive_red(bar, tid == 0 ? bar_base + gridDim.x : 0ull) : grid_arrive(bar);
   if (item < items) dn_start(item);  // (issued after arriving: the arrival's fence does not wait for them)
   grid_wait(bar, t1);
   stamp(3);
@@ -351,7 +320,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
     const int nch = kpad_i / 32, per = (nch + gridDim.x - 1) / gridDim.x;
     const int c0 = min((int)blockIdx.x * per, nch), c1 = min(c0 + per, nch);
     stage_slice<true>(act, inter, c0, c1, xh_act, dsc);
-    grid_barrier(bar);
+    grid_wait(bar, fast_bar ? grid_arrive_red(bar, tid == 0 ? bar_base + 2ull * gridDim.x : 0ull) : grid_arrive(bar));
     if (blockIdx.x == 0 && tid == 0) {  // (every block read slot[0] before the second barrier)
       *xinv_act = dinv;
       slot[0] = 0u;

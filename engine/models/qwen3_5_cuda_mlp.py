@@ -201,8 +201,8 @@ class MlpOps:
     # scale in). Session 15: 149.1 vs 147.9 tok/s in one process (bench/results/s15a_*); 0 gives the four kernels'
     # bits back (one scale for the row).
     MLP_FUSED_CHUNK = int(os.environ.get("NINFER_MLP_FUSED_CHUNK", "1"))
-    # NINFER_MLP_FUSED_L2: the chunk-scaled kernel's L2 prefetches (gemv_plan.mlp_fused_launch's pfo; 0: none).
-    MLP_FUSED_L2 = int(os.environ.get("NINFER_MLP_FUSED_L2", "0"))
+    # NINFER_MLP_FUSED_BAR=1: mlp_fused's grid barrier without the atomic's round trip (gemv_plan's fast_bar).
+    MLP_FUSED_BAR = int(os.environ.get("NINFER_MLP_FUSED_BAR", "0"))
 
     def _chunk_scales(self):
         """mlp_fused's chunk scales (a float a 32-value chunk of the SwiGLU row), or None with MLP_FUSED_CHUNK off."""
@@ -230,7 +230,7 @@ class MlpOps:
                 got = mlp_fused_launch(gu, dn, norm, self.act, self.kpad_act, self.xh_act, self.xinv_act,
                                        self.stage_slot, self.part, self.MLP_FUSED_SPLITS or self._splits(dn),
                                        self.mlp_bar, local_stage=bool(self.MLP_FUSED_LOCAL), chunk_scales=chunk_scales,
-                                       pfo=self.MLP_FUSED_L2)
+                                       fast_bar=bool(self.MLP_FUSED_BAR))
             except RuntimeError:  # (no block of it fits on this GPU: the four kernels)
                 return None
             if got is not None:

@@ -312,7 +312,8 @@ def prestaged_slices(span: int, splits: int, blk: int = 32) -> tuple[int, int]:
 
 
 def mlp_fused_launch(gu: DevMatrix, dn: DevMatrix, norm: tuple, act, kpad_act: int, xh_act, xinv_act, slot, y,
-                     splits: int, bar, tstamp=None, local_stage: bool = False, chunk_scales=None, pfo: int = 0):
+                     splits: int, bar, tstamp=None, local_stage: bool = False, chunk_scales=None,
+                     fast_bar: bool = False):
     """The post-attention norm and the dense MLP of one token as one mlp_fused launch (cuda/mlp_fused.cu), or None
     where it is not compiled for these formats and sizes. norm = (x_in, x_out, planes in, planes, plane stride,
     norm weight, H, eps, kpad_h); gu: [2I, H] (gate rows, then up rows), dn: [H, I]; act: the fp32 SwiGLU row
@@ -323,19 +324,16 @@ def mlp_fused_launch(gu: DevMatrix, dn: DevMatrix, norm: tuple, act, kpad_act: i
     not written). tstamp: 8 uint64 a block of phase timestamps (bench/mlp_fused_probe.py). chunk_scales (fp32, a
     value a 32-value chunk of act): each block owns whole chunks of the SwiGLU row and stages them into xh_act with a
     power-of-two scale each (their inverses here) before the barrier, the down reads them so: no global maximum, no
-    staging after the barrier (not the four kernels' bits; slot and xinv_act untouched). pfo (chunk-scaled form):
-    the kernel's PFO, its L2 prefetches (1: the first gate|up groups during the norm, which runs before the first
-    weight loads; 2: each warp's first down item as it starts its last gate|up group; 4: its second too).
+    staging after the barrier (not the four kernels' bits; slot and xinv_act untouched). fast_bar: the barrier's
+    target from the counter read at the launch's start and the arrival a reduction (no atomic round trip; the same
+    bits).
     Returns (launch, planes written)."""
     x_in, x_out, part, nplanes, pstride, nw_, H, eps, kpad_h = norm
     inter = dn.k
     vpt = min((v for v in kernels.MLP_FUSED_VPT if v * 1024 >= H), default=0)
     if gu.fmt not in FMT_IDS or dn.fmt not in FMT_IDS or gu.n != 2 * inter or gu.k != H or dn.n != H:
         return None
-    name = f"mlp_fused<{FMT_IDS[gu.fmt]},{FMT_IDS[dn.fmt]},1,{vpt}{',true' if chunk_scales is not None else ''}"
-    if chunk_scales is not None and pfo and f"{name},{pfo}>" in kernels.MLP_FUSED_NAMES:
-        name = f"{name},{pfo}"  # (the L2 prefetches; compiled for the chunk-scaled form, where not: without)
-    name += ">"
+    name = f"mlp_fused<{FMT_IDS[gu.fmt]},{FMT_IDS[dn.fmt]},1,{vpt}{',true' if chunk_scales is not None else ''}>"
     if name not in kernels.MLP_FUSED_NAMES:
         return None
     u4ps, dsplits = prestaged_slices(dn.gpr * 2, splits)
@@ -351,5 +349,5 @@ def mlp_fused_launch(gu: DevMatrix, dn: DevMatrix, norm: tuple, act, kpad_act: i
             P(act), I(inter), I(kpad_act), P(xh_act), P(xinv_act), P(slot),
             P(dn.ptr(dn.base)), P(dn.ptr(dn.high)), P(dn.ptr(dn.scales)), I(dn.gpr), I(u4ps), I(dsplits),
             P(y), I(H), P(bar), np.uint64(0) if tstamp is None else P(tstamp), I(bool(local_stage)),
-            np.uint64(0) if chunk_scales is None else P(chunk_scales))
+            np.uint64(0) if chunk_scales is None else P(chunk_scales), I(bool(fast_bar)))
     return kernels.prepared(name, (grid,), args, block=1024, smem=smem, cooperative=True), dsplits

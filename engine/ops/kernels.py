@@ -166,10 +166,8 @@ GEMV_TMA_NW = (8, 16)
 # norm and the dense MLP in one persistent launch, CudaQwen35.MLP_FUSED): the groupwise-int recipe's q4 gate|up and
 # q5 down; hidden sizes up to 1,024 VPT (VPT 5: the 27B's 5,120; 1: the tests' small models)
 MLP_FUSED_VPT = (1, 2, 5, 8)
-MLP_FUSED_PFO = (0, 1, 2, 3, 7)  # (cuda/mlp_fused.cu PFO: L2 prefetch of the first gate|up groups / down items)
 MLP_FUSED_CHUNKS = 16  # (cuda/mlp_fused.cu MLP_CHUNKS: 32-value chunks a block of the chunk-scaled down input)
-MLP_FUSED_NAMES = tuple(f"mlp_fused<0,1,1,{v}{c}>" for v in MLP_FUSED_VPT for c in ("", ",true")) + tuple(
-    f"mlp_fused<0,1,1,{v},true,{p}>" for v in (1, 5) for p in MLP_FUSED_PFO[1:])  # (down rows 2 spill;
+MLP_FUSED_NAMES = tuple(f"mlp_fused<0,1,1,{v}{c}>" for v in MLP_FUSED_VPT for c in ("", ",true"))  # (down rows 2 spill;
 # ",true": the chunk-scaled down input)
 
 

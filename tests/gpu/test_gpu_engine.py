@@ -146,6 +146,7 @@ def test_pdl_launches_give_the_same_logits_as_plain_launches():
 
 
 @pytest.mark.parametrize("flag,kernel,tick", [("GDN_FUSED", "gdn_delta_gated_stage", "gdn_tick"),
+                                               ("GDN_RAW_FUSED", "gdn_delta_raw_gated_stage", "gdn_tick"),
                                                ("ATTN_FUSED", "attn_combine_stage", "attn_tick")])
 def test_fused_tails_give_the_same_logits(flag, kernel, tick, monkeypatch):
     """The fused tails (GDN: the delta rule, gated norm and staging in one launch; attention: the combine and
@@ -160,7 +161,8 @@ def test_fused_tails_give_the_same_logits(flag, kernel, tick, monkeypatch):
     w = gpu_weights.from_logical(args, quantized_weights(args))
     prompt = [int(t) for t in np.random.default_rng(8).integers(0, CFG["vocab_size"], 12)]
     out = {}
-    monkeypatch.setattr(CudaQwen35, "GDN_PREP_FUSED", False)  # (the GDN tail fusion takes gdn_prep's outputs)
+    # (GDN_FUSED takes gdn_prep's outputs, GDN_RAW_FUSED the projections' conv epilogue's)
+    monkeypatch.setattr(CudaQwen35, "GDN_PREP_FUSED", flag == "GDN_RAW_FUSED")
     for fused in (False, True):
         monkeypatch.setattr(CudaQwen35, flag, fused)
         eng = build_engine(args, w, CFG, max_context=256, prefill_cols=1)
