@@ -18,9 +18,8 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
-#   bar: mlp_fused's reduction barrier (MLP_FUSED_BAR) and the GDN tail in one launch (GDN_RAW_FUSED): tests, phases,
-#        A/B (27B, 35B-A3B), bench, breakdown (session 15's `chunk` and `pf` calls are in git history at 5ce38a8 and
-#        6f1b847)
+#   help: mlp_fused's leftover chunks in slices by every warp (MLP_FUSED_HELP): tests, phases, A/B, bench (session
+#        15's `chunk`, `pf` and `bar` calls are in git history at 5ce38a8, 6f1b847 and 9a291a1; see NOTES)
 #   fin14b: mlp_fused on by default (cooperative launch): tests, the A/B against MLP_FUSED=0, `ninfer bench` 27B tg128
 #   ncu_tma: Nsight Compute on q5 down, gemv_rs_pre against gemv_tma (why the copy-engine GEMV is slower)
 #   tma5: the down-projection alone on gemv_tma (MLP_TMA=2): A/B, the engine test
@@ -363,29 +362,21 @@ if [ -n "$BEST" ]; then
     --out "$OUT/decode_tma4_bd.json" 2>&1 | grep -E "PDL|sum of|^  [a-z]|rror" | head -16
 fi
 fi
-if [ "$PART" = bar ]; then  # session 15: mlp_fused's barrier arrival as a reduction (MLP_FUSED_BAR), the GDN delta
-# rule + gated norm + staging in one launch (GDN_RAW_FUSED): tests, phases, A/B in one process, bench, breakdown
+if [ "$PART" = help ]; then  # session 15: mlp_fused's leftover chunks computed in slices by every warp (MLP_FUSED_HELP):
+# tests, phases, A/B in one process, bench
 ready
-log "tests: mlp_fused (kernel incl. the reduction barrier, engine), the fused tails, the CUDA engine against NumPy"
-gpu_pytest "$OUT/gpu_tests_bar.txt" tests/gpu/test_mlp_fused.py tests/gpu/test_gpu_engine.py \
-  -k "mlp_fused or fused_tails or numpy_engine"
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_bar.txt" | tail -6
+log "tests: mlp_fused (kernel incl. help, engine), the CUDA engine against NumPy"
+gpu_pytest "$OUT/gpu_tests_help.txt" tests/gpu/test_mlp_fused.py tests/gpu/test_gpu_engine.py -k "mlp_fused or numpy_engine"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_help.txt" | tail -6
 log "mlp_fused alone: launch time and phases"
-timeout 120 python3 bench/mlp_fused_probe.py --out "$OUT/mlp_fused_probe_bar.json" 2>&1 | grep -E "mlp_fused|rror" | head -6
+timeout 120 python3 bench/mlp_fused_probe.py --out "$OUT/mlp_fused_probe_help.json" 2>&1 | grep -E "mlp_fused|rror" | head -5
 log "27B decode A/B in one process"
-timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.8-27b \
-  --attr="base,MLP_FUSED_BAR=1,GDN_RAW_FUSED=1,MLP_FUSED_BAR=1;GDN_RAW_FUSED=1" \
-  --out "$OUT/decode_bar.json" 2>&1 | grep -E "PDL|attr|rror" | head -10
-BEST=$(best_attr_env "$OUT/decode_bar.json" 0)
+timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --attr="base,MLP_FUSED_HELP=1" \
+  --out "$OUT/decode_help.json" 2>&1 | grep -E "PDL|attr|rror" | head -6
+BEST=$(best_attr_env "$OUT/decode_help.json" 0)
 log "27B tg128 (env: ${BEST:-defaults})"
 env $BEST timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
-  -o json --out "$OUT/tg128_27b_bar.json" 2>&1 | grep -E "^\||rror" | tail -1
-log "35B-A3B decode A/B in one process (its GDN layers)"
-timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --attr="base,GDN_RAW_FUSED=1" \
-  --out "$OUT/decode_bar_35b.json" 2>&1 | grep -E "PDL|attr|rror" | head -6
-log "27B breakdown (env: ${BEST:-defaults})"
-env $BEST timeout 120 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --breakdown \
-  --out "$OUT/decode_bar_bd.json" 2>&1 | grep -E "sum of|^  [a-z]|rror" | head -16
+  -o json --out "$OUT/tg128_27b_help.json" 2>&1 | grep -E "^\||rror" | tail -1
 fi
 if [ "$PART" = fin14b ]; then  # session 14: mlp_fused on by default, launched cooperatively: its tests, the numpy
 # engine comparison, the A/B against the four kernels, `ninfer bench` 27B tg128 with the defaults

@@ -2,7 +2,7 @@
 launches) and where it goes (each block's %globaltimer at the phase boundaries: start, norm done, gate|up done,
 barrier 1, staging (and barrier 2) done, down done), the norm summing 3 planes as in the step: the down's input staged
 by every block for itself (local) or by chunks with a scale each before the barrier (chunk), the latter with the
-barrier's arrival as a reduction (fast_bar) and 3 or 4 down splits.
+leftover chunks computed in slices by every warp (help).
 
     python bench/mlp_fused_probe.py [--geometry qwen3.8-27b] [--out FILE]
 """
@@ -15,23 +15,25 @@ from pathlib import Path
 import cupy as cp
 import numpy as np
 
-from engine.ops.gemv_plan import mlp_fused_launch
+from engine.ops.gemv_plan import mlp_fused_help_words, mlp_fused_launch
 
 PHASES = ("norm", "gate|up", "barrier 1", "stage (+ barrier 2)", "down")
 
 
-def probe(ex, splits: int, local: bool, chunk: bool = False, fast: bool = False, n: int = 200) -> dict:
+def probe(ex, splits: int, local: bool, chunk: bool = False, helped: bool = False, n: int = 200) -> dict:
     L = ex.layers[next(i for i, L in enumerate(ex.layers) if "gate_up" in L)]
     H = ex.H
     bar = cp.zeros(1, dtype=cp.uint64)
     slot = cp.zeros(2, dtype=cp.uint32)
     x_in, x_out = cp.array(ex.x), cp.array(ex.x2)
     xsc = cp.zeros(ex.kpad_act // 32, dtype=cp.float32) if chunk else None
+    hb = cp.zeros(mlp_fused_help_words(2 * cp.cuda.Device().attributes["MultiProcessorCount"], L["gate_up"]),
+                  dtype=cp.uint32) if helped else None
 
     def launch(ts=None):
         return mlp_fused_launch(L["gate_up"], L["down"], (x_in, x_out, ex.part, 3, H, L["post_norm"], H, 1e-6, ex.kpad_h),
                                 ex.act, ex.kpad_act, ex.xh_act, ex.xinv_act, slot, ex.part, splits, bar,
-                                tstamp=ts, local_stage=local, chunk_scales=xsc, fast_bar=fast)
+                                tstamp=ts, local_stage=local, chunk_scales=xsc, help=hb)
 
     go, dsplits = launch()
     for _ in range(5):
@@ -57,7 +59,7 @@ def probe(ex, splits: int, local: bool, chunk: bool = False, fast: bool = False,
     names = PHASES
     phases = {nm: dict(first_us=round(float(t[:, i].min()) / 1e3, 2), last_us=round(float(t[:, i].max()) / 1e3, 2))
               for nm, i in zip(names, idx)}
-    return dict(name=go.name, splits=dsplits, local=local, chunk=chunk, fast_bar=fast, grid=grid, us=round(us, 2), start_spread_us=round(float(t[:, 0].max()) / 1e3, 2),
+    return dict(name=go.name, splits=dsplits, local=local, chunk=chunk, helped=helped, grid=grid, us=round(us, 2), start_spread_us=round(float(t[:, 0].max()) / 1e3, 2),
                 phases=phases)
 
 
@@ -71,12 +73,11 @@ def main():
     eng = build_engine(a.geometry, max_context=4096)
     ex = eng.model.executor
     out = []
-    for splits, local, chunk, fast in ((3, True, False, False), (3, True, True, False), (3, True, True, True),
-                                       (4, True, True, True)):
-        r = probe(ex, splits, local, chunk, fast)
+    for splits, local, chunk, helped in ((3, True, False, False), (3, True, True, False), (3, True, True, True)):
+        r = probe(ex, splits, local, chunk, helped)
         out.append(r)
         ph = "  ".join(f"{k} {v['first_us']}-{v['last_us']}" for k, v in r["phases"].items())
-        print(f"{r['name']} splits {r['splits']} local {local} chunk {chunk} red-barrier {fast}: {r['us']} us a launch (grid {r['grid']}, starts "
+        print(f"{r['name']} splits {r['splits']} local {local} chunk {chunk} help {helped}: {r['us']} us a launch (grid {r['grid']}, starts "
               f"spread {r['start_spread_us']} us); phases end (first-last block, us): {ph}", flush=True)
     if a.out:
         Path(a.out).write_text(json.dumps(out, indent=1))

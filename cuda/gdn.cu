@@ -126,11 +126,16 @@ extern "C" __global__ void __launch_bounds__(256) gdn_delta(const float* __restr
 // no gdn_prep launch): each warp L2-normalizes its q and k head (q also scaled) and computes its head's
 // gates, with gdn_prep's arithmetic, so the state and output carry the arithmetic of gdn_prep + gdn_delta.
 // qk: [M, ldqk] (q heads, then k heads), vv: [M, ldv] (v channels first), ab: [M, ldab] (a, then b).
-__device__ __forceinline__ float gdn_delta_raw_row(const float* __restrict__ qk, int ldqk, const float* __restrict__ vv,
-                                                   int ldv, const float* __restrict__ ab, int ldab,
-                                                   const float* __restrict__ a_log, const float* __restrict__ dt_bias,
-                                                   float q_scale, float* __restrict__ state, int Hk, int Hv, int tiled,
-                                                   int m, int h, int dv, int lane) {
+extern "C" __global__ void __launch_bounds__(256) gdn_delta_raw(
+    const float* __restrict__ qk, int ldqk, const float* __restrict__ vv, int ldv, const float* __restrict__ ab,
+    int ldab, const float* __restrict__ a_log, const float* __restrict__ dt_bias, float q_scale,
+    float* __restrict__ state, float* __restrict__ o, int Hk, int Hv, int tiled) {
+  NI_PDL_ENTRY();
+  const int lane = threadIdx.x & 31;
+  const int rowid = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int m = blockIdx.y;
+  if (rowid >= Hv * 128) return;
+  const int h = rowid >> 7, dv = rowid & 127;
   const int kh = tiled ? h % Hk : h / (Hv / Hk);
   float4 q = reinterpret_cast<const float4*>(qk + (size_t)m * ldqk + (size_t)kh * 128)[lane];
   float4 k = reinterpret_cast<const float4*>(qk + (size_t)m * ldqk + (size_t)(Hk + kh) * 128)[lane];
@@ -144,76 +149,8 @@ __device__ __forceinline__ float gdn_delta_raw_row(const float* __restrict__ qk,
   const float alpha = __expf(-__expf(a_log[h]) * spl);
   const float beta = sigmoidf_(ab[(size_t)m * ldab + Hv + h]);
   float4* sp = reinterpret_cast<float4*>(state + (((size_t)m * Hv + h) * 128 + dv) * 128) + lane;
-  return delta_step(q, k, alpha, beta, vv[(size_t)m * ldv + (size_t)h * 128 + dv], sp);
-}
-
-#define GDN_DELTA_RAW_PARAMS                                                                                     \
-  const float* __restrict__ qk, int ldqk, const float* __restrict__ vv, int ldv, const float* __restrict__ ab,   \
-      int ldab, const float* __restrict__ a_log, const float* __restrict__ dt_bias, float q_scale,                \
-      float* __restrict__ state, float* __restrict__ o, int Hk, int Hv, int tiled
-extern "C" __global__ void __launch_bounds__(256) gdn_delta_raw(GDN_DELTA_RAW_PARAMS) {
-  NI_PDL_ENTRY();
-  const int lane = threadIdx.x & 31;
-  const int rowid = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  const int m = blockIdx.y;
-  if (rowid >= Hv * 128) return;
-  const int h = rowid >> 7, dv = rowid & 127;
-  const float ov = gdn_delta_raw_row(qk, ldqk, vv, ldv, ab, ldab, a_log, dt_bias, q_scale, state, Hk, Hv, tiled, m, h,
-                                     dv, lane);
+  const float ov = delta_step(q, k, alpha, beta, vv[(size_t)m * ldv + (size_t)h * 128 + dv], sp);
   if (lane == 0) o[((size_t)m * Hv + h) * 128 + dv] = ov;
-}
-
-// The row's output o[h][dv] written, then: the last of a head's blocks (a ticket a (row, head)) applies the head's
-// gated norm, and the last head of a row (a ticket a row, the row's largest |value| by atomicMax on its bits)
-// stages the row as the o-projection's pairs (gdn_delta_gated_stage's and gdn_delta_raw_gated_stage's tail; every
-// thread of the block calls it).
-__device__ __forceinline__ void gdn_gated_stage_tail(float ov, float* __restrict__ o, const float* __restrict__ z,
-                                                     int ldz, const float* __restrict__ nw, float* __restrict__ out,
-                                                     int ldo, int Hv, float eps, int K, int kpad,
-                                                     __half2* __restrict__ xh, float* __restrict__ xinv,
-                                                     unsigned int* __restrict__ amax, unsigned int* __restrict__ ticket,
-                                                     unsigned int* __restrict__ hticket, int m, int h, int dv) {
-  __shared__ int last;  // this block finished its head
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int bph = 128 / (blockDim.x >> 5);  // blocks a head
-  if (lane == 0) {
-    o[((size_t)m * Hv + h) * 128 + dv] = ov;
-    __threadfence();  // this row's output, before the head's ticket
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(hticket + (size_t)m * Hv + h, 1u) == (unsigned int)(bph - 1);
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  float mx = 0.f;
-  if (warp == 0) {  // the head's gated norm from its blocks' outputs (through L2)
-    const float4 ohead = __ldcg(reinterpret_cast<const float4*>(o + ((size_t)m * Hv + h) * 128) + lane);
-    mx = warp_max(gated_vals(ohead, z, ldz, nw, out, ldo, eps, m, h));
-    __threadfence();
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) hticket[(size_t)m * Hv + h] = 0u;
-  stage_row_by_last_block(mx, amax + m, ticket + m, Hv, out + (size_t)m * ldo, K, kpad,
-                          reinterpret_cast<uint4*>(xh + (size_t)m * kpad / 2), xinv + m);
-}
-
-#define GDN_GATED_STAGE_PARAMS                                                                                   \
-  const float* __restrict__ z, int ldz, const float* __restrict__ nw, float* __restrict__ out, int ldo, float eps, \
-      int K, int kpad, __half2* __restrict__ xh, float* __restrict__ xinv, unsigned int* __restrict__ amax,       \
-      unsigned int* __restrict__ ticket, unsigned int* __restrict__ hticket
-// gdn_delta_raw + gated_rmsnorm_stage in one launch (CudaQwen35.GDN_RAW_FUSED): gdn_delta_raw's grid (Hv x 16
-// blocks of 256 threads a token row, a warp a state row, its arithmetic), then gdn_gated_stage_tail; the same bits
-// as gdn_delta_raw + gated_rmsnorm_stage.
-extern "C" __global__ void __launch_bounds__(256) gdn_delta_raw_gated_stage(GDN_DELTA_RAW_PARAMS,
-                                                                           GDN_GATED_STAGE_PARAMS) {
-  NI_PDL_ENTRY();
-  const int lane = threadIdx.x & 31;
-  const int rowid = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  const int m = blockIdx.y;
-  const int h = rowid >> 7, dv = rowid & 127;
-  const float ov = gdn_delta_raw_row(qk, ldqk, vv, ldv, ab, ldab, a_log, dt_bias, q_scale, state, Hk, Hv, tiled, m, h,
-                                     dv, lane);
-  gdn_gated_stage_tail(ov, o, z, ldz, nw, out, ldo, Hv, eps, K, kpad, xh, xinv, amax, ticket, hticket, m, h, dv);
 }
 
 // gdn_delta + gated_rmsnorm_stage in one launch (decode, one token per lane row), with gdn_delta's blocks:
@@ -231,12 +168,32 @@ extern "C" __global__ void __launch_bounds__(256) gdn_delta_gated_stage(
     int Hk, int Hv, int tiled, float eps, int K, int kpad, __half2* __restrict__ xh, float* __restrict__ xinv,
     unsigned int* __restrict__ amax, unsigned int* __restrict__ ticket, unsigned int* __restrict__ hticket) {
   NI_PDL_ENTRY();
-  const int lane = threadIdx.x & 31;
-  const int rowid = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  __shared__ int last;  // this block finished its head
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int wpb = blockDim.x >> 5, bph = 128 / wpb;  // rows a block, blocks a head
+  const int rowid = blockIdx.x * wpb + warp;
   const int m = blockIdx.y;
   const int h = rowid >> 7, dv = rowid & 127;
   const float ov = gdn_delta_row(qn, kn, vo, g, beta, state, Hk, Hv, tiled, m, h, dv, lane);
-  gdn_gated_stage_tail(ov, o, z, ldz, nw, out, ldo, Hv, eps, K, kpad, xh, xinv, amax, ticket, hticket, m, h, dv);
+  if (lane == 0) {
+    o[((size_t)m * Hv + h) * 128 + dv] = ov;
+    __threadfence();  // this row's output, before the head's ticket
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(hticket + (size_t)m * Hv + h, 1u) == (unsigned int)(bph - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  float mx = 0.f;
+  if (warp == 0) {  // the head's gated norm from the 16 blocks' outputs (through L2)
+    const float4 ohead = __ldcg(reinterpret_cast<const float4*>(o + ((size_t)m * Hv + h) * 128) + lane);
+    mx = warp_max(gated_vals(ohead, z, ldz, nw, out, ldo, eps, m, h));
+    __threadfence();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) hticket[(size_t)m * Hv + h] = 0u;
+  stage_row_by_last_block(mx, amax + m, ticket + m, Hv, out + (size_t)m * ldo, K, kpad,
+                          reinterpret_cast<uint4*>(xh + (size_t)m * kpad / 2), xinv + m);
 }
 
 // Columns form: T consecutive tokens of one sequence (a prefill chunk, or the K+1 tokens a speculative

@@ -46,18 +46,6 @@ __device__ __forceinline__ void grid_wait(unsigned long long* ctr, unsigned long
   __syncthreads();
 }
 
-// grid_arrive without the atomic's round trip (fast_bar): the target comes from the counter as the launch found it
-// (base: a multiple of gridDim.x, read by thread 0 at the start, where no block of this launch can have passed a
-// barrier), and the arrival is a reduction whose value nobody waits for.
-__device__ __forceinline__ unsigned long long grid_arrive_red(unsigned long long* ctr, unsigned long long target) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    asm volatile("red.relaxed.gpu.global.add.u64 [%0], 1;" ::"l"(ctr) : "memory");
-  }
-  return target;
-}
-
 // All blocks of the grid: every block's prior writes visible to every block after it. `ctr` only grows (a
 // launch adds gridDim.x per barrier), so it needs no reset as long as every launch on it has the same grid.
 __device__ __forceinline__ void grid_barrier(unsigned long long* ctr) { grid_wait(ctr, grid_arrive(ctr)); }
@@ -140,7 +128,7 @@ struct WarpRows {
       const unsigned char* __restrict__ dbase, const unsigned char* __restrict__ dhigh,                          \
       const __half* __restrict__ dscales, int dgpr, int du4ps, int dsplits, float* __restrict__ y, int plane,    \
       unsigned long long* __restrict__ bar, unsigned long long* __restrict__ tstamp, int local_stage,            \
-      float* __restrict__ xsc, int fast_bar
+      float* __restrict__ xsc, unsigned int* __restrict__ help
 template <int FGU, int FDN, int DROWS, int VPT, bool CHUNK = false>
 __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
   extern __shared__ __align__(16) unsigned char mlp_smem[];
@@ -159,11 +147,13 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
     }
   };
   stamp(0);
-  __shared__ unsigned long long bar_base;  // (fast_bar: the counter at the start, rounded down to a whole barrier;
-  if (fast_bar && tid == 0) {              // thread 0 alone reads it back, in shared memory to spare registers)
+  // help (CHUNK): the launch's number on this barrier counter (one barrier a launch: the counter at the start over
+  // the grid; no block of this launch can have passed it yet), for the helpers' counters below
+  __shared__ unsigned int launch_no;
+  if (CHUNK && help != nullptr && tid == 0) {
     unsigned long long c;
     asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(c) : "l"(bar) : "memory");
-    bar_base = c / gridDim.x * gridDim.x;
+    launch_no = (unsigned int)(c / gridDim.x);
   }
 
   // the norm's loads first (x_in, 1 + w, the first partial plane), then the first gate|up group's weight loads, so
@@ -183,8 +173,14 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
   const int g_iters = ggpr * 2 > lane ? (ggpr * 2 - lane + 31) >> 5 : 0;
   // CHUNK (chunk-scaled down input): block b owns the 32-value chunks [cb0, cb1) of the SwiGLU row (the down
   // rows' chunk count, dgpr x 2), warp w group w of each; else warp gw takes groups gw, gw + nwarps, ...
+  // help (CHUNK): block b owns chunks [b q, (b + 1) q) (q = chunks / grid) and, for b < nextra (the remainder), chunk
+  // grid q + b, whose 32 row pairs every warp of the launch computes a 32-lane slice of each after its own rows (the
+  // helpers) and the owner sums: the remainder's round spread over the grid instead of run by nextra blocks alone
   const int nch_d = dgpr * 2;
-  const int cb0 = (int)((long long)blockIdx.x * nch_d / gridDim.x), cb1 = (int)((long long)(blockIdx.x + 1) * nch_d / gridDim.x);
+  const bool helped = CHUNK && help != nullptr;
+  const int q = nch_d / gridDim.x, nextra = helped ? nch_d - q * gridDim.x : 0;
+  const int cb0 = helped ? blockIdx.x * q : (int)((long long)blockIdx.x * nch_d / gridDim.x);
+  const int cb1 = helped ? cb0 + q : (int)((long long)(blockIdx.x + 1) * nch_d / gridDim.x);
   int g = CHUNK ? cb0 * 32 + warp : gw;
   const int g_step = CHUNK ? 32 : nwarps, g_end = CHUNK ? min(cb1 * 32, inter) : inter;
   if (g < g_end) {
@@ -260,6 +256,51 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
       }
       g = gn;
     }
+    if constexpr (CHUNK) {
+      if (nextra > 0) {
+        // the helpers: item (extra row pair ge, 32-lane slice pp), its two partial sums into hpart, then a count
+        const int P = (ggpr * 2 + 31) >> 5, nitems = nextra * 32 * P;
+        float2* hpart = reinterpret_cast<float2*>(help + gridDim.x * 32);
+        for (int it = gw; it < nitems; it += nwarps) {
+          const int ge = it / P, pp = it - ge * P;
+          const int gg = (gridDim.x * q + (ge >> 5)) * 32 + (ge & 31), js = pp * 32;
+          if (gg >= inter) continue;
+          const int rows[2] = {gg, gg + inter};
+          gu.start(gbase, ghigh, gscales, ggpr, rows, js + lane, js + lane < ggpr * 2 ? 1 : 0);
+          gu.load();
+          float acc[2];
+          const uint4* xh0 = xl + (js >> 5) * 128;
+          gu.run(acc, [&](int i2, int c) { return xh0[i2 * 128 + c * 32]; }, dk);
+          const float gs = warp_sum(acc[0]), us = warp_sum(acc[1]);
+          if (lane == 0) {
+            hpart[(size_t)ge * P + pp] = make_float2(gs, us);
+            __threadfence();
+            atomicAdd(help + ge, 1u);
+          }
+        }
+        // the owner: its warp w waits for row pair w's P counts of this launch, sums the slices in order
+        const int gg = (gridDim.x * q + blockIdx.x) * 32 + warp;
+        if ((int)blockIdx.x < nextra && gg < inter && lane == 0) {
+          const int ge = blockIdx.x * 32 + warp;
+          const unsigned int target = (launch_no + 1u) * (unsigned int)P;
+          const long long t0 = clock64();
+          unsigned int cur;
+          do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(cur) : "l"(help + ge) : "memory");
+            if (clock64() - t0 > (1ll << 32)) __trap();
+          } while ((int)(cur - target) < 0);
+          float gs = 0.f, us = 0.f;
+          for (int pp = 0; pp < P; ++pp) {
+            const float2 hv = __ldcg(hpart + (size_t)ge * P + pp);
+            gs += hv.x;
+            us += hv.y;
+          }
+          const float o = silu(gs * inv[0] * 1.f) * (us * inv[0] * 1.f);
+          act[gg] = o;
+          cvals[q * 32 + warp] = o;
+        }
+      }
+    }
   }
 
   // the down-projection's first loads (weights depend on nothing), then the two barriers around the staging
@@ -277,9 +318,10 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
   };
   stamp(2);
   if constexpr (CHUNK) {  // each chunk of the block staged with its own power-of-two scale, warp w chunk cb0 + w
-    __syncthreads();
-    const int c = cb0 + warp;
-    if (c < cb1) {
+    __syncthreads();      // (and with help, warp q the extra chunk)
+    const int nown = cb1 - cb0 + ((int)blockIdx.x < nextra ? 1 : 0);
+    const int c = warp < cb1 - cb0 ? cb0 + warp : gridDim.x * q + blockIdx.x;
+    if (warp < nown) {
       const float* cv = cvals + warp * 32;
       auto val = [&](int k) { return c * 32 + k < inter ? cv[k] : 0.f; };
       const float sc = pow2_scale(warp_max(fabsf(val(lane))));
@@ -294,7 +336,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
     const float bmax = block_max(wrote, red);
     if (tid == 0 && bmax > 0.f) atomicMax(slot, __float_as_uint(bmax));
   }
-  const unsigned long long t1 = fast_bar ? grid_arrive_red(bar, tid == 0 ? bar_base + gridDim.x : 0ull) : grid_arrive(bar);
+  const unsigned long long t1 = grid_arrive(bar);
   if (item < items) dn_start(item);  // (issued after arriving: the arrival's fence does not wait for them)
   grid_wait(bar, t1);
   stamp(3);
@@ -320,7 +362,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
     const int nch = kpad_i / 32, per = (nch + gridDim.x - 1) / gridDim.x;
     const int c0 = min((int)blockIdx.x * per, nch), c1 = min(c0 + per, nch);
     stage_slice<true>(act, inter, c0, c1, xh_act, dsc);
-    grid_wait(bar, fast_bar ? grid_arrive_red(bar, tid == 0 ? bar_base + 2ull * gridDim.x : 0ull) : grid_arrive(bar));
+    grid_barrier(bar);
     if (blockIdx.x == 0 && tid == 0) {  // (every block read slot[0] before the second barrier)
       *xinv_act = dinv;
       slot[0] = 0u;

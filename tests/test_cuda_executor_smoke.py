@@ -184,36 +184,6 @@ def test_gdn_fused_off_keeps_two_launches(cp, monkeypatch):
     assert len(eng.decode_greedy(3, 2)) == 2
 
 
-def test_gdn_raw_fused_plumbing(cp, monkeypatch):
-    """NINFER_GDN_RAW_FUSED=1 (with the conv in the projections' epilogue): gdn_delta_raw and gated_rmsnorm_stage
-    become one gdn_delta_raw_gated_stage launch a GDN layer, reading the raw q|k, v and z the projections wrote, the
-    gates and the tickets; the columns step keeps its own."""
-    from engine.gpu_engine import build_engine
-    from engine.models.qwen3_5_cuda import CudaQwen35
-
-    args, w = _weights(CFG)
-    monkeypatch.setattr(CudaQwen35, "GDN_FUSED", False)
-    monkeypatch.setattr(CudaQwen35, "GDN_PREP_FUSED", True)
-
-    def names(on):
-        monkeypatch.setattr(CudaQwen35, "GDN_RAW_FUSED", on)
-        ex = build_engine(args, w, CFG, max_context=256, prefill_cols=8, prefill_gemm=0).model.executor
-        return ex, [op for op in _flat(ex.ops)]
-
-    _, off = names(False)
-    ex, on = names(True)
-    count = lambda ops, n: sum(getattr(op, "name", "") == n for op in ops)  # noqa: E731
-    gdn = count(off, "gdn_delta_raw")
-    assert gdn > 0 and count(off, "gated_rmsnorm_stage") == gdn and count(on, "gdn_delta_raw_gated_stage") == gdn
-    assert count(on, "gdn_delta_raw") == 0 and count(on, "gated_rmsnorm_stage") == 0 and len(on) == len(off) - gdn
-    fused = next(op for op in on if getattr(op, "name", "") == "gdn_delta_raw_gated_stage")
-    raw = next(op for op in off if getattr(op, "name", "") == "gdn_delta_raw")
-    scalars = (1, 3, 5, 8, 11, 12, 13)  # (ld q|k, ld v, ld a|b, q scale, Hk, Hv, tiled: the delta rule's own)
-    assert [np.asarray(fused.args[i]).item() for i in scalars] == [np.asarray(raw.args[i]).item() for i in scalars]
-    assert int(fused.args[10]) == ex.att2.data.ptr
-    assert int(fused.args[17]) == ex.att.data.ptr and int(fused.args[-1]) == ex.gdn_tick[2:].data.ptr
-
-
 def test_moe_route_fused_plumbing(cp, monkeypatch):
     """NINFER_MOE_ROUTE_FUSED=1: the router GEMV and moe_route become one router_route launch a layer."""
     from engine.gpu_engine import build_engine
@@ -466,6 +436,13 @@ def test_mlp_fused_plumbing(cp, monkeypatch):
     chunked = [op for op in three if getattr(op, "name", "").startswith("mlp_fused<")]
     assert len(chunked) == layers and all(int(op.args[30]) == ex3.xsc_act.data.ptr for op in chunked)
     assert all(op.smem == ex3.kpad_h * 6 for op in chunked)
+    assert all(int(op.args[31]) == 0 for op in chunked)  # (no help)
+    monkeypatch.setattr(CudaQwen35, "MLP_FUSED_HELP", 1)
+    ex4, four = ops(1)
+    helped = [op for op in four if getattr(op, "name", "").startswith("mlp_fused<")]
+    assert len(helped) == layers and all(int(op.args[31]) == ex4.mlp_help.data.ptr for op in helped)
+    assert all(int(op.args[27]) == ex4.mlp_bar_help.data.ptr for op in helped)  # (its own barrier counter)
+    monkeypatch.setattr(CudaQwen35, "MLP_FUSED_HELP", 0)
     monkeypatch.setattr(K, "MLP_FUSED_CHUNKS", 0)  # (a block would own more chunks than its row holds: one scale)
     _, one = ops(1)
     fused1 = [op for op in one if getattr(op, "name", "").startswith("mlp_fused<")]

@@ -27,9 +27,6 @@ class GdnOps:
     # GDN decode without the gdn_prep launch: the q|k and v projections' epilogue applies the causal conv and
     # SiLU (EPI_CONV), gdn_delta_raw the q/k norms and the gates; NINFER_GDN_PREP_FUSED=0 for the launch.
     GDN_PREP_FUSED = os.environ.get("NINFER_GDN_PREP_FUSED", "1") != "0"
-    # With GDN_PREP_FUSED: gdn_delta_raw + gated_rmsnorm_stage as one launch (gdn_delta_raw_gated_stage: the last
-    # block of a head applies its gated norm, the last head stages the row; the same bits); NINFER_GDN_RAW_FUSED=1.
-    GDN_RAW_FUSED = os.environ.get("NINFER_GDN_RAW_FUSED", "0") != "0"
 
     def _gdn_ops(self, L, xn, att_stage) -> tuple[list, list]:
         """A GDN layer's (projection ops, core ops up to the o-projection's staged input) for one decode step;
@@ -61,19 +58,14 @@ class GdnOps:
             qk = self._gemv(L["qk"], self.xn, self.buf_a, xpre=xn)
             vz = self._gemv(L["vz"], self.xn, self.buf_b, xpre=xn)
             ops.extend(self._concurrent([vz], [qk, self._gemv(L["ab"], self.xn, self.ab)]))
-        zoff = Hv * GDN_HEAD_DIM
         if fuse_prep:
-            raw = (buf_a, lda, buf_b, ldb, self.ab, self.ab.shape[1], L["a_log"], L["dt_bias"],
-                   float(1.0 / math.sqrt(GDN_HEAD_DIM)), L["state"], self.att2, Hk, Hv, 0)
-            grid = (-(-Hv * GDN_HEAD_DIM // K.WARPS), M)
-            if self.GDN_RAW_FUSED:  # the delta rule, gated norm and staging in one launch (the last block stages)
-                tk = self.gdn_tick
-                return ops, [K.prepared("gdn_delta_raw_gated_stage", grid,
-                                        raw + (buf_b[:, zoff:], ldb, L["norm"], self.att, self.att.shape[1], eps)
-                                        + att_stage + (tk[:M], tk[M:2 * M], tk[2 * M:]))]
-            core = [K.prepared("gdn_delta_raw", grid, raw)]
+            core = [K.prepared("gdn_delta_raw", (-(-Hv * GDN_HEAD_DIM // K.WARPS), M),
+                               (buf_a, lda, buf_b, ldb, self.ab, self.ab.shape[1], L["a_log"],
+                                L["dt_bias"], float(1.0 / math.sqrt(GDN_HEAD_DIM)), L["state"], self.att2,
+                                Hk, Hv, 0))]
         else:
             core = self._gdn_core_ops(L, lda, ldb)
+        zoff = Hv * GDN_HEAD_DIM
         if self.GDN_FUSED and type(self)._gdn_core_ops is GdnOps._gdn_core_ops:
             # the delta rule, gated norm and staging in one launch (the last block stages)
             tk = self.gdn_tick

@@ -10,7 +10,7 @@ import os
 import numpy as np
 
 from engine.ops import kernels as K
-from engine.ops.gemv_plan import GemvPlan, mlp_fused_launch
+from engine.ops.gemv_plan import GemvPlan, mlp_fused_help_words, mlp_fused_launch
 
 
 class MlpOps:
@@ -201,8 +201,10 @@ class MlpOps:
     # scale in). Session 15: 149.1 vs 147.9 tok/s in one process (bench/results/s15a_*); 0 gives the four kernels'
     # bits back (one scale for the row).
     MLP_FUSED_CHUNK = int(os.environ.get("NINFER_MLP_FUSED_CHUNK", "1"))
-    # NINFER_MLP_FUSED_BAR=1: mlp_fused's grid barrier without the atomic's round trip (gemv_plan's fast_bar).
-    MLP_FUSED_BAR = int(os.environ.get("NINFER_MLP_FUSED_BAR", "0"))
+    # NINFER_MLP_FUSED_HELP=1 (chunk-scaled form): the chunks left over after an equal share a block (the 27B on 132
+    # SMs: 544 = 4 x 132 + 16) spread over every warp of the launch in 32-lane slices, summed by their owners, instead
+    # of a fifth round run by 16 blocks alone (gemv_plan's help).
+    MLP_FUSED_HELP = int(os.environ.get("NINFER_MLP_FUSED_HELP", "0"))
 
     def _chunk_scales(self):
         """mlp_fused's chunk scales (a float a 32-value chunk of the SwiGLU row), or None with MLP_FUSED_CHUNK off."""
@@ -224,13 +226,20 @@ class MlpOps:
         H = self.H
         norm = (x_in, x_out, self.part, splits, self.M * H, L["post_norm"], H, float(self.args.rms_norm_eps), self.kpad_h)
         got, scales = None, self._chunk_scales()
+        bar, help_ = self.mlp_bar, None
+        if scales is not None and self.MLP_FUSED_HELP:  # (its own barrier counter: the helpers' counts follow it)
+            if getattr(self, "mlp_help", None) is None:
+                self.mlp_bar_help = self.cp.zeros(1, dtype=self.cp.uint64)
+                self.mlp_help = self.cp.zeros(mlp_fused_help_words(K.sm_count() * 2, gu), dtype=self.cp.uint32)
+            bar, help_ = self.mlp_bar_help, self.mlp_help
         # chunked first; where a block would own more chunks than its shared row holds, one scale for the row
         for chunk_scales in ([scales, None] if scales is not None else [None]):
             try:
                 got = mlp_fused_launch(gu, dn, norm, self.act, self.kpad_act, self.xh_act, self.xinv_act,
                                        self.stage_slot, self.part, self.MLP_FUSED_SPLITS or self._splits(dn),
-                                       self.mlp_bar, local_stage=bool(self.MLP_FUSED_LOCAL), chunk_scales=chunk_scales,
-                                       fast_bar=bool(self.MLP_FUSED_BAR))
+                                       bar if chunk_scales is not None else self.mlp_bar,
+                                       local_stage=bool(self.MLP_FUSED_LOCAL), chunk_scales=chunk_scales,
+                                       help=help_)
             except RuntimeError:  # (no block of it fits on this GPU: the four kernels)
                 return None
             if got is not None:

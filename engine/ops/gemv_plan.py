@@ -311,9 +311,14 @@ def prestaged_slices(span: int, splits: int, blk: int = 32) -> tuple[int, int]:
     return u4ps, -(-span // u4ps)
 
 
+def mlp_fused_help_words(grid: int, gu: DevMatrix) -> int:
+    """uint32 words of mlp_fused's help buffer: a count a row pair of the leftover chunks (grid x 32 at most), then
+    a (gate, up) float pair a row pair and 32-lane slice of the row."""
+    return grid * 32 * (1 + 2 * -(-gu.gpr * 2 // 32))
+
+
 def mlp_fused_launch(gu: DevMatrix, dn: DevMatrix, norm: tuple, act, kpad_act: int, xh_act, xinv_act, slot, y,
-                     splits: int, bar, tstamp=None, local_stage: bool = False, chunk_scales=None,
-                     fast_bar: bool = False):
+                     splits: int, bar, tstamp=None, local_stage: bool = False, chunk_scales=None, help=None):
     """The post-attention norm and the dense MLP of one token as one mlp_fused launch (cuda/mlp_fused.cu), or None
     where it is not compiled for these formats and sizes. norm = (x_in, x_out, planes in, planes, plane stride,
     norm weight, H, eps, kpad_h); gu: [2I, H] (gate rows, then up rows), dn: [H, I]; act: the fp32 SwiGLU row
@@ -324,9 +329,9 @@ def mlp_fused_launch(gu: DevMatrix, dn: DevMatrix, norm: tuple, act, kpad_act: i
     not written). tstamp: 8 uint64 a block of phase timestamps (bench/mlp_fused_probe.py). chunk_scales (fp32, a
     value a 32-value chunk of act): each block owns whole chunks of the SwiGLU row and stages them into xh_act with a
     power-of-two scale each (their inverses here) before the barrier, the down reads them so: no global maximum, no
-    staging after the barrier (not the four kernels' bits; slot and xinv_act untouched). fast_bar: the barrier's
-    target from the counter read at the launch's start and the arrival a reduction (no atomic round trip; the same
-    bits).
+    staging after the barrier (not the four kernels' bits; slot and xinv_act untouched). help (chunk-scaled form;
+    uint32, mlp_fused_help_words(grid, gu) zeroed words, used with this `bar` only): the chunks left over after an
+    equal share a block are computed by every warp of the launch in 32-lane slices, summed by their owner blocks.
     Returns (launch, planes written)."""
     x_in, x_out, part, nplanes, pstride, nw_, H, eps, kpad_h = norm
     inter = dn.k
@@ -349,5 +354,6 @@ def mlp_fused_launch(gu: DevMatrix, dn: DevMatrix, norm: tuple, act, kpad_act: i
             P(act), I(inter), I(kpad_act), P(xh_act), P(xinv_act), P(slot),
             P(dn.ptr(dn.base)), P(dn.ptr(dn.high)), P(dn.ptr(dn.scales)), I(dn.gpr), I(u4ps), I(dsplits),
             P(y), I(H), P(bar), np.uint64(0) if tstamp is None else P(tstamp), I(bool(local_stage)),
-            np.uint64(0) if chunk_scales is None else P(chunk_scales), I(bool(fast_bar)))
+            np.uint64(0) if chunk_scales is None else P(chunk_scales),
+            np.uint64(0) if help is None or chunk_scales is None else P(help))
     return kernels.prepared(name, (grid,), args, block=1024, smem=smem, cooperative=True), dsplits

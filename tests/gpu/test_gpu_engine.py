@@ -146,7 +146,6 @@ def test_pdl_launches_give_the_same_logits_as_plain_launches():
 
 
 @pytest.mark.parametrize("flag,kernel,tick", [("GDN_FUSED", "gdn_delta_gated_stage", "gdn_tick"),
-                                               ("GDN_RAW_FUSED", "gdn_delta_raw_gated_stage", "gdn_tick"),
                                                ("ATTN_FUSED", "attn_combine_stage", "attn_tick")])
 def test_fused_tails_give_the_same_logits(flag, kernel, tick, monkeypatch):
     """The fused tails (GDN: the delta rule, gated norm and staging in one launch; attention: the combine and
@@ -161,8 +160,7 @@ def test_fused_tails_give_the_same_logits(flag, kernel, tick, monkeypatch):
     w = gpu_weights.from_logical(args, quantized_weights(args))
     prompt = [int(t) for t in np.random.default_rng(8).integers(0, CFG["vocab_size"], 12)]
     out = {}
-    # (GDN_FUSED takes gdn_prep's outputs, GDN_RAW_FUSED the projections' conv epilogue's)
-    monkeypatch.setattr(CudaQwen35, "GDN_PREP_FUSED", flag == "GDN_RAW_FUSED")
+    monkeypatch.setattr(CudaQwen35, "GDN_PREP_FUSED", False)  # (the GDN tail fusion takes gdn_prep's outputs)
     for fused in (False, True):
         monkeypatch.setattr(CudaQwen35, flag, fused)
         eng = build_engine(args, w, CFG, max_context=256, prefill_cols=1)
@@ -377,8 +375,11 @@ def test_mlp_fused_matches_the_four_kernels(monkeypatch):
         assert all(np.array_equal(a, b) for a, b in zip(out[mode], out[0])), mode
     monkeypatch.setattr(CudaQwen35, "MLP_FUSED", 1)
     monkeypatch.setattr(CudaQwen35, "MLP_FUSED_CHUNK", 1)  # (a scale a 32-value chunk of the down's input)
-    eng = build_engine(args, w, CFG, max_context=512, prefill_cols=1)
-    assert_close_runs(forced_logits(eng, prompt, forced), out[0])
+    for helped in (0, 1):  # (1: the leftover chunks computed in slices by every warp)
+        monkeypatch.setattr(CudaQwen35, "MLP_FUSED_HELP", helped)
+        eng = build_engine(args, w, CFG, max_context=512, prefill_cols=1)
+        assert (getattr(eng.model.executor, "mlp_help", None) is not None) == bool(helped)
+        assert_close_runs(forced_logits(eng, prompt, forced), out[0])
 
 
 def test_ldg_weight_loads_give_the_same_logits():

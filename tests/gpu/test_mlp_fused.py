@@ -10,7 +10,7 @@ pytestmark = pytest.mark.gpu
 
 from engine.artifact import formats  # noqa: E402
 from engine.ops import ref  # noqa: E402
-from engine.ops.gemv_plan import GemvPlan, mlp_fused_launch  # noqa: E402
+from engine.ops.gemv_plan import GemvPlan, mlp_fused_help_words, mlp_fused_launch  # noqa: E402
 
 from kernel_checks import LINEAR, RNG, check, poisoned  # noqa: E402  (tests/gpu is on sys.path)
 
@@ -19,8 +19,7 @@ from kernel_checks import LINEAR, RNG, check, poisoned  # noqa: E402  (tests/gpu
                                                     (512, 1024, 3, 2)],
                          ids=["5120x3072-1", "5120x2048-2", "1000x1000-0", "512x1024-3"])
 @pytest.mark.parametrize("local", [False, True], ids=["global", "local"])
-@pytest.mark.parametrize("fast", [False, True], ids=["atomic-bar", "red-bar"])
-def test_mlp_fused_matches_the_four_kernels(cp, h, inter, nplanes, splits, local, fast):
+def test_mlp_fused_matches_the_four_kernels(cp, h, inter, nplanes, splits, local):
     from engine.gpu_weights import upload_matrix
     from engine.ops import kernels as K
 
@@ -56,7 +55,7 @@ def test_mlp_fused_matches_the_four_kernels(cp, h, inter, nplanes, splits, local
     b = bufs()
     bar = cp.asarray(np.zeros(1, np.uint64))
     got = mlp_fused_launch(gu, dn, (b["x_in"], b["x_out"], planes, nplanes, h, nw_, h, 1e-6, kp_h), b["act"], kp_i,
-                           b["xh"], b["xinv"], b["slot"], b["y"], splits, bar, local_stage=local, fast_bar=fast)
+                           b["xh"], b["xinv"], b["slot"], b["y"], splits, bar, local_stage=local)
     assert got is not None
     launch, dsplits = got
     assert dsplits == d.splits
@@ -86,7 +85,9 @@ def test_mlp_fused_matches_the_four_kernels(cp, h, inter, nplanes, splits, local
 def test_mlp_fused_chunk_scaled(cp, h, inter):
     """chunk_scales: each block stages its own 32-value chunks of the SwiGLU row with a power-of-two scale each (before
     the only barrier), the down multiplies the chunk's scale in: the residual and the SwiGLU row bit-identical to the
-    four kernels', the down's planes within the GEMV tolerances of the float reference, the amax slot untouched."""
+    four kernels', the down's planes within the GEMV tolerances of the float reference, the amax slot untouched; with
+    help (the leftover chunks' row pairs computed in slices by every warp and summed by their owners), the SwiGLU
+    row close to it and the helpers' counts as three launches leave them."""
     from engine.gpu_weights import upload_matrix
     from engine.ops import kernels as K
 
@@ -100,18 +101,30 @@ def test_mlp_fused_chunk_scaled(cp, h, inter):
     nw_ = cp.asarray((RNG.standard_normal(h) * 0.1).astype(np.float32))
     kp_h, kp_i = -(-h // K.XPAD) * K.XPAD, -(-inter // K.XPAD) * K.XPAD
     outs = {}
-    for chunk in (False, True):
+    for chunk, helped in ((False, False), (True, False), (True, True)):
         x_out, act, y = poisoned(cp, (1, h)), poisoned(cp, (1, inter)), poisoned(cp, (8, 1, h))
         xh, xinv = cp.asarray(np.zeros((1, kp_i // 2), np.uint32)), cp.asarray(np.ones(1, np.float32))
         slot, bar = cp.asarray(np.zeros(2, np.uint32)), cp.asarray(np.zeros(1, np.uint64))
         xsc = poisoned(cp, (kp_i // 32,)) if chunk else None
+        hb = cp.zeros(mlp_fused_help_words(K.sm_count(), gu), dtype=cp.uint32) if helped else None
         launch, dsplits = mlp_fused_launch(gu, dn, (cp.asarray(x_host), x_out, planes, 1, h, nw_, h, 1e-6, kp_h), act,
-                                           kp_i, xh, xinv, slot, y, 3, bar, local_stage=True, chunk_scales=xsc)
-        launch()
-        launch()
+                                           kp_i, xh, xinv, slot, y, 3, bar, local_stage=True, chunk_scales=xsc,
+                                           help=hb)
+        for _ in range(3):  # (the helpers' counts carry over between launches as the barrier's does)
+            launch()
         cp.cuda.Device().synchronize()
         assert slot.get().tolist() == [0, 0]
-        outs[chunk] = (x_out.get(), act.get(), y[:dsplits].get().sum(axis=0))
-    assert np.array_equal(outs[True][0], outs[False][0]) and np.array_equal(outs[True][1], outs[False][1])
+        outs[chunk, helped] = (x_out.get(), act.get(), y[:dsplits].get().sum(axis=0))
+        if helped:  # every leftover row pair counted by each of its 32-lane slices, three launches
+            grid, nch = launch.grid[0], dn.gpr * 2
+            q, P = nch // grid, -(-gu.gpr * 2 // 32)
+            pairs = [e * 32 + w for e in range(nch - q * grid) for w in range(32) if (grid * q + e) * 32 + w < inter]
+            counts = hb.get()[:grid * 32]
+            assert pairs and all(counts[i] == 3 * P for i in pairs) and counts.sum() == 3 * P * len(pairs)
+    assert np.array_equal(outs[True, False][0], outs[False, False][0])
+    assert np.array_equal(outs[True, False][1], outs[False, False][1])
+    assert np.array_equal(outs[True, True][0], outs[False, False][0])
+    check("mlp_fused helped swiglu", outs[True, True][1], outs[False, False][1], **LINEAR)
     dq = formats.decode("q5_g64_fp16", "row_split_k128_v1", (h, inter), cp.asnumpy(dn.buf))
-    check("mlp_fused chunk-scaled down", outs[True][2], ref.linear(outs[True][1], dq), **LINEAR)
+    for helped in (False, True):
+        check("mlp_fused chunk-scaled down", outs[True, helped][2], ref.linear(outs[True, helped][1], dq), **LINEAR)
