@@ -18,8 +18,9 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
-#   help: mlp_fused's leftover chunks in slices by every warp (MLP_FUSED_HELP): tests, phases, A/B, bench (session
-#        15's `chunk`, `pf` and `bar` calls are in git history at 5ce38a8, 6f1b847 and 9a291a1; see NOTES)
+#   fin15: session 15's defaults (mlp_fused chunk-scaled with help): tests, phases, A/B against help off, bench 27B
+#          (depth 0, 32768 int8) and 35B-A3B (session 15's `chunk`, `pf`, `bar` and `help` calls are in git history
+#          at 5ce38a8, 6f1b847, 9a291a1 and bd2e773; bench/NOTES-decode.md "Session 15")
 #   fin14b: mlp_fused on by default (cooperative launch): tests, the A/B against MLP_FUSED=0, `ninfer bench` 27B tg128
 #   ncu_tma: Nsight Compute on q5 down, gemv_rs_pre against gemv_tma (why the copy-engine GEMV is slower)
 #   tma5: the down-projection alone on gemv_tma (MLP_TMA=2): A/B, the engine test
@@ -362,21 +363,27 @@ if [ -n "$BEST" ]; then
     --out "$OUT/decode_tma4_bd.json" 2>&1 | grep -E "PDL|sum of|^  [a-z]|rror" | head -16
 fi
 fi
-if [ "$PART" = help ]; then  # session 15: mlp_fused's leftover chunks computed in slices by every warp (MLP_FUSED_HELP):
-# tests, phases, A/B in one process, bench
+if [ "$PART" = fin15 ]; then  # session 15: the defaults (chunk-scaled mlp_fused with help, the helpers' first loads
+# during the last own reduction): the engine and kernel tests, the A/B against help off, `ninfer bench` 27B at depth 0
+# and 32768 (int8 KV), 35B-A3B
 ready
-log "tests: mlp_fused (kernel incl. help, engine), the CUDA engine against NumPy"
-gpu_pytest "$OUT/gpu_tests_help.txt" tests/gpu/test_mlp_fused.py tests/gpu/test_gpu_engine.py -k "mlp_fused or numpy_engine"
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_help.txt" | tail -6
+log "tests: mlp_fused, engines (dense, MoE)"
+gpu_pytest "$OUT/gpu_tests_fin15.txt" tests/gpu/test_mlp_fused.py tests/gpu/test_gpu_engine.py tests/gpu/test_gpu_engine_moe.py
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_fin15.txt" | tail -8
 log "mlp_fused alone: launch time and phases"
-timeout 120 python3 bench/mlp_fused_probe.py --out "$OUT/mlp_fused_probe_help.json" 2>&1 | grep -E "mlp_fused|rror" | head -5
-log "27B decode A/B in one process"
-timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --attr="base,MLP_FUSED_HELP=1" \
-  --out "$OUT/decode_help.json" 2>&1 | grep -E "PDL|attr|rror" | head -6
-BEST=$(best_attr_env "$OUT/decode_help.json" 0)
-log "27B tg128 (env: ${BEST:-defaults})"
-env $BEST timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
-  -o json --out "$OUT/tg128_27b_help.json" 2>&1 | grep -E "^\||rror" | tail -1
+timeout 120 python3 bench/mlp_fused_probe.py --out "$OUT/mlp_fused_probe_fin15.json" 2>&1 | grep -E "mlp_fused|rror" | head -5
+log "27B decode A/B in one process (base: the defaults)"
+timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --attr="base,MLP_FUSED_HELP=0" \
+  --out "$OUT/decode_fin15.json" 2>&1 | grep -E "PDL|attr|rror" | head -6
+log "27B tg128 (defaults)"
+timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
+  -o json --out "$OUT/tg128_27b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
+log "27B tg128 at depth 32768, int8 KV (defaults)"
+timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -d 32768 --kv int8 -r 2 \
+  -o json --out "$OUT/tg128_d32768_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
+log "35B-A3B tg128 (defaults)"
+timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
+  -o json --out "$OUT/tg128_35b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
 fi
 if [ "$PART" = fin14b ]; then  # session 14: mlp_fused on by default, launched cooperatively: its tests, the numpy
 # engine comparison, the A/B against the four kernels, `ninfer bench` 27B tg128 with the defaults

@@ -234,6 +234,22 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
     const uint4* xl = xs + lane;
     auto xat = [&](int it, int c) { return xl[it * 128 + c * 32]; };
     const float inv[1] = {gu_inv};
+    // help: item (leftover row pair ge, 32-lane slice pp) of the helpers' loop below (`hit`: this warp's next valid
+    // one); the first one's loads go in flight during the warp's last own reduction
+    const int P = (ggpr * 2 + 31) >> 5, nitems = nextra * 32 * P;
+    auto help_pair = [&](int it) { const int ge = it / P; return (gridDim.x * q + (ge >> 5)) * 32 + (ge & 31); };
+    auto next_valid = [&](int it) {
+      while (it < nitems && help_pair(it) >= inter) it += nwarps;
+      return it;
+    };
+    auto help_start = [&](int it) {
+      const int gg = help_pair(it), js = (it % P) * 32;
+      const int rows[2] = {gg, gg + inter};
+      gu.start(gbase, ghigh, gscales, ggpr, rows, js + lane, js + lane < ggpr * 2 ? 1 : 0);
+      gu.load();
+    };
+    int hit = next_valid(gw);
+    bool preloaded = false;
     while (g < g_end) {
       float acc[2];
       gu.run(acc, xat, dk);
@@ -242,6 +258,9 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
         const int rows[2] = {gn, gn + inter};
         gu.start(gbase, ghigh, gscales, ggpr, rows, lane, g_iters);
         gu.load();
+      } else if (hit < nitems) {
+        help_start(hit);
+        preloaded = true;
       }
       if constexpr (CHUNK) {  // (gemv_store's SwiGLU, the value also kept for the block's chunk staging)
         const float o = silu(warp_sum(acc[0]) * inv[0] * 1.f) * (warp_sum(acc[1]) * inv[0] * 1.f);
@@ -259,15 +278,11 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
     if constexpr (CHUNK) {
       if (nextra > 0) {
         // the helpers: item (extra row pair ge, 32-lane slice pp), its two partial sums into hpart, then a count
-        const int P = (ggpr * 2 + 31) >> 5, nitems = nextra * 32 * P;
         float2* hpart = reinterpret_cast<float2*>(help + gridDim.x * 32);
-        for (int it = gw; it < nitems; it += nwarps) {
-          const int ge = it / P, pp = it - ge * P;
-          const int gg = (gridDim.x * q + (ge >> 5)) * 32 + (ge & 31), js = pp * 32;
-          if (gg >= inter) continue;
-          const int rows[2] = {gg, gg + inter};
-          gu.start(gbase, ghigh, gscales, ggpr, rows, js + lane, js + lane < ggpr * 2 ? 1 : 0);
-          gu.load();
+        for (; hit < nitems; hit = next_valid(hit + nwarps)) {
+          const int ge = hit / P, pp = hit - ge * P, js = pp * 32;
+          if (!preloaded) help_start(hit);
+          preloaded = false;
           float acc[2];
           const uint4* xh0 = xl + (js >> 5) * 128;
           gu.run(acc, [&](int i2, int c) { return xh0[i2 * 128 + c * 32]; }, dk);

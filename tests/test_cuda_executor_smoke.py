@@ -403,6 +403,7 @@ def test_mlp_fused_plumbing(cp, monkeypatch):
     args, w = _weights(CFG)
     monkeypatch.setattr(K, "resident_blocks", lambda name, block, smem=0: 1)
     monkeypatch.setattr(CudaQwen35, "MLP_FUSED_CHUNK", 0)  # (one scale for the down's input; chunked below)
+    monkeypatch.setattr(CudaQwen35, "MLP_FUSED_HELP", 0)  # (the leftover chunks by their blocks; helped below)
 
     def ops(on):
         monkeypatch.setattr(CudaQwen35, "MLP_FUSED", on)

@@ -201,10 +201,11 @@ class MlpOps:
     # scale in). Session 15: 149.1 vs 147.9 tok/s in one process (bench/results/s15a_*); 0 gives the four kernels'
     # bits back (one scale for the row).
     MLP_FUSED_CHUNK = int(os.environ.get("NINFER_MLP_FUSED_CHUNK", "1"))
-    # NINFER_MLP_FUSED_HELP=1 (chunk-scaled form): the chunks left over after an equal share a block (the 27B on 132
-    # SMs: 544 = 4 x 132 + 16) spread over every warp of the launch in 32-lane slices, summed by their owners, instead
-    # of a fifth round run by 16 blocks alone (gemv_plan's help).
-    MLP_FUSED_HELP = int(os.environ.get("NINFER_MLP_FUSED_HELP", "0"))
+    # NINFER_MLP_FUSED_HELP (chunk-scaled form, on by default): the chunks left over after an equal share a block (the
+    # 27B on 132 SMs: 544 = 4 x 132 + 16) spread over every warp of the launch in 32-lane slices, summed by their
+    # owners, instead of a fifth round run by 16 blocks alone (gemv_plan's help). Session 15: 149.0 against 148.2
+    # tok/s in one process (bench/results/s15d_*); 0: the leftover chunks' blocks compute them alone.
+    MLP_FUSED_HELP = int(os.environ.get("NINFER_MLP_FUSED_HELP", "1"))
 
     def _chunk_scales(self):
         """mlp_fused's chunk scales (a float a 32-value chunk of the SwiGLU row), or None with MLP_FUSED_CHUNK off."""
