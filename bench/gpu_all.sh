@@ -18,6 +18,7 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
+#   fin15b: the columns test with one-scale staging pinned, the 27B's norm blocks A/B
 #   fin15: session 15's defaults (mlp_fused chunk-scaled with help): tests, phases, A/B against help off, bench 27B
 #          (depth 0, 32768 int8) and 35B-A3B (session 15's `chunk`, `pf`, `bar` and `help` calls are in git history
 #          at 5ce38a8, 6f1b847, 9a291a1 and bd2e773; bench/NOTES-decode.md "Session 15")
@@ -384,6 +385,15 @@ timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128
 log "35B-A3B tg128 (defaults)"
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
+fi
+if [ "$PART" = fin15b ]; then  # session 15: the columns test with one-scale staging pinned; the 27B's norm blocks A/B
+ready
+log "tests: the columns prefill against token by token; mlp_fused engine tests"
+gpu_pytest "$OUT/gpu_tests_fin15b.txt" tests/gpu/test_gpu_engine.py -k "columns_prefill or mlp_fused"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_fin15b.txt" | tail -6
+log "27B decode A/B in one process: norm blocks"
+timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --attr="base,NORM_BLOCKS=8,NORM_BLOCKS=32" \
+  --out "$OUT/decode_fin15b.json" 2>&1 | grep -E "PDL|attr|rror" | head -8
 fi
 if [ "$PART" = fin14b ]; then  # session 14: mlp_fused on by default, launched cooperatively: its tests, the numpy
 # engine comparison, the A/B against the four kernels, `ninfer bench` 27B tg128 with the defaults
