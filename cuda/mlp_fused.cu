@@ -115,6 +115,66 @@ struct WarpRows {
   }
 };
 
+// The persistent launches' norm (mlp_fused, gdn_in_fused): x_out = x_in + planes; every block computes
+// rmsnorm(x_out) (1 + w) into its own shared memory (the fp32 values xf, then the staged pairs at smem), with
+// residual_rmsnorm_mb's operations in its order (the same bits). `load` issues the first loads (x_in, 1 + w, the first
+// plane), so that a kernel can issue its first weight loads behind them before `finish`. Returns the pairs' inverse scale.
+template <int VPT>
+struct RowNorm {
+  float v[VPT], wv[VPT], p0[VPT];
+
+  __device__ __forceinline__ void load(const float* __restrict__ x_in, const float* __restrict__ norm_w,
+                                       const float* __restrict__ part, int nplanes, int H) {
+#pragma unroll
+    for (int k8 = 0; k8 < VPT; ++k8) {
+      const int k = threadIdx.x + k8 * MLP_THREADS;
+      v[k8] = k < H ? x_in[k] : 0.f;
+      wv[k8] = k < H ? 1.f + norm_w[k] : 0.f;
+      p0[k8] = k < H && nplanes > 0 ? __ldcg(part + k) : 0.f;  // (L2: the launch may rewrite the planes)
+    }
+  }
+
+  __device__ __forceinline__ float finish(const float* __restrict__ part, int nplanes, int part_stride, int H,
+                                          float eps, int kpad_h, float* __restrict__ x_out, float* red,
+                                          unsigned char* smem) {
+    const int tid = threadIdx.x;
+    float* xf = reinterpret_cast<float*>(smem + (size_t)kpad_h * 2);
+    if (nplanes > 0) {
+#pragma unroll
+      for (int k8 = 0; k8 < VPT; ++k8) v[k8] += p0[k8];
+    }
+    for (int s = 1; s < nplanes; ++s) {
+      float pv[VPT];
+#pragma unroll
+      for (int k8 = 0; k8 < VPT; ++k8) {
+        const int k = tid + k8 * MLP_THREADS;
+        pv[k8] = k < H ? __ldcg(part + (size_t)s * part_stride + k) : 0.f;
+      }
+#pragma unroll
+      for (int k8 = 0; k8 < VPT; ++k8) v[k8] += pv[k8];
+    }
+    float ss, mx;
+    row_sumsq_max(v, wv, red, ss, mx);
+    const float r = rsqrtf(ss / H + eps);
+    const float sc = pow2_scale(mx * r);
+#pragma unroll
+    for (int k8 = 0; k8 < VPT; ++k8) {
+      const int k = tid + k8 * MLP_THREADS;
+      if (k < kpad_h) xf[k] = k < H ? v[k8] * r * wv[k8] : 0.f;
+      if (k < H && blockIdx.x == 0) x_out[k] = v[k8];
+    }
+    __syncthreads();
+    unsigned int* dst = reinterpret_cast<unsigned int*>(smem);
+    for (int p = tid; p < kpad_h / 2; p += MLP_THREADS) {
+      const int jl = p >> 4, pi = p & 15, c = pi >> 2, jp = pi & 3;
+      const int ka = jl * 32 + 8 * c + stage_a(jp);
+      dst[(jl >> 5) * 512 + c * 128 + (jl & 31) * 4 + jp] = stage_pack(xf[ka] * sc, xf[ka + STAGE_GAP] * sc);
+    }
+    __syncthreads();
+    return 1.f / sc;
+  }
+};
+
 // FGU: gate|up's format (rows g and g + I of a [gate; up] object, I = inter); FDN, DROWS: the down-projection's
 // format and rows a warp; VPT: the norm's values a thread (H <= 1,024 VPT). kpad_h / kpad_i: the staged widths (H and
 // I rounded up to 1,024). Dynamic shared memory: kpad_h x 6 bytes (the normed row's pairs, then its fp32 values), or
@@ -159,15 +219,8 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
   // the norm's loads first (x_in, 1 + w, the first partial plane), then the first gate|up group's weight loads, so
   // that the norm's values do not queue behind the weights
   const uint4* xs = reinterpret_cast<const uint4*>(mlp_smem);
-  float* xf = reinterpret_cast<float*>(mlp_smem + (size_t)kpad_h * 2);
-  float v[VPT], wv[VPT], p0[VPT];
-#pragma unroll
-  for (int k8 = 0; k8 < VPT; ++k8) {
-    const int k = tid + k8 * MLP_THREADS;
-    v[k8] = k < H ? x_in[k] : 0.f;
-    wv[k8] = k < H ? 1.f + norm_w[k] : 0.f;
-    p0[k8] = k < H && nplanes > 0 ? __ldcg(part + k) : 0.f;  // (L2: the down phase rewrites the planes)
-  }
+  RowNorm<VPT> nm;
+  nm.load(x_in, norm_w, part, nplanes, H);
   // gate|up: group g is SwiGLU output g (gate row g, up row g + inter); every lane walks the whole row
   WarpRows<FGU, 2, 2> gu;
   const int g_iters = ggpr * 2 > lane ? (ggpr * 2 - lane + 31) >> 5 : 0;
@@ -190,42 +243,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
   }
 
   // the norm (residual_rmsnorm_mb's operations in its order, so the same bits), into this block's pairs
-  float gu_inv;
-  {
-    if (nplanes > 0) {
-#pragma unroll
-      for (int k8 = 0; k8 < VPT; ++k8) v[k8] += p0[k8];
-    }
-    for (int s = 1; s < nplanes; ++s) {
-      float pv[VPT];
-#pragma unroll
-      for (int k8 = 0; k8 < VPT; ++k8) {
-        const int k = tid + k8 * MLP_THREADS;
-        pv[k8] = k < H ? __ldcg(part + (size_t)s * part_stride + k) : 0.f;
-      }
-#pragma unroll
-      for (int k8 = 0; k8 < VPT; ++k8) v[k8] += pv[k8];
-    }
-    float ss, mx;
-    row_sumsq_max(v, wv, red, ss, mx);
-    const float r = rsqrtf(ss / H + eps);
-    const float sc = pow2_scale(mx * r);
-    gu_inv = 1.f / sc;
-#pragma unroll
-    for (int k8 = 0; k8 < VPT; ++k8) {
-      const int k = tid + k8 * MLP_THREADS;
-      if (k < kpad_h) xf[k] = k < H ? v[k8] * r * wv[k8] : 0.f;
-      if (k < H && blockIdx.x == 0) x_out[k] = v[k8];
-    }
-    __syncthreads();
-    unsigned int* dst = reinterpret_cast<unsigned int*>(mlp_smem);
-    for (int p = tid; p < kpad_h / 2; p += MLP_THREADS) {
-      const int jl = p >> 4, pi = p & 15, c = pi >> 2, jp = pi & 3;
-      const int ka = jl * 32 + 8 * c + stage_a(jp);
-      dst[(jl >> 5) * 512 + c * 128 + (jl & 31) * 4 + jp] = stage_pack(xf[ka] * sc, xf[ka + STAGE_GAP] * sc);
-    }
-    __syncthreads();
-  }
+  const float gu_inv = nm.finish(part, nplanes, part_stride, H, eps, kpad_h, x_out, red, mlp_smem);
 
   stamp(1);
   // gate|up + SwiGLU, x from shared memory
@@ -413,4 +431,82 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
   if (local_stage && xsc == nullptr) down(reinterpret_cast<const uint4*>(mlp_smem), [](const uint4* p) { return *p; });
   else down(reinterpret_cast<const uint4*>(xh_act), [](const uint4* p) { return __ldg(p); });
   stamp(5);
+}
+
+// A GDN layer's input norm and its projections as one launch (CudaQwen35.GDN_IN_FUSED): RowNorm into every block's
+// shared memory, then, a warp a row (gemv_rs_pre's loads and arithmetic over the staged pairs, the causal conv + SiLU
+// epilogue of gemv_store<..., CONV>), the rows of object A (the v|z projection: conv on its first conv_rows_a rows, at
+// channel conv_base_a), then those of B (q|k: conv on its first conv_rows_b, at conv_base_b), then the nc bf16 rows of
+// C (a|b: fp32 dot with the normed values, as gemv_bf16 with a warp a row), all in one index space strided over the
+// launch's warps; the next row's loads in flight during the current one's reduction. No barrier: any grid.
+// Replaces residual_rmsnorm_mb + the q|k, v|z and a|b GEMVs (two branches) of the decode step.
+template <int FA, int FB, int VPT>
+__global__ void __launch_bounds__(MLP_THREADS, 1) gdn_in_fused(
+    const float* __restrict__ x_in, float* __restrict__ x_out, const float* __restrict__ part, int nplanes,
+    int part_stride, const float* __restrict__ norm_w, int H, float eps, int kpad_h,
+    const unsigned char* __restrict__ abase, const unsigned char* __restrict__ ahigh,
+    const __half* __restrict__ ascales, int agpr, int na, float* __restrict__ ya, int conv_rows_a, int conv_base_a,
+    const unsigned char* __restrict__ bbase, const unsigned char* __restrict__ bhigh,
+    const __half* __restrict__ bscales, int bgpr, int nb, float* __restrict__ yb, int conv_rows_b, int conv_base_b,
+    const float* __restrict__ conv_w, float* __restrict__ conv_st, int conv_c,
+    const unsigned short* __restrict__ cw, int nc, float* __restrict__ yc) {
+  extern __shared__ __align__(16) unsigned char mlp_smem[];
+  __shared__ float red[64];
+  NI_PDL_ENTRY();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int nwarps = gridDim.x * (MLP_THREADS / 32), gw = warp * gridDim.x + blockIdx.x;
+  const DecodeK dk = decode_constants(agpr > 0 ? 1u : 0u);
+  RowNorm<VPT> nm;
+  nm.load(x_in, norm_w, part, nplanes, H);
+  WarpRows<FA, 1, 2> wa;  // (the first A row's loads in flight during the norm)
+  const int a_iters = agpr * 2 > lane ? (agpr * 2 - lane + 31) >> 5 : 0;
+  int it = gw;
+  auto a_start = [&](int row) {
+    const int rows[1] = {row};
+    wa.start(abase, ahigh, ascales, agpr, rows, lane, a_iters);
+    wa.load();
+  };
+  if (it < na) a_start(it);
+  const float inv[1] = {nm.finish(part, nplanes, part_stride, H, eps, kpad_h, x_out, red, mlp_smem)};
+  const uint4* xl = reinterpret_cast<const uint4*>(mlp_smem) + lane;
+  auto xat = [&](int i2, int c) { return xl[i2 * 128 + c * 32]; };
+  for (; it < na; it += nwarps) {
+    float acc[1];
+    wa.run(acc, xat, dk);
+    if (it + nwarps < na) a_start(it + nwarps);
+    float a2[1][1] = {{acc[0]}};
+    gemv_store<1, 1, false, true>(a2, it, na, 0, EPI_STORE, inv, 1.f, ya, 0, lane,
+                                  ConvEpi{conv_w, conv_st, conv_c, conv_base_a, conv_rows_a});
+  }
+  WarpRows<FB, 1, 2> wb;
+  const int b_iters = bgpr * 2 > lane ? (bgpr * 2 - lane + 31) >> 5 : 0;
+  auto b_start = [&](int row) {
+    const int rows[1] = {row};
+    wb.start(bbase, bhigh, bscales, bgpr, rows, lane, b_iters);
+    wb.load();
+  };
+  if (it < na + nb) b_start(it - na);
+  for (; it < na + nb; it += nwarps) {
+    float acc[1];
+    wb.run(acc, xat, dk);
+    if (it + nwarps < na + nb) b_start(it + nwarps - na);
+    float a2[1][1] = {{acc[0]}};
+    gemv_store<1, 1, false, true>(a2, it - na, nb, 0, EPI_STORE, inv, 1.f, yb, 0, lane,
+                                  ConvEpi{conv_w, conv_st, conv_c, conv_base_b, conv_rows_b});
+  }
+  const float* xf = reinterpret_cast<const float*>(mlp_smem + (size_t)kpad_h * 2);
+  for (; it < na + nb + nc; it += nwarps) {  // bf16 rows, 8 values a lane-iteration (gemv_bf16_body's sums)
+    const int row = it - na - nb;
+    const uint4* wr = reinterpret_cast<const uint4*>(cw + (size_t)row * H);
+    float acc = 0.f;
+    for (int j = lane; j < H / 8; j += 32) {
+      const uint4 v = ldw(wr + j);
+      const float wf[8] = {bf16_lo(v.x), bf16_hi(v.x), bf16_lo(v.y), bf16_hi(v.y),
+                           bf16_lo(v.z), bf16_hi(v.z), bf16_lo(v.w), bf16_hi(v.w)};
+      const float4 a = reinterpret_cast<const float4*>(xf + j * 8)[0], b = reinterpret_cast<const float4*>(xf + j * 8)[1];
+      acc += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) yc[row] = acc;
+  }
 }

@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 import os
 
+import numpy as np
+
 from engine.ops import kernels as K
 
 GDN_HEAD_DIM = 128
@@ -27,6 +29,52 @@ class GdnOps:
     # GDN decode without the gdn_prep launch: the q|k and v projections' epilogue applies the causal conv and
     # SiLU (EPI_CONV), gdn_delta_raw the q/k norms and the gates; NINFER_GDN_PREP_FUSED=0 for the launch.
     GDN_PREP_FUSED = os.environ.get("NINFER_GDN_PREP_FUSED", "1") != "0"
+    # GDN decode: the input norm and the q|k, v|z and a|b projections (conv + SiLU in the epilogue) as one persistent
+    # gdn_in_fused launch (cuda/mlp_fused.cu), where their formats are compiled (the 27B's q5 v|z, q4 q|k, bf16 a|b);
+    # NINFER_GDN_IN_FUSED=1.
+    GDN_IN_FUSED = int(os.environ.get("NINFER_GDN_IN_FUSED", "0"))
+
+    def _gdn_in_fused_ops(self, L, splits, att_stage):
+        """(ops, core ops) of a GDN layer whose input norm and projections run as one gdn_in_fused launch (it takes
+        the residual pair and the `splits` planes as the norm would), or None where that is off or not compiled."""
+        if not (self.GDN_IN_FUSED and self.M == 1 and K.XI16 and self._prep_fused()):
+            return None
+        Hk, Hv, H = self.Hk, self.Hv, self.H
+        C, qkc = (2 * Hk + Hv) * GDN_HEAD_DIM, 2 * Hk * GDN_HEAD_DIM
+        qk, vz, ab = L["qk"], L["vz"], L["ab"]
+        if self.GDN_MERGE and "qkvz" in L and qk.n == qkc:
+            return None  # (one format: the merged q|k|v|z GEMV)
+        vpt = min((v for v in K.MLP_FUSED_VPT if v * 1024 >= H), default=0)
+        if qk.fmt not in K.FMT_IDS or vz.fmt not in K.FMT_IDS or ab.fmt != "bf16" or H % 8 or qk.n != qkc:
+            return None
+        name = f"gdn_in_fused<{K.FMT_IDS[vz.fmt]},{K.FMT_IDS[qk.fmt]},{vpt}>"
+        if name not in K.GDN_IN_FUSED_NAMES or not (qk.k == vz.k == ab.k == H):
+            return None
+        smem = self.kpad_h * 6  # (the normed row's pairs, then its fp32 values)
+        try:
+            grid = K.sm_count() * K.resident_blocks(name, 1024, smem)
+        except RuntimeError:
+            return None
+        x_in, x_out = self._res
+        self._res = (x_out, x_in)
+        P, I = (lambda a: np.uint64(a)), np.int32
+        args = (x_in, x_out, self.part, I(splits), I(self.M * H), L["in_norm"], I(H),
+                np.float32(self.args.rms_norm_eps), I(self.kpad_h),
+                P(vz.ptr(vz.base)), P(vz.ptr(vz.high)), P(vz.ptr(vz.scales)), I(vz.gpr), I(vz.n), self.buf_b,
+                I(Hv * GDN_HEAD_DIM), I(qkc),
+                P(qk.ptr(qk.base)), P(qk.ptr(qk.high)), P(qk.ptr(qk.scales)), I(qk.gpr), I(qk.n), self.buf_a,
+                I(qkc), I(0), L["conv"], L["conv_state"], I(C), P(ab.ptr(ab.base)), I(ab.n), self.ab)
+        launch = K.prepared(name, (grid,), args, block=1024, smem=smem)
+        return [launch], self._raw_core(L, self.buf_a, self.buf_a.shape[1], self.buf_b, self.buf_b.shape[1],
+                                        att_stage)
+
+    def _raw_core(self, L, buf_a, lda, buf_b, ldb, att_stage):
+        """The delta rule over the projections' conv outputs (gdn_delta_raw), then the gated norm and staging."""
+        Hk, Hv, M = self.Hk, self.Hv, self.M
+        return [K.prepared("gdn_delta_raw", (-(-Hv * GDN_HEAD_DIM // K.WARPS), M),
+                           (buf_a, lda, buf_b, ldb, self.ab, self.ab.shape[1], L["a_log"], L["dt_bias"],
+                            float(1.0 / math.sqrt(GDN_HEAD_DIM)), L["state"], self.att2, Hk, Hv, 0)),
+                self._gated_norm(L, ldb, Hv * GDN_HEAD_DIM, att_stage, buf_b)]
 
     def _gdn_ops(self, L, xn, att_stage) -> tuple[list, list]:
         """A GDN layer's (projection ops, core ops up to the o-projection's staged input) for one decode step;
@@ -59,12 +107,8 @@ class GdnOps:
             vz = self._gemv(L["vz"], self.xn, self.buf_b, xpre=xn)
             ops.extend(self._concurrent([vz], [qk, self._gemv(L["ab"], self.xn, self.ab)]))
         if fuse_prep:
-            core = [K.prepared("gdn_delta_raw", (-(-Hv * GDN_HEAD_DIM // K.WARPS), M),
-                               (buf_a, lda, buf_b, ldb, self.ab, self.ab.shape[1], L["a_log"],
-                                L["dt_bias"], float(1.0 / math.sqrt(GDN_HEAD_DIM)), L["state"], self.att2,
-                                Hk, Hv, 0))]
-        else:
-            core = self._gdn_core_ops(L, lda, ldb)
+            return ops, self._raw_core(L, buf_a, lda, buf_b, ldb, att_stage)
+        core = self._gdn_core_ops(L, lda, ldb)
         zoff = Hv * GDN_HEAD_DIM
         if self.GDN_FUSED and type(self)._gdn_core_ops is GdnOps._gdn_core_ops:
             # the delta rule, gated norm and staging in one launch (the last block stages)
@@ -75,7 +119,7 @@ class GdnOps:
                                     self.att.shape[1], Hk, Hv, 0, eps) + att_stage
                                    + (tk[:M], tk[M:2 * M], tk[2 * M:]))]
         else:
-            core.append(self._gated_norm(L, ldb, zoff, att_stage, buf_b))
+            core.append(self._gated_norm(L, ldb, zoff, att_stage))
         return ops, core
 
     def _gated_norm(self, L, ldb, zoff, att_stage, buf_b=None):
