@@ -18,7 +18,8 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
-#   gin: the GDN input norm and projections as one launch (GDN_IN_FUSED): tests, A/B, bench, breakdown
+#   (gin, session 15: the GDN input norm and projections as one launch, GDN_IN_FUSED, removed after s15g/s15h: in git
+#   history at 0e0d1ab)
 #   fin15b: the columns test with one-scale staging pinned, the 27B's norm blocks A/B
 #   fin15: session 15's defaults (mlp_fused chunk-scaled with help): tests, phases, A/B against help off, bench 27B
 #          (depth 0, 32768 int8) and 35B-A3B (session 15's `chunk`, `pf`, `bar` and `help` calls are in git history
@@ -386,22 +387,6 @@ timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128
 log "35B-A3B tg128 (defaults)"
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
-fi
-if [ "$PART" = gin ]; then  # session 15: a GDN layer's input norm and projections as one launch (GDN_IN_FUSED)
-ready
-log "tests: gdn_in_fused (engine), mlp_fused (engine), the CUDA engine against NumPy"
-gpu_pytest "$OUT/gpu_tests_gin.txt" tests/gpu/test_gpu_engine.py -k "gdn_in_fused or mlp_fused or numpy_engine"
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_gin.txt" | tail -6
-log "27B decode A/B in one process"
-timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --attr="base,GDN_IN_FUSED=1" \
-  --out "$OUT/decode_gin.json" 2>&1 | grep -E "PDL|attr|rror" | head -6
-BEST=$(best_attr_env "$OUT/decode_gin.json" 0)
-log "27B tg128 (env: ${BEST:-defaults})"
-env $BEST timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
-  -o json --out "$OUT/tg128_27b_gin.json" 2>&1 | grep -E "^\||rror" | tail -1
-log "27B breakdown (env: ${BEST:-defaults})"
-env $BEST timeout 120 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --breakdown \
-  --out "$OUT/decode_gin_bd.json" 2>&1 | grep -E "sum of|^  [a-z]|rror" | head -8
 fi
 if [ "$PART" = fin15b ]; then  # session 15: the columns test with one-scale staging pinned; the 27B's norm blocks A/B
 ready

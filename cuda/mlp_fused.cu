@@ -115,10 +115,11 @@ struct WarpRows {
   }
 };
 
-// The persistent launches' norm (mlp_fused, gdn_in_fused): x_out = x_in + planes; every block computes
-// rmsnorm(x_out) (1 + w) into its own shared memory (the fp32 values xf, then the staged pairs at smem), with
-// residual_rmsnorm_mb's operations in its order (the same bits). `load` issues the first loads (x_in, 1 + w, the first
-// plane), so that a kernel can issue its first weight loads behind them before `finish`. Returns the pairs' inverse scale.
+// The persistent launch's norm (mlp_fused; session 15's gdn_in_fused too, in git history at 509b065): x_out = x_in +
+// planes; every block computes rmsnorm(x_out) (1 + w) into its own shared memory (the fp32 values xf, then the staged
+// pairs at smem), with residual_rmsnorm_mb's operations in its order (the same bits). `load` issues the first loads
+// (x_in, 1 + w, the first plane), so that a kernel can issue its first weight loads behind them before `finish`.
+// Returns the pairs' inverse scale.
 template <int VPT>
 struct RowNorm {
   float v[VPT], wv[VPT], p0[VPT];
@@ -431,97 +432,4 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
   if (local_stage && xsc == nullptr) down(reinterpret_cast<const uint4*>(mlp_smem), [](const uint4* p) { return *p; });
   else down(reinterpret_cast<const uint4*>(xh_act), [](const uint4* p) { return __ldg(p); });
   stamp(5);
-}
-
-// A GDN layer's input norm and its projections as one launch (CudaQwen35.GDN_IN_FUSED): RowNorm into every block's
-// shared memory, then, a warp a row (gemv_rs_pre's loads and arithmetic over the staged pairs, the causal conv + SiLU
-// epilogue of gemv_store<..., CONV>), the rows of object A (the v|z projection: conv on its first conv_rows_a rows, at
-// channel conv_base_a), then those of B (q|k: conv on its first conv_rows_b, at conv_base_b), then the nc bf16 rows of
-// C (a|b: fp32 dot with the normed values, as gemv_bf16 with a warp a row), in one index space (C's rows first) strided
-// over the launch's warps; the next row's loads in flight during the current one's reduction. No barrier: any grid.
-// (Session 15, s15g, with C's rows last and a load a round: 146.8 against 149.0 tok/s for the separate launches.)
-// Replaces residual_rmsnorm_mb + the q|k, v|z and a|b GEMVs (two branches) of the decode step.
-template <int FA, int FB, int VPT>
-__global__ void __launch_bounds__(MLP_THREADS, 1) gdn_in_fused(
-    const float* __restrict__ x_in, float* __restrict__ x_out, const float* __restrict__ part, int nplanes,
-    int part_stride, const float* __restrict__ norm_w, int H, float eps, int kpad_h,
-    const unsigned char* __restrict__ abase, const unsigned char* __restrict__ ahigh,
-    const __half* __restrict__ ascales, int agpr, int na, float* __restrict__ ya, int conv_rows_a, int conv_base_a,
-    const unsigned char* __restrict__ bbase, const unsigned char* __restrict__ bhigh,
-    const __half* __restrict__ bscales, int bgpr, int nb, float* __restrict__ yb, int conv_rows_b, int conv_base_b,
-    const float* __restrict__ conv_w, float* __restrict__ conv_st, int conv_c,
-    const unsigned short* __restrict__ cw, int nc, float* __restrict__ yc) {
-  extern __shared__ __align__(16) unsigned char mlp_smem[];
-  __shared__ float red[64];
-  NI_PDL_ENTRY();
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int nwarps = gridDim.x * (MLP_THREADS / 32), gw = warp * gridDim.x + blockIdx.x;
-  const DecodeK dk = decode_constants(agpr > 0 ? 1u : 0u);
-  RowNorm<VPT> nm;
-  nm.load(x_in, norm_w, part, nplanes, H);
-  // the index space: the nc bf16 rows first (their warps' one-load-a-round loops finish while the other warps stream
-  // A), then A's rows, then B's
-  WarpRows<FA, 1, 2> wa;  // (a warp whose first item is an A row has its loads in flight during the norm)
-  const int a_iters = agpr * 2 > lane ? (agpr * 2 - lane + 31) >> 5 : 0;
-  int it = gw;
-  auto a_start = [&](int row) {
-    const int rows[1] = {row};
-    wa.start(abase, ahigh, ascales, agpr, rows, lane, a_iters);
-    wa.load();
-  };
-  const bool a_pre = it >= nc && it < nc + na;
-  if (a_pre) a_start(it - nc);
-  const float inv[1] = {nm.finish(part, nplanes, part_stride, H, eps, kpad_h, x_out, red, mlp_smem)};
-  const float* xf = reinterpret_cast<const float*>(mlp_smem + (size_t)kpad_h * 2);
-  for (; it < nc; it += nwarps) {  // bf16 rows (gemv_bf16_body's sums a lane), 4 loads a round in flight
-    const uint4* wr = reinterpret_cast<const uint4*>(cw + (size_t)it * H);
-    float acc = 0.f;
-    for (int j0 = lane; j0 < H / 8; j0 += 4 * 32) {
-      uint4 wv4[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) wv4[u] = j0 + 32 * u < H / 8 ? ldw(wr + j0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int j = j0 + 32 * u;
-        if (j < H / 8) {
-          const uint4 v = wv4[u];
-          const float wf[8] = {bf16_lo(v.x), bf16_hi(v.x), bf16_lo(v.y), bf16_hi(v.y),
-                               bf16_lo(v.z), bf16_hi(v.z), bf16_lo(v.w), bf16_hi(v.w)};
-          const float4 a = reinterpret_cast<const float4*>(xf + j * 8)[0], b = reinterpret_cast<const float4*>(xf + j * 8)[1];
-          acc += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y + wf[6] * b.z +
-                 wf[7] * b.w;
-        }
-      }
-    }
-    acc = warp_sum(acc);
-    if (lane == 0) yc[it] = acc;
-  }
-  const uint4* xl = reinterpret_cast<const uint4*>(mlp_smem) + lane;
-  auto xat = [&](int i2, int c) { return xl[i2 * 128 + c * 32]; };
-  if (!a_pre && it < nc + na) a_start(it - nc);
-  for (; it < nc + na; it += nwarps) {
-    float acc[1];
-    wa.run(acc, xat, dk);
-    if (it + nwarps < nc + na) a_start(it + nwarps - nc);
-    float a2[1][1] = {{acc[0]}};
-    gemv_store<1, 1, false, true>(a2, it - nc, na, 0, EPI_STORE, inv, 1.f, ya, 0, lane,
-                                  ConvEpi{conv_w, conv_st, conv_c, conv_base_a, conv_rows_a});
-  }
-  WarpRows<FB, 1, 2> wb;
-  const int b_iters = bgpr * 2 > lane ? (bgpr * 2 - lane + 31) >> 5 : 0;
-  auto b_start = [&](int row) {
-    const int rows[1] = {row};
-    wb.start(bbase, bhigh, bscales, bgpr, rows, lane, b_iters);
-    wb.load();
-  };
-  const int nab = nc + na;
-  if (it < nab + nb) b_start(it - nab);
-  for (; it < nab + nb; it += nwarps) {
-    float acc[1];
-    wb.run(acc, xat, dk);
-    if (it + nwarps < nab + nb) b_start(it + nwarps - nab);
-    float a2[1][1] = {{acc[0]}};
-    gemv_store<1, 1, false, true>(a2, it - nab, nb, 0, EPI_STORE, inv, 1.f, yb, 0, lane,
-                                  ConvEpi{conv_w, conv_st, conv_c, conv_base_b, conv_rows_b});
-  }
 }

@@ -184,40 +184,6 @@ def test_gdn_fused_off_keeps_two_launches(cp, monkeypatch):
     assert len(eng.decode_greedy(3, 2)) == 2
 
 
-def test_gdn_in_fused_plumbing(cp, monkeypatch):
-    """NINFER_GDN_IN_FUSED=1: each GDN layer's input norm and its q|k, v|z and a|b projections become one
-    gdn_in_fused launch (1,024 threads, a block a multiprocessor, the norm's residual buffers alternating as the
-    norm kernels alternate them), whose outputs the delta rule reads as before; the attention layers keep theirs."""
-    from engine.gpu_engine import build_engine
-    from engine.models.qwen3_5_cuda import CudaQwen35
-    from engine.ops import kernels as K
-
-    args, w = _weights(CFG)
-    monkeypatch.setattr(K, "resident_blocks", lambda name, block, smem=0: 1)
-    monkeypatch.setattr(CudaQwen35, "GDN_MERGE", False)
-
-    def ops(on):
-        monkeypatch.setattr(CudaQwen35, "GDN_IN_FUSED", on)
-        ex = build_engine(args, w, CFG, max_context=256, prefill_cols=1, prefill_gemm=0).model.executor
-        return ex, [getattr(getattr(op, "__self__", None), "_go", op) for op in _flat(ex.ops)]
-
-    _, off = ops(0)
-    ex, on = ops(1)
-    gdn = sum(kind != "full_attention" for kind in (L["kind"] for L in ex.layers))
-    fused = [op for op in on if getattr(op, "name", "").startswith("gdn_in_fused<")]
-    assert gdn > 0 and len(fused) == gdn
-    norms = lambda o: sum(getattr(op, "name", "").startswith("residual_rmsnorm") for op in o)  # noqa: E731
-    assert norms(on) == norms(off) - gdn and len(on) == len(off) - 3 * gdn  # (norm, q|k, v|z, a|b -> one)
-    bufs = {ex.x.data.ptr, ex.x2.data.ptr}
-    for op in fused:
-        assert op.block == 1024 and op.grid == (K.sm_count(),) and op.smem == ex.kpad_h * 6
-        assert {int(op.args[0]), int(op.args[1])} == bufs and int(op.args[2]) == ex.part.data.ptr
-        assert int(op.args[14]) == ex.buf_b.data.ptr and int(op.args[22]) == ex.buf_a.data.ptr
-        assert int(op.args[30]) == ex.ab.data.ptr
-    i = next(j for j, op in enumerate(on) if getattr(op, "name", "").startswith("gdn_in_fused<"))
-    assert on[i + 1].name == "gdn_delta_raw" and int(on[i + 1].args[0]) == ex.buf_a.data.ptr
-
-
 def test_moe_route_fused_plumbing(cp, monkeypatch):
     """NINFER_MOE_ROUTE_FUSED=1: the router GEMV and moe_route become one router_route launch a layer."""
     from engine.gpu_engine import build_engine

@@ -308,14 +308,9 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
             att_k = L["o"].k
             att_kpad = -(-att_k // K.XPAD) * K.XPAD  # per layer: the staged row stride the o-projection's K implies
             att_stage = (att_k, att_kpad, self.xh_att, self.xinv_att)
-            fused_in = None if L["kind"] == "full_attention" else self._gdn_in_fused_ops(L, prev_splits, att_stage)
-            if fused_in is None:
-                ops.append(self._norm(prev_splits, L["in_norm"]))
+            ops.append(self._norm(prev_splits, L["in_norm"]))
             xn = (self.xh_n, self.xinv_n)
-            if fused_in is not None:  # (the input norm inside the projections' launch)
-                ops.extend(fused_in[0])
-                core = fused_in[1]
-            elif L["kind"] == "full_attention":
+            if L["kind"] == "full_attention":
                 qk = self._gemv(L["qk"], self.xn, self.buf_a, xpre=xn)
                 qw = self.Hq * ATTN_HEAD_DIM
                 ops.extend(self._concurrent([self._gemv(L["gv"], self.xn, self.buf_b, xpre=xn)], [qk]))

@@ -8,8 +8,6 @@ from __future__ import annotations
 import math
 import os
 
-import numpy as np
-
 from engine.ops import kernels as K
 
 GDN_HEAD_DIM = 128
@@ -29,45 +27,6 @@ class GdnOps:
     # GDN decode without the gdn_prep launch: the q|k and v projections' epilogue applies the causal conv and
     # SiLU (EPI_CONV), gdn_delta_raw the q/k norms and the gates; NINFER_GDN_PREP_FUSED=0 for the launch.
     GDN_PREP_FUSED = os.environ.get("NINFER_GDN_PREP_FUSED", "1") != "0"
-    # GDN decode: the input norm and the q|k, v|z and a|b projections (conv + SiLU in the epilogue) as one persistent
-    # gdn_in_fused launch (cuda/mlp_fused.cu), where their formats are compiled (the 27B's q5 v|z, q4 q|k, bf16 a|b);
-    # NINFER_GDN_IN_FUSED=1.
-    GDN_IN_FUSED = int(os.environ.get("NINFER_GDN_IN_FUSED", "0"))
-
-    def _gdn_in_fused_ops(self, L, splits, att_stage):
-        """(ops, core ops) of a GDN layer whose input norm and projections run as one gdn_in_fused launch (it takes
-        the residual pair and the `splits` planes as the norm would), or None where that is off or not compiled."""
-        if not (self.GDN_IN_FUSED and self.M == 1 and K.XI16 and self._prep_fused()):
-            return None
-        Hk, Hv, H = self.Hk, self.Hv, self.H
-        C, qkc = (2 * Hk + Hv) * GDN_HEAD_DIM, 2 * Hk * GDN_HEAD_DIM
-        qk, vz, ab = L["qk"], L["vz"], L["ab"]
-        if self.GDN_MERGE and "qkvz" in L and qk.n == qkc:
-            return None  # (one format: the merged q|k|v|z GEMV)
-        vpt = min((v for v in K.MLP_FUSED_VPT if v * 1024 >= H), default=0)
-        if qk.fmt not in K.FMT_IDS or vz.fmt not in K.FMT_IDS or ab.fmt != "bf16" or H % 8 or qk.n != qkc:
-            return None
-        name = f"gdn_in_fused<{K.FMT_IDS[vz.fmt]},{K.FMT_IDS[qk.fmt]},{vpt}>"
-        if name not in K.GDN_IN_FUSED_NAMES or not (qk.k == vz.k == ab.k == H):
-            return None
-        smem = self.kpad_h * 6  # (the normed row's pairs, then its fp32 values)
-        try:
-            grid = K.sm_count() * K.resident_blocks(name, 1024, smem)
-        except RuntimeError:
-            return None
-        x_in, x_out = self._res
-        self._res = (x_out, x_in)
-        P, I = (lambda a: np.uint64(a)), np.int32
-        args = (x_in, x_out, self.part, I(splits), I(self.M * H), L["in_norm"], I(H),
-                np.float32(self.args.rms_norm_eps), I(self.kpad_h),
-                P(vz.ptr(vz.base)), P(vz.ptr(vz.high)), P(vz.ptr(vz.scales)), I(vz.gpr), I(vz.n), self.buf_b,
-                I(Hv * GDN_HEAD_DIM), I(qkc),
-                P(qk.ptr(qk.base)), P(qk.ptr(qk.high)), P(qk.ptr(qk.scales)), I(qk.gpr), I(qk.n), self.buf_a,
-                I(qkc), I(0), L["conv"], L["conv_state"], I(C), P(ab.ptr(ab.base)), I(ab.n), self.ab)
-        launch = K.prepared(name, (grid,), args, block=1024, smem=smem)
-        return [launch], self._raw_core(L, self.buf_a, self.buf_a.shape[1], self.buf_b, self.buf_b.shape[1],
-                                        att_stage)
-
     def _raw_core(self, L, buf_a, lda, buf_b, ldb, att_stage):
         """The delta rule over the projections' conv outputs (gdn_delta_raw), then the gated norm and staging."""
         Hk, Hv, M = self.Hk, self.Hv, self.M

@@ -167,9 +167,6 @@ GEMV_TMA_NW = (8, 16)
 # q5 down; hidden sizes up to 1,024 VPT (VPT 5: the 27B's 5,120; 1: the tests' small models)
 MLP_FUSED_VPT = (1, 2, 5, 8)
 MLP_FUSED_CHUNKS = 16  # (cuda/mlp_fused.cu MLP_CHUNKS: 32-value chunks a block of the chunk-scaled down input)
-# gdn_in_fused<v|z fmt, q|k fmt, norm values a thread> (the same file: a GDN layer's input norm and projections, the
-# q5 v|z and q4 q|k of the groupwise-int recipe; CudaQwen35.GDN_IN_FUSED)
-GDN_IN_FUSED_NAMES = tuple(f"gdn_in_fused<1,0,{v}>" for v in MLP_FUSED_VPT)
 MLP_FUSED_NAMES = tuple(f"mlp_fused<0,1,1,{v}{c}>" for v in MLP_FUSED_VPT for c in ("", ",true"))  # (down rows 2 spill;
 # ",true": the chunk-scaled down input)
 
@@ -210,7 +207,7 @@ def _names(experimental: bool = False) -> list[str]:
     names += [f"gemv_rs<{f},{r},1,{u},true>" for f in range(4) for r in GEMV_CONV_ROWS for u in GEMV_UNROLL]
     names += [f"gemv_rs_pre<{f},{r},1,{u},true>" for f in pre_f for r, u in GEMV_PRE_MAIN]
     names += [f"gemv_bf16<{m}>" for m in GEMV_M]
-    names += list(MLP_FUSED_NAMES + GDN_IN_FUSED_NAMES) if XI16 else []  # (the persistent launches, cuda/mlp_fused.cu)
+    names += list(MLP_FUSED_NAMES) if XI16 else []  # (the dense MLP's persistent launch, cuda/mlp_fused.cu)
     names += [f"router_route<{m}>" for m in GEMV_M]
     names += list(MOE_DOWN_NAMES)
     names += [f"embed_rs<{f}>" for f in range(4)]
