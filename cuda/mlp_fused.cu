@@ -6,13 +6,17 @@
 //                         into its own shared memory; else a slice a block into global memory, then a second barrier
 //   y[s] = down[:, slice s] pairs                                   split-K planes (gemv_rs_pre's)
 //
+// CHUNK (the default since session 15): each block owns whole 32-value chunks of act and packs them with a scale
+// each before the barrier (no maximum, no staging after it; the down multiplies the chunk scale in: not the four
+// kernels' bits); with help, the chunks left over after an equal share a block are computed by every warp in slices.
+//
 // Why: the kernel-per-op step pays, a layer, a norm launch (4.4 us), a staging launch (2.3 us), three graph
 // boundaries (~0.55 us each) and the ramp of two GEMVs whose first weight loads wait for the launch. Here the
 // blocks are resident for the whole MLP (one a multiprocessor, 32 warps: the occupancy the register GEMVs run at),
 // so every warp issues its first weight loads before the dependent step in front of them (the norm, the
-// barriers), and the next row group's loads before the current one's reduction. The arithmetic is the kernels'
-// it replaces, in the same order: the planes it writes are bit-identical to residual_rmsnorm_mb -> gemv_rs_pre
-// (SwiGLU, amax) -> stage_x_amax -> gemv_rs_pre (partial).
+// barriers), and the next row group's loads before the current one's reduction. Without CHUNK the arithmetic is
+// the kernels' it replaces, in the same order: the planes it writes are bit-identical to residual_rmsnorm_mb ->
+// gemv_rs_pre (SwiGLU, amax) -> stage_x_amax -> gemv_rs_pre (partial).
 // The grid barrier needs every block resident at once: the launch takes the occupancy calculator's grid, and
 // nothing runs beside it in the decode graph (it sits on the main chain between joins). A barrier that waits
 // ~2 s (a block that never became resident) traps instead of hanging.

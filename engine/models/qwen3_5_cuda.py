@@ -305,11 +305,11 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
         log2_theta = float(math.log2(a.rope_theta))
         rot = a.rotary_dim
         for L in self.layers:
+            ops.append(self._norm(prev_splits, L["in_norm"]))
+            xn = (self.xh_n, self.xinv_n)
             att_k = L["o"].k
             att_kpad = -(-att_k // K.XPAD) * K.XPAD  # per layer: the staged row stride the o-projection's K implies
             att_stage = (att_k, att_kpad, self.xh_att, self.xinv_att)
-            ops.append(self._norm(prev_splits, L["in_norm"]))
-            xn = (self.xh_n, self.xinv_n)
             if L["kind"] == "full_attention":
                 qk = self._gemv(L["qk"], self.xn, self.buf_a, xpre=xn)
                 qw = self.Hq * ATTN_HEAD_DIM

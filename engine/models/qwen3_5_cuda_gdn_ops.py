@@ -27,6 +27,7 @@ class GdnOps:
     # GDN decode without the gdn_prep launch: the q|k and v projections' epilogue applies the causal conv and
     # SiLU (EPI_CONV), gdn_delta_raw the q/k norms and the gates; NINFER_GDN_PREP_FUSED=0 for the launch.
     GDN_PREP_FUSED = os.environ.get("NINFER_GDN_PREP_FUSED", "1") != "0"
+
     def _raw_core(self, L, buf_a, lda, buf_b, ldb, att_stage):
         """The delta rule over the projections' conv outputs (gdn_delta_raw), then the gated norm and staging."""
         Hk, Hv, M = self.Hk, self.Hv, self.M

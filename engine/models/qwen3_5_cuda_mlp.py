@@ -226,25 +226,25 @@ class MlpOps:
         x_in, x_out = self._res
         H = self.H
         norm = (x_in, x_out, self.part, splits, self.M * H, L["post_norm"], H, float(self.args.rms_norm_eps), self.kpad_h)
-        got, scales = None, self._chunk_scales()
-        bar, help_ = self.mlp_bar, None
+        scales, help_ = self._chunk_scales(), None
         if scales is not None and self.MLP_FUSED_HELP:  # (its own barrier counter: the helpers' counts follow it)
             if getattr(self, "mlp_help", None) is None:
                 self.mlp_bar_help = self.cp.zeros(1, dtype=self.cp.uint64)
+                # (a grid of up to 2 blocks a multiprocessor; mlp_fused_launch checks the size)
                 self.mlp_help = self.cp.zeros(mlp_fused_help_words(K.sm_count() * 2, gu), dtype=self.cp.uint32)
-            bar, help_ = self.mlp_bar_help, self.mlp_help
-        # chunked first; where a block would own more chunks than its shared row holds, one scale for the row
-        for chunk_scales in ([scales, None] if scales is not None else [None]):
-            try:
-                got = mlp_fused_launch(gu, dn, norm, self.act, self.kpad_act, self.xh_act, self.xinv_act,
-                                       self.stage_slot, self.part, self.MLP_FUSED_SPLITS or self._splits(dn),
-                                       bar if chunk_scales is not None else self.mlp_bar,
-                                       local_stage=bool(self.MLP_FUSED_LOCAL), chunk_scales=chunk_scales,
-                                       help=help_)
-            except RuntimeError:  # (no block of it fits on this GPU: the four kernels)
-                return None
-            if got is not None:
-                break
+            help_ = self.mlp_help
+
+        def launch(chunk_scales):
+            return mlp_fused_launch(gu, dn, norm, self.act, self.kpad_act, self.xh_act, self.xinv_act,
+                                    self.stage_slot, self.part, self.MLP_FUSED_SPLITS or self._splits(dn),
+                                    self.mlp_bar_help if help_ is not None and chunk_scales is not None
+                                    else self.mlp_bar, local_stage=bool(self.MLP_FUSED_LOCAL),
+                                    chunk_scales=chunk_scales, help=help_)
+        try:  # chunked first; where a block would own more chunks than its shared row holds, one scale for the row
+            got = launch(scales) if scales is not None else None
+            got = got or launch(None)
+        except RuntimeError:  # (no block of it fits on this GPU: the four kernels)
+            return None
         if got is None or got[1] > self.max_splits:
             return None
         self._res = (x_out, x_in)

@@ -307,7 +307,8 @@ class GemvPlan:
 def prestaged_slices(span: int, splits: int, blk: int = 32) -> tuple[int, int]:
     """(16-byte chunks a split-K slice, slices) of a pre-staged GEMV over `span` chunks a row asked for `splits`
     slices: each slice whole blocks of `blk` chunks of the slot-major staged pairs (w8: 64)."""
-    u4ps = -(-(-(-span // max(int(splits), 1))) // blk) * blk
+    per = -(-span // max(int(splits), 1))  # chunks a slice, rounded up to whole blocks
+    u4ps = -(-per // blk) * blk
     return u4ps, -(-span // u4ps)
 
 
@@ -348,6 +349,9 @@ def mlp_fused_launch(gu: DevMatrix, dn: DevMatrix, norm: tuple, act, kpad_act: i
     grid = sm_count() * kernels.resident_blocks(name, 1024, smem)
     if chunk_scales is not None and -(-dn.gpr * 2 // grid) > kernels.MLP_FUSED_CHUNKS:
         return None  # (more chunks a block than its shared row holds)
+    if help is not None and chunk_scales is not None and help.size < mlp_fused_help_words(grid, gu):
+        raise ValueError(f"mlp_fused's help buffer holds {help.size} words, the grid of {grid} needs "
+                         f"{mlp_fused_help_words(grid, gu)}")
     P, I = (lambda a: np.uint64(_p(a))), np.int32
     args = (P(x_in), P(x_out), P(part), I(nplanes), I(pstride), P(nw_), I(H), np.float32(eps), I(kpad_h),
             P(gu.ptr(gu.base)), P(gu.ptr(gu.high)), P(gu.ptr(gu.scales)), I(gu.gpr),

@@ -15,11 +15,9 @@ from engine.ops.gemv_plan import GemvPlan, mlp_fused_help_words, mlp_fused_launc
 from kernel_checks import LINEAR, RNG, check, poisoned  # noqa: E402  (tests/gpu is on sys.path)
 
 
-@pytest.mark.parametrize("h,inter,nplanes,splits", [(5120, 3072, 1, 2), (5120, 2048, 2, 1), (1000, 1000, 0, 3),
-                                                    (512, 1024, 3, 2)],
-                         ids=["5120x3072-1", "5120x2048-2", "1000x1000-0", "512x1024-3"])
-@pytest.mark.parametrize("local", [False, True], ids=["global", "local"])
-def test_mlp_fused_matches_the_four_kernels(cp, h, inter, nplanes, splits, local):
+def mlp_case(cp, h, inter, nplanes):
+    """(q4 gate|up [2 inter, h], q5 down [h, inter], x_in on the host, nplanes partial planes, the norm weight,
+    kpad_h, kpad_i) of a random MLP, drawn from RNG in this order; skips without int16 pairs."""
     from engine.gpu_weights import upload_matrix
     from engine.ops import kernels as K
 
@@ -29,9 +27,19 @@ def test_mlp_fused_matches_the_four_kernels(cp, h, inter, nplanes, splits, local
     wd = (RNG.standard_normal((h, inter)) / np.sqrt(inter)).astype(np.float32)
     gu, dn = upload_matrix(cp, "q4_g64_fp16", wg), upload_matrix(cp, "q5_g64_fp16", wd)
     x_host = RNG.standard_normal((1, h)).astype(np.float32)
-    planes = cp.asarray((RNG.standard_normal((max(nplanes, 1), 1, h)) * 0.5).astype(np.float32))
+    planes = cp.asarray((RNG.standard_normal((nplanes, 1, h)) * 0.5).astype(np.float32))
     nw_ = cp.asarray((RNG.standard_normal(h) * 0.1).astype(np.float32))
-    kp_h, kp_i = -(-h // K.XPAD) * K.XPAD, -(-inter // K.XPAD) * K.XPAD
+    return gu, dn, x_host, planes, nw_, -(-h // K.XPAD) * K.XPAD, -(-inter // K.XPAD) * K.XPAD
+
+
+@pytest.mark.parametrize("h,inter,nplanes,splits", [(5120, 3072, 1, 2), (5120, 2048, 2, 1), (1000, 1000, 0, 3),
+                                                    (512, 1024, 3, 2)],
+                         ids=["5120x3072-1", "5120x2048-2", "1000x1000-0", "512x1024-3"])
+@pytest.mark.parametrize("local", [False, True], ids=["global", "local"])
+def test_mlp_fused_matches_the_four_kernels(cp, h, inter, nplanes, splits, local):
+    from engine.ops import kernels as K
+
+    gu, dn, x_host, planes, nw_, kp_h, kp_i = mlp_case(cp, h, inter, max(nplanes, 1))
 
     def bufs():
         return dict(x_in=cp.asarray(x_host), x_out=poisoned(cp, (1, h)), act=poisoned(cp, (1, inter)), y=poisoned(cp, (8, 1, h)),
@@ -88,18 +96,9 @@ def test_mlp_fused_chunk_scaled(cp, h, inter):
     four kernels', the down's planes within the GEMV tolerances of the float reference, the amax slot untouched; with
     help (the leftover chunks' row pairs computed in slices by every warp and summed by their owners), the SwiGLU
     row close to it and the helpers' counts as three launches leave them."""
-    from engine.gpu_weights import upload_matrix
     from engine.ops import kernels as K
 
-    if not K.XI16:
-        pytest.skip("mlp_fused reads int16 pairs")
-    wg = (RNG.standard_normal((2 * inter, h)) / np.sqrt(h)).astype(np.float32)
-    wd = (RNG.standard_normal((h, inter)) / np.sqrt(inter)).astype(np.float32)
-    gu, dn = upload_matrix(cp, "q4_g64_fp16", wg), upload_matrix(cp, "q5_g64_fp16", wd)
-    x_host = RNG.standard_normal((1, h)).astype(np.float32)
-    planes = cp.asarray((RNG.standard_normal((1, 1, h)) * 0.5).astype(np.float32))
-    nw_ = cp.asarray((RNG.standard_normal(h) * 0.1).astype(np.float32))
-    kp_h, kp_i = -(-h // K.XPAD) * K.XPAD, -(-inter // K.XPAD) * K.XPAD
+    gu, dn, x_host, planes, nw_, kp_h, kp_i = mlp_case(cp, h, inter, 1)
     outs = {}
     for chunk, helped in ((False, False), (True, False), (True, True)):
         x_out, act, y = poisoned(cp, (1, h)), poisoned(cp, (1, inter)), poisoned(cp, (8, 1, h))
