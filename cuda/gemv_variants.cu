@@ -50,9 +50,13 @@ __device__ __forceinline__ void load_row_chunks(uint4 (&w)[U][ROWS], uint2 (&hb)
 // memory, so every x load is a generic LD), and each row's weight, scale and high-bit pointers are
 // computed once per row group and advanced by constants (gemv_rs recomputes a 64-bit address, ~12
 // instructions, for every load). Same arithmetic and epilogues as gemv_rs; MoE routing included.
-template <int FMT, int ROWS, int M, int U, bool CONV = false>
+// XS (one token, q4-q6): x carries a scale a 32-value chunk (sxsc[j], chunk j = the lane's iteration's), multiplied into
+// the weight scale, as mlp_fused's chunk-scaled down does (gated_rmsnorm_chunks stages the GDN o-projection's input so).
+template <int FMT, int ROWS, int M, int U, bool CONV = false, bool XS = false>
 __global__ void __launch_bounds__(256, (M == 1 && U == 2) ? (ROWS == 1 ? 5 : (ROWS == 2 && (FMT != FMT_Q5 || NI_XI16) ? 4 : 1)) : 1)
-gemv_rs_pre(GEMV_RS_PARAMS, __half2* __restrict__ sxh, float* __restrict__ sxinv, int skpad, unsigned int* __restrict__ sslot) {
+gemv_rs_pre(GEMV_RS_PARAMS, __half2* __restrict__ sxh, float* __restrict__ sxinv, int skpad, unsigned int* __restrict__ sslot,
+            const float* __restrict__ sxsc) {
+  static_assert(!XS || (M == 1 && FMT != FMT_W8), "chunk scales: one token, q4-q6");
   // sxh != nullptr (SwiGLU, one token, no split, no routing): the output row is also staged for the
   // next GEMV, as stage_x would: every block folds the largest |output| it wrote into sslot[0]
   // (atomicMax on the float bits), takes a ticket in sslot[1], and the last block stages the whole row
@@ -126,7 +130,12 @@ gemv_rs_pre(GEMV_RS_PARAMS, __half2* __restrict__ sxh, float* __restrict__ sxinv
               for (int c = 0; c < 4; ++c) xv[c] = __ldg(xp + 32 * c);
 #pragma unroll
               for (int r = 0; r < ROWS; ++r)
-                acc[r][m] += sc[u][r] * dot_core<FMT>(w[u][r], hb[u][r], [&](int c) { return xv[c]; }, 0, dk);
+                if constexpr (XS) {
+                  const float xs = __ldg(sxsc + js + lane + 32 * (i + u));
+                  acc[r][m] += (sc[u][r] * xs) * dot_core<FMT>(w[u][r], hb[u][r], [&](int c) { return xv[c]; }, 0, dk);
+                } else {
+                  acc[r][m] += sc[u][r] * dot_core<FMT>(w[u][r], hb[u][r], [&](int c) { return xv[c]; }, 0, dk);
+                }
             }
           }
         }

@@ -255,6 +255,42 @@ extern "C" __global__ void gated_rmsnorm(const float* __restrict__ o, const floa
   gated_head(o, z, ldz, w, out, ldo, Hv, eps, blockIdx.y, gw);
 }
 
+// gated_rmsnorm with the o-projection's input staged a 32-value chunk at a time (GdnOps.GATED_CHUNK): a warp a head
+// (grid (ceil(Hv / 8), M), 256 threads), gated_vals' arithmetic; each of the head's 4 chunks packed with its own
+// power-of-two scale (xsc[c] = its inverse, gemv_rs_pre<..., XS> multiplies it in; xinv = 1): no row maximum, so no
+// single block walks the row. out (fp32) as gated_rmsnorm_stage writes it.
+extern "C" __global__ void __launch_bounds__(256) gated_rmsnorm_chunks(
+    const float* __restrict__ o, const float* __restrict__ z, int ldz, const float* __restrict__ w,
+    float* __restrict__ out, int ldo, int Hv, float eps, int K, int kpad, __half2* __restrict__ xh,
+    float* __restrict__ xinv, float* __restrict__ xsc) {
+  NI_PDL_ENTRY();
+  __shared__ float vals[8][128];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, m = blockIdx.y;
+  const int h = blockIdx.x * 8 + warp;
+  if (blockIdx.x == 0 && threadIdx.x == 0) xinv[m] = 1.f;
+  if (h >= Hv) return;
+  const float4 ov = reinterpret_cast<const float4*>(o + ((size_t)m * Hv + h) * 128)[lane];
+  gated_vals(ov, z, ldz, w, out, ldo, eps, m, h);  // (writes out; its row max unused)
+  __syncwarp();
+  const float4 res = __ldcg(reinterpret_cast<const float4*>(out + (size_t)m * ldo + (size_t)h * 128) + lane);
+  reinterpret_cast<float4*>(vals[warp])[lane] = res;
+  float mx = fmaxf(fmaxf(fabsf(res.x), fabsf(res.y)), fmaxf(fabsf(res.z), fabsf(res.w)));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));  // (lanes 8k .. 8k + 7: chunk k of the head)
+  __syncwarp();
+  unsigned int* xw = reinterpret_cast<unsigned int*>(xh + (size_t)m * kpad / 2);
+#pragma unroll
+  for (int t = 0; t < 2; ++t) {  // 64 pair words a head: lane packs words 2 lane and 2 lane + 1
+    const int wi = lane * 2 + t, k = wi >> 4, p = wi & 15, cs = p >> 2, jp = p & 3;
+    const float sc = pow2_scale(__shfl_sync(0xffffffffu, mx, k * 8));
+    const int ka = 8 * cs + stage_a(jp), c = h * 4 + k;
+    xw[(c >> 5) * 512 + cs * 128 + (c & 31) * 4 + jp] = stage_pack(vals[warp][k * 32 + ka] * sc,
+                                                                  vals[warp][k * 32 + ka + STAGE_GAP] * sc);
+    if (p == 0) xsc[(size_t)m * (kpad / 32) + c] = 1.f / sc;
+  }
+}
+
 // gated_rmsnorm of every head of token row blockIdx.x (one block of up to 1024 threads, a warp per head
 // in turn), then the row [0, K) staged as the GEMV's fp16 pairs: gated_rmsnorm + stage_x in one launch.
 extern "C" __global__ void gated_rmsnorm_stage(const float* __restrict__ o, const float* __restrict__ z, int ldz,

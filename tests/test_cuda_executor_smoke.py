@@ -184,6 +184,37 @@ def test_gdn_fused_off_keeps_two_launches(cp, monkeypatch):
     assert len(eng.decode_greedy(3, 2)) == 2
 
 
+def test_gated_chunk_plumbing(cp, monkeypatch):
+    """NINFER_GATED_CHUNK=1: where a GDN layer's o-projection runs on gemv_rs_pre (the tuning table's pre2), its gated
+    norm is gated_rmsnorm_chunks (a warp a head, the chunk scales into xsc_att) and the o-projection the XS form
+    reading them; elsewhere (and off) gated_rmsnorm_stage as before; attention layers keep theirs."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+
+    args, w = _weights(CFG)
+    monkeypatch.setattr(CudaQwen35, "GDN_FUSED", False)
+
+    def names(on, pre2):
+        monkeypatch.setattr(CudaQwen35, "GATED_CHUNK", on)
+        ex = build_engine(args, w, CFG, max_context=256, prefill_cols=1, prefill_gemm=0).model.executor
+        if pre2:
+            ex.gemv_cfg = {(L["o"].fmt, L["o"].n, L["o"].k): {"pre2": True} for L in ex.layers}
+            ex.ops = ex._plan()
+        return ex, [getattr(getattr(op, "__self__", None), "_go", op) for op in _flat(ex.ops)]
+
+    gdn = sum(L["kind"] != "full_attention" for L in names(0, False)[0].layers)
+    for on, pre2 in ((0, True), (1, False)):
+        _, ops = names(on, pre2)
+        assert sum(getattr(op, "name", "") == "gated_rmsnorm_chunks" for op in ops) == 0
+    ex, ops = names(1, True)
+    chunks = [op for op in ops if getattr(op, "name", "") == "gated_rmsnorm_chunks"]
+    xs = [op for op in ops if getattr(op, "name", "").endswith(",false,true>")]
+    assert len(chunks) == len(xs) == gdn > 0
+    assert all(int(op.args[-1]) == ex.xsc_att.data.ptr and op.grid == (-(-ex.Hv // 8), 1) for op in chunks)
+    assert all(int(op.args[-1]) == ex.xsc_att.data.ptr for op in xs)
+    assert not any(getattr(op, "name", "") == "gated_rmsnorm_stage" for op in ops)
+
+
 def test_moe_route_fused_plumbing(cp, monkeypatch):
     """NINFER_MOE_ROUTE_FUSED=1: the router GEMV and moe_route become one router_route launch a layer."""
     from engine.gpu_engine import build_engine

@@ -237,13 +237,13 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
                         stages=cfg.get("stages", 0), mma=None if conv else cfg.get("mma"), pre2=cfg.get("pre2", False),
                         ldg=cfg.get("ldg", False), conv=conv, tma=None if conv else cfg.get("tma")).launch
 
-    def _plan_gemv(self, w, x, y, epi, splits, xpre, stage_out=None, amax_out=None):
+    def _plan_gemv(self, w, x, y, epi, splits, xpre, stage_out=None, amax_out=None, xs=None):
         cfg = self.gemv_cfg.get((w.fmt, w.n, w.k), {})
         return GemvPlan(w, x, x.shape[-1], y, y.shape[-1], m=self.M, epi=epi, splits=cfg.get("splits", splits),
                         rows=cfg.get("rows"), unroll=cfg.get("unroll", 2), xpre=xpre, pf=cfg.get("pf"),
                         stages=cfg.get("stages", 0), mma=cfg.get("mma"), pre2=cfg.get("pre2", False),
                         stage_out=stage_out if cfg.get("fuse_stage") else None, ldg=cfg.get("ldg", False),
-                        amax_out=amax_out, tma=cfg.get("tma"))
+                        amax_out=amax_out, tma=cfg.get("tma"), xs=xs)
 
     # blocks a token row of the norms and stagings (each reduces the whole row, stages its slice)
     NORM_BLOCKS = int(os.environ.get("NINFER_NORM_BLOCKS", "16"))
@@ -332,10 +332,15 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
                 else:
                     core.append(self._stage(self.att, att_k, att_kpad, self.xh_att, self.xinv_att))
             else:
-                proj, core = self._gdn_ops(L, xn, att_stage)
+                # GATED_CHUNK: the o-projection reads the gated norm's output staged a chunk at a time where its
+                # GEMV takes chunk scales
+                o_plan = self._plan_gemv(L["o"], self.att, self.part, "partial", self._splits(L["o"]),
+                                         (self.xh_att, self.xinv_att), xs=self._gated_chunk_scales())
+                proj, core = self._gdn_ops(L, xn, att_stage, chunk=o_plan.xs)
                 ops.extend(proj)
-            o_plan = self._plan_gemv(L["o"], self.att, self.part, "partial", self._splits(L["o"]),
-                                     (self.xh_att, self.xinv_att))
+            if L["kind"] == "full_attention":
+                o_plan = self._plan_gemv(L["o"], self.att, self.part, "partial", self._splits(L["o"]),
+                                         (self.xh_att, self.xinv_att))
             ops.extend(core)
             ops.append(o_plan.launch)
             one_launch = None if self.args.is_moe else (self._ffn_fused_ops(L, o_plan.splits)

@@ -27,18 +27,33 @@ class GdnOps:
     # GDN decode without the gdn_prep launch: the q|k and v projections' epilogue applies the causal conv and
     # SiLU (EPI_CONV), gdn_delta_raw the q/k norms and the gates; NINFER_GDN_PREP_FUSED=0 for the launch.
     GDN_PREP_FUSED = os.environ.get("NINFER_GDN_PREP_FUSED", "1") != "0"
+    # GDN decode, one token: the gated norm stages the o-projection's input a 32-value chunk at a time with a scale
+    # each (gated_rmsnorm_chunks, a warp a head, no row maximum) and the o-projection multiplies them in
+    # (gemv_rs_pre<..., XS>), where its GEMV is one of those. Session 16 (s16a, one process, two passes): 27B 148.6
+    # against 147.2 tok/s, 35B-A3B flat (429.5 / 429.3 against 429.7 / 429.3); NINFER_GATED_CHUNK=0 for the one-scale
+    # staging (gated_rmsnorm_stage).
+    GATED_CHUNK = int(os.environ.get("NINFER_GATED_CHUNK", "1"))
 
-    def _raw_core(self, L, buf_a, lda, buf_b, ldb, att_stage):
+    def _gated_chunk_scales(self):
+        """The o-projection's chunk scales (fp32, a value a 32-value chunk of the staged row) or None (off)."""
+        if not (self.GATED_CHUNK and self.M == 1 and not self.GDN_FUSED):
+            return None
+        if getattr(self, "xsc_att", None) is None:
+            self.xsc_att = self.cp.zeros(self.xh_att.shape[-1] * 2 // 32, dtype=self.cp.float32)
+        return self.xsc_att
+
+    def _raw_core(self, L, buf_a, lda, buf_b, ldb, att_stage, chunk: bool = False):
         """The delta rule over the projections' conv outputs (gdn_delta_raw), then the gated norm and staging."""
         Hk, Hv, M = self.Hk, self.Hv, self.M
         return [K.prepared("gdn_delta_raw", (-(-Hv * GDN_HEAD_DIM // K.WARPS), M),
                            (buf_a, lda, buf_b, ldb, self.ab, self.ab.shape[1], L["a_log"], L["dt_bias"],
                             float(1.0 / math.sqrt(GDN_HEAD_DIM)), L["state"], self.att2, Hk, Hv, 0)),
-                self._gated_norm(L, ldb, Hv * GDN_HEAD_DIM, att_stage, buf_b)]
+                self._gated_norm(L, ldb, Hv * GDN_HEAD_DIM, att_stage, buf_b, chunk=chunk)]
 
-    def _gdn_ops(self, L, xn, att_stage) -> tuple[list, list]:
+    def _gdn_ops(self, L, xn, att_stage, chunk: bool = False) -> tuple[list, list]:
         """A GDN layer's (projection ops, core ops up to the o-projection's staged input) for one decode step;
-        xn: the staged normed row (pairs, inverse scales), att_stage: the o-projection's staging arguments."""
+        xn: the staged normed row (pairs, inverse scales), att_stage: the o-projection's staging arguments; chunk:
+        staged a 32-value chunk at a time into xsc_att's scales (GATED_CHUNK)."""
         M, eps = self.M, float(self.args.rms_norm_eps)
         ops = []
         Hk, Hv = self.Hk, self.Hv
@@ -67,7 +82,7 @@ class GdnOps:
             vz = self._gemv(L["vz"], self.xn, self.buf_b, xpre=xn)
             ops.extend(self._concurrent([vz], [qk, self._gemv(L["ab"], self.xn, self.ab)]))
         if fuse_prep:
-            return ops, self._raw_core(L, buf_a, lda, buf_b, ldb, att_stage)
+            return ops, self._raw_core(L, buf_a, lda, buf_b, ldb, att_stage, chunk)
         core = self._gdn_core_ops(L, lda, ldb)
         zoff = Hv * GDN_HEAD_DIM
         if self.GDN_FUSED and type(self)._gdn_core_ops is GdnOps._gdn_core_ops:
@@ -79,15 +94,19 @@ class GdnOps:
                                     self.att.shape[1], Hk, Hv, 0, eps) + att_stage
                                    + (tk[:M], tk[M:2 * M], tk[2 * M:]))]
         else:
-            core.append(self._gated_norm(L, ldb, zoff, att_stage))
+            core.append(self._gated_norm(L, ldb, zoff, att_stage, chunk=chunk))
         return ops, core
 
-    def _gated_norm(self, L, ldb, zoff, att_stage, buf_b=None):
+    def _gated_norm(self, L, ldb, zoff, att_stage, buf_b=None, chunk: bool = False):
         """GDN output: gated norm and the o-projection's staging in one launch (one block a token row); z at
         column zoff of buf_b (self.buf_b unless given). (A form with 2 heads a warp staged from registers, the same
         bits, measured flat on the 27B and slower on the 35B-A3B in session 12: 422.3 against 427.7 tok/s; in git
         history at 018601e, gated_rmsnorm_stage2.)"""
         buf_b = self.buf_b if buf_b is None else buf_b
+        if chunk:  # (a warp a head, each chunk with its own scale: GATED_CHUNK)
+            return K.prepared("gated_rmsnorm_chunks", (-(-self.Hv // 8), self.M),
+                              (self.att2, buf_b[:, zoff:], ldb, L["norm"], self.att, self.att.shape[1], self.Hv,
+                               float(self.args.rms_norm_eps)) + att_stage + (self.xsc_att,), block=256)
         return K.prepared("gated_rmsnorm_stage", (self.M,),
                           (self.att2, buf_b[:, zoff:], ldb, L["norm"], self.att, self.att.shape[1], self.Hv,
                            float(self.args.rms_norm_eps)) + att_stage, block=1024)

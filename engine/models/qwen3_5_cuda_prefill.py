@@ -161,12 +161,13 @@ class CudaQwen35Prefill(PrefillWeights16, PrefillMoeOps, CudaQwen35Columns):
         fn.name = name  # what bench/prefill_profile.py groups op times by
         return fn
 
-    def _plan_gemv(self, w, x, y, epi, splits, xpre, stage_out=None, amax_out=None):
+    def _plan_gemv(self, w, x, y, epi, splits, xpre, stage_out=None, amax_out=None, xs=None):
         """Projections as GEMMs. SwiGLU (gate|up) goes through `_gemv`'s GEMM + SwiGLU; the out- and
         down-projections add their product to the residual stream x itself (beta = 1, RESIDUAL_GEMM: the
-        next norm reads no partial), else put it into split 0 of the partials (the next norm adds it)."""
+        next norm reads no partial), else put it into split 0 of the partials (the next norm adds it).
+        (xs, the decode step's chunk scales: never taken here.)"""
         plan = type("PrefillPlan", (), {})()
-        plan.splits, plan.stages_out, plan.tracks_amax = 1, False, False
+        plan.splits, plan.stages_out, plan.tracks_amax, plan.xs = 1, False, False, False
         if epi == "swiglu":
             plan.launch = self._gemv(w, x, y, epi="swiglu")
             return plan
@@ -211,8 +212,8 @@ class CudaQwen35Prefill(PrefillWeights16, PrefillMoeOps, CudaQwen35Columns):
             "residual_rmsnorm_f16", (self.M,), args + (self._x16, H, float(self.args.rms_norm_eps), 1), block=256),
             self.xn, "residual_rmsnorm_f16")
 
-    def _gated_norm(self, L, ldb, zoff, att_stage, buf_b=None):
-        if not self.NORM16:
+    def _gated_norm(self, L, ldb, zoff, att_stage, buf_b=None, chunk: bool = False):
+        if not self.NORM16:  # (chunk: the decode's GATED_CHUNK; the prefill's o-projections never take it)
             return super()._gated_norm(L, ldb, zoff, att_stage, buf_b)
         Hv = self.Hv
         buf_b = self.buf_b if buf_b is None else buf_b

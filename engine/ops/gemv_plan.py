@@ -91,13 +91,14 @@ class GemvPlan:
                  splits: int = 1, rows: int | None = None, unroll: int = 4, y_offset: int = 0, xpre=None,
                  experts=None, pf: int | None = None, stages: int = 0, mma=None, pre2: bool = False,
                  stage_out=None, pair_stride: int | None = None, k_chunks: int | None = None, ldg: bool = False,
-                 conv=None, amax_out=None, tma: int | None = None, tma_pro=None):
+                 conv=None, amax_out=None, tma: int | None = None, tma_pro=None, xs=None):
         """pair_stride (SwiGLU): rows between a gate row and its up row (w.n // 2 unless w is a row view
         of a larger [gate; up] parent: `swiglu_slice`). k_chunks: 16-byte chunks of each row to walk (a
         column view: `col_slice`; pre-staged x only, split into whole slices exactly). conv (epi "conv", one
         K slice): (weights [4, C], history [M, 3, C], C, the channel of row 0, rows that take the conv)."""
         self.w, self.m, self.epi = w, m, EPI[epi]
         self.stages, self.pre2, self.stages_out, self.tracks_amax = 0, False, False, False
+        self.xs = False
         self.tma = self.tma_pro = None  # (gemv_tma: (NW, stages, pieces) and its x prologue)
         ps = w.n // 2 if pair_stride is None else int(pair_stride)
         if tma and self._tma_ok(w, xpre, m, epi, experts, k_chunks, pair_stride, y_offset) \
@@ -166,6 +167,12 @@ class GemvPlan:
         kname = (f"gemv_rs_async<{f},{rows},{m},{self.stages}>" if self.stages
                  else f"gemv_rs_pre<{f},{rows},{m},{unroll}{conv_t}>" if self.pre2
                  else f"gemv_rs<{f},{rows},{m},{unroll}{conv_t}>")
+        # xs (fp32, a scale a 32-value chunk of the pre-staged x): gemv_rs_pre<..., false, true> where compiled
+        # (one token, q4-q6, no conv); self.xs says whether the plan takes it (the caller stages accordingly)
+        self.xs = bool(xs is not None and self.pre2 and not conv_t and f"{kname[:-1]},false,true>" in
+                       kernels.GEMV_PRE_XS_NAMES)
+        if self.xs:
+            kname = f"{kname[:-1]},false,true>"
         if ldg and kname in LDG_NAMES:  # weight loads through L1 (the tuning entry's ldg)
             kname = LDG_PREFIX + kname
         self.fn = kernel(kname)
@@ -193,7 +200,8 @@ class GemvPlan:
         if self.pre2:
             so = stage_out if self.stages_out else (0, 0, 0, amax_out if self.tracks_amax else 0)
             self.args += (np.uint64(_p(so[0]) if self.stages_out else 0), np.uint64(_p(so[1]) if self.stages_out else 0),
-                          np.int32(so[2]), np.uint64(_p(so[3]) if self.stages_out or self.tracks_amax else 0))
+                          np.int32(so[2]), np.uint64(_p(so[3]) if self.stages_out or self.tracks_amax else 0),
+                          np.uint64(_p(xs) if self.xs else 0))
         self.splits = splits
         self._go = Launch(self.fn, self.grid, WARPS * 32, self.args, self.smem, name=kname)
 

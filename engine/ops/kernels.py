@@ -157,6 +157,8 @@ def _source(files=None, ldg: bool = False) -> str:
 # module on first use, so the engine's first run does not wait for them. The gemv_rs_pre (rows, unroll)
 # pairs of GEMV_PRE_MAIN are in the table and compile with the engine's module.
 GEMV_PRE_MAIN = ((1, 2), (2, 2))
+# gemv_rs_pre<fmt, rows, 1, unroll, false, true>: x with a scale a 32-value chunk (q4-q6, one token)
+GEMV_PRE_XS_NAMES = tuple(f"gemv_rs_pre<{f},{r},1,{u},false,true>" for f in range(3) for r, u in GEMV_PRE_MAIN)
 EXPERIMENTAL = ("gemv_rs_pre<", "gemv_rs_async<", "gemv_mma<", "gemv_tma<")
 # gemv_tma<fmt, NW> (cuda/gemv_tma.cu, sm_90: weights by bulk copies through a ring of shared-memory stages,
 # one block an SM, NW consumer warps and a producer warp): consumer warps compiled. Measured slower than
@@ -206,6 +208,7 @@ def _names(experimental: bool = False) -> list[str]:
     # the GDN projections' conv epilogue (EPI_CONV), one token: gemv_rs / gemv_rs_pre<..., true>
     names += [f"gemv_rs<{f},{r},1,{u},true>" for f in range(4) for r in GEMV_CONV_ROWS for u in GEMV_UNROLL]
     names += [f"gemv_rs_pre<{f},{r},1,{u},true>" for f in pre_f for r, u in GEMV_PRE_MAIN]
+    names += list(GEMV_PRE_XS_NAMES)  # (x with a scale a 32-value chunk: the GDN o-projection, GATED_CHUNK)
     names += [f"gemv_bf16<{m}>" for m in GEMV_M]
     names += list(MLP_FUSED_NAMES) if XI16 else []  # (the dense MLP's persistent launch, cuda/mlp_fused.cu)
     names += [f"router_route<{m}>" for m in GEMV_M]

@@ -386,6 +386,31 @@ def test_mlp_fused_matches_the_four_kernels(monkeypatch):
         assert_close_runs(forced_logits(eng, prompt, forced), out[0])
 
 
+def test_gated_chunk_matches_the_one_scale_staging(monkeypatch):
+    """NINFER_GATED_CHUNK=1 (the GDN gated norm stages the o-projection's input a 32-value chunk at a time, the
+    o-projection's gemv_rs_pre multiplies the scales in): the logits after a 150-token prompt and over 40
+    teacher-forced steps close to gated_rmsnorm_stage's, the same greedy choices there (the o-projections on
+    gemv_rs_pre both ways)."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+
+    args, w, prompt, forced = forced_case(CFG, 15)
+    monkeypatch.setattr(CudaQwen35, "GDN_FUSED", False)
+    out = {}
+    for on in (0, 1):
+        monkeypatch.setattr(CudaQwen35, "GATED_CHUNK", on)
+        eng = build_engine(args, w, CFG, max_context=512, prefill_cols=1)
+        ex = eng.model.executor
+        ex.gemv_cfg = {**ex.gemv_cfg, **{(L["o"].fmt, L["o"].n, L["o"].k): {"pre2": True} for L in ex.layers}}
+        ex.ops = ex._plan()
+        ex.capture()
+        eng.reset()
+        names = [getattr(getattr(getattr(op, "__self__", None), "_go", op), "name", "") for op in ex.ops]
+        assert ("gated_rmsnorm_chunks" in names) == bool(on)
+        out[on] = forced_logits(eng, prompt, forced)
+    assert_close_runs(out[1], out[0])
+
+
 def test_ldg_weight_loads_give_the_same_logits():
     """GEMV weight loads through L1 (`ldg` in a tuning entry: the module_ldg build) change only the cache
     path: tokens and logits bit-identical to the no_allocate loads, with every GEMV of the step on it."""
