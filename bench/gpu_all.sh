@@ -18,11 +18,8 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
-#   s16a: both patches below applied together: tests, the 27B A/B of the four combinations, 35B-A3B A/B, bench
-#   gated: bench/experiments/gated_chunk.patch applied (GATED_CHUNK: the GDN o-projection's input a chunk at a time,
-#          written without device time): tests, A/B (27B, 35B-A3B), bench
-#   tail: bench/experiments/mlp_fused_tail.patch applied (MLP_FUSED_TAIL: the down's last partial round in shorter
-#         slices, written without device time): tests, A/B, bench; the next session's first call
+#   (session 16's s16a, which applied bench/experiments/gated_chunk.patch and mlp_fused_tail.patch together, and
+#   the one-patch parts gated / tail, are in git history at 4ef8e19: GATED_CHUNK kept, the tail patch dropped)
 #   (gin, session 15: the GDN input norm and projections as one launch, GDN_IN_FUSED, removed after s15g/s15h: in git
 #   history at 0e0d1ab)
 #   fin15b: the columns test with one-scale staging pinned, the 27B's norm blocks A/B
@@ -392,62 +389,6 @@ timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128
 log "35B-A3B tg128 (defaults)"
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
-fi
-if [ "$PART" = tail ]; then  # next session's first call: bench/experiments/mlp_fused_tail.patch applied (the down's
-# rows past its whole rounds of split-K items in more, shorter slices: MLP_FUSED_TAIL), its tests, A/B, bench
-patch -p1 -s --forward < bench/experiments/mlp_fused_tail.patch || log "the patch did not apply"
-ready
-log "tests: mlp_fused (kernel incl. the tail), engine"
-gpu_pytest "$OUT/gpu_tests_tail.txt" tests/gpu/test_mlp_fused.py tests/gpu/test_gpu_engine.py -k "mlp_fused or numpy_engine"
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_tail.txt" | tail -6
-log "27B decode A/B in one process"
-timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --attr="base,MLP_FUSED_TAIL=1" \
-  --out "$OUT/decode_tail.json" 2>&1 | grep -E "PDL|attr|rror" | head -6
-BEST=$(best_attr_env "$OUT/decode_tail.json" 0)
-log "27B tg128 (env: ${BEST:-defaults})"
-env $BEST timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
-  -o json --out "$OUT/tg128_27b_tail.json" 2>&1 | grep -E "^\||rror" | tail -1
-fi
-if [ "$PART" = gated ]; then  # next session: bench/experiments/gated_chunk.patch applied (the GDN gated norm stages the
-# o-projection's input a 32-value chunk at a time, a warp a head; gemv_rs_pre<..., XS>: GATED_CHUNK): tests, A/B (27B,
-# 35B-A3B), bench. (With the tail patch too where both are wanted: they apply together.)
-patch -p1 -s --forward < bench/experiments/gated_chunk.patch || log "the patch did not apply"
-ready
-log "tests: gated_rmsnorm_chunks + the XS GEMV, the engine"
-gpu_pytest "$OUT/gpu_tests_gated.txt" tests/gpu/test_gated_chunks.py tests/gpu/test_gpu_engine.py \
-  -k "gated or numpy_engine or fused_tails"
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_gated.txt" | tail -6
-log "27B decode A/B in one process"
-timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --attr="base,GATED_CHUNK=1" \
-  --out "$OUT/decode_gated.json" 2>&1 | grep -E "PDL|attr|rror" | head -6
-log "35B-A3B decode A/B in one process"
-timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --attr="base,GATED_CHUNK=1" \
-  --out "$OUT/decode_gated_35b.json" 2>&1 | grep -E "PDL|attr|rror" | head -6
-BEST=$(best_attr_env "$OUT/decode_gated.json" 0)
-log "27B tg128 (env: ${BEST:-defaults})"
-env $BEST timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
-  -o json --out "$OUT/tg128_27b_gated.json" 2>&1 | grep -E "^\||rror" | tail -1
-fi
-if [ "$PART" = s16a ]; then  # session 16's first call: both prepared patches (tail, gated) applied together: their
-# tests, the 27B A/B of the four combinations in one process, the 35B-A3B A/B of GATED_CHUNK, the 27B tg128 bench
-patch -p1 -s --forward < bench/experiments/mlp_fused_tail.patch || log "the tail patch did not apply"
-patch -p1 -s --forward < bench/experiments/gated_chunk.patch || log "the gated patch did not apply"
-ready
-log "tests: mlp_fused (incl. the tail), gated_rmsnorm_chunks + the XS GEMV, the engine"
-gpu_pytest "$OUT/gpu_tests_s16a.txt" tests/gpu/test_mlp_fused.py tests/gpu/test_gated_chunks.py \
-  tests/gpu/test_gpu_engine.py -k "mlp_fused or gated or numpy_engine or fused_tails"
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s16a.txt" | tail -6
-log "27B decode A/B in one process"
-timeout 240 python3 bench/gpu_decode.py --synthetic qwen3.8-27b \
-  --attr="base,MLP_FUSED_TAIL=1,GATED_CHUNK=1,MLP_FUSED_TAIL=1;GATED_CHUNK=1" \
-  --out "$OUT/decode_s16a.json" 2>&1 | grep -E "PDL|attr|rror" | head -8
-log "35B-A3B decode A/B in one process"
-timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --attr="base,GATED_CHUNK=1" \
-  --out "$OUT/decode_s16a_35b.json" 2>&1 | grep -E "PDL|attr|rror" | head -6
-BEST=$(best_attr_env "$OUT/decode_s16a.json" 0)
-log "27B tg128 (env: ${BEST:-defaults})"
-env $BEST timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
-  -o json --out "$OUT/tg128_27b_s16a.json" 2>&1 | grep -E "^\||rror" | tail -1
 fi
 if [ "$PART" = fin15b ]; then  # session 15: the columns test with one-scale staging pinned; the 27B's norm blocks A/B
 ready
