@@ -193,8 +193,15 @@ struct RowNorm {
       const unsigned char* __restrict__ dbase, const unsigned char* __restrict__ dhigh,                          \
       const __half* __restrict__ dscales, int dgpr, int du4ps, int dsplits, float* __restrict__ y, int plane,    \
       unsigned long long* __restrict__ bar, unsigned long long* __restrict__ tstamp, int local_stage,            \
-      float* __restrict__ xsc, unsigned int* __restrict__ help
-template <int FGU, int FDN, int DROWS, int VPT, bool CHUNK = false>
+      float* __restrict__ xsc, unsigned int* __restrict__ help, const unsigned char* __restrict__ obase,         \
+      const unsigned char* __restrict__ ohigh, const __half* __restrict__ oscales, int ogpr, int ou4ps,          \
+      int osplits, const __half2* __restrict__ xh_o, const float* __restrict__ xsc_o
+// OPROJ (with CHUNK; CudaQwen35.MLP_FUSED_O): the layer's o-projection first, in FDN's format, its input the gated
+// norm's chunk-scaled pairs (xh_o, xsc_o: gated_rmsnorm_chunks'), split-K items over the launch's warps as the down's,
+// its osplits planes written where the norm reads them (part, part_stride apart; nplanes = osplits); then a grid
+// barrier, with each warp's first gate|up loads issued between its arrival and its wait, and the norm. Two barriers a
+// launch: its counter must serve OPROJ launches only (the help counts follow the launch number).
+template <int FGU, int FDN, int DROWS, int VPT, bool CHUNK = false, bool OPROJ = false>
 __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
   extern __shared__ __align__(16) unsigned char mlp_smem[];
   __shared__ float red[64];
@@ -218,14 +225,14 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
   if (CHUNK && help != nullptr && tid == 0) {
     unsigned long long c;
     asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(c) : "l"(bar) : "memory");
-    launch_no = (unsigned int)(c / gridDim.x);
+    launch_no = (unsigned int)(c / ((unsigned long long)gridDim.x * (OPROJ ? 2 : 1)));
   }
 
   // the norm's loads first (x_in, 1 + w, the first partial plane), then the first gate|up group's weight loads, so
   // that the norm's values do not queue behind the weights
   const uint4* xs = reinterpret_cast<const uint4*>(mlp_smem);
   RowNorm<VPT> nm;
-  nm.load(x_in, norm_w, part, nplanes, H);
+  if constexpr (!OPROJ) nm.load(x_in, norm_w, part, nplanes, H);
   // gate|up: group g is SwiGLU output g (gate row g, up row g + inter); every lane walks the whole row
   WarpRows<FGU, 2, 2> gu;
   const int g_iters = ggpr * 2 > lane ? (ggpr * 2 - lane + 31) >> 5 : 0;
@@ -241,10 +248,54 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
   const int cb1 = helped ? cb0 + q : (int)((long long)(blockIdx.x + 1) * nch_d / gridDim.x);
   int g = CHUNK ? cb0 * 32 + warp : gw;
   const int g_step = CHUNK ? 32 : nwarps, g_end = CHUNK ? min(cb1 * 32, inter) : inter;
+  unsigned long long o_target = 0;
+  if constexpr (OPROJ) {
+    static_assert(CHUNK, "the o-projection phase runs with the chunk-scaled form");
+    // item = row group x split-K slice of the o-projection, warp gw takes gw, gw + nwarps, ...; the next item's
+    // loads in flight during this one's reduction; x pairs and chunk scales from global memory (L1)
+    const int oitems = ((H + DROWS - 1) / DROWS) * osplits, ou4 = ogpr * 2;
+    float* const oplanes = const_cast<float*>(part);  // (read back by the norm after the barrier, through L2)
+    WarpRows<FDN, DROWS, 2> op;
+    auto o_start = [&](int it) {
+      const int grp = it / osplits, s = it - grp * osplits;
+      const int js = s * ou4ps, je = min(js + ou4ps, ou4);
+      int rows[DROWS];
+#pragma unroll
+      for (int r = 0; r < DROWS; ++r) rows[r] = min(grp * DROWS + r, H - 1);
+      op.start(obase, ohigh, oscales, ogpr, rows, js + lane, je - js > lane ? (je - js - lane + 31) >> 5 : 0);
+      op.load();
+    };
+    const uint4* xo4 = reinterpret_cast<const uint4*>(xh_o);
+    int oi = gw;
+    if (oi < oitems) o_start(oi);
+    while (oi < oitems) {
+      const int grp = oi / osplits, s = oi - grp * osplits;
+      const uint4* xl = xo4 + ((s * ou4ps) >> 5) * 128 + lane;
+      const float* xsl = xsc_o + s * ou4ps + lane;
+      float acc[DROWS];
+      op.template run<true>(acc, [&](int it, int c) { return __ldg(xl + it * 128 + c * 32); }, dk,
+                            [&](int it) { return __ldg(xsl + 32 * it); });
+      const int nxt = oi + nwarps;
+      if (nxt < oitems) o_start(nxt);
+#pragma unroll
+      for (int r = 0; r < DROWS; ++r) {
+        const float v = warp_sum(acc[r]);
+        const int row = grp * DROWS + r;
+        if (lane == 0 && row < H) oplanes[(size_t)s * part_stride + row] = v;
+      }
+      oi = nxt;
+    }
+    o_target = grid_arrive(bar);
+  }
   if (g < g_end) {
     const int rows[2] = {g, g + inter};
     gu.start(gbase, ghigh, gscales, ggpr, rows, lane, g_iters);
     gu.load();
+  }
+  if constexpr (OPROJ) {  // (the gate|up loads above issued after arriving: the arrival's fence does not wait for them)
+    grid_wait(bar, o_target);
+    stamp(6);
+    nm.load(x_in, norm_w, part, nplanes, H);
   }
 
   // the norm (residual_rmsnorm_mb's operations in its order, so the same bits), into this block's pairs

@@ -185,6 +185,13 @@ extern "C" __global__ void __launch_bounds__(1024) residual_rmsnorm_mb2(RESIDUAL
   residual_rmsnorm_body<2, 8>(x_in, x_out, part, S, part_stride, w, out, H, eps, offset, xh, xinv, kpad);
 }
 
+// <5, 4>: rows up to 5,120 values (the 27B), the fused MLP's 3 down planes in the first round of loads with x_in and
+// w instead of 2 rounds (CudaQwen35.NORM_MB5); the same operations in the same order, so the same bits.
+extern "C" __global__ void __launch_bounds__(1024) residual_rmsnorm_mb5(RESIDUAL_RMSNORM_PARAMS) {
+  NI_PDL_ENTRY();
+  residual_rmsnorm_body<5, 4>(x_in, x_out, part, S, part_stride, w, out, H, eps, offset, xh, xinv, kpad);
+}
+
 // One block per token: stage fp32 x [M, ldx] for pre-staged GEMV input.
 extern "C" __global__ void stage_x(const float* __restrict__ x, int ldx, int K, int kpad, __half2* __restrict__ xh,
                                    float* __restrict__ xinv) {

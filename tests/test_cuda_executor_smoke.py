@@ -60,6 +60,26 @@ def test_norm_mb2_plumbing(cp, monkeypatch):
     assert [int(a.args[3]) for a in on] == [int(b.args[3]) for b in off]  # the partial planes each sums
 
 
+def test_norm_mb5_plumbing(cp, monkeypatch):
+    """NINFER_NORM_MB5=1: rows of 2,049-5,120 values (here the small model's, with mb2 off) take residual_rmsnorm_mb5
+    with residual_rmsnorm_mb's arguments and grid; off, residual_rmsnorm_mb."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+
+    args, w = _weights(CFG)
+    monkeypatch.setattr(CudaQwen35, "NORM_MB2", False)
+
+    def norms(on):
+        monkeypatch.setattr(CudaQwen35, "NORM_MB5", on)
+        ops = _flat(build_engine(args, w, CFG, max_context=256, prefill_cols=1, prefill_gemm=0).model.executor.ops)
+        return [op for op in ops if getattr(op, "name", "").startswith("residual_rmsnorm_mb")]
+
+    on, off = norms(True), norms(False)
+    assert {op.name for op in on} == {"residual_rmsnorm_mb5"} and {op.name for op in off} == {"residual_rmsnorm_mb"}
+    assert [(op.grid, op.block, [int(a) for a in op.args[3:5]]) for op in on] == \
+        [(op.grid, op.block, [int(a) for a in op.args[3:5]]) for op in off]
+
+
 def test_gdn_merge_plumbing(cp, monkeypatch):
     """NINFER_GDN_MERGE (on by default): GDN layers whose q, k, v and z share a row-split format hold them as one
     object (q|k and v|z its views, the same bytes counted once) and project it with one conv-epilogue GEMV into
@@ -479,6 +499,46 @@ def test_mlp_fused_plumbing(cp, monkeypatch):
     _, one = ops(1)
     fused1 = [op for op in one if getattr(op, "name", "").startswith("mlp_fused<")]
     assert len(fused1) == layers and all(int(op.args[30]) == 0 and not op.name.endswith(",true>") for op in fused1)
+
+
+def test_mlp_fused_o_plumbing(cp, monkeypatch):
+    """NINFER_MLP_FUSED_O=1: where a GDN layer's o-projection takes the gated norm's chunk scales (gemv_rs_pre, the
+    table's pre2), it runs inside that layer's mlp_fused launch (mlp_fused<..., true, true>: the o weights, the gated
+    norm's pairs and chunk scales, its splits as the norm's planes, barrier counter and help words of its own), its
+    GEMV gone; attention layers keep their o-projection GEMV and the two-flag launch; off, nothing changes."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+    from engine.ops import kernels as K
+    from engine.ops.gemv_plan import prestaged_slices
+
+    args, w = _weights(CFG)
+    monkeypatch.setattr(K, "resident_blocks", lambda name, block, smem=0: 1)
+    monkeypatch.setattr(CudaQwen35, "GDN_FUSED", False)
+
+    def ops(on):
+        monkeypatch.setattr(CudaQwen35, "MLP_FUSED_O", on)
+        ex = build_engine(args, w, CFG, max_context=256, prefill_cols=1, prefill_gemm=0).model.executor
+        ex.gemv_cfg = {**ex.gemv_cfg, **{(L["o"].fmt, L["o"].n, L["o"].k): {"pre2": True} for L in ex.layers}}
+        ex.ops = ex._plan()
+        return ex, [getattr(getattr(op, "__self__", None), "_go", op) for op in _flat(ex.ops)]
+
+    _, off = ops(0)
+    ex, on = ops(1)
+    gdn = [L for L in ex.layers if L["kind"] != "full_attention"]
+    o_ptrs = {int(L["o"].ptr(L["o"].base)) for L in gdn}
+    assert gdn and not any(getattr(op, "name", "").endswith(",true,true>") for op in off)
+    fo = [op for op in on if getattr(op, "name", "").endswith(",true,true>")]
+    assert len(fo) == len(gdn) and len(on) == len(off) - len(gdn)
+    assert not any(int(getattr(op, "args", (0,))[0]) in o_ptrs for op in on if getattr(op, "name", "").startswith("gemv"))
+    u4ps, osplits = prestaged_slices(gdn[0]["o"].gpr * 2, CudaQwen35.MLP_FUSED_O_SPLITS)
+    for op in fo:
+        a = [int(v) for v in op.args]
+        assert a[32] in o_ptrs and a[35:38] == [gdn[0]["o"].gpr, u4ps, osplits] and a[3] == osplits
+        assert a[38] == ex.xh_att.data.ptr and a[39] == ex.xsc_att.data.ptr and a[2] == ex.part.data.ptr
+        assert a[27] == ex.mlp_bar_help_o.data.ptr and a[31] == ex.mlp_help_o.data.ptr
+    plain = [op for op in on if getattr(op, "name", "").startswith("mlp_fused<") and op not in fo]
+    assert len(plain) == len(ex.layers) - len(gdn)
+    assert all(int(op.args[27]) == ex.mlp_bar_help.data.ptr and int(op.args[32]) == 0 for op in plain)
 
 
 def test_mlp_fused_falls_back_where_no_block_fits(cp, monkeypatch):

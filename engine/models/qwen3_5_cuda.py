@@ -252,6 +252,9 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
     # test_norm_mb2_gives_the_same_logits). H200, session 12, in one process: 35B-A3B 401.6 / 401.1 tok/s
     # against 385.3 / 385.0 (NINFER_NORM_MB2=0 for the 2-plane form).
     NORM_MB2 = os.environ.get("NINFER_NORM_MB2", "1") != "0"
+    # rows of 2,049-5,120 values (the 27B): residual_rmsnorm_mb5, 5 values a thread and 4 partial planes a round (the
+    # fused MLP's 3 down planes in the first round with x_in and w, not 2 rounds), the same bits; NINFER_NORM_MB5=1.
+    NORM_MB5 = os.environ.get("NINFER_NORM_MB5", "0") != "0"
     MOE_ROWS = False  # several token rows of an MoE model (the tensor-core prefill's own MoE ops)
     ARGMAX_BLOCKS = 64  # blocks a row of the greedy argmax over the vocabulary
 
@@ -261,7 +264,8 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
             raise NotImplementedError(f"hidden size {self.H} > 8192 in the CUDA norm kernel")
         x_in, x_out = self._res
         self._res = (x_out, x_in)
-        name = "residual_rmsnorm_mb2" if self.NORM_MB2 and self.H <= 2 * 1024 else "residual_rmsnorm_mb"
+        name = ("residual_rmsnorm_mb2" if self.NORM_MB2 and self.H <= 2 * 1024
+                else "residual_rmsnorm_mb5" if self.NORM_MB5 and self.H <= 5 * 1024 else "residual_rmsnorm_mb")
         return K.prepared(name, (self.NORM_BLOCKS, self.M),
                           (x_in, x_out, self.part, splits, self.M * self.H, w, self.xn, self.H,
                            float(self.args.rms_norm_eps), 1, self.xh_n, self.xinv_n, self.kpad_h), block=1024)
@@ -342,6 +346,12 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
                 o_plan = self._plan_gemv(L["o"], self.att, self.part, "partial", self._splits(L["o"]),
                                          (self.xh_att, self.xinv_att))
             ops.extend(core)
+            if self.MLP_FUSED_O and o_plan.xs and not self.args.is_moe:  # (the o-projection inside the fused MLP)
+                fused = self._ffn_fused_ops(L, 0, oproj=(L["o"], self.xh_att, self._gated_chunk_scales()))
+                if fused is not None:
+                    ops.extend(fused[0])
+                    prev_splits = fused[1]
+                    continue
             ops.append(o_plan.launch)
             one_launch = None if self.args.is_moe else (self._ffn_fused_ops(L, o_plan.splits)
                                                         or self._ffn_tma_ops(L, o_plan.splits))

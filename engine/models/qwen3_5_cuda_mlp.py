@@ -206,6 +206,12 @@ class MlpOps:
     # owners, instead of a fifth round run by 16 blocks alone (gemv_plan's help). Session 15: 149.0 against 148.2
     # tok/s in one process (bench/results/s15d_*); 0: the leftover chunks' blocks compute them alone.
     MLP_FUSED_HELP = int(os.environ.get("NINFER_MLP_FUSED_HELP", "1"))
+    # NINFER_MLP_FUSED_O=1 (chunk-scaled form): a GDN layer's o-projection, where the gated norm stages its input by
+    # chunks (GATED_CHUNK), inside the same launch before the norm (split-K items over every warp, MLP_FUSED_O_SPLITS
+    # planes, a grid barrier with the first gate|up loads in flight across it): one launch boundary and the
+    # o-projection's tail fewer a layer. Not the separate GEMV's bits (its planes). Written in session 16.
+    MLP_FUSED_O = int(os.environ.get("NINFER_MLP_FUSED_O", "0"))
+    MLP_FUSED_O_SPLITS = int(os.environ.get("NINFER_MLP_FUSED_O_SPLITS", "3"))
 
     def _chunk_scales(self):
         """mlp_fused's chunk scales (a float a 32-value chunk of the SwiGLU row), or None with MLP_FUSED_CHUNK off."""
@@ -215,34 +221,41 @@ class MlpOps:
             self.xsc_act = self.cp.zeros(self.kpad_act // 32, dtype=self.cp.float32)
         return self.xsc_act
 
-    def _ffn_fused_ops(self, L, splits: int):
+    def _ffn_fused_ops(self, L, splits: int, oproj=None):
         """(ops, partial planes) of the post-attention norm and the dense MLP as one mlp_fused launch, or None where
-        MLP_FUSED is off or its rules do not hold (one token row, int16 pairs, q4 gate|up and q5 down, H <= 8,192)."""
+        MLP_FUSED is off or its rules do not hold (one token row, int16 pairs, q4 gate|up and q5 down, H <= 8,192).
+        oproj: (o, xh_o, xsc_o): the layer's o-projection first in the same launch (MLP_FUSED_O; chunk-scaled form
+        only, its own barrier counter and help words)."""
         gu, dn = L["gate_up"], L["down"]
         if not (self.MLP_FUSED and self.M == 1 and K.XI16 and not self.FFN_SPLIT and self.H <= 8 * 1024):
             return None
-        if getattr(self, "mlp_bar", None) is None:
-            self.mlp_bar = self.cp.zeros(1, dtype=self.cp.uint64)
         x_in, x_out = self._res
         H = self.H
         norm = (x_in, x_out, self.part, splits, self.M * H, L["post_norm"], H, float(self.args.rms_norm_eps), self.kpad_h)
         scales, help_ = self._chunk_scales(), None
+        if oproj is not None and scales is None:
+            return None
+        sfx = "_o" if oproj is not None else ""  # (launches with the o-projection: two barriers, their own counters)
+        if getattr(self, "mlp_bar" + sfx, None) is None:
+            setattr(self, "mlp_bar" + sfx, self.cp.zeros(1, dtype=self.cp.uint64))
         if scales is not None and self.MLP_FUSED_HELP:  # (its own barrier counter: the helpers' counts follow it)
-            if getattr(self, "mlp_help", None) is None:
-                self.mlp_bar_help = self.cp.zeros(1, dtype=self.cp.uint64)
+            if getattr(self, "mlp_help" + sfx, None) is None:
+                setattr(self, "mlp_bar_help" + sfx, self.cp.zeros(1, dtype=self.cp.uint64))
                 # (a grid of up to 2 blocks a multiprocessor; mlp_fused_launch checks the size)
-                self.mlp_help = self.cp.zeros(mlp_fused_help_words(K.sm_count() * 2, gu), dtype=self.cp.uint32)
-            help_ = self.mlp_help
+                setattr(self, "mlp_help" + sfx,
+                        self.cp.zeros(mlp_fused_help_words(K.sm_count() * 2, gu), dtype=self.cp.uint32))
+            help_ = getattr(self, "mlp_help" + sfx)
+        o_arg = None if oproj is None else tuple(oproj) + (self.MLP_FUSED_O_SPLITS,)
 
         def launch(chunk_scales):
             return mlp_fused_launch(gu, dn, norm, self.act, self.kpad_act, self.xh_act, self.xinv_act,
                                     self.stage_slot, self.part, self.MLP_FUSED_SPLITS or self._splits(dn),
-                                    self.mlp_bar_help if help_ is not None and chunk_scales is not None
-                                    else self.mlp_bar, local_stage=bool(self.MLP_FUSED_LOCAL),
-                                    chunk_scales=chunk_scales, help=help_)
+                                    getattr(self, ("mlp_bar_help" if help_ is not None and chunk_scales is not None
+                                                   else "mlp_bar") + sfx), local_stage=bool(self.MLP_FUSED_LOCAL),
+                                    chunk_scales=chunk_scales, help=help_, oproj=o_arg)
         try:  # chunked first; where a block would own more chunks than its shared row holds, one scale for the row
             got = launch(scales) if scales is not None else None
-            got = got or launch(None)
+            got = got or (launch(None) if oproj is None else None)
         except RuntimeError:  # (no block of it fits on this GPU: the four kernels)
             return None
         if got is None or got[1] > self.max_splits:

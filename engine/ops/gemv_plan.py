@@ -327,7 +327,8 @@ def mlp_fused_help_words(grid: int, gu: DevMatrix) -> int:
 
 
 def mlp_fused_launch(gu: DevMatrix, dn: DevMatrix, norm: tuple, act, kpad_act: int, xh_act, xinv_act, slot, y,
-                     splits: int, bar, tstamp=None, local_stage: bool = False, chunk_scales=None, help=None):
+                     splits: int, bar, tstamp=None, local_stage: bool = False, chunk_scales=None, help=None,
+                     oproj=None):
     """The post-attention norm and the dense MLP of one token as one mlp_fused launch (cuda/mlp_fused.cu), or None
     where it is not compiled for these formats and sizes. norm = (x_in, x_out, planes in, planes, plane stride,
     norm weight, H, eps, kpad_h); gu: [2I, H] (gate rows, then up rows), dn: [H, I]; act: the fp32 SwiGLU row
@@ -341,13 +342,24 @@ def mlp_fused_launch(gu: DevMatrix, dn: DevMatrix, norm: tuple, act, kpad_act: i
     staging after the barrier (not the four kernels' bits; slot and xinv_act untouched). help (chunk-scaled form;
     uint32, mlp_fused_help_words(grid, gu) zeroed words, used with this `bar` only): the chunks left over after an
     equal share a block are computed by every warp of the launch in 32-lane slices, summed by their owner blocks.
+    oproj (chunk-scaled form): (o, xh_o, xsc_o, splits): the layer's o-projection [H, K] in the down's format first,
+    from gated_rmsnorm_chunks' pairs and chunk scales, into `splits` planes of the norm's `part` (the norm then sums
+    them, not `norm`'s planes), a grid barrier before the norm; `bar` and `help` then serve such launches only.
     Returns (launch, planes written)."""
     x_in, x_out, part, nplanes, pstride, nw_, H, eps, kpad_h = norm
     inter = dn.k
     vpt = min((v for v in kernels.MLP_FUSED_VPT if v * 1024 >= H), default=0)
     if gu.fmt not in FMT_IDS or dn.fmt not in FMT_IDS or gu.n != 2 * inter or gu.k != H or dn.n != H:
         return None
-    name = f"mlp_fused<{FMT_IDS[gu.fmt]},{FMT_IDS[dn.fmt]},1,{vpt}{',true' if chunk_scales is not None else ''}>"
+    ou4ps = osplits = 0
+    if oproj is not None:
+        o, xh_o, xsc_o, o_splits = oproj
+        if chunk_scales is None or o.fmt != dn.fmt or o.n != H:
+            return None
+        ou4ps, osplits = prestaged_slices(o.gpr * 2, o_splits)
+        nplanes = osplits  # (the norm sums the o-projection's planes of this launch)
+    form = (",true" if chunk_scales is not None else "") + (",true" if oproj is not None else "")
+    name = f"mlp_fused<{FMT_IDS[gu.fmt]},{FMT_IDS[dn.fmt]},1,{vpt}{form}>"
     if name not in kernels.MLP_FUSED_NAMES:
         return None
     u4ps, dsplits = prestaged_slices(dn.gpr * 2, splits)
@@ -368,4 +380,9 @@ def mlp_fused_launch(gu: DevMatrix, dn: DevMatrix, norm: tuple, act, kpad_act: i
             P(y), I(H), P(bar), np.uint64(0) if tstamp is None else P(tstamp), I(bool(local_stage)),
             np.uint64(0) if chunk_scales is None else P(chunk_scales),
             np.uint64(0) if help is None or chunk_scales is None else P(help))
+    if oproj is None:
+        args += (np.uint64(0),) * 3 + (I(0),) * 3 + (np.uint64(0),) * 2
+    else:
+        args += (P(o.ptr(o.base)), P(o.ptr(o.high)), P(o.ptr(o.scales)), I(o.gpr), I(ou4ps), I(osplits), P(xh_o),
+                 P(xsc_o))
     return kernels.prepared(name, (grid,), args, block=1024, smem=smem, cooperative=True), dsplits

@@ -169,8 +169,9 @@ GEMV_TMA_NW = (8, 16)
 # q5 down; hidden sizes up to 1,024 VPT (VPT 5: the 27B's 5,120; 1: the tests' small models)
 MLP_FUSED_VPT = (1, 2, 5, 8)
 MLP_FUSED_CHUNKS = 16  # (cuda/mlp_fused.cu MLP_CHUNKS: 32-value chunks a block of the chunk-scaled down input)
-MLP_FUSED_NAMES = tuple(f"mlp_fused<0,1,1,{v}{c}>" for v in MLP_FUSED_VPT for c in ("", ",true"))  # (down rows 2 spill;
-# ",true": the chunk-scaled down input)
+MLP_FUSED_NAMES = tuple(f"mlp_fused<0,1,1,{v}{c}>" for v in MLP_FUSED_VPT
+                        for c in ("", ",true", ",true,true"))  # (down rows 2 spill; ",true": the chunk-scaled down
+# input; ",true,true": with the o-projection first, MLP_FUSED_O)
 
 
 def gemv_tma_smem(stages: int, xbytes: int, stage_bytes: int) -> int:
