@@ -213,6 +213,7 @@ def test_gated_chunk_plumbing(cp, monkeypatch):
 
     args, w = _weights(CFG)
     monkeypatch.setattr(CudaQwen35, "GDN_FUSED", False)
+    monkeypatch.setattr(CudaQwen35, "MLP_FUSED_O", 0)  # (the o-projection as its own GEMV; inside mlp_fused: below)
 
     def names(on, pre2):
         monkeypatch.setattr(CudaQwen35, "GATED_CHUNK", on)
@@ -539,6 +540,11 @@ def test_mlp_fused_o_plumbing(cp, monkeypatch):
     plain = [op for op in on if getattr(op, "name", "").startswith("mlp_fused<") and op not in fo]
     assert len(plain) == len(ex.layers) - len(gdn)
     assert all(int(op.args[27]) == ex.mlp_bar_help.data.ptr and int(op.args[32]) == 0 for op in plain)
+    monkeypatch.setattr(CudaQwen35, "MLP_FUSED_DU", 3)  # (the o-projection's and the down's loads in flight)
+    _, du3 = ops(1)
+    names3 = [getattr(op, "name", "") for op in du3]
+    assert sum(n.endswith(",true,true,3>") for n in names3) == len(gdn)
+    assert sum(n.endswith(",true,false,3>") for n in names3) == len(ex.layers) - len(gdn)
 
 
 def test_mlp_fused_falls_back_where_no_block_fits(cp, monkeypatch):

@@ -209,9 +209,14 @@ class MlpOps:
     # NINFER_MLP_FUSED_O=1 (chunk-scaled form): a GDN layer's o-projection, where the gated norm stages its input by
     # chunks (GATED_CHUNK), inside the same launch before the norm (split-K items over every warp, MLP_FUSED_O_SPLITS
     # planes, a grid barrier with the first gate|up loads in flight across it): one launch boundary and the
-    # o-projection's tail fewer a layer. Not the separate GEMV's bits (its planes). Written in session 16.
-    MLP_FUSED_O = int(os.environ.get("NINFER_MLP_FUSED_O", "0"))
-    MLP_FUSED_O_SPLITS = int(os.environ.get("NINFER_MLP_FUSED_O_SPLITS", "3"))
+    # o-projection's tail fewer a layer. Not the separate GEMV's bits (its planes). Session 16 (s16b, 27B, one
+    # process, two passes): splits 2 150.7 / 150.7 against 150.4 / 150.3 tok/s; splits 3 150.3 / 150.3; 6 146.6.
+    # 0: the o-projection GEMV before the launch.
+    MLP_FUSED_O = int(os.environ.get("NINFER_MLP_FUSED_O", "1"))
+    MLP_FUSED_O_SPLITS = int(os.environ.get("NINFER_MLP_FUSED_O_SPLITS", "2"))
+    # NINFER_MLP_FUSED_DU (chunk-scaled form): the o-projection's and the down's 16-byte loads a lane in flight a row,
+    # 2 (as gate|up), 3 or 4 (the down's 6-iteration slices in 2 rounds of loads instead of 3). Written in session 16.
+    MLP_FUSED_DU = int(os.environ.get("NINFER_MLP_FUSED_DU", "2"))
 
     def _chunk_scales(self):
         """mlp_fused's chunk scales (a float a 32-value chunk of the SwiGLU row), or None with MLP_FUSED_CHUNK off."""
@@ -252,7 +257,8 @@ class MlpOps:
                                     self.stage_slot, self.part, self.MLP_FUSED_SPLITS or self._splits(dn),
                                     getattr(self, ("mlp_bar_help" if help_ is not None and chunk_scales is not None
                                                    else "mlp_bar") + sfx), local_stage=bool(self.MLP_FUSED_LOCAL),
-                                    chunk_scales=chunk_scales, help=help_, oproj=o_arg)
+                                    chunk_scales=chunk_scales, help=help_, oproj=o_arg,
+                                    du=self.MLP_FUSED_DU if chunk_scales is not None else 2)
         try:  # chunked first; where a block would own more chunks than its shared row holds, one scale for the row
             got = launch(scales) if scales is not None else None
             got = got or (launch(None) if oproj is None else None)
