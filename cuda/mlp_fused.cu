@@ -201,8 +201,7 @@ struct RowNorm {
 // its osplits planes written where the norm reads them (part, part_stride apart; nplanes = osplits); then a grid
 // barrier, with each warp's first gate|up loads issued between its arrival and its wait, and the norm. Two barriers a
 // launch: its counter must serve OPROJ launches only (the help counts follow the launch number).
-// DU: the o-projection's and the down's 16-byte loads a lane in flight a row (iterations loaded at once; 2 as gate|up).
-template <int FGU, int FDN, int DROWS, int VPT, bool CHUNK = false, bool OPROJ = false, int DU = 2>
+template <int FGU, int FDN, int DROWS, int VPT, bool CHUNK = false, bool OPROJ = false>
 __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
   extern __shared__ __align__(16) unsigned char mlp_smem[];
   __shared__ float red[64];
@@ -256,7 +255,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
     // loads in flight during this one's reduction; x pairs and chunk scales from global memory (L1)
     const int oitems = ((H + DROWS - 1) / DROWS) * osplits, ou4 = ogpr * 2;
     float* const oplanes = const_cast<float*>(part);  // (read back by the norm after the barrier, through L2)
-    WarpRows<FDN, DROWS, DU> op;
+    WarpRows<FDN, DROWS, 2> op;
     auto o_start = [&](int it) {
       const int grp = it / osplits, s = it - grp * osplits;
       const int js = s * ou4ps, je = min(js + ou4ps, ou4);
@@ -395,7 +394,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
 
   // the down-projection's first loads (weights depend on nothing), then the two barriers around the staging
   const int dgroups = (H + DROWS - 1) / DROWS, items = dgroups * dsplits, du4 = dgpr * 2;
-  WarpRows<FDN, DROWS, DU> dn;
+  WarpRows<FDN, DROWS, 2> dn;
   int item = gw;
   auto dn_start = [&](int it) {
     const int grp = it / dsplits, s = it - grp * dsplits;

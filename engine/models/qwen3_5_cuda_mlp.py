@@ -214,9 +214,6 @@ class MlpOps:
     # 0: the o-projection GEMV before the launch.
     MLP_FUSED_O = int(os.environ.get("NINFER_MLP_FUSED_O", "1"))
     MLP_FUSED_O_SPLITS = int(os.environ.get("NINFER_MLP_FUSED_O_SPLITS", "2"))
-    # NINFER_MLP_FUSED_DU (chunk-scaled form): the o-projection's and the down's 16-byte loads a lane in flight a row,
-    # 2 (as gate|up), 3 or 4 (the down's 6-iteration slices in 2 rounds of loads instead of 3). Written in session 16.
-    MLP_FUSED_DU = int(os.environ.get("NINFER_MLP_FUSED_DU", "2"))
 
     def _chunk_scales(self):
         """mlp_fused's chunk scales (a float a 32-value chunk of the SwiGLU row), or None with MLP_FUSED_CHUNK off."""
@@ -257,8 +254,7 @@ class MlpOps:
                                     self.stage_slot, self.part, self.MLP_FUSED_SPLITS or self._splits(dn),
                                     getattr(self, ("mlp_bar_help" if help_ is not None and chunk_scales is not None
                                                    else "mlp_bar") + sfx), local_stage=bool(self.MLP_FUSED_LOCAL),
-                                    chunk_scales=chunk_scales, help=help_, oproj=o_arg,
-                                    du=self.MLP_FUSED_DU if chunk_scales is not None else 2)
+                                    chunk_scales=chunk_scales, help=help_, oproj=o_arg)
         try:  # chunked first; where a block would own more chunks than its shared row holds, one scale for the row
             got = launch(scales) if scales is not None else None
             got = got or (launch(None) if oproj is None else None)

@@ -426,9 +426,8 @@ def test_mlp_fused_o_matches_the_separate_o_projection(monkeypatch):
     monkeypatch.setattr(CudaQwen35, "GDN_FUSED", False)
     monkeypatch.setattr(CudaQwen35, "GATED_CHUNK", 1)
     out = {}
-    for on, du in ((0, 2), (1, 2), (1, 3), (0, 4)):  # (du: MLP_FUSED_DU, the down's loads in flight)
+    for on in (0, 1):
         monkeypatch.setattr(CudaQwen35, "MLP_FUSED_O", on)
-        monkeypatch.setattr(CudaQwen35, "MLP_FUSED_DU", du)
         eng = build_engine(args, w, CFG, max_context=512, prefill_cols=1)
         ex = eng.model.executor
         ex.gemv_cfg = {**ex.gemv_cfg, **{(L["o"].fmt, L["o"].n, L["o"].k): {"pre2": True} for L in ex.layers}}
@@ -437,12 +436,9 @@ def test_mlp_fused_o_matches_the_separate_o_projection(monkeypatch):
         eng.reset()
         names = [getattr(getattr(getattr(op, "__self__", None), "_go", op), "name", "") for op in ex.ops]
         gdn = sum(L["kind"] != "full_attention" for L in ex.layers)
-        sfx = ",true,true>" if du == 2 else f",true,true,{du}>"
-        assert gdn > 0 and sum(n.endswith(sfx) for n in names) == (gdn if on else 0)
-        out[on, du] = forced_logits(eng, prompt, forced)
-    assert_close_runs(out[1, 2], out[0, 2])
-    assert all(np.array_equal(a, b) for a, b in zip(out[1, 3], out[1, 2]))  # (the same sums in the same order)
-    assert all(np.array_equal(a, b) for a, b in zip(out[0, 4], out[0, 2]))
+        assert gdn > 0 and sum(n.endswith(",true,true>") for n in names) == (gdn if on else 0)
+        out[on] = forced_logits(eng, prompt, forced)
+    assert_close_runs(out[1], out[0])
 
 
 def test_ldg_weight_loads_give_the_same_logits():

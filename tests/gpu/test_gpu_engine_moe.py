@@ -99,20 +99,24 @@ def test_moe_route_kernel():
 
 def test_norm_mb2_gives_the_same_logits(monkeypatch):
     """NORM_MB2 (rows of at most 2,048 values: residual_rmsnorm_mb2, 8 partial planes a round): the MoE model's
-    tokens and logits bit-identical to residual_rmsnorm_mb over a prefill and 24 steps."""
+    tokens and logits bit-identical to residual_rmsnorm_mb over a prefill and 24 steps; so with NORM_MB5
+    (residual_rmsnorm_mb5, 4 planes a round)."""
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5_cuda import CudaQwen35
 
     args, w, prompt = moe_inputs(10)
     out = {}
-    for on in (False, True):
-        monkeypatch.setattr(CudaQwen35, "NORM_MB2", on)
+    for mb2, mb5 in ((False, False), (True, False), (False, True)):
+        monkeypatch.setattr(CudaQwen35, "NORM_MB2", mb2)
+        monkeypatch.setattr(CudaQwen35, "NORM_MB5", mb5)
         eng = build_engine(args, w, MOE_CFG, max_context=256, prefill_cols=1)
         names = [getattr(op, "name", "") for op in eng.model.executor.ops]
-        assert ("residual_rmsnorm_mb2" in names) == on and ("residual_rmsnorm_mb" in names) != on
-        out[on] = greedy_then_logits(eng, prompt)
-    assert out[False][0] == out[True][0]
-    assert np.array_equal(out[False][1], out[True][1])
+        want = "residual_rmsnorm_mb2" if mb2 else "residual_rmsnorm_mb5" if mb5 else "residual_rmsnorm_mb"
+        assert {n for n in names if n.startswith("residual_rmsnorm_mb")} == {want}
+        out[mb2, mb5] = greedy_then_logits(eng, prompt)
+    for form in ((True, False), (False, True)):
+        assert out[False, False][0] == out[form][0]
+        assert np.array_equal(out[False, False][1], out[form][1])
 
 
 def test_gdn_merge_gives_the_same_logits(monkeypatch):
