@@ -2,7 +2,9 @@
 launches) and where it goes (each block's %globaltimer at the phase boundaries: start, norm done, gate|up done,
 barrier 1, staging (and barrier 2) done, down done), the norm summing 3 planes as in the step: the down's input staged
 by every block for itself (local) or by chunks with a scale each before the barrier (chunk), the latter with the
-leftover chunks computed in slices by every warp (help).
+leftover chunks computed in slices by every warp (help); then with a GDN layer's o-projection first (MLP_FUSED_O, 2
+splits: its barrier's end is a phase) and the norm's x and weight loaded before that barrier (MLP_FUSED_XW: the planes'
+arrival is a phase).
 
     python bench/mlp_fused_probe.py [--geometry qwen3.8-27b] [--out FILE]
 """
@@ -20,8 +22,10 @@ from engine.ops.gemv_plan import mlp_fused_help_words, mlp_fused_launch
 PHASES = ("norm", "gate|up", "barrier 1", "stage (+ barrier 2)", "down")
 
 
-def probe(ex, splits: int, local: bool, chunk: bool = False, helped: bool = False, n: int = 200) -> dict:
-    L = ex.layers[next(i for i, L in enumerate(ex.layers) if "gate_up" in L)]
+def probe(ex, splits: int, local: bool, chunk: bool = False, helped: bool = False, n: int = 200, oproj: bool = False,
+          xw: bool = False) -> dict:
+    L = ex.layers[next(i for i, L in enumerate(ex.layers) if "gate_up" in L and (L["kind"] != "full_attention"
+                                                                                 or not oproj))]
     H = ex.H
     bar = cp.zeros(1, dtype=cp.uint64)
     slot = cp.zeros(2, dtype=cp.uint32)
@@ -30,10 +34,14 @@ def probe(ex, splits: int, local: bool, chunk: bool = False, helped: bool = Fals
     hb = cp.zeros(mlp_fused_help_words(2 * cp.cuda.Device().attributes["MultiProcessorCount"], L["gate_up"]),
                   dtype=cp.uint32) if helped else None
 
+    o_arg = None
+    if oproj:  # (the gated norm's pairs as they are; chunk scales of 1)
+        o_arg = (L["o"], ex.xh_att, cp.ones(ex.xh_att.shape[-1] * 2 // 32, dtype=cp.float32), 2)
+
     def launch(ts=None):
         return mlp_fused_launch(L["gate_up"], L["down"], (x_in, x_out, ex.part, 3, H, L["post_norm"], H, 1e-6, ex.kpad_h),
                                 ex.act, ex.kpad_act, ex.xh_act, ex.xinv_act, slot, ex.part, splits, bar,
-                                tstamp=ts, local_stage=local, chunk_scales=xsc, help=hb)
+                                tstamp=ts, local_stage=local, chunk_scales=xsc, help=hb, oproj=o_arg, xw_early=xw)
 
     go, dsplits = launch()
     for _ in range(5):
@@ -55,11 +63,14 @@ def probe(ex, splits: int, local: bool, chunk: bool = False, helped: bool = Fals
         t = ts.get().astype(np.int64)
         rows.append(t - t[:, 0].min())
     t = np.median(np.stack(rows), axis=0)  # [grid, 8] ns from the first block's start
-    idx = [1, 2, 3, 4, 5]
-    names = PHASES
+    idx, names = [1, 2, 3, 4, 5], PHASES
+    if oproj:
+        idx, names = [6] + ([7] if xw else []) + [1, 2, 3, 5], \
+            ("o + barrier",) + (("planes",) if xw else ()) + ("norm", "gate|up", "barrier 1", "down")
     phases = {nm: dict(first_us=round(float(t[:, i].min()) / 1e3, 2), last_us=round(float(t[:, i].max()) / 1e3, 2))
               for nm, i in zip(names, idx)}
-    return dict(name=go.name, splits=dsplits, local=local, chunk=chunk, helped=helped, grid=grid, us=round(us, 2), start_spread_us=round(float(t[:, 0].max()) / 1e3, 2),
+    return dict(name=go.name, splits=dsplits, local=local, chunk=chunk, helped=helped, oproj=oproj, xw=xw, grid=grid,
+                us=round(us, 2), start_spread_us=round(float(t[:, 0].max()) / 1e3, 2),
                 phases=phases)
 
 
@@ -73,11 +84,13 @@ def main():
     eng = build_engine(a.geometry, max_context=4096)
     ex = eng.model.executor
     out = []
-    for splits, local, chunk, helped in ((3, True, False, False), (3, True, True, False), (3, True, True, True)):
-        r = probe(ex, splits, local, chunk, helped)
+    for splits, local, chunk, helped, oproj, xw in ((3, True, True, True, False, False), (3, True, True, True, True, False),
+                                                    (3, True, True, True, True, True)):
+        r = probe(ex, splits, local, chunk, helped, oproj=oproj, xw=xw)
         out.append(r)
         ph = "  ".join(f"{k} {v['first_us']}-{v['last_us']}" for k, v in r["phases"].items())
-        print(f"{r['name']} splits {r['splits']} local {local} chunk {chunk} help {helped}: {r['us']} us a launch (grid {r['grid']}, starts "
+        print(f"{r['name']} splits {r['splits']} local {local} chunk {chunk} help {helped} o {oproj} xw {xw}: {r['us']} us "
+              f"a launch (grid {r['grid']}, starts "
               f"spread {r['start_spread_us']} us); phases end (first-last block, us): {ph}", flush=True)
     if a.out:
         Path(a.out).write_text(json.dumps(out, indent=1))

@@ -139,16 +139,41 @@ struct RowNorm {
     }
   }
 
+  // x_in and 1 + w only (the o-projection's launch: before its barrier; the planes after it, load_planes2)
+  __device__ __forceinline__ void load_xw(const float* __restrict__ x_in, const float* __restrict__ norm_w, int H) {
+#pragma unroll
+    for (int k8 = 0; k8 < VPT; ++k8) {
+      const int k = threadIdx.x + k8 * MLP_THREADS;
+      v[k8] = k < H ? x_in[k] : 0.f;
+      wv[k8] = k < H ? 1.f + norm_w[k] : 0.f;
+    }
+  }
+  // the first two planes in one round of loads, added in order (finish then starts at plane 2: s_from = 2)
+  __device__ __forceinline__ void load_planes2(const float* __restrict__ part, int nplanes, int part_stride, int H) {
+    float q1[VPT];
+#pragma unroll
+    for (int k8 = 0; k8 < VPT; ++k8) {
+      const int k = threadIdx.x + k8 * MLP_THREADS;
+      p0[k8] = k < H && nplanes > 0 ? __ldcg(part + k) : 0.f;
+      q1[k8] = k < H && nplanes > 1 ? __ldcg(part + part_stride + k) : 0.f;
+    }
+#pragma unroll
+    for (int k8 = 0; k8 < VPT; ++k8) {
+      v[k8] += p0[k8];
+      v[k8] += q1[k8];
+    }
+  }
+
   __device__ __forceinline__ float finish(const float* __restrict__ part, int nplanes, int part_stride, int H,
                                           float eps, int kpad_h, float* __restrict__ x_out, float* red,
-                                          unsigned char* smem) {
+                                          unsigned char* smem, int s_from = 1) {
     const int tid = threadIdx.x;
     float* xf = reinterpret_cast<float*>(smem + (size_t)kpad_h * 2);
-    if (nplanes > 0) {
+    if (nplanes > 0 && s_from == 1) {
 #pragma unroll
       for (int k8 = 0; k8 < VPT; ++k8) v[k8] += p0[k8];
     }
-    for (int s = 1; s < nplanes; ++s) {
+    for (int s = s_from; s < nplanes; ++s) {
       float pv[VPT];
 #pragma unroll
       for (int k8 = 0; k8 < VPT; ++k8) {
@@ -200,8 +225,9 @@ struct RowNorm {
 // norm's chunk-scaled pairs (xh_o, xsc_o: gated_rmsnorm_chunks'), split-K items over the launch's warps as the down's,
 // its osplits planes written where the norm reads them (part, part_stride apart; nplanes = osplits); then a grid
 // barrier, with each warp's first gate|up loads issued between its arrival and its wait, and the norm. Two barriers a
-// launch: its counter must serve OPROJ launches only (the help counts follow the launch number).
-template <int FGU, int FDN, int DROWS, int VPT, bool CHUNK = false, bool OPROJ = false>
+// launch: its counter must serve OPROJ launches only (the help counts follow the launch number). XW (with OPROJ): the
+// norm's x_in and 1 + w loaded before the barrier's wait, its first two planes together after it (one L2 round, not two).
+template <int FGU, int FDN, int DROWS, int VPT, bool CHUNK = false, bool OPROJ = false, bool XW = false>
 __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
   extern __shared__ __align__(16) unsigned char mlp_smem[];
   __shared__ float red[64];
@@ -292,14 +318,22 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
     gu.start(gbase, ghigh, gscales, ggpr, rows, lane, g_iters);
     gu.load();
   }
+  int s_from = 1;
   if constexpr (OPROJ) {  // (the gate|up loads above issued after arriving: the arrival's fence does not wait for them)
+    if constexpr (XW) nm.load_xw(x_in, norm_w, H);
     grid_wait(bar, o_target);
     stamp(6);
-    nm.load(x_in, norm_w, part, nplanes, H);
+    if constexpr (XW) {
+      nm.load_planes2(part, nplanes, part_stride, H);
+      s_from = 2;
+      stamp(7);
+    } else {
+      nm.load(x_in, norm_w, part, nplanes, H);
+    }
   }
 
   // the norm (residual_rmsnorm_mb's operations in its order, so the same bits), into this block's pairs
-  const float gu_inv = nm.finish(part, nplanes, part_stride, H, eps, kpad_h, x_out, red, mlp_smem);
+  const float gu_inv = nm.finish(part, nplanes, part_stride, H, eps, kpad_h, x_out, red, mlp_smem, s_from);
 
   stamp(1);
   // gate|up + SwiGLU, x from shared memory

@@ -543,6 +543,10 @@ def test_mlp_fused_o_plumbing(cp, monkeypatch):
     plain = [op for op in on if getattr(op, "name", "").startswith("mlp_fused<") and op not in fo]
     assert len(plain) == len(ex.layers) - len(gdn)
     assert all(int(op.args[27]) == ex.mlp_bar_help.data.ptr and int(op.args[32]) == 0 for op in plain)
+    monkeypatch.setattr(CudaQwen35, "MLP_FUSED_XW", 1)  # (the norm's x and weight loaded before the o barrier)
+    _, xw = ops(1)
+    assert [getattr(op, "name", "") for op in xw] == [
+        getattr(op, "name", "")[:-1] + ",true>" if op in fo else getattr(op, "name", "") for op in on]
 
 
 def test_mlp_fused_falls_back_where_no_block_fits(cp, monkeypatch):

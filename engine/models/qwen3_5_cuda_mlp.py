@@ -214,6 +214,9 @@ class MlpOps:
     # 0: the o-projection GEMV before the launch.
     MLP_FUSED_O = int(os.environ.get("NINFER_MLP_FUSED_O", "1"))
     MLP_FUSED_O_SPLITS = int(os.environ.get("NINFER_MLP_FUSED_O_SPLITS", "2"))
+    # NINFER_MLP_FUSED_XW=1 (with MLP_FUSED_O): the norm's x_in and weight loaded before the o-projection's barrier
+    # wait, its first two planes together after it (one L2 round after the barrier instead of two). Session 16.
+    MLP_FUSED_XW = int(os.environ.get("NINFER_MLP_FUSED_XW", "0"))
 
     def _chunk_scales(self):
         """mlp_fused's chunk scales (a float a 32-value chunk of the SwiGLU row), or None with MLP_FUSED_CHUNK off."""
@@ -254,7 +257,8 @@ class MlpOps:
                                     self.stage_slot, self.part, self.MLP_FUSED_SPLITS or self._splits(dn),
                                     getattr(self, ("mlp_bar_help" if help_ is not None and chunk_scales is not None
                                                    else "mlp_bar") + sfx), local_stage=bool(self.MLP_FUSED_LOCAL),
-                                    chunk_scales=chunk_scales, help=help_, oproj=o_arg)
+                                    chunk_scales=chunk_scales, help=help_, oproj=o_arg,
+                                    xw_early=bool(self.MLP_FUSED_XW))
         try:  # chunked first; where a block would own more chunks than its shared row holds, one scale for the row
             got = launch(scales) if scales is not None else None
             got = got or (launch(None) if oproj is None else None)

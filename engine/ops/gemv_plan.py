@@ -328,7 +328,7 @@ def mlp_fused_help_words(grid: int, gu: DevMatrix) -> int:
 
 def mlp_fused_launch(gu: DevMatrix, dn: DevMatrix, norm: tuple, act, kpad_act: int, xh_act, xinv_act, slot, y,
                      splits: int, bar, tstamp=None, local_stage: bool = False, chunk_scales=None, help=None,
-                     oproj=None):
+                     oproj=None, xw_early: bool = False):
     """The post-attention norm and the dense MLP of one token as one mlp_fused launch (cuda/mlp_fused.cu), or None
     where it is not compiled for these formats and sizes. norm = (x_in, x_out, planes in, planes, plane stride,
     norm weight, H, eps, kpad_h); gu: [2I, H] (gate rows, then up rows), dn: [H, I]; act: the fp32 SwiGLU row
@@ -345,7 +345,8 @@ def mlp_fused_launch(gu: DevMatrix, dn: DevMatrix, norm: tuple, act, kpad_act: i
     oproj (chunk-scaled form): (o, xh_o, xsc_o, splits): the layer's o-projection [H, K] in the down's format first,
     from gated_rmsnorm_chunks' pairs and chunk scales, into `splits` planes of the norm's `part` (the norm then sums
     them, not `norm`'s planes), a grid barrier before the norm; `bar` and `help` then serve such launches only.
-    Returns (launch, planes written)."""
+    xw_early (with oproj): the norm's x_in and weight loaded before that barrier's wait, its first two planes together
+    after it. Returns (launch, planes written)."""
     x_in, x_out, part, nplanes, pstride, nw_, H, eps, kpad_h = norm
     inter = dn.k
     vpt = min((v for v in kernels.MLP_FUSED_VPT if v * 1024 >= H), default=0)
@@ -359,6 +360,7 @@ def mlp_fused_launch(gu: DevMatrix, dn: DevMatrix, norm: tuple, act, kpad_act: i
         ou4ps, osplits = prestaged_slices(o.gpr * 2, o_splits)
         nplanes = osplits  # (the norm sums the o-projection's planes of this launch)
     form = (",true" if chunk_scales is not None else "") + (",true" if oproj is not None else "")
+    form += ",true" if oproj is not None and xw_early else ""
     name = f"mlp_fused<{FMT_IDS[gu.fmt]},{FMT_IDS[dn.fmt]},1,{vpt}{form}>"
     if name not in kernels.MLP_FUSED_NAMES:
         return None

@@ -426,8 +426,9 @@ def test_mlp_fused_o_matches_the_separate_o_projection(monkeypatch):
     monkeypatch.setattr(CudaQwen35, "GDN_FUSED", False)
     monkeypatch.setattr(CudaQwen35, "GATED_CHUNK", 1)
     out = {}
-    for on in (0, 1):
+    for on, xw in ((0, 0), (1, 0), (1, 1)):  # (xw: MLP_FUSED_XW, the norm's x and weight before the o barrier)
         monkeypatch.setattr(CudaQwen35, "MLP_FUSED_O", on)
+        monkeypatch.setattr(CudaQwen35, "MLP_FUSED_XW", xw)
         eng = build_engine(args, w, CFG, max_context=512, prefill_cols=1)
         ex = eng.model.executor
         ex.gemv_cfg = {**ex.gemv_cfg, **{(L["o"].fmt, L["o"].n, L["o"].k): {"pre2": True} for L in ex.layers}}
@@ -436,9 +437,11 @@ def test_mlp_fused_o_matches_the_separate_o_projection(monkeypatch):
         eng.reset()
         names = [getattr(getattr(getattr(op, "__self__", None), "_go", op), "name", "") for op in ex.ops]
         gdn = sum(L["kind"] != "full_attention" for L in ex.layers)
-        assert gdn > 0 and sum(n.endswith(",true,true>") for n in names) == (gdn if on else 0)
-        out[on] = forced_logits(eng, prompt, forced)
-    assert_close_runs(out[1], out[0])
+        sfx = ",true,true,true>" if xw else ",true,true>"
+        assert gdn > 0 and sum(n.endswith(sfx) for n in names) == (gdn if on else 0)
+        out[on, xw] = forced_logits(eng, prompt, forced)
+    assert_close_runs(out[1, 0], out[0, 0])
+    assert_close_runs(out[1, 1], out[0, 0])
 
 
 def test_ldg_weight_loads_give_the_same_logits():
