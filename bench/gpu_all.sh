@@ -18,6 +18,7 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
+#   s16e: MLP_FUSED_OU=3 / MLP_FUSED_O_ATTN: tests, the 27B A/B, bench 27B (0, 32768 int8) + 35B-A3B with the best
 #   s16d: MLP_FUSED_XW: tests, the mlp_fused probe (o-projection phases), the 27B A/B, bench
 #   s16c: MLP_FUSED_O on; MLP_FUSED_DU 3 / 4 (the down's loads in flight): tests, the 27B A/B, bench
 #   s16b: NORM_MB5 and MLP_FUSED_O (session 16): tests, the 27B A/B, breakdown, bench with the best
@@ -392,6 +393,28 @@ timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128
 log "35B-A3B tg128 (defaults)"
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
+fi
+if [ "$PART" = s16e ]; then  # session 16: MLP_FUSED_XW on; the o-projection's loads in flight (MLP_FUSED_OU=3) and the
+# attention layers' o-projection inside mlp_fused (MLP_FUSED_O_ATTN): tests, the 27B A/B in one process, then `ninfer
+# bench` with the best variant: 27B tg128 at depth 0 and at 32768 (int8 KV), the 35B-A3B tg128
+ready
+log "tests: mlp_fused, the engine"
+gpu_pytest "$OUT/gpu_tests_s16e.txt" tests/gpu/test_mlp_fused.py tests/gpu/test_gpu_engine.py tests/gpu/test_kernels.py \
+  -k "mlp_fused or numpy_engine or columns or residual_rmsnorm"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s16e.txt" | tail -8
+log "27B decode A/B in one process"
+timeout 300 python3 bench/gpu_decode.py --synthetic qwen3.8-27b \
+  --attr="base,MLP_FUSED_OU=3,MLP_FUSED_O_ATTN=1,MLP_FUSED_OU=3;MLP_FUSED_O_ATTN=1" \
+  --out "$OUT/decode_s16e.json" 2>&1 | grep -E "PDL|attr|rror" | head -10
+BEST=$(best_attr_env "$OUT/decode_s16e.json" 0)
+log "27B tg128, depth 0 and 32768 int8 (env: ${BEST:-defaults})"
+env $BEST timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
+  -o json --out "$OUT/tg128_27b_s16e.json" 2>&1 | grep -E "^\||rror" | tail -1
+env $BEST timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 -d 32768 --kv int8 \
+  -o json --out "$OUT/tg128_d32768_s16e.json" 2>&1 | grep -E "^\||rror" | tail -1
+log "35B-A3B tg128"
+timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
+  -o json --out "$OUT/tg128_35b_s16e.json" 2>&1 | grep -E "^\||rror" | tail -1
 fi
 if [ "$PART" = s16d ]; then  # session 16: MLP_FUSED_XW (the norm's x and weight before the o barrier): tests, the
 # probe's phases (help, + o-projection, + XW), the 27B A/B in one process, `ninfer bench` with the best variant

@@ -220,14 +220,16 @@ struct RowNorm {
       unsigned long long* __restrict__ bar, unsigned long long* __restrict__ tstamp, int local_stage,            \
       float* __restrict__ xsc, unsigned int* __restrict__ help, const unsigned char* __restrict__ obase,         \
       const unsigned char* __restrict__ ohigh, const __half* __restrict__ oscales, int ogpr, int ou4ps,          \
-      int osplits, const __half2* __restrict__ xh_o, const float* __restrict__ xsc_o
+      int osplits, const __half2* __restrict__ xh_o, const float* __restrict__ xsc_o, int o_chunked
 // OPROJ (with CHUNK; CudaQwen35.MLP_FUSED_O): the layer's o-projection first, in FDN's format, its input the gated
 // norm's chunk-scaled pairs (xh_o, xsc_o: gated_rmsnorm_chunks'), split-K items over the launch's warps as the down's,
 // its osplits planes written where the norm reads them (part, part_stride apart; nplanes = osplits); then a grid
 // barrier, with each warp's first gate|up loads issued between its arrival and its wait, and the norm. Two barriers a
 // launch: its counter must serve OPROJ launches only (the help counts follow the launch number). XW (with OPROJ): the
 // norm's x_in and 1 + w loaded before the barrier's wait, its first two planes together after it (one L2 round, not two).
-template <int FGU, int FDN, int DROWS, int VPT, bool CHUNK = false, bool OPROJ = false, bool XW = false>
+// o_chunked: xsc_o holds a scale a 32-value chunk (gated_rmsnorm_chunks'); 0: one for the row, xsc_o[0] (the attention
+// layers' staging, attn_combine_stage's xinv). OU: the o-projection's 16-byte loads a lane in flight a row.
+template <int FGU, int FDN, int DROWS, int VPT, bool CHUNK = false, bool OPROJ = false, bool XW = false, int OU = 2>
 __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
   extern __shared__ __align__(16) unsigned char mlp_smem[];
   __shared__ float red[64];
@@ -281,7 +283,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
     // loads in flight during this one's reduction; x pairs and chunk scales from global memory (L1)
     const int oitems = ((H + DROWS - 1) / DROWS) * osplits, ou4 = ogpr * 2;
     float* const oplanes = const_cast<float*>(part);  // (read back by the norm after the barrier, through L2)
-    WarpRows<FDN, DROWS, 2> op;
+    WarpRows<FDN, DROWS, OU> op;
     auto o_start = [&](int it) {
       const int grp = it / osplits, s = it - grp * osplits;
       const int js = s * ou4ps, je = min(js + ou4ps, ou4);
@@ -297,10 +299,11 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
     while (oi < oitems) {
       const int grp = oi / osplits, s = oi - grp * osplits;
       const uint4* xl = xo4 + ((s * ou4ps) >> 5) * 128 + lane;
-      const float* xsl = xsc_o + s * ou4ps + lane;
+      const float* xsl = xsc_o + (o_chunked ? s * ou4ps + lane : 0);
+      const int xstep = o_chunked ? 32 : 0;
       float acc[DROWS];
       op.template run<true>(acc, [&](int it, int c) { return __ldg(xl + it * 128 + c * 32); }, dk,
-                            [&](int it) { return __ldg(xsl + 32 * it); });
+                            [&](int it) { return __ldg(xsl + xstep * it); });
       const int nxt = oi + nwarps;
       if (nxt < oitems) o_start(nxt);
 #pragma unroll

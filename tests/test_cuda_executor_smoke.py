@@ -543,10 +543,22 @@ def test_mlp_fused_o_plumbing(cp, monkeypatch):
     plain = [op for op in on if getattr(op, "name", "").startswith("mlp_fused<") and op not in fo]
     assert len(plain) == len(ex.layers) - len(gdn)
     assert all(int(op.args[27]) == ex.mlp_bar_help.data.ptr and int(op.args[32]) == 0 for op in plain)
-    monkeypatch.setattr(CudaQwen35, "MLP_FUSED_XW", 1)  # (the norm's x and weight loaded before the o barrier)
+    assert all(int(op.args[40]) == 1 for op in fo)  # (chunk scales)
+    monkeypatch.setattr(CudaQwen35, "MLP_FUSED_XW", 0)  # (the norm's x and weight loaded after the o barrier)
     _, xw = ops(1)
     assert [getattr(op, "name", "") for op in xw] == [
-        getattr(op, "name", "")[:-1] + ",true>" if op in fo else getattr(op, "name", "") for op in on]
+        getattr(op, "name", "").replace(",true,true,true>", ",true,true>") for op in on]
+    monkeypatch.setattr(CudaQwen35, "MLP_FUSED_XW", 1)
+    monkeypatch.setattr(CudaQwen35, "MLP_FUSED_OU", 3)  # (the o-projection's loads in flight)
+    _, ou = ops(1)
+    assert sum(getattr(op, "name", "").endswith(",true,true,true,3>") for op in ou) == len(gdn)
+    monkeypatch.setattr(CudaQwen35, "MLP_FUSED_OU", 2)
+    monkeypatch.setattr(CudaQwen35, "MLP_FUSED_O_ATTN", 1)  # (the attention layers' o-projection too, one scale)
+    ex5, att = ops(1)
+    fa = [op for op in att if getattr(op, "name", "").endswith(",true,true,true>")]
+    assert len(fa) == len(ex5.layers) and len(att) == len(off) - len(ex5.layers)
+    one = [op for op in fa if int(op.args[40]) == 0]
+    assert len(one) == len(ex5.layers) - len(gdn) and all(int(op.args[39]) == ex5.xinv_att.data.ptr for op in one)
 
 
 def test_mlp_fused_falls_back_where_no_block_fits(cp, monkeypatch):

@@ -348,8 +348,14 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
                 o_plan = self._plan_gemv(L["o"], self.att, self.part, "partial", self._splits(L["o"]),
                                          (self.xh_att, self.xinv_att))
             ops.extend(core)
-            if self.MLP_FUSED_O and o_plan.xs and not self.args.is_moe:  # (the o-projection inside the fused MLP)
-                fused = self._ffn_fused_ops(L, 0, oproj=(L["o"], self.xh_att, self._gated_chunk_scales()))
+            o_in = None  # (the o-projection inside the fused MLP: its input pairs and scales)
+            if self.MLP_FUSED_O and not self.args.is_moe:
+                if o_plan.xs:
+                    o_in = (self.xh_att, self._gated_chunk_scales(), True)
+                elif self.MLP_FUSED_O_ATTN and L["kind"] == "full_attention" and not o_plan.xs:
+                    o_in = (self.xh_att, self.xinv_att, False)
+            if o_in is not None:
+                fused = self._ffn_fused_ops(L, 0, oproj=(L["o"],) + o_in)
                 if fused is not None:
                     ops.extend(fused[0])
                     prev_splits = fused[1]

@@ -215,8 +215,14 @@ class MlpOps:
     MLP_FUSED_O = int(os.environ.get("NINFER_MLP_FUSED_O", "1"))
     MLP_FUSED_O_SPLITS = int(os.environ.get("NINFER_MLP_FUSED_O_SPLITS", "2"))
     # NINFER_MLP_FUSED_XW=1 (with MLP_FUSED_O): the norm's x_in and weight loaded before the o-projection's barrier
-    # wait, its first two planes together after it (one L2 round after the barrier instead of two). Session 16.
-    MLP_FUSED_XW = int(os.environ.get("NINFER_MLP_FUSED_XW", "0"))
+    # wait, its first two planes together after it (one L2 round after the barrier instead of two). Session 16 (s16d,
+    # 27B, one process, two passes): 152.1 / 152.1 against 150.9 / 150.9 tok/s; 0: their loads after the barrier.
+    MLP_FUSED_XW = int(os.environ.get("NINFER_MLP_FUSED_XW", "1"))
+    # NINFER_MLP_FUSED_OU=3 (with XW): the o-projection's loads a lane in flight a row (its 3-iteration slices at 2
+    # splits in one round). NINFER_MLP_FUSED_O_ATTN=1: the attention layers' o-projection inside their launch too (its
+    # input staged with one scale, attn_combine_stage's). Session 16, written after s16d.
+    MLP_FUSED_OU = int(os.environ.get("NINFER_MLP_FUSED_OU", "2"))
+    MLP_FUSED_O_ATTN = int(os.environ.get("NINFER_MLP_FUSED_O_ATTN", "0"))
 
     def _chunk_scales(self):
         """mlp_fused's chunk scales (a float a 32-value chunk of the SwiGLU row), or None with MLP_FUSED_CHUNK off."""
@@ -229,8 +235,8 @@ class MlpOps:
     def _ffn_fused_ops(self, L, splits: int, oproj=None):
         """(ops, partial planes) of the post-attention norm and the dense MLP as one mlp_fused launch, or None where
         MLP_FUSED is off or its rules do not hold (one token row, int16 pairs, q4 gate|up and q5 down, H <= 8,192).
-        oproj: (o, xh_o, xsc_o): the layer's o-projection first in the same launch (MLP_FUSED_O; chunk-scaled form
-        only, its own barrier counter and help words)."""
+        oproj: (o, xh_o, xsc_o[, chunked]): the layer's o-projection first in the same launch (MLP_FUSED_O; chunk-scaled
+        form only, its own barrier counter and help words; chunked False: xsc_o is the row's one inverse scale)."""
         gu, dn = L["gate_up"], L["down"]
         if not (self.MLP_FUSED and self.M == 1 and K.XI16 and not self.FFN_SPLIT and self.H <= 8 * 1024):
             return None
@@ -250,7 +256,8 @@ class MlpOps:
                 setattr(self, "mlp_help" + sfx,
                         self.cp.zeros(mlp_fused_help_words(K.sm_count() * 2, gu), dtype=self.cp.uint32))
             help_ = getattr(self, "mlp_help" + sfx)
-        o_arg = None if oproj is None else tuple(oproj) + (self.MLP_FUSED_O_SPLITS,)
+        o_arg = None if oproj is None else tuple(oproj[:3]) + (self.MLP_FUSED_O_SPLITS, oproj[3] if len(oproj) > 3
+                                                                 else True, self.MLP_FUSED_OU)
 
         def launch(chunk_scales):
             return mlp_fused_launch(gu, dn, norm, self.act, self.kpad_act, self.xh_act, self.xinv_act,

@@ -342,8 +342,9 @@ def mlp_fused_launch(gu: DevMatrix, dn: DevMatrix, norm: tuple, act, kpad_act: i
     staging after the barrier (not the four kernels' bits; slot and xinv_act untouched). help (chunk-scaled form;
     uint32, mlp_fused_help_words(grid, gu) zeroed words, used with this `bar` only): the chunks left over after an
     equal share a block are computed by every warp of the launch in 32-lane slices, summed by their owner blocks.
-    oproj (chunk-scaled form): (o, xh_o, xsc_o, splits): the layer's o-projection [H, K] in the down's format first,
-    from gated_rmsnorm_chunks' pairs and chunk scales, into `splits` planes of the norm's `part` (the norm then sums
+    oproj (chunk-scaled form): (o, xh_o, xsc_o, splits[, chunked, ou]): the layer's o-projection [H, K] in the down's
+    format first, from gated_rmsnorm_chunks' pairs and chunk scales (chunked=False: one scale for the row, xsc_o[0];
+    ou: its loads a lane in flight, 2 or 3 with xw_early), into `splits` planes of the norm's `part` (the norm then sums
     them, not `norm`'s planes), a grid barrier before the norm; `bar` and `help` then serve such launches only.
     xw_early (with oproj): the norm's x_in and weight loaded before that barrier's wait, its first two planes together
     after it. Returns (launch, planes written)."""
@@ -354,13 +355,14 @@ def mlp_fused_launch(gu: DevMatrix, dn: DevMatrix, norm: tuple, act, kpad_act: i
         return None
     ou4ps = osplits = 0
     if oproj is not None:
-        o, xh_o, xsc_o, o_splits = oproj
+        o, xh_o, xsc_o, o_splits, o_chunked, ou = (tuple(oproj) + (True, 2))[:6]
         if chunk_scales is None or o.fmt != dn.fmt or o.n != H:
             return None
         ou4ps, osplits = prestaged_slices(o.gpr * 2, o_splits)
         nplanes = osplits  # (the norm sums the o-projection's planes of this launch)
     form = (",true" if chunk_scales is not None else "") + (",true" if oproj is not None else "")
     form += ",true" if oproj is not None and xw_early else ""
+    form += f",{ou}" if oproj is not None and xw_early and ou != 2 else ""
     name = f"mlp_fused<{FMT_IDS[gu.fmt]},{FMT_IDS[dn.fmt]},1,{vpt}{form}>"
     if name not in kernels.MLP_FUSED_NAMES:
         return None
@@ -383,8 +385,8 @@ def mlp_fused_launch(gu: DevMatrix, dn: DevMatrix, norm: tuple, act, kpad_act: i
             np.uint64(0) if chunk_scales is None else P(chunk_scales),
             np.uint64(0) if help is None or chunk_scales is None else P(help))
     if oproj is None:
-        args += (np.uint64(0),) * 3 + (I(0),) * 3 + (np.uint64(0),) * 2
+        args += (np.uint64(0),) * 3 + (I(0),) * 3 + (np.uint64(0),) * 2 + (I(0),)
     else:
         args += (P(o.ptr(o.base)), P(o.ptr(o.high)), P(o.ptr(o.scales)), I(o.gpr), I(ou4ps), I(osplits), P(xh_o),
-                 P(xsc_o))
+                 P(xsc_o), I(bool(o_chunked)))
     return kernels.prepared(name, (grid,), args, block=1024, smem=smem, cooperative=True), dsplits

@@ -170,9 +170,10 @@ GEMV_TMA_NW = (8, 16)
 MLP_FUSED_VPT = (1, 2, 5, 8)
 MLP_FUSED_CHUNKS = 16  # (cuda/mlp_fused.cu MLP_CHUNKS: 32-value chunks a block of the chunk-scaled down input)
 MLP_FUSED_NAMES = tuple(f"mlp_fused<0,1,1,{v}{c}>" for v in MLP_FUSED_VPT
-                        for c in ("", ",true", ",true,true", ",true,true,true"))  # (down rows 2 spill; ",true": the
+                        for c in ("", ",true", ",true,true", ",true,true,true", ",true,true,true,3"))  # (down rows 2 spill; ",true": the
 # chunk-scaled down input; ",true,true": with the o-projection first, MLP_FUSED_O; a third: the norm's x and weight
-# before its barrier, MLP_FUSED_XW; the down's loads 3 / 4 a lane in flight lost, s16c)
+# before its barrier, MLP_FUSED_XW; a last 3: the o-projection's loads a lane in flight, MLP_FUSED_OU; the down's loads
+# 3 / 4 a lane in flight lost, s16c)
 
 
 def gemv_tma_smem(stages: int, xbytes: int, stage_bytes: int) -> int:

@@ -426,9 +426,13 @@ def test_mlp_fused_o_matches_the_separate_o_projection(monkeypatch):
     monkeypatch.setattr(CudaQwen35, "GDN_FUSED", False)
     monkeypatch.setattr(CudaQwen35, "GATED_CHUNK", 1)
     out = {}
-    for on, xw in ((0, 0), (1, 0), (1, 1)):  # (xw: MLP_FUSED_XW, the norm's x and weight before the o barrier)
+    # (xw: MLP_FUSED_XW, the norm's x and weight before the o barrier; then the o loads in flight, MLP_FUSED_OU = 3;
+    # then the attention layers' o-projection inside too, MLP_FUSED_O_ATTN)
+    for on, xw in ((0, 0), (1, 0), (1, 1), (1, 3), (1, 4)):
         monkeypatch.setattr(CudaQwen35, "MLP_FUSED_O", on)
-        monkeypatch.setattr(CudaQwen35, "MLP_FUSED_XW", xw)
+        monkeypatch.setattr(CudaQwen35, "MLP_FUSED_XW", int(xw > 0))
+        monkeypatch.setattr(CudaQwen35, "MLP_FUSED_OU", 3 if xw == 3 else 2)
+        monkeypatch.setattr(CudaQwen35, "MLP_FUSED_O_ATTN", int(xw == 4))
         eng = build_engine(args, w, CFG, max_context=512, prefill_cols=1)
         ex = eng.model.executor
         ex.gemv_cfg = {**ex.gemv_cfg, **{(L["o"].fmt, L["o"].n, L["o"].k): {"pre2": True} for L in ex.layers}}
@@ -437,11 +441,13 @@ def test_mlp_fused_o_matches_the_separate_o_projection(monkeypatch):
         eng.reset()
         names = [getattr(getattr(getattr(op, "__self__", None), "_go", op), "name", "") for op in ex.ops]
         gdn = sum(L["kind"] != "full_attention" for L in ex.layers)
-        sfx = ",true,true,true>" if xw else ",true,true>"
-        assert gdn > 0 and sum(n.endswith(sfx) for n in names) == (gdn if on else 0)
+        sfx = {0: ",true,true>", 1: ",true,true,true>", 3: ",true,true,true,3>", 4: ",true,true,true>"}[xw]
+        want = len(ex.layers) if xw == 4 else gdn if on else 0
+        assert gdn > 0 and sum(n.endswith(sfx) for n in names) == want
         out[on, xw] = forced_logits(eng, prompt, forced)
-    assert_close_runs(out[1, 0], out[0, 0])
-    assert_close_runs(out[1, 1], out[0, 0])
+    for xw in (0, 1, 4):
+        assert_close_runs(out[1, xw], out[0, 0])
+    assert all(np.array_equal(a, b) for a, b in zip(out[1, 3], out[1, 1]))  # (the same sums in the same order)
 
 
 def test_ldg_weight_loads_give_the_same_logits():
