@@ -18,6 +18,7 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
+#   s16f: the final defaults: bench 27B tg128, the probe, the breakdown, every GPU test
 #   s16e: MLP_FUSED_OU=3 / MLP_FUSED_O_ATTN: tests, the 27B A/B, bench 27B (0, 32768 int8) + 35B-A3B with the best
 #   s16d: MLP_FUSED_XW: tests, the mlp_fused probe (o-projection phases), the 27B A/B, bench
 #   s16c: MLP_FUSED_O on; MLP_FUSED_DU 3 / 4 (the down's loads in flight): tests, the 27B A/B, bench
@@ -393,6 +394,21 @@ timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128
 log "35B-A3B tg128 (defaults)"
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
+fi
+if [ "$PART" = s16f ]; then  # session 16's last call: the final defaults (no environment): `ninfer bench` 27B tg128,
+# the mlp_fused probe, the 27B breakdown, then every GPU test (in the time left)
+ready
+log "27B tg128 (defaults)"
+timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
+  -o json --out "$OUT/tg128_27b_s16f.json" 2>&1 | grep -E "^\||rror" | tail -1
+log "mlp_fused probe"
+timeout 120 python3 bench/mlp_fused_probe.py --out "$OUT/mlp_fused_probe_s16f.json" 2>&1 | tail -3
+log "27B breakdown"
+timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --breakdown \
+  --out "$OUT/decode_s16f_bd.json" 2>&1 | grep -E "PDL|sum of|^  " | head -16
+log "all GPU tests"
+gpu_pytest "$OUT/gpu_tests_s16f.txt" tests/gpu
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s16f.txt" | tail -12
 fi
 if [ "$PART" = s16e ]; then  # session 16: MLP_FUSED_XW on; the o-projection's loads in flight (MLP_FUSED_OU=3) and the
 # attention layers' o-projection inside mlp_fused (MLP_FUSED_O_ATTN): tests, the 27B A/B in one process, then `ninfer

@@ -3,8 +3,8 @@ launches) and where it goes (each block's %globaltimer at the phase boundaries: 
 barrier 1, staging (and barrier 2) done, down done), the norm summing 3 planes as in the step: the down's input staged
 by every block for itself (local) or by chunks with a scale each before the barrier (chunk), the latter with the
 leftover chunks computed in slices by every warp (help); then with a GDN layer's o-projection first (MLP_FUSED_O, 2
-splits: its barrier's end is a phase) and the norm's x and weight loaded before that barrier (MLP_FUSED_XW: the planes'
-arrival is a phase).
+splits, 3 loads a lane in flight: its barrier's end is a phase) with the norm's x and weight loaded before that barrier
+(MLP_FUSED_XW: the planes' arrival is a phase), the defaults.
 
     python bench/mlp_fused_probe.py [--geometry qwen3.8-27b] [--out FILE]
 """
@@ -36,7 +36,7 @@ def probe(ex, splits: int, local: bool, chunk: bool = False, helped: bool = Fals
 
     o_arg = None
     if oproj:  # (the gated norm's pairs as they are; chunk scales of 1)
-        o_arg = (L["o"], ex.xh_att, cp.ones(ex.xh_att.shape[-1] * 2 // 32, dtype=cp.float32), 2)
+        o_arg = (L["o"], ex.xh_att, cp.ones(ex.xh_att.shape[-1] * 2 // 32, dtype=cp.float32), 2, True, 3)
 
     def launch(ts=None):
         return mlp_fused_launch(L["gate_up"], L["down"], (x_in, x_out, ex.part, 3, H, L["post_norm"], H, 1e-6, ex.kpad_h),
@@ -84,8 +84,7 @@ def main():
     eng = build_engine(a.geometry, max_context=4096)
     ex = eng.model.executor
     out = []
-    for splits, local, chunk, helped, oproj, xw in ((3, True, True, True, False, False), (3, True, True, True, True, False),
-                                                    (3, True, True, True, True, True)):
+    for splits, local, chunk, helped, oproj, xw in ((3, True, True, True, False, False), (3, True, True, True, True, True)):
         r = probe(ex, splits, local, chunk, helped, oproj=oproj, xw=xw)
         out.append(r)
         ph = "  ".join(f"{k} {v['first_us']}-{v['last_us']}" for k, v in r["phases"].items())

@@ -459,6 +459,7 @@ def test_mlp_fused_plumbing(cp, monkeypatch):
     monkeypatch.setattr(K, "resident_blocks", lambda name, block, smem=0: 1)
     monkeypatch.setattr(CudaQwen35, "MLP_FUSED_CHUNK", 0)  # (one scale for the down's input; chunked below)
     monkeypatch.setattr(CudaQwen35, "MLP_FUSED_HELP", 0)  # (the leftover chunks by their blocks; helped below)
+    monkeypatch.setattr(CudaQwen35, "MLP_FUSED_O", 0)  # (the o-projections as their own GEMVs: test_mlp_fused_o_plumbing)
 
     def ops(on):
         monkeypatch.setattr(CudaQwen35, "MLP_FUSED", on)
@@ -518,6 +519,8 @@ def test_mlp_fused_o_plumbing(cp, monkeypatch):
     args, w = _weights(CFG)
     monkeypatch.setattr(K, "resident_blocks", lambda name, block, smem=0: 1)
     monkeypatch.setattr(CudaQwen35, "GDN_FUSED", False)
+    monkeypatch.setattr(CudaQwen35, "MLP_FUSED_OU", 2)  # (the defaults, OU 3 and O_ATTN, below)
+    monkeypatch.setattr(CudaQwen35, "MLP_FUSED_O_ATTN", 0)
 
     def ops(on):
         monkeypatch.setattr(CudaQwen35, "MLP_FUSED_O", on)

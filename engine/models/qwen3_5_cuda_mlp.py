@@ -218,11 +218,12 @@ class MlpOps:
     # wait, its first two planes together after it (one L2 round after the barrier instead of two). Session 16 (s16d,
     # 27B, one process, two passes): 152.1 / 152.1 against 150.9 / 150.9 tok/s; 0: their loads after the barrier.
     MLP_FUSED_XW = int(os.environ.get("NINFER_MLP_FUSED_XW", "1"))
-    # NINFER_MLP_FUSED_OU=3 (with XW): the o-projection's loads a lane in flight a row (its 3-iteration slices at 2
-    # splits in one round). NINFER_MLP_FUSED_O_ATTN=1: the attention layers' o-projection inside their launch too (its
-    # input staged with one scale, attn_combine_stage's). Session 16, written after s16d.
-    MLP_FUSED_OU = int(os.environ.get("NINFER_MLP_FUSED_OU", "2"))
-    MLP_FUSED_O_ATTN = int(os.environ.get("NINFER_MLP_FUSED_O_ATTN", "0"))
+    # NINFER_MLP_FUSED_OU (with XW): the o-projection's loads a lane in flight a row, 3 (its 3-iteration slices at 2
+    # splits in one round) or 2. NINFER_MLP_FUSED_O_ATTN: the attention layers' o-projection inside their launch too
+    # (its input staged with one scale, attn_combine_stage's), 1 or 0. Session 16 (s16e, 27B, one process, two
+    # passes): OU 3 152.4 / 152.4, O_ATTN 152.8 / 152.9, both 153.3 / 153.3 against 152.1 / 152.0 tok/s.
+    MLP_FUSED_OU = int(os.environ.get("NINFER_MLP_FUSED_OU", "3"))
+    MLP_FUSED_O_ATTN = int(os.environ.get("NINFER_MLP_FUSED_O_ATTN", "1"))
 
     def _chunk_scales(self):
         """mlp_fused's chunk scales (a float a 32-value chunk of the SwiGLU row), or None with MLP_FUSED_CHUNK off."""

@@ -169,11 +169,13 @@ GEMV_TMA_NW = (8, 16)
 # q5 down; hidden sizes up to 1,024 VPT (VPT 5: the 27B's 5,120; 1: the tests' small models)
 MLP_FUSED_VPT = (1, 2, 5, 8)
 MLP_FUSED_CHUNKS = 16  # (cuda/mlp_fused.cu MLP_CHUNKS: 32-value chunks a block of the chunk-scaled down input)
-MLP_FUSED_NAMES = tuple(f"mlp_fused<0,1,1,{v}{c}>" for v in MLP_FUSED_VPT
-                        for c in ("", ",true", ",true,true", ",true,true,true", ",true,true,true,3"))  # (down rows 2 spill; ",true": the
-# chunk-scaled down input; ",true,true": with the o-projection first, MLP_FUSED_O; a third: the norm's x and weight
-# before its barrier, MLP_FUSED_XW; a last 3: the o-projection's loads a lane in flight, MLP_FUSED_OU; the down's loads
-# 3 / 4 a lane in flight lost, s16c)
+MLP_FUSED_NAMES = tuple(f"mlp_fused<0,1,1,{v}{c}>" for v in MLP_FUSED_VPT for c in ("", ",true")) + tuple(
+    f"mlp_fused<0,1,1,{v}{c}>" for v in (1, 5) for c in ((",true,true", ",true,true,true") if v == 1 else ())
+    + (",true,true,true,3",))
+# (down rows 2 spill; ",true": the chunk-scaled down input; ",true,true": with the o-projection first, MLP_FUSED_O; a
+# third: the norm's x and weight before its barrier, MLP_FUSED_XW; a last 3: the o-projection's loads a lane in flight,
+# MLP_FUSED_OU. The o-projection forms for the 27B's hidden size (VPT 5) and the tests' (1) only, the A/B-only ones for
+# the tests': each instantiation adds to the module's first compile. The down's loads 3 / 4 a lane in flight lost, s16c)
 
 
 def gemv_tma_smem(stages: int, xbytes: int, stage_bytes: int) -> int:
