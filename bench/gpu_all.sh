@@ -18,13 +18,11 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
-#   s16f: the final defaults: bench 27B tg128, the probe, the breakdown, every GPU test
-#   s16e: MLP_FUSED_OU=3 / MLP_FUSED_O_ATTN: tests, the 27B A/B, bench 27B (0, 32768 int8) + 35B-A3B with the best
-#   s16d: MLP_FUSED_XW: tests, the mlp_fused probe (o-projection phases), the 27B A/B, bench
-#   s16c: MLP_FUSED_O on; MLP_FUSED_DU 3 / 4 (the down's loads in flight): tests, the 27B A/B, bench
-#   s16b: NORM_MB5 and MLP_FUSED_O (session 16): tests, the 27B A/B, breakdown, bench with the best
+#   fin16: the defaults, no environment: `ninfer bench` 27B tg128 (depth 0; 32768 with int8 KV) and 35B-A3B tg128;
+#          FULL=1 adds the mlp_fused probe, the 27B breakdown and every GPU test (session 16's s16f)
 #   (session 16's s16a, which applied bench/experiments/gated_chunk.patch and mlp_fused_tail.patch together, and
-#   the one-patch parts gated / tail, are in git history at 4ef8e19: GATED_CHUNK kept, the tail patch dropped)
+#   the one-patch parts gated / tail, are in git history at 4ef8e19: GATED_CHUNK kept, the tail patch dropped; its
+#   parts s16b-s16f, which bench/NOTES-decode.md's "Session 16" cites, at f1d76cb)
 #   (gin, session 15: the GDN input norm and projections as one launch, GDN_IN_FUSED, removed after s15g/s15h: in git
 #   history at 0e0d1ab)
 #   fin15b: the columns test with one-scale staging pinned, the 27B's norm blocks A/B
@@ -395,94 +393,26 @@ log "35B-A3B tg128 (defaults)"
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
 fi
-if [ "$PART" = s16f ]; then  # session 16's last call: the final defaults (no environment): `ninfer bench` 27B tg128,
-# the mlp_fused probe, the 27B breakdown, then every GPU test (in the time left)
+if [ "$PART" = fin16 ]; then  # the defaults (no environment): `ninfer bench` 27B tg128 at depth 0 and 32768 (int8 KV),
+# 35B-A3B tg128; FULL=1: then the mlp_fused probe, the 27B breakdown and every GPU test
 ready
-log "27B tg128 (defaults)"
+log "27B tg128, depth 0 and 32768 int8; 35B-A3B tg128 (defaults)"
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
-  -o json --out "$OUT/tg128_27b_s16f.json" 2>&1 | grep -E "^\||rror" | tail -1
-log "mlp_fused probe"
-timeout 120 python3 bench/mlp_fused_probe.py --out "$OUT/mlp_fused_probe_s16f.json" 2>&1 | tail -3
-log "27B breakdown"
-timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --breakdown \
-  --out "$OUT/decode_s16f_bd.json" 2>&1 | grep -E "PDL|sum of|^  " | head -16
-log "all GPU tests"
-gpu_pytest "$OUT/gpu_tests_s16f.txt" tests/gpu
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s16f.txt" | tail -12
-fi
-if [ "$PART" = s16e ]; then  # session 16: MLP_FUSED_XW on; the o-projection's loads in flight (MLP_FUSED_OU=3) and the
-# attention layers' o-projection inside mlp_fused (MLP_FUSED_O_ATTN): tests, the 27B A/B in one process, then `ninfer
-# bench` with the best variant: 27B tg128 at depth 0 and at 32768 (int8 KV), the 35B-A3B tg128
-ready
-log "tests: mlp_fused, the engine"
-gpu_pytest "$OUT/gpu_tests_s16e.txt" tests/gpu/test_mlp_fused.py tests/gpu/test_gpu_engine.py tests/gpu/test_kernels.py \
-  -k "mlp_fused or numpy_engine or columns or residual_rmsnorm"
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s16e.txt" | tail -8
-log "27B decode A/B in one process"
-timeout 300 python3 bench/gpu_decode.py --synthetic qwen3.8-27b \
-  --attr="base,MLP_FUSED_OU=3,MLP_FUSED_O_ATTN=1,MLP_FUSED_OU=3;MLP_FUSED_O_ATTN=1" \
-  --out "$OUT/decode_s16e.json" 2>&1 | grep -E "PDL|attr|rror" | head -10
-BEST=$(best_attr_env "$OUT/decode_s16e.json" 0)
-log "27B tg128, depth 0 and 32768 int8 (env: ${BEST:-defaults})"
-env $BEST timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
-  -o json --out "$OUT/tg128_27b_s16e.json" 2>&1 | grep -E "^\||rror" | tail -1
-env $BEST timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 -d 32768 --kv int8 \
-  -o json --out "$OUT/tg128_d32768_s16e.json" 2>&1 | grep -E "^\||rror" | tail -1
-log "35B-A3B tg128"
+  -o json --out "$OUT/tg128_27b_fin16.json" 2>&1 | grep -E "^\||rror" | tail -1
+timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 -d 32768 --kv int8 \
+  -o json --out "$OUT/tg128_d32768_fin16.json" 2>&1 | grep -E "^\||rror" | tail -1
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
-  -o json --out "$OUT/tg128_35b_s16e.json" 2>&1 | grep -E "^\||rror" | tail -1
+  -o json --out "$OUT/tg128_35b_fin16.json" 2>&1 | grep -E "^\||rror" | tail -1
+if [ "${FULL:-0}" = 1 ]; then
+  log "mlp_fused probe"
+  timeout 120 python3 bench/mlp_fused_probe.py --out "$OUT/mlp_fused_probe_fin16.json" 2>&1 | tail -3
+  log "27B breakdown"
+  timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --breakdown \
+    --out "$OUT/decode_fin16_bd.json" 2>&1 | grep -E "PDL|sum of|^  " | head -16
+  log "all GPU tests"
+  gpu_pytest "$OUT/gpu_tests_fin16.txt" tests/gpu
+  grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_fin16.txt" | tail -12
 fi
-if [ "$PART" = s16d ]; then  # session 16: MLP_FUSED_XW (the norm's x and weight before the o barrier): tests, the
-# probe's phases (help, + o-projection, + XW), the 27B A/B in one process, `ninfer bench` with the best variant
-ready
-log "tests: mlp_fused, the engine (MLP_FUSED_O / XW, the MoE norms)"
-gpu_pytest "$OUT/gpu_tests_s16d.txt" tests/gpu/test_mlp_fused.py tests/gpu/test_gpu_engine.py tests/gpu/test_gpu_engine_moe.py \
-  -k "mlp_fused or numpy_engine or norm_mb2"
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s16d.txt" | tail -8
-log "mlp_fused probe"
-timeout 120 python3 bench/mlp_fused_probe.py --out "$OUT/mlp_fused_probe_s16d.json" 2>&1 | tail -4
-log "27B decode A/B in one process"
-timeout 300 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --attr="base,MLP_FUSED_XW=1,MLP_FUSED_O=0" \
-  --out "$OUT/decode_s16d.json" 2>&1 | grep -E "PDL|attr|rror" | head -8
-BEST=$(best_attr_env "$OUT/decode_s16d.json" 0)
-log "27B tg128 (env: ${BEST:-defaults})"
-env $BEST timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
-  -o json --out "$OUT/tg128_27b_s16d.json" 2>&1 | grep -E "^\||rror" | tail -1
-fi
-if [ "$PART" = s16c ]; then  # session 16: MLP_FUSED_O on (splits 2); the down's loads in flight (MLP_FUSED_DU 3 / 4):
-# tests, the 27B A/B in one process, `ninfer bench` with the best variant
-ready
-log "tests: mlp_fused, the engine (MLP_FUSED_O with DU, the four kernels, columns)"
-gpu_pytest "$OUT/gpu_tests_s16c.txt" tests/gpu/test_mlp_fused.py tests/gpu/test_gpu_engine.py \
-  -k "mlp_fused or columns or numpy_engine"
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s16c.txt" | tail -8
-log "27B decode A/B in one process"
-timeout 300 python3 bench/gpu_decode.py --synthetic qwen3.8-27b \
-  --attr="base,MLP_FUSED_DU=3,MLP_FUSED_DU=4,MLP_FUSED_DU=4;MLP_FUSED_SPLITS=2,MLP_FUSED_O=0,NORM_MB5=1" \
-  --out "$OUT/decode_s16c.json" 2>&1 | grep -E "PDL|attr|rror" | head -10
-BEST=$(best_attr_env "$OUT/decode_s16c.json" 0)
-log "27B tg128 (env: ${BEST:-defaults})"
-env $BEST timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
-  -o json --out "$OUT/tg128_27b_s16c.json" 2>&1 | grep -E "^\||rror" | tail -1
-fi
-if [ "$PART" = s16b ]; then  # session 16: residual_rmsnorm_mb5 (NORM_MB5) and the o-projection inside mlp_fused
-# (MLP_FUSED_O): their tests, the 27B A/B in one process, the breakdown and `ninfer bench` with the best variant
-ready
-log "tests: the norms, mlp_fused, the engine (MLP_FUSED_O, columns, gated chunks)"
-gpu_pytest "$OUT/gpu_tests_s16b.txt" tests/gpu/test_kernels.py tests/gpu/test_mlp_fused.py tests/gpu/test_gpu_engine.py \
-  -k "residual_rmsnorm or mlp_fused or columns or gated_chunk or numpy_engine"
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s16b.txt" | tail -8
-log "27B decode A/B in one process"
-timeout 300 python3 bench/gpu_decode.py --synthetic qwen3.8-27b \
-  --attr="base,NORM_MB5=1,MLP_FUSED_O=1,MLP_FUSED_O=1;MLP_FUSED_O_SPLITS=2,MLP_FUSED_O=1;MLP_FUSED_O_SPLITS=6,MLP_FUSED_O=1;NORM_MB5=1" \
-  --out "$OUT/decode_s16b.json" 2>&1 | grep -E "PDL|attr|rror" | head -10
-BEST=$(best_attr_env "$OUT/decode_s16b.json" 0)
-log "27B breakdown (env: ${BEST:-defaults})"
-env $BEST timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --breakdown \
-  --out "$OUT/decode_s16b_bd.json" 2>&1 | grep -E "PDL|sum of|^  " | head -16
-log "27B tg128 (env: ${BEST:-defaults})"
-env $BEST timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
-  -o json --out "$OUT/tg128_27b_s16b.json" 2>&1 | grep -E "^\||rror" | tail -1
 fi
 if [ "$PART" = fin15b ]; then  # session 15: the columns test with one-scale staging pinned; the 27B's norm blocks A/B
 ready

@@ -80,6 +80,19 @@ struct WarpRows {
     }
   }
 
+  // split-K item `it` of an [n, gpr x 64] matrix (row group it / splits, slice it % splits of u4ps chunks; rows past n
+  // clamped to n - 1): its rows started and the first loads issued (mlp_fused's o-projection and down items)
+  __device__ __forceinline__ void start_item(const unsigned char* base, const unsigned char* high, const __half* scales,
+                                             int gpr, int n, int it, int splits, int u4ps, int lane) {
+    const int grp = it / splits, s = it - grp * splits;
+    const int js = s * u4ps, je = min(js + u4ps, gpr * 2);
+    int rows[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) rows[r] = min(grp * ROWS + r, n - 1);
+    start(base, high, scales, gpr, rows, js + lane, je - js > lane ? (je - js - lane + 31) >> 5 : 0);
+    load();
+  }
+
   __device__ __forceinline__ void load() {
     load_row_chunks<FMT>(w, hb, sc, wp, sp, hp, i, iters);
 #pragma unroll
@@ -281,18 +294,10 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
     static_assert(CHUNK, "the o-projection phase runs with the chunk-scaled form");
     // item = row group x split-K slice of the o-projection, warp gw takes gw, gw + nwarps, ...; the next item's
     // loads in flight during this one's reduction; x pairs and chunk scales from global memory (L1)
-    const int oitems = ((H + DROWS - 1) / DROWS) * osplits, ou4 = ogpr * 2;
+    const int oitems = ((H + DROWS - 1) / DROWS) * osplits;
     float* const oplanes = const_cast<float*>(part);  // (read back by the norm after the barrier, through L2)
     WarpRows<FDN, DROWS, OU> op;
-    auto o_start = [&](int it) {
-      const int grp = it / osplits, s = it - grp * osplits;
-      const int js = s * ou4ps, je = min(js + ou4ps, ou4);
-      int rows[DROWS];
-#pragma unroll
-      for (int r = 0; r < DROWS; ++r) rows[r] = min(grp * DROWS + r, H - 1);
-      op.start(obase, ohigh, oscales, ogpr, rows, js + lane, je - js > lane ? (je - js - lane + 31) >> 5 : 0);
-      op.load();
-    };
+    auto o_start = [&](int it) { op.start_item(obase, ohigh, oscales, ogpr, H, it, osplits, ou4ps, lane); };
     const uint4* xo4 = reinterpret_cast<const uint4*>(xh_o);
     int oi = gw;
     if (oi < oitems) o_start(oi);
@@ -430,18 +435,10 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
   }
 
   // the down-projection's first loads (weights depend on nothing), then the two barriers around the staging
-  const int dgroups = (H + DROWS - 1) / DROWS, items = dgroups * dsplits, du4 = dgpr * 2;
+  const int dgroups = (H + DROWS - 1) / DROWS, items = dgroups * dsplits;
   WarpRows<FDN, DROWS, 2> dn;
   int item = gw;
-  auto dn_start = [&](int it) {
-    const int grp = it / dsplits, s = it - grp * dsplits;
-    const int js = s * du4ps, je = min(js + du4ps, du4);
-    int rows[DROWS];
-#pragma unroll
-    for (int r = 0; r < DROWS; ++r) rows[r] = min(grp * DROWS + r, H - 1);
-    dn.start(dbase, dhigh, dscales, dgpr, rows, js + lane, je - js > lane ? (je - js - lane + 31) >> 5 : 0);
-    dn.load();
-  };
+  auto dn_start = [&](int it) { dn.start_item(dbase, dhigh, dscales, dgpr, H, it, dsplits, du4ps, lane); };
   stamp(2);
   if constexpr (CHUNK) {  // each chunk of the block staged with its own power-of-two scale, warp w chunk cb0 + w
     __syncthreads();      // (and with help, warp q the extra chunk)

@@ -41,46 +41,31 @@ def test_dense_engine_builds_and_runs_every_path(cp, kv):
     assert K.pdl_ready(m.executor.ops)[1] == len(m.executor.ops)
 
 
-def test_norm_mb2_plumbing(cp, monkeypatch):
-    """NINFER_NORM_MB2 (on by default): rows of at most 2,048 values take residual_rmsnorm_mb2 (1,024 threads,
-    the same arguments); wider rows, or the flag off, residual_rmsnorm_mb."""
+@pytest.mark.parametrize("flag,other,name", [("NORM_MB2", "NORM_MB5", "residual_rmsnorm_mb2"),
+                                              ("NORM_MB5", "NORM_MB2", "residual_rmsnorm_mb5")])
+def test_norm_forms_plumbing(cp, monkeypatch, flag, other, name):
+    """NINFER_NORM_MB2 (rows of at most 2,048 values: residual_rmsnorm_mb2) and NINFER_NORM_MB5 (rows of up to 5,120:
+    residual_rmsnorm_mb5; mb2 first where both apply), both on by default: the small model's rows take the form with
+    residual_rmsnorm_mb's arguments, grid and 1,024 threads (the other form's flag off); with the flag off,
+    residual_rmsnorm_mb."""
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5_cuda import CudaQwen35
 
-    assert CudaQwen35.NORM_MB2
+    assert CudaQwen35.NORM_MB2 and CudaQwen35.NORM_MB5
     args, w = _weights(CFG)
     assert args.hidden_size <= 2048
-    monkeypatch.setattr(CudaQwen35, "NORM_MB5", False)  # (else rows up to 5,120 take residual_rmsnorm_mb5)
+    monkeypatch.setattr(CudaQwen35, other, False)
 
     def norms(on):
-        monkeypatch.setattr(CudaQwen35, "NORM_MB2", on)
+        monkeypatch.setattr(CudaQwen35, flag, on)
         ops = _flat(build_engine(args, w, CFG, max_context=256, prefill_cols=1, prefill_gemm=0).model.executor.ops)
         return [op for op in ops if getattr(op, "name", "").startswith("residual_rmsnorm_mb")]
 
     on, off = norms(True), norms(False)
-    assert {op.name for op in on} == {"residual_rmsnorm_mb2"} and {op.name for op in off} == {"residual_rmsnorm_mb"}
-    assert len(on) == len(off) and all(op.block == 1024 for op in on)
-    assert [int(a.args[3]) for a in on] == [int(b.args[3]) for b in off]  # the partial planes each sums
-
-
-def test_norm_mb5_plumbing(cp, monkeypatch):
-    """NINFER_NORM_MB5=1: rows of 2,049-5,120 values (here the small model's, with mb2 off) take residual_rmsnorm_mb5
-    with residual_rmsnorm_mb's arguments and grid; off, residual_rmsnorm_mb."""
-    from engine.gpu_engine import build_engine
-    from engine.models.qwen3_5_cuda import CudaQwen35
-
-    args, w = _weights(CFG)
-    monkeypatch.setattr(CudaQwen35, "NORM_MB2", False)
-
-    def norms(on):
-        monkeypatch.setattr(CudaQwen35, "NORM_MB5", on)
-        ops = _flat(build_engine(args, w, CFG, max_context=256, prefill_cols=1, prefill_gemm=0).model.executor.ops)
-        return [op for op in ops if getattr(op, "name", "").startswith("residual_rmsnorm_mb")]
-
-    on, off = norms(True), norms(False)
-    assert {op.name for op in on} == {"residual_rmsnorm_mb5"} and {op.name for op in off} == {"residual_rmsnorm_mb"}
-    assert [(op.grid, op.block, [int(a) for a in op.args[3:5]]) for op in on] == \
-        [(op.grid, op.block, [int(a) for a in op.args[3:5]]) for op in off]
+    assert {op.name for op in on} == {name} and {op.name for op in off} == {"residual_rmsnorm_mb"}
+    assert all(op.block == 1024 for op in on)
+    assert [(op.grid, [int(a) for a in op.args[3:5]]) for op in on] == \
+        [(op.grid, [int(a) for a in op.args[3:5]]) for op in off]  # (the partial planes each sums, their stride)
 
 
 def test_gdn_merge_plumbing(cp, monkeypatch):

@@ -282,6 +282,17 @@ def forced_logits(eng, prompt, forced):
     return [np.asarray(eng.prefill(prompt)).copy()] + [np.asarray(eng.decode_step(t)).copy() for t in forced]
 
 
+def engine_with_o_on_pre2(eng):
+    """`eng` with every o-projection on gemv_rs_pre (the 27B table's choice for its GDN out: where the gated norm's
+    chunk scales and the fused o-projection apply), re-planned and captured; (eng, its ops' kernel names)."""
+    ex = eng.model.executor
+    ex.gemv_cfg = {**ex.gemv_cfg, **{(L["o"].fmt, L["o"].n, L["o"].k): {"pre2": True} for L in ex.layers}}
+    ex.ops = ex._plan()
+    ex.capture()
+    eng.reset()
+    return eng, [getattr(getattr(getattr(op, "__self__", None), "_go", op), "name", "") for op in ex.ops]
+
+
 def assert_close_runs(got, want):
     """Two kernel paths' teacher-forced logits: rel-L2 under 2e-2 at every step, the same greedy choice at all
     but two."""
@@ -400,13 +411,7 @@ def test_gated_chunk_matches_the_one_scale_staging(monkeypatch):
     out = {}
     for on in (0, 1):
         monkeypatch.setattr(CudaQwen35, "GATED_CHUNK", on)
-        eng = build_engine(args, w, CFG, max_context=512, prefill_cols=1)
-        ex = eng.model.executor
-        ex.gemv_cfg = {**ex.gemv_cfg, **{(L["o"].fmt, L["o"].n, L["o"].k): {"pre2": True} for L in ex.layers}}
-        ex.ops = ex._plan()
-        ex.capture()
-        eng.reset()
-        names = [getattr(getattr(getattr(op, "__self__", None), "_go", op), "name", "") for op in ex.ops]
+        eng, names = engine_with_o_on_pre2(build_engine(args, w, CFG, max_context=512, prefill_cols=1))
         assert ("gated_rmsnorm_chunks" in names) == bool(on)
         out[on] = forced_logits(eng, prompt, forced)
     assert_close_runs(out[1], out[0])
@@ -433,13 +438,8 @@ def test_mlp_fused_o_matches_the_separate_o_projection(monkeypatch):
         monkeypatch.setattr(CudaQwen35, "MLP_FUSED_XW", int(xw > 0))
         monkeypatch.setattr(CudaQwen35, "MLP_FUSED_OU", 3 if xw == 3 else 2)
         monkeypatch.setattr(CudaQwen35, "MLP_FUSED_O_ATTN", int(xw == 4))
-        eng = build_engine(args, w, CFG, max_context=512, prefill_cols=1)
+        eng, names = engine_with_o_on_pre2(build_engine(args, w, CFG, max_context=512, prefill_cols=1))
         ex = eng.model.executor
-        ex.gemv_cfg = {**ex.gemv_cfg, **{(L["o"].fmt, L["o"].n, L["o"].k): {"pre2": True} for L in ex.layers}}
-        ex.ops = ex._plan()
-        ex.capture()
-        eng.reset()
-        names = [getattr(getattr(getattr(op, "__self__", None), "_go", op), "name", "") for op in ex.ops]
         gdn = sum(L["kind"] != "full_attention" for L in ex.layers)
         sfx = {0: ",true,true>", 1: ",true,true,true>", 3: ",true,true,true,3>", 4: ",true,true,true>"}[xw]
         want = len(ex.layers) if xw == 4 else gdn if on else 0
