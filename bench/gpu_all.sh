@@ -18,8 +18,9 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
-#   dyn: bench/experiments/mlp_fused_dyn.patch applied (MLP_FUSED_DYN, written without device time): tests (bits
-#        against the static rows), the probe, the 27B A/B with MLP_FUSED_O_SPLITS=1 beside it, bench; next first call
+#   dyn: bench/experiments/mlp_fused_dyn.patch applied (MLP_FUSED_DYN, MLP_FUSED_OROWS; written without device time):
+#        tests (bits against the static rows / one row a warp), the probe, the 27B A/B with MLP_FUSED_O_SPLITS=1 beside
+#        them, bench; the next session's first call
 #   fin16: the defaults, no environment: `ninfer bench` 27B tg128 (depth 0; 32768 with int8 KV) and 35B-A3B tg128;
 #          FULL=1 adds the mlp_fused probe, the 27B breakdown and every GPU test (session 16's s16f)
 #   (session 16's s16a, which applied bench/experiments/gated_chunk.patch and mlp_fused_tail.patch together, and
@@ -396,8 +397,9 @@ timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n
   -o json --out "$OUT/tg128_35b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
 fi
 if [ "$PART" = dyn ]; then  # next session's first call: bench/experiments/mlp_fused_dyn.patch applied (gate|up's row
-# pairs from a work counter, each chunk staged by the warp completing it: MLP_FUSED_DYN): its tests, the probe, the 27B
-# A/B in one process (with the o-projection at 1 split, 6-iteration items, beside it), `ninfer bench` with the best
+# pairs from a work counter, each chunk staged by the warp completing it: MLP_FUSED_DYN; the o-projection two rows a
+# warp: MLP_FUSED_OROWS): its tests, the probe, the 27B A/B in one process (with the o-projection at 1 split, 6-iteration
+# items, beside them), `ninfer bench` with the best
 patch -p1 -s --forward < bench/experiments/mlp_fused_dyn.patch || log "the patch did not apply"
 ready
 log "tests: the dynamic rows against the static ones (bits), the o-projection forms, mlp_fused"
@@ -407,7 +409,7 @@ log "mlp_fused probe"
 timeout 120 python3 bench/mlp_fused_probe.py --out "$OUT/mlp_fused_probe_dyn.json" 2>&1 | tail -4
 log "27B decode A/B in one process"
 timeout 300 python3 bench/gpu_decode.py --synthetic qwen3.8-27b \
-  --attr="base,MLP_FUSED_DYN=1,MLP_FUSED_O_SPLITS=1,MLP_FUSED_DYN=1;MLP_FUSED_O_SPLITS=1" \
+  --attr="base,MLP_FUSED_DYN=1,MLP_FUSED_O_SPLITS=1,MLP_FUSED_OU=2;MLP_FUSED_OROWS=2;MLP_FUSED_O_SPLITS=3,MLP_FUSED_OU=2;MLP_FUSED_OROWS=2,MLP_FUSED_DYN=1;MLP_FUSED_O_SPLITS=1" \
   --out "$OUT/decode_dyn.json" 2>&1 | grep -E "PDL|attr|rror" | head -10
 BEST=$(best_attr_env "$OUT/decode_dyn.json" 0)
 log "27B tg128 (env: ${BEST:-defaults})"
