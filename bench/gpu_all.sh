@@ -18,9 +18,9 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
-#   dyn: bench/experiments/mlp_fused_dyn.patch applied (MLP_FUSED_DYN, MLP_FUSED_OROWS; written without device time):
-#        tests (bits against the static rows / one row a warp), the probe, the 27B A/B with MLP_FUSED_O_SPLITS=1 beside
-#        them, bench; the next session's first call
+#   s17a: bench/experiments/mlp_fused_dyn.patch (MLP_FUSED_DYN, MLP_FUSED_OROWS) and gdn_delta_rw.patch (GDN_DELTA_RW)
+#         applied, both written without device time: tests, the probe, the 27B A/B (with MLP_FUSED_O_SPLITS=1 beside
+#         them), the 35B-A3B A/B of GDN_DELTA_RW, bench; the next session's first call
 #   fin16: the defaults, no environment: `ninfer bench` 27B tg128 (depth 0; 32768 with int8 KV) and 35B-A3B tg128;
 #          FULL=1 adds the mlp_fused probe, the 27B breakdown and every GPU test (session 16's s16f)
 #   (session 16's s16a, which applied bench/experiments/gated_chunk.patch and mlp_fused_tail.patch together, and
@@ -396,25 +396,30 @@ log "35B-A3B tg128 (defaults)"
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
 fi
-if [ "$PART" = dyn ]; then  # next session's first call: bench/experiments/mlp_fused_dyn.patch applied (gate|up's row
-# pairs from a work counter, each chunk staged by the warp completing it: MLP_FUSED_DYN; the o-projection two rows a
-# warp: MLP_FUSED_OROWS): its tests, the probe, the 27B A/B in one process (with the o-projection at 1 split, 6-iteration
-# items, beside them), `ninfer bench` with the best
-patch -p1 -s --forward < bench/experiments/mlp_fused_dyn.patch || log "the patch did not apply"
+if [ "$PART" = s17a ]; then  # next session's first call: bench/experiments/mlp_fused_dyn.patch (gate|up's row pairs
+# from a work counter, each chunk staged by the warp completing it: MLP_FUSED_DYN; the o-projection two rows a warp:
+# MLP_FUSED_OROWS) and gdn_delta_rw.patch (state rows a warp: GDN_DELTA_RW) applied: their tests, the probe, the 27B A/B
+# in one process (with the o-projection at 1 split, 6-iteration items, beside them), the 35B-A3B A/B of GDN_DELTA_RW,
+# `ninfer bench` 27B with the best
+patch -p1 -s --forward < bench/experiments/mlp_fused_dyn.patch || log "the mlp_fused patch did not apply"
+patch -p1 -s --forward < bench/experiments/gdn_delta_rw.patch || log "the gdn_delta patch did not apply"
 ready
-log "tests: the dynamic rows against the static ones (bits), the o-projection forms, mlp_fused"
-gpu_pytest "$OUT/gpu_tests_dyn.txt" tests/gpu/test_gpu_engine.py tests/gpu/test_mlp_fused.py -k "mlp_fused"
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_dyn.txt" | tail -8
+log "tests: the dynamic rows against the static ones (bits), the o-projection forms, mlp_fused, the GDN delta rows"
+gpu_pytest "$OUT/gpu_tests_s17a.txt" tests/gpu/test_gpu_engine.py tests/gpu/test_mlp_fused.py -k "mlp_fused or gdn_delta"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s17a.txt" | tail -8
 log "mlp_fused probe"
-timeout 120 python3 bench/mlp_fused_probe.py --out "$OUT/mlp_fused_probe_dyn.json" 2>&1 | tail -4
+timeout 120 python3 bench/mlp_fused_probe.py --out "$OUT/mlp_fused_probe_s17a.json" 2>&1 | tail -4
 log "27B decode A/B in one process"
-timeout 300 python3 bench/gpu_decode.py --synthetic qwen3.8-27b \
-  --attr="base,MLP_FUSED_DYN=1,MLP_FUSED_O_SPLITS=1,MLP_FUSED_OU=2;MLP_FUSED_OROWS=2;MLP_FUSED_O_SPLITS=3,MLP_FUSED_OU=2;MLP_FUSED_OROWS=2,MLP_FUSED_DYN=1;MLP_FUSED_O_SPLITS=1" \
-  --out "$OUT/decode_dyn.json" 2>&1 | grep -E "PDL|attr|rror" | head -10
-BEST=$(best_attr_env "$OUT/decode_dyn.json" 0)
+timeout 360 python3 bench/gpu_decode.py --synthetic qwen3.8-27b \
+  --attr="base,MLP_FUSED_DYN=1,MLP_FUSED_O_SPLITS=1,MLP_FUSED_OU=2;MLP_FUSED_OROWS=2;MLP_FUSED_O_SPLITS=3,MLP_FUSED_OU=2;MLP_FUSED_OROWS=2,GDN_DELTA_RW=2,GDN_DELTA_RW=4" \
+  --out "$OUT/decode_s17a.json" 2>&1 | grep -E "PDL|attr|rror" | head -16
+log "35B-A3B decode A/B in one process"
+timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --attr="base,GDN_DELTA_RW=2,GDN_DELTA_RW=4" \
+  --out "$OUT/decode_s17a_35b.json" 2>&1 | grep -E "PDL|attr|rror" | head -8
+BEST=$(best_attr_env "$OUT/decode_s17a.json" 0)
 log "27B tg128 (env: ${BEST:-defaults})"
 env $BEST timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
-  -o json --out "$OUT/tg128_27b_dyn.json" 2>&1 | grep -E "^\||rror" | tail -1
+  -o json --out "$OUT/tg128_27b_s17a.json" 2>&1 | grep -E "^\||rror" | tail -1
 fi
 if [ "$PART" = fin16 ]; then  # the defaults (no environment): `ninfer bench` 27B tg128 at depth 0 and 32768 (int8 KV),
 # 35B-A3B tg128; FULL=1: then the mlp_fused probe, the 27B breakdown and every GPU test
