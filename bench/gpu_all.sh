@@ -18,7 +18,7 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
-#   s17a: bench/experiments/mlp_fused_dyn.patch (MLP_FUSED_DYN, MLP_FUSED_OROWS), gdn_delta_rw.patch (GDN_DELTA_RW) and
+#   s17a: bench/experiments/mlp_fused_dyn.patch (MLP_FUSED_DYN, OROWS, NREG), gdn_delta_rw.patch (GDN_DELTA_RW) and
 #         attn_combine_chunks.patch (ATTN_CHUNK) applied, all written without device time: tests, the probe, the 27B
 #         A/B (with MLP_FUSED_O_SPLITS=1 beside them), the 35B-A3B A/B of GDN_DELTA_RW, bench; the next first call
 #   fin16: the defaults, no environment: `ninfer bench` 27B tg128 (depth 0; 32768 with int8 KV) and 35B-A3B tg128;
@@ -398,7 +398,7 @@ timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n
 fi
 if [ "$PART" = s17a ]; then  # next session's first call: bench/experiments/mlp_fused_dyn.patch (gate|up's row pairs
 # from a work counter, each chunk staged by the warp completing it: MLP_FUSED_DYN; the o-projection two rows a warp:
-# MLP_FUSED_OROWS), gdn_delta_rw.patch (state rows a warp: GDN_DELTA_RW) and attn_combine_chunks.patch (the combine over
+# MLP_FUSED_OROWS; the norm's pairs from registers: MLP_FUSED_NREG), gdn_delta_rw.patch (state rows a warp: GDN_DELTA_RW) and attn_combine_chunks.patch (the combine over
 # the splits that hold tokens, staged by chunks: ATTN_CHUNK) applied: their tests, the probe, the 27B A/B in one process
 # (with the o-projection at 1 split, 6-iteration items, beside them), the 35B-A3B A/B of GDN_DELTA_RW, `ninfer bench`
 # 27B with the best (BEST is one variant: where two win, the next call combines them)
@@ -415,7 +415,7 @@ log "mlp_fused probe"
 timeout 120 python3 bench/mlp_fused_probe.py --out "$OUT/mlp_fused_probe_s17a.json" 2>&1 | tail -4
 log "27B decode A/B in one process"
 timeout 360 python3 bench/gpu_decode.py --synthetic qwen3.8-27b \
-  --attr="base,MLP_FUSED_DYN=1,MLP_FUSED_O_SPLITS=1,MLP_FUSED_OU=2;MLP_FUSED_OROWS=2;MLP_FUSED_O_SPLITS=3,MLP_FUSED_OU=2;MLP_FUSED_OROWS=2,GDN_DELTA_RW=2,GDN_DELTA_RW=4,ATTN_CHUNK=1" \
+  --attr="base,MLP_FUSED_DYN=1,MLP_FUSED_NREG=1,MLP_FUSED_O_SPLITS=1,MLP_FUSED_OU=2;MLP_FUSED_OROWS=2;MLP_FUSED_O_SPLITS=3,MLP_FUSED_OU=2;MLP_FUSED_OROWS=2,GDN_DELTA_RW=2,GDN_DELTA_RW=4,ATTN_CHUNK=1" \
   --out "$OUT/decode_s17a.json" 2>&1 | grep -E "PDL|attr|rror" | head -16
 log "35B-A3B decode A/B in one process"
 timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --attr="base,GDN_DELTA_RW=2,GDN_DELTA_RW=4" \
