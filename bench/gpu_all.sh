@@ -408,8 +408,8 @@ patch -p1 -s --forward < bench/experiments/attn_combine_chunks.patch || log "the
 ready
 log "tests: the dynamic rows against the static ones (bits), the o-projection forms, mlp_fused, the GDN delta rows,"
 log "       the chunk-staged attention combine"
-gpu_pytest "$OUT/gpu_tests_s17a.txt" tests/gpu/test_gpu_engine.py tests/gpu/test_mlp_fused.py \
-  -k "mlp_fused or gdn_delta or attn_combine_chunks"
+gpu_pytest "$OUT/gpu_tests_s17a.txt" tests/gpu/test_gpu_engine.py tests/gpu/test_decode_paths.py \
+  tests/gpu/test_mlp_fused.py -k "mlp_fused or gdn_delta or attn_combine_chunks"
 grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s17a.txt" | tail -8
 log "mlp_fused probe"
 timeout 120 python3 bench/mlp_fused_probe.py --out "$OUT/mlp_fused_probe_s17a.json" 2>&1 | tail -4

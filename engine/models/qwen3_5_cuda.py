@@ -352,7 +352,7 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
             if self.MLP_FUSED_O and not self.args.is_moe:
                 if o_plan.xs:
                     o_in = (self.xh_att, self._gated_chunk_scales(), True)
-                elif self.MLP_FUSED_O_ATTN and L["kind"] == "full_attention" and not o_plan.xs:
+                elif self.MLP_FUSED_O_ATTN and L["kind"] == "full_attention":
                     o_in = (self.xh_att, self.xinv_att, False)
             if o_in is not None:
                 fused = self._ffn_fused_ops(L, 0, oproj=(L["o"],) + o_in)

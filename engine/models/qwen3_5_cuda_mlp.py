@@ -236,7 +236,7 @@ class MlpOps:
     def _ffn_fused_ops(self, L, splits: int, oproj=None):
         """(ops, partial planes) of the post-attention norm and the dense MLP as one mlp_fused launch, or None where
         MLP_FUSED is off or its rules do not hold (one token row, int16 pairs, q4 gate|up and q5 down, H <= 8,192).
-        oproj: (o, xh_o, xsc_o[, chunked]): the layer's o-projection first in the same launch (MLP_FUSED_O; chunk-scaled
+        oproj: (o, xh_o, xsc_o, chunked): the layer's o-projection first in the same launch (MLP_FUSED_O; chunk-scaled
         form only, its own barrier counter and help words; chunked False: xsc_o is the row's one inverse scale)."""
         gu, dn = L["gate_up"], L["down"]
         if not (self.MLP_FUSED and self.M == 1 and K.XI16 and not self.FFN_SPLIT and self.H <= 8 * 1024):
@@ -257,8 +257,10 @@ class MlpOps:
                 setattr(self, "mlp_help" + sfx,
                         self.cp.zeros(mlp_fused_help_words(K.sm_count() * 2, gu), dtype=self.cp.uint32))
             help_ = getattr(self, "mlp_help" + sfx)
-        o_arg = None if oproj is None else tuple(oproj[:3]) + (self.MLP_FUSED_O_SPLITS, oproj[3] if len(oproj) > 3
-                                                                 else True, self.MLP_FUSED_OU)
+        o_arg = None
+        if oproj is not None:
+            o, xh_o, xsc_o, chunked = oproj
+            o_arg = (o, xh_o, xsc_o, self.MLP_FUSED_O_SPLITS, chunked, self.MLP_FUSED_OU)
 
         def launch(chunk_scales):
             return mlp_fused_launch(gu, dn, norm, self.act, self.kpad_act, self.xh_act, self.xinv_act,

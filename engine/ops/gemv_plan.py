@@ -342,7 +342,7 @@ def mlp_fused_launch(gu: DevMatrix, dn: DevMatrix, norm: tuple, act, kpad_act: i
     staging after the barrier (not the four kernels' bits; slot and xinv_act untouched). help (chunk-scaled form;
     uint32, mlp_fused_help_words(grid, gu) zeroed words, used with this `bar` only): the chunks left over after an
     equal share a block are computed by every warp of the launch in 32-lane slices, summed by their owner blocks.
-    oproj (chunk-scaled form): (o, xh_o, xsc_o, splits[, chunked, ou]): the layer's o-projection [H, K] in the down's
+    oproj (chunk-scaled form): (o, xh_o, xsc_o, splits, chunked, ou): the layer's o-projection [H, K] in the down's
     format first, from gated_rmsnorm_chunks' pairs and chunk scales (chunked=False: one scale for the row, xsc_o[0];
     ou: its loads a lane in flight, 2 or 3 with xw_early), into `splits` planes of the norm's `part` (the norm then sums
     them, not `norm`'s planes), a grid barrier before the norm; `bar` and `help` then serve such launches only.
@@ -355,7 +355,7 @@ def mlp_fused_launch(gu: DevMatrix, dn: DevMatrix, norm: tuple, act, kpad_act: i
         return None
     ou4ps = osplits = 0
     if oproj is not None:
-        o, xh_o, xsc_o, o_splits, o_chunked, ou = (tuple(oproj) + (True, 2))[:6]
+        o, xh_o, xsc_o, o_splits, o_chunked, ou = oproj
         if chunk_scales is None or o.fmt != dn.fmt or o.n != H:
             return None
         ou4ps, osplits = prestaged_slices(o.gpr * 2, o_splits)

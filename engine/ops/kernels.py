@@ -20,7 +20,7 @@ from engine.backend import cupy_or_none
 
 SOURCES = ("common.cuh", "gemv_decode.cu", "gemv.cu", "gemv_variants.cu", "gemv_mma.cu", "rows.cu", "norm.cu",
            "attention.cu", "gdn.cu", "gdn_chunked.cu", "sample.cu", "sampler.cu", "moe.cu", "attn_prefill.cu", "attn_decode_mma.cu",
-           "gemv_tma.cu", "mlp_fused.cu")
+           "gemv_tma.cu", "persistent.cu", "mlp_fused.cu")
 # Pre-staged GEMV input rows (fp16 pairs, slot-major blocks of 32 chunks) are padded to this many values.
 XPAD = 1024
 FMT_IDS = {"q4_g64_fp16": 0, "q5_g64_fp16": 1, "q6_g64_fp16": 2, "q8_g32_fp16": 3}
@@ -149,7 +149,7 @@ def _source(files=None, ldg: bool = False) -> str:
         parts.insert(0, "#define NI_XI16 1")
     for name in SOURCES[1:] if files is None else files:
         text = (root / name).read_text()
-        parts.append(re.sub(r'#include "common.cuh"\n', "", text))
+        parts.append(re.sub(r'#include "(common.cuh|persistent.cu)"\n', "", text))
     return "\n".join(p.replace("#pragma once\n", "") for p in parts)
 
 
