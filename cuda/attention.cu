@@ -312,14 +312,17 @@ __global__ void __launch_bounds__(256) attn_decode_tt(ATTN_DECODE_PARAMS) {
 
 // out[m][h*256 + d] (row stride ldo) = (sum_s acc_s e^{m_s - M}) / (sum_s l_s e^{m_s - M}) * sigmoid(gate[m][h][d]). grid (Hq, M), block 256.
 // Output value d of query head h, token row m, from the nsplit partial results; written to out.
+// (ns: the splits read, the first ns of nsplit; -1: all)
 __device__ __forceinline__ float combine_one(const float* __restrict__ part_ml, const float* __restrict__ part_acc,
                                              int nsplit, const float* __restrict__ gate, int ldg,
-                                             float* __restrict__ out, int ldo, int Hq, int m, int h, int d) {
+                                             float* __restrict__ out, int ldo, int Hq, int m, int h, int d,
+                                             int ns = -1) {
   const size_t hs0 = ((size_t)m * Hq + h) * nsplit;
+  if (ns < 0) ns = nsplit;
   float M_ = -INFINITY;
-  for (int s = 0; s < nsplit; ++s) M_ = fmaxf(M_, part_ml[(hs0 + s) * 2]);
+  for (int s = 0; s < ns; ++s) M_ = fmaxf(M_, part_ml[(hs0 + s) * 2]);
   float L = 0.f, A = 0.f;
-  for (int s = 0; s < nsplit; ++s) {
+  for (int s = 0; s < ns; ++s) {
     const float ms = part_ml[(hs0 + s) * 2];
     if (ms > -INFINITY) {
       const float c = __expf(ms - M_);
@@ -358,6 +361,32 @@ extern "C" __global__ void attn_combine_stage(const float* __restrict__ part_ml,
   const float bmax = block_max(fabsf(v), red);  // (its barriers order every thread's fence before the ticket)
   stage_row_by_last_block(bmax, amax + m, ticket + m, gridDim.x, out + (size_t)m * ldo, K, kpad,
                           reinterpret_cast<uint4*>(xh + (size_t)m * kpad / 2), xinv + m);
+}
+
+// attn_combine with the o-projection's input staged a 32-value chunk at a time (CudaQwen35.ATTN_CHUNK): block (head
+// h, token row m) of 256 threads combines the head's dims as attn_combine does, but only over the splits that hold
+// tokens (the decode kernels give split s the tokens [s per, (s + 1) per), per = ceil(L / nsplit) rounded up to
+// `round`: attn_decode_mma's 16, the split kernels' 1; the others hold -inf maxima and add nothing, so the same values);
+// warp w packs chunk 8 h + w with its own power-of-two scale (xsc[c] = its inverse, xinv = 1), as gated_rmsnorm_chunks
+// does for the GDN layers: no row maximum, no last block staging the row. (Written after session 16's device time.)
+extern "C" __global__ void __launch_bounds__(256) attn_combine_chunks(
+    const float* __restrict__ part_ml, const float* __restrict__ part_acc, int nsplit, const float* __restrict__ gate,
+    int ldg, float* __restrict__ out, int ldo, int Hq, int K, int kpad, __half2* __restrict__ xh,
+    float* __restrict__ xinv, float* __restrict__ xsc, const int* __restrict__ pos, int round) {
+  NI_PDL_ENTRY();
+  const int m = blockIdx.y, h = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int L = pos[m] + 1;
+  const int per = ((L + nsplit - 1) / nsplit + round - 1) / round * round;
+  const float v = combine_one(part_ml, part_acc, nsplit, gate, ldg, out, ldo, Hq, m, h, threadIdx.x,
+                              min(nsplit, (L + per - 1) / per));
+  if (h == 0 && threadIdx.x == 0) xinv[m] = 1.f;
+  const float sc = pow2_scale(warp_max(fabsf(v)));
+  const int cs = (lane >> 2) & 3, jp = lane & 3, ka = 8 * cs + stage_a(jp), c = h * 8 + warp;
+  const float va = __shfl_sync(0xffffffffu, v, ka), vb = __shfl_sync(0xffffffffu, v, ka + STAGE_GAP);
+  if (lane < 16)
+    reinterpret_cast<unsigned int*>(xh + (size_t)m * kpad / 2)[(c >> 5) * 512 + cs * 128 + (c & 31) * 4 + jp] =
+        stage_pack(va * sc, vb * sc);
+  if (lane == 0) xsc[(size_t)m * (kpad / 32) + c] = 1.f / sc;
 }
 
 // Prefill attention's softmax over fp32 scores [rows, n] (rows = query heads x T of a query block, the

@@ -153,6 +153,50 @@ extern "C" __global__ void __launch_bounds__(256) gdn_delta_raw(
   if (lane == 0) o[((size_t)m * Hv + h) * 128 + dv] = ov;
 }
 
+// gdn_delta_raw with RW state rows a warp (RW divides 128: the rows of one value head; GdnOps.GDN_DELTA_RW): the RW
+// rows' state loads issued first, the head's q and k loaded, normed and its gates computed once for the RW rows (every
+// warp of gdn_delta_raw does so for its one row: 128 times a head). The same operations a row, so the same bits.
+// Grid (ceil(Hv * 128 / (8 RW)), M), 256 threads. (Written after session 16's device time.)
+template <int RW>
+__global__ void __launch_bounds__(256) gdn_delta_raw_rw(
+    const float* __restrict__ qk, int ldqk, const float* __restrict__ vv, int ldv, const float* __restrict__ ab,
+    int ldab, const float* __restrict__ a_log, const float* __restrict__ dt_bias, float q_scale,
+    float* __restrict__ state, float* __restrict__ o, int Hk, int Hv, int tiled) {
+  static_assert(128 % RW == 0, "a warp's rows in one head");
+  NI_PDL_ENTRY();
+  const int lane = threadIdx.x & 31;
+  const int row0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * RW;
+  const int m = blockIdx.y;
+  if (row0 >= Hv * 128) return;
+  const int h = row0 >> 7, dv0 = row0 & 127;
+  float4* sp = reinterpret_cast<float4*>(state + (((size_t)m * Hv + h) * 128 + dv0) * 128) + lane;
+  float4 s[RW];
+  float vr[RW];
+#pragma unroll
+  for (int r = 0; r < RW; ++r) {
+    s[r] = sp[r * 32];
+    vr[r] = vv[(size_t)m * ldv + (size_t)h * 128 + dv0 + r];
+  }
+  const int kh = tiled ? h % Hk : h / (Hv / Hk);
+  float4 q = reinterpret_cast<const float4*>(qk + (size_t)m * ldqk + (size_t)kh * 128)[lane];
+  float4 k = reinterpret_cast<const float4*>(qk + (size_t)m * ldqk + (size_t)(Hk + kh) * 128)[lane];
+  float rq = rsqrtf(warp_sum(q.x * q.x + q.y * q.y + q.z * q.z + q.w * q.w) + 1e-6f);
+  rq *= q_scale;
+  const float rk = rsqrtf(warp_sum(k.x * k.x + k.y * k.y + k.z * k.z + k.w * k.w) + 1e-6f);
+  q = make_float4(q.x * rq, q.y * rq, q.z * rq, q.w * rq);
+  k = make_float4(k.x * rk, k.y * rk, k.z * rk, k.w * rk);
+  const float a = ab[(size_t)m * ldab + h] + dt_bias[h];
+  const float spl = a > 20.f ? a : log1pf(__expf(a));
+  const float alpha = __expf(-__expf(a_log[h]) * spl);
+  const float beta = sigmoidf_(ab[(size_t)m * ldab + Hv + h]);
+#pragma unroll
+  for (int r = 0; r < RW; ++r) {
+    const float ov = delta_reg(s[r], q, k, alpha, beta, vr[r]);
+    sp[r * 32] = s[r];
+    if (lane == 0) o[((size_t)m * Hv + h) * 128 + dv0 + r] = ov;
+  }
+}
+
 // gdn_delta + gated_rmsnorm_stage in one launch (decode, one token per lane row), with gdn_delta's blocks:
 // grid (Hv * 16, M), 256 threads, a warp per state row as in gdn_delta (the same arithmetic), o written to
 // global memory; the last of a head's 16 blocks (a ticket a head) applies the head's gated norm, and the

@@ -22,7 +22,8 @@ def test_dense_engine_builds_and_runs_every_path(cp, kv):
     from engine.models.qwen3_5_cuda import CudaQwen35
 
     gdn = ({"gdn_delta_gated_stage", "gdn_prep"} if CudaQwen35.GDN_FUSED
-           else {"gdn_delta_raw", "gated_rmsnorm_stage"} if CudaQwen35.GDN_PREP_FUSED
+           else {"gdn_delta_raw" if CudaQwen35.GDN_DELTA_RW not in K.GDN_DELTA_RW
+                 else f"gdn_delta_raw_rw<{CudaQwen35.GDN_DELTA_RW}>", "gated_rmsnorm_stage"} if CudaQwen35.GDN_PREP_FUSED
            else {"gdn_delta", "gdn_prep", "gated_rmsnorm_stage"})
     h = args.hidden_size
     norm = ("residual_rmsnorm_mb2" if CudaQwen35.NORM_MB2 and h <= 2048
@@ -66,6 +67,59 @@ def test_norm_forms_plumbing(cp, monkeypatch, flag, other, name):
     assert all(op.block == 1024 for op in on)
     assert [(op.grid, [int(a) for a in op.args[3:5]]) for op in on] == \
         [(op.grid, [int(a) for a in op.args[3:5]]) for op in off]  # (the partial planes each sums, their stride)
+
+
+@pytest.mark.parametrize("rw", [2, 4])
+def test_gdn_delta_rw_plumbing(cp, monkeypatch, rw):
+    """NINFER_GDN_DELTA_RW: gdn_delta_raw_rw<RW> with gdn_delta_raw's arguments on a grid RW times smaller."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+
+    args, w = _weights(CFG)
+    monkeypatch.setattr(CudaQwen35, "GDN_FUSED", False)
+
+    def deltas(v):
+        monkeypatch.setattr(CudaQwen35, "GDN_DELTA_RW", v)
+        ops = _flat(build_engine(args, w, CFG, max_context=256, prefill_cols=1, prefill_gemm=0).model.executor.ops)
+        return [op for op in ops if getattr(op, "name", "").startswith("gdn_delta_raw")]
+
+    one, many = deltas(1), deltas(rw)
+    assert one and {op.name for op in many} == {f"gdn_delta_raw_rw<{rw}>"} and len(many) == len(one)
+    assert all(b.grid == (-(-a.grid[0] // rw), a.grid[1]) and len(a.args) == len(b.args)
+               and [int(x) for x in a.args[-3:]] == [int(x) for x in b.args[-3:]] for a, b in zip(one, many))
+
+
+def test_attn_chunk_plumbing(cp, monkeypatch):
+    """NINFER_ATTN_CHUNK=1: where the attention layers' o-projection takes chunk scales (gemv_rs_pre, pre2), their
+    combine is attn_combine_chunks (block 256, the staging arguments, xsc_att, the positions, the split rounding) and
+    the fused MLP's o-phase reads the chunk scales; elsewhere, or off, attn_combine_stage."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+    from engine.ops import kernels as K
+
+    args, w = _weights(CFG)
+    monkeypatch.setattr(K, "resident_blocks", lambda name, block, smem=0: 1)
+    monkeypatch.setattr(CudaQwen35, "GDN_FUSED", False)
+
+    def ops(chunk, pre2):
+        monkeypatch.setattr(CudaQwen35, "ATTN_CHUNK", chunk)
+        ex = build_engine(args, w, CFG, max_context=256, prefill_cols=1, prefill_gemm=0).model.executor
+        if pre2:
+            ex.gemv_cfg = {**ex.gemv_cfg, **{(L["o"].fmt, L["o"].n, L["o"].k): {"pre2": True} for L in ex.layers}}
+            ex.ops = ex._plan()
+        return ex, [getattr(getattr(op, "__self__", None), "_go", op) for op in _flat(ex.ops)]
+
+    for chunk, pre2 in ((0, True), (1, False)):
+        _, o = ops(chunk, pre2)
+        assert not any(getattr(op, "name", "") == "attn_combine_chunks" for op in o)
+    ex, o = ops(1, True)
+    n_att = sum(L["kind"] == "full_attention" for L in ex.layers)
+    cc = [op for op in o if getattr(op, "name", "") == "attn_combine_chunks"]
+    assert len(cc) == n_att > 0 and not any(getattr(op, "name", "") == "attn_combine_stage" for op in o)
+    assert all(op.block == 256 and int(op.args[12]) == ex.xsc_att.data.ptr and int(op.args[13]) == ex.qpos.data.ptr
+               and int(op.args[14]) in (1, 16) for op in cc)
+    fused = [op for op in o if getattr(op, "name", "").startswith("mlp_fused<")]
+    assert fused and all(int(op.args[39]) == ex.xsc_att.data.ptr and int(op.args[40]) == 1 for op in fused)
 
 
 def test_gdn_merge_plumbing(cp, monkeypatch):
@@ -202,6 +256,7 @@ def test_gated_chunk_plumbing(cp, monkeypatch):
     args, w = _weights(CFG)
     monkeypatch.setattr(CudaQwen35, "GDN_FUSED", False)
     monkeypatch.setattr(CudaQwen35, "MLP_FUSED_O", 0)  # (the o-projection as its own GEMV; inside mlp_fused: below)
+    monkeypatch.setattr(CudaQwen35, "ATTN_CHUNK", 0)  # (the attention layers' chunk staging: its own test)
 
     def names(on, pre2):
         monkeypatch.setattr(CudaQwen35, "GATED_CHUNK", on)
@@ -347,6 +402,7 @@ def test_gdn_prep_in_the_projections_epilogue(cp, monkeypatch):
     from engine.ops import kernels as K
 
     monkeypatch.setattr(CudaQwen35, "GDN_PREP_FUSED", True)
+    monkeypatch.setattr(CudaQwen35, "GDN_DELTA_RW", 1)  # (state rows a warp: test_gdn_delta_rw_plumbing)
     args, w = _weights(CFG)
     eng = build_engine(args, w, CFG, max_context=256, prefill_cols=8, prefill_gemm=0)
     ex = eng.model.executor

@@ -119,6 +119,7 @@ def test_mlp_fused_o_plumbing(cp, monkeypatch):
     monkeypatch.setattr(CudaQwen35, "GDN_FUSED", False)
     monkeypatch.setattr(CudaQwen35, "MLP_FUSED_OU", 2)  # (the defaults, OU 3 and O_ATTN, below)
     monkeypatch.setattr(CudaQwen35, "MLP_FUSED_O_ATTN", 0)
+    monkeypatch.setattr(CudaQwen35, "ATTN_CHUNK", 0)  # (with it the attention layers' o-projection goes in too)
 
     def ops(on):
         monkeypatch.setattr(CudaQwen35, "MLP_FUSED_O", on)

@@ -316,6 +316,8 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
             att_k = L["o"].k
             att_kpad = -(-att_k // K.XPAD) * K.XPAD  # per layer: the staged row stride the o-projection's K implies
             att_stage = (att_k, att_kpad, self.xh_att, self.xinv_att)
+            o_gemv = lambda xs=None: self._plan_gemv(L["o"], self.att, self.part, "partial",  # noqa: E731
+                                                     self._splits(L["o"]), (self.xh_att, self.xinv_att), xs=xs)
             if L["kind"] == "full_attention":
                 qk = self._gemv(L["qk"], self.xn, self.buf_a, xpre=xn)
                 qw = self.Hq * ATTN_HEAD_DIM
@@ -330,7 +332,16 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
                 core += self._attn_core_ops(L, ldb)
                 # (a one-block combine + staging measured 48 us a layer against 6 + 4.4 for the two
                 # kernels: the combine's split loop needs its Hq blocks; ATTN_FUSED keeps them)
-                if self.ATTN_FUSED and type(self)._attn_core_ops is CudaQwen35._attn_core_ops:
+                # ATTN_CHUNK: the combine over the splits that hold tokens, its output staged a chunk at a time where
+                # the o-projection's GEMV (or the fused MLP's o-phase) takes chunk scales
+                fused_core = self.ATTN_FUSED and type(self)._attn_core_ops is CudaQwen35._attn_core_ops
+                o_plan = o_gemv(self._gated_chunk_scales() if self.ATTN_CHUNK and fused_core else None)
+                if fused_core and o_plan.xs:
+                    core[-1] = K.prepared("attn_combine_chunks", (self.Hq, M),
+                                          (self.attn_ml, self.attn_acc, self.nsplit, self.buf_b, ldb, self.att,
+                                           self.att.shape[1], self.Hq) + att_stage
+                                          + (self.xsc_att, self.qpos, 16 if self._attn_mma() else 1), block=256)
+                elif fused_core:
                     tk = self.attn_tick
                     core[-1] = K.prepared("attn_combine_stage", (self.Hq, M),
                                           (self.attn_ml, self.attn_acc, self.nsplit, self.buf_b, ldb, self.att,
@@ -340,13 +351,9 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
             else:
                 # GATED_CHUNK: the o-projection reads the gated norm's output staged a chunk at a time where its
                 # GEMV takes chunk scales
-                o_plan = self._plan_gemv(L["o"], self.att, self.part, "partial", self._splits(L["o"]),
-                                         (self.xh_att, self.xinv_att), xs=self._gated_chunk_scales())
+                o_plan = o_gemv(self._gated_chunk_scales())
                 proj, core = self._gdn_ops(L, xn, att_stage, chunk=o_plan.xs)
                 ops.extend(proj)
-            if L["kind"] == "full_attention":
-                o_plan = self._plan_gemv(L["o"], self.att, self.part, "partial", self._splits(L["o"]),
-                                         (self.xh_att, self.xinv_att))
             ops.extend(core)
             o_in = None  # (the o-projection inside the fused MLP: its input pairs and scales)
             if self.MLP_FUSED_O and not self.args.is_moe:

@@ -25,6 +25,11 @@ class AttentionOps:
     # head of a row stages it); NINFER_ATTN_FUSED=0 for the two. Session 8 on the H200 (s8, in-process A/B,
     # twice each): 27B 127.0 / 127.0 against 126.9 / 126.9 tok/s, 35B-A3B 336.8 / 336.6 against 336.4 / 336.5.
     ATTN_FUSED = os.environ.get("NINFER_ATTN_FUSED", "1") != "0"
+    # NINFER_ATTN_CHUNK=1 (with ATTN_FUSED and GATED_CHUNK): attn_combine_chunks, the combine over the splits that hold
+    # tokens only (at a short context most of the nsplit are empty) with its output staged a 32-value chunk at a time
+    # (no row maximum, no last block), where the o-projection takes chunk scales. Session 17 (s17a, H200, in-process
+    # A/B, two passes): 27B 153.9 / 153.9 against 153.1 / 153.2 tok/s. NINFER_ATTN_CHUNK=0 for attn_combine_stage.
+    ATTN_CHUNK = int(os.environ.get("NINFER_ATTN_CHUNK", "1"))
     # Decode attention: tokens a warp a round; NINFER_ATTN_TT=4 takes attn_decode_tt (4 tokens' K/V asked for at
     # once), 1 attn_decode_split (the kernel of sessions 2-6), the default until 4 is measured on a GPU.
     ATTN_TT = int(os.environ.get("NINFER_ATTN_TT", "1"))

@@ -33,6 +33,11 @@ class GdnOps:
     # against 147.2 tok/s, 35B-A3B flat (429.5 / 429.3 against 429.7 / 429.3); NINFER_GATED_CHUNK=0 for the one-scale
     # staging (gated_rmsnorm_stage).
     GATED_CHUNK = int(os.environ.get("NINFER_GATED_CHUNK", "1"))
+    # NINFER_GDN_DELTA_RW=2 / 4: gdn_delta_raw_rw<RW>, RW state rows a warp (their loads first; the head's q/k norms and
+    # gates once a warp, not once a row), the same bits; 1: gdn_delta_raw. Session 17 (s17a, H200, in-process A/B, two
+    # passes): 27B 153.8 / 153.8 (4), 153.7 / 153.7 (2) against 153.1 / 153.2 tok/s; 35B-A3B 432.3 / 432.1 (4),
+    # 432.5 / 432.3 (2) against 431.3 / 431.3. Default 4.
+    GDN_DELTA_RW = int(os.environ.get("NINFER_GDN_DELTA_RW", "4"))
 
     def _gated_chunk_scales(self):
         """The o-projection's chunk scales (fp32, a value a 32-value chunk of the staged row) or None (off)."""
@@ -45,7 +50,9 @@ class GdnOps:
     def _raw_core(self, L, buf_a, lda, buf_b, ldb, att_stage, chunk: bool = False):
         """The delta rule over the projections' conv outputs (gdn_delta_raw), then the gated norm and staging."""
         Hk, Hv, M = self.Hk, self.Hv, self.M
-        return [K.prepared("gdn_delta_raw", (-(-Hv * GDN_HEAD_DIM // K.WARPS), M),
+        rw = self.GDN_DELTA_RW if self.GDN_DELTA_RW in K.GDN_DELTA_RW else 1
+        return [K.prepared("gdn_delta_raw" if rw == 1 else f"gdn_delta_raw_rw<{rw}>",
+                           (-(-Hv * GDN_HEAD_DIM // (K.WARPS * rw)), M),
                            (buf_a, lda, buf_b, ldb, self.ab, self.ab.shape[1], L["a_log"], L["dt_bias"],
                             float(1.0 / math.sqrt(GDN_HEAD_DIM)), L["state"], self.att2, Hk, Hv, 0)),
                 self._gated_norm(L, ldb, Hv * GDN_HEAD_DIM, att_stage, buf_b, chunk=chunk)]

@@ -102,6 +102,7 @@ GDN_SCAN_TC_RB = (32, 64)  # one block an SM either way: 64 (96 blocks) fills th
 
 
 WARPS = 8  # every kernel runs 256-thread blocks
+GDN_DELTA_RW = (2, 4)  # gdn_delta_raw_rw<RW>: state rows a warp (cuda/gdn.cu)
 # Programmatic dependent launch: each kernel may start while the one before it finishes (its blocks
 # wait at griddepcontrol.wait before reading what that kernel wrote; GEMVs prefetch weights first).
 # NINFER_PDL=0 launches plainly. Read at each launch (a graph keeps what it was captured with).
@@ -213,6 +214,7 @@ def _names(experimental: bool = False) -> list[str]:
     # the GDN projections' conv epilogue (EPI_CONV), one token: gemv_rs / gemv_rs_pre<..., true>
     names += [f"gemv_rs<{f},{r},1,{u},true>" for f in range(4) for r in GEMV_CONV_ROWS for u in GEMV_UNROLL]
     names += [f"gemv_rs_pre<{f},{r},1,{u},true>" for f in pre_f for r, u in GEMV_PRE_MAIN]
+    names += [f"gdn_delta_raw_rw<{rw}>" for rw in GDN_DELTA_RW]  # (state rows a warp, GdnOps.GDN_DELTA_RW)
     names += list(GEMV_PRE_XS_NAMES)  # (x with a scale a 32-value chunk: the GDN o-projection, GATED_CHUNK)
     names += [f"gemv_bf16<{m}>" for m in GEMV_M]
     names += list(MLP_FUSED_NAMES) if XI16 else []  # (the dense MLP's persistent launch, cuda/mlp_fused.cu)

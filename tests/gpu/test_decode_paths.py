@@ -67,6 +67,31 @@ def test_attention_on_tensor_cores_matches_the_split_kernel(monkeypatch):
     assert_close_runs(out[True], out[False])
 
 
+@pytest.mark.parametrize("mma", [False, True])
+def test_attn_combine_chunks_matches_the_one_scale_staging(monkeypatch, mma):
+    """NINFER_ATTN_CHUNK=1 (attn_combine_chunks: the combine over the splits that hold tokens, each 32-value chunk of
+    its output staged with its own scale) on a model with the 27B's grouping, attn_decode_split's and attn_decode_mma's
+    split sizes (round 1 / 16): the logits after a 150-token prefill and over 40 teacher-forced steps close to
+    attn_combine_stage's, the same greedy choices there; with the o-projection inside the fused MLP and as its own
+    GEMV."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+
+    cfg = dict(CFG, num_attention_heads=12, num_key_value_heads=2)
+    args, w, prompt, forced = forced_case(cfg, 21)
+    monkeypatch.setattr(CudaQwen35, "ATTN_MMA", mma)
+    monkeypatch.setattr(CudaQwen35, "GDN_FUSED", False)
+    out = {}
+    for chunk, fo in ((0, 1), (1, 1), (1, 0)):
+        monkeypatch.setattr(CudaQwen35, "ATTN_CHUNK", chunk)
+        monkeypatch.setattr(CudaQwen35, "MLP_FUSED_O", fo)
+        eng, names = engine_with_o_on_pre2(build_engine(args, w, cfg, max_context=512, prefill_cols=1))
+        assert ("attn_combine_chunks" in names) == bool(chunk) and ("attn_combine_stage" in names) != bool(chunk)
+        out[chunk, fo] = forced_logits(eng, prompt, forced)
+    for key in ((1, 1), (1, 0)):
+        assert_close_runs(out[key], out[0, 1])
+
+
 def test_attention_raw_k_matches_the_decoded_k(monkeypatch):
     """NINFER_ATTN_KRAW=1 (int8 KV: K's codes into the MMAs, the group scales on the scores) on a model with the
     27B's grouping: the logits after a 150-token prefill and over 40 teacher-forced steps close to
@@ -176,6 +201,7 @@ def test_mlp_fused_o_matches_the_separate_o_projection(monkeypatch):
     args, w, prompt, forced = forced_case(CFG, 16)
     monkeypatch.setattr(CudaQwen35, "GDN_FUSED", False)
     monkeypatch.setattr(CudaQwen35, "GATED_CHUNK", 1)
+    monkeypatch.setattr(CudaQwen35, "ATTN_CHUNK", 0)  # (the attention layers' o inside by chunk scales: its own test)
     out = {}
     # (xw: MLP_FUSED_XW, the norm's x and weight before the o barrier; then the o loads in flight, MLP_FUSED_OU = 3;
     # then the attention layers' o-projection inside too, MLP_FUSED_O_ATTN)

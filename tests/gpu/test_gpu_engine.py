@@ -166,6 +166,7 @@ def test_fused_tails_give_the_same_logits(flag, kernel, tick, monkeypatch):
     prompt = [int(t) for t in np.random.default_rng(8).integers(0, CFG["vocab_size"], 12)]
     out = {}
     monkeypatch.setattr(CudaQwen35, "GDN_PREP_FUSED", False)  # (the GDN tail fusion takes gdn_prep's outputs)
+    monkeypatch.setattr(CudaQwen35, "ATTN_CHUNK", 0)  # (attn_combine_chunks in place of the fused tail: its own test)
     for fused in (False, True):
         monkeypatch.setattr(CudaQwen35, flag, fused)
         eng = build_engine(args, w, CFG, max_context=256, prefill_cols=1)
@@ -205,6 +206,37 @@ def test_stage_from_the_gate_up_amax_gives_the_same_logits(monkeypatch):
         assert not eng.model.executor.stage_slot.get().any()
     assert out[False][0] == out[True][0]
     assert np.array_equal(out[False][1], out[True][1])
+
+
+def test_gdn_delta_rows_a_warp_give_the_same_tokens(monkeypatch):
+    """NINFER_GDN_DELTA_RW=2 / 4 (gdn_delta_raw_rw: state rows a warp, the head's q/k norms and gates once a warp): the
+    same greedy tokens as gdn_delta_raw over a prefill and 40 steps, logits and GDN state within fp32 rounding (the same
+    operations a row; the compiler may contract them differently)."""
+    from engine import gpu_weights
+    from engine.config import ModelArgs
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+
+    args = ModelArgs.from_config(CFG)
+    w = gpu_weights.from_logical(args, quantized_weights(args))
+    prompt = [int(t) for t in np.random.default_rng(19).integers(0, CFG["vocab_size"], 12)]
+    monkeypatch.setattr(CudaQwen35, "GDN_FUSED", False)
+    out = {}
+    for rw in (1, 2, 4):
+        monkeypatch.setattr(CudaQwen35, "GDN_DELTA_RW", rw)
+        eng = build_engine(args, w, CFG, max_context=256, prefill_cols=1)
+        names = {getattr(op, "name", "") for op in eng.model.executor.ops}
+        assert ("gdn_delta_raw" if rw == 1 else f"gdn_delta_raw_rw<{rw}>") in names
+        first = int(np.argmax(eng.prefill(prompt)))
+        toks = eng.decode_greedy(first, 40)
+        logits = np.asarray(eng.decode_step(3)).copy()
+        states = [L["state"].get() for L in eng.model.executor.layers if "state" in L]
+        out[rw] = (toks, logits, states)
+    for rw in (2, 4):
+        assert out[rw][0] == out[1][0]
+        assert np.allclose(out[rw][1], out[1][1], rtol=1e-5, atol=1e-5)
+        for a, b in zip(out[rw][2], out[1][2]):
+            assert np.allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_gdn_prep_in_the_projection_epilogue_gives_the_same_tokens(monkeypatch):
