@@ -18,9 +18,10 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
-#   s17a: bench/experiments/mlp_fused_dyn.patch (MLP_FUSED_DYN, OROWS, NREG), gdn_delta_rw.patch (GDN_DELTA_RW) and
-#         attn_combine_chunks.patch (ATTN_CHUNK) applied, all written without device time: tests, the probe, the 27B
-#         A/B (with MLP_FUSED_O_SPLITS=1 beside them), the 35B-A3B A/B of GDN_DELTA_RW, bench; the next first call
+#   s17b: moe_fused (NINFER_MOE_FUSED, the MoE block in one persistent launch): tests, probe, 35B-A3B A/B, bench 35B-A3B
+#         with the best and 27B on the defaults
+#   (session 17's s17a, which applied bench/experiments' mlp_fused_dyn, gdn_delta_rw and attn_combine_chunks patches
+#   for the A/B, is in git history at 104f851: GDN_DELTA_RW and ATTN_CHUNK kept, the mlp_fused_dyn patch dropped)
 #   fin16: the defaults, no environment: `ninfer bench` 27B tg128 (depth 0; 32768 with int8 KV) and 35B-A3B tg128;
 #          FULL=1 adds the mlp_fused probe, the 27B breakdown and every GPU test (session 16's s16f)
 #   (session 16's s16a, which applied bench/experiments/gated_chunk.patch and mlp_fused_tail.patch together, and
@@ -396,34 +397,26 @@ log "35B-A3B tg128 (defaults)"
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
 fi
-if [ "$PART" = s17a ]; then  # next session's first call: bench/experiments/mlp_fused_dyn.patch (gate|up's row pairs
-# from a work counter, each chunk staged by the warp completing it: MLP_FUSED_DYN; the o-projection two rows a warp:
-# MLP_FUSED_OROWS; the norm's pairs from registers: MLP_FUSED_NREG), gdn_delta_rw.patch (state rows a warp: GDN_DELTA_RW) and attn_combine_chunks.patch (the combine over
-# the splits that hold tokens, staged by chunks: ATTN_CHUNK) applied: their tests, the probe, the 27B A/B in one process
-# (with the o-projection at 1 split, 6-iteration items, beside them), the 35B-A3B A/B of GDN_DELTA_RW, `ninfer bench`
-# 27B with the best (BEST is one variant: where two win, the next call combines them)
-patch -p1 -s --forward < bench/experiments/mlp_fused_dyn.patch || log "the mlp_fused patch did not apply"
-patch -p1 -s --forward < bench/experiments/gdn_delta_rw.patch || log "the gdn_delta patch did not apply"
-patch -p1 -s --forward < bench/experiments/attn_combine_chunks.patch || log "the attn_combine patch did not apply"
+if [ "$PART" = s17b ]; then  # session 17: moe_fused (the MoE block of one token in one persistent launch, written
+# without device time): its tests with the session's new defaults (GDN_DELTA_RW=4, ATTN_CHUNK), the probe, the 35B-A3B
+# A/B in one process, `ninfer bench` 35B-A3B with the best and 27B tg128 on the defaults
 ready
-log "tests: the dynamic rows against the static ones (bits), the o-projection forms, mlp_fused, the GDN delta rows,"
-log "       the chunk-staged attention combine"
-gpu_pytest "$OUT/gpu_tests_s17a.txt" tests/gpu/test_gpu_engine.py tests/gpu/test_decode_paths.py \
-  tests/gpu/test_mlp_fused.py -k "mlp_fused or gdn_delta or attn_combine_chunks"
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s17a.txt" | tail -8
-log "mlp_fused probe"
-timeout 120 python3 bench/mlp_fused_probe.py --out "$OUT/mlp_fused_probe_s17a.json" 2>&1 | tail -4
-log "27B decode A/B in one process"
-timeout 360 python3 bench/gpu_decode.py --synthetic qwen3.8-27b \
-  --attr="base,MLP_FUSED_DYN=1,MLP_FUSED_NREG=1,MLP_FUSED_O_SPLITS=1,MLP_FUSED_OU=2;MLP_FUSED_OROWS=2;MLP_FUSED_O_SPLITS=3,MLP_FUSED_OU=2;MLP_FUSED_OROWS=2,GDN_DELTA_RW=2,GDN_DELTA_RW=4,ATTN_CHUNK=1" \
-  --out "$OUT/decode_s17a.json" 2>&1 | grep -E "PDL|attr|rror" | head -16
+log "tests: moe_fused against the NumPy engine, the MoE engine tests, the dense engine and decode-path tests"
+gpu_pytest "$OUT/gpu_tests_s17b.txt" tests/gpu/test_gpu_engine_moe.py tests/gpu/test_gpu_engine.py \
+  tests/gpu/test_decode_paths.py
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s17b.txt" | tail -10
+log "moe_fused probe"
+timeout 150 python3 bench/moe_fused_probe.py --out "$OUT/moe_fused_probe_s17b.json" 2>&1 | tail -4
 log "35B-A3B decode A/B in one process"
-timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --attr="base,GDN_DELTA_RW=2,GDN_DELTA_RW=4" \
-  --out "$OUT/decode_s17a_35b.json" 2>&1 | grep -E "PDL|attr|rror" | head -8
-BEST=$(best_attr_env "$OUT/decode_s17a.json" 0)
-log "27B tg128 (env: ${BEST:-defaults})"
-env $BEST timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
-  -o json --out "$OUT/tg128_27b_s17a.json" 2>&1 | grep -E "^\||rror" | tail -1
+timeout 240 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b \
+  --attr="base,MOE_FUSED=1,MOE_FUSED=1;MOE_FUSED_DR=3" --out "$OUT/decode_s17b_35b.json" 2>&1 | grep -E "PDL|attr|rror" | head -10
+BEST=$(best_attr_env "$OUT/decode_s17b_35b.json" 0)
+log "35B-A3B tg128 (env: ${BEST:-defaults})"
+env $BEST timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
+  -o json --out "$OUT/tg128_35b_s17b.json" 2>&1 | grep -E "^\||rror" | tail -1
+log "27B tg128 (defaults)"
+timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
+  -o json --out "$OUT/tg128_27b_s17b.json" 2>&1 | grep -E "^\||rror" | tail -1
 fi
 if [ "$PART" = fin16 ]; then  # the defaults (no environment): `ninfer bench` 27B tg128 at depth 0 and 32768 (int8 KV),
 # 35B-A3B tg128; FULL=1: then the mlp_fused probe, the 27B breakdown and every GPU test

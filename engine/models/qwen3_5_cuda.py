@@ -368,8 +368,8 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
                     prev_splits = fused[1]
                     continue
             ops.append(o_plan.launch)
-            one_launch = None if self.args.is_moe else (self._ffn_fused_ops(L, o_plan.splits)
-                                                        or self._ffn_tma_ops(L, o_plan.splits))
+            one_launch = self._moe_fused_ops(L, o_plan.splits) if self.args.is_moe else (
+                self._ffn_fused_ops(L, o_plan.splits) or self._ffn_tma_ops(L, o_plan.splits))
             if one_launch is not None:  # (the post-attention norm inside the fused MLP / gate|up launch)
                 ops.extend(one_launch[0])
                 prev_splits = one_launch[1]

@@ -69,6 +69,51 @@ class MlpOps:
                            np.uint64(sd.ptr(sd.base)), np.uint64(sd.ptr(sd.high)), np.uint64(sd.ptr(sd.scales)),
                            sd.gpr, self.act, sd.k, H, dn.k, self.part, self.M * H, self.ewts, k))
 
+    # NINFER_MOE_FUSED=1: the post-attention norm and the MoE block of one token as one persistent launch
+    # (cuda/moe_fused.cu: norm, router + shared gate|up, a grid barrier, top-k in every block + routed gate|up staged by
+    # chunks, a grid barrier, every down-projection into moe_down's k + 1 planes): three barriers' worth of launches
+    # fewer a layer and no launch ramp before the routed weights. NINFER_MOE_FUSED_DR: the down's rows a half-warp
+    # (2 or 3). Written in session 17; off until measured (bench/NOTES-decode.md).
+    MOE_FUSED = int(os.environ.get("NINFER_MOE_FUSED", "0"))
+    MOE_FUSED_DR = int(os.environ.get("NINFER_MOE_FUSED_DR", "2"))
+    moe_tstamp = None  # (bench/: 8 uint64 a block of phase timestamps, read by a probe)
+
+    def _moe_fused_ops(self, L, splits: int):
+        """(ops, partial planes) of the post-attention norm and the MoE block as one moe_fused launch, or None where
+        MOE_FUSED is off or its rules do not hold (one token, int16 pairs, the compiled formats, a bf16 router of
+        E + 1 rows, widths on 32-value chunks, every block's routed chunks in its shared memory)."""
+        rw, gu, dn, sg, sd = (L[k] for k in ("router", "experts_gu", "experts_down", "shared_gu", "shared_down"))
+        H, E, k, ie, si = self.H, self.args.num_experts, self.topk, self.inter_e, self.inter_sh
+        fmts = [K.FMT_IDS.get(m.fmt) for m in (gu, dn, sg, sd)]
+        vpt = min((v for v in K.MOE_FUSED_VPT if v * 1024 >= H), default=0)
+        name = f"moe_fused<{','.join(map(str, fmts))},{vpt},{self.MOE_FUSED_DR}>"
+        if not (self.MOE_FUSED and self.M == 1 and K.XI16 and name in K.MOE_FUSED_NAMES and rw.fmt == "bf16"
+                and rw.n == E + 1 and rw.k == H and H % 256 == 0 and ie % 32 == 0 and si % 32 == 0 and k <= 16
+                and E <= 512 and gu.n == E * 2 * ie and dn.n == E * H and dn.k == ie and sg.n == 2 * si
+                and sd.n == H and sd.k == si):
+            return None
+        smem = self.kpad_h * 6  # (the normed row's pairs and fp32 values)
+        grid = K.sm_count() * K.resident_blocks(name, 1024, smem)
+        if -(-(k * ie // 32) // grid) > K.MOE_FUSED_CHUNKS or si // 32 > grid:
+            return None
+        cp = self.cp
+        if getattr(self, "moe_bar", None) is None:
+            self.moe_bar = cp.zeros(1, dtype=cp.uint64)
+            kp = -(-(k * ie + si) // K.XPAD) * K.XPAD  # (the down's staged input: the k slots', then the shared one)
+            self.moe_xh = cp.zeros(kp // 2, dtype=cp.uint32)
+            self.moe_xsc = cp.zeros(kp // 32, dtype=cp.float32)
+        x_in, x_out = self._res
+        self._res = (x_out, x_in)
+        P, I = (lambda m, a: np.uint64(m.ptr(a))), np.int32
+        args = (x_in, x_out, self.part, I(splits), I(self.M * H), L["post_norm"], I(H),
+                np.float32(self.args.rms_norm_eps), I(self.kpad_h), P(rw, rw.base), I(E), I(k), self.rlog, self.eidx,
+                self.ewts, P(gu, gu.base), P(gu, gu.high), P(gu, gu.scales), I(gu.gpr), I(ie), self.moe_xh,
+                self.moe_xsc, P(sg, sg.base), P(sg, sg.high), P(sg, sg.scales), I(sg.gpr), I(si), self.act,
+                P(dn, dn.base), P(dn, dn.high), P(dn, dn.scales), I(dn.gpr),
+                P(sd, sd.base), P(sd, sd.high), P(sd, sd.scales), I(sd.gpr), self.moe_bar,
+                np.uint64(0) if self.moe_tstamp is None else self.moe_tstamp)
+        return [K.prepared(name, (grid,), args, block=1024, smem=smem, cooperative=True)], k + 1
+
     def _moe_ops(self, L, xn):
         """Router -> top-k on the device -> routed experts (grid.z = slot) writing weighted partials
         part[0..k), shared expert into part[k]; the next norm sums the k + 1 partials."""

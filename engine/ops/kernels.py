@@ -20,7 +20,7 @@ from engine.backend import cupy_or_none
 
 SOURCES = ("common.cuh", "gemv_decode.cu", "gemv.cu", "gemv_variants.cu", "gemv_mma.cu", "rows.cu", "norm.cu",
            "attention.cu", "gdn.cu", "gdn_chunked.cu", "sample.cu", "sampler.cu", "moe.cu", "attn_prefill.cu", "attn_decode_mma.cu",
-           "gemv_tma.cu", "persistent.cu", "mlp_fused.cu")
+           "gemv_tma.cu", "persistent.cu", "mlp_fused.cu", "moe_fused.cu")
 # Pre-staged GEMV input rows (fp16 pairs, slot-major blocks of 32 chunks) are padded to this many values.
 XPAD = 1024
 FMT_IDS = {"q4_g64_fp16": 0, "q5_g64_fp16": 1, "q6_g64_fp16": 2, "q8_g32_fp16": 3}
@@ -173,6 +173,13 @@ MLP_FUSED_CHUNKS = 16  # (cuda/mlp_fused.cu MLP_CHUNKS: 32-value chunks a block 
 MLP_FUSED_NAMES = tuple(f"mlp_fused<0,1,1,{v}{c}>" for v in MLP_FUSED_VPT for c in ("", ",true")) + tuple(
     f"mlp_fused<0,1,1,{v}{c}>" for v in (1, 5) for c in ((",true,true", ",true,true,true") if v == 1 else ())
     + (",true,true,true,3",))
+# moe_fused<routed gate|up fmt, routed down fmt, shared gate|up fmt, shared down fmt, norm values a thread, down rows a
+# half-warp> (cuda/moe_fused.cu: the MoE block of one token in one persistent launch, CudaQwen35.MOE_FUSED): the
+# groupwise-int-moe recipe's q4 / q5 routed experts and w8 shared expert; VPT 2 for the 35B-A3B's 2,048, 1 for the tests'
+MOE_FUSED_VPT = (1, 2)
+MOE_FUSED_DR = (2, 3)
+MOE_FUSED_CHUNKS = 16  # (cuda/moe_fused.cu MOE_CHUNKS: routed 32-value chunks a block)
+MOE_FUSED_NAMES = tuple(f"moe_fused<0,1,3,3,{v},{r}>" for v in MOE_FUSED_VPT for r in MOE_FUSED_DR)
 # (down rows 2 spill; ",true": the chunk-scaled down input; ",true,true": with the o-projection first, MLP_FUSED_O; a
 # third: the norm's x and weight before its barrier, MLP_FUSED_XW; a last 3: the o-projection's loads a lane in flight,
 # MLP_FUSED_OU. The o-projection forms for the 27B's hidden size (VPT 5) and the tests' (1) only, the A/B-only ones for
@@ -217,6 +224,7 @@ def _names(experimental: bool = False) -> list[str]:
     names += [f"gdn_delta_raw_rw<{rw}>" for rw in GDN_DELTA_RW]  # (state rows a warp, GdnOps.GDN_DELTA_RW)
     names += list(GEMV_PRE_XS_NAMES)  # (x with a scale a 32-value chunk: the GDN o-projection, GATED_CHUNK)
     names += [f"gemv_bf16<{m}>" for m in GEMV_M]
+    names += list(MOE_FUSED_NAMES) if XI16 else []  # (the MoE block's persistent launch, cuda/moe_fused.cu)
     names += list(MLP_FUSED_NAMES) if XI16 else []  # (the dense MLP's persistent launch, cuda/mlp_fused.cu)
     names += [f"router_route<{m}>" for m in GEMV_M]
     names += list(MOE_DOWN_NAMES)

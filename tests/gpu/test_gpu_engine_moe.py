@@ -60,6 +60,43 @@ def test_cuda_moe_engine_matches_numpy_engine(stage, pre2, down, i16, monkeypatc
     assert (f"moe_down<1,3,{down},{str(i16).lower()}>" in launched) == (down > 0)
 
 
+@pytest.mark.parametrize("dr", [2, 3])
+def test_moe_fused_matches_numpy_engine(dr, monkeypatch):
+    """MOE_FUSED (the norm and the whole MoE block in one persistent launch, the down's input staged by chunks): the
+    logits against the NumPy engine within the MoE test's gates, the launch in the step, each launch's two grid
+    barriers complete (the counter a multiple of 2 x grid), the routing block 0 leaves the top-k of the logits."""
+    from engine import api, gpu_weights
+    from engine.config import ModelArgs
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+    from engine.ops import kernels as K
+    from engine.ops import ref
+
+    monkeypatch.setattr(CudaQwen35, "MOE_FUSED", 1)
+    monkeypatch.setattr(CudaQwen35, "MOE_FUSED_DR", dr)
+    args = ModelArgs.from_config(MOE_CFG)
+    w = quantized_weights(args, recipe="groupwise-int-moe")
+    ref_eng = api.load({"config": MOE_CFG, "weights": w}, device="cpu", gdn_mode="recurrent")
+    gpu = build_engine(args, gpu_weights.from_logical(args, w, recipe="groupwise-int-moe"), MOE_CFG, max_context=256)
+    ex = gpu.model.executor
+    fused = [op for op in ex.ops if K.op_name(op).startswith("moe_fused<")]
+    assert len(fused) == args.num_hidden_layers
+    toks = np.random.default_rng(7).integers(0, MOE_CFG["vocab_size"], 32)
+    errs, agree = [], 0
+    for t in toks:
+        a, b = ref_eng.decode_step(int(t)), gpu.decode_step(int(t))
+        errs.append(float(np.linalg.norm(a - b) / np.linalg.norm(a)))
+        agree += int(np.argmax(a) == np.argmax(b))
+    assert np.median(errs) < 3e-2 and max(errs) < 0.35 and agree >= 30, (np.median(errs), max(errs), agree)
+    grid = fused[0].grid[0]
+    assert int(ex.moe_bar.get()[0]) % (2 * grid) == 0 and int(ex.moe_bar.get()[0]) > 0
+    k = MOE_CFG["num_experts_per_tok"]
+    logits = ex.rlog.get()[0]
+    want_i, want_w = ref.moe_route(logits[:MOE_CFG["num_experts"]], k)
+    assert sorted(ex.eidx.get()[0].tolist()) == sorted(np.asarray(want_i).tolist())
+    assert abs(float(ex.ewts.get()[0][k]) - 1 / (1 + np.exp(-logits[MOE_CFG["num_experts"]]))) < 1e-6
+
+
 def test_moe_route_fused_gives_the_same_logits(monkeypatch):
     """router_route (the bf16 router GEMV and the top-k routing in one launch, the last block routing) against
     gemv_bf16 + moe_route: tokens and logits bit-identical over 24 steps, the ticket left at zero."""

@@ -1,0 +1,66 @@
+"""The MoE block's launch plans on the fake CuPy (tests/fake_cupy.py): moe_fused (the post-attention norm and the
+whole MoE block of one token as one persistent launch) against the kernel-per-op plan."""
+import pytest
+
+from cuda_smoke import cp, flat as _flat, moe_cfg, weights as _weights  # noqa: F401,F811
+
+
+@pytest.mark.parametrize("dr", [2, 3])
+def test_moe_fused_plumbing(cp, monkeypatch, dr):
+    """NINFER_MOE_FUSED=1: each MoE layer's post-attention norm, router GEMV, top-k, shared and routed gate|up and
+    moe_down become one cooperative moe_fused launch (1,024 threads, the normed row's 6 bytes a value of shared
+    memory), reading the o-projection's planes and leaving the k + 1 planes the next norm sums; the residual buffers
+    alternate as the norm kernels alternate them; the decode step runs. Off: the kernels as before."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+    from engine.ops import kernels as K
+
+    cfg = moe_cfg()
+    args, w = _weights(cfg)
+    k, H, L = cfg["num_experts_per_tok"], args.hidden_size, args.num_hidden_layers
+    monkeypatch.setattr(CudaQwen35, "MOE_FUSED_DR", dr)
+
+    def build(on):
+        monkeypatch.setattr(CudaQwen35, "MOE_FUSED", on)
+        return build_engine(args, w, cfg, max_context=256, prefill_cols=1, prefill_gemm=0)
+
+    def names(ops):
+        return [getattr(op, "name", "") for op in ops]
+
+    off = list(_flat(build(0).model.executor.ops))
+    eng = build(1)
+    ex = eng.model.executor
+    on = list(_flat(ex.ops))
+    fused = [op for op in on if getattr(op, "name", "").startswith("moe_fused<")]
+    fr, fd, fs = K.FMT_IDS["q4_g64_fp16"], K.FMT_IDS["q5_g64_fp16"], K.FMT_IDS["q8_g32_fp16"]
+    assert len(fused) == L and {op.name for op in fused} == {f"moe_fused<{fr},{fd},{fs},{fs},1,{dr}>"}
+    assert not any(n.startswith(("moe_down", "moe_route")) for n in names(on))
+    assert any(n.startswith("moe_down") for n in names(off)) and "moe_route" in names(off)
+    norms = lambda ops: sum(n.startswith("residual_rmsnorm") for n in names(ops))  # noqa: E731
+    assert norms(on) == norms(off) - L
+    for op in fused:
+        assert op.cooperative and op.block == 1024 and op.smem == ex.kpad_h * 6 and op.grid == (K.sm_count(),)
+        a = [int(v) for v in op.args[:12]]
+        assert a[2] == ex.part.data.ptr and a[4] == H and a[6] == H and a[10] == args.num_experts and a[11] == k
+        assert int(op.args[-2]) == ex.moe_bar.data.ptr and int(op.args[-1]) == 0
+    # every norm after a MoE layer sums its k + 1 planes; the residual alternates through the fused launches
+    after = [on[i + 1] for i, op in enumerate(on[:-1]) if op in fused]
+    assert all(int(op.args[3]) == k + 1 for op in after if getattr(op, "name", "").startswith("residual_rmsnorm"))
+    bufs = {ex.x.data.ptr, ex.x2.data.ptr}
+    assert all({int(op.args[0]), int(op.args[1])} == bufs for op in fused)
+    out = eng.decode_greedy(3, 2)
+    assert len(out) == 2
+
+
+def test_moe_fused_needs_its_rules(cp, monkeypatch):
+    """moe_fused only where it is compiled and fits: a hidden size not on 256 values or a router without the shared
+    expert's gate row falls back to the kernels."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+
+    monkeypatch.setattr(CudaQwen35, "MOE_FUSED", 1)
+    monkeypatch.setattr(CudaQwen35, "MOE_FUSED_DR", 5)  # (not compiled)
+    cfg = moe_cfg()
+    args, w = _weights(cfg)
+    ops = _flat(build_engine(args, w, cfg, max_context=256, prefill_cols=1, prefill_gemm=0).model.executor.ops)
+    assert not any(getattr(op, "name", "").startswith("moe_fused") for op in ops)
