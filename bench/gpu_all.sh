@@ -18,6 +18,7 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
+#   s17c: moe_fused's options (MOE_FUSED_OPTS) and cooperative launches under PDL (K.COOP_PDL): tests, probe, A/B, bench
 #   s17b: moe_fused (NINFER_MOE_FUSED, the MoE block in one persistent launch): tests, probe, 35B-A3B A/B, bench 35B-A3B
 #         with the best and 27B on the defaults
 #   (session 17's s17a, which applied bench/experiments' mlp_fused_dyn, gdn_delta_rw and attn_combine_chunks patches
@@ -103,7 +104,7 @@ import json, sys
 try:
     v = json.load(open(sys.argv[1]))["decode"][int(sys.argv[2])]["attr_variants"]
     best = max(v, key=lambda k: sum(v[k]) / len(v[k]))
-    print(" ".join(f"NINFER_{p}" for p in best.split(";")) if best != "base" else "")
+    print(" ".join(f"NINFER_{p.removeprefix('K.')}" for p in best.split(";")) if best != "base" else "")
 except Exception:
     print("")
 PY
@@ -396,6 +397,31 @@ timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128
 log "35B-A3B tg128 (defaults)"
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
+fi
+if [ "$PART" = s17c ]; then  # session 17: moe_fused's options (MOE_FUSED_OPTS: the norm's planes in one round, the
+# top-k on redux.sync, the down's weights prefetched into L2; the same bits) and cooperative launches under PDL
+# (K.COOP_PDL): their tests, the probe a form, the 35B-A3B and 27B A/B in one process, `ninfer bench` with the best
+ready
+log "tests: the MoE engine tests (moe_fused and its options), the dense engine tests"
+gpu_pytest "$OUT/gpu_tests_s17c.txt" tests/gpu/test_gpu_engine_moe.py tests/gpu/test_gpu_engine.py -k "moe or mlp_fused or pdl or cooperative"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s17c.txt" | tail -10
+log "moe_fused probe"
+timeout 150 python3 bench/moe_fused_probe.py --out "$OUT/moe_fused_probe_s17c.json" 2>&1 | tail -6
+log "35B-A3B decode A/B in one process"
+timeout 300 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b \
+  --attr="base,MOE_FUSED_OPTS=1,MOE_FUSED_OPTS=2,MOE_FUSED_OPTS=4,MOE_FUSED_OPTS=7,K.COOP_PDL=1,MOE_FUSED_OPTS=7;K.COOP_PDL=1" \
+  --out "$OUT/decode_s17c_35b.json" 2>&1 | grep -E "PDL|attr|rror" | head -16
+BEST=$(best_attr_env "$OUT/decode_s17c_35b.json" 0)
+log "35B-A3B tg128 (env: ${BEST:-defaults})"
+env $BEST timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
+  -o json --out "$OUT/tg128_35b_s17c.json" 2>&1 | grep -E "^\||rror" | tail -1
+log "27B decode A/B in one process"
+timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --attr="base,K.COOP_PDL=1" \
+  --out "$OUT/decode_s17c.json" 2>&1 | grep -E "PDL|attr|rror" | head -6
+BEST=$(best_attr_env "$OUT/decode_s17c.json" 0)
+log "27B tg128 (env: ${BEST:-defaults})"
+env $BEST timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
+  -o json --out "$OUT/tg128_27b_s17c.json" 2>&1 | grep -E "^\||rror" | tail -1
 fi
 if [ "$PART" = s17b ]; then  # session 17: moe_fused (the MoE block of one token in one persistent launch, written
 # without device time): its tests with the session's new defaults (GDN_DELTA_RW=4, ATTN_CHUNK), the probe, the 35B-A3B

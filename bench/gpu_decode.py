@@ -114,14 +114,23 @@ def ldg_variants(eng, n, depth, variants):
 
 def attr_variants(eng, n, depth, variants):
     """The step with executor attributes set per variant (`_ab`): "base", or "NAME=V;NAME=V" (class flags
-    such as GDN_FUSED=0)."""
+    such as GDN_FUSED=0; K.NAME: a flag of engine.ops.kernels read at launch, such as K.COOP_PDL=1)."""
     ex = eng.model.executor
 
     def setup(v):
         sets = [p.split("=") for p in v.split(";")] if v != "base" else []
+        saved = {name: getattr(K, name[2:]) for name, _ in sets if name.startswith("K.")}
         for name, val in sets:
-            setattr(ex, name, type(getattr(ex, name))(int(val)) if val.lstrip("-").isdigit() else float(val))
-        return lambda: [ex.__dict__.pop(name, None) for name, _ in sets]
+            obj, attr = (K, name[2:]) if name.startswith("K.") else (ex, name)
+            setattr(obj, attr, type(getattr(obj, attr))(int(val)) if val.lstrip("-").isdigit() else float(val))
+
+        def undo():
+            for name, _ in sets:
+                if name.startswith("K."):
+                    setattr(K, name[2:], saved[name])
+                else:
+                    ex.__dict__.pop(name, None)
+        return undo
 
     return _ab(eng, n, depth, variants, "attr", setup)
 

@@ -1,7 +1,7 @@
 """moe_fused alone on the 35B-A3B's first MoE layer (synthetic weights, the step's own launch, buffers as the last step
 left them): its time (CUDA events over repeated launches) and where it goes (each block's %globaltimer at the phase
 boundaries: norm done, router + shared gate|up done, barrier 1, top-k done, routed gate|up + staging done, barrier 2,
-down done), for each down rows a half-warp.
+down done), for each of its options (MOE_FUSED_OPTS).
 
     python bench/moe_fused_probe.py [--geometry qwen3.6-35b-a3b] [--out FILE]
 """
@@ -67,12 +67,13 @@ def main():
     ex.MOE_FUSED = 1
     eng.decode_greedy(5, 4)
     out = []
-    for dr in (2, 3):
-        ex.MOE_FUSED_DR = dr
+    for opts in (0, 1, 2, 4, 7):
+        ex.MOE_FUSED_OPTS = opts
         r = probe(ex)
+        r["opts"] = opts
         out.append(r)
         ph = "  ".join(f"{k} {v['first_us']}-{v['last_us']}" for k, v in r["phases"].items())
-        print(f"{r['name']}: {r['us']} us a launch (grid {r['grid']}, starts spread {r['start_spread_us']} us); "
+        print(f"{r['name']} opts {opts}: {r['us']} us a launch (grid {r['grid']}, starts spread {r['start_spread_us']} us); "
               f"phases end (first-last block, us): {ph}", flush=True)
     if a.out:
         Path(a.out).write_text(json.dumps(out, indent=1))

@@ -46,6 +46,55 @@ __device__ __forceinline__ void route_row(const float* __restrict__ l, int E, in
   if (lane == 0) wts[(size_t)m * ldw + topk] = sigmoidf_(at(E));
 }
 
+// route_row's routing with the warp's reductions in hardware (redux.sync, sm_80+; moe_fused's top-k): each lane keeps
+// its own best (the lowest expert id among equal values) across the rounds, the warp's best is the largest order key
+// (__reduce_max_sync), its expert the lowest id among the lanes holding it (__reduce_min_sync), and only the winning
+// lane rescans its PER values; the softmax's maximum is round 0's best. The same experts and weights as route_row.
+__device__ __forceinline__ unsigned int order_key(float f) {  // (unsigned order = float order; -0 < +0)
+  const unsigned int u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+template <int PER, bool CG = false>
+__device__ __forceinline__ void route_row_redux(const float* __restrict__ l, int E, int topk, int* __restrict__ idx,
+                                                float* __restrict__ wts, int ldw, int m) {
+  const int lane = threadIdx.x & 31;
+  auto at = [&](int e) { return CG ? __ldcg(l + e) : l[e]; };
+  float v[PER];
+#pragma unroll
+  for (int i = 0; i < PER; ++i) v[i] = lane + 32 * i < E ? at(lane + 32 * i) : -INFINITY;
+  const float gate = at(E);
+  float best = -INFINITY, mx = 0.f, total = 0.f, mine = 0.f;
+  int bi = 0x7fffffff, myidx = 0;
+  auto scan = [&]() {
+    best = -INFINITY;
+    bi = 0x7fffffff;
+#pragma unroll
+    for (int i = 0; i < PER; ++i)
+      if (v[i] > best) { best = v[i]; bi = lane + 32 * i; }
+  };
+  scan();
+  for (int k = 0; k < topk; ++k) {
+    const unsigned int key = order_key(best), kmax = __reduce_max_sync(0xffffffffu, key);
+    const int id = (int)__reduce_min_sync(0xffffffffu, key == kmax ? (unsigned int)bi : 0xffffffffu);
+    const float bv = __shfl_sync(0xffffffffu, best, id & 31);
+    if (k == 0) mx = bv;
+    const float p = __expf(bv - mx);
+    total += p;
+    if (lane == k) { mine = p; myidx = id; }
+    if ((id & 31) == lane) {
+#pragma unroll
+      for (int i = 0; i < PER; ++i)
+        if (lane + 32 * i == id) v[i] = -INFINITY;
+      scan();
+    }
+  }
+  if (lane < topk) {
+    idx[(size_t)m * topk + lane] = myidx;
+    wts[(size_t)m * ldw + lane] = mine / total;
+  }
+  if (lane == 0) wts[(size_t)m * ldw + topk] = sigmoidf_(gate);
+}
+
 extern "C" __global__ void moe_route(const float* __restrict__ logits, int ldl, int E, int topk,
                                      int* __restrict__ idx, float* __restrict__ wts, int ldw) {
   NI_PDL_ENTRY();

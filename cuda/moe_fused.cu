@@ -23,7 +23,29 @@
 #include "persistent.cu"
 
 #define MOE_MAX_TOPK 16
+// opts (CudaQwen35.MOE_FUSED_OPTS): the norm's first two planes loaded with x and w in one round; the top-k by
+// route_row_redux; the down's weights prefetched into L2 after the top-k
+#define MOE_OPT_PLANES2 1
+#define MOE_OPT_REDUX 2
+#define MOE_OPT_PREFETCH 4
 #define MOE_CHUNKS 16  // 32-value chunks of the routed SwiGLU row a block at most (warp 31 packs a shared chunk)
+
+// The weight, scale and high-bit lines of half_rows_staged's loads into L2 (prefetch.global.L2): the same lanes' chunks.
+template <int FMT, int R>
+__device__ __forceinline__ void prefetch_rows(const unsigned char* __restrict__ base,
+                                              const unsigned char* __restrict__ high,
+                                              const __half* __restrict__ scales, int gpr, long long row0, int nrows) {
+  const int hl = threadIdx.x & 15, u4 = gpr * 2;
+  for (int j = hl; j < u4; j += 16)
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      if (r < nrows) {
+        const size_t row = (size_t)(row0 + r), rg = row * gpr + (j >> 1);
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(base + (row * u4 + j) * 16));
+        if ((j & 7) == 0) asm volatile("prefetch.global.L2 [%0];" ::"l"(scales + rg));
+        if (Fmt<FMT>::HB > 0 && (j & 1) == 0) asm volatile("prefetch.global.L2 [%0];" ::"l"(high + rg * Fmt<FMT>::HB));
+      }
+}
 
 // R rows (row0.., nrows of them real) of a row-split [N, K] matrix against chunk-scaled staged pairs (xp4 / xsc, the
 // row's first 32-value chunk at cb), a half-warp per row group (moe_down's half_warp_rows on staged x): lane hl takes
@@ -93,7 +115,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
     float* __restrict__ act_s, const unsigned char* __restrict__ dbase, const unsigned char* __restrict__ dhigh,
     const __half* __restrict__ dscales, int dgpr, const unsigned char* __restrict__ sdbase,
     const unsigned char* __restrict__ sdhigh, const __half* __restrict__ sdscales, int sdgpr,
-    unsigned long long* __restrict__ bar, unsigned long long* __restrict__ tstamp) {
+    unsigned long long* __restrict__ bar, unsigned long long* __restrict__ tstamp, int opts) {
   extern __shared__ __align__(16) unsigned char moe_smem[];
   __shared__ float red[64];
   __shared__ int s_idx[MOE_MAX_TOPK];
@@ -112,7 +134,13 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
   };
   stamp(0);
   RowNorm<VPT> nm;
-  nm.load(x_in, norm_w, part, nplanes, H);
+  const bool planes2 = opts & MOE_OPT_PLANES2;
+  if (planes2) {  // x_in, 1 + w and the first two planes in one round of loads
+    nm.load_xw(x_in, norm_w, H);
+    nm.load_planes2(part, nplanes, part_stride, H);
+  } else {
+    nm.load(x_in, norm_w, part, nplanes, H);
+  }
 
   // phase 1: item it < E + 1 is router row it (bf16, H / 8 uint4 a row), else shared pair it - E - 1 (rows g, g + si).
   // The first item's weights are loaded before the norm (its x is not needed to load them): P4 uint4 a lane either way.
@@ -143,7 +171,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
   int it1 = gw;
   if (it1 < n1) load1(it1);
 
-  const float inv = nm.finish(part, nplanes, part_stride, H, eps, kpad_h, x_out, red, moe_smem);
+  const float inv = nm.finish(part, nplanes, part_stride, H, eps, kpad_h, x_out, red, moe_smem, planes2 ? 2 : 1);
   const uint4* xs4 = reinterpret_cast<const uint4*>(moe_smem);
   const float* xf = reinterpret_cast<const float*>(moe_smem + (size_t)kpad_h * 2);
   stamp(1);
@@ -196,8 +224,23 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
   // k slots (slot z at z ie) in 32-value chunks, block b owning chunks b, b + grid, ..., warp w value w of each; each
   // block packs its chunks with a power-of-two scale each (mlp_fused's chunk-scaled staging) into xh / xsc, and block b
   // < si / 32 the shared expert's chunk b (act_s, phase 1) after them: the down's input, staged before the barrier
-  if (warp == 0) route_row<true>(rlog, E, topk, s_idx, s_wts, topk + 1, 0);
+  if (warp == 0) {
+    if (!(opts & MOE_OPT_REDUX)) route_row<true>(rlog, E, topk, s_idx, s_wts, topk + 1, 0);
+    else if (E <= 256) route_row_redux<8, true>(rlog, E, topk, s_idx, s_wts, topk + 1, 0);
+    else route_row_redux<16, true>(rlog, E, topk, s_idx, s_wts, topk + 1, 0);
+  }
   __syncthreads();
+  // the down's weights of this warp's phase-3 items into L2 now (their experts are known), to stream beside the
+  // routed gate|up instead of after the second barrier
+  const int half = (tid >> 4) & 1, ng = (H + DR - 1) / DR, wps = (ng + 1) / 2, n3 = (topk + 1) * wps;
+  if (opts & MOE_OPT_PREFETCH) {
+    for (int it = gw; it < n3; it += nwarps) {
+      const int z = it / wps, grp = (it - z * wps) * 2 + half;
+      const int row0 = grp * DR < H ? grp * DR : 0, nrows = grp * DR < H ? min(DR, H - row0) : 0;
+      if (z < topk) prefetch_rows<FDN, DR>(dbase, dhigh, dscales, dgpr, (long long)s_idx[z] * H + row0, nrows);
+      else prefetch_rows<FSD, DR>(sdbase, sdhigh, sdscales, sdgpr, row0, nrows);
+    }
+  }
   if (blockIdx.x == 0 && tid <= topk) {  // (the routing as moe_route leaves it, for the tests)
     if (tid < topk) eidx[tid] = s_idx[tid];
     ewts[tid] = s_wts[tid];
@@ -241,7 +284,6 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
   // phase 3: the down-projections as moe_down: warp item = (slot z, two half-warp row groups of DR rows); slots < topk
   // routed (expert s_idx[z]'s rows, x = the staged chunks of slot z), slot topk the shared expert (x = its chunks
   // after the routed ones); y[z] = acc * wts[z]
-  const int half = (tid >> 4) & 1, ng = (H + DR - 1) / DR, wps = (ng + 1) / 2, n3 = (topk + 1) * wps;
   const uint4* xp4 = reinterpret_cast<const uint4*>(xh);
   for (int it = gw; it < n3; it += nwarps) {
     const int z = it / wps, grp = (it - z * wps) * 2 + half;

@@ -171,6 +171,7 @@ def test_moe_down_plumbing(cp, monkeypatch):
     from engine.ops import kernels as K
     from engine.ops.gemv_plan import GemvPlan
 
+    monkeypatch.setattr(CudaQwen35, "MOE_FUSED", 0)  # (the kernel-per-op MoE block; moe_fused: its own tests)
     cfg = moe_cfg()
     args, w = _weights(cfg)
     k, H, L = cfg["num_experts_per_tok"], args.hidden_size, args.num_hidden_layers
@@ -206,6 +207,7 @@ def test_moe_pre2_plumbing(cp, monkeypatch):
     from engine.models.qwen3_5_cuda import CudaQwen35
     from engine.ops.gemv_plan import GemvPlan
 
+    monkeypatch.setattr(CudaQwen35, "MOE_FUSED", 0)  # (the kernel-per-op MoE block; moe_fused: its own tests)
     cfg = moe_cfg()
     args, w = _weights(cfg)
     k = cfg["num_experts_per_tok"]
@@ -284,6 +286,7 @@ def test_moe_route_fused_plumbing(cp, monkeypatch):
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5_cuda import CudaQwen35
 
+    monkeypatch.setattr(CudaQwen35, "MOE_FUSED", 0)  # (the kernel-per-op MoE block; moe_fused: its own tests)
     cfg = moe_cfg()
     args, w = _weights(cfg)
     names = {}
@@ -306,6 +309,7 @@ def test_moe_engine_builds_and_runs(cp, shared, stage, down, monkeypatch):
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5_cuda import CudaQwen35
 
+    monkeypatch.setattr(CudaQwen35, "MOE_FUSED", 0)  # (the kernel-per-op MoE block; moe_fused: its own tests)
     monkeypatch.setattr(CudaQwen35, "MOE_STAGE", stage)
     monkeypatch.setattr(CudaQwen35, "MOE_DOWN", down)
 

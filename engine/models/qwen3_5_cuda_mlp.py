@@ -73,9 +73,13 @@ class MlpOps:
     # (cuda/moe_fused.cu: norm, router + shared gate|up, a grid barrier, top-k in every block + routed gate|up staged by
     # chunks, a grid barrier, every down-projection into moe_down's k + 1 planes): three barriers' worth of launches
     # fewer a layer and no launch ramp before the routed weights. NINFER_MOE_FUSED_DR: the down's rows a half-warp
-    # (2 or 3). Written in session 17; off until measured (bench/NOTES-decode.md).
-    MOE_FUSED = int(os.environ.get("NINFER_MOE_FUSED", "0"))
+    # (2 or 3). Session 17 (s17b, H200, 35B-A3B, in-process A/B, two passes): 438.9 / 438.3 tok/s (DR 2), 433.3 /
+    # 433.3 (DR 3) against 429.3 / 429.4; NINFER_MOE_FUSED=0 for the kernels. NINFER_MOE_FUSED_OPTS (bits, the same
+    # bits out): 1 the norm's first two planes in x and w's round of loads, 2 the top-k on redux.sync
+    # (route_row_redux), 4 the down's weights prefetched into L2 after the top-k.
+    MOE_FUSED = int(os.environ.get("NINFER_MOE_FUSED", "1"))
     MOE_FUSED_DR = int(os.environ.get("NINFER_MOE_FUSED_DR", "2"))
+    MOE_FUSED_OPTS = int(os.environ.get("NINFER_MOE_FUSED_OPTS", "0"))
     moe_tstamp = None  # (bench/: 8 uint64 a block of phase timestamps, read by a probe)
 
     def _moe_fused_ops(self, L, splits: int):
@@ -111,7 +115,7 @@ class MlpOps:
                 self.moe_xsc, P(sg, sg.base), P(sg, sg.high), P(sg, sg.scales), I(sg.gpr), I(si), self.act,
                 P(dn, dn.base), P(dn, dn.high), P(dn, dn.scales), I(dn.gpr),
                 P(sd, sd.base), P(sd, sd.high), P(sd, sd.scales), I(sd.gpr), self.moe_bar,
-                np.uint64(0) if self.moe_tstamp is None else self.moe_tstamp)
+                np.uint64(0) if self.moe_tstamp is None else self.moe_tstamp, I(self.MOE_FUSED_OPTS))
         return [K.prepared(name, (grid,), args, block=1024, smem=smem, cooperative=True)], k + 1
 
     def _moe_ops(self, L, xn):

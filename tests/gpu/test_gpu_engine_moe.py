@@ -38,6 +38,7 @@ def test_cuda_moe_engine_matches_numpy_engine(stage, pre2, down, i16, monkeypatc
     from engine.models.qwen3_5_cuda import CudaQwen35
     from engine.ops import kernels as K
 
+    monkeypatch.setattr(CudaQwen35, "MOE_FUSED", 0)  # (the kernel-per-op MoE block; moe_fused: its own tests)
     monkeypatch.setattr(CudaQwen35, "MOE_STAGE", stage)
     monkeypatch.setattr(CudaQwen35, "MOE_PRE2", pre2)
     monkeypatch.setattr(CudaQwen35, "MOE_DOWN", down > 0)
@@ -97,12 +98,32 @@ def test_moe_fused_matches_numpy_engine(dr, monkeypatch):
     assert abs(float(ex.ewts.get()[0][k]) - 1 / (1 + np.exp(-logits[MOE_CFG["num_experts"]]))) < 1e-6
 
 
+def test_moe_fused_opts_give_the_same_logits(monkeypatch):
+    """MOE_FUSED_OPTS (the norm's planes with x and w, the top-k on redux.sync, the down's weights prefetched): each
+    and all together give the tokens and logits of opts 0 bit for bit over a prefill and 24 steps."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+
+    args, w, prompt = moe_inputs(14)
+    monkeypatch.setattr(CudaQwen35, "MOE_FUSED", 1)
+    out = {}
+    for opts in (0, 1, 2, 4, 7):
+        monkeypatch.setattr(CudaQwen35, "MOE_FUSED_OPTS", opts)
+        eng = build_engine(args, w, MOE_CFG, max_context=256, prefill_cols=1)
+        assert any(getattr(op, "name", "").startswith("moe_fused<") for op in eng.model.executor.ops)
+        out[opts] = greedy_then_logits(eng, prompt)
+    for opts in (1, 2, 4, 7):
+        assert out[opts][0] == out[0][0]
+        assert np.array_equal(out[opts][1], out[0][1])
+
+
 def test_moe_route_fused_gives_the_same_logits(monkeypatch):
     """router_route (the bf16 router GEMV and the top-k routing in one launch, the last block routing) against
     gemv_bf16 + moe_route: tokens and logits bit-identical over 24 steps, the ticket left at zero."""
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5_cuda import CudaQwen35
 
+    monkeypatch.setattr(CudaQwen35, "MOE_FUSED", 0)  # (the kernel-per-op MoE block; moe_fused: its own tests)
     args, w, _ = moe_inputs(0)
     out = {}
     for fused in (False, True):
