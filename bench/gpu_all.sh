@@ -18,7 +18,9 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
-#   s17c: moe_fused's options (MOE_FUSED_OPTS) and cooperative launches under PDL (K.COOP_PDL): tests, probe, A/B, bench
+#   s17d: moe_fused's options (prefetch 4, light barriers 8) on the default 3, mlp_fused's light barriers: tests, A/B
+#   (s17c, moe_fused's options 1 / 2 / 4 and cooperative launches under PDL, K.COOP_PDL, flat and removed: git history
+#   at this session's third commit)
 #   s17b: moe_fused (NINFER_MOE_FUSED, the MoE block in one persistent launch): tests, probe, 35B-A3B A/B, bench 35B-A3B
 #         with the best and 27B on the defaults
 #   (session 17's s17a, which applied bench/experiments' mlp_fused_dyn, gdn_delta_rw and attn_combine_chunks patches
@@ -398,30 +400,31 @@ log "35B-A3B tg128 (defaults)"
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
 fi
-if [ "$PART" = s17c ]; then  # session 17: moe_fused's options (MOE_FUSED_OPTS: the norm's planes in one round, the
-# top-k on redux.sync, the down's weights prefetched into L2; the same bits) and cooperative launches under PDL
-# (K.COOP_PDL): their tests, the probe a form, the 35B-A3B and 27B A/B in one process, `ninfer bench` with the best
+if [ "$PART" = s17d ]; then  # session 17: moe_fused's options on the new default (3: the norm's planes in one round,
+# the top-k on redux.sync) with the down's code lines prefetched behind the gate|up loads (4) and the light grid
+# barriers (8), mlp_fused's light barriers (MLP_FUSED_LIGHT_BAR): tests, probe, the A/B in one process, bench
 ready
-log "tests: the MoE engine tests (moe_fused and its options), the dense engine tests"
-gpu_pytest "$OUT/gpu_tests_s17c.txt" tests/gpu/test_gpu_engine_moe.py tests/gpu/test_gpu_engine.py -k "moe or mlp_fused or pdl or cooperative"
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s17c.txt" | tail -10
+log "tests: the MoE engine tests (moe_fused and its options), mlp_fused's engine and decode-path tests"
+gpu_pytest "$OUT/gpu_tests_s17d.txt" tests/gpu/test_gpu_engine_moe.py tests/gpu/test_mlp_fused.py \
+  tests/gpu/test_decode_paths.py
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s17d.txt" | tail -10
 log "moe_fused probe"
-timeout 150 python3 bench/moe_fused_probe.py --out "$OUT/moe_fused_probe_s17c.json" 2>&1 | tail -6
+timeout 150 python3 bench/moe_fused_probe.py --out "$OUT/moe_fused_probe_s17d.json" 2>&1 | tail -6
 log "35B-A3B decode A/B in one process"
 timeout 300 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b \
-  --attr="base,MOE_FUSED_OPTS=1,MOE_FUSED_OPTS=2,MOE_FUSED_OPTS=4,MOE_FUSED_OPTS=7,K.COOP_PDL=1,MOE_FUSED_OPTS=7;K.COOP_PDL=1" \
-  --out "$OUT/decode_s17c_35b.json" 2>&1 | grep -E "PDL|attr|rror" | head -16
-BEST=$(best_attr_env "$OUT/decode_s17c_35b.json" 0)
+  --attr="base,MOE_FUSED_OPTS=2,MOE_FUSED_OPTS=7,MOE_FUSED_OPTS=11,MOE_FUSED_OPTS=15" \
+  --out "$OUT/decode_s17d_35b.json" 2>&1 | grep -E "PDL|attr|rror" | head -12
+BEST=$(best_attr_env "$OUT/decode_s17d_35b.json" 0)
 log "35B-A3B tg128 (env: ${BEST:-defaults})"
 env $BEST timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
-  -o json --out "$OUT/tg128_35b_s17c.json" 2>&1 | grep -E "^\||rror" | tail -1
+  -o json --out "$OUT/tg128_35b_s17d.json" 2>&1 | grep -E "^\||rror" | tail -1
 log "27B decode A/B in one process"
-timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --attr="base,K.COOP_PDL=1" \
-  --out "$OUT/decode_s17c.json" 2>&1 | grep -E "PDL|attr|rror" | head -6
-BEST=$(best_attr_env "$OUT/decode_s17c.json" 0)
+timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --attr="base,MLP_FUSED_LIGHT_BAR=1" \
+  --out "$OUT/decode_s17d.json" 2>&1 | grep -E "PDL|attr|rror" | head -6
+BEST=$(best_attr_env "$OUT/decode_s17d.json" 0)
 log "27B tg128 (env: ${BEST:-defaults})"
 env $BEST timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
-  -o json --out "$OUT/tg128_27b_s17c.json" 2>&1 | grep -E "^\||rror" | tail -1
+  -o json --out "$OUT/tg128_27b_s17d.json" 2>&1 | grep -E "^\||rror" | tail -1
 fi
 if [ "$PART" = s17b ]; then  # session 17: moe_fused (the MoE block of one token in one persistent launch, written
 # without device time): its tests with the session's new defaults (GDN_DELTA_RW=4, ATTN_CHUNK), the probe, the 35B-A3B

@@ -114,7 +114,7 @@ def ldg_variants(eng, n, depth, variants):
 
 def attr_variants(eng, n, depth, variants):
     """The step with executor attributes set per variant (`_ab`): "base", or "NAME=V;NAME=V" (class flags
-    such as GDN_FUSED=0; K.NAME: a flag of engine.ops.kernels read at launch, such as K.COOP_PDL=1)."""
+    such as GDN_FUSED=0; K.NAME: a flag of engine.ops.kernels read at launch, such as K.PDL=0)."""
     ex = eng.model.executor
 
     def setup(v):

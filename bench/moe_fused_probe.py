@@ -67,7 +67,7 @@ def main():
     ex.MOE_FUSED = 1
     eng.decode_greedy(5, 4)
     out = []
-    for opts in (0, 1, 2, 4, 7):
+    for opts in (3, 7, 11, 15):
         ex.MOE_FUSED_OPTS = opts
         r = probe(ex)
         r["opts"] = opts

@@ -59,6 +59,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
   // warp w of block b is warp w x grid + b of the launch: a round's last, partial pass spreads over every block
   const int nwarps = gridDim.x * (MLP_THREADS / 32), gw = warp * gridDim.x + blockIdx.x;
   const DecodeK dk = decode_constants(ggpr > 0 ? 1u : 0u);
+  const bool light = local_stage & 2;  // (the grid barriers' light form, CudaQwen35.MLP_FUSED_LIGHT_BAR)
   auto stamp = [&](int i) {  // (tstamp != nullptr: each block's phase boundaries, %globaltimer ns, for bench/)
     if (tstamp != nullptr && tid == 0) {
       unsigned long long t;
@@ -126,7 +127,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
       }
       oi = nxt;
     }
-    o_target = grid_arrive(bar);
+    o_target = grid_arrive(bar, light);
   }
   if (g < g_end) {
     const int rows[2] = {g, g + inter};
@@ -136,7 +137,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
   int s_from = 1;
   if constexpr (OPROJ) {  // (the gate|up loads above issued after arriving: the arrival's fence does not wait for them)
     if constexpr (XW) nm.load_xw(x_in, norm_w, H);
-    grid_wait(bar, o_target);
+    grid_wait(bar, o_target, light);
     stamp(6);
     if constexpr (XW) {
       nm.load_planes2(part, nplanes, part_stride, H);
@@ -266,13 +267,13 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
     const float bmax = block_max(wrote, red);
     if (tid == 0 && bmax > 0.f) atomicMax(slot, __float_as_uint(bmax));
   }
-  const unsigned long long t1 = grid_arrive(bar);
+  const unsigned long long t1 = grid_arrive(bar, light);
   if (item < items) dn_start(item);  // (issued after arriving: the arrival's fence does not wait for them)
-  grid_wait(bar, t1);
+  grid_wait(bar, t1, light);
   stamp(3);
   float dinv = 1.f;
   if constexpr (CHUNK) {
-  } else if (local_stage) {
+  } else if (local_stage & 1) {
     if (tid == 0) red[0] = __uint_as_float(__ldcg(slot));
     __syncthreads();
     const float dsc = pow2_scale(red[0]);
@@ -292,7 +293,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
     const int nch = kpad_i / 32, per = (nch + gridDim.x - 1) / gridDim.x;
     const int c0 = min((int)blockIdx.x * per, nch), c1 = min(c0 + per, nch);
     stage_slice<true>(act, inter, c0, c1, xh_act, dsc);
-    grid_barrier(bar);
+    grid_barrier(bar, light);
     if (blockIdx.x == 0 && tid == 0) {  // (every block read slot[0] before the second barrier)
       *xinv_act = dinv;
       slot[0] = 0u;
@@ -325,7 +326,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
       item = nxt;
     }
   };
-  if (local_stage && xsc == nullptr) down(reinterpret_cast<const uint4*>(mlp_smem), [](const uint4* p) { return *p; });
+  if ((local_stage & 1) && xsc == nullptr) down(reinterpret_cast<const uint4*>(mlp_smem), [](const uint4* p) { return *p; });
   else down(reinterpret_cast<const uint4*>(xh_act), [](const uint4* p) { return __ldg(p); });
   stamp(5);
 }

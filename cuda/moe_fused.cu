@@ -24,27 +24,24 @@
 
 #define MOE_MAX_TOPK 16
 // opts (CudaQwen35.MOE_FUSED_OPTS): the norm's first two planes loaded with x and w in one round; the top-k by
-// route_row_redux; the down's weights prefetched into L2 after the top-k
+// route_row_redux; the down's code lines prefetched into L2 behind each warp's first gate|up loads; the grid
+// barriers' light form (persistent.cu)
 #define MOE_OPT_PLANES2 1
 #define MOE_OPT_REDUX 2
 #define MOE_OPT_PREFETCH 4
+#define MOE_OPT_LIGHT_BAR 8
 #define MOE_CHUNKS 16  // 32-value chunks of the routed SwiGLU row a block at most (warp 31 packs a shared chunk)
 
-// The weight, scale and high-bit lines of half_rows_staged's loads into L2 (prefetch.global.L2): the same lanes' chunks.
-template <int FMT, int R>
-__device__ __forceinline__ void prefetch_rows(const unsigned char* __restrict__ base,
-                                              const unsigned char* __restrict__ high,
-                                              const __half* __restrict__ scales, int gpr, long long row0, int nrows) {
+// The code lines of half_rows_staged's weight loads into L2 (prefetch.global.L2; the scales and high bits, a fifth of
+// the bytes, left to the loads): the same lanes' chunks.
+template <int R>
+__device__ __forceinline__ void prefetch_rows(const unsigned char* __restrict__ base, int gpr, long long row0,
+                                              int nrows) {
   const int hl = threadIdx.x & 15, u4 = gpr * 2;
   for (int j = hl; j < u4; j += 16)
 #pragma unroll
     for (int r = 0; r < R; ++r)
-      if (r < nrows) {
-        const size_t row = (size_t)(row0 + r), rg = row * gpr + (j >> 1);
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(base + (row * u4 + j) * 16));
-        if ((j & 7) == 0) asm volatile("prefetch.global.L2 [%0];" ::"l"(scales + rg));
-        if (Fmt<FMT>::HB > 0 && (j & 1) == 0) asm volatile("prefetch.global.L2 [%0];" ::"l"(high + rg * Fmt<FMT>::HB));
-      }
+      if (r < nrows) asm volatile("prefetch.global.L2 [%0];" ::"l"(base + ((size_t)(row0 + r) * u4 + j) * 16));
 }
 
 // R rows (row0.., nrows of them real) of a row-split [N, K] matrix against chunk-scaled staged pairs (xp4 / xsc, the
@@ -217,7 +214,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
     if (it1 < n1) load1(it1);
   }
   stamp(2);
-  grid_barrier(bar);
+  grid_barrier(bar, opts & MOE_OPT_LIGHT_BAR);
   stamp(3);
 
   // phase 2: the top-k in every block (warp 0, from the logits in L2), then the routed gate|up: the SwiGLU row of the
@@ -230,17 +227,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
     else route_row_redux<16, true>(rlog, E, topk, s_idx, s_wts, topk + 1, 0);
   }
   __syncthreads();
-  // the down's weights of this warp's phase-3 items into L2 now (their experts are known), to stream beside the
-  // routed gate|up instead of after the second barrier
   const int half = (tid >> 4) & 1, ng = (H + DR - 1) / DR, wps = (ng + 1) / 2, n3 = (topk + 1) * wps;
-  if (opts & MOE_OPT_PREFETCH) {
-    for (int it = gw; it < n3; it += nwarps) {
-      const int z = it / wps, grp = (it - z * wps) * 2 + half;
-      const int row0 = grp * DR < H ? grp * DR : 0, nrows = grp * DR < H ? min(DR, H - row0) : 0;
-      if (z < topk) prefetch_rows<FDN, DR>(dbase, dhigh, dscales, dgpr, (long long)s_idx[z] * H + row0, nrows);
-      else prefetch_rows<FSD, DR>(sdbase, sdhigh, sdscales, sdgpr, row0, nrows);
-    }
-  }
   if (blockIdx.x == 0 && tid <= topk) {  // (the routing as moe_route leaves it, for the tests)
     if (tid < topk) eidx[tid] = s_idx[tid];
     ewts[tid] = s_wts[tid];
@@ -257,6 +244,14 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
   };
   int c2 = blockIdx.x, k2 = 0;
   if (c2 < nch2) gu_start(c2);
+  if (opts & MOE_OPT_PREFETCH) {  // the down's weights of this warp's phase-3 items into L2, behind its gate|up loads
+    for (int it = gw; it < n3; it += nwarps) {
+      const int z = it / wps, grp = (it - z * wps) * 2 + half;
+      const int row0 = grp * DR < H ? grp * DR : 0, nrows = grp * DR < H ? min(DR, H - row0) : 0;
+      if (z < topk) prefetch_rows<DR>(dbase, dgpr, (long long)s_idx[z] * H + row0, nrows);
+      else prefetch_rows<DR>(sdbase, sdgpr, row0, nrows);
+    }
+  }
   while (c2 < nch2) {
     float acc[2];
     gu.run(acc, [&](int i, int c) { return xs4[lane + i * 128 + c * 32]; }, dk);
@@ -278,7 +273,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
   if (warp < k2) pack(cvals[warp * 32 + lane], blockIdx.x + warp * gridDim.x);
   else if (warp == 31 && (int)blockIdx.x < si / 32) pack(__ldcg(act_s + blockIdx.x * 32 + lane), nch2 + blockIdx.x);
   stamp(5);
-  grid_barrier(bar);
+  grid_barrier(bar, opts & MOE_OPT_LIGHT_BAR);
   stamp(6);
 
   // phase 3: the down-projections as moe_down: warp item = (slot z, two half-warp row groups of DR rows); slots < topk

@@ -8,17 +8,26 @@
 
 // grid_barrier in two halves: arrive (every thread of the block; thread 0 gets the count to wait for) and wait, so
 // that a block can issue loads that the barrier need not wait for (its fence would) between the two.
-__device__ __forceinline__ unsigned long long grid_arrive(unsigned long long* ctr) {
+// light (mlp_fused's local_stage bit 2, moe_fused's MOE_OPT_LIGHT_BAR): thread 0 arrives with a release atomic instead
+// of a fence and a relaxed atomic, and does not fence again after its acquire load (the block's barrier after it
+// orders the other threads' reads behind that load): the same ordering in the PTX memory model, less waiting.
+__device__ __forceinline__ unsigned long long grid_arrive(unsigned long long* ctr, bool light = false) {
   __syncthreads();
   unsigned long long target = 0;
   if (threadIdx.x == 0) {
-    __threadfence();
     const unsigned long long n = gridDim.x;
-    target = (atomicAdd(ctr, 1ull) / n + 1) * n;
+    unsigned long long old;
+    if (light) {
+      asm volatile("atom.add.release.gpu.global.u64 %0, [%1], 1;" : "=l"(old) : "l"(ctr) : "memory");
+    } else {
+      __threadfence();
+      old = atomicAdd(ctr, 1ull);
+    }
+    target = (old / n + 1) * n;
   }
   return target;
 }
-__device__ __forceinline__ void grid_wait(unsigned long long* ctr, unsigned long long target) {
+__device__ __forceinline__ void grid_wait(unsigned long long* ctr, unsigned long long target, bool light = false) {
   if (threadIdx.x == 0) {
     const long long t0 = clock64();
     unsigned long long cur;
@@ -26,14 +35,16 @@ __device__ __forceinline__ void grid_wait(unsigned long long* ctr, unsigned long
       asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(cur) : "l"(ctr) : "memory");
       if (clock64() - t0 > (1ll << 32)) __trap();
     } while (cur < target);
-    __threadfence();
+    if (!light) __threadfence();
   }
   __syncthreads();
 }
 
 // All blocks of the grid: every block's prior writes visible to every block after it. `ctr` only grows (a
 // launch adds gridDim.x per barrier), so it needs no reset as long as every launch on it has the same grid.
-__device__ __forceinline__ void grid_barrier(unsigned long long* ctr) { grid_wait(ctr, grid_arrive(ctr)); }
+__device__ __forceinline__ void grid_barrier(unsigned long long* ctr, bool light = false) {
+  grid_wait(ctr, grid_arrive(ctr, light), light);
+}
 
 // One warp's rows of a row-split GEMV over pre-staged pairs (gemv_rs_pre's loads and arithmetic): `start` sets the
 // row pointers of a row group, `load` issues the next U iterations' weight, scale and high-bit loads (lane j0 + 32 i),

@@ -42,7 +42,7 @@ def test_moe_fused_plumbing(cp, monkeypatch, dr):
         assert op.cooperative and op.block == 1024 and op.smem == ex.kpad_h * 6 and op.grid == (K.sm_count(),)
         a = [int(v) for v in op.args[:12]]
         assert a[2] == ex.part.data.ptr and a[4] == H and a[6] == H and a[10] == args.num_experts and a[11] == k
-        assert int(op.args[-3]) == ex.moe_bar.data.ptr and int(op.args[-2]) == 0 and int(op.args[-1]) == 0
+        assert int(op.args[-3]) == ex.moe_bar.data.ptr and int(op.args[-2]) == 0 and int(op.args[-1]) == CudaQwen35.MOE_FUSED_OPTS
     # every norm after a MoE layer sums its k + 1 planes; the residual alternates through the fused launches
     after = [on[i + 1] for i, op in enumerate(on[:-1]) if op in fused]
     assert all(int(op.args[3]) == k + 1 for op in after if getattr(op, "name", "").startswith("residual_rmsnorm"))

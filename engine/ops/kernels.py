@@ -392,12 +392,6 @@ def _cu_launch_ex():
     return fn
 
 
-# NINFER_COOP_PDL=1: a cooperative launch (the persistent kernels) also carries programmatic stream serialization
-# under PDL, so that its blocks are placed as the kernel before it drains (they wait at griddepcontrol.wait before
-# reading its output) instead of after it ends. Read at each launch; a driver that refuses the pair turns it off.
-COOP_PDL = os.environ.get("NINFER_COOP_PDL", "0") != "0"
-
-
 class Launch:
     """One kernel launch with its arguments fixed at build time; call it to launch on the current stream.
 
@@ -419,27 +413,18 @@ class Launch:
         except (AttributeError, KeyError, TypeError):
             return
         params = (ctypes.c_void_p * max(len(vals), 1))(*[ctypes.addressof(v) for v in vals])
-        attr = (_LaunchAttr * 2)()  # (a cooperative launch's second: PDL, with COOP_PDL)
-        attr[0].id = _CU_LAUNCH_ATTRIBUTE_COOPERATIVE if cooperative else _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-        attr[1].id = _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-        for a in attr:
-            ctypes.memmove(a.value, ctypes.byref(ctypes.c_int(1)), 4)
+        attr = _LaunchAttr()
+        attr.id = _CU_LAUNCH_ATTRIBUTE_COOPERATIVE if cooperative else _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        ctypes.memmove(attr.value, ctypes.byref(ctypes.c_int(1)), 4)
         g = self.grid + (1,) * (3 - len(self.grid))
-        cfg = _LaunchConfig(g[0], g[1], g[2], self.block, 1, 1, int(smem), None,
-                            ctypes.cast(attr, ctypes.POINTER(_LaunchAttr)), 1)
+        cfg = _LaunchConfig(g[0], g[1], g[2], self.block, 1, 1, int(smem), None, ctypes.pointer(attr), 1)
         self._ex = (launch_ex, cfg, fptr, params, vals, attr)
 
     def __call__(self):
-        global COOP_PDL
         if (PDL or self.cooperative) and self._ex is not None:
             launch_ex, cfg, fptr, params, _vals, _attr = self._ex
             cfg.hStream = cupy_or_none().cuda.get_current_stream().ptr
-            cfg.numAttrs = 2 if self.cooperative and PDL and COOP_PDL else 1
             rc = launch_ex(ctypes.byref(cfg), fptr, params, None)
-            if rc != 0 and cfg.numAttrs == 2:  # (a driver that takes the two attributes only apart: cooperative alone)
-                COOP_PDL = False
-                cfg.numAttrs = 1
-                rc = launch_ex(ctypes.byref(cfg), fptr, params, None)
             if rc != 0 and self.cooperative:
                 raise RuntimeError(f"{self.name}: the GPU refused its cooperative launch ({rc}: another process or MPS may "
                                    "hold part of it); run with NINFER_MLP_FUSED=0")

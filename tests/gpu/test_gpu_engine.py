@@ -150,31 +150,6 @@ def test_pdl_launches_give_the_same_logits_as_plain_launches():
         K.PDL = saved
 
 
-@pytest.mark.parametrize("moe", [False, True])
-def test_cooperative_launches_under_pdl_give_the_same_logits(moe, monkeypatch):
-    """K.COOP_PDL (the persistent launches, mlp_fused / moe_fused, also under programmatic serialization): their blocks
-    only start earlier, so the tokens and logits are bit-identical over a prefill and 16 steps."""
-    from engine import gpu_weights
-    from engine.config import ModelArgs
-    from engine.gpu_engine import build_engine
-    from engine.ops import kernels as K
-
-    cfg, recipe = (MOE_CFG, "groupwise-int-moe") if moe else (CFG, "groupwise-int")
-    args = ModelArgs.from_config(cfg)
-    w = gpu_weights.from_logical(args, quantized_weights(args, recipe=recipe), recipe=recipe)
-    prompt = [int(t) for t in np.random.default_rng(5).integers(0, cfg["vocab_size"], 12)]
-    monkeypatch.setattr(K, "PDL", True)
-    out = {}
-    for on in (False, True):
-        monkeypatch.setattr(K, "COOP_PDL", on)
-        eng = build_engine(args, w, cfg, max_context=256, prefill_cols=1)
-        assert any(getattr(op, "cooperative", False) for op in eng.model.executor.ops)
-        first = int(np.argmax(eng.prefill(prompt)))
-        out[on] = (eng.decode_greedy(first, 16), eng.decode_step(3))
-    assert out[True][0] == out[False][0]
-    assert np.array_equal(out[True][1], out[False][1])
-
-
 @pytest.mark.parametrize("flag,kernel,tick", [("GDN_FUSED", "gdn_delta_gated_stage", "gdn_tick"),
                                                ("ATTN_FUSED", "attn_combine_stage", "attn_tick")])
 def test_fused_tails_give_the_same_logits(flag, kernel, tick, monkeypatch):

@@ -36,7 +36,8 @@ def mlp_case(cp, h, inter, nplanes):
                                                     (512, 1024, 3, 2)],
                          ids=["5120x3072-1", "5120x2048-2", "1000x1000-0", "512x1024-3"])
 @pytest.mark.parametrize("local", [False, True], ids=["global", "local"])
-def test_mlp_fused_matches_the_four_kernels(cp, h, inter, nplanes, splits, local):
+@pytest.mark.parametrize("light", [False, True], ids=["fence", "light"])  # (the grid barriers' form)
+def test_mlp_fused_matches_the_four_kernels(cp, h, inter, nplanes, splits, local, light):
     from engine.ops import kernels as K
 
     gu, dn, x_host, planes, nw_, kp_h, kp_i = mlp_case(cp, h, inter, max(nplanes, 1))
@@ -63,7 +64,7 @@ def test_mlp_fused_matches_the_four_kernels(cp, h, inter, nplanes, splits, local
     b = bufs()
     bar = cp.asarray(np.zeros(1, np.uint64))
     got = mlp_fused_launch(gu, dn, (b["x_in"], b["x_out"], planes, nplanes, h, nw_, h, 1e-6, kp_h), b["act"], kp_i,
-                           b["xh"], b["xinv"], b["slot"], b["y"], splits, bar, local_stage=local)
+                           b["xh"], b["xinv"], b["slot"], b["y"], splits, bar, local_stage=local, light_bar=light)
     assert got is not None
     launch, dsplits = got
     assert dsplits == d.splits
