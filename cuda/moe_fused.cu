@@ -24,25 +24,12 @@
 
 #define MOE_MAX_TOPK 16
 // opts (CudaQwen35.MOE_FUSED_OPTS): the norm's first two planes loaded with x and w in one round; the top-k by
-// route_row_redux; the down's code lines prefetched into L2 behind each warp's first gate|up loads; the grid
-// barriers' light form (persistent.cu)
+// route_row_redux; the grid barriers' light form (persistent.cu). (4, the down's weights prefetched into L2 after
+// the top-k, lost twice in session 17: in git history at its fourth commit.)
 #define MOE_OPT_PLANES2 1
 #define MOE_OPT_REDUX 2
-#define MOE_OPT_PREFETCH 4
 #define MOE_OPT_LIGHT_BAR 8
 #define MOE_CHUNKS 16  // 32-value chunks of the routed SwiGLU row a block at most (warp 31 packs a shared chunk)
-
-// The code lines of half_rows_staged's weight loads into L2 (prefetch.global.L2; the scales and high bits, a fifth of
-// the bytes, left to the loads): the same lanes' chunks.
-template <int R>
-__device__ __forceinline__ void prefetch_rows(const unsigned char* __restrict__ base, int gpr, long long row0,
-                                              int nrows) {
-  const int hl = threadIdx.x & 15, u4 = gpr * 2;
-  for (int j = hl; j < u4; j += 16)
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-      if (r < nrows) asm volatile("prefetch.global.L2 [%0];" ::"l"(base + ((size_t)(row0 + r) * u4 + j) * 16));
-}
 
 // R rows (row0.., nrows of them real) of a row-split [N, K] matrix against chunk-scaled staged pairs (xp4 / xsc, the
 // row's first 32-value chunk at cb), a half-warp per row group (moe_down's half_warp_rows on staged x): lane hl takes
@@ -244,14 +231,6 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
   };
   int c2 = blockIdx.x, k2 = 0;
   if (c2 < nch2) gu_start(c2);
-  if (opts & MOE_OPT_PREFETCH) {  // the down's weights of this warp's phase-3 items into L2, behind its gate|up loads
-    for (int it = gw; it < n3; it += nwarps) {
-      const int z = it / wps, grp = (it - z * wps) * 2 + half;
-      const int row0 = grp * DR < H ? grp * DR : 0, nrows = grp * DR < H ? min(DR, H - row0) : 0;
-      if (z < topk) prefetch_rows<DR>(dbase, dgpr, (long long)s_idx[z] * H + row0, nrows);
-      else prefetch_rows<DR>(sdbase, sdgpr, row0, nrows);
-    }
-  }
   while (c2 < nch2) {
     float acc[2];
     gu.run(acc, [&](int i, int c) { return xs4[lane + i * 128 + c * 32]; }, dk);

@@ -76,12 +76,13 @@ class MlpOps:
     # (2 or 3). Session 17 (s17b, H200, 35B-A3B, in-process A/B, two passes): 438.9 / 438.3 tok/s (DR 2), 433.3 /
     # 433.3 (DR 3) against 429.3 / 429.4; NINFER_MOE_FUSED=0 for the kernels. NINFER_MOE_FUSED_OPTS (bits, the same
     # bits out): 1 the norm's first two planes in x and w's round of loads, 2 the top-k on redux.sync
-    # (route_row_redux), 4 the down's code lines prefetched into L2 behind each warp's first gate|up loads, 8 the grid
-    # barriers' light form. Session 17 (s17c, one process, two passes, against 437.5 / 438.0): 1 439.8 / 439.6, 2
-    # 448.0 / 448.4 (the top-k phase 3.3 -> 2.0 us), 4 (then issued before the gate|up loads) 430.9 / 431.1. Default 3.
+    # (route_row_redux), 8 the grid barriers' light form. Session 17, one process, two passes each: s17c against 437.5 /
+    # 438.0: 1 439.8 / 439.6, 2 448.0 / 448.4 (the top-k phase 3.3 -> 2.0 us); s17d against 3's 447.2 / 447.2: 11
+    # 452.2 / 452.3. (4, the down's weights prefetched into L2, lost in both: 430.9, then 442.9 behind the gate|up
+    # loads; removed.) Default 11.
     MOE_FUSED = int(os.environ.get("NINFER_MOE_FUSED", "1"))
     MOE_FUSED_DR = int(os.environ.get("NINFER_MOE_FUSED_DR", "2"))
-    MOE_FUSED_OPTS = int(os.environ.get("NINFER_MOE_FUSED_OPTS", "3"))
+    MOE_FUSED_OPTS = int(os.environ.get("NINFER_MOE_FUSED_OPTS", "11"))
     moe_tstamp = None  # (bench/: 8 uint64 a block of phase timestamps, read by a probe)
 
     def _moe_fused_ops(self, L, splits: int):
@@ -275,9 +276,10 @@ class MlpOps:
     # passes): OU 3 152.4 / 152.4, O_ATTN 152.8 / 152.9, both 153.3 / 153.3 against 152.1 / 152.0 tok/s.
     MLP_FUSED_OU = int(os.environ.get("NINFER_MLP_FUSED_OU", "3"))
     MLP_FUSED_O_ATTN = int(os.environ.get("NINFER_MLP_FUSED_O_ATTN", "1"))
-    # NINFER_MLP_FUSED_LIGHT_BAR=1: the launch's grid barriers in their light form (a release atomic to arrive, no fence
-    # after the acquire load: cuda/persistent.cu). Session 17; off until measured.
-    MLP_FUSED_LIGHT_BAR = int(os.environ.get("NINFER_MLP_FUSED_LIGHT_BAR", "0"))
+    # NINFER_MLP_FUSED_LIGHT_BAR (on by default): the launch's grid barriers in their light form (a release atomic to
+    # arrive, no fence after the acquire load: cuda/persistent.cu; the same bits). Session 17 (s17d, 27B, one process,
+    # two passes): 155.7 / 155.7 against 154.6 / 154.6 tok/s; 0 for the fenced form.
+    MLP_FUSED_LIGHT_BAR = int(os.environ.get("NINFER_MLP_FUSED_LIGHT_BAR", "1"))
 
     def _chunk_scales(self):
         """mlp_fused's chunk scales (a float a 32-value chunk of the SwiGLU row), or None with MLP_FUSED_CHUNK off."""

@@ -99,8 +99,7 @@ def test_moe_fused_matches_numpy_engine(dr, monkeypatch):
 
 
 def test_moe_fused_opts_give_the_same_logits(monkeypatch):
-    """MOE_FUSED_OPTS (the norm's planes with x and w, the top-k on redux.sync, the down's code lines prefetched, the
-    light grid barriers): each
+    """MOE_FUSED_OPTS (the norm's planes with x and w, the top-k on redux.sync, the light grid barriers): each
     and all together give the tokens and logits of opts 0 bit for bit over a prefill and 24 steps."""
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5_cuda import CudaQwen35
@@ -108,12 +107,12 @@ def test_moe_fused_opts_give_the_same_logits(monkeypatch):
     args, w, prompt = moe_inputs(14)
     monkeypatch.setattr(CudaQwen35, "MOE_FUSED", 1)
     out = {}
-    for opts in (0, 1, 2, 4, 8, 15):
+    for opts in (0, 1, 2, 8, 11):
         monkeypatch.setattr(CudaQwen35, "MOE_FUSED_OPTS", opts)
         eng = build_engine(args, w, MOE_CFG, max_context=256, prefill_cols=1)
         assert any(getattr(op, "name", "").startswith("moe_fused<") for op in eng.model.executor.ops)
         out[opts] = greedy_then_logits(eng, prompt)
-    for opts in (1, 2, 4, 8, 15):
+    for opts in (1, 2, 8, 11):
         assert out[opts][0] == out[0][0]
         assert np.array_equal(out[opts][1], out[0][1])
 
