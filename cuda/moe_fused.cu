@@ -1,5 +1,6 @@
 // The MoE block of one decode token as one persistent launch (CudaQwen35.MOE_FUSED):
 //
+//   [planes = o att (the o-projection, MOE_FUSED_O); --- grid barrier ---]
 //   x_out = x_in + planes;  xn = rmsnorm(x_out) (1 + w)        every block, into its own shared memory
 //   logits = router xn (bf16, E + 1 rows: the experts', then the shared expert's gate)   a warp a row
 //   act_s = silu(sgate xn) * (sup xn)                         the shared expert's gate|up, a warp a row pair
@@ -29,7 +30,8 @@
 #define MOE_OPT_PLANES2 1
 #define MOE_OPT_REDUX 2
 #define MOE_OPT_LIGHT_BAR 8
-#define MOE_CHUNKS 16  // 32-value chunks of the routed SwiGLU row a block at most (warp 31 packs a shared chunk)
+#define MOE_CHUNKS 16
+#define MOE_OT 4  // the o-projection's 16-byte chunks a lane a slice at most (CudaQwen35.MOE_FUSED_O)  // 32-value chunks of the routed SwiGLU row a block at most (warp 31 packs a shared chunk)
 
 // R rows (row0.., nrows of them real) of a row-split [N, K] matrix against chunk-scaled staged pairs (xp4 / xsc, the
 // row's first 32-value chunk at cb), a half-warp per row group (moe_down's half_warp_rows on staged x): lane hl takes
@@ -99,7 +101,9 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
     float* __restrict__ act_s, const unsigned char* __restrict__ dbase, const unsigned char* __restrict__ dhigh,
     const __half* __restrict__ dscales, int dgpr, const unsigned char* __restrict__ sdbase,
     const unsigned char* __restrict__ sdhigh, const __half* __restrict__ sdscales, int sdgpr,
-    unsigned long long* __restrict__ bar, unsigned long long* __restrict__ tstamp, int opts) {
+    unsigned long long* __restrict__ bar, unsigned long long* __restrict__ tstamp, int opts,
+    const unsigned char* __restrict__ obase, const __half* __restrict__ oscales, int ogpr, int osplits, int ou4ps,
+    const unsigned int* __restrict__ xh_o, const float* __restrict__ xinv_o) {
   extern __shared__ __align__(16) unsigned char moe_smem[];
   __shared__ float red[64];
   __shared__ int s_idx[MOE_MAX_TOPK];
@@ -117,9 +121,49 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
     }
   };
   stamp(0);
+  const bool light = opts & MOE_OPT_LIGHT_BAR, oproj = obase != nullptr;
+  // OPROJ (obase != nullptr, CudaQwen35.MOE_FUSED_O): the layer's w8 o-projection first, its input the one-scale staged
+  // pairs (xh_o, xinv_o[0]: gated_rmsnorm_stage's / attn_combine_stage's), item = (row, split-K slice of ou4ps chunks)
+  // over every warp (gemv_rs_pre's w8 arithmetic), its osplits planes into part where the norm reads them (nplanes =
+  // osplits); then a grid barrier, with the norm's x and w and each warp's phase-1 weights loaded between its arrival
+  // and its wait
+  unsigned long long o_target = 0;
+  if (oproj) {
+    const int ou4 = ogpr * 2, oitems = H * osplits;
+    const float oinv = __ldg(xinv_o);
+    const uint4* xo4 = reinterpret_cast<const uint4*>(xh_o) + 64 * (lane & 1);
+    for (int it = gw; it < oitems; it += nwarps) {
+      const int row = it / osplits, s = it - row * osplits, js = s * ou4ps, je = min(js + ou4ps, ou4);
+      uint4 w[MOE_OT];
+      float sc[MOE_OT];
+#pragma unroll
+      for (int t = 0; t < MOE_OT; ++t) {
+        const int j = js + lane + 32 * t;
+        if (j < je) {
+          w[t] = ldw(reinterpret_cast<const uint4*>(obase) + (size_t)row * ou4 + j);
+          sc[t] = __half2float(oscales[(size_t)row * ogpr + (j >> 1)]);
+        }
+      }
+      float acc = 0.f;
+#pragma unroll
+      for (int t = 0; t < MOE_OT; ++t) {
+        const int j = js + lane + 32 * t;
+        if (j < je) {  // (chunk j: the staged 32-value chunk J = j / 2, slots 2 (j & 1) and + 1)
+          const int J = j >> 1;
+          const uint4* xq = xo4 + ((J >> 5) << 7) + (J & 31);
+          acc += sc[t] * dot_w8_i16(w[t], __ldg(xq), __ldg(xq + 32));
+        }
+      }
+      acc = warp_sum(acc);
+      if (lane == 0) part[(size_t)s * part_stride + row] = acc * oinv;
+    }
+    o_target = grid_arrive(bar, light);
+  }
   RowNorm<VPT> nm;
-  const bool planes2 = opts & MOE_OPT_PLANES2;
-  if (planes2) {  // x_in, 1 + w and the first two planes in one round of loads
+  const bool planes2 = oproj || (opts & MOE_OPT_PLANES2);
+  if (oproj) {
+    nm.load_xw(x_in, norm_w, H);
+  } else if (planes2) {  // x_in, 1 + w and the first two planes in one round of loads
     nm.load_xw(x_in, norm_w, H);
     nm.load_planes2(part, nplanes, part_stride, H);
   } else {
@@ -154,6 +198,10 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
   };
   int it1 = gw;
   if (it1 < n1) load1(it1);
+  if (oproj) {  // (the loads above issued after arriving: the arrival does not wait for them)
+    grid_wait(bar, o_target, light);
+    nm.load_planes2(part, nplanes, part_stride, H);
+  }
 
   const float inv = nm.finish(part, nplanes, part_stride, H, eps, kpad_h, x_out, red, moe_smem, planes2 ? 2 : 1);
   const uint4* xs4 = reinterpret_cast<const uint4*>(moe_smem);
@@ -201,7 +249,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
     if (it1 < n1) load1(it1);
   }
   stamp(2);
-  grid_barrier(bar, opts & MOE_OPT_LIGHT_BAR);
+  grid_barrier(bar, light);
   stamp(3);
 
   // phase 2: the top-k in every block (warp 0, from the logits in L2), then the routed gate|up: the SwiGLU row of the
@@ -252,7 +300,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
   if (warp < k2) pack(cvals[warp * 32 + lane], blockIdx.x + warp * gridDim.x);
   else if (warp == 31 && (int)blockIdx.x < si / 32) pack(__ldcg(act_s + blockIdx.x * 32 + lane), nch2 + blockIdx.x);
   stamp(5);
-  grid_barrier(bar, opts & MOE_OPT_LIGHT_BAR);
+  grid_barrier(bar, light);
   stamp(6);
 
   // phase 3: the down-projections as moe_down: warp item = (slot z, two half-warp row groups of DR rows); slots < topk

@@ -42,7 +42,8 @@ def test_moe_fused_plumbing(cp, monkeypatch, dr):
         assert op.cooperative and op.block == 1024 and op.smem == ex.kpad_h * 6 and op.grid == (K.sm_count(),)
         a = [int(v) for v in op.args[:12]]
         assert a[2] == ex.part.data.ptr and a[4] == H and a[6] == H and a[10] == args.num_experts and a[11] == k
-        assert int(op.args[-3]) == ex.moe_bar.data.ptr and int(op.args[-2]) == 0 and int(op.args[-1]) == CudaQwen35.MOE_FUSED_OPTS
+        tail = [int(v) for v in op.args[-10:-7]]  # (the barrier counter, no timestamps, the options; then the o's)
+        assert tail == [ex.moe_bar.data.ptr, 0, CudaQwen35.MOE_FUSED_OPTS]
     # every norm after a MoE layer sums its k + 1 planes; the residual alternates through the fused launches
     after = [on[i + 1] for i, op in enumerate(on[:-1]) if op in fused]
     assert all(int(op.args[3]) == k + 1 for op in after if getattr(op, "name", "").startswith("residual_rmsnorm"))
@@ -64,3 +65,42 @@ def test_moe_fused_needs_its_rules(cp, monkeypatch):
     args, w = _weights(cfg)
     ops = _flat(build_engine(args, w, cfg, max_context=256, prefill_cols=1, prefill_gemm=0).model.executor.ops)
     assert not any(getattr(op, "name", "").startswith("moe_fused") for op in ops)
+
+
+def test_moe_fused_o_plumbing(cp, monkeypatch):
+    """NINFER_MOE_FUSED_O=1: each MoE layer's w8 o-projection GEMV goes inside its moe_fused launch (its weights, the
+    one-scale staged input and its scale, split-K slices of at most 4 chunks a lane on whole 64-chunk blocks, as many
+    planes as slices for the norm to sum); the step has no o-projection GEMV left and still runs."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+    from engine.ops import kernels as K
+
+    cfg = moe_cfg()
+    args, w = _weights(cfg)
+    monkeypatch.setattr(CudaQwen35, "MOE_FUSED", 1)
+
+    def build(on):
+        monkeypatch.setattr(CudaQwen35, "MOE_FUSED_O", on)
+        return build_engine(args, w, cfg, max_context=256, prefill_cols=1, prefill_gemm=0)
+
+    def o_gemvs(ex):
+        o_ptrs = {int(L["o"].ptr(L["o"].base)) for L in ex.layers}
+        return [op for op in _flat(ex.ops) if getattr(getattr(op, "__self__", None), "w", None) is not None
+                and int(op.__self__.w.ptr(op.__self__.w.base)) in o_ptrs]
+
+    off = build(0).model.executor
+    assert len(o_gemvs(off)) == args.num_hidden_layers
+    assert all(int(op.args[-7]) == 0 for op in _flat(off.ops) if getattr(op, "name", "").startswith("moe_fused<"))
+    eng = build(1)
+    ex = eng.model.executor
+    assert not o_gemvs(ex)
+    fused = [op for op in _flat(ex.ops) if getattr(op, "name", "").startswith("moe_fused<")]
+    assert len(fused) == args.num_hidden_layers
+    for op, L in zip(fused, ex.layers):
+        o = L["o"]
+        ou4, ou4ps, osplits = o.gpr * 2, int(op.args[-3]), int(op.args[-4])
+        assert int(op.args[-7]) == int(o.ptr(o.base)) and int(op.args[-6]) == int(o.ptr(o.scales))
+        assert ou4ps % 64 == 0 and ou4ps <= 32 * K.MOE_FUSED_OT and osplits == -(-ou4 // ou4ps)
+        assert int(op.args[3]) == osplits  # (the norm sums the o-projection's planes)
+        assert int(op.args[-2]) == ex.xh_att.data.ptr and int(op.args[-1]) == ex.xinv_att.data.ptr
+    assert len(eng.decode_greedy(3, 2)) == 2

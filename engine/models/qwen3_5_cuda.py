@@ -367,6 +367,12 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
                     ops.extend(fused[0])
                     prev_splits = fused[1]
                     continue
+            if self.args.is_moe and self.MOE_FUSED_O and not o_plan.xs:  # (the o-projection inside moe_fused)
+                fused = self._moe_fused_ops(L, 0, oproj=(L["o"], self.xh_att, self.xinv_att))
+                if fused is not None:
+                    ops.extend(fused[0])
+                    prev_splits = fused[1]
+                    continue
             ops.append(o_plan.launch)
             one_launch = self._moe_fused_ops(L, o_plan.splits) if self.args.is_moe else (
                 self._ffn_fused_ops(L, o_plan.splits) or self._ffn_tma_ops(L, o_plan.splits))

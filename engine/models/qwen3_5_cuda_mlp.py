@@ -84,11 +84,17 @@ class MlpOps:
     MOE_FUSED_DR = int(os.environ.get("NINFER_MOE_FUSED_DR", "2"))
     MOE_FUSED_OPTS = int(os.environ.get("NINFER_MOE_FUSED_OPTS", "11"))
     moe_tstamp = None  # (bench/: 8 uint64 a block of phase timestamps, read by a probe)
+    # NINFER_MOE_FUSED_O=1: the layer's w8 o-projection inside the moe_fused launch too (split-K items over every warp,
+    # MOE_FUSED_O_SPLITS planes or more, so that a slice is at most 4 chunks a lane; a grid barrier before the norm):
+    # one launch and the o GEMV's tail fewer a layer. Session 17; off until measured.
+    MOE_FUSED_O = int(os.environ.get("NINFER_MOE_FUSED_O", "0"))
+    MOE_FUSED_O_SPLITS = int(os.environ.get("NINFER_MOE_FUSED_O_SPLITS", "2"))
 
-    def _moe_fused_ops(self, L, splits: int):
+    def _moe_fused_ops(self, L, splits: int, oproj=None):
         """(ops, partial planes) of the post-attention norm and the MoE block as one moe_fused launch, or None where
         MOE_FUSED is off or its rules do not hold (one token, int16 pairs, the compiled formats, a bf16 router of
-        E + 1 rows, widths on 32-value chunks, every block's routed chunks in its shared memory)."""
+        E + 1 rows, widths on 32-value chunks, every block's routed chunks in its shared memory). oproj: (o, xh_o,
+        xinv_o), the layer's w8 o-projection [H, K] first, from one-scale staged pairs (MOE_FUSED_O)."""
         rw, gu, dn, sg, sd = (L[k] for k in ("router", "experts_gu", "experts_down", "shared_gu", "shared_down"))
         H, E, k, ie, si = self.H, self.args.num_experts, self.topk, self.inter_e, self.inter_sh
         fmts = [K.FMT_IDS.get(m.fmt) for m in (gu, dn, sg, sd)]
@@ -103,6 +109,18 @@ class MlpOps:
         grid = K.sm_count() * K.resident_blocks(name, 1024, smem)
         if -(-(k * ie // 32) // grid) > K.MOE_FUSED_CHUNKS or si // 32 > grid:
             return None
+        o_args = (np.uint64(0), np.uint64(0), np.int32(0), np.int32(0), np.int32(0), np.uint64(0), np.uint64(0))
+        if oproj is not None:
+            o, xh_o, xinv_o = oproj
+            if o.fmt != "q8_g32_fp16" or o.n != H:
+                return None
+            ou4 = o.gpr * 2  # (16-value chunks a row; a slice: whole 64-chunk blocks, at most 4 chunks a lane)
+            ou4ps = min(-(-(-(-ou4 // max(1, self.MOE_FUSED_O_SPLITS))) // 64) * 64, 32 * K.MOE_FUSED_OT)
+            splits = -(-ou4 // ou4ps)
+            if splits > self.max_splits:
+                return None
+            o_args = (np.uint64(o.ptr(o.base)), np.uint64(o.ptr(o.scales)), np.int32(o.gpr), np.int32(splits),
+                      np.int32(ou4ps), xh_o, xinv_o)
         cp = self.cp
         if getattr(self, "moe_bar", None) is None:
             self.moe_bar = cp.zeros(1, dtype=cp.uint64)
@@ -118,7 +136,7 @@ class MlpOps:
                 self.moe_xsc, P(sg, sg.base), P(sg, sg.high), P(sg, sg.scales), I(sg.gpr), I(si), self.act,
                 P(dn, dn.base), P(dn, dn.high), P(dn, dn.scales), I(dn.gpr),
                 P(sd, sd.base), P(sd, sd.high), P(sd, sd.scales), I(sd.gpr), self.moe_bar,
-                np.uint64(0) if self.moe_tstamp is None else self.moe_tstamp, I(self.MOE_FUSED_OPTS))
+                np.uint64(0) if self.moe_tstamp is None else self.moe_tstamp, I(self.MOE_FUSED_OPTS)) + o_args
         return [K.prepared(name, (grid,), args, block=1024, smem=smem, cooperative=True)], k + 1
 
     def _moe_ops(self, L, xn):

@@ -61,11 +61,12 @@ def test_cuda_moe_engine_matches_numpy_engine(stage, pre2, down, i16, monkeypatc
     assert (f"moe_down<1,3,{down},{str(i16).lower()}>" in launched) == (down > 0)
 
 
-@pytest.mark.parametrize("dr", [2, 3])
-def test_moe_fused_matches_numpy_engine(dr, monkeypatch):
-    """MOE_FUSED (the norm and the whole MoE block in one persistent launch, the down's input staged by chunks): the
-    logits against the NumPy engine within the MoE test's gates, the launch in the step, each launch's two grid
-    barriers complete (the counter a multiple of 2 x grid), the routing block 0 leaves the top-k of the logits."""
+@pytest.mark.parametrize("dr,o", [(2, 0), (3, 0), (2, 1)], ids=["dr2", "dr3", "dr2-o"])
+def test_moe_fused_matches_numpy_engine(dr, o, monkeypatch):
+    """MOE_FUSED (the norm and the whole MoE block in one persistent launch, the down's input staged by chunks; o: the
+    w8 o-projection inside it too, MOE_FUSED_O): the logits against the NumPy engine within the MoE test's gates, the
+    launch in the step, each launch's grid barriers complete (the counter a multiple of the grid), the routing block 0
+    leaves the top-k of the logits."""
     from engine import api, gpu_weights
     from engine.config import ModelArgs
     from engine.gpu_engine import build_engine
@@ -75,6 +76,7 @@ def test_moe_fused_matches_numpy_engine(dr, monkeypatch):
 
     monkeypatch.setattr(CudaQwen35, "MOE_FUSED", 1)
     monkeypatch.setattr(CudaQwen35, "MOE_FUSED_DR", dr)
+    monkeypatch.setattr(CudaQwen35, "MOE_FUSED_O", o)
     args = ModelArgs.from_config(MOE_CFG)
     w = quantized_weights(args, recipe="groupwise-int-moe")
     ref_eng = api.load({"config": MOE_CFG, "weights": w}, device="cpu", gdn_mode="recurrent")
@@ -90,7 +92,8 @@ def test_moe_fused_matches_numpy_engine(dr, monkeypatch):
         agree += int(np.argmax(a) == np.argmax(b))
     assert np.median(errs) < 3e-2 and max(errs) < 0.35 and agree >= 30, (np.median(errs), max(errs), agree)
     grid = fused[0].grid[0]
-    assert int(ex.moe_bar.get()[0]) % (2 * grid) == 0 and int(ex.moe_bar.get()[0]) > 0
+    assert int(ex.moe_bar.get()[0]) % grid == 0 and int(ex.moe_bar.get()[0]) > 0
+    assert all(int(op.args[-7]) != 0 for op in fused) == bool(o)
     k = MOE_CFG["num_experts_per_tok"]
     logits = ex.rlog.get()[0]
     want_i, want_w = ref.moe_route(logits[:MOE_CFG["num_experts"]], k)
