@@ -86,8 +86,9 @@ class MlpOps:
     moe_tstamp = None  # (bench/: 8 uint64 a block of phase timestamps, read by a probe)
     # NINFER_MOE_FUSED_O=1: the layer's w8 o-projection inside the moe_fused launch too (split-K items over every warp,
     # MOE_FUSED_O_SPLITS planes or more, so that a slice is at most 4 chunks a lane; a grid barrier before the norm):
-    # one launch and the o GEMV's tail fewer a layer. Session 17; off until measured.
-    MOE_FUSED_O = int(os.environ.get("NINFER_MOE_FUSED_O", "0"))
+    # one launch and the o GEMV's tail fewer a layer. Session 17 (s17e, 35B-A3B, one process, two passes): 464.1 / 463.9
+    # tok/s (2 splits), 457.8 / 457.2 (4) against 453.3 / 453.3; ninfer bench 471.03. 0: the o GEMV before the launch.
+    MOE_FUSED_O = int(os.environ.get("NINFER_MOE_FUSED_O", "1"))
     MOE_FUSED_O_SPLITS = int(os.environ.get("NINFER_MOE_FUSED_O_SPLITS", "2"))
 
     def _moe_fused_ops(self, L, splits: int, oproj=None):
