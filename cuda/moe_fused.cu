@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
     const unsigned char* __restrict__ sdhigh, const __half* __restrict__ sdscales, int sdgpr,
     unsigned long long* __restrict__ bar, unsigned long long* __restrict__ tstamp, int opts,
     const unsigned char* __restrict__ obase, const __half* __restrict__ oscales, int ogpr, int osplits, int ou4ps,
-    const unsigned int* __restrict__ xh_o, const float* __restrict__ xinv_o) {
+    const unsigned int* __restrict__ xh_o, const float* __restrict__ xinv_o, const float* __restrict__ xsc_o) {
   extern __shared__ __align__(16) unsigned char moe_smem[];
   __shared__ float red[64];
   __shared__ int s_idx[MOE_MAX_TOPK];
@@ -123,7 +123,9 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
   stamp(0);
   const bool light = opts & MOE_OPT_LIGHT_BAR, oproj = obase != nullptr;
   // OPROJ (obase != nullptr, CudaQwen35.MOE_FUSED_O): the layer's w8 o-projection first, its input the one-scale staged
-  // pairs (xh_o, xinv_o[0]: gated_rmsnorm_stage's / attn_combine_stage's), item = (row, split-K slice of ou4ps chunks)
+  // pairs (xh_o, xinv_o[0]: gated_rmsnorm_stage's / attn_combine_stage's) or, with xsc_o, the chunk-scaled ones
+  // (gated_rmsnorm_chunks' / attn_combine_chunks': the scale of 32-value chunk J at xsc_o[J], xinv_o[0] = 1; not
+  // gemv_rs_pre's bits then), item = (row, split-K slice of ou4ps chunks)
   // over every warp (gemv_rs_pre's w8 arithmetic), its osplits planes into part where the norm reads them (nplanes =
   // osplits); then a grid barrier, with the norm's x and w and each warp's phase-1 weights loaded between its arrival
   // and its wait
@@ -151,7 +153,8 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
         if (j < je) {  // (chunk j: the staged 32-value chunk J = j / 2, slots 2 (j & 1) and + 1)
           const int J = j >> 1;
           const uint4* xq = xo4 + ((J >> 5) << 7) + (J & 31);
-          acc += sc[t] * dot_w8_i16(w[t], __ldg(xq), __ldg(xq + 32));
+          const float ws = xsc_o != nullptr ? sc[t] * __ldg(xsc_o + J) : sc[t];
+          acc += ws * dot_w8_i16(w[t], __ldg(xq), __ldg(xq + 32));
         }
       }
       acc = warp_sum(acc);

@@ -42,7 +42,7 @@ def test_moe_fused_plumbing(cp, monkeypatch, dr):
         assert op.cooperative and op.block == 1024 and op.smem == ex.kpad_h * 6 and op.grid == (K.sm_count(),)
         a = [int(v) for v in op.args[:12]]
         assert a[2] == ex.part.data.ptr and a[4] == H and a[6] == H and a[10] == args.num_experts and a[11] == k
-        tail = [int(v) for v in op.args[-10:-7]]  # (the barrier counter, no timestamps, the options; then the o's)
+        tail = [int(v) for v in op.args[-11:-8]]  # (the barrier counter, no timestamps, the options; then the o's)
         assert tail == [ex.moe_bar.data.ptr, 0, CudaQwen35.MOE_FUSED_OPTS]
     # every norm after a MoE layer sums its k + 1 planes; the residual alternates through the fused launches
     after = [on[i + 1] for i, op in enumerate(on[:-1]) if op in fused]
@@ -90,7 +90,7 @@ def test_moe_fused_o_plumbing(cp, monkeypatch):
 
     off = build(0).model.executor
     assert len(o_gemvs(off)) == args.num_hidden_layers
-    assert all(int(op.args[-7]) == 0 for op in _flat(off.ops) if getattr(op, "name", "").startswith("moe_fused<"))
+    assert all(int(op.args[-8]) == 0 for op in _flat(off.ops) if getattr(op, "name", "").startswith("moe_fused<"))
     eng = build(1)
     ex = eng.model.executor
     assert not o_gemvs(ex)
@@ -98,9 +98,41 @@ def test_moe_fused_o_plumbing(cp, monkeypatch):
     assert len(fused) == args.num_hidden_layers
     for op, L in zip(fused, ex.layers):
         o = L["o"]
-        ou4, ou4ps, osplits = o.gpr * 2, int(op.args[-3]), int(op.args[-4])
-        assert int(op.args[-7]) == int(o.ptr(o.base)) and int(op.args[-6]) == int(o.ptr(o.scales))
+        ou4, ou4ps, osplits = o.gpr * 2, int(op.args[-4]), int(op.args[-5])
+        assert int(op.args[-8]) == int(o.ptr(o.base)) and int(op.args[-7]) == int(o.ptr(o.scales))
         assert ou4ps % 64 == 0 and ou4ps <= 32 * K.MOE_FUSED_OT and osplits == -(-ou4 // ou4ps)
         assert int(op.args[3]) == osplits  # (the norm sums the o-projection's planes)
-        assert int(op.args[-2]) == ex.xh_att.data.ptr and int(op.args[-1]) == ex.xinv_att.data.ptr
+        assert int(op.args[-3]) == ex.xh_att.data.ptr and int(op.args[-2]) == ex.xinv_att.data.ptr
+        assert int(op.args[-1]) == 0  # (one scale for the row: MOE_FUSED_O_CHUNK off)
+    assert len(eng.decode_greedy(3, 2)) == 2
+
+
+def test_moe_fused_o_chunk_plumbing(cp, monkeypatch):
+    """NINFER_MOE_FUSED_O_CHUNK=1: the o-projection inside moe_fused reads chunk-scaled pairs, so each GDN layer's gated
+    norm is gated_rmsnorm_chunks (not gated_rmsnorm_stage) and each attention layer's combine attn_combine_chunks, all
+    writing the chunk scales that moe_fused's o-phase takes (its last argument); the step runs."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+
+    cfg = moe_cfg()
+    args, w = _weights(cfg)
+    monkeypatch.setattr(CudaQwen35, "MOE_FUSED", 1)
+    monkeypatch.setattr(CudaQwen35, "MOE_FUSED_O", 1)
+
+    def build(on):
+        monkeypatch.setattr(CudaQwen35, "MOE_FUSED_O_CHUNK", on)
+        eng = build_engine(args, w, cfg, max_context=256, prefill_cols=1, prefill_gemm=0)
+        return eng, [getattr(op, "name", "") for op in _flat(eng.model.executor.ops)], list(_flat(eng.model.executor.ops))
+
+    _, off, _ = build(0)
+    eng, on, ops = build(1)
+    ex = eng.model.executor
+    gdn = sum(L["kind"] != "full_attention" for L in ex.layers)
+    attn = len(ex.layers) - gdn
+    assert gdn > 0 and attn > 0
+    assert on.count("gated_rmsnorm_chunks") == gdn and "gated_rmsnorm_stage" not in on
+    assert off.count("gated_rmsnorm_chunks") == 0 and off.count("gated_rmsnorm_stage") == gdn
+    assert on.count("attn_combine_chunks") == attn and off.count("attn_combine_chunks") == 0
+    fused = [op for op in ops if getattr(op, "name", "").startswith("moe_fused<")]
+    assert len(fused) == len(ex.layers) and all(int(op.args[-1]) == ex.xsc_att.data.ptr for op in fused)
     assert len(eng.decode_greedy(3, 2)) == 2

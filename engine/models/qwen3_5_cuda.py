@@ -318,6 +318,8 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
             att_stage = (att_k, att_kpad, self.xh_att, self.xinv_att)
             o_gemv = lambda xs=None: self._plan_gemv(L["o"], self.att, self.part, "partial",  # noqa: E731
                                                      self._splits(L["o"]), (self.xh_att, self.xinv_att), xs=xs)
+            moe_chunk = self.args.is_moe and self._moe_o_chunked(L)  # (the o-phase of moe_fused takes chunk scales)
+            staged_chunks = False  # (this layer's o input staged by chunks)
             if L["kind"] == "full_attention":
                 qk = self._gemv(L["qk"], self.xn, self.buf_a, xpre=xn)
                 qw = self.Hq * ATTN_HEAD_DIM
@@ -336,7 +338,8 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
                 # the o-projection's GEMV (or the fused MLP's o-phase) takes chunk scales
                 fused_core = self.ATTN_FUSED and type(self)._attn_core_ops is CudaQwen35._attn_core_ops
                 o_plan = o_gemv(self._gated_chunk_scales() if self.ATTN_CHUNK and fused_core else None)
-                if fused_core and o_plan.xs:
+                if fused_core and (o_plan.xs or (moe_chunk and self.ATTN_CHUNK)):
+                    staged_chunks = True
                     core[-1] = K.prepared("attn_combine_chunks", (self.Hq, M),
                                           (self.attn_ml, self.attn_acc, self.nsplit, self.buf_b, ldb, self.att,
                                            self.att.shape[1], self.Hq) + att_stage
@@ -352,7 +355,8 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
                 # GATED_CHUNK: the o-projection reads the gated norm's output staged a chunk at a time where its
                 # GEMV takes chunk scales
                 o_plan = o_gemv(self._gated_chunk_scales())
-                proj, core = self._gdn_ops(L, xn, att_stage, chunk=o_plan.xs)
+                staged_chunks = bool(o_plan.xs or moe_chunk)
+                proj, core = self._gdn_ops(L, xn, att_stage, chunk=staged_chunks)
                 ops.extend(proj)
             ops.extend(core)
             o_in = None  # (the o-projection inside the fused MLP: its input pairs and scales)
@@ -368,11 +372,14 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
                     prev_splits = fused[1]
                     continue
             if self.args.is_moe and self.MOE_FUSED_O and not o_plan.xs:  # (the o-projection inside moe_fused)
-                fused = self._moe_fused_ops(L, 0, oproj=(L["o"], self.xh_att, self.xinv_att))
+                fused = self._moe_fused_ops(L, 0, oproj=(L["o"], self.xh_att, self.xinv_att,
+                                                         self.xsc_att if staged_chunks else None))
                 if fused is not None:
                     ops.extend(fused[0])
                     prev_splits = fused[1]
                     continue
+            if staged_chunks and not o_plan.xs:
+                raise RuntimeError("the o-projection's input was staged by chunks for a launch that did not take it")
             ops.append(o_plan.launch)
             one_launch = self._moe_fused_ops(L, o_plan.splits) if self.args.is_moe else (
                 self._ffn_fused_ops(L, o_plan.splits) or self._ffn_tma_ops(L, o_plan.splits))

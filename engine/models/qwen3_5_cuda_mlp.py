@@ -90,12 +90,15 @@ class MlpOps:
     # tok/s (2 splits), 457.8 / 457.2 (4) against 453.3 / 453.3; ninfer bench 471.03. 0: the o GEMV before the launch.
     MOE_FUSED_O = int(os.environ.get("NINFER_MOE_FUSED_O", "1"))
     MOE_FUSED_O_SPLITS = int(os.environ.get("NINFER_MOE_FUSED_O_SPLITS", "2"))
+    # NINFER_MOE_FUSED_O_CHUNK=1 (with MOE_FUSED_O and GATED_CHUNK): the o-projection's input staged a 32-value chunk at
+    # a time with a scale each (gated_rmsnorm_chunks, a warp a head, in place of the one-block gated_rmsnorm_stage;
+    # attn_combine_chunks with ATTN_CHUNK), the o-phase multiplying the chunk scale in. Session 17; off until measured.
+    MOE_FUSED_O_CHUNK = int(os.environ.get("NINFER_MOE_FUSED_O_CHUNK", "0"))
 
-    def _moe_fused_ops(self, L, splits: int, oproj=None):
-        """(ops, partial planes) of the post-attention norm and the MoE block as one moe_fused launch, or None where
-        MOE_FUSED is off or its rules do not hold (one token, int16 pairs, the compiled formats, a bf16 router of
-        E + 1 rows, widths on 32-value chunks, every block's routed chunks in its shared memory). oproj: (o, xh_o,
-        xinv_o), the layer's w8 o-projection [H, K] first, from one-scale staged pairs (MOE_FUSED_O)."""
+    def _moe_fused_form(self, L):
+        """(kernel name, grid, shared memory) of the layer's moe_fused launch, or None where MOE_FUSED is off or its
+        rules do not hold (one token, int16 pairs, the compiled formats, a bf16 router of E + 1 rows, widths on 32-value
+        chunks, every block's routed chunks in its shared memory). No side effects."""
         rw, gu, dn, sg, sd = (L[k] for k in ("router", "experts_gu", "experts_down", "shared_gu", "shared_down"))
         H, E, k, ie, si = self.H, self.args.num_experts, self.topk, self.inter_e, self.inter_sh
         fmts = [K.FMT_IDS.get(m.fmt) for m in (gu, dn, sg, sd)]
@@ -110,18 +113,46 @@ class MlpOps:
         grid = K.sm_count() * K.resident_blocks(name, 1024, smem)
         if -(-(k * ie // 32) // grid) > K.MOE_FUSED_CHUNKS or si // 32 > grid:
             return None
-        o_args = (np.uint64(0), np.uint64(0), np.int32(0), np.int32(0), np.int32(0), np.uint64(0), np.uint64(0))
+        return name, grid, smem
+
+    def _moe_o_slices(self, o):
+        """(16-value chunks a slice, slices) of the w8 o-projection inside moe_fused, or None where it cannot go in
+        (another format or width, more slices than partial planes). A slice: whole 64-chunk blocks, at most
+        MOE_FUSED_OT chunks a lane."""
+        if o.fmt != "q8_g32_fp16" or o.n != self.H:
+            return None
+        ou4 = o.gpr * 2
+        ou4ps = min(-(-(-(-ou4 // max(1, self.MOE_FUSED_O_SPLITS))) // 64) * 64, 32 * K.MOE_FUSED_OT)
+        splits = -(-ou4 // ou4ps)
+        return None if splits > self.max_splits else (ou4ps, splits)
+
+    def _moe_o_chunked(self, L) -> bool:
+        """Whether the layer's o-projection runs inside moe_fused from chunk-scaled pairs (MOE_FUSED_O_CHUNK): its
+        stager (the gated norm, the attention combine) then stages a chunk at a time."""
+        return bool(self.args.is_moe and self.MOE_FUSED_O and self.MOE_FUSED_O_CHUNK
+                    and self._gated_chunk_scales() is not None and self._moe_fused_form(L) is not None
+                    and self._moe_o_slices(L["o"]) is not None)
+
+    def _moe_fused_ops(self, L, splits: int, oproj=None):
+        """(ops, partial planes) of the post-attention norm and the MoE block as one moe_fused launch, or None where
+        `_moe_fused_form` says it does not apply. oproj: (o, xh_o, xinv_o, xsc_o), the layer's w8 o-projection [H, K]
+        first, from one-scale staged pairs (xsc_o None) or chunk-scaled ones (MOE_FUSED_O, MOE_FUSED_O_CHUNK)."""
+        form = self._moe_fused_form(L)
+        if form is None:
+            return None
+        name, grid, smem = form
+        rw, gu, dn, sg, sd = (L[k] for k in ("router", "experts_gu", "experts_down", "shared_gu", "shared_down"))
+        H, E, k, ie, si = self.H, self.args.num_experts, self.topk, self.inter_e, self.inter_sh
+        o_args = (np.uint64(0), np.uint64(0), np.int32(0), np.int32(0), np.int32(0), np.uint64(0), np.uint64(0),
+                  np.uint64(0))
         if oproj is not None:
-            o, xh_o, xinv_o = oproj
-            if o.fmt != "q8_g32_fp16" or o.n != H:
+            o, xh_o, xinv_o, xsc_o = oproj
+            sl = self._moe_o_slices(o)
+            if sl is None:
                 return None
-            ou4 = o.gpr * 2  # (16-value chunks a row; a slice: whole 64-chunk blocks, at most 4 chunks a lane)
-            ou4ps = min(-(-(-(-ou4 // max(1, self.MOE_FUSED_O_SPLITS))) // 64) * 64, 32 * K.MOE_FUSED_OT)
-            splits = -(-ou4 // ou4ps)
-            if splits > self.max_splits:
-                return None
+            ou4ps, splits = sl
             o_args = (np.uint64(o.ptr(o.base)), np.uint64(o.ptr(o.scales)), np.int32(o.gpr), np.int32(splits),
-                      np.int32(ou4ps), xh_o, xinv_o)
+                      np.int32(ou4ps), xh_o, xinv_o, np.uint64(0) if xsc_o is None else xsc_o)
         cp = self.cp
         if getattr(self, "moe_bar", None) is None:
             self.moe_bar = cp.zeros(1, dtype=cp.uint64)

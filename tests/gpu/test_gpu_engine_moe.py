@@ -61,10 +61,11 @@ def test_cuda_moe_engine_matches_numpy_engine(stage, pre2, down, i16, monkeypatc
     assert (f"moe_down<1,3,{down},{str(i16).lower()}>" in launched) == (down > 0)
 
 
-@pytest.mark.parametrize("dr,o", [(2, 0), (3, 0), (2, 1)], ids=["dr2", "dr3", "dr2-o"])
-def test_moe_fused_matches_numpy_engine(dr, o, monkeypatch):
+@pytest.mark.parametrize("dr,o,chunk", [(2, 0, 0), (3, 0, 0), (2, 1, 0), (2, 1, 1)],
+                         ids=["dr2", "dr3", "dr2-o", "dr2-o-chunk"])
+def test_moe_fused_matches_numpy_engine(dr, o, chunk, monkeypatch):
     """MOE_FUSED (the norm and the whole MoE block in one persistent launch, the down's input staged by chunks; o: the
-    w8 o-projection inside it too, MOE_FUSED_O): the logits against the NumPy engine within the MoE test's gates, the
+    w8 o-projection inside it too, MOE_FUSED_O; chunk: its input staged by chunks, MOE_FUSED_O_CHUNK): the logits against the NumPy engine within the MoE test's gates, the
     launch in the step, each launch's grid barriers complete (the counter a multiple of the grid), the routing block 0
     leaves the top-k of the logits."""
     from engine import api, gpu_weights
@@ -77,6 +78,7 @@ def test_moe_fused_matches_numpy_engine(dr, o, monkeypatch):
     monkeypatch.setattr(CudaQwen35, "MOE_FUSED", 1)
     monkeypatch.setattr(CudaQwen35, "MOE_FUSED_DR", dr)
     monkeypatch.setattr(CudaQwen35, "MOE_FUSED_O", o)
+    monkeypatch.setattr(CudaQwen35, "MOE_FUSED_O_CHUNK", chunk)
     args = ModelArgs.from_config(MOE_CFG)
     w = quantized_weights(args, recipe="groupwise-int-moe")
     ref_eng = api.load({"config": MOE_CFG, "weights": w}, device="cpu", gdn_mode="recurrent")
@@ -93,7 +95,8 @@ def test_moe_fused_matches_numpy_engine(dr, o, monkeypatch):
     assert np.median(errs) < 3e-2 and max(errs) < 0.35 and agree >= 30, (np.median(errs), max(errs), agree)
     grid = fused[0].grid[0]
     assert int(ex.moe_bar.get()[0]) % grid == 0 and int(ex.moe_bar.get()[0]) > 0
-    assert all(int(op.args[-7]) != 0 for op in fused) == bool(o)
+    assert all(int(op.args[-8]) != 0 for op in fused) == bool(o)
+    assert all(int(op.args[-1]) != 0 for op in fused) == bool(chunk)
     k = MOE_CFG["num_experts_per_tok"]
     logits = ex.rlog.get()[0]
     want_i, want_w = ref.moe_route(logits[:MOE_CFG["num_experts"]], k)
