@@ -78,6 +78,7 @@ def test_moe_fused_o_plumbing(cp, monkeypatch):
     cfg = moe_cfg()
     args, w = _weights(cfg)
     monkeypatch.setattr(CudaQwen35, "MOE_FUSED", 1)
+    monkeypatch.setattr(CudaQwen35, "MOE_FUSED_O_CHUNK", 0)  # (one scale for the row; by chunks: the test below)
 
     def build(on):
         monkeypatch.setattr(CudaQwen35, "MOE_FUSED_O", on)

@@ -92,8 +92,9 @@ class MlpOps:
     MOE_FUSED_O_SPLITS = int(os.environ.get("NINFER_MOE_FUSED_O_SPLITS", "2"))
     # NINFER_MOE_FUSED_O_CHUNK=1 (with MOE_FUSED_O and GATED_CHUNK): the o-projection's input staged a 32-value chunk at
     # a time with a scale each (gated_rmsnorm_chunks, a warp a head, in place of the one-block gated_rmsnorm_stage;
-    # attn_combine_chunks with ATTN_CHUNK), the o-phase multiplying the chunk scale in. Session 17; off until measured.
-    MOE_FUSED_O_CHUNK = int(os.environ.get("NINFER_MOE_FUSED_O_CHUNK", "0"))
+    # attn_combine_chunks with ATTN_CHUNK), the o-phase multiplying the chunk scale in. Session 17 (s17f, 35B-A3B, one
+    # process, two passes): 477.6 / 477.5 against 465.2 / 465.1 tok/s; ninfer bench 483.39. 0: one scale for the row.
+    MOE_FUSED_O_CHUNK = int(os.environ.get("NINFER_MOE_FUSED_O_CHUNK", "1"))
 
     def _moe_fused_form(self, L):
         """(kernel name, grid, shared memory) of the layer's moe_fused launch, or None where MOE_FUSED is off or its
