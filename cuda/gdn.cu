@@ -122,6 +122,27 @@ extern "C" __global__ void __launch_bounds__(256) gdn_delta(const float* __restr
   if (lane == 0) o[((size_t)m * Hv + h) * 128 + dv] = ov;
 }
 
+// Value head h of token row m from the conv outputs (gdn_delta_raw's and gdn_delta_raw_rw's prologue, gdn_prep's
+// arithmetic): its q and k lanes L2-normalized (q also scaled by q_scale) and its decay and update gates.
+__device__ __forceinline__ void gdn_raw_head(const float* __restrict__ qk, int ldqk, const float* __restrict__ ab,
+                                             int ldab, const float* __restrict__ a_log,
+                                             const float* __restrict__ dt_bias, float q_scale, int Hk, int Hv,
+                                             int tiled, int m, int h, int lane, float4& q, float4& k, float& alpha,
+                                             float& beta) {
+  const int kh = tiled ? h % Hk : h / (Hv / Hk);
+  q = reinterpret_cast<const float4*>(qk + (size_t)m * ldqk + (size_t)kh * 128)[lane];
+  k = reinterpret_cast<const float4*>(qk + (size_t)m * ldqk + (size_t)(Hk + kh) * 128)[lane];
+  float rq = rsqrtf(warp_sum(q.x * q.x + q.y * q.y + q.z * q.z + q.w * q.w) + 1e-6f);
+  rq *= q_scale;
+  const float rk = rsqrtf(warp_sum(k.x * k.x + k.y * k.y + k.z * k.z + k.w * k.w) + 1e-6f);
+  q = make_float4(q.x * rq, q.y * rq, q.z * rq, q.w * rq);
+  k = make_float4(k.x * rk, k.y * rk, k.z * rk, k.w * rk);
+  const float a = ab[(size_t)m * ldab + h] + dt_bias[h];
+  const float spl = a > 20.f ? a : log1pf(__expf(a));
+  alpha = __expf(-__expf(a_log[h]) * spl);
+  beta = sigmoidf_(ab[(size_t)m * ldab + Hv + h]);
+}
+
 // gdn_delta from the conv outputs themselves (the projections' EPI_CONV epilogue did the conv and SiLU;
 // no gdn_prep launch): each warp L2-normalizes its q and k head (q also scaled) and computes its head's
 // gates, with gdn_prep's arithmetic, so the state and output carry the arithmetic of gdn_prep + gdn_delta.
@@ -136,18 +157,9 @@ extern "C" __global__ void __launch_bounds__(256) gdn_delta_raw(
   const int m = blockIdx.y;
   if (rowid >= Hv * 128) return;
   const int h = rowid >> 7, dv = rowid & 127;
-  const int kh = tiled ? h % Hk : h / (Hv / Hk);
-  float4 q = reinterpret_cast<const float4*>(qk + (size_t)m * ldqk + (size_t)kh * 128)[lane];
-  float4 k = reinterpret_cast<const float4*>(qk + (size_t)m * ldqk + (size_t)(Hk + kh) * 128)[lane];
-  float rq = rsqrtf(warp_sum(q.x * q.x + q.y * q.y + q.z * q.z + q.w * q.w) + 1e-6f);
-  rq *= q_scale;
-  const float rk = rsqrtf(warp_sum(k.x * k.x + k.y * k.y + k.z * k.z + k.w * k.w) + 1e-6f);
-  q = make_float4(q.x * rq, q.y * rq, q.z * rq, q.w * rq);
-  k = make_float4(k.x * rk, k.y * rk, k.z * rk, k.w * rk);
-  const float a = ab[(size_t)m * ldab + h] + dt_bias[h];
-  const float spl = a > 20.f ? a : log1pf(__expf(a));
-  const float alpha = __expf(-__expf(a_log[h]) * spl);
-  const float beta = sigmoidf_(ab[(size_t)m * ldab + Hv + h]);
+  float4 q, k;
+  float alpha, beta;
+  gdn_raw_head(qk, ldqk, ab, ldab, a_log, dt_bias, q_scale, Hk, Hv, tiled, m, h, lane, q, k, alpha, beta);
   float4* sp = reinterpret_cast<float4*>(state + (((size_t)m * Hv + h) * 128 + dv) * 128) + lane;
   const float ov = delta_step(q, k, alpha, beta, vv[(size_t)m * ldv + (size_t)h * 128 + dv], sp);
   if (lane == 0) o[((size_t)m * Hv + h) * 128 + dv] = ov;
@@ -177,18 +189,9 @@ __global__ void __launch_bounds__(256) gdn_delta_raw_rw(
     s[r] = sp[r * 32];
     vr[r] = vv[(size_t)m * ldv + (size_t)h * 128 + dv0 + r];
   }
-  const int kh = tiled ? h % Hk : h / (Hv / Hk);
-  float4 q = reinterpret_cast<const float4*>(qk + (size_t)m * ldqk + (size_t)kh * 128)[lane];
-  float4 k = reinterpret_cast<const float4*>(qk + (size_t)m * ldqk + (size_t)(Hk + kh) * 128)[lane];
-  float rq = rsqrtf(warp_sum(q.x * q.x + q.y * q.y + q.z * q.z + q.w * q.w) + 1e-6f);
-  rq *= q_scale;
-  const float rk = rsqrtf(warp_sum(k.x * k.x + k.y * k.y + k.z * k.z + k.w * k.w) + 1e-6f);
-  q = make_float4(q.x * rq, q.y * rq, q.z * rq, q.w * rq);
-  k = make_float4(k.x * rk, k.y * rk, k.z * rk, k.w * rk);
-  const float a = ab[(size_t)m * ldab + h] + dt_bias[h];
-  const float spl = a > 20.f ? a : log1pf(__expf(a));
-  const float alpha = __expf(-__expf(a_log[h]) * spl);
-  const float beta = sigmoidf_(ab[(size_t)m * ldab + Hv + h]);
+  float4 q, k;
+  float alpha, beta;
+  gdn_raw_head(qk, ldqk, ab, ldab, a_log, dt_bias, q_scale, Hk, Hv, tiled, m, h, lane, q, k, alpha, beta);
 #pragma unroll
   for (int r = 0; r < RW; ++r) {
     const float ov = delta_reg(s[r], q, k, alpha, beta, vr[r]);

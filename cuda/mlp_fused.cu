@@ -60,13 +60,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
   const int nwarps = gridDim.x * (MLP_THREADS / 32), gw = warp * gridDim.x + blockIdx.x;
   const DecodeK dk = decode_constants(ggpr > 0 ? 1u : 0u);
   const bool light = local_stage & 2;  // (the grid barriers' light form, CudaQwen35.MLP_FUSED_LIGHT_BAR)
-  auto stamp = [&](int i) {  // (tstamp != nullptr: each block's phase boundaries, %globaltimer ns, for bench/)
-    if (tstamp != nullptr && tid == 0) {
-      unsigned long long t;
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-      tstamp[blockIdx.x * 8 + i] = t;
-    }
-  };
+  auto stamp = [&](int i) { phase_stamp(tstamp, i); };
   stamp(0);
   // help (CHUNK): the launch's number on this barrier counter (one barrier a launch: the counter at the start over
   // the grid; no block of this launch can have passed it yet), for the helpers' counters below

@@ -113,13 +113,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int nwarps = gridDim.x * (MLP_THREADS / 32), gw = warp * gridDim.x + blockIdx.x;
   const DecodeK dk = decode_constants(ggpr > 0 ? 1u : 0u);
-  auto stamp = [&](int i) {  // (tstamp != nullptr: each block's phase boundaries, %globaltimer ns, for bench/)
-    if (tstamp != nullptr && tid == 0) {
-      unsigned long long t;
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-      tstamp[blockIdx.x * 8 + i] = t;
-    }
-  };
+  auto stamp = [&](int i) { phase_stamp(tstamp, i); };
   stamp(0);
   const bool light = opts & MOE_OPT_LIGHT_BAR, oproj = obase != nullptr;
   // OPROJ (obase != nullptr, CudaQwen35.MOE_FUSED_O): the layer's w8 o-projection first, its input the one-scale staged

@@ -46,6 +46,16 @@ __device__ __forceinline__ void grid_barrier(unsigned long long* ctr, bool light
   grid_wait(ctr, grid_arrive(ctr, light), light);
 }
 
+// Thread 0 of each block writes %globaltimer (ns) to tstamp[block x 8 + i] where tstamp != nullptr: a persistent
+// launch's phase boundaries, for bench/'s probes.
+__device__ __forceinline__ void phase_stamp(unsigned long long* tstamp, int i) {
+  if (tstamp != nullptr && threadIdx.x == 0) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    tstamp[blockIdx.x * 8 + i] = t;
+  }
+}
+
 // One warp's rows of a row-split GEMV over pre-staged pairs (gemv_rs_pre's loads and arithmetic): `start` sets the
 // row pointers of a row group, `load` issues the next U iterations' weight, scale and high-bit loads (lane j0 + 32 i),
 // `run` multiplies them with x (xat(i, c): slot c of iteration i's chunk) into acc, loading the rest as it goes.
