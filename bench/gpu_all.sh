@@ -18,7 +18,6 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
-#   s17g: moe_fused's down slots a pair to a plane (MOE_FUSED_OPTS bit 16): tests, 35B-A3B A/B, bench
 #   fin17: session 17's defaults: the GPU tests its changes touch, `ninfer bench` 35B-A3B (the 27B's figures: s17e)
 #   s17f: moe_fused's o-phase from chunk-scaled pairs (MOE_FUSED_O_CHUNK): tests, 35B-A3B A/B, bench
 #   s17e: the w8 o-projection inside moe_fused (MOE_FUSED_O): tests, 35B-A3B A/B, final bench figures (35B-A3B, 27B
@@ -404,20 +403,6 @@ timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128
 log "35B-A3B tg128 (defaults)"
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
-fi
-if [ "$PART" = s17g ]; then  # session 17: moe_fused's down slots summed a pair to a plane (opts 16, k / 2 + 1 planes
-# for the next norm): its tests, the 35B-A3B A/B in one process, `ninfer bench` with the better
-ready
-log "tests: moe_fused against the NumPy engine (with the pairs), its options"
-gpu_pytest "$OUT/gpu_tests_s17g.txt" tests/gpu/test_gpu_engine_moe.py -k "moe_fused"
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s17g.txt" | tail -10
-log "35B-A3B decode A/B in one process"
-timeout 120 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --attr="base,MOE_FUSED_OPTS=27" \
-  --out "$OUT/decode_s17g_35b.json" 2>&1 | grep -E "PDL|attr|rror" | head -8
-BEST=$(best_attr_env "$OUT/decode_s17g_35b.json" 0)
-log "35B-A3B tg128 (env: ${BEST:-defaults})"
-env $BEST timeout 60 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
-  -o json --out "$OUT/tg128_35b_s17g.json" 2>&1 | grep -E "^\||rror" | tail -1
 fi
 if [ "$PART" = fin17 ]; then  # session 17's defaults: the GPU tests its changes touch (the MoE engine, prefill then
 # decode, the gated norm's chunks, device sampling, SmolLM2, the dense engine and decode paths), `ninfer bench` 35B-A3B

@@ -30,7 +30,6 @@
 #define MOE_OPT_PLANES2 1
 #define MOE_OPT_REDUX 2
 #define MOE_OPT_LIGHT_BAR 8
-#define MOE_OPT_PAIR 16  // (the down's slots a pair to a plane: topk / 2 + 1 planes; topk even)
 #define MOE_CHUNKS 16
 #define MOE_OT 4  // the o-projection's 16-byte chunks a lane a slice at most (CudaQwen35.MOE_FUSED_O)  // 32-value chunks of the routed SwiGLU row a block at most (warp 31 packs a shared chunk)
 
@@ -303,26 +302,10 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
 
   // phase 3: the down-projections as moe_down: warp item = (slot z, two half-warp row groups of DR rows); slots < topk
   // routed (expert s_idx[z]'s rows, x = the staged chunks of slot z), slot topk the shared expert (x = its chunks
-  // after the routed ones); y[z] = acc * wts[z]. MOE_OPT_PAIR (topk even): warp item = (slot pair p, row group): half 0
-  // slot 2p, half 1 slot 2p + 1, the same rows, their weighted sums added by a shuffle into plane p, the shared expert
-  // into plane topk / 2: topk / 2 + 1 planes for the next norm instead of topk + 1
+  // after the routed ones); y[z] = acc * wts[z]
   const uint4* xp4 = reinterpret_cast<const uint4*>(xh);
-  const bool pair = opts & MOE_OPT_PAIR;
-  const int np = pair ? topk / 2 : 0, n3p = pair ? np * ng + wps : n3;
-  for (int it = gw; it < n3p; it += nwarps) {
-    const bool paired = it < np * ng;  // (warp-uniform)
-    int z, grp, plane;
-    if (paired) {
-      const int p = it / ng;
-      grp = it - p * ng;
-      z = 2 * p + half;
-      plane = p;
-    } else {
-      const int i2 = it - np * ng + (pair ? topk * wps : 0);
-      z = i2 / wps;
-      grp = (i2 - z * wps) * 2 + half;
-      plane = pair ? np : z;
-    }
+  for (int it = gw; it < n3; it += nwarps) {
+    const int z = it / wps, grp = (it - z * wps) * 2 + half;
     const int row0 = grp * DR < H ? grp * DR : 0, nrows = grp * DR < H ? min(DR, H - row0) : 0;
     float acc[DR];
     if (z < topk)
@@ -330,17 +313,11 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
                                 z * (ie >> 5), acc);
     else
       half_rows_staged<FSD, DR>(sdbase, sdhigh, sdscales, sdgpr, row0, nrows, xp4, xsc, nch2, acc);
-    const float wt = s_wts[z];
-    float v[DR];
-#pragma unroll
-    for (int r = 0; r < DR; ++r) {
-      v[r] = acc[r] * wt;
-      if (paired) v[r] += __shfl_xor_sync(0xffffffffu, v[r], 16);
-    }
-    if ((tid & (paired ? 31 : 15)) == 0) {
+    if ((tid & 15) == 0) {
+      const float wt = s_wts[z];
 #pragma unroll
       for (int r = 0; r < DR; ++r)
-        if (r < nrows) part[(size_t)plane * part_stride + row0 + r] = v[r];
+        if (r < nrows) part[(size_t)z * part_stride + row0 + r] = acc[r] * wt;
     }
   }
   stamp(7);

@@ -137,28 +137,3 @@ def test_moe_fused_o_chunk_plumbing(cp, monkeypatch):
     fused = [op for op in ops if getattr(op, "name", "").startswith("moe_fused<")]
     assert len(fused) == len(ex.layers) and all(int(op.args[-1]) == ex.xsc_att.data.ptr for op in fused)
     assert len(eng.decode_greedy(3, 2)) == 2
-
-
-def test_moe_fused_pair_plumbing(cp, monkeypatch):
-    """MOE_FUSED_OPTS bit 16 (the down's routed slots summed a pair to a plane): the norm after each moe_fused launch
-    sums k / 2 + 1 planes instead of k + 1; an odd k drops the bit."""
-    from engine.gpu_engine import build_engine
-    from engine.models.qwen3_5_cuda import CudaQwen35
-
-    def after_planes(cfg, opts):
-        monkeypatch.setattr(CudaQwen35, "MOE_FUSED_OPTS", opts)
-        args, w = _weights(cfg)
-        ops = list(_flat(build_engine(args, w, cfg, max_context=256, prefill_cols=1, prefill_gemm=0).model.executor.ops))
-        fused = [i for i, op in enumerate(ops) if getattr(op, "name", "").startswith("moe_fused<")]
-        nxt = [next(op for op in ops[i + 1:] if getattr(op, "name", "").startswith(("residual_rmsnorm", "moe_fused")))
-               for i in fused[:-1]]
-        return ({int(ops[i].args[-9]) for i in fused},  # (the options word, before the o-projection's 8 arguments)
-                {int(op.args[3]) for op in nxt if op.name.startswith("residual")})
-
-    cfg = moe_cfg()
-    k = cfg["num_experts_per_tok"]
-    assert k % 2 == 0
-    assert after_planes(cfg, 11) == ({11}, {k + 1})
-    assert after_planes(cfg, 27) == ({27}, {k // 2 + 1})
-    odd = dict(cfg, num_experts_per_tok=3)
-    assert after_planes(odd, 27) == ({11}, {4})

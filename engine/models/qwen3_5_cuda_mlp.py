@@ -79,8 +79,7 @@ class MlpOps:
     # (route_row_redux), 8 the grid barriers' light form. Session 17, one process, two passes each: s17c against 437.5 /
     # 438.0: 1 439.8 / 439.6, 2 448.0 / 448.4 (the top-k phase 3.3 -> 2.0 us); s17d against 3's 447.2 / 447.2: 11
     # 452.2 / 452.3. (4, the down's weights prefetched into L2, lost in both: 430.9, then 442.9 behind the gate|up
-    # loads; removed.) Default 11. 16: the down's routed slots summed a pair to a plane by a shuffle (k / 2 + 1 planes
-    # for the next norm instead of k + 1; k even), written in session 17.
+    # loads; removed.) Default 11.
     MOE_FUSED = int(os.environ.get("NINFER_MOE_FUSED", "1"))
     MOE_FUSED_DR = int(os.environ.get("NINFER_MOE_FUSED_DR", "2"))
     MOE_FUSED_OPTS = int(os.environ.get("NINFER_MOE_FUSED_OPTS", "11"))
@@ -161,8 +160,6 @@ class MlpOps:
             kp = -(-(k * ie + si) // K.XPAD) * K.XPAD  # (the down's staged input: the k slots', then the shared one)
             self.moe_xh = cp.zeros(kp // 2, dtype=cp.uint32)
             self.moe_xsc = cp.zeros(kp // 32, dtype=cp.float32)
-        opts = self.MOE_FUSED_OPTS if k % 2 == 0 else self.MOE_FUSED_OPTS & ~16  # (16: slots a pair to a plane)
-        planes = k // 2 + 1 if opts & 16 else k + 1
         x_in, x_out = self._res
         self._res = (x_out, x_in)
         P, I = (lambda m, a: np.uint64(m.ptr(a))), np.int32
@@ -172,8 +169,8 @@ class MlpOps:
                 self.moe_xsc, P(sg, sg.base), P(sg, sg.high), P(sg, sg.scales), I(sg.gpr), I(si), self.act,
                 P(dn, dn.base), P(dn, dn.high), P(dn, dn.scales), I(dn.gpr),
                 P(sd, sd.base), P(sd, sd.high), P(sd, sd.scales), I(sd.gpr), self.moe_bar,
-                np.uint64(0) if self.moe_tstamp is None else self.moe_tstamp, I(opts)) + o_args
-        return [K.prepared(name, (grid,), args, block=1024, smem=smem, cooperative=True)], planes
+                np.uint64(0) if self.moe_tstamp is None else self.moe_tstamp, I(self.MOE_FUSED_OPTS)) + o_args
+        return [K.prepared(name, (grid,), args, block=1024, smem=smem, cooperative=True)], k + 1
 
     def _moe_ops(self, L, xn):
         """Router -> top-k on the device -> routed experts (grid.z = slot) writing weighted partials

@@ -61,12 +61,11 @@ def test_cuda_moe_engine_matches_numpy_engine(stage, pre2, down, i16, monkeypatc
     assert (f"moe_down<1,3,{down},{str(i16).lower()}>" in launched) == (down > 0)
 
 
-@pytest.mark.parametrize("dr,o,chunk,pair", [(2, 0, 0, 0), (3, 0, 0, 0), (2, 1, 0, 0), (2, 1, 1, 0), (2, 1, 1, 1)],
-                         ids=["dr2", "dr3", "dr2-o", "dr2-o-chunk", "dr2-o-chunk-pair"])
-def test_moe_fused_matches_numpy_engine(dr, o, chunk, pair, monkeypatch):
+@pytest.mark.parametrize("dr,o,chunk", [(2, 0, 0), (3, 0, 0), (2, 1, 0), (2, 1, 1)],
+                         ids=["dr2", "dr3", "dr2-o", "dr2-o-chunk"])
+def test_moe_fused_matches_numpy_engine(dr, o, chunk, monkeypatch):
     """MOE_FUSED (the norm and the whole MoE block in one persistent launch, the down's input staged by chunks; o: the
-    w8 o-projection inside it too, MOE_FUSED_O; chunk: its input staged by chunks, MOE_FUSED_O_CHUNK; pair: the down's
-    slots summed a pair to a plane, opts 16): the logits against the NumPy engine within the MoE test's gates, the
+    w8 o-projection inside it too, MOE_FUSED_O; chunk: its input staged by chunks, MOE_FUSED_O_CHUNK): the logits against the NumPy engine within the MoE test's gates, the
     launch in the step, each launch's grid barriers complete (the counter a multiple of the grid), the routing block 0
     leaves the top-k of the logits."""
     from engine import api, gpu_weights
@@ -80,7 +79,6 @@ def test_moe_fused_matches_numpy_engine(dr, o, chunk, pair, monkeypatch):
     monkeypatch.setattr(CudaQwen35, "MOE_FUSED_DR", dr)
     monkeypatch.setattr(CudaQwen35, "MOE_FUSED_O", o)
     monkeypatch.setattr(CudaQwen35, "MOE_FUSED_O_CHUNK", chunk)
-    monkeypatch.setattr(CudaQwen35, "MOE_FUSED_OPTS", CudaQwen35.MOE_FUSED_OPTS | (16 if pair else 0))
     args = ModelArgs.from_config(MOE_CFG)
     w = quantized_weights(args, recipe="groupwise-int-moe")
     ref_eng = api.load({"config": MOE_CFG, "weights": w}, device="cpu", gdn_mode="recurrent")
