@@ -18,6 +18,7 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
+#   (s17g, moe_fused's down slots a pair to a plane, opts 16: lost, removed; in git history at a78e068)
 #   fin17: session 17's defaults: the GPU tests its changes touch, `ninfer bench` 35B-A3B (the 27B's figures: s17e)
 #   s17f: moe_fused's o-phase from chunk-scaled pairs (MOE_FUSED_O_CHUNK): tests, 35B-A3B A/B, bench
 #   s17e: the w8 o-projection inside moe_fused (MOE_FUSED_O): tests, 35B-A3B A/B, final bench figures (35B-A3B, 27B
