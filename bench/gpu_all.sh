@@ -18,6 +18,8 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
+#   s18a: the next session's first call: the 35B-A3B and 27B breakdowns on session 17's defaults, the two probes, every
+#         GPU test
 #   (s17g, moe_fused's down slots a pair to a plane, opts 16: lost, removed; in git history at a78e068)
 #   fin17: session 17's defaults: the GPU tests its changes touch, `ninfer bench` 35B-A3B (the 27B's figures: s17e)
 #   s17f: moe_fused's o-phase from chunk-scaled pairs (MOE_FUSED_O_CHUNK): tests, 35B-A3B A/B, bench
@@ -404,6 +406,23 @@ timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128
 log "35B-A3B tg128 (defaults)"
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
+fi
+if [ "$PART" = s18a ]; then  # next session's first call: where the steps go on session 17's defaults: the 35B-A3B and
+# 27B per-kernel breakdowns (none on these defaults yet), moe_fused's phases (its "norm" phase now holds the o-projection
+# and its barrier), mlp_fused's, then every GPU test
+ready
+log "35B-A3B breakdown"
+timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --breakdown \
+  --out "$OUT/decode_s18a_35b_bd.json" 2>&1 | grep -E "PDL|sum of|^  " | head -18
+log "27B breakdown"
+timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --breakdown \
+  --out "$OUT/decode_s18a_bd.json" 2>&1 | grep -E "PDL|sum of|^  " | head -16
+log "moe_fused and mlp_fused probes"
+timeout 120 python3 bench/moe_fused_probe.py --out "$OUT/moe_fused_probe_s18a.json" 2>&1 | tail -4
+timeout 120 python3 bench/mlp_fused_probe.py --out "$OUT/mlp_fused_probe_s18a.json" 2>&1 | tail -3
+log "all GPU tests"
+gpu_pytest "$OUT/gpu_tests_s18a.txt" tests/gpu
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s18a.txt" | tail -12
 fi
 if [ "$PART" = fin17 ]; then  # session 17's defaults: the GPU tests its changes touch (the MoE engine, prefill then
 # decode, the gated norm's chunks, device sampling, SmolLM2, the dense engine and decode paths), `ninfer bench` 35B-A3B

@@ -1,7 +1,7 @@
 """moe_fused alone on the 35B-A3B's first MoE layer (synthetic weights, the step's own launch, buffers as the last step
 left them): its time (CUDA events over repeated launches) and where it goes (each block's %globaltimer at the phase
 boundaries: norm done, router + shared gate|up done, barrier 1, top-k done, routed gate|up + staging done, barrier 2,
-down done), for each of its options (MOE_FUSED_OPTS).
+down done), on the defaults (MOE_FUSED_OPTS; with MOE_FUSED_O the "norm" phase holds the o-projection and its barrier).
 
     python bench/moe_fused_probe.py [--geometry qwen3.6-35b-a3b] [--out FILE]
 """
@@ -67,7 +67,7 @@ def main():
     ex.MOE_FUSED = 1
     eng.decode_greedy(5, 4)
     out = []
-    for opts in (3, 7, 11, 15):
+    for opts in (ex.MOE_FUSED_OPTS,):
         ex.MOE_FUSED_OPTS = opts
         r = probe(ex)
         r["opts"] = opts
