@@ -22,6 +22,37 @@ from engine.ops.gemv_plan import mlp_fused_help_words, mlp_fused_launch
 PHASES = ("norm", "gate|up", "barrier 1", "stage (+ barrier 2)", "down")
 
 
+def launch_us(go, n: int = 200) -> float:
+    """Microseconds a launch of `go` (CUDA events over n back-to-back launches, after 5 to warm up)."""
+    for _ in range(5):
+        go()
+    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+    e0.record()
+    for _ in range(n):
+        go()
+    e1.record()
+    e1.synchronize()
+    return cp.cuda.get_elapsed_time(e0, e1) * 1e3 / n
+
+
+def phase_stamps(run, ts, reps: int = 20):
+    """The median over `reps` runs of `run` (a launch writing its blocks' phase stamps into ts [grid, 8]) of each
+    stamp, ns from the first block's start."""
+    rows = []
+    for _ in range(reps):
+        run()
+        cp.cuda.Device().synchronize()
+        t = ts.get().astype(np.int64)
+        rows.append(t - t[:, 0].min())
+    return np.median(np.stack(rows), axis=0)
+
+
+def phase_table(t, names, idx) -> dict:
+    """{phase: first and last block's end, us} for the stamps idx of t (phase_stamps')."""
+    return {nm: dict(first_us=round(float(t[:, i].min()) / 1e3, 2), last_us=round(float(t[:, i].max()) / 1e3, 2))
+            for nm, i in zip(names, idx)}
+
+
 def probe(ex, splits: int, local: bool, chunk: bool = False, helped: bool = False, n: int = 200, oproj: bool = False,
           xw: bool = False) -> dict:
     L = ex.layers[next(i for i, L in enumerate(ex.layers) if "gate_up" in L and (L["kind"] != "full_attention"
@@ -44,31 +75,15 @@ def probe(ex, splits: int, local: bool, chunk: bool = False, helped: bool = Fals
                                 tstamp=ts, local_stage=local, chunk_scales=xsc, help=hb, oproj=o_arg, xw_early=xw)
 
     go, dsplits = launch()
-    for _ in range(5):
-        go()
-    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-    e0.record()
-    for _ in range(n):
-        go()
-    e1.record()
-    e1.synchronize()
-    us = cp.cuda.get_elapsed_time(e0, e1) * 1e3 / n
+    us = launch_us(go, n)
     grid = go.grid[0]
     ts = cp.zeros((grid, 8), dtype=cp.uint64)
-    rows = []
-    for _ in range(20):
-        tgo = launch(ts)[0]
-        tgo()
-        cp.cuda.Device().synchronize()
-        t = ts.get().astype(np.int64)
-        rows.append(t - t[:, 0].min())
-    t = np.median(np.stack(rows), axis=0)  # [grid, 8] ns from the first block's start
+    t = phase_stamps(lambda: launch(ts)[0](), ts)
     idx, names = [1, 2, 3, 4, 5], PHASES
     if oproj:
         idx, names = [6] + ([7] if xw else []) + [1, 2, 3, 5], \
             ("o + barrier",) + (("planes",) if xw else ()) + ("norm", "gate|up", "barrier 1", "down")
-    phases = {nm: dict(first_us=round(float(t[:, i].min()) / 1e3, 2), last_us=round(float(t[:, i].max()) / 1e3, 2))
-              for nm, i in zip(names, idx)}
+    phases = phase_table(t, names, idx)
     return dict(name=go.name, splits=dsplits, local=local, chunk=chunk, helped=helped, oproj=oproj, xw=xw, grid=grid,
                 us=round(us, 2), start_spread_us=round(float(t[:, 0].max()) / 1e3, 2),
                 phases=phases)

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import cupy as cp
-import numpy as np
+from mlp_fused_probe import launch_us, phase_stamps, phase_table  # (bench/ is the script's directory)
 
 PHASES = ("norm", "router + shared", "barrier 1", "top-k", "routed + stage", "barrier 2", "down")
 
@@ -26,33 +26,16 @@ def probe(ex, n: int = 200) -> dict:
     ex.moe_tstamp = None
     ex.ops = ex._plan()
     go = first()
-    for _ in range(5):
-        go()
-    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-    e0.record()
-    for _ in range(n):
-        go()
-    e1.record()
-    e1.synchronize()
-    us = cp.cuda.get_elapsed_time(e0, e1) * 1e3 / n
+    us = launch_us(go, n)
     grid = go.grid[0]
     ts = cp.zeros((grid, 8), dtype=cp.uint64)
     ex.moe_tstamp = ts
     ex.ops = ex._plan()
-    tgo = first()
-    rows = []
-    for _ in range(20):
-        tgo()
-        cp.cuda.Device().synchronize()
-        t = ts.get().astype(np.int64)
-        rows.append(t - t[:, 0].min())
+    t = phase_stamps(first(), ts)
     ex.moe_tstamp = None
     ex.ops = ex._plan()
-    t = np.median(np.stack(rows), axis=0)
-    phases = {nm: dict(first_us=round(float(t[:, i].min()) / 1e3, 2), last_us=round(float(t[:, i].max()) / 1e3, 2))
-              for nm, i in zip(PHASES, range(1, 8))}
     return dict(name=go.name, grid=grid, us=round(us, 2), start_spread_us=round(float(t[:, 0].max()) / 1e3, 2),
-                phases=phases)
+                phases=phase_table(t, PHASES, range(1, 8)))
 
 
 def main():
@@ -66,15 +49,11 @@ def main():
     ex = eng.model.executor
     ex.MOE_FUSED = 1
     eng.decode_greedy(5, 4)
-    out = []
-    for opts in (ex.MOE_FUSED_OPTS,):
-        ex.MOE_FUSED_OPTS = opts
-        r = probe(ex)
-        r["opts"] = opts
-        out.append(r)
-        ph = "  ".join(f"{k} {v['first_us']}-{v['last_us']}" for k, v in r["phases"].items())
-        print(f"{r['name']} opts {opts}: {r['us']} us a launch (grid {r['grid']}, starts spread {r['start_spread_us']} us); "
-              f"phases end (first-last block, us): {ph}", flush=True)
+    r = dict(probe(ex), opts=ex.MOE_FUSED_OPTS)
+    ph = "  ".join(f"{k} {v['first_us']}-{v['last_us']}" for k, v in r["phases"].items())
+    print(f"{r['name']} opts {r['opts']}: {r['us']} us a launch (grid {r['grid']}, starts spread {r['start_spread_us']} "
+          f"us); phases end (first-last block, us): {ph}", flush=True)
+    out = [r]
     if a.out:
         Path(a.out).write_text(json.dumps(out, indent=1))
 
