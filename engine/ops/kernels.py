@@ -17,6 +17,13 @@ from pathlib import Path
 import numpy as np
 
 from engine.backend import cupy_or_none
+from engine.ops.kernel_names import (  # noqa: F401  (the variant tables: kernels.X reads them as before)
+    ATTN_GROUPS, ATTN_GSPLIT, ATTN_MMA_FORMS, ATTN_MMA_G, ATTN_TT, EXPERIMENTAL, GDN_DELTA_ROWS, GDN_DELTA_RW,
+    GDN_SCAN_RB, GDN_SCAN_TC_RB, GEMV_ASYNC_M, GEMV_ASYNC_STAGES, GEMV_CONV_ROWS, GEMV_M, GEMV_MMA, GEMV_PRE_MAIN,
+    GEMV_PRE_XS_NAMES, GEMV_ROWS, GEMV_TMA_NW, GEMV_UNROLL, LDG_NAMES, MLP_FUSED_CHUNKS, MLP_FUSED_NAMES,
+    MLP_FUSED_VPT, MOE_DOWN_NAMES, MOE_DOWN_ROWS, MOE_FUSED_CHUNKS, MOE_FUSED_DR, MOE_FUSED_NAMES, MOE_FUSED_OT,
+    MOE_FUSED_VPT, W8_PRE, XI16, attn_mma_kraw_name)
+from engine.ops.kernel_names import names as _names
 
 SOURCES = ("common.cuh", "gemv_decode.cu", "gemv.cu", "gemv_variants.cu", "gemv_mma.cu", "rows.cu", "norm.cu",
            "attention.cu", "gdn.cu", "gdn_chunked.cu", "sample.cu", "sampler.cu", "moe.cu", "attn_prefill.cu", "attn_decode_mma.cu",
@@ -25,38 +32,7 @@ SOURCES = ("common.cuh", "gemv_decode.cu", "gemv.cu", "gemv_variants.cu", "gemv_
 XPAD = 1024
 FMT_IDS = {"q4_g64_fp16": 0, "q5_g64_fp16": 1, "q6_g64_fp16": 2, "q8_g32_fp16": 3}
 EPI = {"store": 0, "partial": 1, "swiglu": 2, "add": 3, "conv": 4}
-GEMV_ROWS = (1, 2, 4)
-GEMV_CONV_ROWS = (1, 2)  # rows a warp of the conv-epilogue GEMVs (GemvPlan takes 2 for any other)
-GEMV_UNROLL = (2, 4)  # 8 was never the best in the sweep; fewer variants compile faster
-GEMV_M = (1, 2, 8)
-# moe_down<routed fmt, shared fmt, rows a half-warp, int16 pairs> (the MoE decode's down-projections, cuda/moe.cu):
-# any routed format with a q5 or w8 shared expert, rows 2 / 4, fp32 or int16 products; rows 3 for q5 + w8 (the
-# 35B-A3B's)
-MOE_DOWN_ROWS = (2, 3, 4)
-MOE_DOWN_NAMES = tuple(dict.fromkeys(
-    [f"moe_down<{fr},{fs},{r},{i16}>" for fr in range(4) for fs in (1, 3) for r in (2, 4) for i16 in ("false", "true")]
-    + [f"moe_down<1,3,3,{i16}>" for i16 in ("false", "true")]))
-# gemv_mma (tensor-core MMA, q4/q5, pre-staged x, 1-8 token columns): (tiles of 16 rows, warps splitting K
-# within a block, groups loaded per round) variants compiled
-# (measured slower than gemv_rs on every 27B shape, also through a cp.async ring: bench/NOTES-decode.md,
-# session 4; kept as the base of the MMA route, not in the tuning table)
-GEMV_MMA = ((1, 4, 2), (1, 8, 2), (2, 4, 2), (1, 4, 4), (1, 8, 8))
-# gemv_rs_async (weights streamed through a per-warp shared-memory ring): formats q4-q6, pre-staged x
-GEMV_ASYNC_STAGES = (3, 4)
-GEMV_ASYNC_M = (1,)
-ATTN_GROUPS = (1, 2, 3, 4, 6, 8)
-# Tokens a warp a round of attn_decode_tt (their loads in flight together; attn_decode_split takes one):
-# CudaQwen35.ATTN_TT picks one.
-ATTN_TT = (4,)
-# attn_decode_split<G, KV8, GS>: a KV head's G GS query heads over GS blocks of G (CudaQwen35.ATTN_GSPLIT)
-ATTN_GSPLIT = ((3, 2), (4, 2), (2, 4))
-# attn_decode_mma<G, KV8, W, NS> (cuda/attn_decode_mma.cu; CudaQwen35.ATTN_MMA): query groups compiled; its
-# forms (W warps a block, NS stages a warp) by int8 KV or not, the first whose shared memory fits the device
-# runs: the H100/H200 form (211,200 bytes), an A100-class one (143,616), a 99 KB consumer-GPU one (84,480 /
-# 76,032: NS 1, each round loaded then used).
-ATTN_MMA_G = (6, 8)
-ATTN_MMA_FORMS = {True: ((4, 4), (4, 2), (3, 1)), False: ((4, 3), (4, 2), (4, 1))}
-# how many of those the automatic choice considers (all): session 11 forced each form on the H200
+# how many of attn_decode_mma's forms (kernel_names.ATTN_MMA_FORMS) the automatic choice considers (all): session 11 forced each form on the H200
 # (NINFER_ATTN_MMA_FORM, `bench/gpu_all.sh next`): the attention kernel tests pass for every form (105), and
 # at depth 32768 a process a form, twice: -1 133.0 / 135.4 tok/s (int8 / bf16 KV), 1 133.3 / 135.4, 2 134.4 /
 # 132.9. NINFER_ATTN_MMA_FORM=N still picks one.
@@ -70,13 +46,6 @@ def attn_mma_smem(kv8: bool, w: int, ns: int) -> int:
     return 16 * 264 * 2 + w * (ns * raw + tile if kv8 else ns * tile)
 
 
-def attn_mma_kraw_name(g: int) -> str:
-    """attn_decode_mma's raw-K int8 form (KRAW: the codes into the MMAs, scales on the scores), compiled for the
-    first int8 form only."""
-    w, ns = ATTN_MMA_FORMS[True][0]
-    return f"attn_decode_mma<{g},true,{w},{ns},true>"
-
-
 def attn_mma_form(kv8: bool, limit: int, pick: int = -1):
     """(W, NS) of the attn_decode_mma form to run with `limit` bytes of shared memory a block (the first
     ATTN_MMA_AUTO entries of ATTN_MMA_FORMS; `pick` >= 0: only that entry), or None when none fits."""
@@ -84,11 +53,10 @@ def attn_mma_form(kv8: bool, limit: int, pick: int = -1):
         raise ValueError(f"NINFER_ATTN_MMA_FORM={pick}: the forms are 0..{len(ATTN_MMA_FORMS[kv8]) - 1} (-1: automatic)")
     forms = ATTN_MMA_FORMS[kv8][:ATTN_MMA_AUTO] if pick < 0 else ATTN_MMA_FORMS[kv8][pick:pick + 1]
     return next(((w, ns) for w, ns in forms if attn_mma_smem(kv8, w, ns) <= limit), None)
-GDN_DELTA_ROWS = (2, 4)  # state rows a warp of gdn_delta_rows (the prefill's GDN recurrence)
-# the chunked GDN prefill (gdn_chunk_prep, gdn_chunk_scan<RB> / gdn_chunk_scan_tc<RB>): state rows a block
-# of the in-order pass, and the dynamic shared memory (GDN_PREP_SMEM in cuda/gdn_tc.cu, GDN_SCAN_TC_SMEM in
+
+
+# the chunked GDN prefill's dynamic shared memory (GDN_PREP_SMEM in cuda/gdn_tc.cu; gdn_scan_smem: GDN_SCAN_TC_SMEM in
 # cuda/gdn_tc_scan.cu, GDN_SCAN_SMEM in cuda/gdn_chunked.cu)
-GDN_SCAN_RB = (16, 32, 64)
 GDN_PREP_SMEM = 4 * (2 * 64 * 132 + 64 * 68 + 3 * 64 + 3 * 256)
 
 
@@ -98,29 +66,13 @@ def gdn_scan_smem(rb: int, tc: bool = False) -> int:
     return 4 * (rb * 129 + 3 * 64 * 129 + 64 * 65 + 64 * (rb + 1) + 3 * 64)
 
 
-GDN_SCAN_TC_RB = (32, 64)  # one block an SM either way: 64 (96 blocks) fills the 27B's GPU in one wave
-
-
 WARPS = 8  # every kernel runs 256-thread blocks
-GDN_DELTA_RW = (2, 4)  # gdn_delta_raw_rw<RW>: state rows a warp (cuda/gdn.cu)
 # Programmatic dependent launch: each kernel may start while the one before it finishes (its blocks
 # wait at griddepcontrol.wait before reading what that kernel wrote; GEMVs prefetch weights first).
 # NINFER_PDL=0 launches plainly. Read at each launch (a graph keeps what it was captured with).
 PDL = os.environ.get("NINFER_PDL", "1") != "0"
 # GEMV L2 prefetch distance in loop iterations (0: off); a plan's `pf` overrides it.
 GEMV_PF = int(os.environ.get("NINFER_GEMV_PF", "0"))
-
-
-# The staged GEMV input of the q4/q5/q6 formats: int16 pairs and the dp2a decode (1), or fp16 pairs and the
-# magic-number decode (0). Read once at import: every module of a process must agree (the producers stage
-# what the GEMVs read). gemv_mma (experimental) reads fp16 pairs only.
-# Session 11 on the H200 (a process a mode, twice each): 27B 129.7 -> 140.1 tok/s, 35B-A3B 341 -> 349; the GEMV,
-# engine and prefill tests pass with it (bench/NOTES-decode.md).
-XI16 = os.environ.get("NINFER_XI16", "1") != "0"
-# With int16 pairs the w8 GEMVs read the pre-staged x too (gemv_rs_pre<3, ...>, dot_w8_i16) instead of staging
-# x per block from fp32 (NINFER_W8_PRE=0: as before). Session 11 on the H200 (a process a mode, twice): 35B-A3B
-# 352 -> 384.7 tok/s (its projections are w8), 27B unchanged (146.9 / 146.6, the head).
-W8_PRE = XI16 and os.environ.get("NINFER_W8_PRE", "1") != "0"
 
 
 def cuda_source_dir() -> Path:
@@ -154,39 +106,6 @@ def _source(files=None, ldg: bool = False) -> str:
     return "\n".join(p.replace("#pragma once\n", "") for p in parts)
 
 
-# GEMV variants under measurement (bench/NOTES-decode.md), not in the tuning table: compiled into a second
-# module on first use, so the engine's first run does not wait for them. The gemv_rs_pre (rows, unroll)
-# pairs of GEMV_PRE_MAIN are in the table and compile with the engine's module.
-GEMV_PRE_MAIN = ((1, 2), (2, 2))
-# gemv_rs_pre<fmt, rows, 1, unroll, false, true>: x with a scale a 32-value chunk (q4-q6, one token)
-GEMV_PRE_XS_NAMES = tuple(f"gemv_rs_pre<{f},{r},1,{u},false,true>" for f in range(3) for r, u in GEMV_PRE_MAIN)
-EXPERIMENTAL = ("gemv_rs_pre<", "gemv_rs_async<", "gemv_mma<", "gemv_tma<")
-# gemv_tma<fmt, NW> (cuda/gemv_tma.cu, sm_90: weights by bulk copies through a ring of shared-memory stages,
-# one block an SM, NW consumer warps and a producer warp): consumer warps compiled. Measured slower than
-# gemv_rs_pre on the 27B's big shapes (session 13): in no tuning entry; CudaQwen35.MLP_TMA (off) uses it.
-GEMV_TMA_NW = (8, 16)
-# mlp_fused<gate|up fmt, down fmt, down rows a warp, norm values a thread> (cuda/mlp_fused.cu: the post-attention
-# norm and the dense MLP in one persistent launch, CudaQwen35.MLP_FUSED): the groupwise-int recipe's q4 gate|up and
-# q5 down; hidden sizes up to 1,024 VPT (VPT 5: the 27B's 5,120; 1: the tests' small models)
-MLP_FUSED_VPT = (1, 2, 5, 8)
-MLP_FUSED_CHUNKS = 16  # (cuda/mlp_fused.cu MLP_CHUNKS: 32-value chunks a block of the chunk-scaled down input)
-MLP_FUSED_NAMES = tuple(f"mlp_fused<0,1,1,{v}{c}>" for v in MLP_FUSED_VPT for c in ("", ",true")) + tuple(
-    f"mlp_fused<0,1,1,{v}{c}>" for v in (1, 5) for c in ((",true,true", ",true,true,true") if v == 1 else ())
-    + (",true,true,true,3",))
-# moe_fused<routed gate|up fmt, routed down fmt, shared gate|up fmt, shared down fmt, norm values a thread, down rows a
-# half-warp> (cuda/moe_fused.cu: the MoE block of one token in one persistent launch, CudaQwen35.MOE_FUSED): the
-# groupwise-int-moe recipe's q4 / q5 routed experts and w8 shared expert; VPT 2 for the 35B-A3B's 2,048, 1 for the tests'
-MOE_FUSED_VPT = (1, 2)
-MOE_FUSED_DR = (2, 3)
-MOE_FUSED_CHUNKS = 16  # (cuda/moe_fused.cu MOE_CHUNKS: routed 32-value chunks a block)
-MOE_FUSED_OT = 4  # (cuda/moe_fused.cu MOE_OT: the o-projection's chunks a lane a slice)
-MOE_FUSED_NAMES = tuple(f"moe_fused<0,1,3,3,{v},{r}>" for v in MOE_FUSED_VPT for r in MOE_FUSED_DR)
-# (down rows 2 spill; ",true": the chunk-scaled down input; ",true,true": with the o-projection first, MLP_FUSED_O; a
-# third: the norm's x and weight before its barrier, MLP_FUSED_XW; a last 3: the o-projection's loads a lane in flight,
-# MLP_FUSED_OU. The o-projection forms for the 27B's hidden size (VPT 5) and the tests' (1) only, the A/B-only ones for
-# the tests': each instantiation adds to the module's first compile. The down's loads 3 / 4 a lane in flight lost, s16c)
-
-
 def gemv_tma_smem(stages: int, xbytes: int, stage_bytes: int) -> int:
     """Dynamic shared memory of gemv_tma: barriers, the x region (the pairs, kpad x 2 bytes; the NORM prologue's
     fp32 x and 1 + w after them, kpad x 8), the stages."""
@@ -205,42 +124,6 @@ def gemv_tma_stages(xbytes: int, stage_bytes: int, most: int = 8) -> int:
 def tma_capable() -> bool:
     """sm_90 or newer: cp.async.bulk and mbarrier transaction counts (gemv_tma)."""
     return _compute_capability() >= 90
-
-
-def _names(experimental: bool = False) -> list[str]:
-    if experimental:
-        names = [f"gemv_rs_pre<{f},{r},{m},{u}>" for f in range(3) for r in GEMV_ROWS for m in GEMV_M
-                 for u in GEMV_UNROLL if (r, u) not in GEMV_PRE_MAIN]
-        names += [f"gemv_rs_async<{f},{r},{m},{st}>" for f in range(3) for r in GEMV_ROWS for m in GEMV_ASYNC_M
-                  for st in GEMV_ASYNC_STAGES]
-        names += [f"gemv_mma<{f},{t},{kw},{u}>" for f in range(2) for t, kw, u in GEMV_MMA]
-        names += [f"gemv_tma<{f},{nw}>" for f in range(3) for nw in GEMV_TMA_NW] if XI16 else []
-        return names
-    names = [f"gemv_rs<{f},{r},{m},{u}>" for f in range(4) for r in GEMV_ROWS for m in GEMV_M for u in GEMV_UNROLL]
-    pre_f = range(4 if XI16 else 3)  # w8 reads pre-staged pairs when they are int16
-    names += [f"gemv_rs_pre<{f},{r},{m},{u}>" for f in pre_f for r, u in GEMV_PRE_MAIN for m in GEMV_M]
-    # the GDN projections' conv epilogue (EPI_CONV), one token: gemv_rs / gemv_rs_pre<..., true>
-    names += [f"gemv_rs<{f},{r},1,{u},true>" for f in range(4) for r in GEMV_CONV_ROWS for u in GEMV_UNROLL]
-    names += [f"gemv_rs_pre<{f},{r},1,{u},true>" for f in pre_f for r, u in GEMV_PRE_MAIN]
-    names += [f"gdn_delta_raw_rw<{rw}>" for rw in GDN_DELTA_RW]  # (state rows a warp, GdnOps.GDN_DELTA_RW)
-    names += list(GEMV_PRE_XS_NAMES)  # (x with a scale a 32-value chunk: the GDN o-projection, GATED_CHUNK)
-    names += [f"gemv_bf16<{m}>" for m in GEMV_M]
-    names += list(MOE_FUSED_NAMES) if XI16 else []  # (the MoE block's persistent launch, cuda/moe_fused.cu)
-    names += list(MLP_FUSED_NAMES) if XI16 else []  # (the dense MLP's persistent launch, cuda/mlp_fused.cu)
-    names += [f"router_route<{m}>" for m in GEMV_M]
-    names += list(MOE_DOWN_NAMES)
-    names += [f"embed_rs<{f}>" for f in range(4)]
-    names += [f"dequant_rs<{f}>" for f in range(4)]
-    names += [f"attn_decode_split<{g},{kv8}>" for g in ATTN_GROUPS for kv8 in ("false", "true")]
-    names += [f"attn_decode_tt<{g},{kv8},{tt}>" for g in ATTN_GROUPS for kv8 in ("false", "true") for tt in ATTN_TT]
-    names += [f"attn_decode_split<{g},{kv8},{gs}>" for g, gs in ATTN_GSPLIT for kv8 in ("false", "true")]
-    names += [f"attn_decode_mma<{g},{str(kv8).lower()},{w},{ns}>" for g in ATTN_MMA_G for kv8 in (False, True)
-              for w, ns in ATTN_MMA_FORMS[kv8]]
-    names += [attn_mma_kraw_name(g) for g in ATTN_MMA_G]  # the raw-K int8 form (the H100/H200 one)
-    names += [f"gdn_delta_rows<{r}>" for r in GDN_DELTA_ROWS]
-    names += [f"gdn_chunk_scan<{rb}>" for rb in GDN_SCAN_RB]
-    names += [f"attn_prefill_fa<{w},{kv8}>" for w in (4, 8) for kv8 in ("false", "true")]  # warps, int8 KV
-    return names
 
 
 @functools.cache
@@ -266,12 +149,9 @@ def module_tc():
 
 # GEMV weight loads through L1 (__ldg) instead of ld.global.nc.L1::no_allocate, for the shapes whose tuning
 # entry says ldg=True: the one-token register kernels in a module of their own, compiled on first use,
-# kernel("ldg:NAME"). No table entry uses it: session 7 on the H200 (in-step A/B, `gpu_decode.py --ldg`),
-# 27B 127.2 tok/s with no_allocate everywhere, 127.0 with ldg on the o-projection, 126.7 on every q5
-# shape, 125.2 on all (the o-projection's breakdown loss in session 6 did not show in the step).
+
+
 LDG_PREFIX = "ldg:"
-LDG_NAMES = tuple([f"gemv_rs<{f},{r},1,2>" for f in range(4) for r in GEMV_ROWS]
-                  + [f"gemv_rs_pre<{f},{r},1,{u}>" for f in range(3) for r, u in GEMV_PRE_MAIN])
 
 
 @functools.cache
