@@ -18,6 +18,9 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
+#   s18b: session 18's three latency patches (NORM_1R: the norms' planes in one round of loads; ATTN_COMBINE_B: the
+#         combine's loads batched; the persistent launches' red barriers, MOE_FUSED_OPTS 43 / MLP_FUSED_LIGHT_BAR 2): their
+#         tests, the A/B of each and all together in one process (35B-A3B, 27B; the 27B at 32768 int8 for the combine)
 #   s18a: the next session's first call: the 35B-A3B and 27B breakdowns on session 17's defaults, the two probes, every
 #         GPU test
 #   (s17g, moe_fused's down slots a pair to a plane, opts 16: lost, removed; in git history at a78e068)
@@ -406,6 +409,25 @@ timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128
 log "35B-A3B tg128 (defaults)"
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
+fi
+if [ "$PART" = s18b ]; then  # session 18: NORM_1R, ATTN_COMBINE_B, the red barriers: tests, A/B in one process
+ready
+log "tests: the norms' _1r forms, the batched combine, moe_fused's options, mlp_fused's barrier forms"
+gpu_pytest "$OUT/gpu_tests_s18b.txt" tests/gpu/test_kernels.py::test_residual_rmsnorm_and_gated \
+  tests/gpu/test_gpu_engine_moe.py -k "residual_rmsnorm_and_gated or norm_mb2 or opts_give or combine_chunks or four_kernels" \
+  tests/gpu/test_decode_paths.py tests/gpu/test_mlp_fused.py
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s18b.txt" | tail -10
+log "35B-A3B decode A/B in one process"
+timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b \
+  --attr="base,NORM_1R=1,ATTN_COMBINE_B=1,MOE_FUSED_OPTS=43,NORM_1R=1;ATTN_COMBINE_B=1;MOE_FUSED_OPTS=43" \
+  --out "$OUT/decode_s18b_35b.json" 2>&1 | grep -E "PDL|attr|rror" | head -14
+log "27B decode A/B in one process"
+timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.8-27b \
+  --attr="base,NORM_1R=1,ATTN_COMBINE_B=1,MLP_FUSED_LIGHT_BAR=2,NORM_1R=1;ATTN_COMBINE_B=1;MLP_FUSED_LIGHT_BAR=2" \
+  --out "$OUT/decode_s18b_27b.json" 2>&1 | grep -E "PDL|attr|rror" | head -14
+log "27B at 32768 (int8 KV) A/B of the batched combine"
+timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --depth 32768 --attr="base,ATTN_COMBINE_B=1" \
+  --out "$OUT/decode_s18b_d32k.json" 2>&1 | grep -E "PDL|attr|rror" | head -12
 fi
 if [ "$PART" = s18a ]; then  # next session's first call: where the steps go on session 17's defaults: the 35B-A3B and
 # 27B per-kernel breakdowns (none on these defaults yet), moe_fused's phases (its "norm" phase now holds the o-projection

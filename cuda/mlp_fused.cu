@@ -59,7 +59,17 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
   // warp w of block b is warp w x grid + b of the launch: a round's last, partial pass spreads over every block
   const int nwarps = gridDim.x * (MLP_THREADS / 32), gw = warp * gridDim.x + blockIdx.x;
   const DecodeK dk = decode_constants(ggpr > 0 ? 1u : 0u);
-  const bool light = local_stage & 2;  // (the grid barriers' light form, CudaQwen35.MLP_FUSED_LIGHT_BAR)
+  // (the grid barriers' light form, CudaQwen35.MLP_FUSED_LIGHT_BAR; bit 4 their red form, light waits: persistent.cu)
+  const bool redb = local_stage & 4, light = redb || (local_stage & 2);
+  const unsigned long long bar_count = redb ? grid_count(bar) : 0ull;
+  __shared__ unsigned long long bar_next;
+  bool bar_first = true;
+  auto arrive = [&]() {
+    if (!redb) return grid_arrive(bar, light);
+    const unsigned long long t = grid_arrive_red(bar, bar_count, bar_first, &bar_next);
+    bar_first = false;
+    return t;
+  };
   auto stamp = [&](int i) { phase_stamp(tstamp, i); };
   stamp(0);
   // help (CHUNK): the launch's number on this barrier counter (one barrier a launch: the counter at the start over
@@ -121,7 +131,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
       }
       oi = nxt;
     }
-    o_target = grid_arrive(bar, light);
+    o_target = arrive();
   }
   if (g < g_end) {
     const int rows[2] = {g, g + inter};
@@ -261,7 +271,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
     const float bmax = block_max(wrote, red);
     if (tid == 0 && bmax > 0.f) atomicMax(slot, __float_as_uint(bmax));
   }
-  const unsigned long long t1 = grid_arrive(bar, light);
+  const unsigned long long t1 = arrive();
   if (item < items) dn_start(item);  // (issued after arriving: the arrival's fence does not wait for them)
   grid_wait(bar, t1, light);
   stamp(3);
@@ -287,7 +297,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
     const int nch = kpad_i / 32, per = (nch + gridDim.x - 1) / gridDim.x;
     const int c0 = min((int)blockIdx.x * per, nch), c1 = min(c0 + per, nch);
     stage_slice<true>(act, inter, c0, c1, xh_act, dsc);
-    grid_barrier(bar, light);
+    grid_wait(bar, arrive(), light);
     if (blockIdx.x == 0 && tid == 0) {  // (every block read slot[0] before the second barrier)
       *xinv_act = dinv;
       slot[0] = 0u;

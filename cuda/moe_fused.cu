@@ -30,6 +30,7 @@
 #define MOE_OPT_PLANES2 1
 #define MOE_OPT_REDUX 2
 #define MOE_OPT_LIGHT_BAR 8
+#define MOE_OPT_RED 32  // the grid barriers' red form (persistent.cu: grid_arrive_red), light waits
 #define MOE_CHUNKS 16
 #define MOE_OT 4  // the o-projection's 16-byte chunks a lane a slice at most (CudaQwen35.MOE_FUSED_O)  // 32-value chunks of the routed SwiGLU row a block at most (warp 31 packs a shared chunk)
 
@@ -115,7 +116,16 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
   const DecodeK dk = decode_constants(ggpr > 0 ? 1u : 0u);
   auto stamp = [&](int i) { phase_stamp(tstamp, i); };
   stamp(0);
-  const bool light = opts & MOE_OPT_LIGHT_BAR, oproj = obase != nullptr;
+  const bool redb = opts & MOE_OPT_RED, light = redb || (opts & MOE_OPT_LIGHT_BAR), oproj = obase != nullptr;
+  const unsigned long long bar_count = redb ? grid_count(bar) : 0ull;
+  __shared__ unsigned long long bar_next;
+  bool bar_first = true;
+  auto arrive = [&]() {
+    if (!redb) return grid_arrive(bar, light);
+    const unsigned long long t = grid_arrive_red(bar, bar_count, bar_first, &bar_next);
+    bar_first = false;
+    return t;
+  };
   // OPROJ (obase != nullptr, CudaQwen35.MOE_FUSED_O): the layer's w8 o-projection first, its input the one-scale staged
   // pairs (xh_o, xinv_o[0]: gated_rmsnorm_stage's / attn_combine_stage's) or, with xsc_o, the chunk-scaled ones
   // (gated_rmsnorm_chunks' / attn_combine_chunks': the scale of 32-value chunk J at xsc_o[J], xinv_o[0] = 1; not
@@ -154,7 +164,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
       acc = warp_sum(acc);
       if (lane == 0) part[(size_t)s * part_stride + row] = acc * oinv;
     }
-    o_target = grid_arrive(bar, light);
+    o_target = arrive();
   }
   RowNorm<VPT> nm;
   const bool planes2 = oproj || (opts & MOE_OPT_PLANES2);
@@ -246,7 +256,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
     if (it1 < n1) load1(it1);
   }
   stamp(2);
-  grid_barrier(bar, light);
+  grid_wait(bar, arrive(), light);
   stamp(3);
 
   // phase 2: the top-k in every block (warp 0, from the logits in L2), then the routed gate|up: the SwiGLU row of the
@@ -297,7 +307,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
   if (warp < k2) pack(cvals[warp * 32 + lane], blockIdx.x + warp * gridDim.x);
   else if (warp == 31 && (int)blockIdx.x < si / 32) pack(__ldcg(act_s + blockIdx.x * 32 + lane), nch2 + blockIdx.x);
   stamp(5);
-  grid_barrier(bar, light);
+  grid_wait(bar, arrive(), light);
   stamp(6);
 
   // phase 3: the down-projections as moe_down: warp item = (slot z, two half-warp row groups of DR rows); slots < topk

@@ -115,7 +115,11 @@ __device__ __forceinline__ void row_sumsq_max(const float (&v)[VPT], const float
   mx = warp_max(lane < nwarp ? red[32 + lane] : 0.f);
 }
 
-template <int VPT, int PU>
+// ONE (CudaQwen35.NORM_1R): the planes PU at a time with predicated loads, so that S <= PU planes go out in one round
+// with x_in and w. (Without it the loop's remainder runs a plane an iteration, each add waiting for its plane before
+// the next plane's loads go out: the SASS of the <5, 4> form loads the 27B's 3 planes in 3 rounds after x_in and w,
+// the <2, 8> form the MoE norm's 9 in 2.) The same additions in the same order, so the same bits.
+template <int VPT, int PU, bool ONE = false>
 __device__ __forceinline__ void residual_rmsnorm_body(RESIDUAL_RMSNORM_PARAMS) {
   __shared__ float red[64];
   __shared__ float slice[NORM_SLICE];
@@ -130,17 +134,38 @@ __device__ __forceinline__ void residual_rmsnorm_body(RESIDUAL_RMSNORM_PARAMS) {
     v[i] = k < H ? xi[k] : 0.f;
     wv[i] = k < H ? (offset ? 1.f + w[k] : w[k]) : 0.f;
   }
-#pragma unroll PU
-  for (int s = 0; s < S; ++s) {
-    const float* ps = part + (size_t)s * part_stride + (size_t)m * H;
-    float pv[VPT];
+  if constexpr (ONE) {
+    for (int s0 = 0; s0 < S; s0 += PU) {
+      float pv[PU][VPT];
 #pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      const int k = threadIdx.x + i * bd;
-      pv[i] = k < H ? ps[k] : 0.f;
+      for (int u = 0; u < PU; ++u) {
+        const float* ps = part + (size_t)(s0 + u) * part_stride + (size_t)m * H;
+#pragma unroll
+        for (int i = 0; i < VPT; ++i) {
+          const int k = threadIdx.x + i * bd;
+          pv[u][i] = s0 + u < S && k < H ? ps[k] : 0.f;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < PU; ++u)
+        if (s0 + u < S) {
+#pragma unroll
+          for (int i = 0; i < VPT; ++i) v[i] += pv[u][i];
+        }
     }
+  } else {
+#pragma unroll PU
+    for (int s = 0; s < S; ++s) {
+      const float* ps = part + (size_t)s * part_stride + (size_t)m * H;
+      float pv[VPT];
 #pragma unroll
-    for (int i = 0; i < VPT; ++i) v[i] += pv[i];
+      for (int i = 0; i < VPT; ++i) {
+        const int k = threadIdx.x + i * bd;
+        pv[i] = k < H ? ps[k] : 0.f;
+      }
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) v[i] += pv[i];
+    }
   }
   float ss, mx;
   row_sumsq_max(v, wv, red, ss, mx);
@@ -190,6 +215,16 @@ extern "C" __global__ void __launch_bounds__(1024) residual_rmsnorm_mb2(RESIDUAL
 extern "C" __global__ void __launch_bounds__(1024) residual_rmsnorm_mb5(RESIDUAL_RMSNORM_PARAMS) {
   NI_PDL_ENTRY();
   residual_rmsnorm_body<5, 4>(x_in, x_out, part, S, part_stride, w, out, H, eps, offset, xh, xinv, kpad);
+}
+
+// The one-round forms (CudaQwen35.NORM_1R): the MoE norm's 9 planes and the 27B's 3 in the first round of loads.
+extern "C" __global__ void __launch_bounds__(1024) residual_rmsnorm_mb2_1r(RESIDUAL_RMSNORM_PARAMS) {
+  NI_PDL_ENTRY();
+  residual_rmsnorm_body<2, 9, true>(x_in, x_out, part, S, part_stride, w, out, H, eps, offset, xh, xinv, kpad);
+}
+extern "C" __global__ void __launch_bounds__(1024) residual_rmsnorm_mb5_1r(RESIDUAL_RMSNORM_PARAMS) {
+  NI_PDL_ENTRY();
+  residual_rmsnorm_body<5, 4, true>(x_in, x_out, part, S, part_stride, w, out, H, eps, offset, xh, xinv, kpad);
 }
 
 // One block per token: stage fp32 x [M, ldx] for pre-staged GEMV input.

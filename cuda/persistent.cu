@@ -46,6 +46,30 @@ __device__ __forceinline__ void grid_barrier(unsigned long long* ctr, bool light
   grid_wait(ctr, grid_arrive(ctr, light), light);
 }
 
+// The red form (mlp_fused's local_stage bit 4, moe_fused's MOE_OPT_RED; its waits are the light ones): thread 0 reads
+// the counter once at entry (grid_count: no block of this launch can pass its first barrier before this block arrives,
+// so the count floors to the launch's base), and arrives with a release reduction that returns nothing: its poll goes
+// out right behind it instead of after the atomic's round trip. Barrier b of the launch (0, 1, ...) waits for base + (b
+// + 1) n. The count is used at the first arrival only (its load in flight through the first phase), which keeps the
+// next target in shared memory (*next), not in a register across the launch.
+__device__ __forceinline__ unsigned long long grid_count(const unsigned long long* ctr) {
+  unsigned long long c = 0;
+  if (threadIdx.x == 0) asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(c) : "l"(ctr) : "memory");
+  return c;
+}
+__device__ __forceinline__ unsigned long long grid_arrive_red(unsigned long long* ctr, unsigned long long count,
+                                                              bool first, unsigned long long* next) {
+  __syncthreads();
+  unsigned long long target = 0;
+  if (threadIdx.x == 0) {
+    asm volatile("red.release.gpu.global.add.u64 [%0], 1;" :: "l"(ctr) : "memory");
+    const unsigned long long n = gridDim.x;
+    target = first ? (count / n + 1) * n : *next;
+    *next = target + n;
+  }
+  return target;
+}
+
 // Thread 0 of each block writes %globaltimer (ns) to tstamp[block x 8 + i] where tstamp != nullptr: a persistent
 // launch's phase boundaries, for bench/'s probes.
 __device__ __forceinline__ void phase_stamp(unsigned long long* tstamp, int i) {

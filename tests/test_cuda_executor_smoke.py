@@ -120,6 +120,34 @@ def test_attn_chunk_plumbing(cp, monkeypatch):
                and int(op.args[14]) in (1, 16) for op in cc)
     fused = [op for op in o if getattr(op, "name", "").startswith("mlp_fused<")]
     assert fused and all(int(op.args[39]) == ex.xsc_att.data.ptr and int(op.args[40]) == 1 for op in fused)
+    # ATTN_COMBINE_B: attn_combine_chunks_b in its place, the same grid, block and arguments
+    monkeypatch.setattr(CudaQwen35, "ATTN_COMBINE_B", 1)
+    _, ob = ops(1, True)
+    cb = [op for op in ob if getattr(op, "name", "").startswith("attn_combine")]
+    assert [op.name for op in cb] == ["attn_combine_chunks_b"] * n_att
+    assert all(a.grid == b.grid and a.block == b.block and len(a.args) == len(b.args) for a, b in zip(cc, cb))
+
+
+def test_norm_one_round_plumbing(cp, monkeypatch):
+    """NINFER_NORM_1R=1: every residual norm of the _mb2 / _mb5 forms is its _1r form (the same grid, block and
+    arguments); residual_rmsnorm_mb (rows past 5,120 values) has none and stays."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+
+    args, w = _weights(CFG)
+    out = {}
+    for one in (0, 1):
+        monkeypatch.setattr(CudaQwen35, "NORM_1R", one)
+        ex = build_engine(args, w, CFG, max_context=256, prefill_cols=1, prefill_gemm=0).model.executor
+        out[one] = [op for op in _flat(ex.ops) if getattr(op, "name", "").startswith("residual_rmsnorm")]
+    assert out[0] and {op.name for op in out[0]} <= {"residual_rmsnorm_mb2", "residual_rmsnorm_mb5"}
+    assert [op.name + "_1r" for op in out[0]] == [op.name for op in out[1]]
+    assert all(a.grid == b.grid and a.block == b.block and len(a.args) == len(b.args) for a, b in zip(*out.values()))
+    monkeypatch.setattr(CudaQwen35, "NORM_MB2", False)
+    monkeypatch.setattr(CudaQwen35, "NORM_MB5", False)
+    ex = build_engine(args, w, CFG, max_context=256, prefill_cols=1, prefill_gemm=0).model.executor
+    assert {op.name for op in _flat(ex.ops) if getattr(op, "name", "").startswith("residual_rmsnorm")} == {
+        "residual_rmsnorm_mb"}
 
 
 def test_gdn_merge_plumbing(cp, monkeypatch):

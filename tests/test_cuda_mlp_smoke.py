@@ -87,6 +87,8 @@ def test_mlp_fused_plumbing(cp, monkeypatch):
     assert all(int(op.args[28]) == 0 and int(op.args[29]) == 3 for op in fused)
     monkeypatch.setattr(CudaQwen35, "MLP_FUSED_LIGHT_BAR", 0)
     assert all(int(op.args[29]) == 1 for op in ops(1)[1] if getattr(op, "name", "").startswith("mlp_fused<"))
+    monkeypatch.setattr(CudaQwen35, "MLP_FUSED_LIGHT_BAR", 2)  # (2: the red form, bit 4 with the light bit)
+    assert all(int(op.args[29]) == 7 for op in ops(1)[1] if getattr(op, "name", "").startswith("mlp_fused<"))
     monkeypatch.setattr(CudaQwen35, "MLP_FUSED_LIGHT_BAR", 1)
     assert all(op.smem == max(ex.kpad_h * 6, ex.kpad_act * 2) for op in fused)
     assert all(int(op.args[30]) == 0 for op in fused)  # (no chunk scales)

@@ -257,6 +257,10 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
     # process, two calls: 150.5 / 150.4 against 150.4 / 150.3 (s16b), 151.1 / 151.1 against 151.0 / 151.0 (s16c);
     # NINFER_NORM_MB5=0 for residual_rmsnorm_mb.
     NORM_MB5 = os.environ.get("NINFER_NORM_MB5", "1") != "0"
+    # NINFER_NORM_1R=1: those two forms with every partial plane in the first round of loads (residual_rmsnorm_mb2_1r /
+    # mb5_1r: their SASS issued the 27B's 3 planes a round each after x_in and w, the MoE norm's 9 in 2 rounds), the
+    # same bits. Session 18 (written without device time first).
+    NORM_1R = os.environ.get("NINFER_NORM_1R", "0") != "0"
     MOE_ROWS = False  # several token rows of an MoE model (the tensor-core prefill's own MoE ops)
     ARGMAX_BLOCKS = 64  # blocks a row of the greedy argmax over the vocabulary
 
@@ -268,6 +272,8 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
         self._res = (x_out, x_in)
         name = ("residual_rmsnorm_mb2" if self.NORM_MB2 and self.H <= 2 * 1024
                 else "residual_rmsnorm_mb5" if self.NORM_MB5 and self.H <= 5 * 1024 else "residual_rmsnorm_mb")
+        if self.NORM_1R and name != "residual_rmsnorm_mb":
+            name += "_1r"
         return K.prepared(name, (self.NORM_BLOCKS, self.M),
                           (x_in, x_out, self.part, splits, self.M * self.H, w, self.xn, self.H,
                            float(self.args.rms_norm_eps), 1, self.xh_n, self.xinv_n, self.kpad_h), block=1024)
@@ -340,7 +346,8 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
                 o_plan = o_gemv(self._gated_chunk_scales() if self.ATTN_CHUNK and fused_core else None)
                 if fused_core and (o_plan.xs or (moe_chunk and self.ATTN_CHUNK)):
                     staged_chunks = True
-                    core[-1] = K.prepared("attn_combine_chunks", (self.Hq, M),
+                    core[-1] = K.prepared("attn_combine_chunks_b" if self.ATTN_COMBINE_B else "attn_combine_chunks",
+                                          (self.Hq, M),
                                           (self.attn_ml, self.attn_acc, self.nsplit, self.buf_b, ldb, self.att,
                                            self.att.shape[1], self.Hq) + att_stage
                                           + (self.xsc_att, self.qpos, 16 if self._attn_mma() else 1), block=256)

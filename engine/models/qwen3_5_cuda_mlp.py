@@ -79,7 +79,8 @@ class MlpOps:
     # (route_row_redux), 8 the grid barriers' light form. Session 17, one process, two passes each: s17c against 437.5 /
     # 438.0: 1 439.8 / 439.6, 2 448.0 / 448.4 (the top-k phase 3.3 -> 2.0 us); s17d against 3's 447.2 / 447.2: 11
     # 452.2 / 452.3. (4, the down's weights prefetched into L2, lost in both: 430.9, then 442.9 behind the gate|up
-    # loads; removed.) Default 11.
+    # loads; removed.) Default 11. 32: the barriers' red form (arrivals by a release reduction; persistent.cu),
+    # session 18, not yet measured.
     MOE_FUSED = int(os.environ.get("NINFER_MOE_FUSED", "1"))
     MOE_FUSED_DR = int(os.environ.get("NINFER_MOE_FUSED_DR", "2"))
     MOE_FUSED_OPTS = int(os.environ.get("NINFER_MOE_FUSED_OPTS", "11"))
@@ -329,7 +330,8 @@ class MlpOps:
     MLP_FUSED_O_ATTN = int(os.environ.get("NINFER_MLP_FUSED_O_ATTN", "1"))
     # NINFER_MLP_FUSED_LIGHT_BAR (on by default): the launch's grid barriers in their light form (a release atomic to
     # arrive, no fence after the acquire load: cuda/persistent.cu; the same bits). Session 17 (s17d, 27B, one process,
-    # two passes): 155.7 / 155.7 against 154.6 / 154.6 tok/s; 0 for the fenced form.
+    # two passes): 155.7 / 155.7 against 154.6 / 154.6 tok/s; 0 for the fenced form. 2: their red form (arrivals by a
+    # release reduction, no atomic's return to wait for before polling; persistent.cu), session 18, not yet measured.
     MLP_FUSED_LIGHT_BAR = int(os.environ.get("NINFER_MLP_FUSED_LIGHT_BAR", "1"))
 
     def _chunk_scales(self):
@@ -375,7 +377,7 @@ class MlpOps:
                                     getattr(self, ("mlp_bar_help" if help_ is not None and chunk_scales is not None
                                                    else "mlp_bar") + sfx), local_stage=bool(self.MLP_FUSED_LOCAL),
                                     chunk_scales=chunk_scales, help=help_, oproj=o_arg,
-                                    xw_early=bool(self.MLP_FUSED_XW), light_bar=bool(self.MLP_FUSED_LIGHT_BAR))
+                                    xw_early=bool(self.MLP_FUSED_XW), light_bar=min(int(self.MLP_FUSED_LIGHT_BAR), 2))
         try:  # chunked first; where a block would own more chunks than its shared row holds, one scale for the row
             got = launch(scales) if scales is not None else None
             got = got or (launch(None) if oproj is None else None)

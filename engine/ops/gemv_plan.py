@@ -328,7 +328,7 @@ def mlp_fused_help_words(grid: int, gu: DevMatrix) -> int:
 
 def mlp_fused_launch(gu: DevMatrix, dn: DevMatrix, norm: tuple, act, kpad_act: int, xh_act, xinv_act, slot, y,
                      splits: int, bar, tstamp=None, local_stage: bool = False, chunk_scales=None, help=None,
-                     oproj=None, xw_early: bool = False, light_bar: bool = False):
+                     oproj=None, xw_early: bool = False, light_bar: int = 0):
     """The post-attention norm and the dense MLP of one token as one mlp_fused launch (cuda/mlp_fused.cu), or None
     where it is not compiled for these formats and sizes. norm = (x_in, x_out, planes in, planes, plane stride,
     norm weight, H, eps, kpad_h); gu: [2I, H] (gate rows, then up rows), dn: [H, I]; act: the fp32 SwiGLU row
@@ -347,7 +347,8 @@ def mlp_fused_launch(gu: DevMatrix, dn: DevMatrix, norm: tuple, act, kpad_act: i
     ou: its loads a lane in flight, 2 or 3 with xw_early), into `splits` planes of the norm's `part` (the norm then sums
     them, not `norm`'s planes), a grid barrier before the norm; `bar` and `help` then serve such launches only.
     xw_early (with oproj): the norm's x_in and weight loaded before that barrier's wait, its first two planes together
-    after it. light_bar: the grid barriers' light form (cuda/persistent.cu). Returns (launch, planes written)."""
+    after it. light_bar: the grid barriers' light form (cuda/persistent.cu), 2 their red form (arrivals by a release
+    reduction, targets from the counter read at entry). Returns (launch, planes written)."""
     x_in, x_out, part, nplanes, pstride, nw_, H, eps, kpad_h = norm
     inter = dn.k
     vpt = min((v for v in kernels.MLP_FUSED_VPT if v * 1024 >= H), default=0)
@@ -377,11 +378,12 @@ def mlp_fused_launch(gu: DevMatrix, dn: DevMatrix, norm: tuple, act, kpad_act: i
         raise ValueError(f"mlp_fused's help buffer holds {help.size} words, the grid of {grid} needs "
                          f"{mlp_fused_help_words(grid, gu)}")
     P, I = (lambda a: np.uint64(_p(a))), np.int32
+    bits = int(bool(local_stage)) | (2 if light_bar else 0) | (4 if light_bar == 2 else 0)
     args = (P(x_in), P(x_out), P(part), I(nplanes), I(pstride), P(nw_), I(H), np.float32(eps), I(kpad_h),
             P(gu.ptr(gu.base)), P(gu.ptr(gu.high)), P(gu.ptr(gu.scales)), I(gu.gpr),
             P(act), I(inter), I(kpad_act), P(xh_act), P(xinv_act), P(slot),
             P(dn.ptr(dn.base)), P(dn.ptr(dn.high)), P(dn.ptr(dn.scales)), I(dn.gpr), I(u4ps), I(dsplits),
-            P(y), I(H), P(bar), np.uint64(0) if tstamp is None else P(tstamp), I(int(bool(local_stage)) | (2 if light_bar else 0)),
+            P(y), I(H), P(bar), np.uint64(0) if tstamp is None else P(tstamp), I(bits),
             np.uint64(0) if chunk_scales is None else P(chunk_scales),
             np.uint64(0) if help is None or chunk_scales is None else P(help))
     if oproj is None:

@@ -73,7 +73,7 @@ def test_attn_combine_chunks_matches_the_one_scale_staging(monkeypatch, mma):
     its output staged with its own scale) on a model with the 27B's grouping, attn_decode_split's and attn_decode_mma's
     split sizes (round 1 / 16): the logits after a 150-token prefill and over 40 teacher-forced steps close to
     attn_combine_stage's, the same greedy choices there; with the o-projection inside the fused MLP and as its own
-    GEMV."""
+    GEMV; attn_combine_chunks_b's (ATTN_COMBINE_B) bit-identical to attn_combine_chunks'."""
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5_cuda import CudaQwen35
 
@@ -82,14 +82,18 @@ def test_attn_combine_chunks_matches_the_one_scale_staging(monkeypatch, mma):
     monkeypatch.setattr(CudaQwen35, "ATTN_MMA", mma)
     monkeypatch.setattr(CudaQwen35, "GDN_FUSED", False)
     out = {}
-    for chunk, fo in ((0, 1), (1, 1), (1, 0)):
+    for chunk, fo, b in ((0, 1, 0), (1, 1, 0), (1, 0, 0), (1, 1, 1)):
         monkeypatch.setattr(CudaQwen35, "ATTN_CHUNK", chunk)
         monkeypatch.setattr(CudaQwen35, "MLP_FUSED_O", fo)
+        monkeypatch.setattr(CudaQwen35, "ATTN_COMBINE_B", b)
         eng, names = engine_with_o_on_pre2(build_engine(args, w, cfg, max_context=512, prefill_cols=1))
-        assert ("attn_combine_chunks" in names) == bool(chunk) and ("attn_combine_stage" in names) != bool(chunk)
-        out[chunk, fo] = forced_logits(eng, prompt, forced)
-    for key in ((1, 1), (1, 0)):
-        assert_close_runs(out[key], out[0, 1])
+        combine = "attn_combine_chunks_b" if b else "attn_combine_chunks"
+        assert (combine in names) == bool(chunk) and ("attn_combine_stage" in names) != bool(chunk)
+        out[chunk, fo, b] = forced_logits(eng, prompt, forced)
+    for key in ((1, 1, 0), (1, 0, 0)):
+        assert_close_runs(out[key], out[0, 1, 0])
+    # ATTN_COMBINE_B (attn_combine_chunks_b: the same combine with its loads batched): the same bits
+    assert all(np.array_equal(a, b) for a, b in zip(out[1, 1, 1], out[1, 1, 0]))
 
 
 def test_attention_raw_k_matches_the_decoded_k(monkeypatch):

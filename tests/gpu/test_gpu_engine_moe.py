@@ -105,20 +105,20 @@ def test_moe_fused_matches_numpy_engine(dr, o, chunk, monkeypatch):
 
 
 def test_moe_fused_opts_give_the_same_logits(monkeypatch):
-    """MOE_FUSED_OPTS (the norm's planes with x and w, the top-k on redux.sync, the light grid barriers): each
-    and all together give the tokens and logits of opts 0 bit for bit over a prefill and 24 steps."""
+    """MOE_FUSED_OPTS (the norm's planes with x and w, the top-k on redux.sync, the light grid barriers, 32 their red
+    form): each and all together give the tokens and logits of opts 0 bit for bit over a prefill and 24 steps."""
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5_cuda import CudaQwen35
 
     args, w, prompt = moe_inputs(14)
     monkeypatch.setattr(CudaQwen35, "MOE_FUSED", 1)
     out = {}
-    for opts in (0, 1, 2, 8, 11):
+    for opts in (0, 1, 2, 8, 11, 43):
         monkeypatch.setattr(CudaQwen35, "MOE_FUSED_OPTS", opts)
         eng = build_engine(args, w, MOE_CFG, max_context=256, prefill_cols=1)
         assert any(getattr(op, "name", "").startswith("moe_fused<") for op in eng.model.executor.ops)
         out[opts] = greedy_then_logits(eng, prompt)
-    for opts in (1, 2, 8, 11):
+    for opts in (1, 2, 8, 11, 43):
         assert out[opts][0] == out[0][0]
         assert np.array_equal(out[opts][1], out[0][1])
 
@@ -164,23 +164,25 @@ def test_moe_route_kernel():
 def test_norm_mb2_gives_the_same_logits(monkeypatch):
     """NORM_MB2 (rows of at most 2,048 values: residual_rmsnorm_mb2, 8 partial planes a round): the MoE model's
     tokens and logits bit-identical to residual_rmsnorm_mb over a prefill and 24 steps; so with NORM_MB5
-    (residual_rmsnorm_mb5, 4 planes a round)."""
+    (residual_rmsnorm_mb5, 4 planes a round) and with NORM_1R (their _1r forms: the planes in one round)."""
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5_cuda import CudaQwen35
 
     args, w, prompt = moe_inputs(10)
     out = {}
-    for mb2, mb5 in ((False, False), (True, False), (False, True)):
+    forms = ((False, False, False), (True, False, False), (False, True, False), (True, False, True), (False, True, True))
+    for mb2, mb5, one in forms:  # (one: NORM_1R, the _1r forms)
         monkeypatch.setattr(CudaQwen35, "NORM_MB2", mb2)
         monkeypatch.setattr(CudaQwen35, "NORM_MB5", mb5)
+        monkeypatch.setattr(CudaQwen35, "NORM_1R", one)
         eng = build_engine(args, w, MOE_CFG, max_context=256, prefill_cols=1)
         names = [getattr(op, "name", "") for op in eng.model.executor.ops]
         want = "residual_rmsnorm_mb2" if mb2 else "residual_rmsnorm_mb5" if mb5 else "residual_rmsnorm_mb"
-        assert {n for n in names if n.startswith("residual_rmsnorm_mb")} == {want}
-        out[mb2, mb5] = greedy_then_logits(eng, prompt)
-    for form in ((True, False), (False, True)):
-        assert out[False, False][0] == out[form][0]
-        assert np.array_equal(out[False, False][1], out[form][1])
+        assert {n for n in names if n.startswith("residual_rmsnorm_mb")} == {want + ("_1r" if one else "")}
+        out[mb2, mb5, one] = greedy_then_logits(eng, prompt)
+    for form in forms[1:]:
+        assert out[forms[0]][0] == out[form][0]
+        assert np.array_equal(out[forms[0]][1], out[form][1])
 
 
 def test_gdn_merge_gives_the_same_logits(monkeypatch):

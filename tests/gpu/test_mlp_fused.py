@@ -36,7 +36,8 @@ def mlp_case(cp, h, inter, nplanes):
                                                     (512, 1024, 3, 2)],
                          ids=["5120x3072-1", "5120x2048-2", "1000x1000-0", "512x1024-3"])
 @pytest.mark.parametrize("local", [False, True], ids=["global", "local"])
-@pytest.mark.parametrize("light", [False, True], ids=["fence", "light"])  # (the grid barriers' form)
+# (the grid barriers' form; red: arrivals by a release reduction, the targets from the count read at entry)
+@pytest.mark.parametrize("light", [0, 1, 2], ids=["fence", "light", "red"])
 def test_mlp_fused_matches_the_four_kernels(cp, h, inter, nplanes, splits, local, light):
     from engine.ops import kernels as K
 
