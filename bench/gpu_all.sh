@@ -18,6 +18,8 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
+#   s18c: session 18's defaults (ATTN_COMBINE_B, NORM_1R for mb5, the red barriers): their tests, both models'
+#         breakdowns and the probes, then the A/B of the 35B-A3B's w8 GEMVs a row a warp and the 27B's norm blocks
 #   s18b: session 18's three latency patches (NORM_1R: the norms' planes in one round of loads; ATTN_COMBINE_B: the
 #         combine's loads batched; the persistent launches' red barriers, MOE_FUSED_OPTS 43 / MLP_FUSED_LIGHT_BAR 2): their
 #         tests, the A/B of each and all together in one process (35B-A3B, 27B; the 27B at 32768 int8 for the combine)
@@ -409,6 +411,29 @@ timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128
 log "35B-A3B tg128 (defaults)"
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
+fi
+if [ "$PART" = s18c ]; then  # session 18's defaults: tests, breakdowns, probes, GEMV rows and norm blocks A/B
+ready
+log "tests on the new defaults"
+gpu_pytest "$OUT/gpu_tests_s18c.txt" tests/gpu/test_kernels.py tests/gpu/test_gpu_engine_moe.py \
+  tests/gpu/test_decode_paths.py tests/gpu/test_mlp_fused.py tests/gpu/test_gpu_engine.py
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s18c.txt" | tail -10
+log "35B-A3B breakdown"
+timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --breakdown \
+  --out "$OUT/decode_s18c_35b_bd.json" 2>&1 | grep -E "PDL|sum of|^  " | head -14
+log "27B breakdown"
+timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --breakdown \
+  --out "$OUT/decode_s18c_bd.json" 2>&1 | grep -E "PDL|sum of|^  " | head -14
+log "moe_fused and mlp_fused probes"
+timeout 120 python3 bench/moe_fused_probe.py --out "$OUT/moe_fused_probe_s18c.json" 2>&1 | tail -2
+timeout 120 python3 bench/mlp_fused_probe.py --out "$OUT/mlp_fused_probe_s18c.json" 2>&1 | tail -2
+log "35B-A3B: its w8 GEMVs a row a warp (GDN q|k|v|z, attention q|k and gate|v)"
+timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b \
+  --ldg="base,rows=1@q8_g32_fp16:12288x2048,rows=1@q8_g32_fp16:4608x2048" \
+  --out "$OUT/decode_s18c_35b_rows.json" 2>&1 | grep -E "PDL|ldg|rror" | head -10
+log "27B: the norms' blocks"
+timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --attr="base,NORM_BLOCKS=8,NORM_BLOCKS=32" \
+  --out "$OUT/decode_s18c_27b_nb.json" 2>&1 | grep -E "PDL|attr|rror" | head -10
 fi
 if [ "$PART" = s18b ]; then  # session 18: NORM_1R, ATTN_COMBINE_B, the red barriers: tests, A/B in one process
 ready

@@ -72,7 +72,8 @@ def probe(ex, splits: int, local: bool, chunk: bool = False, helped: bool = Fals
     def launch(ts=None):
         return mlp_fused_launch(L["gate_up"], L["down"], (x_in, x_out, ex.part, 3, H, L["post_norm"], H, 1e-6, ex.kpad_h),
                                 ex.act, ex.kpad_act, ex.xh_act, ex.xinv_act, slot, ex.part, splits, bar,
-                                tstamp=ts, local_stage=local, chunk_scales=xsc, help=hb, oproj=o_arg, xw_early=xw)
+                                tstamp=ts, local_stage=local, chunk_scales=xsc, help=hb, oproj=o_arg, xw_early=xw,
+                                light_bar=min(int(ex.MLP_FUSED_LIGHT_BAR), 2))  # (the executor's barrier form)
 
     go, dsplits = launch()
     us = launch_us(go, n)

@@ -118,7 +118,8 @@ __device__ __forceinline__ void row_sumsq_max(const float (&v)[VPT], const float
 // ONE (CudaQwen35.NORM_1R): the planes PU at a time with predicated loads, so that S <= PU planes go out in one round
 // with x_in and w. (Without it the loop's remainder runs a plane an iteration, each add waiting for its plane before
 // the next plane's loads go out: the SASS of the <5, 4> form loads the 27B's 3 planes in 3 rounds after x_in and w,
-// the <2, 8> form the MoE norm's 9 in 2.) The same additions in the same order, so the same bits.
+// the <2, 8> form the MoE norm's 9 in 2.) The same additions in the same order, so the same bits. Session 18 (s18b,
+// one process, two passes): 27B 154.7 / 154.6 against 153.9 / 153.9 tok/s.
 template <int VPT, int PU, bool ONE = false>
 __device__ __forceinline__ void residual_rmsnorm_body(RESIDUAL_RMSNORM_PARAMS) {
   __shared__ float red[64];
@@ -217,11 +218,8 @@ extern "C" __global__ void __launch_bounds__(1024) residual_rmsnorm_mb5(RESIDUAL
   residual_rmsnorm_body<5, 4>(x_in, x_out, part, S, part_stride, w, out, H, eps, offset, xh, xinv, kpad);
 }
 
-// The one-round forms (CudaQwen35.NORM_1R): the MoE norm's 9 planes and the 27B's 3 in the first round of loads.
-extern "C" __global__ void __launch_bounds__(1024) residual_rmsnorm_mb2_1r(RESIDUAL_RMSNORM_PARAMS) {
-  NI_PDL_ENTRY();
-  residual_rmsnorm_body<2, 9, true>(x_in, x_out, part, S, part_stride, w, out, H, eps, offset, xh, xinv, kpad);
-}
+// The one-round form (CudaQwen35.NORM_1R): the 27B's 3 planes in the first round of loads. (The MoE norm's <2, 9>
+// one-round form lost in session 18: 474.4 against 475.1 tok/s; its block reads 9 planes of the row, bandwidth-bound.)
 extern "C" __global__ void __launch_bounds__(1024) residual_rmsnorm_mb5_1r(RESIDUAL_RMSNORM_PARAMS) {
   NI_PDL_ENTRY();
   residual_rmsnorm_body<5, 4, true>(x_in, x_out, part, S, part_stride, w, out, H, eps, offset, xh, xinv, kpad);

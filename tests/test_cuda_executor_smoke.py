@@ -56,6 +56,7 @@ def test_norm_forms_plumbing(cp, monkeypatch, flag, other, name):
     args, w = _weights(CFG)
     assert args.hidden_size <= 2048
     monkeypatch.setattr(CudaQwen35, other, False)
+    monkeypatch.setattr(CudaQwen35, "NORM_1R", False)  # (mb5's one-round form: its own test)
 
     def norms(on):
         monkeypatch.setattr(CudaQwen35, flag, on)
@@ -100,6 +101,7 @@ def test_attn_chunk_plumbing(cp, monkeypatch):
     args, w = _weights(CFG)
     monkeypatch.setattr(K, "resident_blocks", lambda name, block, smem=0: 1)
     monkeypatch.setattr(CudaQwen35, "GDN_FUSED", False)
+    monkeypatch.setattr(CudaQwen35, "ATTN_COMBINE_B", 0)  # (its batched form: below)
 
     def ops(chunk, pre2):
         monkeypatch.setattr(CudaQwen35, "ATTN_CHUNK", chunk)
@@ -120,7 +122,7 @@ def test_attn_chunk_plumbing(cp, monkeypatch):
                and int(op.args[14]) in (1, 16) for op in cc)
     fused = [op for op in o if getattr(op, "name", "").startswith("mlp_fused<")]
     assert fused and all(int(op.args[39]) == ex.xsc_att.data.ptr and int(op.args[40]) == 1 for op in fused)
-    # ATTN_COMBINE_B: attn_combine_chunks_b in its place, the same grid, block and arguments
+    # ATTN_COMBINE_B (on by default): attn_combine_chunks_b in its place, the same grid, block and arguments
     monkeypatch.setattr(CudaQwen35, "ATTN_COMBINE_B", 1)
     _, ob = ops(1, True)
     cb = [op for op in ob if getattr(op, "name", "").startswith("attn_combine")]
@@ -129,25 +131,26 @@ def test_attn_chunk_plumbing(cp, monkeypatch):
 
 
 def test_norm_one_round_plumbing(cp, monkeypatch):
-    """NINFER_NORM_1R=1: every residual norm of the _mb2 / _mb5 forms is its _1r form (the same grid, block and
-    arguments); residual_rmsnorm_mb (rows past 5,120 values) has none and stays."""
+    """NINFER_NORM_1R (on by default): every residual_rmsnorm_mb5 is its _1r form (the same grid, block and
+    arguments), off it is not; residual_rmsnorm_mb2 (the MoE rows) and residual_rmsnorm_mb have none."""
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5_cuda import CudaQwen35
 
+    assert CudaQwen35.NORM_1R
     args, w = _weights(CFG)
-    out = {}
-    for one in (0, 1):
-        monkeypatch.setattr(CudaQwen35, "NORM_1R", one)
+
+    def norms(**flags):
+        for k, v in flags.items():
+            monkeypatch.setattr(CudaQwen35, k, v)
         ex = build_engine(args, w, CFG, max_context=256, prefill_cols=1, prefill_gemm=0).model.executor
-        out[one] = [op for op in _flat(ex.ops) if getattr(op, "name", "").startswith("residual_rmsnorm")]
-    assert out[0] and {op.name for op in out[0]} <= {"residual_rmsnorm_mb2", "residual_rmsnorm_mb5"}
-    assert [op.name + "_1r" for op in out[0]] == [op.name for op in out[1]]
-    assert all(a.grid == b.grid and a.block == b.block and len(a.args) == len(b.args) for a, b in zip(*out.values()))
-    monkeypatch.setattr(CudaQwen35, "NORM_MB2", False)
-    monkeypatch.setattr(CudaQwen35, "NORM_MB5", False)
-    ex = build_engine(args, w, CFG, max_context=256, prefill_cols=1, prefill_gemm=0).model.executor
-    assert {op.name for op in _flat(ex.ops) if getattr(op, "name", "").startswith("residual_rmsnorm")} == {
-        "residual_rmsnorm_mb"}
+        return [op for op in _flat(ex.ops) if getattr(op, "name", "").startswith("residual_rmsnorm")]
+
+    off, on = norms(NORM_1R=False, NORM_MB2=False), norms(NORM_1R=True)
+    assert off and {op.name for op in off} == {"residual_rmsnorm_mb5"}
+    assert [op.name + "_1r" for op in off] == [op.name for op in on]
+    assert all(a.grid == b.grid and a.block == b.block and len(a.args) == len(b.args) for a, b in zip(off, on))
+    assert {op.name for op in norms(NORM_MB5=False)} == {"residual_rmsnorm_mb"}
+    assert {op.name for op in norms(NORM_MB2=True, NORM_MB5=True)} <= {"residual_rmsnorm_mb2", "residual_rmsnorm_mb5_1r"}
 
 
 def test_gdn_merge_plumbing(cp, monkeypatch):

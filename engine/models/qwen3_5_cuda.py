@@ -257,10 +257,11 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
     # process, two calls: 150.5 / 150.4 against 150.4 / 150.3 (s16b), 151.1 / 151.1 against 151.0 / 151.0 (s16c);
     # NINFER_NORM_MB5=0 for residual_rmsnorm_mb.
     NORM_MB5 = os.environ.get("NINFER_NORM_MB5", "1") != "0"
-    # NINFER_NORM_1R=1: those two forms with every partial plane in the first round of loads (residual_rmsnorm_mb2_1r /
-    # mb5_1r: their SASS issued the 27B's 3 planes a round each after x_in and w, the MoE norm's 9 in 2 rounds), the
-    # same bits. Session 18 (written without device time first).
-    NORM_1R = os.environ.get("NINFER_NORM_1R", "0") != "0"
+    # NINFER_NORM_1R (on by default): residual_rmsnorm_mb5 with every partial plane in the first round of loads
+    # (residual_rmsnorm_mb5_1r: the SASS of mb5 loaded the 27B's 3 planes a round each after x_in and w), the same
+    # bits. Session 18 (s18b, one process, two passes): 27B 154.7 / 154.6 against 153.9 / 153.9 tok/s. (mb2's 9 planes
+    # in one round lost on the 35B-A3B, 474.4 against 475.1: removed.)
+    NORM_1R = os.environ.get("NINFER_NORM_1R", "1") != "0"
     MOE_ROWS = False  # several token rows of an MoE model (the tensor-core prefill's own MoE ops)
     ARGMAX_BLOCKS = 64  # blocks a row of the greedy argmax over the vocabulary
 
@@ -272,7 +273,7 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
         self._res = (x_out, x_in)
         name = ("residual_rmsnorm_mb2" if self.NORM_MB2 and self.H <= 2 * 1024
                 else "residual_rmsnorm_mb5" if self.NORM_MB5 and self.H <= 5 * 1024 else "residual_rmsnorm_mb")
-        if self.NORM_1R and name != "residual_rmsnorm_mb":
+        if self.NORM_1R and name == "residual_rmsnorm_mb5":
             name += "_1r"
         return K.prepared(name, (self.NORM_BLOCKS, self.M),
                           (x_in, x_out, self.part, splits, self.M * self.H, w, self.xn, self.H,

@@ -30,10 +30,11 @@ class AttentionOps:
     # (no row maximum, no last block), where the o-projection takes chunk scales. Session 17 (s17a, H200, in-process
     # A/B, two passes): 27B 153.9 / 153.9 against 153.1 / 153.2 tok/s. NINFER_ATTN_CHUNK=0 for attn_combine_stage.
     ATTN_CHUNK = int(os.environ.get("NINFER_ATTN_CHUNK", "1"))
-    # NINFER_ATTN_COMBINE_B=1 (with ATTN_CHUNK): attn_combine_chunks_b, the same combine with its loads batched (the
-    # first 16 splits' partials, the gate and the position in one round; the split loop took a round a 4 splits), the
-    # same bits. Session 18 (written without device time first).
-    ATTN_COMBINE_B = int(os.environ.get("NINFER_ATTN_COMBINE_B", "0"))
+    # NINFER_ATTN_COMBINE_B (on by default, with ATTN_CHUNK): attn_combine_chunks_b, the same combine with its loads
+    # batched (the first 16 splits' partials, the gate and the position in one round; the split loop took a round a 4
+    # splits), the same bits. Session 18 (s18b, one process, two passes each): 35B-A3B 480.1 / 480.2 against 475.2 /
+    # 475.0 tok/s, 27B 154.8 / 154.8 against 153.9 / 153.9, 27B at 32768 (int8 KV) 144.7 against 143.5.
+    ATTN_COMBINE_B = int(os.environ.get("NINFER_ATTN_COMBINE_B", "1"))
     # Decode attention: tokens a warp a round; NINFER_ATTN_TT=4 takes attn_decode_tt (4 tokens' K/V asked for at
     # once), 1 attn_decode_split (the kernel of sessions 2-6), the default until 4 is measured on a GPU.
     ATTN_TT = int(os.environ.get("NINFER_ATTN_TT", "1"))

@@ -79,11 +79,12 @@ class MlpOps:
     # (route_row_redux), 8 the grid barriers' light form. Session 17, one process, two passes each: s17c against 437.5 /
     # 438.0: 1 439.8 / 439.6, 2 448.0 / 448.4 (the top-k phase 3.3 -> 2.0 us); s17d against 3's 447.2 / 447.2: 11
     # 452.2 / 452.3. (4, the down's weights prefetched into L2, lost in both: 430.9, then 442.9 behind the gate|up
-    # loads; removed.) Default 11. 32: the barriers' red form (arrivals by a release reduction; persistent.cu),
-    # session 18, not yet measured.
+    # loads; removed.) 32: the barriers' red form (arrivals by a release reduction; persistent.cu): session 18 (s18b,
+    # one process, two passes), 43 477.8 / 477.8 against 11's 475.2 / 475.0; with ATTN_COMBINE_B 482.2 / 481.9 (and
+    # NORM_1R, lost alone). Default 43.
     MOE_FUSED = int(os.environ.get("NINFER_MOE_FUSED", "1"))
     MOE_FUSED_DR = int(os.environ.get("NINFER_MOE_FUSED_DR", "2"))
-    MOE_FUSED_OPTS = int(os.environ.get("NINFER_MOE_FUSED_OPTS", "11"))
+    MOE_FUSED_OPTS = int(os.environ.get("NINFER_MOE_FUSED_OPTS", "43"))
     moe_tstamp = None  # (bench/: 8 uint64 a block of phase timestamps, read by a probe)
     # NINFER_MOE_FUSED_O=1: the layer's w8 o-projection inside the moe_fused launch too (split-K items over every warp,
     # MOE_FUSED_O_SPLITS planes or more, so that a slice is at most 4 chunks a lane; a grid barrier before the norm):
@@ -330,9 +331,11 @@ class MlpOps:
     MLP_FUSED_O_ATTN = int(os.environ.get("NINFER_MLP_FUSED_O_ATTN", "1"))
     # NINFER_MLP_FUSED_LIGHT_BAR (on by default): the launch's grid barriers in their light form (a release atomic to
     # arrive, no fence after the acquire load: cuda/persistent.cu; the same bits). Session 17 (s17d, 27B, one process,
-    # two passes): 155.7 / 155.7 against 154.6 / 154.6 tok/s; 0 for the fenced form. 2: their red form (arrivals by a
-    # release reduction, no atomic's return to wait for before polling; persistent.cu), session 18, not yet measured.
-    MLP_FUSED_LIGHT_BAR = int(os.environ.get("NINFER_MLP_FUSED_LIGHT_BAR", "1"))
+    # two passes): 155.7 / 155.7 against 154.6 / 154.6 tok/s; 0 for the fenced form. 2 (the default): their red form
+    # (arrivals by a release reduction, no atomic's return to wait for before polling; persistent.cu). Session 18
+    # (s18b, one process, two passes): 154.1 / 154.2 against 153.9 / 153.9; with NORM_1R and ATTN_COMBINE_B 155.8 /
+    # 155.7. 1 for the light form.
+    MLP_FUSED_LIGHT_BAR = int(os.environ.get("NINFER_MLP_FUSED_LIGHT_BAR", "2"))
 
     def _chunk_scales(self):
         """mlp_fused's chunk scales (a float a 32-value chunk of the SwiGLU row), or None with MLP_FUSED_CHUNK off."""
