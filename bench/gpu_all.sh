@@ -20,6 +20,8 @@
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
 #   s18d: moe_fused with the next norm at its end (MOE_FUSED_NEXT): its tests, the 35B-A3B A/B in one process, then
 #         `ninfer bench` on the defaults (27B depth 0 and 32768 int8) and the 35B-A3B with the better of the A/B
+#   (s18d, moe_fused with the next layer's input norm at its end, MOE_FUSED_NEXT: lost, 463.5 against 482.5 tok/s;
+#   removed, in git history with its part at this session's MOE_FUSED_NEXT commit; its call also ran the final bench)
 #   s18c: session 18's defaults (ATTN_COMBINE_B, NORM_1R for mb5, the red barriers): their tests, both models'
 #         breakdowns and the probes, then the A/B of the 35B-A3B's w8 GEMVs a row a warp and the 27B's norm blocks
 #   s18b: session 18's three latency patches (NORM_1R: the norms' planes in one round of loads; ATTN_COMBINE_B: the
