@@ -18,10 +18,8 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
-#   s18d: moe_fused with the next norm at its end (MOE_FUSED_NEXT): its tests, the 35B-A3B A/B in one process, then
-#         `ninfer bench` on the defaults (27B depth 0 and 32768 int8) and the 35B-A3B with the better of the A/B
 #   (s18d, moe_fused with the next layer's input norm at its end, MOE_FUSED_NEXT: lost, 463.5 against 482.5 tok/s;
-#   removed, in git history with its part at this session's MOE_FUSED_NEXT commit; its call also ran the final bench)
+#   removed, in git history with its part at a04bb53; its call also ran the final bench on session 18's defaults)
 #   s18c: session 18's defaults (ATTN_COMBINE_B, NORM_1R for mb5, the red barriers): their tests, both models'
 #         breakdowns and the probes, then the A/B of the 35B-A3B's w8 GEMVs a row a warp and the 27B's norm blocks
 #   s18b: session 18's three latency patches (NORM_1R: the norms' planes in one round of loads; ATTN_COMBINE_B: the
@@ -415,25 +413,6 @@ timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128
 log "35B-A3B tg128 (defaults)"
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
-fi
-if [ "$PART" = s18d ]; then  # session 18: MOE_FUSED_NEXT's tests and A/B, then the final bench figures
-ready
-log "tests: moe_fused with the next norm, its options, the MoE engine"
-gpu_pytest "$OUT/gpu_tests_s18d.txt" tests/gpu/test_gpu_engine_moe.py
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s18d.txt" | tail -10
-log "35B-A3B decode A/B in one process"
-timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --attr="base,MOE_FUSED_NEXT=1" \
-  --out "$OUT/decode_s18d_35b.json" 2>&1 | grep -E "PDL|attr|rror" | head -8
-BEST=$(best_attr_env "$OUT/decode_s18d_35b.json" 0)
-log "35B-A3B tg128 (env: ${BEST:-defaults})"
-env $BEST timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
-  -o json --out "$OUT/tg128_35b_s18d.json" 2>&1 | grep -E "^\||rror" | tail -1
-log "27B tg128 (defaults)"
-timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
-  -o json --out "$OUT/tg128_27b_s18d.json" 2>&1 | grep -E "^\||rror" | tail -1
-log "27B tg128 at 32768, int8 KV (defaults)"
-timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 -d 32768 --kv int8 \
-  -o json --out "$OUT/tg128_27b_d32k_s18d.json" 2>&1 | grep -E "^\||rror" | tail -1
 fi
 if [ "$PART" = s18c ]; then  # session 18's defaults: tests, breakdowns, probes, GEMV rows and norm blocks A/B
 ready

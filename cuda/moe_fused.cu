@@ -91,7 +91,7 @@ __device__ __forceinline__ void half_rows_staged(const unsigned char* __restrict
 // FGU / FDN: the routed experts' gate|up ([E x 2 ie, H]: expert e's gate rows, then its up rows) and down ([E x H, ie])
 // formats; FSG / FSD: the shared expert's ([2 si, H], [H, si]); VPT: the norm's values a thread (H <= 1,024 VPT); DR:
 // the down's rows a half-warp. part: the norm's nplanes input planes and the k + 1 output planes (part_stride apart).
-template <int FGU, int FDN, int FSG, int FSD, int VPT, int DR, bool NEXT = false>
+template <int FGU, int FDN, int FSG, int FSD, int VPT, int DR>
 __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
     const float* __restrict__ x_in, float* __restrict__ x_out, float* part, int nplanes, int part_stride,
     const float* __restrict__ norm_w, int H, float eps, int kpad_h, const unsigned short* __restrict__ rw, int E,
@@ -104,9 +104,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
     const unsigned char* __restrict__ sdhigh, const __half* __restrict__ sdscales, int sdgpr,
     unsigned long long* __restrict__ bar, unsigned long long* __restrict__ tstamp, int opts,
     const unsigned char* __restrict__ obase, const __half* __restrict__ oscales, int ogpr, int osplits, int ou4ps,
-    const unsigned int* __restrict__ xh_o, const float* __restrict__ xinv_o, const float* __restrict__ xsc_o,
-    const float* __restrict__ next_w, float* __restrict__ xn_next, unsigned int* __restrict__ xh_next,
-    float* __restrict__ xinv_next, float* __restrict__ x_next) {
+    const unsigned int* __restrict__ xh_o, const float* __restrict__ xinv_o, const float* __restrict__ xsc_o) {
   extern __shared__ __align__(16) unsigned char moe_smem[];
   __shared__ float red[64];
   __shared__ int s_idx[MOE_MAX_TOPK];
@@ -213,16 +211,6 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
   }
 
   const float inv = nm.finish(part, nplanes, part_stride, H, eps, kpad_h, x_out, red, moe_smem, planes2 ? 2 : 1);
-  // NEXT: the residual this block just summed, for the next norm at the end (shared memory after the pairs and the
-  // fp32 row: no registers held across the phases; a template flag, so that the other forms' code stays as it was)
-  float* const vsave = reinterpret_cast<float*>(moe_smem + (size_t)kpad_h * 6);
-  if constexpr (NEXT) {
-#pragma unroll
-    for (int k8 = 0; k8 < VPT; ++k8) {
-      const int k = tid + k8 * MLP_THREADS;
-      if (k < H) vsave[k] = nm.v[k8];
-    }
-  }
   const uint4* xs4 = reinterpret_cast<const uint4*>(moe_smem);
   const float* xf = reinterpret_cast<const float*>(moe_smem + (size_t)kpad_h * 2);
   stamp(1);
@@ -343,32 +331,4 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
     }
   }
   stamp(7);
-
-  // NEXT (CudaQwen35.MOE_FUSED_NEXT, next_w its weight): the next layer's input norm (or the final norm) after a fourth grid barrier, as
-  // residual_rmsnorm_mb2 computes it (the same operations in its order, so the same bits): x_next = x_out + the k + 1
-  // planes, every block the whole row into its shared memory (RowNorm), then its slice of the staged pairs and of the
-  // normed fp32 row to xh_next / xn_next; block 0 writes x_next and xinv_next. One launch and its gap fewer a layer.
-  if constexpr (NEXT) {
-    RowNorm<VPT> n2;
-#pragma unroll
-    for (int k8 = 0; k8 < VPT; ++k8) {  // (x and 1 + w before the barrier: neither waits for the planes)
-      const int k = tid + k8 * MLP_THREADS;
-      n2.v[k8] = k < H ? vsave[k] : 0.f;
-      n2.wv[k8] = k < H ? 1.f + next_w[k] : 0.f;
-    }
-    grid_wait(bar, arrive(), light);
-    n2.template load_planes_all<9>(part, topk + 1, part_stride, H);
-    const float inv2 = n2.finish(part, topk + 1, part_stride, H, eps, kpad_h, x_next, red, moe_smem, topk + 1);
-    const unsigned int* sp = reinterpret_cast<const unsigned int*>(moe_smem);
-    const float* xf2 = reinterpret_cast<const float*>(moe_smem + (size_t)kpad_h * 2);
-    const int nch = kpad_h / 32, per = (nch + gridDim.x - 1) / gridDim.x;
-    const int c0 = min((int)blockIdx.x * per, nch), c1 = min(c0 + per, nch);
-    for (int p = c0 * 16 + tid; p < c1 * 16; p += MLP_THREADS) {  // (residual_rmsnorm_body's staging layout)
-      const int jl = p >> 4, pi = p & 15;
-      const int w = (jl >> 5) * 512 + (pi >> 2) * 128 + (jl & 31) * 4 + (pi & 3);
-      xh_next[w] = sp[w];
-    }
-    for (int k = c0 * 32 + tid; k < min(c1 * 32, H); k += MLP_THREADS) xn_next[k] = xf2[k];
-    if (blockIdx.x == 0 && tid == 0) *xinv_next = inv2;
-  }
 }

@@ -203,29 +203,6 @@ struct RowNorm {
     }
   }
 
-  // planes [0, nplanes) MAXP a round of loads (through L2: this launch wrote them), added in order after v (finish
-  // then starts at s_from = nplanes): moe_fused's next norm over the k + 1 down planes, one round for the 35B-A3B's 9
-  template <int MAXP>
-  __device__ __forceinline__ void load_planes_all(const float* __restrict__ part, int nplanes, int part_stride,
-                                                  int H) {
-    for (int s0 = 0; s0 < nplanes; s0 += MAXP) {
-      float q[MAXP][VPT];
-#pragma unroll
-      for (int u = 0; u < MAXP; ++u)
-#pragma unroll
-        for (int k8 = 0; k8 < VPT; ++k8) {
-          const int k = threadIdx.x + k8 * MLP_THREADS;
-          q[u][k8] = s0 + u < nplanes && k < H ? __ldcg(part + (size_t)(s0 + u) * part_stride + k) : 0.f;
-        }
-#pragma unroll
-      for (int u = 0; u < MAXP; ++u)
-        if (s0 + u < nplanes) {
-#pragma unroll
-          for (int k8 = 0; k8 < VPT; ++k8) v[k8] += q[u][k8];
-        }
-    }
-  }
-
   __device__ __forceinline__ float finish(const float* __restrict__ part, int nplanes, int part_stride, int H,
                                           float eps, int kpad_h, float* __restrict__ x_out, float* red,
                                           unsigned char* smem, int s_from = 1) {

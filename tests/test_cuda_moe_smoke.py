@@ -42,7 +42,7 @@ def test_moe_fused_plumbing(cp, monkeypatch, dr):
         assert op.cooperative and op.block == 1024 and op.smem == ex.kpad_h * 6 and op.grid == (K.sm_count(),)
         a = [int(v) for v in op.args[:12]]
         assert a[2] == ex.part.data.ptr and a[4] == H and a[6] == H and a[10] == args.num_experts and a[11] == k
-        tail = [int(v) for v in op.args[-16:-13]]  # (the barrier counter, no timestamps, the options; the o's, next's)
+        tail = [int(v) for v in op.args[-11:-8]]  # (the barrier counter, no timestamps, the options; then the o's)
         assert tail == [ex.moe_bar.data.ptr, 0, CudaQwen35.MOE_FUSED_OPTS]
     # every norm after a MoE layer sums its k + 1 planes; the residual alternates through the fused launches
     after = [on[i + 1] for i, op in enumerate(on[:-1]) if op in fused]
@@ -51,40 +51,6 @@ def test_moe_fused_plumbing(cp, monkeypatch, dr):
     assert all({int(op.args[0]), int(op.args[1])} == bufs for op in fused)
     out = eng.decode_greedy(3, 2)
     assert len(out) == 2
-
-
-def test_moe_fused_next_norm_plumbing(cp, monkeypatch):
-    """NINFER_MOE_FUSED_NEXT=1: each moe_fused launch is its ",true" form and ends with the next layer's input norm
-    (the last: the final norm): the step keeps only the first layer's norm kernel; each launch gets the next norm's
-    weight, xn, the staged pairs and their scale, and writes the residual buffer it read (as the norm kernel would);
-    ten more bytes a value of shared memory; the step runs. Off: the launches' last five arguments zero."""
-    from engine.gpu_engine import build_engine
-    from engine.models.qwen3_5_cuda import CudaQwen35
-
-    cfg = moe_cfg()
-    args, w = _weights(cfg)
-    monkeypatch.setattr(CudaQwen35, "MOE_FUSED", 1)
-
-    def build(on):
-        monkeypatch.setattr(CudaQwen35, "MOE_FUSED_NEXT", on)
-        eng = build_engine(args, w, cfg, max_context=256, prefill_cols=1, prefill_gemm=0)
-        ops = list(_flat(eng.model.executor.ops))
-        return eng, ops, [op for op in ops if getattr(op, "name", "").startswith("moe_fused<")]
-
-    _, off_ops, off = build(0)
-    assert off and all(int(v) == 0 for op in off for v in op.args[-5:])
-    eng, on_ops, on = build(1)
-    ex = eng.model.executor
-    norms = [op for op in on_ops if getattr(op, "name", "").startswith("residual_rmsnorm")]
-    assert len(norms) == 1 and on_ops.index(norms[0]) < on_ops.index(on[0])
-    assert len(on) == len(off) == args.num_hidden_layers
-    assert all(op.name == o.name.replace(">", ",true>") and op.smem == ex.kpad_h * 10 for op, o in zip(on, off))
-    wts = [L["in_norm"] for L in ex.layers[1:]] + [ex.final_norm]
-    for op, nw in zip(on, wts):
-        a = [int(v) for v in op.args[-5:]]
-        assert a[:4] == [nw.data.ptr, ex.xn.data.ptr, ex.xh_n.data.ptr, ex.xinv_n.data.ptr]
-        assert a[4] == int(op.args[0]) and {int(op.args[0]), int(op.args[1])} == {ex.x.data.ptr, ex.x2.data.ptr}
-    assert len(eng.decode_greedy(3, 2)) == 2
 
 
 def test_moe_fused_needs_its_rules(cp, monkeypatch):
@@ -125,7 +91,7 @@ def test_moe_fused_o_plumbing(cp, monkeypatch):
 
     off = build(0).model.executor
     assert len(o_gemvs(off)) == args.num_hidden_layers
-    assert all(int(op.args[-13]) == 0 for op in _flat(off.ops) if getattr(op, "name", "").startswith("moe_fused<"))
+    assert all(int(op.args[-8]) == 0 for op in _flat(off.ops) if getattr(op, "name", "").startswith("moe_fused<"))
     eng = build(1)
     ex = eng.model.executor
     assert not o_gemvs(ex)
@@ -133,12 +99,12 @@ def test_moe_fused_o_plumbing(cp, monkeypatch):
     assert len(fused) == args.num_hidden_layers
     for op, L in zip(fused, ex.layers):
         o = L["o"]
-        ou4, ou4ps, osplits = o.gpr * 2, int(op.args[-9]), int(op.args[-10])
-        assert int(op.args[-13]) == int(o.ptr(o.base)) and int(op.args[-12]) == int(o.ptr(o.scales))
+        ou4, ou4ps, osplits = o.gpr * 2, int(op.args[-4]), int(op.args[-5])
+        assert int(op.args[-8]) == int(o.ptr(o.base)) and int(op.args[-7]) == int(o.ptr(o.scales))
         assert ou4ps % 64 == 0 and ou4ps <= 32 * K.MOE_FUSED_OT and osplits == -(-ou4 // ou4ps)
         assert int(op.args[3]) == osplits  # (the norm sums the o-projection's planes)
-        assert int(op.args[-8]) == ex.xh_att.data.ptr and int(op.args[-7]) == ex.xinv_att.data.ptr
-        assert int(op.args[-6]) == 0  # (one scale for the row: MOE_FUSED_O_CHUNK off)
+        assert int(op.args[-3]) == ex.xh_att.data.ptr and int(op.args[-2]) == ex.xinv_att.data.ptr
+        assert int(op.args[-1]) == 0  # (one scale for the row: MOE_FUSED_O_CHUNK off)
     assert len(eng.decode_greedy(3, 2)) == 2
 
 
@@ -170,5 +136,5 @@ def test_moe_fused_o_chunk_plumbing(cp, monkeypatch):
     combine = lambda names: sum(n.startswith("attn_combine_chunks") for n in names)  # noqa: E731 (and its _b form)
     assert combine(on) == attn and combine(off) == 0
     fused = [op for op in ops if getattr(op, "name", "").startswith("moe_fused<")]
-    assert len(fused) == len(ex.layers) and all(int(op.args[-6]) == ex.xsc_att.data.ptr for op in fused)
+    assert len(fused) == len(ex.layers) and all(int(op.args[-1]) == ex.xsc_att.data.ptr for op in fused)
     assert len(eng.decode_greedy(3, 2)) == 2

@@ -317,12 +317,8 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
         self._res = (self.x, self.x2)
         log2_theta = float(math.log2(a.rope_theta))
         rot = a.rotary_dim
-        normed = False  # (the last launch ended with this layer's input norm: moe_fused with MOE_FUSED_NEXT)
-        for i, L in enumerate(self.layers):
-            if not normed:
-                ops.append(self._norm(prev_splits, L["in_norm"]))
-            normed = False
-            next_norm = self.layers[i + 1]["in_norm"] if i + 1 < len(self.layers) else self.final_norm
+        for L in self.layers:
+            ops.append(self._norm(prev_splits, L["in_norm"]))
             xn = (self.xh_n, self.xinv_n)
             att_k = L["o"].k
             att_kpad = -(-att_k // K.XPAD) * K.XPAD  # per layer: the staged row stride the o-projection's K implies
@@ -385,20 +381,19 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
                     continue
             if self.args.is_moe and self.MOE_FUSED_O and not o_plan.xs:  # (the o-projection inside moe_fused)
                 fused = self._moe_fused_ops(L, 0, oproj=(L["o"], self.xh_att, self.xinv_att,
-                                                         self.xsc_att if staged_chunks else None), next_norm=next_norm)
+                                                         self.xsc_att if staged_chunks else None))
                 if fused is not None:
                     ops.extend(fused[0])
-                    prev_splits, normed = fused[1], fused[2]
+                    prev_splits = fused[1]
                     continue
             if staged_chunks and not o_plan.xs:
                 raise RuntimeError("the o-projection's input was staged by chunks for a launch that did not take it")
             ops.append(o_plan.launch)
-            one_launch = self._moe_fused_ops(L, o_plan.splits, next_norm=next_norm) if self.args.is_moe else (
+            one_launch = self._moe_fused_ops(L, o_plan.splits) if self.args.is_moe else (
                 self._ffn_fused_ops(L, o_plan.splits) or self._ffn_tma_ops(L, o_plan.splits))
             if one_launch is not None:  # (the post-attention norm inside the fused MLP / gate|up launch)
                 ops.extend(one_launch[0])
                 prev_splits = one_launch[1]
-                normed = len(one_launch) > 2 and one_launch[2]
                 continue
             ops.append(self._norm(o_plan.splits, L["post_norm"]))
             if self.args.is_moe:
@@ -407,8 +402,7 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
             else:
                 ffn, prev_splits = self._ffn_ops(L, xn)
                 ops.extend(ffn)
-        if not normed:
-            ops.append(self._norm(prev_splits, self.final_norm))
+        ops.append(self._norm(prev_splits, self.final_norm))
         ops.extend(self._tail_ops())
         return ops
 

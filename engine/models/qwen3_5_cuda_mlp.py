@@ -136,28 +136,14 @@ class MlpOps:
                     and self._gated_chunk_scales() is not None and self._moe_fused_form(L) is not None
                     and self._moe_o_slices(L["o"]) is not None)
 
-    # NINFER_MOE_FUSED_NEXT=1: the next layer's input norm (the last layer: the final norm) at the end of the moe_fused
-    # launch, after a fourth grid barrier (every block sums the k + 1 planes and normalizes the row as
-    # residual_rmsnorm_mb2 does, the same bits; each writes its slice of the staged pairs): one launch and its gap fewer
-    # a layer. Session 18, written after its A/B calls (not yet measured).
-    MOE_FUSED_NEXT = int(os.environ.get("NINFER_MOE_FUSED_NEXT", "0"))
-
-    def _moe_fused_ops(self, L, splits: int, oproj=None, next_norm=None):
-        """(ops, partial planes, normed) of the post-attention norm and the MoE block as one moe_fused launch, or None
-        where `_moe_fused_form` says it does not apply. oproj: (o, xh_o, xinv_o, xsc_o), the layer's w8 o-projection
-        [H, K] first, from one-scale staged pairs (xsc_o None) or chunk-scaled ones (MOE_FUSED_O, MOE_FUSED_O_CHUNK).
-        next_norm: the next norm's weight; with MOE_FUSED_NEXT the launch ends with that norm (into xn, xh_n, xinv_n
-        and the other residual buffer, as `_norm` leaves them) and `normed` is True: the caller skips its `_norm`."""
+    def _moe_fused_ops(self, L, splits: int, oproj=None):
+        """(ops, partial planes) of the post-attention norm and the MoE block as one moe_fused launch, or None where
+        `_moe_fused_form` says it does not apply. oproj: (o, xh_o, xinv_o, xsc_o), the layer's w8 o-projection [H, K]
+        first, from one-scale staged pairs (xsc_o None) or chunk-scaled ones (MOE_FUSED_O, MOE_FUSED_O_CHUNK)."""
         form = self._moe_fused_form(L)
         if form is None:
             return None
         name, grid, smem = form
-        nxt = next_norm is not None and bool(self.MOE_FUSED_NEXT) and name.replace(">", ",true>") in K.MOE_FUSED_NAMES
-        if nxt:
-            name = name.replace(">", ",true>")
-            smem = self.kpad_h * 10  # (and the residual a block summed, for the next norm: fp32 after the row)
-            if K.resident_blocks(name, 1024, smem) < 1:
-                return None
         rw, gu, dn, sg, sd = (L[k] for k in ("router", "experts_gu", "experts_down", "shared_gu", "shared_down"))
         H, E, k, ie, si = self.H, self.args.num_experts, self.topk, self.inter_e, self.inter_sh
         o_args = (np.uint64(0), np.uint64(0), np.int32(0), np.int32(0), np.int32(0), np.uint64(0), np.uint64(0),
@@ -178,10 +164,6 @@ class MlpOps:
             self.moe_xsc = cp.zeros(kp // 32, dtype=cp.float32)
         x_in, x_out = self._res
         self._res = (x_out, x_in)
-        next_args = (np.uint64(0),) * 5
-        if nxt:  # (the next norm reads x_out and writes x_in's buffer, as `_norm` would: every block read x_in long before)
-            next_args = (next_norm, self.xn, self.xh_n, self.xinv_n, x_in)
-            self._res = (x_in, x_out)
         P, I = (lambda m, a: np.uint64(m.ptr(a))), np.int32
         args = (x_in, x_out, self.part, I(splits), I(self.M * H), L["post_norm"], I(H),
                 np.float32(self.args.rms_norm_eps), I(self.kpad_h), P(rw, rw.base), I(E), I(k), self.rlog, self.eidx,
@@ -189,8 +171,8 @@ class MlpOps:
                 self.moe_xsc, P(sg, sg.base), P(sg, sg.high), P(sg, sg.scales), I(sg.gpr), I(si), self.act,
                 P(dn, dn.base), P(dn, dn.high), P(dn, dn.scales), I(dn.gpr),
                 P(sd, sd.base), P(sd, sd.high), P(sd, sd.scales), I(sd.gpr), self.moe_bar,
-                np.uint64(0) if self.moe_tstamp is None else self.moe_tstamp, I(self.MOE_FUSED_OPTS)) + o_args + next_args
-        return [K.prepared(name, (grid,), args, block=1024, smem=smem, cooperative=True)], k + 1, nxt
+                np.uint64(0) if self.moe_tstamp is None else self.moe_tstamp, I(self.MOE_FUSED_OPTS)) + o_args
+        return [K.prepared(name, (grid,), args, block=1024, smem=smem, cooperative=True)], k + 1
 
     def _moe_ops(self, L, xn):
         """Router -> top-k on the device -> routed experts (grid.z = slot) writing weighted partials
