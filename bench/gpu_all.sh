@@ -18,8 +18,6 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
-#   s18e: moe_fused's shared down after barrier 1 (MOE_FUSED_OPTS 107 = 43 | 64, moe_fused<..., true>): its tests,
-#         the probe, the 35B-A3B A/B in one process, `ninfer bench` 35B-A3B with the better
 #   (s18d, moe_fused with the next layer's input norm at its end, MOE_FUSED_NEXT: lost, 463.5 against 482.5 tok/s;
 #   removed, in git history with its part at a04bb53; its call also ran the final bench on session 18's defaults)
 #   s18c: session 18's defaults (ATTN_COMBINE_B, NORM_1R for mb5, the red barriers): their tests, both models'
@@ -415,21 +413,6 @@ timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128
 log "35B-A3B tg128 (defaults)"
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
-fi
-if [ "$PART" = s18e ]; then  # session 18: the shared down early (MOE_FUSED_OPTS 107): tests, probe, A/B, bench
-ready
-log "tests: moe_fused against the NumPy engine (with the shared down early), its options"
-gpu_pytest "$OUT/gpu_tests_s18e.txt" tests/gpu/test_gpu_engine_moe.py -k "moe_fused"
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s18e.txt" | tail -10
-log "moe_fused probe with opts 107"
-NINFER_MOE_FUSED_OPTS=107 timeout 120 python3 bench/moe_fused_probe.py --out "$OUT/moe_fused_probe_s18e.json" 2>&1 | tail -2
-log "35B-A3B decode A/B in one process"
-timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --attr="base,MOE_FUSED_OPTS=107" \
-  --out "$OUT/decode_s18e_35b.json" 2>&1 | grep -E "PDL|attr|rror" | head -8
-BEST=$(best_attr_env "$OUT/decode_s18e_35b.json" 0)
-log "35B-A3B tg128 (env: ${BEST:-defaults})"
-env $BEST timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
-  -o json --out "$OUT/tg128_35b_s18e.json" 2>&1 | grep -E "^\||rror" | tail -1
 fi
 if [ "$PART" = s18c ]; then  # session 18's defaults: tests, breakdowns, probes, GEMV rows and norm blocks A/B
 ready

@@ -31,9 +31,6 @@
 #define MOE_OPT_REDUX 2
 #define MOE_OPT_LIGHT_BAR 8
 #define MOE_OPT_RED 32  // the grid barriers' red form (persistent.cu: grid_arrive_red), light waits
-// the shared expert's down-projection after barrier 1 on warps 1-31 while warp 0 takes the top-k (its act row in fp32
-// from shared memory: not the staged pairs' bits), so that the down phase holds the k routed slots only
-#define MOE_OPT_SD_EARLY 64
 #define MOE_CHUNKS 16
 #define MOE_OT 4  // the o-projection's 16-byte chunks a lane a slice at most (CudaQwen35.MOE_FUSED_O)  // 32-value chunks of the routed SwiGLU row a block at most (warp 31 packs a shared chunk)
 
@@ -91,61 +88,10 @@ __device__ __forceinline__ void half_rows_staged(const unsigned char* __restrict
     for (int o = 8; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
 }
 
-// R rows (row0.., nrows of them real) of a w8 row-split [N, K] matrix against fp32 x (K values in shared memory), a
-// half-warp per row group as half_rows_staged: lane hl takes 16-code chunks hl, hl + 16, ... of each row, two a round,
-// its weight loads issued first. Row sums in every lane of the half. (MOE_OPT_SD_EARLY's shared down.)
-template <int R>
-__device__ __forceinline__ void half_rows_w8_f32(const unsigned char* __restrict__ base,
-                                                 const __half* __restrict__ scales, int gpr, long long row0, int nrows,
-                                                 const float* xs, float (&acc)[R]) {
-  const int hl = threadIdx.x & 15, u4 = gpr * 2;
-#pragma unroll
-  for (int r = 0; r < R; ++r) acc[r] = 0.f;
-  for (int j0 = hl; j0 < u4; j0 += 32) {
-    uint4 w[2][R];
-    uint2 hb[2][R];
-    float sc[2][R];
-#pragma unroll
-    for (int u = 0; u < 2; ++u)
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-        if (j0 + 16 * u < u4)
-          load_chunk<FMT_W8>(base, nullptr, scales, gpr, u4, (size_t)(row0 + (r < nrows ? r : 0)), j0 + 16 * u,
-                             w[u][r], sc[u][r], hb[u][r]);
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const int j = j0 + 16 * u;
-      if (j >= u4) continue;
-      const float4* x4 = reinterpret_cast<const float4*>(xs + j * 16);
-      float xv[16];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float4 t = x4[q];
-        xv[4 * q] = t.x;
-        xv[4 * q + 1] = t.y;
-        xv[4 * q + 2] = t.z;
-        xv[4 * q + 3] = t.w;
-      }
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const unsigned int wd[4] = {w[u][r].x, w[u][r].y, w[u][r].z, w[u][r].w};
-        float d = 0.f;
-#pragma unroll
-        for (int i = 0; i < 16; ++i) d += (float)(signed char)((wd[i >> 2] >> (8 * (i & 3))) & 0xffu) * xv[i];
-        acc[r] += sc[u][r] * d;
-      }
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int o = 8; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
-}
-
 // FGU / FDN: the routed experts' gate|up ([E x 2 ie, H]: expert e's gate rows, then its up rows) and down ([E x H, ie])
 // formats; FSG / FSD: the shared expert's ([2 si, H], [H, si]); VPT: the norm's values a thread (H <= 1,024 VPT); DR:
 // the down's rows a half-warp. part: the norm's nplanes input planes and the k + 1 output planes (part_stride apart).
-template <int FGU, int FDN, int FSG, int FSD, int VPT, int DR, bool SDE = false>
+template <int FGU, int FDN, int FSG, int FSD, int VPT, int DR>
 __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
     const float* __restrict__ x_in, float* __restrict__ x_out, float* part, int nplanes, int part_stride,
     const float* __restrict__ norm_w, int H, float eps, int kpad_h, const unsigned short* __restrict__ rw, int E,
@@ -317,32 +263,13 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
   // k slots (slot z at z ie) in 32-value chunks, block b owning chunks b, b + grid, ..., warp w value w of each; each
   // block packs its chunks with a power-of-two scale each (mlp_fused's chunk-scaled staging) into xh / xsc, and block b
   // < si / 32 the shared expert's chunk b (act_s, phase 1) after them: the down's input, staged before the barrier
-  constexpr bool sde = SDE && FSD == FMT_W8;  // (a template flag, the name's ",true", with opts bit 64: the other
-                                               // forms' code stays as it was)
-  const int half = (tid >> 4) & 1, ng = (H + DR - 1) / DR, wps = (ng + 1) / 2, n3 = (sde ? topk : topk + 1) * wps;
   if (warp == 0) {
     if (!(opts & MOE_OPT_REDUX)) route_row<true>(rlog, E, topk, s_idx, s_wts, topk + 1, 0);
     else if (E <= 256) route_row_redux<8, true>(rlog, E, topk, s_idx, s_wts, topk + 1, 0);
     else route_row_redux<16, true>(rlog, E, topk, s_idx, s_wts, topk + 1, 0);
-  } else if constexpr (sde) {  // (MOE_OPT_SD_EARLY: the shared down into plane topk, its weight as route_row* computes it)
-    float* xsd = reinterpret_cast<float*>(moe_smem + (size_t)kpad_h * 2);  // (phase 1's fp32 row: done with it)
-    for (int i = tid - 32; i < si; i += MLP_THREADS - 32) xsd[i] = __ldcg(act_s + i);
-    asm volatile("bar.sync 1, %0;" ::"r"(MLP_THREADS - 32) : "memory");
-    const float swt = sigmoidf_(__ldcg(rlog + E));
-    const int nwk = gridDim.x * (MLP_THREADS / 32 - 1), gwk = (warp - 1) * gridDim.x + blockIdx.x;
-    for (int it = gwk; it < wps; it += nwk) {
-      const int grp = it * 2 + half;
-      const int row0 = grp * DR < H ? grp * DR : 0, nrows = grp * DR < H ? min(DR, H - row0) : 0;
-      float acc[DR];
-      half_rows_w8_f32<DR>(sdbase, sdscales, sdgpr, row0, nrows, xsd, acc);
-      if ((tid & 15) == 0) {
-#pragma unroll
-        for (int r = 0; r < DR; ++r)
-          if (r < nrows) part[(size_t)topk * part_stride + row0 + r] = acc[r] * swt;
-      }
-    }
   }
   __syncthreads();
+  const int half = (tid >> 4) & 1, ng = (H + DR - 1) / DR, wps = (ng + 1) / 2, n3 = (topk + 1) * wps;
   if (blockIdx.x == 0 && tid <= topk) {  // (the routing as moe_route leaves it, for the tests)
     if (tid < topk) eidx[tid] = s_idx[tid];
     ewts[tid] = s_wts[tid];
@@ -378,7 +305,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
     if (lane == 0) xsc[C] = 1.f / sc;
   };
   if (warp < k2) pack(cvals[warp * 32 + lane], blockIdx.x + warp * gridDim.x);
-  else if (!sde && warp == 31 && (int)blockIdx.x < si / 32) pack(__ldcg(act_s + blockIdx.x * 32 + lane), nch2 + blockIdx.x);
+  else if (warp == 31 && (int)blockIdx.x < si / 32) pack(__ldcg(act_s + blockIdx.x * 32 + lane), nch2 + blockIdx.x);
   stamp(5);
   grid_wait(bar, arrive(), light);
   stamp(6);

@@ -53,29 +53,6 @@ def test_moe_fused_plumbing(cp, monkeypatch, dr):
     assert len(out) == 2
 
 
-def test_moe_fused_shared_down_early_plumbing(cp, monkeypatch):
-    """MOE_FUSED_OPTS bit 64 (the shared expert's down after barrier 1): each launch is the ",true" instantiation with
-    the same arguments (the bit among the options); with DR 3 (no such instantiation) the kernels instead."""
-    from engine.gpu_engine import build_engine
-    from engine.models.qwen3_5_cuda import CudaQwen35
-
-    cfg = moe_cfg()
-    args, w = _weights(cfg)
-    monkeypatch.setattr(CudaQwen35, "MOE_FUSED", 1)
-
-    def fused(opts, dr=2):
-        monkeypatch.setattr(CudaQwen35, "MOE_FUSED_OPTS", opts)
-        monkeypatch.setattr(CudaQwen35, "MOE_FUSED_DR", dr)
-        ex = build_engine(args, w, cfg, max_context=256, prefill_cols=1, prefill_gemm=0).model.executor
-        return [op for op in _flat(ex.ops) if getattr(op, "name", "").startswith("moe_fused<")]
-
-    base, early = fused(43), fused(43 | 64)
-    assert len(base) == len(early) == args.num_hidden_layers
-    assert all(e.name == b.name.replace(">", ",true>") and len(e.args) == len(b.args) for b, e in zip(base, early))
-    assert all(int(e.args[-9]) == 43 | 64 for e in early)
-    assert fused(43 | 64, dr=3) == []
-
-
 def test_moe_fused_needs_its_rules(cp, monkeypatch):
     """moe_fused only where it is compiled and fits: a hidden size not on 256 values or a router without the shared
     expert's gate row falls back to the kernels."""

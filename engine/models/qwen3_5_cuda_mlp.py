@@ -81,10 +81,7 @@ class MlpOps:
     # 452.2 / 452.3. (4, the down's weights prefetched into L2, lost in both: 430.9, then 442.9 behind the gate|up
     # loads; removed.) 32: the barriers' red form (arrivals by a release reduction; persistent.cu): session 18 (s18b,
     # one process, two passes), 43 477.8 / 477.8 against 11's 475.2 / 475.0; with ATTN_COMBINE_B 482.2 / 481.9 (and
-    # NORM_1R, lost alone). Default 43. 64 (moe_fused<..., true>, DR 2, a w8 shared down): the shared expert's down
-    # after barrier 1 on warps 1-31 while warp 0 takes the top-k, from its fp32 act row (not the staged pairs' bits),
-    # so that the down phase holds the k routed slots (k x 512 warp items: one round of the 35B-A3B's 4,224 warps, not
-    # 1.09); session 18, not yet measured.
+    # NORM_1R, lost alone). Default 43.
     MOE_FUSED = int(os.environ.get("NINFER_MOE_FUSED", "1"))
     MOE_FUSED_DR = int(os.environ.get("NINFER_MOE_FUSED_DR", "2"))
     MOE_FUSED_OPTS = int(os.environ.get("NINFER_MOE_FUSED_OPTS", "43"))
@@ -109,8 +106,7 @@ class MlpOps:
         H, E, k, ie, si = self.H, self.args.num_experts, self.topk, self.inter_e, self.inter_sh
         fmts = [K.FMT_IDS.get(m.fmt) for m in (gu, dn, sg, sd)]
         vpt = min((v for v in K.MOE_FUSED_VPT if v * 1024 >= H), default=0)
-        sde = ",true" if self.MOE_FUSED_OPTS & 64 else ""  # (the shared down early: its own instantiation)
-        name = f"moe_fused<{','.join(map(str, fmts))},{vpt},{self.MOE_FUSED_DR}{sde}>"
+        name = f"moe_fused<{','.join(map(str, fmts))},{vpt},{self.MOE_FUSED_DR}>"
         if not (self.MOE_FUSED and self.M == 1 and K.XI16 and name in K.MOE_FUSED_NAMES and rw.fmt == "bf16"
                 and rw.n == E + 1 and rw.k == H and H % 256 == 0 and ie % 32 == 0 and si % 32 == 0 and k <= 16
                 and E <= 512 and gu.n == E * 2 * ie and dn.n == E * H and dn.k == ie and sg.n == 2 * si

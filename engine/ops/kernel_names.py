@@ -92,8 +92,7 @@ MOE_FUSED_VPT = (1, 2)
 MOE_FUSED_DR = (2, 3)
 MOE_FUSED_CHUNKS = 16  # (cuda/moe_fused.cu MOE_CHUNKS: routed 32-value chunks a block)
 MOE_FUSED_OT = 4  # (cuda/moe_fused.cu MOE_OT: the o-projection's chunks a lane a slice)
-MOE_FUSED_NAMES = tuple(f"moe_fused<0,1,3,3,{v},{r}>" for v in MOE_FUSED_VPT for r in MOE_FUSED_DR) + tuple(
-    f"moe_fused<0,1,3,3,{v},2,true>" for v in MOE_FUSED_VPT)  # (",true": the shared down early, MOE_FUSED_OPTS & 64)
+MOE_FUSED_NAMES = tuple(f"moe_fused<0,1,3,3,{v},{r}>" for v in MOE_FUSED_VPT for r in MOE_FUSED_DR)
 # (down rows 2 spill; ",true": the chunk-scaled down input; ",true,true": with the o-projection first, MLP_FUSED_O; a
 # third: the norm's x and weight before its barrier, MLP_FUSED_XW; a last 3: the o-projection's loads a lane in flight,
 # MLP_FUSED_OU. The o-projection forms for the 27B's hidden size (VPT 5) and the tests' (1) only, the A/B-only ones for
