@@ -18,6 +18,10 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
+#   s18f: the GDN delta's gate loads early (GDN_GATES_EARLY, gdn_delta_raw_rw<RW, true>) and argmax_step_mb's batched
+#         loads: tests, the A/B of both models in one process, `ninfer bench` of the three targets with the better
+#   (s18e, moe_fused's shared down after barrier 1 on warps 1-31, MOE_FUSED_OPTS bit 64: lost, 475.1 against 480.5
+#   tok/s, the top-k and routed phases ~1-2 us later; removed, in git history with its part at 495e9e6)
 #   (s18d, moe_fused with the next layer's input norm at its end, MOE_FUSED_NEXT: lost, 463.5 against 482.5 tok/s;
 #   removed, in git history with its part at a04bb53; its call also ran the final bench on session 18's defaults)
 #   s18c: session 18's defaults (ATTN_COMBINE_B, NORM_1R for mb5, the red barriers): their tests, both models'
@@ -413,6 +417,30 @@ timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128
 log "35B-A3B tg128 (defaults)"
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
+fi
+if [ "$PART" = s18f ]; then  # session 18: GDN_GATES_EARLY and the batched argmax: tests, A/B, the final bench
+ready
+log "tests: the GDN delta forms, device sampling, the engines"
+gpu_pytest "$OUT/gpu_tests_s18f.txt" tests/gpu/test_gpu_engine.py -k "gdn_delta_rows or matches_numpy or greedy" \
+  tests/gpu/test_device_sampling.py tests/gpu/test_gpu_engine_moe.py tests/gpu/test_smollm2_gpu.py
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s18f.txt" | tail -10
+log "35B-A3B decode A/B in one process"
+timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --attr="base,GDN_GATES_EARLY=1" \
+  --out "$OUT/decode_s18f_35b.json" 2>&1 | grep -E "PDL|attr|rror" | head -8
+log "27B decode A/B in one process"
+timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --attr="base,GDN_GATES_EARLY=1" \
+  --out "$OUT/decode_s18f_27b.json" 2>&1 | grep -E "PDL|attr|rror" | head -8
+BEST=$(best_attr_env "$OUT/decode_s18f_35b.json" 0)
+log "35B-A3B tg128 (env: ${BEST:-defaults})"
+env $BEST timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
+  -o json --out "$OUT/tg128_35b_s18f.json" 2>&1 | grep -E "^\||rror" | tail -1
+BEST=$(best_attr_env "$OUT/decode_s18f_27b.json" 0)
+log "27B tg128 (env: ${BEST:-defaults})"
+env $BEST timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
+  -o json --out "$OUT/tg128_27b_s18f.json" 2>&1 | grep -E "^\||rror" | tail -1
+log "27B tg128 at 32768, int8 KV (env: ${BEST:-defaults})"
+env $BEST timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 -d 32768 --kv int8 \
+  -o json --out "$OUT/tg128_27b_d32k_s18f.json" 2>&1 | grep -E "^\||rror" | tail -1
 fi
 if [ "$PART" = s18c ]; then  # session 18's defaults: tests, breakdowns, probes, GEMV rows and norm blocks A/B
 ready
