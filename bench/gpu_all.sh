@@ -18,8 +18,9 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
-#   s18f: the GDN delta's gate loads early (GDN_GATES_EARLY, gdn_delta_raw_rw<RW, true>) and argmax_step_mb's batched
-#         loads: tests, the A/B of both models in one process, `ninfer bench` of the three targets with the better
+#   s18f: the GDN delta's gate loads early (GDN_GATES_EARLY, gdn_delta_raw_rw<RW, true>: flat, 481.6 / 155.9 against
+#         481.55 / 155.9 tok/s, removed; in git history at 185da77) and argmax_step_mb's batched loads (kept): tests,
+#         the A/B of both models in one process, `ninfer bench` of the three targets (the session's final figures)
 #   (s18e, moe_fused's shared down after barrier 1 on warps 1-31, MOE_FUSED_OPTS bit 64: lost, 475.1 against 480.5
 #   tok/s, the top-k and routed phases ~1-2 us later; removed, in git history with its part at 495e9e6)
 #   (s18d, moe_fused with the next layer's input norm at its end, MOE_FUSED_NEXT: lost, 463.5 against 482.5 tok/s;

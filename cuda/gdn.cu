@@ -124,22 +124,12 @@ extern "C" __global__ void __launch_bounds__(256) gdn_delta(const float* __restr
 
 // Value head h of token row m from the conv outputs (gdn_delta_raw's and gdn_delta_raw_rw's prologue, gdn_prep's
 // arithmetic): its q and k lanes L2-normalized (q also scaled by q_scale) and its decay and update gates.
-// EARLY (gdn_delta_raw_rw<RW, true>, GdnOps.GDN_GATES_EARLY): the gates' four loads issued with q and k, before the
-// norms' warp sums (the SASS of the other form issued them after those sums: a second round trip); the same bits.
-template <bool EARLY = false>
 __device__ __forceinline__ void gdn_raw_head(const float* __restrict__ qk, int ldqk, const float* __restrict__ ab,
                                              int ldab, const float* __restrict__ a_log,
                                              const float* __restrict__ dt_bias, float q_scale, int Hk, int Hv,
                                              int tiled, int m, int h, int lane, float4& q, float4& k, float& alpha,
                                              float& beta) {
   const int kh = tiled ? h % Hk : h / (Hv / Hk);
-  float ga = 0.f, gd = 0.f, gl = 0.f, gb = 0.f;
-  if constexpr (EARLY) {
-    ga = ab[(size_t)m * ldab + h];
-    gd = dt_bias[h];
-    gl = a_log[h];
-    gb = ab[(size_t)m * ldab + Hv + h];
-  }
   q = reinterpret_cast<const float4*>(qk + (size_t)m * ldqk + (size_t)kh * 128)[lane];
   k = reinterpret_cast<const float4*>(qk + (size_t)m * ldqk + (size_t)(Hk + kh) * 128)[lane];
   float rq = rsqrtf(warp_sum(q.x * q.x + q.y * q.y + q.z * q.z + q.w * q.w) + 1e-6f);
@@ -147,17 +137,10 @@ __device__ __forceinline__ void gdn_raw_head(const float* __restrict__ qk, int l
   const float rk = rsqrtf(warp_sum(k.x * k.x + k.y * k.y + k.z * k.z + k.w * k.w) + 1e-6f);
   q = make_float4(q.x * rq, q.y * rq, q.z * rq, q.w * rq);
   k = make_float4(k.x * rk, k.y * rk, k.z * rk, k.w * rk);
-  if constexpr (EARLY) {
-    const float a = ga + gd;
-    const float spl = a > 20.f ? a : log1pf(__expf(a));
-    alpha = __expf(-__expf(gl) * spl);
-    beta = sigmoidf_(gb);
-  } else {
-    const float a = ab[(size_t)m * ldab + h] + dt_bias[h];
-    const float spl = a > 20.f ? a : log1pf(__expf(a));
-    alpha = __expf(-__expf(a_log[h]) * spl);
-    beta = sigmoidf_(ab[(size_t)m * ldab + Hv + h]);
-  }
+  const float a = ab[(size_t)m * ldab + h] + dt_bias[h];
+  const float spl = a > 20.f ? a : log1pf(__expf(a));
+  alpha = __expf(-__expf(a_log[h]) * spl);
+  beta = sigmoidf_(ab[(size_t)m * ldab + Hv + h]);
 }
 
 // gdn_delta from the conv outputs themselves (the projections' EPI_CONV epilogue did the conv and SiLU;
@@ -186,7 +169,7 @@ extern "C" __global__ void __launch_bounds__(256) gdn_delta_raw(
 // rows' state loads issued first, the head's q and k loaded, normed and its gates computed once for the RW rows (every
 // warp of gdn_delta_raw does so for its one row: 128 times a head). The same operations a row, so the same bits.
 // Grid (ceil(Hv * 128 / (8 RW)), M), 256 threads. (Written after session 16's device time.)
-template <int RW, bool EARLY = false>
+template <int RW>
 __global__ void __launch_bounds__(256) gdn_delta_raw_rw(
     const float* __restrict__ qk, int ldqk, const float* __restrict__ vv, int ldv, const float* __restrict__ ab,
     int ldab, const float* __restrict__ a_log, const float* __restrict__ dt_bias, float q_scale,
@@ -208,7 +191,7 @@ __global__ void __launch_bounds__(256) gdn_delta_raw_rw(
   }
   float4 q, k;
   float alpha, beta;
-  gdn_raw_head<EARLY>(qk, ldqk, ab, ldab, a_log, dt_bias, q_scale, Hk, Hv, tiled, m, h, lane, q, k, alpha, beta);
+  gdn_raw_head(qk, ldqk, ab, ldab, a_log, dt_bias, q_scale, Hk, Hv, tiled, m, h, lane, q, k, alpha, beta);
 #pragma unroll
   for (int r = 0; r < RW; ++r) {
     const float ov = delta_reg(s[r], q, k, alpha, beta, vr[r]);

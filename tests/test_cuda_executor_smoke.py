@@ -88,10 +88,6 @@ def test_gdn_delta_rw_plumbing(cp, monkeypatch, rw):
     assert one and {op.name for op in many} == {f"gdn_delta_raw_rw<{rw}>"} and len(many) == len(one)
     assert all(b.grid == (-(-a.grid[0] // rw), a.grid[1]) and len(a.args) == len(b.args)
                and [int(x) for x in a.args[-3:]] == [int(x) for x in b.args[-3:]] for a, b in zip(one, many))
-    monkeypatch.setattr(CudaQwen35, "GDN_GATES_EARLY", 1)  # (the gates' loads early: <RW, true>, the same launch)
-    early = deltas(rw)
-    assert {op.name for op in early} == {f"gdn_delta_raw_rw<{rw},true>"}
-    assert all(a.grid == b.grid and len(a.args) == len(b.args) for a, b in zip(many, early))
 
 
 def test_attn_chunk_plumbing(cp, monkeypatch):

@@ -38,10 +38,6 @@ class GdnOps:
     # passes): 27B 153.8 / 153.8 (4), 153.7 / 153.7 (2) against 153.1 / 153.2 tok/s; 35B-A3B 432.3 / 432.1 (4),
     # 432.5 / 432.3 (2) against 431.3 / 431.3. Default 4.
     GDN_DELTA_RW = int(os.environ.get("NINFER_GDN_DELTA_RW", "4"))
-    # NINFER_GDN_GATES_EARLY=1 (with GDN_DELTA_RW 2 / 4): gdn_delta_raw_rw<RW, true>, the head's four gate loads issued
-    # with q and k instead of after their norms' warp sums (one round trip fewer), the same bits. Session 18, written
-    # after its A/B calls (not yet measured).
-    GDN_GATES_EARLY = int(os.environ.get("NINFER_GDN_GATES_EARLY", "0"))
 
     def _gated_chunk_scales(self):
         """The o-projection's chunk scales (fp32, a value a 32-value chunk of the staged row) or None (off)."""
@@ -55,8 +51,7 @@ class GdnOps:
         """The delta rule over the projections' conv outputs (gdn_delta_raw), then the gated norm and staging."""
         Hk, Hv, M = self.Hk, self.Hv, self.M
         rw = self.GDN_DELTA_RW if self.GDN_DELTA_RW in K.GDN_DELTA_RW else 1
-        early = ",true" if self.GDN_GATES_EARLY else ""
-        return [K.prepared("gdn_delta_raw" if rw == 1 else f"gdn_delta_raw_rw<{rw}{early}>",
+        return [K.prepared("gdn_delta_raw" if rw == 1 else f"gdn_delta_raw_rw<{rw}>",
                            (-(-Hv * GDN_HEAD_DIM // (K.WARPS * rw)), M),
                            (buf_a, lda, buf_b, ldb, self.ab, self.ab.shape[1], L["a_log"], L["dt_bias"],
                             float(1.0 / math.sqrt(GDN_HEAD_DIM)), L["state"], self.att2, Hk, Hv, 0)),

@@ -121,7 +121,6 @@ def names(experimental: bool = False) -> list[str]:
     names += [f"gemv_rs<{f},{r},1,{u},true>" for f in range(4) for r in GEMV_CONV_ROWS for u in GEMV_UNROLL]
     names += [f"gemv_rs_pre<{f},{r},1,{u},true>" for f in pre_f for r, u in GEMV_PRE_MAIN]
     names += [f"gdn_delta_raw_rw<{rw}>" for rw in GDN_DELTA_RW]  # (state rows a warp, GdnOps.GDN_DELTA_RW)
-    names += [f"gdn_delta_raw_rw<{rw},true>" for rw in GDN_DELTA_RW]  # (the gates' loads early, GDN_GATES_EARLY)
     names += list(GEMV_PRE_XS_NAMES)  # (x with a scale a 32-value chunk: the GDN o-projection, GATED_CHUNK)
     names += [f"gemv_bf16<{m}>" for m in GEMV_M]
     names += list(MOE_FUSED_NAMES) if XI16 else []  # (the MoE block's persistent launch, cuda/moe_fused.cu)
