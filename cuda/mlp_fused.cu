@@ -60,16 +60,10 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
   const int nwarps = gridDim.x * (MLP_THREADS / 32), gw = warp * gridDim.x + blockIdx.x;
   const DecodeK dk = decode_constants(ggpr > 0 ? 1u : 0u);
   // (the grid barriers' light form, CudaQwen35.MLP_FUSED_LIGHT_BAR; bit 4 their red form, light waits: persistent.cu)
-  const bool redb = local_stage & 4, light = redb || (local_stage & 2);
-  const unsigned long long bar_count = redb ? grid_count(bar) : 0ull;
   __shared__ unsigned long long bar_next;
-  bool bar_first = true;
-  auto arrive = [&]() {
-    if (!redb) return grid_arrive(bar, light);
-    const unsigned long long t = grid_arrive_red(bar, bar_count, bar_first, &bar_next);
-    bar_first = false;
-    return t;
-  };
+  GridBar gb(bar, local_stage & 4, local_stage & 2, &bar_next);
+  const bool light = gb.light;
+  auto arrive = [&]() { return gb.arrive(); };
   auto stamp = [&](int i) { phase_stamp(tstamp, i); };
   stamp(0);
   // help (CHUNK): the launch's number on this barrier counter (one barrier a launch: the counter at the start over

@@ -116,16 +116,10 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
   const DecodeK dk = decode_constants(ggpr > 0 ? 1u : 0u);
   auto stamp = [&](int i) { phase_stamp(tstamp, i); };
   stamp(0);
-  const bool redb = opts & MOE_OPT_RED, light = redb || (opts & MOE_OPT_LIGHT_BAR), oproj = obase != nullptr;
-  const unsigned long long bar_count = redb ? grid_count(bar) : 0ull;
   __shared__ unsigned long long bar_next;
-  bool bar_first = true;
-  auto arrive = [&]() {
-    if (!redb) return grid_arrive(bar, light);
-    const unsigned long long t = grid_arrive_red(bar, bar_count, bar_first, &bar_next);
-    bar_first = false;
-    return t;
-  };
+  GridBar gb(bar, opts & MOE_OPT_RED, opts & MOE_OPT_LIGHT_BAR, &bar_next);
+  const bool light = gb.light, oproj = obase != nullptr;
+  auto arrive = [&]() { return gb.arrive(); };
   // OPROJ (obase != nullptr, CudaQwen35.MOE_FUSED_O): the layer's w8 o-projection first, its input the one-scale staged
   // pairs (xh_o, xinv_o[0]: gated_rmsnorm_stage's / attn_combine_stage's) or, with xsc_o, the chunk-scaled ones
   // (gated_rmsnorm_chunks' / attn_combine_chunks': the scale of 32-value chunk J at xsc_o[J], xinv_o[0] = 1; not

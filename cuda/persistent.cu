@@ -70,6 +70,23 @@ __device__ __forceinline__ unsigned long long grid_arrive_red(unsigned long long
   return target;
 }
 
+// A launch's grid barriers in the form its flags choose (red, light or fenced; red waits light): `arrive` returns what
+// thread 0 then waits for (grid_wait(ctr, t, light)); `next`: a shared word for the red form's next target.
+struct GridBar {
+  unsigned long long* ctr;
+  unsigned long long count;  // (thread 0, red: the counter at entry)
+  unsigned long long* next;
+  bool red, light, first;
+  __device__ __forceinline__ GridBar(unsigned long long* c, bool red_, bool light_, unsigned long long* next_)
+      : ctr(c), count(red_ ? grid_count(c) : 0ull), next(next_), red(red_), light(red_ || light_), first(true) {}
+  __device__ __forceinline__ unsigned long long arrive() {
+    if (!red) return grid_arrive(ctr, light);
+    const unsigned long long t = grid_arrive_red(ctr, count, first, next);
+    first = false;
+    return t;
+  }
+};
+
 // Thread 0 of each block writes %globaltimer (ns) to tstamp[block x 8 + i] where tstamp != nullptr: a persistent
 // launch's phase boundaries, for bench/'s probes.
 __device__ __forceinline__ void phase_stamp(unsigned long long* tstamp, int i) {
