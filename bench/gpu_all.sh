@@ -18,6 +18,7 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
+#   fin18: the final code's tests of the persistent launches (GridBar), the norms, the combine, the MoE engine
 #   s18f: the GDN delta's gate loads early (GDN_GATES_EARLY, gdn_delta_raw_rw<RW, true>: flat, 481.6 / 155.9 against
 #         481.55 / 155.9 tok/s, removed; in git history at 185da77) and argmax_step_mb's batched loads (kept): tests,
 #         the A/B of both models in one process, `ninfer bench` of the three targets (the session's final figures)
@@ -418,6 +419,13 @@ timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128
 log "35B-A3B tg128 (defaults)"
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
+fi
+if [ "$PART" = fin18 ]; then  # session 18's final code: the tests its last commits touch
+ready
+log "tests: kernels, mlp_fused, the MoE engine, the decode paths"
+gpu_pytest "$OUT/gpu_tests_fin18.txt" tests/gpu/test_kernels.py tests/gpu/test_mlp_fused.py \
+  tests/gpu/test_gpu_engine_moe.py tests/gpu/test_decode_paths.py
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_fin18.txt" | tail -10
 fi
 if [ "$PART" = s18f ]; then  # session 18: GDN_GATES_EARLY and the batched argmax: tests, A/B, the final bench
 ready
