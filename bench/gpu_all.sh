@@ -18,6 +18,8 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
+#   s19a: the next session's first call: residual_rmsnorm_cl (NORM_CLUSTER, written after session 18's device time):
+#         its kernel and engine tests, the A/B of both models in one process, both breakdowns on the defaults
 #   fin18: the final code's tests of the persistent launches (GridBar), the norms, the combine, the MoE engine
 #   s18f: the GDN delta's gate loads early (GDN_GATES_EARLY, gdn_delta_raw_rw<RW, true>: flat, 481.6 / 155.9 against
 #         481.55 / 155.9 tok/s, removed; in git history at 185da77) and argmax_step_mb's batched loads (kept): tests,
@@ -419,6 +421,24 @@ timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128
 log "35B-A3B tg128 (defaults)"
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
+fi
+if [ "$PART" = s19a ]; then  # next session's first call: NORM_CLUSTER's tests and A/B, the breakdowns
+ready
+log "tests: the norms (residual_rmsnorm_cl against the mb forms), the MoE engine with it"
+gpu_pytest "$OUT/gpu_tests_s19a.txt" tests/gpu/test_kernels.py::test_residual_rmsnorm_and_gated \
+  tests/gpu/test_gpu_engine_moe.py -k "residual_rmsnorm_and_gated or norm_cluster or norm_mb2"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s19a.txt" | tail -10
+log "35B-A3B decode A/B in one process"
+timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --attr="base,NORM_CLUSTER=1" \
+  --out "$OUT/decode_s19a_35b.json" 2>&1 | grep -E "PDL|attr|rror" | head -8
+log "27B decode A/B in one process"
+timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --attr="base,NORM_CLUSTER=1" \
+  --out "$OUT/decode_s19a_27b.json" 2>&1 | grep -E "PDL|attr|rror" | head -8
+log "breakdowns (defaults)"
+timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --breakdown \
+  --out "$OUT/decode_s19a_35b_bd.json" 2>&1 | grep -E "PDL|sum of|^  " | head -10
+NINFER_NORM_CLUSTER=1 timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --breakdown \
+  --out "$OUT/decode_s19a_27b_bd_cl.json" 2>&1 | grep -E "PDL|sum of|^  " | head -10
 fi
 if [ "$PART" = fin18 ]; then  # session 18's final code: the tests its last commits touch
 ready

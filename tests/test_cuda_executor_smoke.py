@@ -153,6 +153,28 @@ def test_norm_one_round_plumbing(cp, monkeypatch):
     assert {op.name for op in norms(NORM_MB2=True, NORM_MB5=True)} <= {"residual_rmsnorm_mb2", "residual_rmsnorm_mb5_1r"}
 
 
+def test_norm_cluster_plumbing(cp, monkeypatch):
+    """NINFER_NORM_CLUSTER=1 on a cluster-capable GPU: every residual norm is residual_rmsnorm_cl, a cluster of
+    NORM_CL blocks a token row (grid (8, M), 256 threads) with the mb forms' arguments; without clusters, the mb forms."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+    from engine.ops import kernels as K
+
+    args, w = _weights(CFG)
+
+    def norms(on, capable):
+        monkeypatch.setattr(CudaQwen35, "NORM_CLUSTER", on)
+        monkeypatch.setattr(K, "cluster_capable", lambda: capable)
+        ex = build_engine(args, w, CFG, max_context=256, prefill_cols=1, prefill_gemm=0).model.executor
+        return [op for op in _flat(ex.ops) if getattr(op, "name", "").startswith("residual_rmsnorm")]
+
+    base, cl = norms(False, True), norms(True, True)
+    assert base and {op.name for op in cl} == {"residual_rmsnorm_cl"} and len(cl) == len(base)
+    assert all(op.grid == (CudaQwen35.NORM_CL, b.grid[1]) and op.block == 256 and len(op.args) == len(b.args)
+               and [int(x) for x in op.args[2:5]] == [int(x) for x in b.args[2:5]] for op, b in zip(cl, base))
+    assert [op.name for op in norms(True, False)] == [op.name for op in base]
+
+
 def test_gdn_merge_plumbing(cp, monkeypatch):
     """NINFER_GDN_MERGE (on by default): GDN layers whose q, k, v and z share a row-split format hold them as one
     object (q|k and v|z its views, the same bytes counted once) and project it with one conv-epilogue GEMV into

@@ -262,6 +262,13 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
     # bits. Session 18 (s18b, one process, two passes): 27B 154.7 / 154.6 against 153.9 / 153.9 tok/s. (mb2's 9 planes
     # in one round lost on the 35B-A3B, 474.4 against 475.1: removed.)
     NORM_1R = os.environ.get("NINFER_NORM_1R", "1") != "0"
+    # NINFER_NORM_CLUSTER=1 (sm_90, rows of kpad <= 8,192): residual_rmsnorm_cl, a cluster of 8 blocks a row, each
+    # block its slice of the row and of every plane, the sum of squares shared through distributed shared memory (the
+    # mb forms' blocks each read the whole row and its planes); x_out the same bits, out and the staged pairs within
+    # fp32 rounding. Written after session 18's device time; not yet run on a GPU.
+    NORM_CLUSTER = os.environ.get("NINFER_NORM_CLUSTER", "0") != "0"
+    NORM_CL = 8  # (cuda/norm.cu NORM_CL, NORM_CL_CHUNKS: blocks a cluster, 32-value chunks a block at most)
+    NORM_CL_CHUNKS = 32
     MOE_ROWS = False  # several token rows of an MoE model (the tensor-core prefill's own MoE ops)
     ARGMAX_BLOCKS = 64  # blocks a row of the greedy argmax over the vocabulary
 
@@ -271,13 +278,15 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
             raise NotImplementedError(f"hidden size {self.H} > 8192 in the CUDA norm kernel")
         x_in, x_out = self._res
         self._res = (x_out, x_in)
+        args = (x_in, x_out, self.part, splits, self.M * self.H, w, self.xn, self.H, float(self.args.rms_norm_eps), 1,
+                self.xh_n, self.xinv_n, self.kpad_h)
+        if self.NORM_CLUSTER and K.cluster_capable() and self.kpad_h // 32 <= self.NORM_CL * self.NORM_CL_CHUNKS:
+            return K.prepared("residual_rmsnorm_cl", (self.NORM_CL, self.M), args, block=256)
         name = ("residual_rmsnorm_mb2" if self.NORM_MB2 and self.H <= 2 * 1024
                 else "residual_rmsnorm_mb5" if self.NORM_MB5 and self.H <= 5 * 1024 else "residual_rmsnorm_mb")
         if self.NORM_1R and name == "residual_rmsnorm_mb5":
             name += "_1r"
-        return K.prepared(name, (self.NORM_BLOCKS, self.M),
-                          (x_in, x_out, self.part, splits, self.M * self.H, w, self.xn, self.H,
-                           float(self.args.rms_norm_eps), 1, self.xh_n, self.xinv_n, self.kpad_h), block=1024)
+        return K.prepared(name, (self.NORM_BLOCKS, self.M), args, block=1024)
 
     def _prep_fused(self) -> bool:
         return (self.GDN_PREP_FUSED and not self.GDN_FUSED and self.M == 1

@@ -121,6 +121,12 @@ def gemv_tma_stages(xbytes: int, stage_bytes: int, most: int = 8) -> int:
 
 
 @functools.cache
+def cluster_capable() -> bool:
+    """sm_90 or newer: thread block clusters and distributed shared memory (residual_rmsnorm_cl)."""
+    return _compute_capability() >= 90
+
+
+@functools.cache
 def tma_capable() -> bool:
     """sm_90 or newer: cp.async.bulk and mbarrier transaction counts (gemv_tma)."""
     return _compute_capability() >= 90

@@ -185,6 +185,27 @@ def test_norm_mb2_gives_the_same_logits(monkeypatch):
         assert np.array_equal(out[forms[0]][1], out[form][1])
 
 
+def test_norm_cluster_gives_the_same_tokens(monkeypatch):
+    """NORM_CLUSTER (residual_rmsnorm_cl: the norms on a cluster of 8 blocks a row, the sum of squares in another
+    order): the MoE model's greedy tokens over a prefill and 24 steps those of the mb forms, the last logits close."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+    from engine.ops import kernels as K
+
+    if not K.cluster_capable():
+        pytest.skip("thread block clusters need sm_90")
+    args, w, prompt = moe_inputs(10)
+    out = {}
+    for on in (False, True):
+        monkeypatch.setattr(CudaQwen35, "NORM_CLUSTER", on)
+        eng = build_engine(args, w, MOE_CFG, max_context=256, prefill_cols=1)
+        names = {getattr(op, "name", "") for op in eng.model.executor.ops}
+        assert ("residual_rmsnorm_cl" in names) == on
+        out[on] = greedy_then_logits(eng, prompt)
+    assert out[True][0] == out[False][0]
+    assert np.allclose(out[True][1], out[False][1], rtol=1e-3, atol=1e-3)
+
+
 def test_gdn_merge_gives_the_same_logits(monkeypatch):
     """GDN_MERGE (q|k and v|z of one format as one GEMV over their shared object, the conv epilogue over all of
     q|k|v): the MoE model (w8 GDN projections) gives the same tokens and logits within 1e-5 over a prefill and
