@@ -46,28 +46,23 @@ __device__ __forceinline__ void route_row(const float* __restrict__ l, int E, in
   if (lane == 0) wts[(size_t)m * ldw + topk] = sigmoidf_(at(E));
 }
 
-// The warp's largest / smallest unsigned value in every lane: redux.sync on sm_80 and newer, shuffles before (the same
-// result; the module also builds for older GPUs).
-__device__ __forceinline__ unsigned int warp_umax(unsigned int v) {
+// The warp's largest (MAX) or smallest unsigned value in every lane: redux.sync on sm_80 and newer, shuffles before
+// (the same result; the module also builds for older GPUs).
+template <bool MAX>
+__device__ __forceinline__ unsigned int warp_uext(unsigned int v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  return __reduce_max_sync(0xffffffffu, v);
+  return MAX ? __reduce_max_sync(0xffffffffu, v) : __reduce_min_sync(0xffffffffu, v);
 #else
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-#endif
-}
-__device__ __forceinline__ unsigned int warp_umin(unsigned int v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  return __reduce_min_sync(0xffffffffu, v);
-#else
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = 16; o > 0; o >>= 1) {
+    const unsigned int u = __shfl_xor_sync(0xffffffffu, v, o);
+    v = MAX ? max(v, u) : min(v, u);
+  }
   return v;
 #endif
 }
 
-// route_row's routing with the warp's reductions in hardware (redux.sync, sm_80+, warp_umax / warp_umin; moe_fused's
+// route_row's routing with the warp's reductions in hardware (redux.sync, sm_80+, warp_uext; moe_fused's
 // top-k): each lane keeps
 // its own best (the lowest expert id among equal values) across the rounds, the warp's best is the largest order key
 // (__reduce_max_sync), its expert the lowest id among the lanes holding it (__reduce_min_sync), and only the winning
@@ -96,8 +91,8 @@ __device__ __forceinline__ void route_row_redux(const float* __restrict__ l, int
   };
   scan();
   for (int k = 0; k < topk; ++k) {
-    const unsigned int key = order_key(best), kmax = warp_umax(key);
-    const int id = (int)warp_umin(key == kmax ? (unsigned int)bi : 0xffffffffu);
+    const unsigned int key = order_key(best), kmax = warp_uext<true>(key);
+    const int id = (int)warp_uext<false>(key == kmax ? (unsigned int)bi : 0xffffffffu);
     const float bv = __shfl_sync(0xffffffffu, best, id & 31);
     if (k == 0) mx = bv;
     const float p = __expf(bv - mx);

@@ -115,6 +115,30 @@ __device__ __forceinline__ void row_sumsq_max(const float (&v)[VPT], const float
   mx = warp_max(lane < nwarp ? red[32 + lane] : 0.f);
 }
 
+// Value k of token row m's norm (v its residual, wv its weight): x_out and out where k < H, and the block's slice of the
+// values it stages (0 past H). (residual_rmsnorm_body's and residual_rmsnorm_cl's.)
+__device__ __forceinline__ void norm_emit(float v, float wv, float r, int k, int k0, int H, float* xo, float* o,
+                                          float* slice) {
+  float ov = 0.f;
+  if (k < H) {
+    xo[k] = v;
+    ov = v * r * wv;
+    o[k] = ov;
+  }
+  slice[k - k0] = ov;
+}
+// Chunks [c0, c1) of a row's staged pairs at dst from the block's slice of values (value k at slice[k - k0], k0 = c0 x
+// 32), with scale sc; the block's bd threads stride the chunks' 16 words each.
+__device__ __forceinline__ void stage_chunks(const float* slice, int k0, int c0, int c1, __half2* dst, float sc,
+                                             int bd) {
+  for (int p = c0 * 16 + threadIdx.x; p < c1 * 16; p += bd) {
+    const int jl = p >> 4, pi = p & 15, c = pi >> 2, jp = pi & 3;
+    const int ka = jl * 32 + 8 * c + stage_a(jp);
+    reinterpret_cast<unsigned int*>(dst)[(jl >> 5) * 512 + c * 128 + (jl & 31) * 4 + jp] =
+        stage_pack(slice[ka - k0] * sc, slice[ka + STAGE_GAP - k0] * sc);
+  }
+}
+
 // ONE (CudaQwen35.NORM_1R): the planes PU at a time with predicated loads, so that S <= PU planes go out in one round
 // with x_in and w. (Without it the loop's remainder runs a plane an iteration, each add waiting for its plane before
 // the next plane's loads go out: the SASS of the <5, 4> form loads the 27B's 3 planes in 3 rounds after x_in and w,
@@ -179,25 +203,11 @@ __device__ __forceinline__ void residual_rmsnorm_body(RESIDUAL_RMSNORM_PARAMS) {
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     const int k = threadIdx.x + i * bd;
-    if (k >= k0 && k < k1) {
-      float ov = 0.f;
-      if (k < H) {
-        x_out[(size_t)m * H + k] = v[i];
-        ov = v[i] * r * wv[i];
-        o[k] = ov;
-      }
-      slice[k - k0] = ov;
-    }
+    if (k >= k0 && k < k1) norm_emit(v[i], wv[i], r, k, k0, H, x_out + (size_t)m * H, o, slice);
   }
   for (int k = max(k0, VPT * bd) + threadIdx.x; k < k1; k += bd) slice[k - k0] = 0.f;  // padding past the registers
   __syncthreads();
-  __half2* dst = xh + (size_t)m * kpad / 2;
-  for (int p = c0 * 16 + threadIdx.x; p < c1 * 16; p += bd) {
-    const int jl = p >> 4, pi = p & 15, c = pi >> 2, jp = pi & 3;
-    const int ka = jl * 32 + 8 * c + stage_a(jp);
-    reinterpret_cast<unsigned int*>(dst)[(jl >> 5) * 512 + c * 128 + (jl & 31) * 4 + jp] =
-        stage_pack(slice[ka - k0] * sc, slice[ka + STAGE_GAP - k0] * sc);
-  }
+  stage_chunks(slice, k0, c0, c1, xh + (size_t)m * kpad / 2, sc, bd);
   if (blockIdx.x == 0 && threadIdx.x == 0) xinv[m] = 1.f / sc;
 }
 
@@ -314,24 +324,10 @@ extern "C" __global__ void __cluster_dims__(NORM_CL, 1, 1) __launch_bounds__(256
 #pragma unroll
   for (int i = 0; i < NORM_CL_VPT; ++i) {
     const int k = k0 + tid + 256 * i;
-    if (k < k1) {
-      float ov = 0.f;
-      if (k < H) {
-        x_out[(size_t)m * H + k] = v[i];
-        ov = v[i] * r * wv[i];
-        o[k] = ov;
-      }
-      slice[k - k0] = ov;
-    }
+    if (k < k1) norm_emit(v[i], wv[i], r, k, k0, H, x_out + (size_t)m * H, o, slice);
   }
   __syncthreads();
-  __half2* dst = xh + (size_t)m * kpad / 2;
-  for (int p = c0 * 16 + tid; p < c1 * 16; p += 256) {
-    const int jl = p >> 4, pi = p & 15, c = pi >> 2, jp = pi & 3;
-    const int ka = jl * 32 + 8 * c + stage_a(jp);
-    reinterpret_cast<unsigned int*>(dst)[(jl >> 5) * 512 + c * 128 + (jl & 31) * 4 + jp] =
-        stage_pack(slice[ka - k0] * sc, slice[ka + STAGE_GAP - k0] * sc);
-  }
+  stage_chunks(slice, k0, c0, c1, xh + (size_t)m * kpad / 2, sc, 256);
   if (b == 0 && tid == 0) xinv[m] = 1.f / sc;
 }
 #endif
