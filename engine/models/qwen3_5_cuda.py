@@ -267,7 +267,7 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
     # mb forms' blocks each read the whole row and its planes); x_out the same bits, out and the staged pairs within
     # fp32 rounding. Written after session 18's device time; not yet run on a GPU.
     NORM_CLUSTER = os.environ.get("NINFER_NORM_CLUSTER", "0") != "0"
-    NORM_CL = 8  # (cuda/norm.cu NORM_CL, NORM_CL_CHUNKS: blocks a cluster, 32-value chunks a block at most)
+    NORM_CL = 8  # (cuda/norm_cluster.cu NORM_CL, NORM_CL_CHUNKS: blocks a cluster, 32-value chunks a block at most)
     NORM_CL_CHUNKS = 32
     MOE_ROWS = False  # several token rows of an MoE model (the tensor-core prefill's own MoE ops)
     ARGMAX_BLOCKS = 64  # blocks a row of the greedy argmax over the vocabulary
