@@ -75,5 +75,5 @@ def test_norm_cluster_plumbing(cp, monkeypatch):
     base, cl = norms(False, True), norms(True, True)
     assert base and {op.name for op in cl} == {"residual_rmsnorm_cl"} and len(cl) == len(base)
     assert all(op.grid == (CudaQwen35.NORM_CL, b.grid[1]) and op.block == 256 and len(op.args) == len(b.args)
-               and [int(x) for x in op.args[2:5]] == [int(x) for x in b.args[2:5]] for op, b in zip(cl, base))
+               and [int(x) for x in op.args[3:5]] == [int(x) for x in b.args[3:5]] for op, b in zip(cl, base))
     assert [op.name for op in norms(True, False)] == [op.name for op in base]
