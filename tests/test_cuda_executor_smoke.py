@@ -26,7 +26,8 @@ def test_dense_engine_builds_and_runs_every_path(cp, kv):
                  else f"gdn_delta_raw_rw<{CudaQwen35.GDN_DELTA_RW}>", "gated_rmsnorm_stage"} if CudaQwen35.GDN_PREP_FUSED
            else {"gdn_delta", "gdn_prep", "gated_rmsnorm_stage"})
     h = args.hidden_size
-    norm = ("residual_rmsnorm_mb2" if CudaQwen35.NORM_MB2 and h <= 2048
+    norm = ("residual_rmsnorm_cl" if CudaQwen35.NORM_CLUSTER and K.cluster_capable()
+            else "residual_rmsnorm_mb2" if CudaQwen35.NORM_MB2 and h <= 2048
             else "residual_rmsnorm_mb5" if CudaQwen35.NORM_MB5 and h <= 5120 else "residual_rmsnorm_mb")
     assert {norm, "argmax_step_mb"} | gdn <= names
     assert any(n.startswith("attn_decode_split") for n in names)
@@ -304,7 +305,7 @@ def test_moe_engine_builds_and_runs(cp, shared, stage, down, monkeypatch):
     # each attention layer stages its output with stage_x_mb (unless ATTN_FUSED: attn_combine_stage does)
     attn = 0 if CudaQwen35.ATTN_FUSED else sum(L["kind"] == "full_attention" for L in ex.layers)
     assert names.count("stage_x_mb") - attn == (args.num_hidden_layers if stage else 0)
-    norms = [o for o in _flat(ex.ops) if getattr(o, "name", "").startswith("residual_rmsnorm_mb")]
+    norms = [o for o in _flat(ex.ops) if getattr(o, "name", "").startswith(("residual_rmsnorm_mb", "residual_rmsnorm_cl"))]
     k = args.num_experts_per_tok
     assert [int(o.args[3]) for o in norms[2::2]] == [k + 1] * args.num_hidden_layers
     assert np.isfinite(eng.info()["weight_bytes_per_token"])

@@ -21,6 +21,7 @@ def test_norm_forms_plumbing(cp, monkeypatch, flag, other, name):
     assert args.hidden_size <= 2048
     monkeypatch.setattr(CudaQwen35, other, False)
     monkeypatch.setattr(CudaQwen35, "NORM_1R", False)  # (mb5's one-round form: its own test)
+    monkeypatch.setattr(CudaQwen35, "NORM_CLUSTER", False)  # (the cluster form: its own test)
 
     def norms(on):
         monkeypatch.setattr(CudaQwen35, flag, on)
@@ -41,6 +42,7 @@ def test_norm_one_round_plumbing(cp, monkeypatch):
     from engine.models.qwen3_5_cuda import CudaQwen35
 
     assert CudaQwen35.NORM_1R
+    monkeypatch.setattr(CudaQwen35, "NORM_CLUSTER", False)  # (the cluster form: its own test)
     args, w = _weights(CFG)
 
     def norms(**flags):
@@ -58,12 +60,13 @@ def test_norm_one_round_plumbing(cp, monkeypatch):
 
 
 def test_norm_cluster_plumbing(cp, monkeypatch):
-    """NINFER_NORM_CLUSTER=1 on a cluster-capable GPU: every residual norm is residual_rmsnorm_cl, a cluster of
+    """NINFER_NORM_CLUSTER (on by default) on a cluster-capable GPU: every residual norm is residual_rmsnorm_cl, a cluster of
     NORM_CL blocks a token row (grid (8, M), 256 threads) with the mb forms' arguments; without clusters, the mb forms."""
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5_cuda import CudaQwen35
     from engine.ops import kernels as K
 
+    assert CudaQwen35.NORM_CLUSTER
     args, w = _weights(CFG)
 
     def norms(on, capable):

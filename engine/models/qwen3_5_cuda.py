@@ -262,11 +262,13 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
     # bits. Session 18 (s18b, one process, two passes): 27B 154.7 / 154.6 against 153.9 / 153.9 tok/s. (mb2's 9 planes
     # in one round lost on the 35B-A3B, 474.4 against 475.1: removed.)
     NORM_1R = os.environ.get("NINFER_NORM_1R", "1") != "0"
-    # NINFER_NORM_CLUSTER=1 (sm_90, rows of kpad <= 8,192): residual_rmsnorm_cl, a cluster of 8 blocks a row, each
-    # block its slice of the row and of every plane, the sum of squares shared through distributed shared memory (the
-    # mb forms' blocks each read the whole row and its planes); x_out the same bits, out and the staged pairs within
-    # fp32 rounding. Written after session 18's device time; not yet run on a GPU.
-    NORM_CLUSTER = os.environ.get("NINFER_NORM_CLUSTER", "0") != "0"
+    # NINFER_NORM_CLUSTER (on by default where clusters launch: sm_90, rows of kpad <= 8,192): residual_rmsnorm_cl, a
+    # cluster of 8 blocks a row, each block its slice of the row and of every plane, the sum of squares shared through
+    # distributed shared memory (the mb forms' blocks each read the whole row and its planes); x_out the same bits, out
+    # and the staged pairs within fp32 rounding (GPU tests: the kernel against residual_rmsnorm_mb, the MoE engine's
+    # greedy tokens). Session 19 (s19a, one process, two passes): 35B-A3B 485.1 / 485.4 against 479.9 / 479.7 tok/s,
+    # 27B 158.0 / 158.0 against 156.1 / 156.2; the 27B's norm 3.41 us against 4.44. NINFER_NORM_CLUSTER=0 for the mb forms.
+    NORM_CLUSTER = os.environ.get("NINFER_NORM_CLUSTER", "1") != "0"
     NORM_CL = 8  # (cuda/norm_cluster.cu NORM_CL, NORM_CL_CHUNKS: blocks a cluster, 32-value chunks a block at most)
     NORM_CL_CHUNKS = 32
     MOE_ROWS = False  # several token rows of an MoE model (the tensor-core prefill's own MoE ops)
