@@ -18,6 +18,8 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
+#   s19b: gdn_delta_gated_cl (GDN_GATED_CL: the delta rule and the gated norm's staging in one launch, a cluster of 4
+#         blocks a value head) and GDN_CONV_PF (the conv epilogue's loads prefetched into L1): tests, A/B, breakdowns
 #   s19a: the next session's first call: residual_rmsnorm_cl (NORM_CLUSTER, written after session 18's device time):
 #         its kernel and engine tests, the A/B of both models in one process, both breakdowns on the defaults
 #   fin18: the final code's tests of the persistent launches (GridBar), the norms, the combine, the MoE engine
@@ -421,6 +423,25 @@ timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128
 log "35B-A3B tg128 (defaults)"
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
+fi
+if [ "$PART" = s19b ]; then  # session 19: GDN_GATED_CL and GDN_CONV_PF: tests, the A/B of both models, breakdowns
+ready
+log "tests: gdn_delta_gated_cl against the two launches, the engine's logits with each flag, the GDN delta rows"
+gpu_pytest "$OUT/gpu_tests_s19b.txt" tests/gpu/test_gated_chunks.py tests/gpu/test_decode_paths.py \
+  tests/gpu/test_gpu_engine.py -k "gated or gdn_delta_rows"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s19b.txt" | tail -10
+V="base,GDN_GATED_CL=1,GDN_CONV_PF=1,GDN_GATED_CL=1;GDN_CONV_PF=1"
+log "35B-A3B decode A/B in one process"
+timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --attr="$V" \
+  --out "$OUT/decode_s19b_35b.json" 2>&1 | grep -E "PDL|attr|rror" | head -12
+log "27B decode A/B in one process"
+timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --attr="$V" \
+  --out "$OUT/decode_s19b_27b.json" 2>&1 | grep -E "PDL|attr|rror" | head -12
+log "breakdowns with both"
+NINFER_GDN_GATED_CL=1 NINFER_GDN_CONV_PF=1 timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b \
+  --breakdown --out "$OUT/decode_s19b_35b_bd.json" 2>&1 | grep -E "PDL|sum of|^  " | head -14
+NINFER_GDN_GATED_CL=1 NINFER_GDN_CONV_PF=1 timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.8-27b \
+  --breakdown --out "$OUT/decode_s19b_27b_bd.json" 2>&1 | grep -E "PDL|sum of|^  " | head -14
 fi
 if [ "$PART" = s19a ]; then  # next session's first call: NORM_CLUSTER's tests and A/B, the breakdowns
 ready

@@ -169,17 +169,17 @@ extern "C" __global__ void __launch_bounds__(256) gdn_delta_raw(
 // rows' state loads issued first, the head's q and k loaded, normed and its gates computed once for the RW rows (every
 // warp of gdn_delta_raw does so for its one row: 128 times a head). The same operations a row, so the same bits.
 // Grid (ceil(Hv * 128 / (8 RW)), M), 256 threads. (Written after session 16's device time.)
+#define GDN_RAW_PARAMS                                                                                             \
+  const float* __restrict__ qk, int ldqk, const float* __restrict__ vv, int ldv, const float* __restrict__ ab,       \
+      int ldab, const float* __restrict__ a_log, const float* __restrict__ dt_bias, float q_scale,                  \
+      float* __restrict__ state, float* __restrict__ o, int Hk, int Hv, int tiled
+#define GDN_RAW_ARGS qk, ldqk, vv, ldv, ab, ldab, a_log, dt_bias, q_scale, state, o, Hk, Hv, tiled
+
+// One warp: state rows row0 .. row0 + RW - 1 (of one value head) of token row m, as gdn_delta_raw_rw runs them; their
+// outputs in ov (every lane) and in o (lane 0).
 template <int RW>
-__global__ void __launch_bounds__(256) gdn_delta_raw_rw(
-    const float* __restrict__ qk, int ldqk, const float* __restrict__ vv, int ldv, const float* __restrict__ ab,
-    int ldab, const float* __restrict__ a_log, const float* __restrict__ dt_bias, float q_scale,
-    float* __restrict__ state, float* __restrict__ o, int Hk, int Hv, int tiled) {
-  static_assert(128 % RW == 0, "a warp's rows in one head");
-  NI_PDL_ENTRY();
+__device__ __forceinline__ void gdn_delta_rw_rows(GDN_RAW_PARAMS, int m, int row0, float (&ov)[RW]) {
   const int lane = threadIdx.x & 31;
-  const int row0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * RW;
-  const int m = blockIdx.y;
-  if (row0 >= Hv * 128) return;
   const int h = row0 >> 7, dv0 = row0 & 127;
   float4* sp = reinterpret_cast<float4*>(state + (((size_t)m * Hv + h) * 128 + dv0) * 128) + lane;
   float4 s[RW];
@@ -194,10 +194,20 @@ __global__ void __launch_bounds__(256) gdn_delta_raw_rw(
   gdn_raw_head(qk, ldqk, ab, ldab, a_log, dt_bias, q_scale, Hk, Hv, tiled, m, h, lane, q, k, alpha, beta);
 #pragma unroll
   for (int r = 0; r < RW; ++r) {
-    const float ov = delta_reg(s[r], q, k, alpha, beta, vr[r]);
+    ov[r] = delta_reg(s[r], q, k, alpha, beta, vr[r]);
     sp[r * 32] = s[r];
-    if (lane == 0) o[((size_t)m * Hv + h) * 128 + dv0 + r] = ov;
+    if (lane == 0) o[((size_t)m * Hv + h) * 128 + dv0 + r] = ov[r];
   }
+}
+
+template <int RW>
+__global__ void __launch_bounds__(256) gdn_delta_raw_rw(GDN_RAW_PARAMS) {
+  static_assert(128 % RW == 0, "a warp's rows in one head");
+  NI_PDL_ENTRY();
+  const int row0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * RW;
+  if (row0 >= Hv * 128) return;
+  float ov[RW];
+  gdn_delta_rw_rows<RW>(GDN_RAW_ARGS, blockIdx.y, row0, ov);
 }
 
 // gdn_delta + gated_rmsnorm_stage in one launch (decode, one token per lane row), with gdn_delta's blocks:

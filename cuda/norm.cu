@@ -281,12 +281,8 @@ extern "C" __global__ void residual_rmsnorm(float* __restrict__ xres, const floa
 
 // o: [M, Hv, D] packed, z: [M, ldz], out: [M, ldo] (the attention-width buffer, which may be wider than
 // Hv * D); D == 128; one warp per (token, head).
-// One warp: head gw of token row m, its 128 values ov (4 a lane); returns the largest |value| this lane wrote.
-__device__ __forceinline__ float gated_vals(float4 ov, const float* __restrict__ z, int ldz, const float* __restrict__ w,
-                                            float* __restrict__ out, int ldo, float eps, int m, int gw) {
-  const int lane = threadIdx.x & 31;
-  const float4 zv = reinterpret_cast<const float4*>(z + (size_t)m * ldz + (size_t)gw * 128)[lane];
-  const float4 wv = reinterpret_cast<const float4*>(w)[lane];
+// One warp: a head's gated norm, rmsnorm(o) w silu(z), from its 128 values (4 a lane: ov, zv, wv).
+__device__ __forceinline__ float4 gated_res(float4 ov, float4 zv, float4 wv, float eps) {
   const float ss = warp_sum(ov.x * ov.x + ov.y * ov.y + ov.z * ov.z + ov.w * ov.w);
   const float r = rsqrtf(ss / 128.f + eps);
   float4 res;
@@ -294,6 +290,16 @@ __device__ __forceinline__ float gated_vals(float4 ov, const float* __restrict__
   res.y = ov.y * r * wv.y * silu(zv.y);
   res.z = ov.z * r * wv.z * silu(zv.z);
   res.w = ov.w * r * wv.w * silu(zv.w);
+  return res;
+}
+
+// One warp: head gw of token row m, its 128 values ov (4 a lane); returns the largest |value| this lane wrote.
+__device__ __forceinline__ float gated_vals(float4 ov, const float* __restrict__ z, int ldz, const float* __restrict__ w,
+                                            float* __restrict__ out, int ldo, float eps, int m, int gw) {
+  const int lane = threadIdx.x & 31;
+  const float4 zv = reinterpret_cast<const float4*>(z + (size_t)m * ldz + (size_t)gw * 128)[lane];
+  const float4 wv = reinterpret_cast<const float4*>(w)[lane];
+  const float4 res = gated_res(ov, zv, wv, eps);
   reinterpret_cast<float4*>(out + (size_t)m * ldo + (size_t)gw * 128)[lane] = res;
   return fmaxf(fmaxf(fabsf(res.x), fabsf(res.y)), fmaxf(fabsf(res.z), fabsf(res.w)));
 }
@@ -314,6 +320,30 @@ extern "C" __global__ void gated_rmsnorm(const float* __restrict__ o, const floa
   gated_head(o, z, ldz, w, out, ldo, Hv, eps, blockIdx.y, gw);
 }
 
+// One warp: head h's 128 gated values (res: lane's 4, values 4 lane .. 4 lane + 3) packed as the o-projection's pairs,
+// a 32-value chunk at a time with its own power-of-two scale (xsc[c] = its inverse): gated_rmsnorm_chunks' staging and
+// gdn_delta_gated_cl's. vals: the warp's 128 floats of shared memory; xh, xsc: the token row's.
+__device__ __forceinline__ void stage_head_chunks(const float4 res, float* vals, int h, __half2* __restrict__ xh,
+                                                  float* __restrict__ xsc) {
+  const int lane = threadIdx.x & 31;
+  reinterpret_cast<float4*>(vals)[lane] = res;
+  float mx = fmaxf(fmaxf(fabsf(res.x), fabsf(res.y)), fmaxf(fabsf(res.z), fabsf(res.w)));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));  // (lanes 8k .. 8k + 7: chunk k of the head)
+  __syncwarp();
+  unsigned int* xw = reinterpret_cast<unsigned int*>(xh);
+#pragma unroll
+  for (int t = 0; t < 2; ++t) {  // 64 pair words a head: lane packs words 2 lane and 2 lane + 1
+    const int wi = lane * 2 + t, k = wi >> 4, p = wi & 15, cs = p >> 2, jp = p & 3;
+    const float sc = pow2_scale(__shfl_sync(0xffffffffu, mx, k * 8));
+    const int ka = 8 * cs + stage_a(jp), c = h * 4 + k;
+    xw[(c >> 5) * 512 + cs * 128 + (c & 31) * 4 + jp] = stage_pack(vals[k * 32 + ka] * sc,
+                                                                  vals[k * 32 + ka + STAGE_GAP] * sc);
+    if (p == 0) xsc[c] = 1.f / sc;
+  }
+}
+
 // gated_rmsnorm with the o-projection's input staged a 32-value chunk at a time (GdnOps.GATED_CHUNK): a warp a head
 // (grid (ceil(Hv / 8), M), 256 threads), gated_vals' arithmetic; each of the head's 4 chunks packed with its own
 // power-of-two scale (xsc[c] = its inverse, gemv_rs_pre<..., XS> multiplies it in; xinv = 1): no row maximum, so no
@@ -332,22 +362,7 @@ extern "C" __global__ void __launch_bounds__(256) gated_rmsnorm_chunks(
   gated_vals(ov, z, ldz, w, out, ldo, eps, m, h);  // (writes out; its row max unused)
   __syncwarp();
   const float4 res = __ldcg(reinterpret_cast<const float4*>(out + (size_t)m * ldo + (size_t)h * 128) + lane);
-  reinterpret_cast<float4*>(vals[warp])[lane] = res;
-  float mx = fmaxf(fmaxf(fabsf(res.x), fabsf(res.y)), fmaxf(fabsf(res.z), fabsf(res.w)));
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));  // (lanes 8k .. 8k + 7: chunk k of the head)
-  __syncwarp();
-  unsigned int* xw = reinterpret_cast<unsigned int*>(xh + (size_t)m * kpad / 2);
-#pragma unroll
-  for (int t = 0; t < 2; ++t) {  // 64 pair words a head: lane packs words 2 lane and 2 lane + 1
-    const int wi = lane * 2 + t, k = wi >> 4, p = wi & 15, cs = p >> 2, jp = p & 3;
-    const float sc = pow2_scale(__shfl_sync(0xffffffffu, mx, k * 8));
-    const int ka = 8 * cs + stage_a(jp), c = h * 4 + k;
-    xw[(c >> 5) * 512 + cs * 128 + (c & 31) * 4 + jp] = stage_pack(vals[warp][k * 32 + ka] * sc,
-                                                                  vals[warp][k * 32 + ka + STAGE_GAP] * sc);
-    if (p == 0) xsc[(size_t)m * (kpad / 32) + c] = 1.f / sc;
-  }
+  stage_head_chunks(res, vals[warp], h, xh + (size_t)m * kpad / 2, xsc + (size_t)m * (kpad / 32));
 }
 
 // gated_rmsnorm of every head of token row blockIdx.x (one block of up to 1024 threads, a warp per head

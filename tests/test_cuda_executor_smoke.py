@@ -63,6 +63,70 @@ def test_gdn_delta_rw_plumbing(cp, monkeypatch, rw):
                and [int(x) for x in a.args[-3:]] == [int(x) for x in b.args[-3:]] for a, b in zip(one, many))
 
 
+def test_gdn_gated_cl_plumbing(cp, monkeypatch):
+    """NINFER_GDN_GATED_CL=1 on a cluster-capable GPU, with GDN_DELTA_RW 4: each GDN layer's gdn_delta_raw_rw<4> and
+    gated_rmsnorm_chunks are one gdn_delta_gated_cl (grid (Hv * 4, M), 256 threads: a cluster of 4 blocks a value head),
+    its arguments the delta rule's, then the gated norm's after its o and Hv; with RW 2 or without clusters, the two."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+    from engine.ops import kernels as K
+
+    args, w = _weights(CFG)
+    monkeypatch.setattr(CudaQwen35, "GDN_FUSED", False)
+    keep = ("gdn_delta", "gated_rmsnorm")
+
+    def gdn(on, rw=4, capable=True):
+        monkeypatch.setattr(CudaQwen35, "GDN_GATED_CL", on)
+        monkeypatch.setattr(CudaQwen35, "GDN_DELTA_RW", rw)
+        monkeypatch.setattr(K, "cluster_capable", lambda: capable)
+        ex = build_engine(args, w, CFG, max_context=256, prefill_cols=1, prefill_gemm=0).model.executor
+        ex.gemv_cfg = {(L["o"].fmt, L["o"].n, L["o"].k): {"pre2": True} for L in ex.layers}
+        ex.ops = ex._plan()  # (the o-projections on gemv_rs_pre: the gated norm stages chunks)
+        return [op for op in _flat(ex.ops) if getattr(op, "name", "").startswith(keep)]
+
+    def scalars(a):
+        return [x for x in a if isinstance(x, (int, float))]
+
+    base, cl = gdn(False), gdn(True)
+    assert [op.name for op in base] == ["gdn_delta_raw_rw<4>", "gated_rmsnorm_chunks"] * len(cl)
+    assert cl and {op.name for op in cl} == {"gdn_delta_gated_cl"}
+    hv = args.linear_num_value_heads
+    for op, d, g in zip(cl, base[::2], base[1::2]):
+        assert op.grid == (hv * 4, d.grid[1]) and op.block == 256
+        assert len(op.args) == len(d.args) + len(g.args) - 2
+        assert scalars(op.args) == scalars(d.args) + scalars(g.args[1:6] + g.args[7:])
+    assert [op.name for op in gdn(True, rw=2)] == ["gdn_delta_raw_rw<2>", "gated_rmsnorm_chunks"] * len(cl)
+    assert [op.name for op in gdn(True, capable=False)] == [op.name for op in base]
+
+
+def test_gdn_conv_pf_plumbing(cp, monkeypatch):
+    """NINFER_GDN_CONV_PF=1: the GDN projections with the conv epilogue on gemv_rs_pre take pf 1 (conv_prefetch); off,
+    or on gemv_rs (whose pf asks L2 for weights), the tuning table's pf; the other GEMVs keep theirs."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+    from engine.ops.gemv_plan import GemvPlan
+    from engine.ops.kernels import EPI
+
+    args, w = _weights(CFG)
+
+    def pfs(on, pre2):
+        monkeypatch.setattr(CudaQwen35, "GDN_CONV_PF", on)
+        ex = build_engine(args, w, CFG, max_context=256, prefill_cols=1, prefill_gemm=0).model.executor
+        ex.gemv_cfg = {(L[k].fmt, L[k].n, L[k].k): {"pre2": pre2} for L in ex.layers for k in ("qk", "vz", "qkvz")
+                       if k in L}
+        ex.ops = ex._plan()
+        plans = [getattr(op, "__self__", None) for op in _flat(ex.ops)]
+        plans = [p for p in plans if isinstance(p, GemvPlan)]
+        return ([(p.pre2, int(p.args[19])) for p in plans if p.epi == EPI["conv"]],
+                [int(p.args[19]) for p in plans if p.epi != EPI["conv"] and len(p.args) > 19])
+
+    conv_on, rest_on = pfs(True, True)
+    conv_off, rest_off = pfs(False, True)
+    assert conv_on and all(pre2 and pf == 1 for pre2, pf in conv_on) and all(pf == 0 for _, pf in conv_off)
+    assert rest_on == rest_off
+    assert all(pf == 0 for pre2, pf in pfs(True, False)[0] if not pre2)
+
+
 def test_attn_chunk_plumbing(cp, monkeypatch):
     """NINFER_ATTN_CHUNK=1: where the attention layers' o-projection takes chunk scales (gemv_rs_pre, pre2), their
     combine is attn_combine_chunks (block 256, the staging arguments, xsc_att, the positions, the split rounding) and

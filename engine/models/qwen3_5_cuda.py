@@ -231,11 +231,19 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
     # ---- the step ------------------------------------------------------------------------------
     def _gemv(self, w, x, y, epi="store", splits=1, y_offset=0, xpre=None, conv=None):
         cfg = self.gemv_cfg.get((w.fmt, w.n, w.k), {})
-        return GemvPlan(w, x, x.shape[-1], y, y.shape[-1], m=self.M, epi=epi,
-                        splits=1 if conv else cfg.get("splits", splits), rows=cfg.get("rows"),
-                        unroll=cfg.get("unroll", 2), y_offset=y_offset, xpre=xpre, pf=cfg.get("pf"),
-                        stages=cfg.get("stages", 0), mma=None if conv else cfg.get("mma"), pre2=cfg.get("pre2", False),
-                        ldg=cfg.get("ldg", False), conv=conv, tma=None if conv else cfg.get("tma")).launch
+
+        def plan(pf):
+            return GemvPlan(w, x, x.shape[-1], y, y.shape[-1], m=self.M, epi=epi,
+                            splits=1 if conv else cfg.get("splits", splits), rows=cfg.get("rows"),
+                            unroll=cfg.get("unroll", 2), y_offset=y_offset, xpre=xpre, pf=pf,
+                            stages=cfg.get("stages", 0), mma=None if conv else cfg.get("mma"),
+                            pre2=cfg.get("pre2", False), ldg=cfg.get("ldg", False), conv=conv,
+                            tma=None if conv else cfg.get("tma"))
+        if conv and self.GDN_CONV_PF:  # (gemv_rs_pre's pf: the conv epilogue's loads asked of L1 as a group starts)
+            p = plan(1)
+            if p.pre2:
+                return p.launch
+        return plan(cfg.get("pf")).launch
 
     def _plan_gemv(self, w, x, y, epi, splits, xpre, stage_out=None, amax_out=None, xs=None):
         cfg = self.gemv_cfg.get((w.fmt, w.n, w.k), {})

@@ -38,6 +38,15 @@ class GdnOps:
     # passes): 27B 153.8 / 153.8 (4), 153.7 / 153.7 (2) against 153.1 / 153.2 tok/s; 35B-A3B 432.3 / 432.1 (4),
     # 432.5 / 432.3 (2) against 431.3 / 431.3. Default 4.
     GDN_DELTA_RW = int(os.environ.get("NINFER_GDN_DELTA_RW", "4"))
+    # NINFER_GDN_GATED_CL=1 (sm_90, with GDN_DELTA_RW 4 and GATED_CHUNK): gdn_delta_gated_cl (cuda/gdn_cluster.cu),
+    # the delta rule and the gated norm's chunk staging in one launch, a cluster of 4 blocks a value head, the head's
+    # outputs gathered through distributed shared memory: the bits of gdn_delta_raw_rw<4> + gated_rmsnorm_chunks, one
+    # launch fewer a GDN layer. Written in session 19; off until measured.
+    GDN_GATED_CL = os.environ.get("NINFER_GDN_GATED_CL", "0") != "0"
+    # NINFER_GDN_CONV_PF=1: the GDN projections' conv epilogue (gemv_rs_pre<..., true>, pf 1) asks L1 for a row group's
+    # conv history and taps as the group starts (cuda/gemv.cu conv_prefetch), so the loads after its reduction do not
+    # wait for DRAM; the same arithmetic. Written in session 19; off until measured.
+    GDN_CONV_PF = os.environ.get("NINFER_GDN_CONV_PF", "0") != "0"
 
     def _gated_chunk_scales(self):
         """The o-projection's chunk scales (fp32, a value a 32-value chunk of the staged row) or None (off)."""
@@ -51,10 +60,14 @@ class GdnOps:
         """The delta rule over the projections' conv outputs (gdn_delta_raw), then the gated norm and staging."""
         Hk, Hv, M = self.Hk, self.Hv, self.M
         rw = self.GDN_DELTA_RW if self.GDN_DELTA_RW in K.GDN_DELTA_RW else 1
+        args = (buf_a, lda, buf_b, ldb, self.ab, self.ab.shape[1], L["a_log"], L["dt_bias"],
+                float(1.0 / math.sqrt(GDN_HEAD_DIM)), L["state"], self.att2, Hk, Hv, 0)
+        if chunk and rw == 4 and self.GDN_GATED_CL and K.cluster_capable():  # (a cluster of 4 blocks a value head)
+            return [K.prepared("gdn_delta_gated_cl", (Hv * 4, M),
+                               args + (buf_b[:, Hv * GDN_HEAD_DIM:], ldb, L["norm"], self.att, self.att.shape[1],
+                                       float(self.args.rms_norm_eps)) + att_stage + (self.xsc_att,), block=256)]
         return [K.prepared("gdn_delta_raw" if rw == 1 else f"gdn_delta_raw_rw<{rw}>",
-                           (-(-Hv * GDN_HEAD_DIM // (K.WARPS * rw)), M),
-                           (buf_a, lda, buf_b, ldb, self.ab, self.ab.shape[1], L["a_log"], L["dt_bias"],
-                            float(1.0 / math.sqrt(GDN_HEAD_DIM)), L["state"], self.att2, Hk, Hv, 0)),
+                           (-(-Hv * GDN_HEAD_DIM // (K.WARPS * rw)), M), args),
                 self._gated_norm(L, ldb, Hv * GDN_HEAD_DIM, att_stage, buf_b, chunk=chunk)]
 
     def _gdn_ops(self, L, xn, att_stage, chunk: bool = False) -> tuple[list, list]:
