@@ -18,6 +18,8 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
+#   s19c: the push forms of the cluster kernels (GDN_GATED_CL 2, NORM_CLUSTER 2: one cluster barrier, no DSMEM loads)
+#         and the GDN / attention projections' rows a warp: tests, A/B of both models
 #   s19b: gdn_delta_gated_cl (GDN_GATED_CL: the delta rule and the gated norm's staging in one launch, a cluster of 4
 #         blocks a value head) and GDN_CONV_PF (the conv epilogue's loads prefetched into L1): tests, A/B, breakdowns
 #   s19a: the next session's first call: residual_rmsnorm_cl (NORM_CLUSTER, written after session 18's device time):
@@ -423,6 +425,26 @@ timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128
 log "35B-A3B tg128 (defaults)"
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
+fi
+if [ "$PART" = s19c ]; then  # session 19: the push forms of the two cluster kernels; the conv GEMVs' rows a warp
+ready
+log "tests: the cluster kernels (pull and push) against the mb norms and the two GDN launches; engine logits"
+gpu_pytest "$OUT/gpu_tests_s19c.txt" tests/gpu/test_gated_chunks.py tests/gpu/test_kernels.py tests/gpu/test_gpu_engine.py \
+  tests/gpu/test_decode_paths.py tests/gpu/test_gpu_engine_moe.py -k "gated or residual_rmsnorm or norm_cluster or gdn_delta_rows"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s19c.txt" | tail -10
+V="base,GDN_GATED_CL=2,NORM_CLUSTER=2,GDN_GATED_CL=2;NORM_CLUSTER=2"
+log "35B-A3B decode A/B in one process: push forms; then the q|k|v|z and attention GEMVs a row a warp"
+timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --attr="$V" \
+  --out "$OUT/decode_s19c_35b.json" 2>&1 | grep -E "PDL|attr|rror" | head -12
+timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b \
+  --ldg="base,rows=1@q8_g32_fp16:12288x2048,rows=1@q8_g32_fp16:4608x2048" \
+  --out "$OUT/decode_s19c_35b_rows.json" 2>&1 | grep -E "PDL|ldg|rror" | head -12
+log "27B decode A/B in one process: push forms; then v|z two rows a warp, GDN q|k one"
+timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --attr="$V" \
+  --out "$OUT/decode_s19c_27b.json" 2>&1 | grep -E "PDL|attr|rror" | head -12
+timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.8-27b \
+  --ldg="base,rows=2@q5_g64_fp16:12288x5120,rows=1@q4_g64_fp16:4096x5120" \
+  --out "$OUT/decode_s19c_27b_rows.json" 2>&1 | grep -E "PDL|ldg|rror" | head -12
 fi
 if [ "$PART" = s19b ]; then  # session 19: GDN_GATED_CL and GDN_CONV_PF: tests, the A/B of both models, breakdowns
 ready

@@ -25,9 +25,6 @@
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
 }
-__device__ __forceinline__ void prefetch_l1(const void* p) {
-  asm volatile("prefetch.global.L1 [%0];" :: "l"(p));
-}
 #define INFINITY __int_as_float(0x7f800000)
 
 __device__ __forceinline__ float warp_sum(float v) {

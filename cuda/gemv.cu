@@ -32,21 +32,6 @@ struct ConvEpi {
   int C, base, rows;
 };
 
-// The conv epilogue's loads of row group g asked of L1 as the group starts (gemv_rs_pre with pf > 0 in its conv
-// instantiations: GemvPlan's pf, CudaQwen35.GDN_CONV_PF): lane r < ROWS prefetches row r's 3 history values and 4 taps,
-// so the loads after the reduction need not go to DRAM. (Each channel is read and written by its one lane only in a
-// launch, and L1 starts each launch empty: no stale line is read.)
-template <int ROWS>
-__device__ __forceinline__ void conv_prefetch(const ConvEpi& cv, int g, int N, int lane) {
-  const int row = g * ROWS + lane;
-  if (lane < ROWS && row < N && row < cv.rows) {
-    const int c = cv.base + row, C = cv.C;
-#pragma unroll
-    for (int t = 0; t < 3; ++t) prefetch_l1(cv.st + (size_t)t * C + c);  // (one token row: m = 0)
-#pragma unroll
-    for (int t = 0; t < 4; ++t) prefetch_l1(cv.w + (size_t)t * C + c);
-  }
-}
 
 // The parameters of the row-split GEMV kernels (gemv_rs and the variants in gemv_variants.cu): one
 // argument list, which GemvPlan builds once for all of them.

@@ -100,9 +100,6 @@ gemv_rs_pre(GEMV_RS_PARAMS, __half2* __restrict__ sxh, float* __restrict__ sxinv
       sp[r] = scales + (size_t)row * gpr + (j0 >> 1);
       hp[r] = high + ((size_t)row * gpr + (j0 >> 1)) * F::HB + (j0 & 1) * (F::HB / 2);
     }
-    if constexpr (CONV) {
-      if (pf > 0) conv_prefetch<ROWS>(ConvEpi{conv_w, conv_st, conv_c, conv_base, conv_rows}, g, N, lane);
-    }
     float acc[ROWS][M];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)

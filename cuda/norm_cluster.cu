@@ -31,12 +31,21 @@ __device__ __forceinline__ float cl_load(const float* local, unsigned int rank) 
   asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra) : "memory");
   return v;
 }
-extern "C" __global__ void __cluster_dims__(NORM_CL, 1, 1) __launch_bounds__(256)
-    residual_rmsnorm_cl(RESIDUAL_RMSNORM_PARAMS) {
+__device__ __forceinline__ void cl_store(float* local, unsigned int rank, float v) {  // (local's twin in `rank`)
+  unsigned int a = static_cast<unsigned int>(__cvta_generic_to_shared(local)), ra;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
+  asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(ra), "f"(v) : "memory");
+}
+// PUSH (NORM_CLUSTER 2, residual_rmsnorm_cl1): thread r < NORM_CL stores the block's pair into slot b of block r's
+// shared memory before one cluster barrier, and every block sums the 8 slots in rank order from its own memory (the
+// pull form's order: the same bits), so no DSMEM load round trip and no second barrier.
+template <bool PUSH>
+__device__ __forceinline__ void residual_rmsnorm_cl_body(RESIDUAL_RMSNORM_PARAMS) {
   NI_PDL_ENTRY();
   __shared__ float red[64];
   __shared__ float mine[2];
   __shared__ float tot[2];
+  __shared__ float slots[NORM_CL][2];
   __shared__ float slice[NORM_CL_CHUNKS * 32];
   const int m = blockIdx.y, b = (int)cl_rank(), tid = threadIdx.x;
   const int nch = kpad / 32, per = (nch + NORM_CL - 1) / NORM_CL;
@@ -53,23 +62,38 @@ extern "C" __global__ void __cluster_dims__(NORM_CL, 1, 1) __launch_bounds__(256
   add_planes<NORM_CL_PU, NORM_CL_VPT>(v, part, S, part_stride, (size_t)m * H, k0, 256, min(k1, H));  // (in order)
   float ss, mx;
   row_sumsq_max(v, wv, red, ss, mx);
-  if (tid == 0) {
-    mine[0] = ss;
-    mine[1] = mx;
-  }
-  cl_sync();  // (every block's pair written)
-  if (tid == 0) {
-    float t = 0.f, tm = 0.f;
-    for (unsigned int r = 0; r < NORM_CL; ++r) {
-      t += cl_load(&mine[0], r);
-      tm = fmaxf(tm, cl_load(&mine[1], r));
+  float t = 0.f, tm = 0.f;
+  if constexpr (PUSH) {
+    if (tid < NORM_CL) {
+      cl_store(&slots[b][0], tid, ss);
+      cl_store(&slots[b][1], tid, mx);
     }
-    tot[0] = t;
-    tot[1] = tm;
+    cl_sync();  // (every block's pair in every block's slots)
+#pragma unroll
+    for (int q = 0; q < NORM_CL; ++q) {
+      t += slots[q][0];
+      tm = fmaxf(tm, slots[q][1]);
+    }
+  } else {
+    if (tid == 0) {
+      mine[0] = ss;
+      mine[1] = mx;
+    }
+    cl_sync();  // (every block's pair written)
+    if (tid == 0) {
+      for (unsigned int q = 0; q < NORM_CL; ++q) {
+        t += cl_load(&mine[0], q);
+        tm = fmaxf(tm, cl_load(&mine[1], q));
+      }
+      tot[0] = t;
+      tot[1] = tm;
+    }
+    cl_sync();  // (every block done reading the others' pairs before any may exit; tot visible in the block)
+    t = tot[0];
+    tm = tot[1];
   }
-  cl_sync();  // (every block done reading the others' pairs before any may exit; tot visible in the block)
-  const float r = rsqrtf(tot[0] / H + eps);
-  const float sc = pow2_scale(tot[1] * r);
+  const float r = rsqrtf(t / H + eps);
+  const float sc = pow2_scale(tm * r);
   float* o = out + (size_t)m * H;
 #pragma unroll
   for (int i = 0; i < NORM_CL_VPT; ++i) {
@@ -79,5 +103,13 @@ extern "C" __global__ void __cluster_dims__(NORM_CL, 1, 1) __launch_bounds__(256
   __syncthreads();
   stage_chunks(slice, k0, c0, c1, xh + (size_t)m * kpad / 2, sc, 256);
   if (b == 0 && tid == 0) xinv[m] = 1.f / sc;
+}
+extern "C" __global__ void __cluster_dims__(NORM_CL, 1, 1) __launch_bounds__(256)
+    residual_rmsnorm_cl(RESIDUAL_RMSNORM_PARAMS) {
+  residual_rmsnorm_cl_body<false>(x_in, x_out, part, S, part_stride, w, out, H, eps, offset, xh, xinv, kpad);
+}
+extern "C" __global__ void __cluster_dims__(NORM_CL, 1, 1) __launch_bounds__(256)
+    residual_rmsnorm_cl1(RESIDUAL_RMSNORM_PARAMS) {
+  residual_rmsnorm_cl_body<true>(x_in, x_out, part, S, part_stride, w, out, H, eps, offset, xh, xinv, kpad);
 }
 #endif

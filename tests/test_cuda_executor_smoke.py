@@ -64,7 +64,7 @@ def test_gdn_delta_rw_plumbing(cp, monkeypatch, rw):
 
 
 def test_gdn_gated_cl_plumbing(cp, monkeypatch):
-    """NINFER_GDN_GATED_CL=1 on a cluster-capable GPU, with GDN_DELTA_RW 4: each GDN layer's gdn_delta_raw_rw<4> and
+    """NINFER_GDN_GATED_CL (on by default) on a cluster-capable GPU, with GDN_DELTA_RW 4: each GDN layer's gdn_delta_raw_rw<4> and
     gated_rmsnorm_chunks are one gdn_delta_gated_cl (grid (Hv * 4, M), 256 threads: a cluster of 4 blocks a value head),
     its arguments the delta rule's, then the gated norm's after its o and Hv; with RW 2 or without clusters, the two."""
     from engine.gpu_engine import build_engine
@@ -95,36 +95,9 @@ def test_gdn_gated_cl_plumbing(cp, monkeypatch):
         assert op.grid == (hv * 4, d.grid[1]) and op.block == 256
         assert len(op.args) == len(d.args) + len(g.args) - 2
         assert scalars(op.args) == scalars(d.args) + scalars(g.args[1:6] + g.args[7:])
+    assert [op.name for op in gdn(2)] == ["gdn_delta_gated_cl1"] * len(cl)  # (the push form)
     assert [op.name for op in gdn(True, rw=2)] == ["gdn_delta_raw_rw<2>", "gated_rmsnorm_chunks"] * len(cl)
     assert [op.name for op in gdn(True, capable=False)] == [op.name for op in base]
-
-
-def test_gdn_conv_pf_plumbing(cp, monkeypatch):
-    """NINFER_GDN_CONV_PF=1: the GDN projections with the conv epilogue on gemv_rs_pre take pf 1 (conv_prefetch); off,
-    or on gemv_rs (whose pf asks L2 for weights), the tuning table's pf; the other GEMVs keep theirs."""
-    from engine.gpu_engine import build_engine
-    from engine.models.qwen3_5_cuda import CudaQwen35
-    from engine.ops.gemv_plan import GemvPlan
-    from engine.ops.kernels import EPI
-
-    args, w = _weights(CFG)
-
-    def pfs(on, pre2):
-        monkeypatch.setattr(CudaQwen35, "GDN_CONV_PF", on)
-        ex = build_engine(args, w, CFG, max_context=256, prefill_cols=1, prefill_gemm=0).model.executor
-        ex.gemv_cfg = {(L[k].fmt, L[k].n, L[k].k): {"pre2": pre2} for L in ex.layers for k in ("qk", "vz", "qkvz")
-                       if k in L}
-        ex.ops = ex._plan()
-        plans = [getattr(op, "__self__", None) for op in _flat(ex.ops)]
-        plans = [p for p in plans if isinstance(p, GemvPlan)]
-        return ([(p.pre2, int(p.args[19])) for p in plans if p.epi == EPI["conv"]],
-                [int(p.args[19]) for p in plans if p.epi != EPI["conv"] and len(p.args) > 19])
-
-    conv_on, rest_on = pfs(True, True)
-    conv_off, rest_off = pfs(False, True)
-    assert conv_on and all(pre2 and pf == 1 for pre2, pf in conv_on) and all(pf == 0 for _, pf in conv_off)
-    assert rest_on == rest_off
-    assert all(pf == 0 for pre2, pf in pfs(True, False)[0] if not pre2)
 
 
 def test_attn_chunk_plumbing(cp, monkeypatch):
@@ -304,6 +277,7 @@ def test_gated_chunk_plumbing(cp, monkeypatch):
     monkeypatch.setattr(CudaQwen35, "GDN_FUSED", False)
     monkeypatch.setattr(CudaQwen35, "MLP_FUSED_O", 0)  # (the o-projection as its own GEMV; inside mlp_fused: below)
     monkeypatch.setattr(CudaQwen35, "ATTN_CHUNK", 0)  # (the attention layers' chunk staging: its own test)
+    monkeypatch.setattr(CudaQwen35, "GDN_GATED_CL", 0)  # (the chunk staging inside the delta rule's launch: its own)
 
     def names(on, pre2):
         monkeypatch.setattr(CudaQwen35, "GATED_CHUNK", on)

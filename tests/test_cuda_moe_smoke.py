@@ -119,6 +119,7 @@ def test_moe_fused_o_chunk_plumbing(cp, monkeypatch):
     args, w = _weights(cfg)
     monkeypatch.setattr(CudaQwen35, "MOE_FUSED", 1)
     monkeypatch.setattr(CudaQwen35, "MOE_FUSED_O", 1)
+    monkeypatch.setattr(CudaQwen35, "GDN_GATED_CL", 0)  # (the chunk staging inside the delta rule's launch: below)
 
     def build(on):
         monkeypatch.setattr(CudaQwen35, "MOE_FUSED_O_CHUNK", on)
@@ -138,3 +139,8 @@ def test_moe_fused_o_chunk_plumbing(cp, monkeypatch):
     fused = [op for op in ops if getattr(op, "name", "").startswith("moe_fused<")]
     assert len(fused) == len(ex.layers) and all(int(op.args[-1]) == ex.xsc_att.data.ptr for op in fused)
     assert len(eng.decode_greedy(3, 2)) == 2
+    monkeypatch.setattr(CudaQwen35, "GDN_GATED_CL", 1)  # (gdn_delta_gated_cl stages the chunks into the same scales)
+    eng, cl, ops = build(1)
+    assert cl.count("gdn_delta_gated_cl") == gdn and "gated_rmsnorm_chunks" not in cl
+    assert all(int(op.args[-1]) == eng.model.executor.xsc_att.data.ptr for op in ops
+               if getattr(op, "name", "") == "gdn_delta_gated_cl")

@@ -231,19 +231,11 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
     # ---- the step ------------------------------------------------------------------------------
     def _gemv(self, w, x, y, epi="store", splits=1, y_offset=0, xpre=None, conv=None):
         cfg = self.gemv_cfg.get((w.fmt, w.n, w.k), {})
-
-        def plan(pf):
-            return GemvPlan(w, x, x.shape[-1], y, y.shape[-1], m=self.M, epi=epi,
-                            splits=1 if conv else cfg.get("splits", splits), rows=cfg.get("rows"),
-                            unroll=cfg.get("unroll", 2), y_offset=y_offset, xpre=xpre, pf=pf,
-                            stages=cfg.get("stages", 0), mma=None if conv else cfg.get("mma"),
-                            pre2=cfg.get("pre2", False), ldg=cfg.get("ldg", False), conv=conv,
-                            tma=None if conv else cfg.get("tma"))
-        if conv and self.GDN_CONV_PF:  # (gemv_rs_pre's pf: the conv epilogue's loads asked of L1 as a group starts)
-            p = plan(1)
-            if p.pre2:
-                return p.launch
-        return plan(cfg.get("pf")).launch
+        return GemvPlan(w, x, x.shape[-1], y, y.shape[-1], m=self.M, epi=epi,
+                        splits=1 if conv else cfg.get("splits", splits), rows=cfg.get("rows"),
+                        unroll=cfg.get("unroll", 2), y_offset=y_offset, xpre=xpre, pf=cfg.get("pf"),
+                        stages=cfg.get("stages", 0), mma=None if conv else cfg.get("mma"), pre2=cfg.get("pre2", False),
+                        ldg=cfg.get("ldg", False), conv=conv, tma=None if conv else cfg.get("tma")).launch
 
     def _plan_gemv(self, w, x, y, epi, splits, xpre, stage_out=None, amax_out=None, xs=None):
         cfg = self.gemv_cfg.get((w.fmt, w.n, w.k), {})
@@ -275,8 +267,10 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
     # distributed shared memory (the mb forms' blocks each read the whole row and its planes); x_out the same bits, out
     # and the staged pairs within fp32 rounding (GPU tests: the kernel against residual_rmsnorm_mb, the MoE engine's
     # greedy tokens). Session 19 (s19a, one process, two passes): 35B-A3B 485.1 / 485.4 against 479.9 / 479.7 tok/s,
-    # 27B 158.0 / 158.0 against 156.1 / 156.2; the 27B's norm 3.41 us against 4.44. NINFER_NORM_CLUSTER=0 for the mb forms.
-    NORM_CLUSTER = os.environ.get("NINFER_NORM_CLUSTER", "1") != "0"
+    # 27B 158.0 / 158.0 against 156.1 / 156.2; the 27B's norm 3.41 us against 4.44. NINFER_NORM_CLUSTER=0 for the mb
+    # forms; 2: residual_rmsnorm_cl1, each block's pair pushed into every block's shared memory before one cluster barrier (the
+    # same bits; written in session 19, measured against 1 in s19c).
+    NORM_CLUSTER = int(os.environ.get("NINFER_NORM_CLUSTER", "1"))
     NORM_CL = 8  # (cuda/norm_cluster.cu NORM_CL, NORM_CL_CHUNKS: blocks a cluster, 32-value chunks a block at most)
     NORM_CL_CHUNKS = 32
     MOE_ROWS = False  # several token rows of an MoE model (the tensor-core prefill's own MoE ops)
@@ -291,7 +285,8 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
         args = (x_in, x_out, self.part, splits, self.M * self.H, w, self.xn, self.H, float(self.args.rms_norm_eps), 1,
                 self.xh_n, self.xinv_n, self.kpad_h)
         if self.NORM_CLUSTER and K.cluster_capable() and self.kpad_h // 32 <= self.NORM_CL * self.NORM_CL_CHUNKS:
-            return K.prepared("residual_rmsnorm_cl", (self.NORM_CL, self.M), args, block=256)
+            return K.prepared("residual_rmsnorm_cl1" if self.NORM_CLUSTER == 2 else "residual_rmsnorm_cl",
+                              (self.NORM_CL, self.M), args, block=256)
         name = ("residual_rmsnorm_mb2" if self.NORM_MB2 and self.H <= 2 * 1024
                 else "residual_rmsnorm_mb5" if self.NORM_MB5 and self.H <= 5 * 1024 else "residual_rmsnorm_mb")
         if self.NORM_1R and name == "residual_rmsnorm_mb5":
