@@ -1,18 +1,9 @@
 // The GDN delta rule and gated norm on thread block clusters (sm_90): gdn_delta_gated_cl, GdnOps.GDN_GATED_CL. Compiled
 // after gdn.cu in the module (kernels.SOURCES): GDN_RAW_PARAMS and gdn_delta_rw_rows (gdn.cu), gated_res and
-// stage_head_chunks (norm.cu), cl_rank and cl_sync (norm_cluster.cu).
+// stage_head_chunks (norm.cu), cl_rank (norm_cluster.cu).
 #include "common.cuh"
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // (clusters: sm_90; kernels.cluster_capable)
-__device__ __forceinline__ float4 cl_load4(const float* local, unsigned int rank) {  // (16-byte aligned)
-  unsigned int a = static_cast<unsigned int>(__cvta_generic_to_shared(local)), ra;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
-  float4 v;
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(ra) : "memory");
-  return v;
-}
-
 __device__ __forceinline__ void cl_store4(float* local, unsigned int rank, float4 v) {  // (16-byte aligned)
   unsigned int a = static_cast<unsigned int>(__cvta_generic_to_shared(local)), ra;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
@@ -22,23 +13,20 @@ __device__ __forceinline__ void cl_store4(float* local, unsigned int rank, float
 
 // gdn_delta_raw_rw<4> + gated_rmsnorm_chunks in one launch: grid (Hv * 4, M), 256 threads, a cluster of 4 blocks a
 // value head (8 warps x 4 state rows = 32 rows a block). Each block runs its rows as gdn_delta_raw_rw<4> (the same
-// state and o). Pull (gdn_delta_gated_cl, GdnOps.GDN_GATED_CL 1): each block keeps its rows' outputs in its shared
-// memory; after a cluster barrier, warp 0 of the head's first block reads the head's 128 outputs through distributed
-// shared memory (4 a lane, lane l's from block l / 8: the lane layout gated_rmsnorm_chunks loads from o), and a second
-// barrier lets the other blocks exit. Push (gdn_delta_gated_cl1, GDN_GATED_CL 2): each warp stores its 4 outputs
-// into the first block's shared memory before one barrier, which only that block's warp 0 waits on (a cluster barrier
-// waits for the threads that have not exited: the others arrive, with release, and exit). Then that warp applies the
-// gated norm (gated_res: gated_vals' arithmetic, z and the norm weight loaded before the delta rule) and stages the
-// head's 4 chunks as gated_rmsnorm_chunks does (the values it re-reads from out through L2 stay in registers here):
-// out, xh, xsc and xinv the same bits as the two launches, without gated_rmsnorm_chunks' launch, its o load and its
-// round trip.
-template <bool PUSH>
-__device__ __forceinline__ void gdn_delta_gated_body(GDN_RAW_PARAMS, const float* __restrict__ z, int ldz,
-                                                     const float* __restrict__ nw, float* __restrict__ out, int ldo,
-                                                     float eps, int kpad, __half2* __restrict__ xh,
-                                                     float* __restrict__ xinv, float* __restrict__ xsc) {
+// state and o) and each warp stores its 4 outputs into the head's first block's shared memory (st.shared::cluster)
+// before one cluster barrier, which only that block's warp 0 waits on (a cluster barrier waits for the threads that
+// have not exited: the others arrive, with release, and exit). That warp then holds the head's 128 outputs as
+// gated_rmsnorm_chunks loads them from o (4 a lane), applies the gated norm (gated_res: gated_vals' arithmetic, z and
+// the norm weight loaded before the delta rule) and stages the head's 4 chunks as gated_rmsnorm_chunks does (the
+// values it re-reads from out through L2 stay in registers here): out, xh, xsc and xinv the same bits as the two
+// launches, without gated_rmsnorm_chunks' launch, its o load and its round trip. (Session 19's first form had warp 0
+// read the outputs through DSMEM between two barriers: the one-barrier form measured faster, s19c.)
+extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(256)
+    gdn_delta_gated_cl(GDN_RAW_PARAMS, const float* __restrict__ z, int ldz, const float* __restrict__ nw,
+                       float* __restrict__ out, int ldo, float eps, int K, int kpad, __half2* __restrict__ xh,
+                       float* __restrict__ xinv, float* __restrict__ xsc) {
   NI_PDL_ENTRY();
-  __shared__ __align__(16) float orow[PUSH ? 128 : 32];  // (push: the head's, in the first block)
+  __shared__ __align__(16) float orow[128];  // (the head's outputs, in the first block)
   __shared__ __align__(16) float vals[128];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, m = blockIdx.y;
   const int row0 = (blockIdx.x * 8 + warp) * 4, h = blockIdx.x >> 2;  // (grid.x = Hv * 4: no row past the heads)
@@ -51,34 +39,13 @@ __device__ __forceinline__ void gdn_delta_gated_body(GDN_RAW_PARAMS, const float
   }
   float ov[4];
   gdn_delta_rw_rows<4>(GDN_RAW_ARGS, m, row0, ov);
-  float4 o4;
-  if constexpr (PUSH) {
-    if (lane == 0) cl_store4(orow + (rank * 8 + warp) * 4, 0, make_float4(ov[0], ov[1], ov[2], ov[3]));
-    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-    if (!lead) return;
-    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");  // (the head's 128 outputs in orow)
-    o4 = reinterpret_cast<const float4*>(orow)[lane];
-  } else {
-    if (lane == 0) reinterpret_cast<float4*>(orow)[warp] = make_float4(ov[0], ov[1], ov[2], ov[3]);
-    cl_sync();  // (every block's 32 outputs in its shared memory)
-    if (lead) o4 = cl_load4(orow + (lane & 7) * 4, lane >> 3);
-    cl_sync();  // (read before any block exits)
-    if (!lead) return;
-  }
-  const float4 res = gated_res(o4, zv, wv, eps);
+  if (lane == 0) cl_store4(orow + (rank * 8 + warp) * 4, 0, make_float4(ov[0], ov[1], ov[2], ov[3]));
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+  if (!lead) return;
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");  // (the head's 128 outputs in orow)
+  const float4 res = gated_res(reinterpret_cast<const float4*>(orow)[lane], zv, wv, eps);
   reinterpret_cast<float4*>(out + (size_t)m * ldo + (size_t)h * 128)[lane] = res;
   stage_head_chunks(res, vals, h, xh + (size_t)m * kpad / 2, xsc + (size_t)m * (kpad / 32));
   if (h == 0 && lane == 0) xinv[m] = 1.f;
-}
-
-#define GDN_GATED_CL_PARAMS                                                                                       \
-  GDN_RAW_PARAMS, const float* __restrict__ z, int ldz, const float* __restrict__ nw, float* __restrict__ out,     \
-      int ldo, float eps, int K, int kpad, __half2* __restrict__ xh, float* __restrict__ xinv,                     \
-      float* __restrict__ xsc
-extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(256) gdn_delta_gated_cl(GDN_GATED_CL_PARAMS) {
-  gdn_delta_gated_body<false>(GDN_RAW_ARGS, z, ldz, nw, out, ldo, eps, kpad, xh, xinv, xsc);
-}
-extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(256) gdn_delta_gated_cl1(GDN_GATED_CL_PARAMS) {
-  gdn_delta_gated_body<true>(GDN_RAW_ARGS, z, ldz, nw, out, ldo, eps, kpad, xh, xinv, xsc);
 }
 #endif

@@ -2,13 +2,13 @@
 // norm.cu in the module (kernels.SOURCES): RESIDUAL_RMSNORM_PARAMS, row_sumsq_max, add_planes, norm_emit, stage_chunks.
 #include "common.cuh"
 
-// residual_rmsnorm_mb's job on a cluster of NORM_CL blocks a row (CudaQwen35.NORM_CLUSTER; written in session 18 after
-// its device time, not yet run on a GPU): block b of the cluster loads only its slice of the row (whole 32-value chunks
-// of the kpad staged ones, x_in, w and every partial plane in one round of predicated loads), so that no block reads
-// the whole row and its S planes (the mb forms' blocks do: the MoE norm's 9 planes of 8 KB each are a block's L2
-// bandwidth); the block's sum of squares and largest |v w| go to its shared memory, every block reads the cluster's 8
-// pairs in rank order through distributed shared memory (mapa + ld.shared::cluster) between two cluster barriers, then
-// normalizes and stages its own chunks. x_out is residual_rmsnorm_mb's bits; the sum of squares is added in another
+// residual_rmsnorm_mb's job on a cluster of NORM_CL blocks a row (CudaQwen35.NORM_CLUSTER): block b of the cluster
+// loads only its slice of the row (whole 32-value chunks of the kpad staged ones, x_in, w and every partial plane in one
+// round of predicated loads), so that no block reads the whole row and its S planes (the mb forms' blocks do: the MoE
+// norm's 9 planes of 8 KB each are a block's L2 bandwidth); thread r < NORM_CL stores the block's sum of squares and
+// largest |v w| into slot b of block r's shared memory (st.shared::cluster) before one cluster barrier, then every block
+// sums the 8 slots in rank order from its own memory, normalizes and stages its own chunks. (Session 18's form read the
+// pairs through DSMEM between two barriers: session 19 measured this one faster, s19c.) x_out is residual_rmsnorm_mb's bits; the sum of squares is added in another
 // order, so out and the staged pairs are within fp32 rounding of its, not its bits. Grid (NORM_CL, M), 256 threads;
 // kpad / 32 <= NORM_CL x NORM_CL_CHUNKS.
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // (clusters: sm_90; kernels.cluster_capable)
@@ -24,27 +24,15 @@ __device__ __forceinline__ unsigned int cl_rank() {
 __device__ __forceinline__ void cl_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
-__device__ __forceinline__ float cl_load(const float* local, unsigned int rank) {  // (local's twin in block `rank`)
-  unsigned int a = static_cast<unsigned int>(__cvta_generic_to_shared(local)), ra;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
-  float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra) : "memory");
-  return v;
-}
 __device__ __forceinline__ void cl_store(float* local, unsigned int rank, float v) {  // (local's twin in `rank`)
   unsigned int a = static_cast<unsigned int>(__cvta_generic_to_shared(local)), ra;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
   asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(ra), "f"(v) : "memory");
 }
-// PUSH (NORM_CLUSTER 2, residual_rmsnorm_cl1): thread r < NORM_CL stores the block's pair into slot b of block r's
-// shared memory before one cluster barrier, and every block sums the 8 slots in rank order from its own memory (the
-// pull form's order: the same bits), so no DSMEM load round trip and no second barrier.
-template <bool PUSH>
-__device__ __forceinline__ void residual_rmsnorm_cl_body(RESIDUAL_RMSNORM_PARAMS) {
+extern "C" __global__ void __cluster_dims__(NORM_CL, 1, 1) __launch_bounds__(256)
+    residual_rmsnorm_cl(RESIDUAL_RMSNORM_PARAMS) {
   NI_PDL_ENTRY();
   __shared__ float red[64];
-  __shared__ float mine[2];
-  __shared__ float tot[2];
   __shared__ float slots[NORM_CL][2];
   __shared__ float slice[NORM_CL_CHUNKS * 32];
   const int m = blockIdx.y, b = (int)cl_rank(), tid = threadIdx.x;
@@ -62,35 +50,16 @@ __device__ __forceinline__ void residual_rmsnorm_cl_body(RESIDUAL_RMSNORM_PARAMS
   add_planes<NORM_CL_PU, NORM_CL_VPT>(v, part, S, part_stride, (size_t)m * H, k0, 256, min(k1, H));  // (in order)
   float ss, mx;
   row_sumsq_max(v, wv, red, ss, mx);
+  if (tid < NORM_CL) {  // (the block's pair into slot b of block tid)
+    cl_store(&slots[b][0], tid, ss);
+    cl_store(&slots[b][1], tid, mx);
+  }
+  cl_sync();  // (every block's pair in every block's slots; no block reads another's memory after it)
   float t = 0.f, tm = 0.f;
-  if constexpr (PUSH) {
-    if (tid < NORM_CL) {
-      cl_store(&slots[b][0], tid, ss);
-      cl_store(&slots[b][1], tid, mx);
-    }
-    cl_sync();  // (every block's pair in every block's slots)
 #pragma unroll
-    for (int q = 0; q < NORM_CL; ++q) {
-      t += slots[q][0];
-      tm = fmaxf(tm, slots[q][1]);
-    }
-  } else {
-    if (tid == 0) {
-      mine[0] = ss;
-      mine[1] = mx;
-    }
-    cl_sync();  // (every block's pair written)
-    if (tid == 0) {
-      for (unsigned int q = 0; q < NORM_CL; ++q) {
-        t += cl_load(&mine[0], q);
-        tm = fmaxf(tm, cl_load(&mine[1], q));
-      }
-      tot[0] = t;
-      tot[1] = tm;
-    }
-    cl_sync();  // (every block done reading the others' pairs before any may exit; tot visible in the block)
-    t = tot[0];
-    tm = tot[1];
+  for (int q = 0; q < NORM_CL; ++q) {
+    t += slots[q][0];
+    tm = fmaxf(tm, slots[q][1]);
   }
   const float r = rsqrtf(t / H + eps);
   const float sc = pow2_scale(tm * r);
@@ -103,13 +72,5 @@ __device__ __forceinline__ void residual_rmsnorm_cl_body(RESIDUAL_RMSNORM_PARAMS
   __syncthreads();
   stage_chunks(slice, k0, c0, c1, xh + (size_t)m * kpad / 2, sc, 256);
   if (b == 0 && tid == 0) xinv[m] = 1.f / sc;
-}
-extern "C" __global__ void __cluster_dims__(NORM_CL, 1, 1) __launch_bounds__(256)
-    residual_rmsnorm_cl(RESIDUAL_RMSNORM_PARAMS) {
-  residual_rmsnorm_cl_body<false>(x_in, x_out, part, S, part_stride, w, out, H, eps, offset, xh, xinv, kpad);
-}
-extern "C" __global__ void __cluster_dims__(NORM_CL, 1, 1) __launch_bounds__(256)
-    residual_rmsnorm_cl1(RESIDUAL_RMSNORM_PARAMS) {
-  residual_rmsnorm_cl_body<true>(x_in, x_out, part, S, part_stride, w, out, H, eps, offset, xh, xinv, kpad);
 }
 #endif

@@ -263,14 +263,14 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
     # in one round lost on the 35B-A3B, 474.4 against 475.1: removed.)
     NORM_1R = os.environ.get("NINFER_NORM_1R", "1") != "0"
     # NINFER_NORM_CLUSTER (on by default where clusters launch: sm_90, rows of kpad <= 8,192): residual_rmsnorm_cl, a
-    # cluster of 8 blocks a row, each block its slice of the row and of every plane, the sum of squares shared through
-    # distributed shared memory (the mb forms' blocks each read the whole row and its planes); x_out the same bits, out
-    # and the staged pairs within fp32 rounding (GPU tests: the kernel against residual_rmsnorm_mb, the MoE engine's
-    # greedy tokens). Session 19 (s19a, one process, two passes): 35B-A3B 485.1 / 485.4 against 479.9 / 479.7 tok/s,
-    # 27B 158.0 / 158.0 against 156.1 / 156.2; the 27B's norm 3.41 us against 4.44. NINFER_NORM_CLUSTER=0 for the mb
-    # forms; 2: residual_rmsnorm_cl1, each block's pair pushed into every block's shared memory before one cluster barrier (the
-    # same bits; written in session 19, measured against 1 in s19c).
-    NORM_CLUSTER = int(os.environ.get("NINFER_NORM_CLUSTER", "1"))
+    # cluster of 8 blocks a row, each block its slice of the row and of every plane, the sums of squares pushed into
+    # every block's shared memory before one cluster barrier (the mb forms' blocks each read the whole row and its
+    # planes); x_out the same bits, out and the staged pairs within fp32 rounding (GPU tests: the kernel against
+    # residual_rmsnorm_mb, the MoE engine's greedy tokens). Session 19, one process, two passes: session 18's form (the
+    # pairs read through DSMEM between two barriers), s19a: 35B-A3B 485.1 / 485.4 against 479.9 / 479.7 tok/s, 27B
+    # 158.0 / 158.0 against 156.1 / 156.2 (the 27B's norm 3.41 us against 4.44); this one against that, s19c: 35B-A3B
+    # 496.2 / 495.9 against 492.6 / 492.4, 27B 159.1 / 159.3 against 158.5 / 158.5. NINFER_NORM_CLUSTER=0 for the mb forms.
+    NORM_CLUSTER = os.environ.get("NINFER_NORM_CLUSTER", "1") != "0"
     NORM_CL = 8  # (cuda/norm_cluster.cu NORM_CL, NORM_CL_CHUNKS: blocks a cluster, 32-value chunks a block at most)
     NORM_CL_CHUNKS = 32
     MOE_ROWS = False  # several token rows of an MoE model (the tensor-core prefill's own MoE ops)
@@ -285,8 +285,7 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
         args = (x_in, x_out, self.part, splits, self.M * self.H, w, self.xn, self.H, float(self.args.rms_norm_eps), 1,
                 self.xh_n, self.xinv_n, self.kpad_h)
         if self.NORM_CLUSTER and K.cluster_capable() and self.kpad_h // 32 <= self.NORM_CL * self.NORM_CL_CHUNKS:
-            return K.prepared("residual_rmsnorm_cl1" if self.NORM_CLUSTER == 2 else "residual_rmsnorm_cl",
-                              (self.NORM_CL, self.M), args, block=256)
+            return K.prepared("residual_rmsnorm_cl", (self.NORM_CL, self.M), args, block=256)
         name = ("residual_rmsnorm_mb2" if self.NORM_MB2 and self.H <= 2 * 1024
                 else "residual_rmsnorm_mb5" if self.NORM_MB5 and self.H <= 5 * 1024 else "residual_rmsnorm_mb")
         if self.NORM_1R and name == "residual_rmsnorm_mb5":

@@ -40,14 +40,14 @@ class GdnOps:
     GDN_DELTA_RW = int(os.environ.get("NINFER_GDN_DELTA_RW", "4"))
     # NINFER_GDN_GATED_CL (on by default where clusters launch: sm_90, with GDN_DELTA_RW 4 and GATED_CHUNK):
     # gdn_delta_gated_cl (cuda/gdn_cluster.cu), the delta rule and the gated norm's chunk staging in one launch, a
-    # cluster of 4 blocks a value head, the head's outputs gathered through distributed shared memory: the bits of
-    # gdn_delta_raw_rw<4> + gated_rmsnorm_chunks, one launch fewer a GDN layer. Session 19 (s19b, one process, two
-    # passes): 35B-A3B 491.2 / 491.4 against 485.9 / 485.9 tok/s, 27B 158.4 / 158.4 against 157.7 / 157.7; the kernel
-    # 4.95 us (35B-A3B) against 3.05 + 2.41 for the two. (GDN_CONV_PF, the conv epilogue's history and taps prefetched
-    # into L1 as a row group starts, lost: 484.6 / 157.2; removed.) NINFER_GDN_GATED_CL=0 for the two launches; 2:
-    # gdn_delta_gated_cl1, the outputs pushed into the head's first block before one cluster barrier (the same bits;
-    # written in session 19, measured against 1 in s19c).
-    GDN_GATED_CL = int(os.environ.get("NINFER_GDN_GATED_CL", "1"))
+    # cluster of 4 blocks a value head, the head's outputs pushed into its first block's shared memory before one
+    # cluster barrier: the bits of gdn_delta_raw_rw<4> + gated_rmsnorm_chunks, one launch fewer a GDN layer. Session 19,
+    # one process, two passes: the first form (warp 0 reading the outputs through DSMEM between two barriers), s19b:
+    # 35B-A3B 491.2 / 491.4 against 485.9 / 485.9 tok/s, 27B 158.4 / 158.4 against 157.7 / 157.7 (the kernel 4.95 us
+    # against 3.05 + 2.41 for the two); this one against that, s19c: 35B-A3B 495.1 / 494.5 against 492.6 / 492.4, 27B
+    # 158.9 / 159.1 against 158.5 / 158.5. (GDN_CONV_PF, the conv epilogue's history and taps prefetched into L1 as a
+    # row group starts, lost: 484.6 / 157.2; removed.) NINFER_GDN_GATED_CL=0 for the two launches.
+    GDN_GATED_CL = os.environ.get("NINFER_GDN_GATED_CL", "1") != "0"
 
     def _gated_chunk_scales(self):
         """The o-projection's chunk scales (fp32, a value a 32-value chunk of the staged row) or None (off)."""
@@ -64,7 +64,7 @@ class GdnOps:
         args = (buf_a, lda, buf_b, ldb, self.ab, self.ab.shape[1], L["a_log"], L["dt_bias"],
                 float(1.0 / math.sqrt(GDN_HEAD_DIM)), L["state"], self.att2, Hk, Hv, 0)
         if chunk and rw == 4 and self.GDN_GATED_CL and K.cluster_capable():  # (a cluster of 4 blocks a value head)
-            return [K.prepared("gdn_delta_gated_cl1" if self.GDN_GATED_CL == 2 else "gdn_delta_gated_cl", (Hv * 4, M),
+            return [K.prepared("gdn_delta_gated_cl", (Hv * 4, M),
                                args + (buf_b[:, Hv * GDN_HEAD_DIM:], ldb, L["norm"], self.att, self.att.shape[1],
                                        float(self.args.rms_norm_eps)) + att_stage + (self.xsc_att,), block=256)]
         return [K.prepared("gdn_delta_raw" if rw == 1 else f"gdn_delta_raw_rw<{rw}>",

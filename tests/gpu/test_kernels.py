@@ -78,8 +78,8 @@ def test_residual_rmsnorm_and_gated(cp):
         for name in forms[1:]:
             assert all(np.array_equal(a, b) for a, b in zip(got["residual_rmsnorm_mb"], got[name])), name
         # residual_rmsnorm_cl (a cluster of 8 blocks a row): x_out the same bits; the sum of squares in another order,
-        # so out within fp32 rounding and the staged pairs equal but for a rare last bit; its push form _cl1 its bits
-        for name in ("residual_rmsnorm_cl", "residual_rmsnorm_cl1") if K.cluster_capable() else ():
+        # so out within fp32 rounding and the staged pairs equal but for a rare last bit
+        for name in ("residual_rmsnorm_cl",) if K.cluster_capable() else ():
             xo, o2 = poisoned(cp, (m, h2)), poisoned(cp, (m, h2))
             xh3, xinv3 = cp.zeros((m, kp2 // 2), dtype=cp.uint32), cp.zeros(m, dtype=cp.float32)
             K.prepared(name, (8, m), (cp.asarray(x2), xo, p2, s2, m * h2, w2, o2, h2, 1e-6, 1, xh3, xinv3, kp2),
@@ -89,8 +89,6 @@ def test_residual_rmsnorm_and_gated(cp):
             assert np.array_equal(xo.get(), mb[0])
             assert np.allclose(o2.get(), mb[1], rtol=1e-5, atol=1e-6)
             assert np.array_equal(xinv3.get(), mb[3]) and np.mean(xh3.get() == mb[2]) > 0.99
-        if K.cluster_capable():
-            assert all(np.array_equal(a, b) for a, b in zip(got["residual_rmsnorm_cl"], got["residual_rmsnorm_cl1"]))
 
     hv = 5
     o = RNG.standard_normal((m, hv, 128)).astype(np.float32)
