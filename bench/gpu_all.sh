@@ -18,8 +18,8 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
-#   s19d: GEMV_PAIR (gemv_rs_pre_pair: the 27B's GDN v|z + q|k and attention gate|v + q|k, each pair one grid):
-#         tests, the 27B's A/B (and q|k a row a warp with it), its breakdown
+#   (s19d, GEMV_PAIR: the 27B's GDN v|z + q|k and attention gate|v + q|k each as one gemv_rs_pre_pair grid: lost,
+#   158.8 against 159.8 tok/s; removed, in git history with its part at 76f3b06)
 #   s19c: the push forms of the cluster kernels (GDN_GATED_CL 2, NORM_CLUSTER 2: one cluster barrier, no DSMEM loads)
 #         and the GDN / attention projections' rows a warp: tests, A/B of both models
 #   s19b: gdn_delta_gated_cl (GDN_GATED_CL: the delta rule and the gated norm's staging in one launch, a cluster of 4
@@ -427,21 +427,6 @@ timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128
 log "35B-A3B tg128 (defaults)"
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
-fi
-if [ "$PART" = s19d ]; then  # session 19: GEMV_PAIR (gemv_rs_pre_pair): tests, the 27B's A/B, its rows, a breakdown
-ready
-log "tests: the pair grid against the two launches (kernel, engine logits)"
-gpu_pytest "$OUT/gpu_tests_s19d.txt" tests/gpu/test_gemv.py tests/gpu/test_decode_paths.py -k "pair"
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s19d.txt" | tail -10
-log "27B decode A/B in one process; then with the pair, GDN q|k a row a warp (the <1,1,0,1,true,5> form)"
-timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --attr="base,GEMV_PAIR=1" \
-  --out "$OUT/decode_s19d_27b.json" 2>&1 | grep -E "PDL|attr|rror" | head -8
-NINFER_GEMV_PAIR=1 timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.8-27b \
-  --ldg="base,rows=1@q4_g64_fp16:4096x5120" \
-  --out "$OUT/decode_s19d_27b_rows.json" 2>&1 | grep -E "PDL|ldg|rror" | head -8
-log "27B breakdown with the pair"
-NINFER_GEMV_PAIR=1 timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --breakdown \
-  --out "$OUT/decode_s19d_27b_bd.json" 2>&1 | grep -E "PDL|sum of|^  " | head -14
 fi
 if [ "$PART" = s19c ]; then  # session 19: the push forms of the two cluster kernels; the conv GEMVs' rows a warp
 ready

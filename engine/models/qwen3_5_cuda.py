@@ -16,7 +16,7 @@ import numpy as np
 from engine.gpu_weights import concat_rows
 from engine.ops import gemv_tuning
 from engine.ops import kernels as K
-from engine.ops.gemv_plan import GemvPlan, pair_launch
+from engine.ops.gemv_plan import GemvPlan
 from engine.models.qwen3_5_cuda_attn_ops import ATTN_HEAD_DIM, KV_PAGE, AttentionOps, _ptr  # noqa: F401
 from engine.models.qwen3_5_cuda_gdn_ops import GDN_HEAD_DIM, GdnOps
 from engine.models.qwen3_5_cuda_mlp import MlpOps
@@ -237,13 +237,6 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
                         stages=cfg.get("stages", 0), mma=None if conv else cfg.get("mma"), pre2=cfg.get("pre2", False),
                         ldg=cfg.get("ldg", False), conv=conv, tma=None if conv else cfg.get("tma")).launch
 
-    def _pair(self, a, b):
-        """GEMV_PAIR: two of _gemv's launches (of one x) as one gemv_rs_pre_pair grid, or None (off, or they do not
-        qualify: gemv_plan.pair_launch)."""
-        if not self.GEMV_PAIR or self.M != 1:
-            return None
-        return pair_launch(a.__self__, b.__self__)
-
     def _plan_gemv(self, w, x, y, epi, splits, xpre, stage_out=None, amax_out=None, xs=None):
         cfg = self.gemv_cfg.get((w.fmt, w.n, w.k), {})
         return GemvPlan(w, x, x.shape[-1], y, y.shape[-1], m=self.M, epi=epi, splits=cfg.get("splits", splits),
@@ -278,11 +271,6 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
     # 158.0 / 158.0 against 156.1 / 156.2 (the 27B's norm 3.41 us against 4.44); this one against that, s19c: 35B-A3B
     # 496.2 / 495.9 against 492.6 / 492.4, 27B 159.1 / 159.3 against 158.5 / 158.5. NINFER_NORM_CLUSTER=0 for the mb forms.
     NORM_CLUSTER = os.environ.get("NINFER_NORM_CLUSTER", "1") != "0"
-    # NINFER_GEMV_PAIR=1: the two projections of one normed row that run on two graph branches (the 27B's GDN v|z and
-    # q|k, its attention gate|v and q|k: two formats) as one gemv_rs_pre_pair grid, blocks split by weight bytes (the
-    # H200 ran the two launches one after the other: each fills the GPU). The same bits. Written in session 19; off
-    # until measured.
-    GEMV_PAIR = os.environ.get("NINFER_GEMV_PAIR", "0") != "0"
     NORM_CL = 8  # (cuda/norm_cluster.cu NORM_CL, NORM_CL_CHUNKS: blocks a cluster, 32-value chunks a block at most)
     NORM_CL_CHUNKS = 32
     MOE_ROWS = False  # several token rows of an MoE model (the tensor-core prefill's own MoE ops)
@@ -355,9 +343,7 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
             if L["kind"] == "full_attention":
                 qk = self._gemv(L["qk"], self.xn, self.buf_a, xpre=xn)
                 qw = self.Hq * ATTN_HEAD_DIM
-                gv = self._gemv(L["gv"], self.xn, self.buf_b, xpre=xn)
-                pair = self._pair(gv, qk)  # (GEMV_PAIR: one grid for both)
-                ops.extend([pair] if pair else self._concurrent([gv], [qk]))
+                ops.extend(self._concurrent([self._gemv(L["gv"], self.xn, self.buf_b, xpre=xn)], [qk]))
                 lda, ldb = self.buf_a.shape[1], self.buf_b.shape[1]
                 nh = self.Hq + self.Hkv
                 core = [K.prepared("qk_norm_rope_kv", (-(-nh // K.WARPS), M),

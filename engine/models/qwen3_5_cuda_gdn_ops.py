@@ -97,9 +97,7 @@ class GdnOps:
                                 conv=(L["conv"], L["conv_state"], C, 0, qkc))
                 vz = self._gemv(L["vz"], self.xn, self.buf_b, xpre=xn, epi="conv",
                                 conv=(L["conv"], L["conv_state"], C, qkc, Hv * GDN_HEAD_DIM))
-                pair = self._pair(vz, qk)  # (GEMV_PAIR: one grid for both)
-                ab = self._gemv(L["ab"], self.xn, self.ab)
-                ops.extend(self._concurrent([pair], [ab]) if pair else self._concurrent([vz], [qk, ab]))
+                ops.extend(self._concurrent([vz], [qk, self._gemv(L["ab"], self.xn, self.ab)]))
         else:
             qk = self._gemv(L["qk"], self.xn, self.buf_a, xpre=xn)
             vz = self._gemv(L["vz"], self.xn, self.buf_b, xpre=xn)

@@ -20,9 +20,9 @@ from engine.backend import cupy_or_none
 from engine.ops.kernel_names import (  # noqa: F401  (the variant tables: kernels.X reads them as before)
     ATTN_GROUPS, ATTN_GSPLIT, ATTN_MMA_FORMS, ATTN_MMA_G, ATTN_TT, EXPERIMENTAL, GDN_DELTA_ROWS, GDN_DELTA_RW,
     GDN_SCAN_RB, GDN_SCAN_TC_RB, GEMV_ASYNC_M, GEMV_ASYNC_STAGES, GEMV_CONV_ROWS, GEMV_M, GEMV_MMA, GEMV_PRE_MAIN,
-    GEMV_PAIR_NAMES, GEMV_PRE_XS_NAMES, GEMV_ROWS, GEMV_TMA_NW, GEMV_UNROLL, LDG_NAMES, MLP_FUSED_CHUNKS,
-    MLP_FUSED_NAMES, MLP_FUSED_VPT, MOE_DOWN_NAMES, MOE_DOWN_ROWS, MOE_FUSED_CHUNKS, MOE_FUSED_DR, MOE_FUSED_NAMES,
-    MOE_FUSED_OT, MOE_FUSED_VPT, W8_PRE, XI16, attn_mma_kraw_name)
+    GEMV_PRE_XS_NAMES, GEMV_ROWS, GEMV_TMA_NW, GEMV_UNROLL, LDG_NAMES, MLP_FUSED_CHUNKS, MLP_FUSED_NAMES,
+    MLP_FUSED_VPT, MOE_DOWN_NAMES, MOE_DOWN_ROWS, MOE_FUSED_CHUNKS, MOE_FUSED_DR, MOE_FUSED_NAMES, MOE_FUSED_OT,
+    MOE_FUSED_VPT, W8_PRE, XI16, attn_mma_kraw_name)
 from engine.ops.kernel_names import names as _names
 
 SOURCES = ("common.cuh", "gemv_decode.cu", "gemv.cu", "gemv_variants.cu", "gemv_mma.cu", "rows.cu", "norm.cu",
