@@ -18,6 +18,7 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
+#   s19e: the session's final code: every GPU test, ATTN_MERGE's A/B (35B-A3B), `ninfer bench` of the three targets
 #   (s19d, GEMV_PAIR: the 27B's GDN v|z + q|k and attention gate|v + q|k each as one gemv_rs_pre_pair grid: lost,
 #   158.8 against 159.8 tok/s; removed, in git history with its part at 76f3b06)
 #   s19c: the push forms of the cluster kernels (GDN_GATED_CL 2, NORM_CLUSTER 2: one cluster barrier, no DSMEM loads)
@@ -427,6 +428,25 @@ timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128
 log "35B-A3B tg128 (defaults)"
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
+fi
+if [ "$PART" = s19e ]; then  # session 19's final code: every GPU test, ATTN_MERGE's A/B, `ninfer bench` of the targets
+ready
+log "all GPU tests (the defaults: NORM_CLUSTER, GDN_GATED_CL, ATTN_MERGE on)"
+gpu_pytest "$OUT/gpu_tests_s19e.txt" tests/gpu
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s19e.txt" | tail -12
+log "35B-A3B decode A/B in one process: ATTN_MERGE (on by default) against off"
+timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --attr="base,ATTN_MERGE=0" \
+  --out "$OUT/decode_s19e_35b.json" 2>&1 | grep -E "PDL|attr|rror" | head -8
+BEST=$(best_attr_env "$OUT/decode_s19e_35b.json" 0)
+log "35B-A3B tg128 (env: ${BEST:-defaults})"
+env $BEST timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
+  -o json --out "$OUT/tg128_35b_s19e.json" 2>&1 | grep -E "^\||rror" | tail -1
+log "27B tg128 (defaults)"
+timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
+  -o json --out "$OUT/tg128_27b_s19e.json" 2>&1 | grep -E "^\||rror" | tail -1
+log "27B tg128 at 32768, int8 KV (defaults)"
+timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 -d 32768 --kv int8 \
+  -o json --out "$OUT/tg128_27b_d32k_s19e.json" 2>&1 | grep -E "^\||rror" | tail -1
 fi
 if [ "$PART" = s19c ]; then  # session 19: the push forms of the two cluster kernels; the conv GEMVs' rows a warp
 ready

@@ -99,6 +99,50 @@ def test_gdn_gated_cl_plumbing(cp, monkeypatch):
     assert [op.name for op in gdn(True, capable=False)] == [op.name for op in base]
 
 
+def test_attn_merge_plumbing(cp, monkeypatch):
+    """NINFER_ATTN_MERGE (on by default): attention layers whose q, k, gate and v share a row-split format (the MoE
+    recipe's w8) hold them as one object (q|k and gate|v its views, the same bytes) and project it with one GEMV into
+    the merged row buffer, whose q|k part qk_norm_rope_kv and whose gate|v part it and the combine read at one row
+    stride; off, two GEMVs on two branches into buf_a / buf_b; mixed formats (the dense recipe) keep two."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+    from engine.ops.gemv_plan import GemvPlan
+
+    assert CudaQwen35.ATTN_MERGE
+    cfg = moe_cfg()
+    args, w = _weights(cfg)
+
+    def build(on, c=cfg, a=args, weights=w):
+        monkeypatch.setattr(CudaQwen35, "ATTN_MERGE", on)
+        return build_engine(a, weights, c, max_context=256, prefill_cols=1, prefill_gemm=0).model.executor
+
+    off, on = build(False), build(True)
+    attn = [L for L in on.layers if L["kind"] == "full_attention"]
+    assert attn and all(L["qk"].buf is L["qkgv"].buf and L["gv"].buf is L["qkgv"].buf for L in attn)
+    assert on.weight_bytes() == off.weight_bytes()
+
+    def gemvs(ex):  # (the GEMVs over the first attention layer's object: their row counts and output pointers)
+        buf = next(L for L in ex.layers if L["kind"] == "full_attention")["qkgv"].buf
+        return sorted((p.w.n, int(p.args[10])) for p in (getattr(op, "__self__", None) for op in _flat(ex.ops))
+                      if isinstance(p, GemvPlan) and p.w.buf is buf)
+
+    nqk = attn[0]["qk"].n
+    assert gemvs(on) == [(attn[0]["qkgv"].n, on.buf_qkvz.data.ptr)]
+    assert gemvs(off) == sorted([(nqk, off.buf_a.data.ptr), (attn[0]["gv"].n, off.buf_b.data.ptr)])
+    width = on.buf_qkvz.shape[1]
+    rope = [op for op in _flat(on.ops) if getattr(op, "name", "") == "qk_norm_rope_kv"]
+    assert rope and all(int(op.args[0]) == on.buf_qkvz.data.ptr and int(op.args[1]) == int(op.args[3]) == width
+                        and int(op.args[5]) == width for op in rope)
+    qw = on.Hq * 256
+    assert all(int(op.args[4]) == on.buf_qkvz.data.ptr + 4 * (nqk + qw) for op in rope)  # (v after q|k and the gate)
+    comb = [op for op in _flat(on.ops) if getattr(op, "name", "").startswith("attn_combine")]
+    assert len(comb) == len(attn) and all(int(op.args[3]) == on.buf_qkvz.data.ptr + 4 * nqk
+                                          and int(op.args[4]) == width for op in comb)
+    args_d, wd = _weights(CFG)
+    dense = build(True, CFG, args_d, wd)
+    assert not any("qkgv" in L for L in dense.layers)
+
+
 def test_attn_chunk_plumbing(cp, monkeypatch):
     """NINFER_ATTN_CHUNK=1: where the attention layers' o-projection takes chunk scales (gemv_rs_pre, pre2), their
     combine is attn_combine_chunks (block 256, the staging arguments, xsc_att, the positions, the split rounding) and

@@ -77,8 +77,14 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
                 L["gate_up"] = concat_rows(cp, [w[p + "mlp/gate"], w[p + "mlp/up"]])
                 L["down"] = w[p + "mlp/down"]
             if kind == "full_attention":
-                L["qk"] = concat_rows(cp, [w[p + "attention/query"], w[p + "attention/key"]])
-                L["gv"] = concat_rows(cp, [w[p + "attention/gate"], w[p + "attention/value"]])
+                parts = [w[p + f"attention/{n}"] for n in ("query", "key", "gate", "value")]
+                nqk = parts[0].n + parts[1].n
+                if all(m.fmt in K.FMT_IDS and m.fmt == parts[0].fmt and m.k == parts[0].k for m in parts):
+                    # one row-split object (q|k and gate|v are views of it): ATTN_MERGE projects it in one GEMV
+                    L["qkgv"] = concat_rows(cp, parts)
+                    L["qk"], L["gv"] = L["qkgv"].row_slice(0, nqk), L["qkgv"].row_slice(nqk, L["qkgv"].n)
+                else:
+                    L["qk"], L["gv"] = concat_rows(cp, parts[:2]), concat_rows(cp, parts[2:])
                 L["o"] = w[p + "attention/output"]
                 L["qn"], L["kn"] = w[p + "attention/query_norm"], w[p + "attention/key_norm"]
             else:
@@ -271,6 +277,11 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
     # 158.0 / 158.0 against 156.1 / 156.2 (the 27B's norm 3.41 us against 4.44); this one against that, s19c: 35B-A3B
     # 496.2 / 495.9 against 492.6 / 492.4, 27B 159.1 / 159.3 against 158.5 / 158.5. NINFER_NORM_CLUSTER=0 for the mb forms.
     NORM_CLUSTER = os.environ.get("NINFER_NORM_CLUSTER", "1") != "0"
+    # NINFER_ATTN_MERGE (on by default): attention layers whose q, k, gate and v share a row-split format (the 35B-A3B's
+    # w8) hold them as one object and project it in one GEMV into one [q|k|gate|v] row (GdnOps.GDN_MERGE's form), not
+    # two GEMVs on two branches. The same bits a row. Written in session 19; measured in s19e (this flag's A/B beside
+    # the final bench). NINFER_ATTN_MERGE=0 for the two.
+    ATTN_MERGE = os.environ.get("NINFER_ATTN_MERGE", "1") != "0"
     NORM_CL = 8  # (cuda/norm_cluster.cu NORM_CL, NORM_CL_CHUNKS: blocks a cluster, 32-value chunks a block at most)
     NORM_CL_CHUNKS = 32
     MOE_ROWS = False  # several token rows of an MoE model (the tensor-core prefill's own MoE ops)
@@ -341,17 +352,26 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
             moe_chunk = self.args.is_moe and self._moe_o_chunked(L)  # (the o-phase of moe_fused takes chunk scales)
             staged_chunks = False  # (this layer's o input staged by chunks)
             if L["kind"] == "full_attention":
-                qk = self._gemv(L["qk"], self.xn, self.buf_a, xpre=xn)
                 qw = self.Hq * ATTN_HEAD_DIM
-                ops.extend(self._concurrent([self._gemv(L["gv"], self.xn, self.buf_b, xpre=xn)], [qk]))
-                lda, ldb = self.buf_a.shape[1], self.buf_b.shape[1]
+                buf_a, buf_b = self.buf_a, self.buf_b
+                lda, ldb = buf_a.shape[1], buf_b.shape[1]
+                merged = (self.ATTN_MERGE and "qkgv" in L  # (q|k and gate|v as one GEMV over their shared object)
+                          and type(self)._attn_core_ops is CudaQwen35._attn_core_ops)  # (the prefill's: its buf_b)
+                if merged:
+                    buf_a = self._merged_buf()
+                    buf_b = buf_a[:, L["qk"].n:]
+                    lda = ldb = buf_a.shape[1]
+                    ops.append(self._gemv(L["qkgv"], self.xn, buf_a, xpre=xn))
+                else:
+                    qk = self._gemv(L["qk"], self.xn, buf_a, xpre=xn)
+                    ops.extend(self._concurrent([self._gemv(L["gv"], self.xn, buf_b, xpre=xn)], [qk]))
                 nh = self.Hq + self.Hkv
                 core = [K.prepared("qk_norm_rope_kv", (-(-nh // K.WARPS), M),
-                                   (self.buf_a, lda, self.buf_a[:, qw:], lda, self.buf_b[:, qw:], ldb,
+                                   (buf_a, lda, buf_a[:, qw:], lda, buf_b[:, qw:], ldb,
                                     L["qn"], L["kn"], self.qpos, self.page_table, self.pt_stride,
                                     L["kc"], L["vc"], self.qbuf, self.Hq, self.Hkv, rot, log2_theta, eps,
                                     _ptr(L["ks"]), _ptr(L["vs"])))]
-                core += self._attn_core_ops(L, ldb)
+                core += self._attn_core_ops(L, ldb, buf_b) if merged else self._attn_core_ops(L, ldb)
                 # (a one-block combine + staging measured 48 us a layer against 6 + 4.4 for the two
                 # kernels: the combine's split loop needs its Hq blocks; ATTN_FUSED keeps them)
                 # ATTN_CHUNK: the combine over the splits that hold tokens, its output staged a chunk at a time where
@@ -362,13 +382,13 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
                     staged_chunks = True
                     core[-1] = K.prepared("attn_combine_chunks_b" if self.ATTN_COMBINE_B else "attn_combine_chunks",
                                           (self.Hq, M),
-                                          (self.attn_ml, self.attn_acc, self.nsplit, self.buf_b, ldb, self.att,
+                                          (self.attn_ml, self.attn_acc, self.nsplit, buf_b, ldb, self.att,
                                            self.att.shape[1], self.Hq) + att_stage
                                           + (self.xsc_att, self.qpos, 16 if self._attn_mma() else 1), block=256)
                 elif fused_core:
                     tk = self.attn_tick
                     core[-1] = K.prepared("attn_combine_stage", (self.Hq, M),
-                                          (self.attn_ml, self.attn_acc, self.nsplit, self.buf_b, ldb, self.att,
+                                          (self.attn_ml, self.attn_acc, self.nsplit, buf_b, ldb, self.att,
                                            self.att.shape[1], self.Hq) + att_stage + (tk[:M], tk[M:]))
                 else:
                     core.append(self._stage(self.att, att_k, att_kpad, self.xh_att, self.xinv_att))
@@ -430,6 +450,14 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
         if getattr(self, "side_stream", None) is None:
             self.side_stream = self.cp.cuda.Stream(non_blocking=True)
         return [K.Concurrent(self.cp, self.side_stream, main, side)]
+
+    def _merged_buf(self):
+        """The output rows of the merged projections (q|k|v|z, q|k|gate|v): one [M, widest] buffer for every layer,
+        allocated once (a launch keeps its pointer)."""
+        if getattr(self, "buf_qkvz", None) is None:
+            n = max(L[k].n for L in self.layers for k in ("qkvz", "qkgv") if k in L)
+            self.buf_qkvz = self.cp.zeros((self.M, n), dtype=self.cp.float32)
+        return self.buf_qkvz
 
     def _pre_ops(self):
         return []

@@ -92,10 +92,12 @@ class AttentionOps:
         self.attn_ml = cp.zeros((M, self.Hq, self.nsplit, 2), dtype=f32)
         self.attn_acc = cp.zeros((M, self.Hq, self.nsplit, ATTN_HEAD_DIM), dtype=f32)
 
-    def _attn_core_ops(self, L, ldb):
+    def _attn_core_ops(self, L, ldb, buf_b=None):
         """Attention of each token row over its sequence's cache (q in qbuf, K/V already written), times
-        the sigmoid gate (the first Hq*256 columns of buf_b), into att: split-K decode attention."""
+        the sigmoid gate (the first Hq*256 columns of buf_b: self.buf_b unless given), into att: split-K decode
+        attention."""
         M = self.M
+        buf_b = self.buf_b if buf_b is None else buf_b
         g = self.Hq // self.Hkv
         kv8 = "true" if self.kv == "int8" else "false"
         gs = self.ATTN_GSPLIT if (g // max(self.ATTN_GSPLIT, 1), self.ATTN_GSPLIT) in K.ATTN_GSPLIT else 1
@@ -115,5 +117,5 @@ class AttentionOps:
             split = K.prepared(name, (self.Hkv * gs, self.nsplit, M), args)
         return [split,
                 K.prepared("attn_combine", (self.Hq, M),
-                           (self.attn_ml, self.attn_acc, self.nsplit, self.buf_b, ldb, self.att,
+                           (self.attn_ml, self.attn_acc, self.nsplit, buf_b, ldb, self.att,
                             self.att.shape[1], self.Hq))]

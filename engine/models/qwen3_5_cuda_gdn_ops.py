@@ -85,11 +85,10 @@ class GdnOps:
             C, qkc = (2 * Hk + Hv) * GDN_HEAD_DIM, 2 * Hk * GDN_HEAD_DIM
             if self.GDN_MERGE and "qkvz" in L and L["qk"].n == qkc:
                 qkvz = L["qkvz"]
-                if getattr(self, "buf_qkvz", None) is None or self.buf_qkvz.shape[1] < qkvz.n:
-                    self.buf_qkvz = self.cp.zeros((M, qkvz.n), dtype=self.cp.float32)
-                buf_a, buf_b = self.buf_qkvz, self.buf_qkvz[:, qkc:]
-                lda = ldb = self.buf_qkvz.shape[1]
-                merged = self._gemv(qkvz, self.xn, self.buf_qkvz, xpre=xn, epi="conv",
+                buf_a = self._merged_buf()
+                buf_b = buf_a[:, qkc:]
+                lda = ldb = buf_a.shape[1]
+                merged = self._gemv(qkvz, self.xn, buf_a, xpre=xn, epi="conv",
                                     conv=(L["conv"], L["conv_state"], C, 0, C))
                 ops.extend(self._concurrent([merged], [self._gemv(L["ab"], self.xn, self.ab)]))
             else:

@@ -206,6 +206,30 @@ def test_norm_cluster_gives_the_same_tokens(monkeypatch):
     assert np.allclose(out[True][1], out[False][1], rtol=1e-3, atol=1e-3)
 
 
+def test_attn_merge_gives_the_same_logits(monkeypatch):
+    """ATTN_MERGE (q|k and gate|v of one format as one GEMV over their shared object): the MoE model (w8 attention
+    projections) gives the same tokens and logits bit for bit over a prefill and 24 steps; the merged launch is in
+    the step and the two separate ones are not."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+
+    args, w, prompt = moe_inputs(13)
+    out = {}
+    for on in (False, True):
+        monkeypatch.setattr(CudaQwen35, "ATTN_MERGE", on)
+        eng = build_engine(args, w, MOE_CFG, max_context=256, prefill_cols=1)
+        ex = eng.model.executor
+        attn = [L for L in ex.layers if L["kind"] == "full_attention"]
+        assert attn and all("qkgv" in L for L in attn)
+        ops = [o for op in ex.ops for o in (getattr(op, "main", []) + getattr(op, "side", []) or [op])]
+        mats = [getattr(getattr(op, "__self__", None), "w", None) for op in ops]
+        ns = [m.n for m in mats if m is not None and m.buf is attn[0]["qkgv"].buf]
+        assert sorted(ns) == ([attn[0]["qkgv"].n] if on else sorted([attn[0]["qk"].n, attn[0]["gv"].n]))
+        out[on] = greedy_then_logits(eng, prompt)
+    assert out[False][0] == out[True][0]
+    assert np.array_equal(out[True][1], out[False][1])
+
+
 def test_gdn_merge_gives_the_same_logits(monkeypatch):
     """GDN_MERGE (q|k and v|z of one format as one GEMV over their shared object, the conv epilogue over all of
     q|k|v): the MoE model (w8 GDN projections) gives the same tokens and logits within 1e-5 over a prefill and
