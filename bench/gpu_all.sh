@@ -18,6 +18,7 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
+#   fin19: the three GPU tests that s19e's run found comparing against the mb norms' bits, fixed
 #   s19e: the session's final code: every GPU test, ATTN_MERGE's A/B (35B-A3B), `ninfer bench` of the three targets
 #   (s19d, GEMV_PAIR: the 27B's GDN v|z + q|k and attention gate|v + q|k each as one gemv_rs_pre_pair grid: lost,
 #   158.8 against 159.8 tok/s; removed, in git history with its part at 76f3b06)
@@ -428,6 +429,14 @@ timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128
 log "35B-A3B tg128 (defaults)"
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
+fi
+if [ "$PART" = fin19 ]; then  # session 19's final code: the three GPU tests s19e's defaults broke, fixed (the mb sum order)
+ready
+gpu_pytest "$OUT/gpu_tests_fin19.txt" tests/gpu/test_decode_paths.py::test_mlp_fused_matches_the_four_kernels \
+  tests/gpu/test_gpu_engine_moe.py::test_norm_mb2_gives_the_same_logits \
+  tests/gpu/test_gpu_engine.py::test_columns_prefill_equals_token_by_token \
+  tests/gpu/test_gpu_engine_moe.py::test_attn_merge_gives_the_same_logits tests/gpu/test_gated_chunks.py
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_fin19.txt" | tail -10
 fi
 if [ "$PART" = s19e ]; then  # session 19's final code: every GPU test, ATTN_MERGE's A/B, `ninfer bench` of the targets
 ready

@@ -154,6 +154,7 @@ def test_mlp_fused_matches_the_four_kernels(monkeypatch):
     out = {}
     n = args.num_hidden_layers
     monkeypatch.setattr(CudaQwen35, "MLP_FUSED_CHUNK", 0)  # (one scale for the down's input: the four kernels' bits)
+    monkeypatch.setattr(CudaQwen35, "NORM_CLUSTER", False)  # (mlp_fused's norm has the mb forms' sum order)
     for mode in (0, 1, 2):  # (1: local staging, 2: a slice a block between two barriers)
         monkeypatch.setattr(CudaQwen35, "MLP_FUSED", min(mode, 1))
         monkeypatch.setattr(CudaQwen35, "MLP_FUSED_LOCAL", int(mode == 1))

@@ -95,6 +95,9 @@ def test_columns_prefill_equals_token_by_token(monkeypatch):
 
     monkeypatch.setattr(CudaQwen35, "MLP_FUSED_CHUNK", 0)
     monkeypatch.setattr(CudaQwen35, "GATED_CHUNK", 0)
+    # (the residual norms in one sum order both ways: the cluster form adds the blocks' sums of squares in another,
+    # which moves the staged scales' rounding: 2.2e-4 here, s19e)
+    monkeypatch.setattr(CudaQwen35, "NORM_CLUSTER", False)
     args = ModelArgs.from_config(CFG)
     w = gpu_weights.from_logical(args, quantized_weights(args))
     cols = build_engine(args, w, CFG, max_context=256, prefill_cols=8)
