@@ -18,6 +18,7 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
+#   s19f: both models' per-kernel breakdowns on the session's final defaults
 #   fin19: the three GPU tests that s19e's run found comparing against the mb norms' bits, fixed
 #   s19e: the session's final code: every GPU test, ATTN_MERGE's A/B (35B-A3B), `ninfer bench` of the three targets
 #   (s19d, GEMV_PAIR: the 27B's GDN v|z + q|k and attention gate|v + q|k each as one gemv_rs_pre_pair grid: lost,
@@ -94,6 +95,11 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.cupy_cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 log() { echo "== $(date +%T) $*"; }
 PART=${1:-main}
+# A snapshot made with `git archive` sits inside the device's copy of the checkout, whose .git is another commit's:
+# the snapshot's commit, written to COMMIT beside it (git rev-parse --short=12 HEAD > SNAP/COMMIT), is what the bench
+# files report (engine.bench_device.git_commit reads NINFER_GIT_COMMIT first). (Session 19's bench files say
+# ba1604926c74+dirty: that is the device copy's commit, not theirs.)
+[ -f COMMIT ] && export NINFER_GIT_COMMIT=$(cat COMMIT)
 log start; nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
 # CuPy's own kernels (cp.full, ufuncs) compile through NVRTC with headers read from the image; on a fresh
 # machine those reads have returned junk for a while (NOTES, session 3): retry until one compiles.
@@ -429,6 +435,13 @@ timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128
 log "35B-A3B tg128 (defaults)"
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
+fi
+if [ "$PART" = s19f ]; then  # session 19's final defaults: both models' per-kernel breakdowns (for the next list)
+ready
+timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --breakdown \
+  --out "$OUT/decode_s19f_35b_bd.json" 2>&1 | grep -E "PDL|sum of|^  " | head -16
+timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --breakdown \
+  --out "$OUT/decode_s19f_27b_bd.json" 2>&1 | grep -E "PDL|sum of|^  " | head -16
 fi
 if [ "$PART" = fin19 ]; then  # session 19's final code: the three GPU tests s19e's defaults broke, fixed (the mb sum order)
 ready
