@@ -448,7 +448,7 @@ ready
 gpu_pytest "$OUT/gpu_tests_fin19.txt" tests/gpu/test_decode_paths.py::test_mlp_fused_matches_the_four_kernels \
   tests/gpu/test_gpu_engine_moe.py::test_norm_mb2_gives_the_same_logits \
   tests/gpu/test_gpu_engine.py::test_columns_prefill_equals_token_by_token \
-  tests/gpu/test_gpu_engine_moe.py::test_attn_merge_gives_the_same_logits tests/gpu/test_gated_chunks.py
+  tests/gpu/test_gpu_engine_moe.py::test_merged_projections_give_the_same_logits tests/gpu/test_gated_chunks.py
 grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_fin19.txt" | tail -10
 fi
 if [ "$PART" = s19e ]; then  # session 19's final code: every GPU test, ATTN_MERGE's A/B, `ninfer bench` of the targets

@@ -23,6 +23,18 @@ from engine.models.qwen3_5_cuda_mlp import MlpOps
 from engine.models.qwen3_5_cuda_sampling import SamplingOps
 
 
+
+def _four_projections(cp, L: dict, parts: list, merged: str, second: str) -> None:
+    """A layer's four projections of the normed row (q, k, then gate and v or v and z): where they share a row-split
+    format and K, one object L[merged] with L["qk"] and L[second] its row views (one GEMV can project it); else the two
+    pairs concatenated apart."""
+    nqk = parts[0].n + parts[1].n
+    if all(m.fmt in K.FMT_IDS and m.fmt == parts[0].fmt and m.k == parts[0].k for m in parts):
+        L[merged] = concat_rows(cp, parts)
+        L["qk"], L[second] = L[merged].row_slice(0, nqk), L[merged].row_slice(nqk, L[merged].n)
+    else:
+        L["qk"], L[second] = concat_rows(cp, parts[:2]), concat_rows(cp, parts[2:])
+
 class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
     """Decode-step executor for Qwen3.5 dense models on one GPU.
 
@@ -76,26 +88,13 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
             else:
                 L["gate_up"] = concat_rows(cp, [w[p + "mlp/gate"], w[p + "mlp/up"]])
                 L["down"] = w[p + "mlp/down"]
-            if kind == "full_attention":
-                parts = [w[p + f"attention/{n}"] for n in ("query", "key", "gate", "value")]
-                nqk = parts[0].n + parts[1].n
-                if all(m.fmt in K.FMT_IDS and m.fmt == parts[0].fmt and m.k == parts[0].k for m in parts):
-                    # one row-split object (q|k and gate|v are views of it): ATTN_MERGE projects it in one GEMV
-                    L["qkgv"] = concat_rows(cp, parts)
-                    L["qk"], L["gv"] = L["qkgv"].row_slice(0, nqk), L["qkgv"].row_slice(nqk, L["qkgv"].n)
-                else:
-                    L["qk"], L["gv"] = concat_rows(cp, parts[:2]), concat_rows(cp, parts[2:])
+            if kind == "full_attention":  # (q|k and gate|v: ATTN_MERGE projects their shared object in one GEMV)
+                _four_projections(cp, L, [w[p + f"attention/{n}"] for n in ("query", "key", "gate", "value")],
+                                  "qkgv", "gv")
                 L["o"] = w[p + "attention/output"]
                 L["qn"], L["kn"] = w[p + "attention/query_norm"], w[p + "attention/key_norm"]
-            else:
-                parts = [w[p + f"gdn/{n}"] for n in ("query", "key", "value", "z")]
-                nqk = parts[0].n + parts[1].n
-                if all(m.fmt in K.FMT_IDS and m.fmt == parts[0].fmt and m.k == parts[0].k for m in parts):
-                    # one row-split object (q|k and v|z are views of it): GDN_MERGE projects it in one GEMV
-                    L["qkvz"] = concat_rows(cp, parts)
-                    L["qk"], L["vz"] = L["qkvz"].row_slice(0, nqk), L["qkvz"].row_slice(nqk, L["qkvz"].n)
-                else:
-                    L["qk"], L["vz"] = concat_rows(cp, parts[:2]), concat_rows(cp, parts[2:])
+            else:  # (q|k and v|z: GDN_MERGE projects their shared object in one GEMV)
+                _four_projections(cp, L, [w[p + f"gdn/{n}"] for n in ("query", "key", "value", "z")], "qkvz", "vz")
                 L["ab"] = concat_rows(cp, [w[p + "gdn/a_projection"], w[p + "gdn/b_projection"]])
                 L["o"] = w[p + "gdn/output"]
                 L["conv"] = w[p + "gdn/convolution"]

@@ -207,51 +207,31 @@ def test_norm_cluster_gives_the_same_tokens(monkeypatch):
     assert np.allclose(out[True][1], out[False][1], rtol=1e-3, atol=1e-3)
 
 
-def test_attn_merge_gives_the_same_logits(monkeypatch):
-    """ATTN_MERGE (q|k and gate|v of one format as one GEMV over their shared object): the MoE model (w8 attention
-    projections) gives the same tokens and logits bit for bit over a prefill and 24 steps; the merged launch is in
-    the step and the two separate ones are not."""
+@pytest.mark.parametrize("flag,merged,second,seed", [("GDN_MERGE", "qkvz", "vz", 12), ("ATTN_MERGE", "qkgv", "gv", 13)])
+def test_merged_projections_give_the_same_logits(monkeypatch, flag, merged, second, seed):
+    """GDN_MERGE (q|k and v|z of one format as one GEMV over their shared object, the conv epilogue over all of q|k|v)
+    and ATTN_MERGE (q|k and gate|v so): the MoE model (w8 projections) gives the same tokens over a prefill and 24
+    steps, the logits within 1e-5 (ATTN_MERGE: bit for bit); the merged launch is in the step and the two separate
+    ones are not."""
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5_cuda import CudaQwen35
 
-    args, w, prompt = moe_inputs(13)
+    args, w, prompt = moe_inputs(seed)
+    attn = flag == "ATTN_MERGE"
     out = {}
     for on in (False, True):
-        monkeypatch.setattr(CudaQwen35, "ATTN_MERGE", on)
+        monkeypatch.setattr(CudaQwen35, flag, on)
         eng = build_engine(args, w, MOE_CFG, max_context=256, prefill_cols=1)
         ex = eng.model.executor
-        attn = [L for L in ex.layers if L["kind"] == "full_attention"]
-        assert attn and all("qkgv" in L for L in attn)
+        layers = [L for L in ex.layers if (L["kind"] == "full_attention") == attn]
+        assert layers and all(merged in L for L in layers)
         ops = [o for op in ex.ops for o in (getattr(op, "main", []) + getattr(op, "side", []) or [op])]
         mats = [getattr(getattr(op, "__self__", None), "w", None) for op in ops]
-        ns = [m.n for m in mats if m is not None and m.buf is attn[0]["qkgv"].buf]
-        assert sorted(ns) == ([attn[0]["qkgv"].n] if on else sorted([attn[0]["qk"].n, attn[0]["gv"].n]))
-        out[on] = greedy_then_logits(eng, prompt)
-    assert out[False][0] == out[True][0]
-    assert np.array_equal(out[True][1], out[False][1])
-
-
-def test_gdn_merge_gives_the_same_logits(monkeypatch):
-    """GDN_MERGE (q|k and v|z of one format as one GEMV over their shared object, the conv epilogue over all of
-    q|k|v): the MoE model (w8 GDN projections) gives the same tokens and logits within 1e-5 over a prefill and
-    24 steps; the merged launch is in the step and the two separate ones are not."""
-    from engine.gpu_engine import build_engine
-    from engine.models.qwen3_5_cuda import CudaQwen35
-
-    args, w, prompt = moe_inputs(12)
-    out = {}
-    for on in (False, True):
-        monkeypatch.setattr(CudaQwen35, "GDN_MERGE", on)
-        eng = build_engine(args, w, MOE_CFG, max_context=256, prefill_cols=1)
-        ex = eng.model.executor
-        gdn = [L for L in ex.layers if L["kind"] != "full_attention"]
-        assert gdn and all("qkvz" in L for L in gdn)
-        ops = [o for op in ex.ops for o in (getattr(op, "main", []) + getattr(op, "side", []) or [op])]
-        mats = [getattr(getattr(op, "__self__", None), "w", None) for op in ops]
-        ns = [m.n for m in mats if m is not None and m.buf is gdn[0]["qkvz"].buf]  # GEMVs over layer 0's q|k|v|z
-        assert sorted(ns) == ([gdn[0]["qkvz"].n] if on else sorted([gdn[0]["qk"].n, gdn[0]["vz"].n]))
+        ns = [m.n for m in mats if m is not None and m.buf is layers[0][merged].buf]  # GEMVs over layer 0's object
+        assert sorted(ns) == ([layers[0][merged].n] if on else sorted([layers[0]["qk"].n, layers[0][second].n]))
         out[on] = greedy_then_logits(eng, prompt)
     assert out[False][0] == out[True][0]
     # (numpy.testing is not imported: on a fresh device machine its files have read as NUL bytes)
     a, b = out[True][1], out[False][1]
     assert np.isfinite(a).all() and float(np.abs(a - b).max()) <= 1e-5 * (1.0 + float(np.abs(b).max()))
+    assert not attn or np.array_equal(a, b)
