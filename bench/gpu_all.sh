@@ -18,6 +18,8 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
+#   s20a: Nsight Compute on the 35B-A3B step's small kernels (cluster norm, gdn_delta_gated_cl, qk_norm_rope_kv, the
+#         attention and its combine): stall reasons for the next session's first decisions (written without device time)
 #   s19f: both models' per-kernel breakdowns on the session's final defaults
 #   fin19: the three GPU tests that s19e's run found comparing against the mb norms' bits, fixed
 #   s19e: the session's final code: every GPU test, ATTN_MERGE's A/B (35B-A3B), `ninfer bench` of the three targets
@@ -435,6 +437,18 @@ timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128
 log "35B-A3B tg128 (defaults)"
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
+fi
+if [ "$PART" = s20a ]; then  # next session: Nsight Compute on the 35B-A3B step's small kernels (why 3-7 us each)
+# (written at the end of session 19 without device time: the ncu flags are those of bench/gpu_profile.sh; kernels inside
+# the replayed graph are profiled node by node; --launch-skip counts matching launches, past the build's warm-up)
+ready
+ncu --clock-control none --cache-control none \
+  -k regex:"residual_rmsnorm_cl|gdn_delta_gated_cl|qk_norm_rope_kv|attn_combine_chunks_b|attn_decode_mma" \
+  --launch-skip 300 --launch-count 10 --section SpeedOfLight --section LaunchStats --section Occupancy \
+  --section SchedulerStats --section WarpStateStats --section SourceCounters \
+  python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b > "$OUT/ncu_small_s20a.txt" 2>&1
+grep -E "^  [a-z_<>0-9,]+|Duration|Warp Cycles Per Issued|Stall|Issued Warp|Eligible|Cluster|Achieved Occ" \
+  "$OUT/ncu_small_s20a.txt" | cut -c1-120 | head -80
 fi
 if [ "$PART" = s19f ]; then  # session 19's final defaults: both models' per-kernel breakdowns (for the next list)
 ready
