@@ -278,8 +278,9 @@ class CudaQwen35(AttentionOps, GdnOps, MlpOps, SamplingOps):
     NORM_CLUSTER = os.environ.get("NINFER_NORM_CLUSTER", "1") != "0"
     # NINFER_ATTN_MERGE (on by default): attention layers whose q, k, gate and v share a row-split format (the 35B-A3B's
     # w8) hold them as one object and project it in one GEMV into one [q|k|gate|v] row (GdnOps.GDN_MERGE's form), not
-    # two GEMVs on two branches. The same bits a row. Written in session 19; measured in s19e (this flag's A/B beside
-    # the final bench). NINFER_ATTN_MERGE=0 for the two.
+    # two GEMVs on two branches. The same bits (GPU test). Session 19 (s19e, one process, two passes): 35B-A3B 497.4 /
+    # 496.6 against 496.9 / 496.8 tok/s, flat; kept (one launch and one fork fewer; the session's bench ran with it).
+    # NINFER_ATTN_MERGE=0 for the two.
     ATTN_MERGE = os.environ.get("NINFER_ATTN_MERGE", "1") != "0"
     NORM_CL = 8  # (cuda/norm_cluster.cu NORM_CL, NORM_CL_CHUNKS: blocks a cluster, 32-value chunks a block at most)
     NORM_CL_CHUNKS = 32
