@@ -296,9 +296,10 @@ def main():
             if a.out:
                 Path(a.out).write_text(json.dumps(report, indent=1, default=str))
         if a.depth and "35b" not in geos[0]:  # the depth targets are the 27B's (issue 7)
-            for kv in ("int8", "bf16"):
-                report["decode"].append(synthetic_decode(geos[0], bw, cfg, depth=a.depth, kv=kv, attrs=tuple(
-                    v for v in a.attr.split(",") if v) if kv == "int8" else ()))
+            for kv in ("int8", "bf16"):  # (--breakdown: the int8 run's too)
+                attrs = tuple(v for v in a.attr.split(",") if v) if kv == "int8" else ()
+                report["decode"].append(synthetic_decode(geos[0], bw, cfg, depth=a.depth, kv=kv, attrs=attrs,
+                                                         breakdown=a.breakdown and kv == "int8"))
                 if a.out:
                     Path(a.out).write_text(json.dumps(report, indent=1, default=str))
     if a.out:
