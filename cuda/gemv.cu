@@ -32,7 +32,6 @@ struct ConvEpi {
   int C, base, rows;
 };
 
-
 // The parameters of the row-split GEMV kernels (gemv_rs and the variants in gemv_variants.cu): one
 // argument list, which GemvPlan builds once for all of them.
 #define GEMV_RS_PARAMS                                                                                  \

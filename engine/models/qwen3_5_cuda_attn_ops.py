@@ -35,6 +35,12 @@ class AttentionOps:
     # splits), the same bits. Session 18 (s18b, one process, two passes each): 35B-A3B 480.1 / 480.2 against 475.2 /
     # 475.0 tok/s, 27B 154.8 / 154.8 against 153.9 / 153.9, 27B at 32768 (int8 KV) 144.7 against 143.5.
     ATTN_COMBINE_B = int(os.environ.get("NINFER_ATTN_COMBINE_B", "1"))
+    # NINFER_ATTN_MERGE (on by default): attention layers whose q, k, gate and v share a row-split format (the 35B-A3B's
+    # w8) hold them as one object and project it in one GEMV into one [q|k|gate|v] row (GdnOps.GDN_MERGE's form), not
+    # two GEMVs on two branches. The same bits (GPU test). Session 19 (s19e, one process, two passes): 35B-A3B 497.4 /
+    # 496.6 against 496.9 / 496.8 tok/s, flat; kept (one launch and one fork fewer; the session's bench ran with it).
+    # NINFER_ATTN_MERGE=0 for the two.
+    ATTN_MERGE = os.environ.get("NINFER_ATTN_MERGE", "1") != "0"
     # Decode attention: tokens a warp a round; NINFER_ATTN_TT=4 takes attn_decode_tt (4 tokens' K/V asked for at
     # once), 1 attn_decode_split (the kernel of sessions 2-6), the default until 4 is measured on a GPU.
     ATTN_TT = int(os.environ.get("NINFER_ATTN_TT", "1"))

@@ -359,8 +359,9 @@ class CudaQwen35Prefill(PrefillWeights16, PrefillMoeOps, CudaQwen35Columns):
                    (q, ldq, kc, vc, ptr(ks), ptr(vs), page_table, hq, hkv, int(start), int(nq),
                     float(1.0 / np.sqrt(ATTN_HEAD_DIM)), gate, ldg, out, ldo), block=32 * warps, smem=smem)()
 
-    def _attn_core_ops(self, L, ldb):
+    def _attn_core_ops(self, L, ldb, buf_b=None):
         cp, T = self.cp, self.M
+        buf_b = self.buf_b if buf_b is None else buf_b  # (the gate's columns: AttentionOps._attn_core_ops)
         hq = self.Hq
         qw = hq * ATTN_HEAD_DIM
         warps = self._flash_warps()
@@ -369,7 +370,7 @@ class CudaQwen35Prefill(PrefillWeights16, PrefillMoeOps, CudaQwen35Columns):
                 # the chunk's valid rows only (a padded chunk's other rows of att are never read for
                 # the prompt: causal attention, GDN state stopping at the valid rows)
                 self.flash_attention(self.qbuf, self.qbuf.shape[1], L["kc"], L["vc"], L["ks"], L["vs"],
-                                     self.page_table, hq, self.Hkv, self.start, self._valid, self.buf_b, ldb,
+                                     self.page_table, hq, self.Hkv, self.start, self._valid, buf_b, ldb,
                                      self.att, self.att.shape[1], self.kv == "int8", warps)
             flash.name = "attention (flash kernel over the paged cache)"
             return [flash]
@@ -382,7 +383,7 @@ class CudaQwen35Prefill(PrefillWeights16, PrefillMoeOps, CudaQwen35Columns):
             k16 = k.transpose(1, 0, 2).astype(cp.float16, order="C")  # [Hkv, n, D]
             v16 = v.transpose(1, 0, 2).astype(cp.float16, order="C")
             q = self.qbuf[:, :qw].reshape(T, hq, ATTN_HEAD_DIM)
-            attention_cublas(cp, q, k16, v16, self.buf_b[:, :qw], self.start, out=self.att[:, :qw])
+            attention_cublas(cp, q, k16, v16, buf_b[:, :qw], self.start, out=self.att[:, :qw])
         go.name = "attention (gather, cuBLAS, softmax kernel)"
         return [go]
 
