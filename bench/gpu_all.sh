@@ -411,13 +411,13 @@ if [ "$PART" = s20a ]; then  # next session: Nsight Compute on the 35B-A3B step'
 # (written at the end of session 19 without device time: the ncu flags are those of bench/gpu_profile.sh; kernels inside
 # the replayed graph are profiled node by node; --launch-skip counts matching launches, past the build's warm-up)
 ready
-ncu --clock-control none --cache-control none \
+timeout 420 ncu --clock-control none --cache-control none \
   -k regex:"residual_rmsnorm_cl|gdn_delta_gated_cl|qk_norm_rope_kv|attn_combine_chunks_b|attn_decode_mma" \
-  --launch-skip 300 --launch-count 10 --section SpeedOfLight --section LaunchStats --section Occupancy \
+  --launch-skip 300 --launch-count 24 --section SpeedOfLight --section LaunchStats --section Occupancy \
   --section SchedulerStats --section WarpStateStats --section SourceCounters \
   python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b > "$OUT/ncu_small_s20a.txt" 2>&1
 grep -E "^  [a-z_<>0-9,]+|Duration|Warp Cycles Per Issued|Stall|Issued Warp|Eligible|Cluster|Achieved Occ" \
-  "$OUT/ncu_small_s20a.txt" | cut -c1-120 | head -80
+  "$OUT/ncu_small_s20a.txt" | cut -c1-120 | head -150
 log "27B breakdowns at depth 0 and 32768 with int8 KV (where long context goes: 149.1 against 160.3 tok/s)"
 timeout 300 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --depth 32768 --breakdown \
   --out "$OUT/decode_s20a_27b_d32k_bd.json" 2>&1 | grep -E "PDL|sum of|^  " | head -30
