@@ -18,6 +18,8 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
+#   s20b: programmatic dependent launch for real (kernels.Launch never set the attribute's value before): every GPU
+#         test, the PDL / COOP_PDL / GEMV_PF A/Bs of both models
 #   s20a: Nsight Compute on the 35B-A3B step's small kernels (cluster norm, gdn_delta_gated_cl, qk_norm_rope_kv, the
 #         attention and its combine): stall reasons for the next session's first decisions (written without device time)
 #   s19f: both models' per-kernel breakdowns on the session's final defaults
@@ -406,6 +408,22 @@ timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128
 log "35B-A3B tg128 (defaults)"
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
+fi
+if [ "$PART" = s20b ]; then  # PDL for real: the launch attribute's value now reaches the driver (it never did before)
+ready
+log "all GPU tests under real PDL (and real cooperative launches)"
+gpu_pytest "$OUT/gpu_tests_s20b.txt" tests/gpu
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s20b.txt" | tail -12
+log "the engine tests with COOP_PDL=1 and GEMV_PF=2"
+NINFER_COOP_PDL=1 NINFER_GEMV_PF=2 gpu_pytest "$OUT/gpu_tests_s20b_coop.txt" tests/gpu/test_gpu_engine.py \
+  tests/gpu/test_gpu_engine_moe.py tests/gpu/test_decode_paths.py
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s20b_coop.txt" | tail -8
+for M in qwen3.6-35b-a3b qwen3.8-27b; do
+  log "$M: PDL against plain (first line), then COOP_PDL / GEMV_PF in one process"
+  timeout 240 python3 bench/gpu_decode.py --synthetic $M \
+    --attr="base,K.COOP_PDL=1,K.GEMV_PF=1,K.GEMV_PF=2,K.COOP_PDL=1;K.GEMV_PF=1" \
+    --out "$OUT/decode_s20b_${M%%-*}_${M##*-}.json" 2>&1 | grep -E "PDL|attr|rror" | head -14
+done
 fi
 if [ "$PART" = s20a ]; then  # next session: Nsight Compute on the 35B-A3B step's small kernels (why 3-7 us each)
 # (written at the end of session 19 without device time: the ncu flags are those of bench/gpu_profile.sh; kernels inside

@@ -54,10 +54,16 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
   extern __shared__ __align__(16) unsigned char mlp_smem[];
   __shared__ float red[64];
   __shared__ float cvals[MLP_CHUNKS * 32];  // (xsc: this block's SwiGLU values, MLP_CHUNKS chunks at most)
-  NI_PDL_ENTRY();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   // warp w of block b is warp w x grid + b of the launch: a round's last, partial pass spreads over every block
   const int nwarps = gridDim.x * (MLP_THREADS / 32), gw = warp * gridDim.x + blockIdx.x;
+  // OPROJ: a warp's first o item's weight loads are issued before the PDL wait (weights depend on no kernel; under a
+  // programmatic launch, K.COOP_PDL, they arrive while the kernel before drains)
+  const int oitems = OPROJ ? ((H + DROWS - 1) / DROWS) * osplits : 0;
+  WarpRows<FDN, DROWS, OU> op;
+  auto o_start = [&](int it) { op.start_item(obase, ohigh, oscales, ogpr, H, it, osplits, ou4ps, lane); };
+  if (OPROJ && gw < oitems) o_start(gw);
+  NI_PDL_ENTRY();
   const DecodeK dk = decode_constants(ggpr > 0 ? 1u : 0u);
   // (the grid barriers' light form, CudaQwen35.MLP_FUSED_LIGHT_BAR; bit 4 their red form, light waits: persistent.cu)
   __shared__ unsigned long long bar_next;
@@ -100,13 +106,9 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
     static_assert(CHUNK, "the o-projection phase runs with the chunk-scaled form");
     // item = row group x split-K slice of the o-projection, warp gw takes gw, gw + nwarps, ...; the next item's
     // loads in flight during this one's reduction; x pairs and chunk scales from global memory (L1)
-    const int oitems = ((H + DROWS - 1) / DROWS) * osplits;
     float* const oplanes = const_cast<float*>(part);  // (read back by the norm after the barrier, through L2)
-    WarpRows<FDN, DROWS, OU> op;
-    auto o_start = [&](int it) { op.start_item(obase, ohigh, oscales, ogpr, H, it, osplits, ou4ps, lane); };
     const uint4* xo4 = reinterpret_cast<const uint4*>(xh_o);
     int oi = gw;
-    if (oi < oitems) o_start(oi);
     while (oi < oitems) {
       const int grp = oi / osplits, s = oi - grp * osplits;
       const uint4* xl = xo4 + ((s * ou4ps) >> 5) * 128 + lane;

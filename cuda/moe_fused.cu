@@ -110,15 +110,33 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
   __shared__ int s_idx[MOE_MAX_TOPK];
   __shared__ float s_wts[MOE_MAX_TOPK + 1];
   __shared__ float cvals[MOE_CHUNKS * 32];  // (this block's routed SwiGLU chunks)
-  NI_PDL_ENTRY();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int nwarps = gridDim.x * (MLP_THREADS / 32), gw = warp * gridDim.x + blockIdx.x;
+  // OPROJ: a warp's first o item's weights and scales are loaded before the PDL wait (weights depend on no kernel;
+  // under a programmatic launch, K.COOP_PDL, they arrive while the kernel before drains)
+  const bool oproj = obase != nullptr;
+  const int ou4 = ogpr * 2, oitems = H * osplits;
+  uint4 ow[MOE_OT];
+  float osc[MOE_OT];
+  auto oload = [&](int it) {
+    const int row = it / osplits, js = (it - row * osplits) * ou4ps, je = min(js + ou4ps, ou4);
+#pragma unroll
+    for (int t = 0; t < MOE_OT; ++t) {
+      const int j = js + lane + 32 * t;
+      if (j < je) {
+        ow[t] = ldw(reinterpret_cast<const uint4*>(obase) + (size_t)row * ou4 + j);
+        osc[t] = __half2float(oscales[(size_t)row * ogpr + (j >> 1)]);
+      }
+    }
+  };
+  if (oproj && gw < oitems) oload(gw);
+  NI_PDL_ENTRY();
   const DecodeK dk = decode_constants(ggpr > 0 ? 1u : 0u);
   auto stamp = [&](int i) { phase_stamp(tstamp, i); };
   stamp(0);
   __shared__ unsigned long long bar_next;
   GridBar gb(bar, opts & MOE_OPT_RED, opts & MOE_OPT_LIGHT_BAR, &bar_next);
-  const bool light = gb.light, oproj = obase != nullptr;
+  const bool light = gb.light;
   auto arrive = [&]() { return gb.arrive(); };
   // OPROJ (obase != nullptr, CudaQwen35.MOE_FUSED_O): the layer's w8 o-projection first, its input the one-scale staged
   // pairs (xh_o, xinv_o[0]: gated_rmsnorm_stage's / attn_combine_stage's) or, with xsc_o, the chunk-scaled ones
@@ -129,21 +147,11 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
   // and its wait
   unsigned long long o_target = 0;
   if (oproj) {
-    const int ou4 = ogpr * 2, oitems = H * osplits;
     const float oinv = __ldg(xinv_o);
     const uint4* xo4 = reinterpret_cast<const uint4*>(xh_o) + 64 * (lane & 1);
     for (int it = gw; it < oitems; it += nwarps) {
       const int row = it / osplits, s = it - row * osplits, js = s * ou4ps, je = min(js + ou4ps, ou4);
-      uint4 w[MOE_OT];
-      float sc[MOE_OT];
-#pragma unroll
-      for (int t = 0; t < MOE_OT; ++t) {
-        const int j = js + lane + 32 * t;
-        if (j < je) {
-          w[t] = ldw(reinterpret_cast<const uint4*>(obase) + (size_t)row * ou4 + j);
-          sc[t] = __half2float(oscales[(size_t)row * ogpr + (j >> 1)]);
-        }
-      }
+      if (it != gw) oload(it);
       float acc = 0.f;
 #pragma unroll
       for (int t = 0; t < MOE_OT; ++t) {
@@ -151,8 +159,8 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
         if (j < je) {  // (chunk j: the staged 32-value chunk J = j / 2, slots 2 (j & 1) and + 1)
           const int J = j >> 1;
           const uint4* xq = xo4 + ((J >> 5) << 7) + (J & 31);
-          const float ws = xsc_o != nullptr ? sc[t] * __ldg(xsc_o + J) : sc[t];
-          acc += ws * dot_w8_i16(w[t], __ldg(xq), __ldg(xq + 32));
+          const float ws = xsc_o != nullptr ? osc[t] * __ldg(xsc_o + J) : osc[t];
+          acc += ws * dot_w8_i16(ow[t], __ldg(xq), __ldg(xq + 32));
         }
       }
       acc = warp_sum(acc);

@@ -11,7 +11,7 @@ import numpy as np
 
 from engine.artifact import formats
 from engine.ops import kernels
-from engine.ops.kernels import (EPI, FMT_IDS, GEMV_ASYNC_M, GEMV_CONV_ROWS, GEMV_MMA, GEMV_PF, GEMV_PRE_MAIN, LDG_NAMES,
+from engine.ops.kernels import (EPI, FMT_IDS, GEMV_ASYNC_M, GEMV_CONV_ROWS, GEMV_MMA, GEMV_PRE_MAIN, LDG_NAMES,
                                 LDG_PREFIX, WARPS, Launch,
                                 _allow_smem, blocks_per_sm, kernel, sm_count)
 
@@ -184,7 +184,7 @@ class GemvPlan:
                      np.uint64(_p(xpre[1]) if pre else 0),
                      np.uint64(_p(ex[0]) if ex[0] is not None else 0), np.int32(ex[1]), np.int64(ex[2]),
                      np.int32(ex[3]), np.uint64(_p(ex[4]) if ex[4] is not None else 0),
-                     np.int32(GEMV_PF if pf is None else pf))
+                     np.int32(kernels.GEMV_PF if pf is None else pf))
         if epi == "conv" and (conv is None or splits != 1 or experts is not None):
             raise ValueError("the conv epilogue takes its (weights, history, C, base, rows) and one K slice")
         cv = conv if epi == "conv" else (None, None, 0, 0, 0)

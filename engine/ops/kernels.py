@@ -74,6 +74,9 @@ WARPS = 8  # every kernel runs 256-thread blocks
 PDL = os.environ.get("NINFER_PDL", "1") != "0"
 # GEMV L2 prefetch distance in loop iterations (0: off); a plan's `pf` overrides it.
 GEMV_PF = int(os.environ.get("NINFER_GEMV_PF", "0"))
+# NINFER_COOP_PDL=1: cooperative launches (the persistent MLP / MoE kernels) also under programmatic serialization,
+# so that their blocks start as the kernel before them drains (read when a Launch is built; off until measured).
+COOP_PDL = os.environ.get("NINFER_COOP_PDL", "0") == "1"
 
 
 def cuda_source_dir() -> Path:
@@ -218,7 +221,20 @@ def sm_count() -> int:
 
 
 class _LaunchAttr(ctypes.Structure):
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_char * 64)]
+    """CUlaunchAttribute: an id, 4 bytes of padding, a 64-byte union whose first word is the int that the
+    cooperative and programmatic-serialization attributes take. (Until session 20 the union was a c_char array,
+    whose field access returns a copy: the 1 written there never reached the struct, so no launch was ever
+    programmatic or cooperative.)"""
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int),
+                ("rest", ctypes.c_char * 60)]
+
+
+def launch_attrs(ids) -> ctypes.Array:
+    """An array of CUlaunchAttribute, each of `ids` set to 1."""
+    arr = (_LaunchAttr * len(ids))()
+    for a, i in zip(arr, ids):
+        a.id, a.value = int(i), 1
+    return arr
 
 
 class _LaunchConfig(ctypes.Structure):
@@ -301,16 +317,21 @@ class Launch:
         except (AttributeError, KeyError, TypeError):
             return
         params = (ctypes.c_void_p * max(len(vals), 1))(*[ctypes.addressof(v) for v in vals])
-        attr = _LaunchAttr()
-        attr.id = _CU_LAUNCH_ATTRIBUTE_COOPERATIVE if cooperative else _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-        ctypes.memmove(attr.value, ctypes.byref(ctypes.c_int(1)), 4)
         g = self.grid + (1,) * (3 - len(self.grid))
-        cfg = _LaunchConfig(g[0], g[1], g[2], self.block, 1, 1, int(smem), None, ctypes.pointer(attr), 1)
-        self._ex = (launch_ex, cfg, fptr, params, vals, attr)
+        # the attribute sets: [0] under PDL, [1] plain (cooperative kernels keep theirs either way)
+        sets = []
+        for pdl in (True, False):
+            ids = ([_CU_LAUNCH_ATTRIBUTE_COOPERATIVE] if cooperative else []) + \
+                  ([_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION] if pdl and (COOP_PDL or not cooperative) else [])
+            attrs = launch_attrs(ids) if ids else None
+            cfg = _LaunchConfig(g[0], g[1], g[2], self.block, 1, 1, int(smem), None, attrs, len(ids))
+            sets.append((cfg, attrs))
+        self._ex = (launch_ex, sets, fptr, params, vals)
 
     def __call__(self):
         if (PDL or self.cooperative) and self._ex is not None:
-            launch_ex, cfg, fptr, params, _vals, _attr = self._ex
+            launch_ex, sets, fptr, params, _vals = self._ex
+            cfg = sets[0 if PDL else 1][0]
             cfg.hStream = cupy_or_none().cuda.get_current_stream().ptr
             rc = launch_ex(ctypes.byref(cfg), fptr, params, None)
             if rc != 0 and self.cooperative:
