@@ -177,18 +177,25 @@ extern "C" __global__ void __launch_bounds__(256) gdn_delta_raw(
 
 // One warp: state rows row0 .. row0 + RW - 1 (of one value head) of token row m, as gdn_delta_raw_rw runs them; their
 // outputs in ov (every lane) and in o (lane 0).
+// gdn_state_rows: the warp's RW state rows into s (lane: 4 columns a row); the pointer the rows go back to.
 template <int RW>
-__device__ __forceinline__ void gdn_delta_rw_rows(GDN_RAW_PARAMS, int m, int row0, float (&ov)[RW]) {
+__device__ __forceinline__ float4* gdn_state_rows(float* __restrict__ state, int Hv, int m, int row0, float4 (&s)[RW]) {
+  const int lane = threadIdx.x & 31;
+  float4* sp = reinterpret_cast<float4*>(state + (((size_t)m * Hv + (row0 >> 7)) * 128 + (row0 & 127)) * 128) + lane;
+#pragma unroll
+  for (int r = 0; r < RW; ++r) s[r] = sp[r * 32];
+  return sp;
+}
+
+// gdn_delta_rw_rows with the rows already in s (from gdn_state_rows at sp)
+template <int RW>
+__device__ __forceinline__ void gdn_delta_rw_rows_from(GDN_RAW_PARAMS, int m, int row0, float4* sp, float4 (&s)[RW],
+                                                       float (&ov)[RW]) {
   const int lane = threadIdx.x & 31;
   const int h = row0 >> 7, dv0 = row0 & 127;
-  float4* sp = reinterpret_cast<float4*>(state + (((size_t)m * Hv + h) * 128 + dv0) * 128) + lane;
-  float4 s[RW];
   float vr[RW];
 #pragma unroll
-  for (int r = 0; r < RW; ++r) {
-    s[r] = sp[r * 32];
-    vr[r] = vv[(size_t)m * ldv + (size_t)h * 128 + dv0 + r];
-  }
+  for (int r = 0; r < RW; ++r) vr[r] = vv[(size_t)m * ldv + (size_t)h * 128 + dv0 + r];
   float4 q, k;
   float alpha, beta;
   gdn_raw_head(qk, ldqk, ab, ldab, a_log, dt_bias, q_scale, Hk, Hv, tiled, m, h, lane, q, k, alpha, beta);
@@ -198,6 +205,13 @@ __device__ __forceinline__ void gdn_delta_rw_rows(GDN_RAW_PARAMS, int m, int row
     sp[r * 32] = s[r];
     if (lane == 0) o[((size_t)m * Hv + h) * 128 + dv0 + r] = ov[r];
   }
+}
+
+template <int RW>
+__device__ __forceinline__ void gdn_delta_rw_rows(GDN_RAW_PARAMS, int m, int row0, float (&ov)[RW]) {
+  float4 s[RW];
+  float4* sp = gdn_state_rows<RW>(state, Hv, m, row0, s);
+  gdn_delta_rw_rows_from<RW>(GDN_RAW_ARGS, m, row0, sp, s, ov);
 }
 
 template <int RW>

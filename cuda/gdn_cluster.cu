@@ -24,21 +24,31 @@ __device__ __forceinline__ void cl_store4(float* local, unsigned int rank, float
 extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(256)
     gdn_delta_gated_cl(GDN_RAW_PARAMS, const float* __restrict__ z, int ldz, const float* __restrict__ nw,
                        float* __restrict__ out, int ldo, float eps, int K, int kpad, __half2* __restrict__ xh,
-                       float* __restrict__ xinv, float* __restrict__ xsc) {
-  NI_PDL_ENTRY();
+                       float* __restrict__ xinv, float* __restrict__ xsc, int early) {
+  // early (GdnOps.GDN_STATE_EARLY, the decode step): the warp's state rows and the norm weight are loaded before the PDL
+  // wait. Only this kernel writes a layer's state within a step (one launch a layer), and the step before ended with
+  // the graph launch before this one, so the rows are final while the kernels ahead of it still run.
   __shared__ __align__(16) float orow[128];  // (the head's outputs, in the first block)
   __shared__ __align__(16) float vals[128];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, m = blockIdx.y;
   const int row0 = (blockIdx.x * 8 + warp) * 4, h = blockIdx.x >> 2;  // (grid.x = Hv * 4: no row past the heads)
   const unsigned int rank = cl_rank();
   const bool lead = rank == 0 && warp == 0;
+  float4 s[4];
+  float4* sp = nullptr;
   float4 zv, wv;
-  if (lead) {  // (independent of the delta rule: in flight with its loads)
-    zv = reinterpret_cast<const float4*>(z + (size_t)m * ldz + (size_t)h * 128)[lane];
-    wv = reinterpret_cast<const float4*>(nw)[lane];
+  if (early) {
+    sp = gdn_state_rows<4>(state, Hv, m, row0, s);
+    if (lead) wv = reinterpret_cast<const float4*>(nw)[lane];
   }
+  NI_PDL_ENTRY();
+  if (!early) {
+    sp = gdn_state_rows<4>(state, Hv, m, row0, s);
+    if (lead) wv = reinterpret_cast<const float4*>(nw)[lane];
+  }
+  if (lead) zv = reinterpret_cast<const float4*>(z + (size_t)m * ldz + (size_t)h * 128)[lane];  // (in flight with the rule's)
   float ov[4];
-  gdn_delta_rw_rows<4>(GDN_RAW_ARGS, m, row0, ov);
+  gdn_delta_rw_rows_from<4>(GDN_RAW_ARGS, m, row0, sp, s, ov);
   if (lane == 0) cl_store4(orow + (rank * 8 + warp) * 4, 0, make_float4(ov[0], ov[1], ov[2], ov[3]));
   asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
   if (!lead) return;

@@ -75,24 +75,6 @@ gemv_rs_pre(GEMV_RS_PARAMS, __half2* __restrict__ sxh, float* __restrict__ sxinv
   const int js = blockIdx.y * u4_per_split;  // a multiple of 32 (the executor's rule for pre-staged x)
   const int je = min(js + u4_per_split, u4_per_row);
   const int iters = je - js > lane ? (je - js - lane + 31) >> 5 : 0;  // chunks j = js + lane + 32 i
-  // pf > 0 (unrouted): before the PDL wait (weights depend on no kernel), the warp asks L2 for its first row
-  // group's first pf x U chunks a lane (weights; lane 0 the scales' and high bits' lines), so that the loop's first
-  // loads meet L2 rather than DRAM once the wait returns.
-  if (pf > 0 && eidx == nullptr && blockIdx.x * wpb + warp < ngroups) {
-    const int g = blockIdx.x * wpb + warp, n = min(pf * U, iters), j0 = js + lane;
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      const int row0 = epi == EPI_SWIGLU ? g + r * pair_stride : g * ROWS + r;
-      const size_t row = row0 < N ? row0 : N - 1;
-      const unsigned char* wq = base + (row * u4_per_row + j0) * 16;
-      for (int i = 0; i < n; ++i) prefetch_l2(wq + 512 * i);
-      if (lane == 0) {
-        for (int i = 0; i < n; i += 4) prefetch_l2(scales + row * gpr + (j0 >> 1) + 16 * i);
-        if constexpr (F::HB > 0)
-          for (int i = 0; i < n; ++i) prefetch_l2(high + (row * gpr + (j0 >> 1)) * F::HB + 16 * F::HB * i);
-      }
-    }
-  }
   NI_PDL_ENTRY();
   const long long row_off = eidx != nullptr ? (long long)eidx[z] * erows : 0;
   float inv_sc[M];

@@ -48,6 +48,9 @@ class GdnOps:
     # 158.9 / 159.1 against 158.5 / 158.5. (GDN_CONV_PF, the conv epilogue's history and taps prefetched into L1 as a
     # row group starts, lost: 484.6 / 157.2; removed.) NINFER_GDN_GATED_CL=0 for the two launches.
     GDN_GATED_CL = os.environ.get("NINFER_GDN_GATED_CL", "1") != "0"
+    # NINFER_GDN_STATE_EARLY (gdn_delta_gated_cl): each warp's state rows loaded before the PDL wait, while the kernels
+    # ahead of it in the step still run (the step's only writer of a layer's state is that layer's launch). 0: after it.
+    GDN_STATE_EARLY = int(os.environ.get("NINFER_GDN_STATE_EARLY", "1"))
 
     def _gated_chunk_scales(self):
         """The o-projection's chunk scales (fp32, a value a 32-value chunk of the staged row) or None (off)."""
@@ -66,7 +69,8 @@ class GdnOps:
         if chunk and rw == 4 and self.GDN_GATED_CL and K.cluster_capable():  # (a cluster of 4 blocks a value head)
             return [K.prepared("gdn_delta_gated_cl", (Hv * 4, M),
                                args + (buf_b[:, Hv * GDN_HEAD_DIM:], ldb, L["norm"], self.att, self.att.shape[1],
-                                       float(self.args.rms_norm_eps)) + att_stage + (self.xsc_att,), block=256)]
+                                       float(self.args.rms_norm_eps)) + att_stage
+                               + (self.xsc_att, 1 if self.GDN_STATE_EARLY else 0), block=256)]
         return [K.prepared("gdn_delta_raw" if rw == 1 else f"gdn_delta_raw_rw<{rw}>",
                            (-(-Hv * GDN_HEAD_DIM // (K.WARPS * rw)), M), args),
                 self._gated_norm(L, ldb, Hv * GDN_HEAD_DIM, att_stage, buf_b, chunk=chunk)]

@@ -44,22 +44,22 @@ class PrefillWeights16:
         if seq is None or i >= len(seq) or seq[i] is not w:  # recording (the first run), or off the record
             self._wseq, self._issued = None, 1 << 62
             for ev in self._dq_done:  # (nothing of the side in flight)
-                main.wait_event(ev)
+                K.wait_join(main, ev)
             return self._dequant(w, self._buf(i))
         if i == 0:
             # a chunk's first GEMM: whatever the side stream still had in flight lands first, and the side
             # stream starts after everything the main stream holds so far -- the GEMMs of an executor that
             # ran before this one on the same buffers (`share`) read them without this one's events
             for ev in self._dq_done:
-                main.wait_event(ev)
+                K.wait_join(main, ev)
             self._chunk_start.record(main)
-            self._dq_stream.wait_event(self._chunk_start)
+            K.wait_join(self._dq_stream, self._chunk_start)
             self._issued = 0
         if i >= self._issued:  # not launched ahead: in place
             self._dequant(w, self._buf(i))
             self._issued = i + 1
         else:
-            main.wait_event(self._dq_done[i % nbuf])
+            K.wait_join(main, self._dq_done[i % nbuf])
         self._issue_ahead(i + 2)  # the next one (further at a window: _dq_window_op)
         return self._buf(i)[: w.n * w.k].reshape(w.n, w.k)
 
@@ -72,7 +72,7 @@ class PrefillWeights16:
         side, j = self._dq_stream, self._issued
         while (j < min(end, len(seq)) and id(seq[j]) not in self._no_ahead
                and (window or id(seq[j]) not in self._window_o)):
-            side.wait_event(self._gemm_done[j % nbuf])
+            K.wait_join(side, self._gemm_done[j % nbuf])
             with side:
                 self._dequant(seq[j], self._buf(j))
             self._dq_done[j % nbuf].record(side)
@@ -131,7 +131,7 @@ class PrefillWeights16:
                 # the side stream starts them here in GPU time too (the host is far ahead of the GPU: a
                 # GEMM's event alone would let them start as soon as that GEMM is done)
                 self._window_ev.record(self.cp.cuda.get_current_stream())
-                self._dq_stream.wait_event(self._window_ev)
+                K.wait_join(self._dq_stream, self._window_ev)
                 self._issue_ahead(self._wpos + len(self._wbufs), window=True)
         window.name = "dequantize ahead (window)"
         return window

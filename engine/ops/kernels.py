@@ -331,8 +331,9 @@ class Launch:
     def __call__(self):
         if (PDL or self.cooperative) and self._ex is not None:
             launch_ex, sets, fptr, params, _vals = self._ex
-            cfg = sets[0 if PDL else 1][0]
-            cfg.hStream = cupy_or_none().cuda.get_current_stream().ptr
+            stream = cupy_or_none().cuda.get_current_stream().ptr
+            cfg = sets[0 if PDL and not _JOINED.pop(stream, False) else 1][0]
+            cfg.hStream = stream
             rc = launch_ex(ctypes.byref(cfg), fptr, params, None)
             if rc != 0 and self.cooperative:
                 raise RuntimeError(f"{self.name}: the GPU refused its cooperative launch ({rc}: another process or MPS may "
@@ -341,6 +342,19 @@ class Launch:
                 raise RuntimeError(f"cuLaunchKernelEx failed ({rc}) for {self.name or 'a kernel'}")
             return
         self.fn(self.grid, (self.block,), self.args, shared_mem=self.smem)
+
+
+# Streams whose next launch follows a join (wait_join): that launch goes without programmatic serialization. Measured
+# (s20b): a programmatic launch right after a join does not wait for the other stream's kernel (its griddepcontrol.wait
+# covers the launch's own stream), so what the kernel after it reads from the joined branch can be stale (the MoE
+# engine test with moe_down: the shared expert's SwiGLU row of the previous layer).
+_JOINED: dict[int, bool] = {}
+
+
+def wait_join(stream, event) -> None:
+    """`stream` waits for `event` (recorded on another stream), and its next Launch is a plain one."""
+    stream.wait_event(event)
+    _JOINED[stream.ptr] = True
 
 
 class Concurrent:
@@ -366,7 +380,7 @@ class Concurrent:
         self.done.record(self.stream)
         for op in self.main:
             op()
-        cur.wait_event(self.done)
+        wait_join(cur, self.done)
 
 
 def op_name(op) -> str:
