@@ -18,6 +18,7 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
+#   s20d: GDN_PF_NEXT's modes and BRANCHES=0 under PDL (A/B both models), `ninfer bench` with each model's best
 #   s20c: PDL with a plain launch after each join (s20b's MoE failures), GDN_STATE_EARLY's A/B, `ninfer bench` targets
 #   s20b: programmatic dependent launch for real (kernels.Launch never set the attribute's value before): every GPU
 #         test, the PDL / COOP_PDL / GEMV_PF A/Bs of both models
@@ -409,6 +410,29 @@ timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128
 log "35B-A3B tg128 (defaults)"
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
+fi
+if [ "$PART" = s20d ]; then  # GDN_PF_NEXT (the layer's next weights asked of L2 by gdn_delta_gated_cl), BRANCHES=0 under PDL
+ready
+log "GPU tests: gated chunks (pf modes), decode paths, the engines with GDN_PF_NEXT=1"
+gpu_pytest "$OUT/gpu_tests_s20d.txt" tests/gpu/test_gated_chunks.py
+NINFER_GDN_PF_NEXT=1 gpu_pytest "$OUT/gpu_tests_s20d_pf.txt" tests/gpu/test_decode_paths.py tests/gpu/test_gpu_engine_moe.py
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s20d.txt" "$OUT/gpu_tests_s20d_pf.txt" | tail -12
+for M in qwen3.6-35b-a3b qwen3.8-27b; do
+  log "$M: GDN_PF_NEXT 1 / 2, BRANCHES=0 in one process"
+  timeout 200 python3 bench/gpu_decode.py --synthetic $M --attr="base,GDN_PF_NEXT=1,GDN_PF_NEXT=2,BRANCHES=0,GDN_PF_NEXT=2;BRANCHES=0" \
+    --out "$OUT/decode_s20d_${M%%-*}_${M##*-}.json" 2>&1 | grep -E "PDL|attr|rror" | head -10
+done
+B35=$(best_attr_env "$OUT/decode_s20d_qwen3.6_a3b.json" 0)
+B27=$(best_attr_env "$OUT/decode_s20d_qwen3.8_27b.json" 0)
+log "35B-A3B tg128 (env: ${B35:-defaults})"
+env $B35 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
+  -o json --out "$OUT/tg128_35b_s20d.json" 2>&1 | grep -E "^\||rror" | tail -1
+log "27B tg128 (env: ${B27:-defaults})"
+env $B27 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
+  -o json --out "$OUT/tg128_27b_s20d.json" 2>&1 | grep -E "^\||rror" | tail -1
+log "27B tg128 at 32768, int8 KV (env: ${B27:-defaults})"
+env $B27 timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 -d 32768 --kv int8 \
+  -o json --out "$OUT/tg128_27b_d32k_s20d.json" 2>&1 | grep -E "^\||rror" | tail -1
 fi
 if [ "$PART" = s20c ]; then  # PDL with plain launches after joins (s20b's MoE test failures), GDN_STATE_EARLY, the targets
 ready
