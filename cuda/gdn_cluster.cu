@@ -21,28 +21,10 @@ __device__ __forceinline__ void cl_store4(float* local, unsigned int rank, float
 // values it re-reads from out through L2 stay in registers here): out, xh, xsc and xinv the same bits as the two
 // launches, without gated_rmsnorm_chunks' launch, its o load and its round trip. (Session 19's first form had warp 0
 // read the outputs through DSMEM between two barriers: the one-barrier form measured faster, s19c.)
-// Asks L2 for up to 4 byte ranges (a pointer and a length each; null: none), one 128-byte line a thread a round over
-// the launch's threads: the next kernel's first weights, fetched while this latency-bound kernel leaves DRAM idle.
-struct L2Ranges {
-  const unsigned char* p[4];
-  long long n[4];
-};
-__device__ __forceinline__ void l2_prefetch_ranges(const L2Ranges& r, long long t, long long nt) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    if (r.p[i] != nullptr)
-      for (long long o = t * 128; o < r.n[i]; o += nt * 128) prefetch_l2(r.p[i] + o);
-}
-
 extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(256)
     gdn_delta_gated_cl(GDN_RAW_PARAMS, const float* __restrict__ z, int ldz, const float* __restrict__ nw,
                        float* __restrict__ out, int ldo, float eps, int K, int kpad, __half2* __restrict__ xh,
-                       float* __restrict__ xinv, float* __restrict__ xsc, int early, const unsigned char* pf0,
-                       long long pfn0, const unsigned char* pf1, long long pfn1, const unsigned char* pf2, long long pfn2,
-                       const unsigned char* pf3, long long pfn3, int pf_mode) {
-  const L2Ranges pf{{pf0, pf1, pf2, pf3}, {pfn0, pfn1, pfn2, pfn3}};
-  // pf_mode (GdnOps.GDN_PF_NEXT): 1: the ranges (pf0, pfn0) .. (pf3, pfn3) asked of L2 right after the state rows' loads; 2: after the
-  // cluster arrival (the lead warp after its epilogue); 0: not at all.
+                       float* __restrict__ xinv, float* __restrict__ xsc, int early) {
   // early (GdnOps.GDN_STATE_EARLY, the decode step): the warp's state rows and the norm weight are loaded before the PDL
   // wait. Only this kernel writes a layer's state within a step (one launch a layer), and the step before ended with
   // the graph launch before this one, so the rows are final while the kernels ahead of it still run.
@@ -55,33 +37,25 @@ extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(256)
   float4 s[4];
   float4* sp = nullptr;
   float4 zv, wv;
-  const long long pt = ((long long)blockIdx.y * gridDim.x + blockIdx.x) * 256 + threadIdx.x;
-  const long long pnt = (long long)gridDim.x * gridDim.y * 256;
   if (early) {
     sp = gdn_state_rows<4>(state, Hv, m, row0, s);
     if (lead) wv = reinterpret_cast<const float4*>(nw)[lane];
-    if (pf_mode == 1) l2_prefetch_ranges(pf, pt, pnt);
   }
   NI_PDL_ENTRY();
   if (!early) {
     sp = gdn_state_rows<4>(state, Hv, m, row0, s);
     if (lead) wv = reinterpret_cast<const float4*>(nw)[lane];
-    if (pf_mode == 1) l2_prefetch_ranges(pf, pt, pnt);
   }
   if (lead) zv = reinterpret_cast<const float4*>(z + (size_t)m * ldz + (size_t)h * 128)[lane];  // (in flight with the rule's)
   float ov[4];
   gdn_delta_rw_rows_from<4>(GDN_RAW_ARGS, m, row0, sp, s, ov);
   if (lane == 0) cl_store4(orow + (rank * 8 + warp) * 4, 0, make_float4(ov[0], ov[1], ov[2], ov[3]));
   asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-  if (!lead) {
-    if (pf_mode == 2) l2_prefetch_ranges(pf, pt, pnt);
-    return;
-  }
+  if (!lead) return;
   asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");  // (the head's 128 outputs in orow)
   const float4 res = gated_res(reinterpret_cast<const float4*>(orow)[lane], zv, wv, eps);
   reinterpret_cast<float4*>(out + (size_t)m * ldo + (size_t)h * 128)[lane] = res;
   stage_head_chunks(res, vals, h, xh + (size_t)m * kpad / 2, xsc + (size_t)m * (kpad / 32));
   if (h == 0 && lane == 0) xinv[m] = 1.f;
-  if (pf_mode == 2) l2_prefetch_ranges(pf, pt, pnt);
 }
 #endif

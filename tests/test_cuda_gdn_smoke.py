@@ -30,8 +30,8 @@ def test_gdn_delta_rw_plumbing(cp, monkeypatch, rw):
 def test_gdn_gated_cl_plumbing(cp, monkeypatch):
     """NINFER_GDN_GATED_CL (on by default) on a cluster-capable GPU, with GDN_DELTA_RW 4: each GDN layer's gdn_delta_raw_rw<4> and
     gated_rmsnorm_chunks are one gdn_delta_gated_cl (grid (Hv * 4, M), 256 threads: a cluster of 4 blocks a value head),
-    its arguments the delta rule's, then the gated norm's after its o and Hv, then GDN_STATE_EARLY and GDN_PF_NEXT's
-    ranges and mode; with RW 2 or without clusters, the two."""
+    its arguments the delta rule's, then the gated norm's after its o and Hv, then GDN_STATE_EARLY; with RW 2 or without
+    clusters, the two."""
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5_cuda import CudaQwen35
     from engine.ops import kernels as K
@@ -58,14 +58,8 @@ def test_gdn_gated_cl_plumbing(cp, monkeypatch):
     hv = args.linear_num_value_heads
     for op, d, g in zip(cl, base[::2], base[1::2]):
         assert op.grid == (hv * 4, d.grid[1]) and op.block == 256
-        assert len(op.args) == len(d.args) + len(g.args) - 1 + 9  # (+ GDN_STATE_EARLY, 4 L2 ranges, GDN_PF_NEXT)
-        assert scalars(op.args) == scalars(d.args) + scalars(g.args[1:6] + g.args[7:]) and int(op.args[-10]) == 1
-        assert [int(a) for a in op.args[-9:]] == [0] * 9  # (GDN_PF_NEXT off: no ranges)
-    monkeypatch.setattr(CudaQwen35, "GDN_PF_NEXT", 2)  # the layer's o-projection object as the first range
-    pf = gdn(True)
-    ex_o = [int(op.args[-9]) for op in pf]
-    assert all(int(op.args[-1]) == 2 and int(op.args[-8]) > 0 and int(op.args[-7]) == 0 for op in pf) and all(ex_o)
-    monkeypatch.setattr(CudaQwen35, "GDN_PF_NEXT", 0)
+        assert len(op.args) == len(d.args) + len(g.args) - 1  # (+ GDN_STATE_EARLY, last)
+        assert scalars(op.args) == scalars(d.args) + scalars(g.args[1:6] + g.args[7:]) and int(op.args[-1]) == 1
     assert [op.name for op in gdn(True, rw=2)] == ["gdn_delta_raw_rw<2>", "gated_rmsnorm_chunks"] * len(cl)
     assert [op.name for op in gdn(True, capable=False)] == [op.name for op in base]
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 import math
 import os
 
-import numpy as np
-
 from engine.ops import kernels as K
 
 GDN_HEAD_DIM = 128
@@ -53,19 +51,6 @@ class GdnOps:
     # NINFER_GDN_STATE_EARLY (gdn_delta_gated_cl): each warp's state rows loaded before the PDL wait, while the kernels
     # ahead of it in the step still run (the step's only writer of a layer's state is that layer's launch). 0: after it.
     GDN_STATE_EARLY = int(os.environ.get("NINFER_GDN_STATE_EARLY", "1"))
-    # NINFER_GDN_PF_NEXT (gdn_delta_gated_cl): the weights the layer reads next (its o-projection; in a MoE layer also the
-    # router and the shared expert) asked of L2 by every thread of the launch, which leaves DRAM idle for most of its
-    # few microseconds: 1 right after the state rows' loads, 2 after the cluster arrival; 0 off.
-    GDN_PF_NEXT = int(os.environ.get("NINFER_GDN_PF_NEXT", "0"))
-
-    def _next_weight_ranges(self, L) -> tuple:
-        """gdn_delta_gated_cl's 4 (pointer, bytes) ranges for GDN_PF_NEXT: the objects of layer L read after its GDN core
-        (each whole object's buffer), unused ones (0, 0)."""
-        mats = [L[k] for k in ("o", "router", "shared_gu", "shared_down") if k in L] if self.GDN_PF_NEXT else []
-        out = []
-        for m in mats[:4]:
-            out += [np.uint64(m.buf.data.ptr), np.int64(m.buf.nbytes)]
-        return tuple(out + [np.uint64(0), np.int64(0)] * (4 - len(mats[:4])))
 
     def _gated_chunk_scales(self):
         """The o-projection's chunk scales (fp32, a value a 32-value chunk of the staged row) or None (off)."""
@@ -85,8 +70,7 @@ class GdnOps:
             return [K.prepared("gdn_delta_gated_cl", (Hv * 4, M),
                                args + (buf_b[:, Hv * GDN_HEAD_DIM:], ldb, L["norm"], self.att, self.att.shape[1],
                                        float(self.args.rms_norm_eps)) + att_stage
-                               + (self.xsc_att, 1 if self.GDN_STATE_EARLY else 0) + self._next_weight_ranges(L)
-                               + (self.GDN_PF_NEXT,), block=256)]
+                               + (self.xsc_att, 1 if self.GDN_STATE_EARLY else 0), block=256)]
         return [K.prepared("gdn_delta_raw" if rw == 1 else f"gdn_delta_raw_rw<{rw}>",
                            (-(-Hv * GDN_HEAD_DIM // (K.WARPS * rw)), M), args),
                 self._gated_norm(L, ldb, Hv * GDN_HEAD_DIM, att_stage, buf_b, chunk=chunk)]

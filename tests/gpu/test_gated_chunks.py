@@ -49,14 +49,13 @@ def test_gated_chunks_and_the_chunk_scaled_gemv(cp, hv, n):
         check(f"o-projection after {name}", y, ref.linear(out, dq), **LINEAR)
 
 
-@pytest.mark.parametrize("early,pf", [(1, 0), (0, 0), (1, 1), (0, 2)], ids=["early", "after-wait", "pf1", "pf2"])
+@pytest.mark.parametrize("early", [1, 0], ids=["early", "after-wait"])
 @pytest.mark.parametrize("hk,hv,m", [(16, 48, 1), (16, 32, 2)], ids=["27b", "35b-2rows"])
-def test_gdn_delta_gated_cl_matches_the_two_launches(cp, hk, hv, m, early, pf):
+def test_gdn_delta_gated_cl_matches_the_two_launches(cp, hk, hv, m, early):
     """gdn_delta_gated_cl (cuda/gdn_cluster.cu, GdnOps.GDN_GATED_CL: a cluster of 4 blocks a value head, the head's
     outputs pushed into its first block through distributed shared memory) against gdn_delta_raw_rw<4> then
     gated_rmsnorm_chunks: the state, o, the gated output, the staged pairs, the chunk scales and xinv bit for bit; early:
-    the state rows loaded before the PDL wait (GDN_STATE_EARLY); pf: GDN_PF_NEXT's L2 prefetch mode (of two ranges
-    here: the q|k rows and a 1 MB buffer)."""
+    the state rows loaded before the PDL wait (GDN_STATE_EARLY)."""
     from engine.ops import kernels as K
 
     if not (K.XI16 and K.cluster_capable()):
@@ -82,10 +81,7 @@ def test_gdn_delta_gated_cl_matches_the_two_launches(cp, hk, hv, m, early, pf):
         z = (vzd[:, k:], vz.shape[1], cp.asarray(nw), out, k)
         stage = (k, kpad, xh, xinv, xsc)
         if fused:
-            big = cp.zeros(1 << 20, dtype=cp.uint8)
-            ranges = (np.uint64(delta[0].data.ptr), np.int64(delta[0].nbytes), np.uint64(big.data.ptr), np.int64(big.nbytes),
-                      np.uint64(0), np.int64(0), np.uint64(0), np.int64(0))
-            K.prepared(fused, (hv * 4, m), delta + z + (1e-6,) + stage + (early,) + ranges + (pf,), block=256)()
+            K.prepared(fused, (hv * 4, m), delta + z + (1e-6,) + stage + (early,), block=256)()
         else:
             K.prepared("gdn_delta_raw_rw<4>", (hv * 4, m), delta)()
             K.prepared("gated_rmsnorm_chunks", (-(-hv // 8), m), (o,) + z + (hv, 1e-6) + stage, block=256)()
