@@ -18,6 +18,7 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
+#   fin20: GDN_AB_IN (its tests, then its A/B), `ninfer bench` with each model's best, every GPU test
 #   s20d: GDN_PF_NEXT's modes and BRANCHES=0 under PDL (A/B both models), `ninfer bench` with each model's best
 #   s20c: PDL with a plain launch after each join (s20b's MoE failures), GDN_STATE_EARLY's A/B, `ninfer bench` targets
 #   s20b: programmatic dependent launch for real (kernels.Launch never set the attribute's value before): every GPU
@@ -410,6 +411,36 @@ timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128
 log "35B-A3B tg128 (defaults)"
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
+fi
+if [ "$PART" = fin20 ]; then  # session 20's last call: GDN_AB_IN (tests, then its A/B), `ninfer bench` with each model's
+# best, every GPU test on the final code
+ready
+log "GDN_AB_IN: the kernel against gemv_bf16 + the kernel, the engine's logits on / off"
+gpu_pytest "$OUT/gpu_tests_fin20_abin.txt" tests/gpu/test_gated_chunks.py tests/gpu/test_decode_paths.py -k "ab_in"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_fin20_abin.txt" | tail -6
+VAR="base,GDN_AB_IN=1"
+grep -q "failed\|error" "$OUT/gpu_tests_fin20_abin.txt" && VAR="base"
+for M in qwen3.6-35b-a3b qwen3.8-27b; do
+  log "$M: $VAR in one process"
+  timeout 150 python3 bench/gpu_decode.py --synthetic $M --attr="$VAR" \
+    --out "$OUT/decode_fin20_${M%%-*}_${M##*-}.json" 2>&1 | grep -E "PDL|attr|rror" | head -6
+done
+B35=$(best_attr_env "$OUT/decode_fin20_qwen3.6_a3b.json" 0)
+B27=$(best_attr_env "$OUT/decode_fin20_qwen3.8_27b.json" 0)
+log "35B-A3B tg128 (env: ${B35:-defaults})"
+env $B35 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
+  -o json --out "$OUT/tg128_35b_fin20.json" 2>&1 | grep -E "^\||rror" | tail -1
+log "27B tg128 (env: ${B27:-defaults})"
+env $B27 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
+  -o json --out "$OUT/tg128_27b_fin20.json" 2>&1 | grep -E "^\||rror" | tail -1
+log "27B tg128 at 32768, int8 KV (env: ${B27:-defaults})"
+env $B27 timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 -d 32768 --kv int8 \
+  -o json --out "$OUT/tg128_27b_d32k_fin20.json" 2>&1 | grep -E "^\||rror" | tail -1
+log "the MoE engine against NumPy with GDN_AB_IN=1; then every GPU test (defaults)"
+NINFER_GDN_AB_IN=1 gpu_pytest "$OUT/gpu_tests_fin20_abin_moe.txt" tests/gpu/test_gpu_engine_moe.py
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_fin20_abin_moe.txt" | tail -4
+gpu_pytest "$OUT/gpu_tests_fin20.txt" tests/gpu
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_fin20.txt" | tail -8
 fi
 if [ "$PART" = s20d ]; then  # GDN_PF_NEXT (the layer's next weights asked of L2 by gdn_delta_gated_cl), BRANCHES=0 under PDL
 ready

@@ -128,7 +128,8 @@ __device__ __forceinline__ void gdn_raw_head(const float* __restrict__ qk, int l
                                              int ldab, const float* __restrict__ a_log,
                                              const float* __restrict__ dt_bias, float q_scale, int Hk, int Hv,
                                              int tiled, int m, int h, int lane, float4& q, float4& k, float& alpha,
-                                             float& beta) {
+                                             float& beta, const float* abl = nullptr) {
+  // abl != nullptr: the head's a and b projections already computed (abl[0], abl[1]; gdn_delta_gated_cl's GDN_AB_IN)
   const int kh = tiled ? h % Hk : h / (Hv / Hk);
   q = reinterpret_cast<const float4*>(qk + (size_t)m * ldqk + (size_t)kh * 128)[lane];
   k = reinterpret_cast<const float4*>(qk + (size_t)m * ldqk + (size_t)(Hk + kh) * 128)[lane];
@@ -137,10 +138,10 @@ __device__ __forceinline__ void gdn_raw_head(const float* __restrict__ qk, int l
   const float rk = rsqrtf(warp_sum(k.x * k.x + k.y * k.y + k.z * k.z + k.w * k.w) + 1e-6f);
   q = make_float4(q.x * rq, q.y * rq, q.z * rq, q.w * rq);
   k = make_float4(k.x * rk, k.y * rk, k.z * rk, k.w * rk);
-  const float a = ab[(size_t)m * ldab + h] + dt_bias[h];
+  const float a = (abl != nullptr ? abl[0] : ab[(size_t)m * ldab + h]) + dt_bias[h];
   const float spl = a > 20.f ? a : log1pf(__expf(a));
   alpha = __expf(-__expf(a_log[h]) * spl);
-  beta = sigmoidf_(ab[(size_t)m * ldab + Hv + h]);
+  beta = sigmoidf_(abl != nullptr ? abl[1] : ab[(size_t)m * ldab + Hv + h]);
 }
 
 // gdn_delta from the conv outputs themselves (the projections' EPI_CONV epilogue did the conv and SiLU;
@@ -190,7 +191,7 @@ __device__ __forceinline__ float4* gdn_state_rows(float* __restrict__ state, int
 // gdn_delta_rw_rows with the rows already in s (from gdn_state_rows at sp)
 template <int RW>
 __device__ __forceinline__ void gdn_delta_rw_rows_from(GDN_RAW_PARAMS, int m, int row0, float4* sp, float4 (&s)[RW],
-                                                       float (&ov)[RW]) {
+                                                       float (&ov)[RW], const float* abl = nullptr) {
   const int lane = threadIdx.x & 31;
   const int h = row0 >> 7, dv0 = row0 & 127;
   float vr[RW];
@@ -198,7 +199,7 @@ __device__ __forceinline__ void gdn_delta_rw_rows_from(GDN_RAW_PARAMS, int m, in
   for (int r = 0; r < RW; ++r) vr[r] = vv[(size_t)m * ldv + (size_t)h * 128 + dv0 + r];
   float4 q, k;
   float alpha, beta;
-  gdn_raw_head(qk, ldqk, ab, ldab, a_log, dt_bias, q_scale, Hk, Hv, tiled, m, h, lane, q, k, alpha, beta);
+  gdn_raw_head(qk, ldqk, ab, ldab, a_log, dt_bias, q_scale, Hk, Hv, tiled, m, h, lane, q, k, alpha, beta, abl);
 #pragma unroll
   for (int r = 0; r < RW; ++r) {
     ov[r] = delta_reg(s[r], q, k, alpha, beta, vr[r]);

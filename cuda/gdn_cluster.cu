@@ -24,7 +24,13 @@ __device__ __forceinline__ void cl_store4(float* local, unsigned int rank, float
 extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(256)
     gdn_delta_gated_cl(GDN_RAW_PARAMS, const float* __restrict__ z, int ldz, const float* __restrict__ nw,
                        float* __restrict__ out, int ldo, float eps, int K, int kpad, __half2* __restrict__ xh,
-                       float* __restrict__ xinv, float* __restrict__ xsc, int early) {
+                       float* __restrict__ xinv, float* __restrict__ xsc, int early,
+                       const unsigned short* __restrict__ abw, const float* __restrict__ xab, int ldx, int H) {
+  // abw != nullptr (GdnOps.GDN_AB_IN): the head's a and b projections computed here from the bf16 [a; b] weights (2 Hv
+  // rows of H) and the fp32 normed row xab (ldx apart), as gemv_bf16 with 8 warps a row (kw 8) computes them, instead
+  // of reading ab: the layer's a|b GEMV, its branch and its join go (the launch after a join is a plain one). Every
+  // block computes both for its head: warp p takes chunks p, p + 8, ... of 8 values of both rows (its weights loaded
+  // before the PDL wait), then the 8 warps' sums in order through shared memory. H % 8 == 0, H <= 8192.
   // early (GdnOps.GDN_STATE_EARLY, the decode step): the warp's state rows and the norm weight are loaded before the PDL
   // wait. Only this kernel writes a layer's state within a step (one launch a layer), and the step before ended with
   // the graph launch before this one, so the rows are final while the kernels ahead of it still run.
@@ -37,6 +43,21 @@ extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(256)
   float4 s[4];
   float4* sp = nullptr;
   float4 zv, wv;
+  __shared__ float abred[8][2];
+  __shared__ float abv[2];
+  constexpr int ABC = 4;  // chunks of 8 values a lane a row, at most
+  const int abn = (H + 2047) >> 11, abj = H >> 3;  // (H / 8 chunks a row over 256 threads)
+  uint4 wa[ABC], wb[ABC];
+  if (abw != nullptr) {
+    const uint4* ra = reinterpret_cast<const uint4*>(abw + (size_t)h * H);
+    const uint4* rb = reinterpret_cast<const uint4*>(abw + (size_t)(Hv + h) * H);
+#pragma unroll
+    for (int i = 0; i < ABC; ++i)
+      if (i < abn && lane + 32 * warp + 256 * i < abj) {
+        wa[i] = ldw(ra + lane + 32 * warp + 256 * i);
+        wb[i] = ldw(rb + lane + 32 * warp + 256 * i);
+      }
+  }
   if (early) {
     sp = gdn_state_rows<4>(state, Hv, m, row0, s);
     if (lead) wv = reinterpret_cast<const float4*>(nw)[lane];
@@ -47,8 +68,36 @@ extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(256)
     if (lead) wv = reinterpret_cast<const float4*>(nw)[lane];
   }
   if (lead) zv = reinterpret_cast<const float4*>(z + (size_t)m * ldz + (size_t)h * 128)[lane];  // (in flight with the rule's)
+  if (abw != nullptr) {
+    float aa = 0.f, ab2 = 0.f;
+#pragma unroll
+    for (int i = 0; i < ABC; ++i)
+      if (i < abn && lane + 32 * warp + 256 * i < abj) {
+        const int j = lane + 32 * warp + 256 * i;
+        const float4* xp = reinterpret_cast<const float4*>(xab + (size_t)m * ldx + j * 8);
+        const float4 a = xp[0], b = xp[1];
+        const uint4 v = wa[i], u = wb[i];
+        aa += bf16_lo(v.x) * a.x + bf16_hi(v.x) * a.y + bf16_lo(v.y) * a.z + bf16_hi(v.y) * a.w + bf16_lo(v.z) * b.x +
+              bf16_hi(v.z) * b.y + bf16_lo(v.w) * b.z + bf16_hi(v.w) * b.w;
+        ab2 += bf16_lo(u.x) * a.x + bf16_hi(u.x) * a.y + bf16_lo(u.y) * a.z + bf16_hi(u.y) * a.w + bf16_lo(u.z) * b.x +
+               bf16_hi(u.z) * b.y + bf16_lo(u.w) * b.z + bf16_hi(u.w) * b.w;
+      }
+    aa = warp_sum(aa);
+    ab2 = warp_sum(ab2);
+    if (lane == 0) {
+      abred[warp][0] = aa;
+      abred[warp][1] = ab2;
+    }
+    __syncthreads();
+    if (threadIdx.x < 2) {
+      float t = 0.f;
+      for (int p = 0; p < 8; ++p) t += abred[p][threadIdx.x];
+      abv[threadIdx.x] = t;
+    }
+    __syncthreads();
+  }
   float ov[4];
-  gdn_delta_rw_rows_from<4>(GDN_RAW_ARGS, m, row0, sp, s, ov);
+  gdn_delta_rw_rows_from<4>(GDN_RAW_ARGS, m, row0, sp, s, ov, abw != nullptr ? abv : nullptr);
   if (lane == 0) cl_store4(orow + (rank * 8 + warp) * 4, 0, make_float4(ov[0], ov[1], ov[2], ov[3]));
   asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
   if (!lead) return;

@@ -38,6 +38,7 @@ def test_gdn_gated_cl_plumbing(cp, monkeypatch):
 
     args, w = _weights(CFG)
     monkeypatch.setattr(CudaQwen35, "GDN_FUSED", False)
+    monkeypatch.setattr(CudaQwen35, "GDN_AB_IN", 0)
     keep = ("gdn_delta", "gated_rmsnorm")
 
     def gdn(on, rw=4, capable=True):
@@ -58,9 +59,25 @@ def test_gdn_gated_cl_plumbing(cp, monkeypatch):
     hv = args.linear_num_value_heads
     for op, d, g in zip(cl, base[::2], base[1::2]):
         assert op.grid == (hv * 4, d.grid[1]) and op.block == 256
-        assert len(op.args) == len(d.args) + len(g.args) - 1  # (+ GDN_STATE_EARLY, last)
-        assert scalars(op.args) == scalars(d.args) + scalars(g.args[1:6] + g.args[7:]) and int(op.args[-1]) == 1
+        assert len(op.args) == len(d.args) + len(g.args) + 3  # (+ GDN_STATE_EARLY, then GDN_AB_IN's four)
+        assert scalars(op.args) == scalars(d.args) + scalars(g.args[1:6] + g.args[7:]) and int(op.args[-5]) == 1
+        assert [int(a) for a in op.args[-4:]] == [0] * 4  # (GDN_AB_IN off)
     assert [op.name for op in gdn(True, rw=2)] == ["gdn_delta_raw_rw<2>", "gated_rmsnorm_chunks"] * len(cl)
+    monkeypatch.setattr(CudaQwen35, "GDN_AB_IN", 1)  # the a|b projection inside: the weights, x, its stride and H
+    monkeypatch.setattr(CudaQwen35, "GDN_GATED_CL", True)
+    monkeypatch.setattr(CudaQwen35, "GDN_DELTA_RW", 4)
+    monkeypatch.setattr(K, "cluster_capable", lambda: True)
+    ex = build_engine(args, w, CFG, max_context=256, prefill_cols=1, prefill_gemm=0).model.executor
+    ex.gemv_cfg = {(L["o"].fmt, L["o"].n, L["o"].k): {"pre2": True} for L in ex.layers}
+    ex.ops = ex._plan()
+    ops = _flat(ex.ops)
+    ab_in = [op for op in ops if getattr(op, "name", "") == "gdn_delta_gated_cl"]
+    gdn_layers = [L for L in ex.layers if "ab" in L]
+    assert len(ab_in) == len(gdn_layers) and all(int(op.args[-1]) == args.hidden_size for op in ab_in)
+    assert [int(op.args[-4]) for op in ab_in] == [L["ab"].ptr(L["ab"].base) for L in gdn_layers]
+    assert all(int(op.args[-3]) == ex.xn.data.ptr and int(op.args[-2]) == ex.xn.shape[1] for op in ab_in)
+    launched_bf16 = [op for op in ops if getattr(op, "name", "").startswith("gemv_bf16")]
+    assert not any(int(op.args[0]) == L["ab"].ptr(L["ab"].base) for op in launched_bf16 for L in gdn_layers)
     assert [op.name for op in gdn(True, capable=False)] == [op.name for op in base]
 
 

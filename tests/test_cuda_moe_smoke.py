@@ -142,5 +142,5 @@ def test_moe_fused_o_chunk_plumbing(cp, monkeypatch):
     monkeypatch.setattr(CudaQwen35, "GDN_GATED_CL", 1)  # (gdn_delta_gated_cl stages the chunks into the same scales)
     eng, cl, ops = build(1)
     assert cl.count("gdn_delta_gated_cl") == gdn and "gated_rmsnorm_chunks" not in cl
-    assert all(int(op.args[-2]) == eng.model.executor.xsc_att.data.ptr and int(op.args[-1]) == 1 for op in ops
-               if getattr(op, "name", "") == "gdn_delta_gated_cl")  # (the xsc scales, then GDN_STATE_EARLY)
+    assert all(int(op.args[-6]) == eng.model.executor.xsc_att.data.ptr and int(op.args[-5]) == 1 for op in ops
+               if getattr(op, "name", "") == "gdn_delta_gated_cl")  # (the xsc scales, GDN_STATE_EARLY, GDN_AB_IN's four)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 import os
 
+import numpy as np
+
 from engine.ops import kernels as K
 
 GDN_HEAD_DIM = 128
@@ -51,6 +53,22 @@ class GdnOps:
     # NINFER_GDN_STATE_EARLY (gdn_delta_gated_cl): each warp's state rows loaded before the PDL wait, while the kernels
     # ahead of it in the step still run (the step's only writer of a layer's state is that layer's launch). 0: after it.
     GDN_STATE_EARLY = int(os.environ.get("NINFER_GDN_STATE_EARLY", "1"))
+    # NINFER_GDN_AB_IN=1 (gdn_delta_gated_cl): each head's a and b gate projections computed inside the launch from the
+    # bf16 weights and the fp32 normed row (gemv_bf16's kw-8 order), so the layer's a|b GEMV, its branch and the join
+    # before the delta rule go: the delta rule then launches programmatically after the projection (its state loads
+    # before the wait overlapping it). Off until measured.
+    GDN_AB_IN = int(os.environ.get("NINFER_GDN_AB_IN", "0"))
+
+    def _cl_core(self, chunk: bool) -> bool:
+        """Whether _raw_core takes gdn_delta_gated_cl (a cluster of 4 blocks a value head)."""
+        rw = self.GDN_DELTA_RW if self.GDN_DELTA_RW in K.GDN_DELTA_RW else 1
+        return bool(chunk and rw == 4 and self.GDN_GATED_CL and K.cluster_capable())
+
+    def _ab_in(self, L, chunk: bool) -> bool:
+        """GDN_AB_IN applies to layer L: gdn_delta_gated_cl computes its a|b projection (bf16, H <= 8,192)."""
+        ab = L["ab"]
+        return bool(self.GDN_AB_IN and self._cl_core(chunk) and ab.fmt == "bf16" and ab.k == self.H
+                    and self.H % 8 == 0 and self.H <= 8192)
 
     def _gated_chunk_scales(self):
         """The o-projection's chunk scales (fp32, a value a 32-value chunk of the staged row) or None (off)."""
@@ -66,11 +84,14 @@ class GdnOps:
         rw = self.GDN_DELTA_RW if self.GDN_DELTA_RW in K.GDN_DELTA_RW else 1
         args = (buf_a, lda, buf_b, ldb, self.ab, self.ab.shape[1], L["a_log"], L["dt_bias"],
                 float(1.0 / math.sqrt(GDN_HEAD_DIM)), L["state"], self.att2, Hk, Hv, 0)
-        if chunk and rw == 4 and self.GDN_GATED_CL and K.cluster_capable():  # (a cluster of 4 blocks a value head)
+        if self._cl_core(chunk):  # (a cluster of 4 blocks a value head)
+            ab = L["ab"]
+            ab_in = ((np.uint64(ab.ptr(ab.base)), self.xn, self.xn.shape[1], self.H) if self._ab_in(L, chunk)
+                     else (np.uint64(0), np.uint64(0), 0, 0))
             return [K.prepared("gdn_delta_gated_cl", (Hv * 4, M),
                                args + (buf_b[:, Hv * GDN_HEAD_DIM:], ldb, L["norm"], self.att, self.att.shape[1],
                                        float(self.args.rms_norm_eps)) + att_stage
-                               + (self.xsc_att, 1 if self.GDN_STATE_EARLY else 0), block=256)]
+                               + (self.xsc_att, 1 if self.GDN_STATE_EARLY else 0) + ab_in, block=256)]
         return [K.prepared("gdn_delta_raw" if rw == 1 else f"gdn_delta_raw_rw<{rw}>",
                            (-(-Hv * GDN_HEAD_DIM // (K.WARPS * rw)), M), args),
                 self._gated_norm(L, ldb, Hv * GDN_HEAD_DIM, att_stage, buf_b, chunk=chunk)]
@@ -94,13 +115,17 @@ class GdnOps:
                 lda = ldb = buf_a.shape[1]
                 merged = self._gemv(qkvz, self.xn, buf_a, xpre=xn, epi="conv",
                                     conv=(L["conv"], L["conv_state"], C, 0, C))
-                ops.extend(self._concurrent([merged], [self._gemv(L["ab"], self.xn, self.ab)]))
+                if self._ab_in(L, chunk):  # (the delta rule's launch computes a|b)
+                    ops.append(merged)
+                else:
+                    ops.extend(self._concurrent([merged], [self._gemv(L["ab"], self.xn, self.ab)]))
             else:
                 qk = self._gemv(L["qk"], self.xn, self.buf_a, xpre=xn, epi="conv",
                                 conv=(L["conv"], L["conv_state"], C, 0, qkc))
                 vz = self._gemv(L["vz"], self.xn, self.buf_b, xpre=xn, epi="conv",
                                 conv=(L["conv"], L["conv_state"], C, qkc, Hv * GDN_HEAD_DIM))
-                ops.extend(self._concurrent([vz], [qk, self._gemv(L["ab"], self.xn, self.ab)]))
+                ab_gemv = [] if self._ab_in(L, chunk) else [self._gemv(L["ab"], self.xn, self.ab)]
+                ops.extend(self._concurrent([vz], [qk] + ab_gemv))
         else:
             qk = self._gemv(L["qk"], self.xn, self.buf_a, xpre=xn)
             vz = self._gemv(L["vz"], self.xn, self.buf_b, xpre=xn)

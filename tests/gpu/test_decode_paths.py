@@ -217,6 +217,30 @@ def test_gdn_gated_cl_gives_the_same_logits(monkeypatch):
     assert all(np.array_equal(a, b) for a, b in zip(out[True], out[False]))
 
 
+def test_gdn_ab_in_gives_close_logits(monkeypatch):
+    """NINFER_GDN_AB_IN=1 (each head's a and b projections inside gdn_delta_gated_cl, no a|b GEMV, branch or join):
+    the logits after a 150-token prompt and over 40 teacher-forced steps close to the a|b GEMV's, the same greedy
+    choices (the sums in gemv_bf16's order; bit-identity is not promised)."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+    from engine.ops import kernels as K
+
+    if not K.cluster_capable():
+        pytest.skip("thread block clusters: sm_90")
+    args, w, prompt, forced = forced_case(CFG, 15)
+    monkeypatch.setattr(CudaQwen35, "GDN_FUSED", False)
+    monkeypatch.setattr(CudaQwen35, "GATED_CHUNK", 1)
+    monkeypatch.setattr(CudaQwen35, "GDN_DELTA_RW", 4)
+    monkeypatch.setattr(CudaQwen35, "GDN_GATED_CL", True)
+    out = {}
+    for on in (0, 1):
+        monkeypatch.setattr(CudaQwen35, "GDN_AB_IN", on)
+        eng, names = engine_with_o_on_pre2(build_engine(args, w, CFG, max_context=512, prefill_cols=1))
+        assert "gdn_delta_gated_cl" in names
+        out[on] = forced_logits(eng, prompt, forced)
+    assert_close_runs(out[1], out[0])
+
+
 def test_mlp_fused_o_matches_the_separate_o_projection(monkeypatch):
     """NINFER_MLP_FUSED_O=1 (a GDN layer's o-projection inside its mlp_fused launch, from the gated norm's chunk-scaled
     pairs, before a grid barrier and the norm): the logits after a 150-token prompt and over 40 teacher-forced steps

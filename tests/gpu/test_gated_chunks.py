@@ -81,7 +81,7 @@ def test_gdn_delta_gated_cl_matches_the_two_launches(cp, hk, hv, m, early):
         z = (vzd[:, k:], vz.shape[1], cp.asarray(nw), out, k)
         stage = (k, kpad, xh, xinv, xsc)
         if fused:
-            K.prepared(fused, (hv * 4, m), delta + z + (1e-6,) + stage + (early,), block=256)()
+            K.prepared(fused, (hv * 4, m), delta + z + (1e-6,) + stage + (early, 0, 0, 0, 0), block=256)()
         else:
             K.prepared("gdn_delta_raw_rw<4>", (hv * 4, m), delta)()
             K.prepared("gated_rmsnorm_chunks", (-(-hv // 8), m), (o,) + z + (hv, 1e-6) + stage, block=256)()
@@ -90,3 +90,48 @@ def test_gdn_delta_gated_cl_matches_the_two_launches(cp, hk, hv, m, early):
     for name, a, b in zip(("state", "o", "out", "xh", "xsc", "xinv"), outs[""], outs["gdn_delta_gated_cl"]):
         assert np.array_equal(a, b, equal_nan=True), name
     assert not np.isnan(outs[""][2]).any() and outs[""][5].tolist() == [1.0] * m
+
+
+@pytest.mark.parametrize("hk,hv,h,m", [(16, 48, 5120, 1), (16, 32, 2048, 2)], ids=["27b", "35b-2rows"])
+def test_gdn_ab_in_matches_the_ab_gemv(cp, hk, hv, h, m):
+    """GDN_AB_IN: gdn_delta_gated_cl computing each head's a and b projections from the bf16 [a; b] weights and the
+    fp32 normed row (before the PDL wait: the weights) against gemv_bf16 (8 warps a row, as the executor launches it
+    for 2 Hv rows) writing ab and the kernel reading it: the state, o and the gated output within fp32 rounding (the
+    sums run in gemv_bf16's order; the compiler may contract them differently)."""
+    from engine.ops import kernels as K
+
+    if not (K.XI16 and K.cluster_capable()):
+        pytest.skip("thread block clusters (sm_90) and chunk scales on int16 pairs")
+    rng = np.random.default_rng(9)
+
+    def f(*shape, s=1.0):
+        return (s * rng.standard_normal(shape)).astype(np.float32)
+
+    k = hv * 128
+    kpad = -(-k // K.XPAD) * K.XPAD
+    qk, vz, nw, x = f(m, 2 * hk * 128), f(m, 2 * k), 1 + f(128, s=0.1), f(m, h)
+    wab = (f(2 * hv, h) / np.sqrt(h)).astype(np.float32)
+    wab_bf16 = (wab.view(np.uint32) >> 16).astype(np.uint16)  # (truncated to bf16: the kernel's weights)
+    a_log, dt = f(hv, s=0.3), f(hv, s=0.3)
+    state0 = f(m, hv, 128, 128, s=0.1)
+    wdev, xdev = cp.asarray(wab_bf16), cp.asarray(x)
+    outs = {}
+    for inside in (False, True):
+        st, vzd = cp.asarray(state0), cp.asarray(vz)
+        ab = poisoned(cp, (m, 2 * hv))
+        if not inside:
+            K.prepared(f"gemv_bf16<{m}>", (2 * hv,), (wdev, 2 * hv, h, xdev, h, ab, 2 * hv, 0, 8))()
+        o, out, xinv = poisoned(cp, (m, k)), poisoned(cp, (m, k)), poisoned(cp, (m,))
+        xsc = poisoned(cp, (m * kpad // 32,))
+        xh = cp.asarray(np.zeros((m, kpad // 2), np.uint32))
+        delta = (cp.asarray(qk), qk.shape[1], vzd, vz.shape[1], ab, 2 * hv, cp.asarray(a_log), cp.asarray(dt),
+                 float(1 / np.sqrt(128)), st, o, hk, hv, 0)
+        z = (vzd[:, k:], vz.shape[1], cp.asarray(nw), out, k)
+        ab_in = (wdev, xdev, h, h) if inside else (0, 0, 0, 0)
+        K.prepared("gdn_delta_gated_cl", (hv * 4, m), delta + z + (1e-6,) + (k, kpad, xh, xinv, xsc, 1) + ab_in,
+                   block=256)()
+        cp.cuda.Device().synchronize()
+        outs[inside] = [a.get() for a in (st, o, out)]
+    for name, a, b in zip(("state", "o", "out"), outs[False], outs[True]):
+        assert not np.isnan(b).any(), name
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5, err_msg=name)
