@@ -18,6 +18,7 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
+#   fin20b: GDN_AB_IN on by default: the GPU tests of the paths it touches
 #   fin20: GDN_AB_IN (its tests, then its A/B), `ninfer bench` with each model's best, every GPU test
 #   s20d: GDN_PF_NEXT's modes and BRANCHES=0 under PDL (A/B both models), `ninfer bench` with each model's best
 #   s20c: PDL with a plain launch after each join (s20b's MoE failures), GDN_STATE_EARLY's A/B, `ninfer bench` targets
@@ -411,6 +412,12 @@ timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128
 log "35B-A3B tg128 (defaults)"
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
+fi
+if [ "$PART" = fin20b ]; then  # GDN_AB_IN on by default: the GPU tests of the paths it touches
+ready
+gpu_pytest "$OUT/gpu_tests_fin20b.txt" tests/gpu/test_decode_paths.py tests/gpu/test_gpu_engine.py \
+  tests/gpu/test_gpu_engine_moe.py tests/gpu/test_gated_chunks.py tests/gpu/test_prefill.py tests/gpu/test_smollm2_gpu.py
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_fin20b.txt" | tail -10
 fi
 if [ "$PART" = fin20 ]; then  # session 20's last call: GDN_AB_IN (tests, then its A/B), `ninfer bench` with each model's
 # best, every GPU test on the final code

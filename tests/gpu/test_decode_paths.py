@@ -208,6 +208,7 @@ def test_gdn_gated_cl_gives_the_same_logits(monkeypatch):
     monkeypatch.setattr(CudaQwen35, "GDN_FUSED", False)
     monkeypatch.setattr(CudaQwen35, "GATED_CHUNK", 1)
     monkeypatch.setattr(CudaQwen35, "GDN_DELTA_RW", 4)
+    monkeypatch.setattr(CudaQwen35, "GDN_AB_IN", 0)  # (the a|b projection by its GEMV both ways: GDN_AB_IN's own test)
     out = {}
     for cl in (False, True):
         monkeypatch.setattr(CudaQwen35, "GDN_GATED_CL", cl)
