@@ -1,5 +1,6 @@
 """Does programmatic dependent launch shorten a chain of kernels inside a CUDA graph (as the decode step
-captures it)? The decode step measured the same with and without it (bench/NOTES-decode.md, #7).
+captures it)? The decode step measured the same with and without it until session 20 found that no launch had
+carried the attribute's value (kernels._LaunchAttr); with it, the 35B-A3B's step gained 5% (bench/NOTES-decode.md).
 
 Run on the GPU machine:  python bench/pdl_probe.py
 Chains of N launches captured into one graph through engine.ops.kernels.Launch (cuLaunchKernelEx with
