@@ -18,6 +18,7 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
+#   s21a: (next session's first call, written without device time) GEMV_PAIR under real PDL, COOP_PDL 1 / 2
 #   fin20b: GDN_AB_IN on by default: the GPU tests of the paths it touches
 #   fin20: GDN_AB_IN (its tests, then its A/B), `ninfer bench` with each model's best, every GPU test
 #   s20d: GDN_PF_NEXT's modes and BRANCHES=0 under PDL (A/B both models), `ninfer bench` with each model's best
@@ -412,6 +413,23 @@ timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128
 log "35B-A3B tg128 (defaults)"
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
+fi
+if [ "$PART" = s21a ]; then  # next session's first call (written without device time): GEMV_PAIR again, now that PDL is
+# real (s19d lost 0.6% with plain launches: the pair removes the 27B's remaining joins, so its successors launch early),
+# and the persistent kernels' programmatic launch without the cooperative attribute (K.COOP_PDL=2)
+ready
+log "tests: the pair grid against the two launches (kernel, engine logits); the engines with COOP_PDL=2"
+gpu_pytest "$OUT/gpu_tests_s21a.txt" tests/gpu/test_gemv.py tests/gpu/test_decode_paths.py -k "pair"
+NINFER_COOP_PDL=2 gpu_pytest "$OUT/gpu_tests_s21a_coop.txt" tests/gpu/test_gpu_engine.py tests/gpu/test_gpu_engine_moe.py \
+  tests/gpu/test_mlp_fused.py
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s21a.txt" "$OUT/gpu_tests_s21a_coop.txt" | tail -10
+log "27B: GEMV_PAIR, COOP_PDL 1 / 2 in one process"
+timeout 240 python3 bench/gpu_decode.py --synthetic qwen3.8-27b \
+  --attr="base,GEMV_PAIR=1,K.COOP_PDL=1,K.COOP_PDL=2,GEMV_PAIR=1;K.COOP_PDL=2" \
+  --out "$OUT/decode_s21a_27b.json" 2>&1 | grep -E "PDL|attr|rror" | head -14
+log "35B-A3B: COOP_PDL 1 / 2 in one process"
+timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --attr="base,K.COOP_PDL=1,K.COOP_PDL=2" \
+  --out "$OUT/decode_s21a_35b.json" 2>&1 | grep -E "PDL|attr|rror" | head -10
 fi
 if [ "$PART" = fin20b ]; then  # GDN_AB_IN on by default: the GPU tests of the paths it touches
 ready

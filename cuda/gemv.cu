@@ -34,13 +34,20 @@ struct ConvEpi {
 
 // The parameters of the row-split GEMV kernels (gemv_rs and the variants in gemv_variants.cu): one
 // argument list, which GemvPlan builds once for all of them.
-#define GEMV_RS_PARAMS                                                                                  \
-  const unsigned char* __restrict__ base, const unsigned char* __restrict__ high,                     \
-      const __half* __restrict__ scales, int N, int gpr, int pair_stride, const float* __restrict__ x, \
-      int ldx, int K, int u4_per_split, float* __restrict__ y, int ldy, int epi,                      \
-      const float* __restrict__ xinv, const int* __restrict__ eidx, int erows, long long xz, int yz,  \
-      const float* __restrict__ ywt, int pf, const float* __restrict__ conv_w, float* __restrict__ conv_st,    \
-      int conv_c, int conv_base, int conv_rows
+// (GEMV_RS_PARAMS_P(p), GEMV_RS_ARGS_P(p): the same list with every name prefixed by p, for gemv_rs_pre_pair's two.)
+#define GEMV_RS_PARAMS_P(p)                                                                                       \
+  const unsigned char* __restrict__ p##base, const unsigned char* __restrict__ p##high,                         \
+      const __half* __restrict__ p##scales, int p##N, int p##gpr, int p##pair_stride,                           \
+      const float* __restrict__ p##x, int p##ldx, int p##K, int p##u4_per_split, float* __restrict__ p##y,      \
+      int p##ldy, int p##epi, const float* __restrict__ p##xinv, const int* __restrict__ p##eidx, int p##erows, \
+      long long p##xz, int p##yz, const float* __restrict__ p##ywt, int p##pf,                                  \
+      const float* __restrict__ p##conv_w, float* __restrict__ p##conv_st, int p##conv_c, int p##conv_base,    \
+      int p##conv_rows
+#define GEMV_RS_ARGS_P(p)                                                                                        \
+  p##base, p##high, p##scales, p##N, p##gpr, p##pair_stride, p##x, p##ldx, p##K, p##u4_per_split, p##y, p##ldy, \
+      p##epi, p##xinv, p##eidx, p##erows, p##xz, p##yz, p##ywt, p##pf, p##conv_w, p##conv_st, p##conv_c,        \
+      p##conv_base, p##conv_rows
+#define GEMV_RS_PARAMS GEMV_RS_PARAMS_P()
 
 // A warp's finished row group: reduce each row's lane partials and apply the epilogue. TRACK: returns
 // the largest |SwiGLU output| this lane wrote (0 elsewhere; gemv_rs_pre's fused staging reads it).

@@ -52,10 +52,12 @@ __device__ __forceinline__ void load_row_chunks(uint4 (&w)[U][ROWS], uint2 (&hb)
 // instructions, for every load). Same arithmetic and epilogues as gemv_rs; MoE routing included.
 // XS (one token, q4-q6): x carries a scale a 32-value chunk (sxsc[j], chunk j = the lane's iteration's), multiplied into
 // the weight scale, as mlp_fused's chunk-scaled down does (gated_rmsnorm_chunks stages the GDN o-projection's input so).
-template <int FMT, int ROWS, int M, int U, bool CONV = false, bool XS = false>
-__global__ void __launch_bounds__(256, (M == 1 && U == 2) ? (ROWS == 1 ? 5 : (ROWS == 2 && (FMT != FMT_Q5 || NI_XI16) ? 4 : 1)) : 1)
-gemv_rs_pre(GEMV_RS_PARAMS, __half2* __restrict__ sxh, float* __restrict__ sxinv, int skpad, unsigned int* __restrict__ sslot,
-            const float* __restrict__ sxsc) {
+// (gemv_rs_pre's body; PAIR: as block bid of nb along x, gemv_rs_pre_pair running two of them in one grid. The
+// single launch reads blockIdx.x and gridDim.x where it did, which keeps its code as it was.)
+template <int FMT, int ROWS, int M, int U, bool CONV, bool XS, bool PAIR = false>
+__device__ __forceinline__ void gemv_rs_pre_body(GEMV_RS_PARAMS, __half2* __restrict__ sxh, float* __restrict__ sxinv,
+                                                 int skpad, unsigned int* __restrict__ sslot,
+                                                 const float* __restrict__ sxsc, int bid, int nb) {
   static_assert(!XS || (M == 1 && FMT != FMT_W8), "chunk scales: one token, q4-q6");
   // sxh != nullptr (SwiGLU, one token, no split, no routing): the output row is also staged for the
   // next GEMV, as stage_x would: every block folds the largest |output| it wrote into sslot[0]
@@ -87,7 +89,7 @@ gemv_rs_pre(GEMV_RS_PARAMS, __half2* __restrict__ sxh, float* __restrict__ sxinv
   const uint4* xw8 = reinterpret_cast<const uint4*>(x) + 64 * (lane & 1);
   const int jw8 = (js + lane) >> 1;
 
-  for (int g = blockIdx.x * wpb + warp; g < ngroups; g += gridDim.x * wpb) {
+  for (int g = (PAIR ? bid : (int)blockIdx.x) * wpb + warp; g < ngroups; g += (PAIR ? nb : (int)gridDim.x) * wpb) {
     const uint4* wp[ROWS];
     const __half* sp[ROWS];
     const unsigned char* hp[ROWS];
@@ -163,6 +165,28 @@ gemv_rs_pre(GEMV_RS_PARAMS, __half2* __restrict__ sxh, float* __restrict__ sxinv
     const float bmax = block_max(wrote, red);
     if (threadIdx.x == 0 && bmax > 0.f) atomicMax(sslot, __float_as_uint(bmax));
   }
+}
+
+template <int FMT, int ROWS, int M, int U, bool CONV = false, bool XS = false>
+__global__ void __launch_bounds__(256, (M == 1 && U == 2) ? (ROWS == 1 ? 5 : (ROWS == 2 && (FMT != FMT_Q5 || NI_XI16) ? 4 : 1)) : 1)
+gemv_rs_pre(GEMV_RS_PARAMS, __half2* __restrict__ sxh, float* __restrict__ sxinv, int skpad, unsigned int* __restrict__ sslot,
+            const float* __restrict__ sxsc) {
+  gemv_rs_pre_body<FMT, ROWS, M, U, CONV, XS>(GEMV_RS_ARGS_P(), sxh, sxinv, skpad, sslot, sxsc, blockIdx.x, gridDim.x);
+}
+
+// Two one-token GEMVs on the same staged x in one grid (GemvPlan.pair, CudaQwen35.GEMV_PAIR): blocks [0, blocks_a) run
+// gemv_rs_pre<FA, RA, 1, 2, CONV>'s body over matrix a (its arguments prefixed a_), the rest that of <FB, RB> over b,
+// each looping over its rows with its own block count, so each row is computed exactly as its own launch computes it
+// (the same bits). Two launches on two branches of the graph ran one after the other on the H200 (each fills the GPU;
+// the second's ramp waits for the first's tail); here both matrices stream at once. MINB: blocks an SM.
+template <int FA, int RA, int FB, int RB, bool CONV, int MINB>
+__global__ void __launch_bounds__(256, MINB) gemv_rs_pre_pair(GEMV_RS_PARAMS_P(a_), GEMV_RS_PARAMS_P(b_), int blocks_a) {
+  if ((int)blockIdx.x < blocks_a)
+    gemv_rs_pre_body<FA, RA, 1, 2, CONV, false, true>(GEMV_RS_ARGS_P(a_), nullptr, nullptr, 0, nullptr, nullptr,
+                                                       blockIdx.x, blocks_a);
+  else
+    gemv_rs_pre_body<FB, RB, 1, 2, CONV, false, true>(GEMV_RS_ARGS_P(b_), nullptr, nullptr, 0, nullptr, nullptr,
+                                                       blockIdx.x - blocks_a, gridDim.x - blocks_a);
 }
 
 #if !NI_PRE_SM80  // (cp.async: sm_80; the experimental module only)

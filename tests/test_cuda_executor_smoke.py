@@ -87,6 +87,44 @@ def test_attn_merge_plumbing(cp, monkeypatch):
     assert not any("qkgv" in L for L in dense.layers)
 
 
+def test_gemv_pair_plumbing(cp, monkeypatch):
+    """NINFER_GEMV_PAIR=1 with the 27B's choices (GDN v|z q5 a row a warp and q|k q4 two rows, both with the conv
+    epilogue; attention gate|v q5 and q|k q4 two rows; all on gemv_rs_pre): each pair is one gemv_rs_pre_pair launch
+    of one wave (the SMs x 4 blocks) whose arguments are the two plans' 25, then the first's blocks (split by weight
+    bytes); the GDN layers' a|b GEMV stays on its side branch; off, the two launches."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+    from engine.ops import kernels as K
+    from engine.ops.gemv_plan import GemvPlan
+
+    args, w = _weights(CFG)
+    ex = build_engine(args, w, CFG, max_context=256, prefill_cols=1, prefill_gemm=0).model.executor
+    rows = {"vz": 1, "qk": 2, "gv": 2}
+    ex.gemv_cfg = {**ex.gemv_cfg, **{(L[k].fmt, L[k].n, L[k].k): {"pre2": True, "rows": r} for L in ex.layers
+                                     for k, r in rows.items() if k in L}}
+
+    def plan(on):
+        monkeypatch.setattr(CudaQwen35, "GEMV_PAIR", on)
+        ex.ops = ex._plan()
+        return _flat(ex.ops)
+
+    off = [getattr(op, "__self__", None) for op in plan(False)]
+    by_w = {int(p.args[0]): p for p in off if isinstance(p, GemvPlan)}  # (by the weights' address)
+    pairs = [op for op in plan(True) if getattr(op, "name", "").startswith("gemv_rs_pre_pair<")]
+    gdn = sum(L["kind"] != "full_attention" for L in ex.layers)
+    names = [op.name for op in pairs]
+    assert names.count("gemv_rs_pre_pair<1,1,0,2,true,4>") == gdn
+    assert names.count("gemv_rs_pre_pair<1,2,0,2,false,4>") == len(ex.layers) - gdn > 0
+    for op, L in zip(pairs, ex.layers):
+        a, b = (L["vz"], L["qk"]) if "vz" in L else (L["gv"], L["qk"])
+        pa, pb = by_w[a.ptr(a.base)], by_w[b.ptr(b.base)]
+        assert op.grid == (K.sm_count() * 4,) and op.block == 256 and len(op.args) == 51
+        assert [int(x) for x in op.args[:50]] == [int(x) for x in pa.args[:25] + pb.args[:25]]
+        assert int(op.args[50]) == round(op.grid[0] * a.nbytes / (a.nbytes + b.nbytes))
+    plans = lambda ops: sum(isinstance(getattr(op, "__self__", op), GemvPlan) for op in ops)  # noqa: E731
+    assert plans(plan(True)) == plans(off) - 2 * len(pairs)
+
+
 def test_attn_chunk_plumbing(cp, monkeypatch):
     """NINFER_ATTN_CHUNK=1: where the attention layers' o-projection takes chunk scales (gemv_rs_pre, pre2), their
     combine is attn_combine_chunks (block 256, the staging arguments, xsc_att, the positions, the split rounding) and

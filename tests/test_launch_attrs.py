@@ -23,3 +23,12 @@ def test_launch_config_points_at_the_attributes():
     assert ctypes.sizeof(K._LaunchConfig) == 56  # 7 uints, then the stream at offset 32
     assert K._LaunchConfig.hStream.offset == 32 and K._LaunchConfig.attrs.offset == 40
     assert cfg.numAttrs == 1 and cfg.attrs[0].id == 6 and cfg.attrs[0].value == 1
+
+
+def test_launch_attribute_choice(monkeypatch):
+    coop, pss = K._CU_LAUNCH_ATTRIBUTE_COOPERATIVE, K._CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    want = {0: ([coop], [coop]), 1: ([coop, pss], [coop]), 2: ([pss], [coop])}  # (under PDL, plain) a cooperative kernel
+    for mode, (under_pdl, plain) in want.items():
+        monkeypatch.setattr(K, "COOP_PDL", mode)
+        assert K.launch_attr_ids(True, True) == under_pdl and K.launch_attr_ids(True, False) == plain
+        assert K.launch_attr_ids(False, True) == [pss] and K.launch_attr_ids(False, False) == []

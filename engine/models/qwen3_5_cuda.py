@@ -16,7 +16,7 @@ import numpy as np
 from engine.gpu_weights import concat_rows
 from engine.ops import gemv_tuning
 from engine.ops import kernels as K
-from engine.ops.gemv_plan import GemvPlan
+from engine.ops.gemv_plan import GemvPlan, pair_launch
 from engine.models.qwen3_5_cuda_attn_ops import ATTN_HEAD_DIM, KV_PAGE, AttentionOps, _ptr  # noqa: F401
 from engine.models.qwen3_5_cuda_gdn_ops import GDN_HEAD_DIM, GdnOps
 from engine.models.qwen3_5_cuda_mlp import MlpOps
@@ -243,6 +243,13 @@ class CudaQwen35(NormOps, AttentionOps, GdnOps, MlpOps, SamplingOps):
                         stages=cfg.get("stages", 0), mma=None if conv else cfg.get("mma"), pre2=cfg.get("pre2", False),
                         ldg=cfg.get("ldg", False), conv=conv, tma=None if conv else cfg.get("tma")).launch
 
+    def _pair(self, a, b):
+        """GEMV_PAIR: two of _gemv's launches (of one x) as one gemv_rs_pre_pair grid, or None (off, or they do not
+        qualify: gemv_plan.pair_launch)."""
+        if not self.GEMV_PAIR or self.M != 1:
+            return None
+        return pair_launch(a.__self__, b.__self__)
+
     def _plan_gemv(self, w, x, y, epi, splits, xpre, stage_out=None, amax_out=None, xs=None):
         cfg = self.gemv_cfg.get((w.fmt, w.n, w.k), {})
         return GemvPlan(w, x, x.shape[-1], y, y.shape[-1], m=self.M, epi=epi, splits=cfg.get("splits", splits),
@@ -251,6 +258,11 @@ class CudaQwen35(NormOps, AttentionOps, GdnOps, MlpOps, SamplingOps):
                         stage_out=stage_out if cfg.get("fuse_stage") else None, ldg=cfg.get("ldg", False),
                         amax_out=amax_out, tma=cfg.get("tma"), xs=xs)
 
+    # NINFER_GEMV_PAIR=1: the two projections of one normed row that run on two graph branches (the 27B's GDN v|z and
+    # q|k, its attention gate|v and q|k: two formats) as one gemv_rs_pre_pair grid, blocks split by weight bytes (the
+    # H200 ran the two launches one after the other: each fills the GPU). The same bits. Written in session 19; off
+    # until measured.
+    GEMV_PAIR = os.environ.get("NINFER_GEMV_PAIR", "0") != "0"
     MOE_ROWS = False  # several token rows of an MoE model (the tensor-core prefill's own MoE ops)
     ARGMAX_BLOCKS = 64  # blocks a row of the greedy argmax over the vocabulary
 
@@ -315,7 +327,9 @@ class CudaQwen35(NormOps, AttentionOps, GdnOps, MlpOps, SamplingOps):
                     ops.append(self._gemv(L["qkgv"], self.xn, buf_a, xpre=xn))
                 else:
                     qk = self._gemv(L["qk"], self.xn, buf_a, xpre=xn)
-                    ops.extend(self._concurrent([self._gemv(L["gv"], self.xn, buf_b, xpre=xn)], [qk]))
+                    gv = self._gemv(L["gv"], self.xn, buf_b, xpre=xn)
+                    pair = self._pair(gv, qk)  # (GEMV_PAIR: one grid for both)
+                    ops.extend([pair] if pair is not None else self._concurrent([gv], [qk]))
                 nh = self.Hq + self.Hkv
                 core = [K.prepared("qk_norm_rope_kv", (-(-nh // K.WARPS), M),
                                    (buf_a, lda, buf_a[:, qw:], lda, buf_b[:, qw:], ldb,

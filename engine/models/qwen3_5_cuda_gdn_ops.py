@@ -125,8 +125,12 @@ class GdnOps:
                                 conv=(L["conv"], L["conv_state"], C, 0, qkc))
                 vz = self._gemv(L["vz"], self.xn, self.buf_b, xpre=xn, epi="conv",
                                 conv=(L["conv"], L["conv_state"], C, qkc, Hv * GDN_HEAD_DIM))
+                pair = self._pair(vz, qk)  # (GEMV_PAIR: one grid for both)
                 ab_gemv = [] if self._ab_in(L, chunk) else [self._gemv(L["ab"], self.xn, self.ab)]
-                ops.extend(self._concurrent([vz], [qk] + ab_gemv))
+                if pair is not None:
+                    ops.extend(self._concurrent([pair], ab_gemv) if ab_gemv else [pair])
+                else:
+                    ops.extend(self._concurrent([vz], [qk] + ab_gemv))
         else:
             qk = self._gemv(L["qk"], self.xn, self.buf_a, xpre=xn)
             vz = self._gemv(L["vz"], self.xn, self.buf_b, xpre=xn)

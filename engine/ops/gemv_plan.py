@@ -175,6 +175,7 @@ class GemvPlan:
             kname = f"{kname[:-1]},false,true>"
         if ldg and kname in LDG_NAMES:  # weight loads through L1 (the tuning entry's ldg)
             kname = LDG_PREFIX + kname
+        self.f, self.rows, self.unroll, self.kname = f, rows, unroll, kname  # (pair_launch reads them)
         self.fn = kernel(kname)
         _allow_smem(self.fn, kname, self.smem)
         self.args = (np.uint64(w.ptr(w.base)), np.uint64(w.ptr(w.high)), np.uint64(w.ptr(w.scales)),
@@ -392,3 +393,25 @@ def mlp_fused_launch(gu: DevMatrix, dn: DevMatrix, norm: tuple, act, kpad_act: i
         args += (P(o.ptr(o.base)), P(o.ptr(o.high)), P(o.ptr(o.scales)), I(o.gpr), I(ou4ps), I(osplits), P(xh_o),
                  P(xsc_o), I(bool(o_chunked)))
     return kernels.prepared(name, (grid,), args, block=1024, smem=smem, cooperative=True), dsplits
+
+
+def pair_launch(a: GemvPlan, b: GemvPlan):
+    """gemv_rs_pre_pair (cuda/gemv_variants.cu): plans a and b, each one token on gemv_rs_pre with unroll 2, one K
+    slice, no staging tail, both with the conv epilogue or neither, as one grid of one wave: blocks [0, blocks_a) run
+    a's rows, the rest b's, split by their weight bytes (each row as its own launch computes it). The Launch, or None
+    where the two do not qualify or no pair form of their (format, rows) is compiled (kernels.GEMV_PAIR_NAMES)."""
+    conv = a.epi == EPI["conv"]
+    simple = all(p.pre2 and p.m == 1 and p.splits == 1 and p.unroll == 2 and not p.xs and not p.stages_out
+                 and not p.tracks_amax and p.kname.startswith("gemv_rs_pre<") for p in (a, b))
+    if not simple or (b.epi == EPI["conv"]) != conv:
+        return None
+    for minb in (4, 5):
+        name = f"gemv_rs_pre_pair<{a.f},{a.rows},{b.f},{b.rows},{str(conv).lower()},{minb}>"
+        if name in kernels.GEMV_PAIR_NAMES:
+            break
+    else:
+        return None
+    total = sm_count() * minb
+    blocks_a = min(max(1, round(total * a.w.nbytes / (a.w.nbytes + b.w.nbytes))), total - 1)
+    args = a.args[:25] + b.args[:25] + (np.int32(blocks_a),)
+    return Launch(kernel(name), (total,), WARPS * 32, args, name=name)

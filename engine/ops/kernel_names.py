@@ -71,6 +71,10 @@ W8_PRE = XI16 and os.environ.get("NINFER_W8_PRE", "1") != "0"
 # pairs of GEMV_PRE_MAIN are in the table and compile with the engine's module.
 GEMV_PRE_MAIN = ((1, 2), (2, 2))
 # gemv_rs_pre<fmt, rows, 1, unroll, false, true>: x with a scale a 32-value chunk (q4-q6, one token)
+# gemv_rs_pre_pair<FA, RA, FB, RB, CONV, MINB> (two one-token GEMVs of the same x in one grid, GemvPlan.pair): the 27B's
+# GDN v|z (q5, a row a warp) + q|k (q4, two rows or one) with the conv epilogue, its attention gate|v (q5) + q|k (q4)
+GEMV_PAIR_NAMES = ("gemv_rs_pre_pair<1,1,0,2,true,4>", "gemv_rs_pre_pair<1,1,0,1,true,5>",
+                   "gemv_rs_pre_pair<1,2,0,2,false,4>")
 GEMV_PRE_XS_NAMES = tuple(f"gemv_rs_pre<{f},{r},1,{u},false,true>" for f in range(3) for r, u in GEMV_PRE_MAIN)
 EXPERIMENTAL = ("gemv_rs_pre<", "gemv_rs_async<", "gemv_mma<", "gemv_tma<")
 # gemv_tma<fmt, NW> (cuda/gemv_tma.cu, sm_90: weights by bulk copies through a ring of shared-memory stages,
@@ -122,6 +126,7 @@ def names(experimental: bool = False) -> list[str]:
     names += [f"gemv_rs_pre<{f},{r},1,{u},true>" for f in pre_f for r, u in GEMV_PRE_MAIN]
     names += [f"gdn_delta_raw_rw<{rw}>" for rw in GDN_DELTA_RW]  # (state rows a warp, GdnOps.GDN_DELTA_RW)
     names += list(GEMV_PRE_XS_NAMES)  # (x with a scale a 32-value chunk: the GDN o-projection, GATED_CHUNK)
+    names += list(GEMV_PAIR_NAMES)  # (two GEMVs of one x in one grid: gemv_plan.pair_launch, CudaQwen35.GEMV_PAIR)
     names += [f"gemv_bf16<{m}>" for m in GEMV_M]
     names += list(MOE_FUSED_NAMES) if XI16 else []  # (the MoE block's persistent launch, cuda/moe_fused.cu)
     names += list(MLP_FUSED_NAMES) if XI16 else []  # (the dense MLP's persistent launch, cuda/mlp_fused.cu)

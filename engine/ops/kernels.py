@@ -20,9 +20,9 @@ from engine.backend import cupy_or_none
 from engine.ops.kernel_names import (  # noqa: F401  (the variant tables: kernels.X reads them as before)
     ATTN_GROUPS, ATTN_GSPLIT, ATTN_MMA_FORMS, ATTN_MMA_G, ATTN_TT, EXPERIMENTAL, GDN_DELTA_ROWS, GDN_DELTA_RW,
     GDN_SCAN_RB, GDN_SCAN_TC_RB, GEMV_ASYNC_M, GEMV_ASYNC_STAGES, GEMV_CONV_ROWS, GEMV_M, GEMV_MMA, GEMV_PRE_MAIN,
-    GEMV_PRE_XS_NAMES, GEMV_ROWS, GEMV_TMA_NW, GEMV_UNROLL, LDG_NAMES, MLP_FUSED_CHUNKS, MLP_FUSED_NAMES,
-    MLP_FUSED_VPT, MOE_DOWN_NAMES, MOE_DOWN_ROWS, MOE_FUSED_CHUNKS, MOE_FUSED_DR, MOE_FUSED_NAMES, MOE_FUSED_OT,
-    MOE_FUSED_VPT, W8_PRE, XI16, attn_mma_kraw_name)
+    GEMV_PAIR_NAMES, GEMV_PRE_XS_NAMES, GEMV_ROWS, GEMV_TMA_NW, GEMV_UNROLL, LDG_NAMES, MLP_FUSED_CHUNKS,
+    MLP_FUSED_NAMES, MLP_FUSED_VPT, MOE_DOWN_NAMES, MOE_DOWN_ROWS, MOE_FUSED_CHUNKS, MOE_FUSED_DR, MOE_FUSED_NAMES,
+    MOE_FUSED_OT, MOE_FUSED_VPT, W8_PRE, XI16, attn_mma_kraw_name)
 from engine.ops.kernel_names import names as _names
 
 SOURCES = ("common.cuh", "gemv_decode.cu", "gemv.cu", "gemv_variants.cu", "gemv_mma.cu", "rows.cu", "norm.cu",
@@ -74,9 +74,11 @@ WARPS = 8  # every kernel runs 256-thread blocks
 PDL = os.environ.get("NINFER_PDL", "1") != "0"
 # GEMV L2 prefetch distance in loop iterations (0: off); a plan's `pf` overrides it.
 GEMV_PF = int(os.environ.get("NINFER_GEMV_PF", "0"))
-# NINFER_COOP_PDL=1: cooperative launches (the persistent MLP / MoE kernels) also under programmatic serialization,
-# so that their blocks start as the kernel before them drains (read when a Launch is built; off until measured).
-COOP_PDL = os.environ.get("NINFER_COOP_PDL", "0") == "1"
+# NINFER_COOP_PDL: the persistent MLP / MoE kernels' launches (read when a Launch is built). 0: cooperative, after the
+# kernel before them has ended; 1: cooperative and programmatic (session 20, s20b: 27B 149.1 against 160.0 tok/s,
+# 35B-A3B 518.7 against 517.2); 2: programmatic without the cooperative attribute (their grids are sized to be
+# resident, as before session 20, when no launch carried an attribute's value; unmeasured).
+COOP_PDL = int(os.environ.get("NINFER_COOP_PDL", "0"))
 
 
 def cuda_source_dir() -> Path:
@@ -229,6 +231,15 @@ class _LaunchAttr(ctypes.Structure):
                 ("rest", ctypes.c_char * 60)]
 
 
+def launch_attr_ids(cooperative: bool, pdl: bool) -> list[int]:
+    """The launch attributes of a kernel launch: programmatic serialization under PDL (for a cooperative kernel only with
+    COOP_PDL), the cooperative attribute for a cooperative kernel (not with COOP_PDL 2 under PDL)."""
+    ids = [_CU_LAUNCH_ATTRIBUTE_COOPERATIVE] if cooperative and not (pdl and COOP_PDL == 2) else []
+    if pdl and (COOP_PDL or not cooperative):
+        ids.append(_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+    return ids
+
+
 def launch_attrs(ids) -> ctypes.Array:
     """An array of CUlaunchAttribute, each of `ids` set to 1."""
     arr = (_LaunchAttr * len(ids))()
@@ -321,8 +332,7 @@ class Launch:
         # the attribute sets: [0] under PDL, [1] plain (cooperative kernels keep theirs either way)
         sets = []
         for pdl in (True, False):
-            ids = ([_CU_LAUNCH_ATTRIBUTE_COOPERATIVE] if cooperative else []) + \
-                  ([_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION] if pdl and (COOP_PDL or not cooperative) else [])
+            ids = launch_attr_ids(cooperative, pdl)
             attrs = launch_attrs(ids) if ids else None
             cfg = _LaunchConfig(g[0], g[1], g[2], self.block, 1, 1, int(smem), None, attrs, len(ids))
             sets.append((cfg, attrs))

@@ -242,6 +242,31 @@ def test_gdn_ab_in_gives_close_logits(monkeypatch):
     assert_close_runs(out[1], out[0])
 
 
+def test_gemv_pair_gives_the_same_logits(monkeypatch):
+    """NINFER_GEMV_PAIR=1 (gemv_rs_pre_pair: the GDN v|z and q|k projections with their conv epilogue, and the
+    attention gate|v and q|k, each pair as one grid; the 27B's rows a warp, all on gemv_rs_pre): the same logits bit for
+    bit as the two launches a pair after a 150-token prompt and over 40 teacher-forced steps."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+    from engine.ops import kernels as K
+
+    args, w, prompt, forced = forced_case(CFG, 17)
+    out = {}
+    for on in (False, True):
+        monkeypatch.setattr(CudaQwen35, "GEMV_PAIR", on)
+        eng = build_engine(args, w, CFG, max_context=512, prefill_cols=1)
+        ex = eng.model.executor
+        rows = {"vz": 1, "qk": 2, "gv": 2}
+        ex.gemv_cfg = {**ex.gemv_cfg, **{(L[k].fmt, L[k].n, L[k].k): {"pre2": True, "rows": r} for L in ex.layers
+                                         for k, r in rows.items() if k in L}}
+        eng, _ = engine_with_o_on_pre2(eng)
+        ops = [o for op in ex.ops for o in (op.main + op.side if isinstance(op, K.Concurrent) else [op])]
+        pairs = [op for op in ops if getattr(op, "name", "").startswith("gemv_rs_pre_pair<")]
+        assert len(pairs) == (len(ex.layers) if on else 0)
+        out[on] = forced_logits(eng, prompt, forced)
+    assert all(np.array_equal(a, b) for a, b in zip(out[True], out[False]))
+
+
 def test_mlp_fused_o_matches_the_separate_o_projection(monkeypatch):
     """NINFER_MLP_FUSED_O=1 (a GDN layer's o-projection inside its mlp_fused launch, from the gated norm's chunk-scaled
     pairs, before a grid barrier and the norm): the logits after a 150-token prompt and over 40 teacher-forced steps

@@ -305,3 +305,29 @@ def test_gemv_swiglu_and_bf16(cp):
             yb = poisoned(cp, (mb, nb))
             GemvPlan(db, cp.asarray(xb), k, yb, nb, m=mb).launch()
             check(f"gemv bf16 {nb}x{k} m={mb}", yb.get(), ref.linear(xb, wbq), **LINEAR)
+
+
+def test_gemv_pair_matches_the_two_launches(cp):
+    """gemv_rs_pre_pair (gemv_plan.pair_launch, CudaQwen35.GEMV_PAIR): the 27B's attention gate|v (q5) and q|k (q4),
+    two rows a warp on gemv_rs_pre, as one grid: each output bit for bit that of its own launch."""
+    from engine.ops.gemv_plan import pair_launch
+
+    k = 5120
+    da, _, _, xd, xh, xinv = staged_case(cp, "q5_g64_fp16", 7168, k, 1)
+    db = staged_case(cp, "q4_g64_fp16", 7168, k, 1)[0]
+    outs = {}
+    for paired in (False, True):
+        ya, yb = poisoned(cp, (1, da.n)), poisoned(cp, (1, db.n))
+        pa, pb = (GemvPlan(d, xd, k, y, d.n, epi="store", rows=2, unroll=2, xpre=(xh, xinv), pre2=True)
+                  for d, y in ((da, ya), (db, yb)))
+        launch = pair_launch(pa, pb) if paired else None
+        if paired:
+            assert launch is not None and launch.name == "gemv_rs_pre_pair<1,2,0,2,false,4>"
+            launch()
+        else:
+            pa.launch()
+            pb.launch()
+        cp.cuda.Device().synchronize()
+        outs[paired] = (ya.get(), yb.get())
+    assert all(np.array_equal(a, b) for a, b in zip(outs[True], outs[False]))
+    assert not any(np.isnan(a).any() for a in outs[True])
