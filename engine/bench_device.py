@@ -91,6 +91,9 @@ def _nvidia_driver() -> str | None:
         return None
 
 
+_NOT_SWITCHES = ("NINFER_HOME", "NINFER_GIT_COMMIT", "NINFER_DEVICE", "NINFER_DEBUG")  # (recorded elsewhere, or paths)
+
+
 def environment(device: str) -> dict:
     """Versions and hardware of this run: backend, GPU name, driver, CUDA, CuPy, ninfer + commit."""
     env = {
@@ -106,6 +109,8 @@ def environment(device: str) -> dict:
         "driver": None,
         "cuda_runtime": None,
         "cupy": None,
+        # the engine switches this run was given (NINFER_GDN_AB_IN=1 and the like): a figure is reproducible with them
+        "engine_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("NINFER_") and k not in _NOT_SWITCHES},
     }
     if device == "gpu":
         from engine.backend import cupy_or_none  # noqa: PLC0415

@@ -186,3 +186,10 @@ def test_ctrl_c_reports_the_finished_tests_and_exits_130(monkeypatch):
     assert r.exit_code == 130
     data = json.loads(r.stdout)
     assert data["settings"]["interrupted"] is True and [x["test"] for x in data["results"]] == ["pp8"]
+
+
+def test_environment_records_the_engine_switches(monkeypatch):
+    monkeypatch.setenv("NINFER_GDN_AB_IN", "0")
+    env = bench_device.environment("cpu")
+    assert env["engine_env"].get("NINFER_GDN_AB_IN") == "0"
+    assert "NINFER_HOME" not in env["engine_env"] and "NINFER_DEVICE" not in env["engine_env"]
