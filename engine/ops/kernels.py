@@ -311,9 +311,10 @@ class Launch:
     """One kernel launch with its arguments fixed at build time; call it to launch on the current stream.
 
     With `PDL` on it goes through cuLaunchKernelEx with programmatic stream serialization allowed, so
-    the kernel overlaps the tail of the one before it (see NI_PDL_ENTRY in cuda/common.cuh). `cooperative`
-    (a kernel with grid barriers: mlp_fused): always through cuLaunchKernelEx with the cooperative attribute
-    instead, so that a grid whose blocks cannot all be resident is refused at launch rather than waiting."""
+    the kernel overlaps the tail of the one before it (see NI_PDL_ENTRY in cuda/common.cuh), except right after a
+    join (`wait_join`): that launch is plain. `cooperative` (a kernel with grid barriers: mlp_fused, moe_fused):
+    always through cuLaunchKernelEx with the cooperative attribute instead (COOP_PDL: see launch_attr_ids), so that
+    a grid whose blocks cannot all be resident is refused at launch rather than waiting."""
 
     def __init__(self, fn, grid, block: int, args: tuple, smem: int = 0, name: str = "", cooperative: bool = False):
         self.fn, self.grid, self.block, self.args, self.smem = fn, tuple(int(g) for g in grid), int(block), args, smem
