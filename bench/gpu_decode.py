@@ -185,6 +185,12 @@ def synthetic_decode(geometry, bw, gemv_cfg, n=128, depth=0, breakdown=False, kv
                tokens_sample=toks[:8], peak_vram_gb=round(cp.get_default_memory_pool().total_bytes() / 1e9, 2))
     print(json.dumps(res), flush=True)
     if breakdown:
+        # (each capture above ran the step eagerly and reset the sequence: back to `depth`, or the attention's replays
+        # read a few tokens of KV instead of `depth` of them, as sessions 19-20's 32K breakdowns did)
+        eng.reset()
+        if depth:
+            eng.seek_synthetic(depth)
+        eng.decode_greedy(1, 2)
         per = {}
         for op in ex.ops:
             name = K.op_name(op)
