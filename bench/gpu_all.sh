@@ -430,6 +430,9 @@ timeout 240 python3 bench/gpu_decode.py --synthetic qwen3.8-27b \
 log "35B-A3B: COOP_PDL 1 / 2 in one process"
 timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --attr="base,K.COOP_PDL=1,K.COOP_PDL=2" \
   --out "$OUT/decode_s21a_35b.json" 2>&1 | grep -E "PDL|attr|rror" | head -10
+log "27B breakdown at depth 32768, int8 KV (now replayed at that depth)"
+timeout 300 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --depth 32768 --breakdown \
+  --out "$OUT/decode_s21a_27b_d32k_bd.json" 2>&1 | grep -E "PDL|sum of|^  " | head -30
 fi
 if [ "$PART" = fin20b ]; then  # GDN_AB_IN on by default: the GPU tests of the paths it touches
 ready
