@@ -21,10 +21,8 @@
 #   s21a: (next session's first call, written without device time) GEMV_PAIR under real PDL, COOP_PDL 1 / 2
 #   fin20b: GDN_AB_IN on by default: the GPU tests of the paths it touches
 #   fin20: GDN_AB_IN (its tests, then its A/B), `ninfer bench` with each model's best, every GPU test
-#   s20d: GDN_PF_NEXT's modes and BRANCHES=0 under PDL (A/B both models), `ninfer bench` with each model's best
-#   s20c: PDL with a plain launch after each join (s20b's MoE failures), GDN_STATE_EARLY's A/B, `ninfer bench` targets
-#   s20b: programmatic dependent launch for real (kernels.Launch never set the attribute's value before): every GPU
-#         test, the PDL / COOP_PDL / GEMV_PF A/Bs of both models
+#   (session 20's one-off parts s20b / s20c / s20d, which bench/NOTES-decode.md's "Session 20" cites, are in git
+#   history at b243eba; GDN_PF_NEXT's code at 1e0c9a5)
 #   s20a: Nsight Compute on the 35B-A3B step's small kernels (cluster norm, gdn_delta_gated_cl, qk_norm_rope_kv, the
 #         attention and its combine): stall reasons for the next session's first decisions (written without device time)
 #   s19f: both models' per-kernel breakdowns on the session's final defaults
@@ -124,6 +122,19 @@ try:
 except Exception:
     print("")
 PY
+}
+# `ninfer bench` of the three targets: 35B-A3B tg128 (env $1), 27B tg128 and 27B tg128 at 32768 with int8 KV (env $2),
+# JSON as $OUT/tg128_{35b,27b,27b_d32k}_$3.json
+bench_targets() {
+  log "35B-A3B tg128 (env: ${1:-defaults})"
+  env $1 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
+    -o json --out "$OUT/tg128_35b_$3.json" 2>&1 | grep -E "^\||rror" | tail -1
+  log "27B tg128 (env: ${2:-defaults})"
+  env $2 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
+    -o json --out "$OUT/tg128_27b_$3.json" 2>&1 | grep -E "^\||rror" | tail -1
+  log "27B tg128 at 32768, int8 KV (env: ${2:-defaults})"
+  env $2 timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 -d 32768 --kv int8 \
+    -o json --out "$OUT/tg128_27b_d32k_$3.json" 2>&1 | grep -E "^\||rror" | tail -1
 }
 # decode 27B + 35B with the per-kernel breakdown and the 27B at depth 32K (the tuning table)
 decode_all() {
@@ -455,80 +466,12 @@ for M in qwen3.6-35b-a3b qwen3.8-27b; do
 done
 B35=$(best_attr_env "$OUT/decode_fin20_qwen3.6_a3b.json" 0)
 B27=$(best_attr_env "$OUT/decode_fin20_qwen3.8_27b.json" 0)
-log "35B-A3B tg128 (env: ${B35:-defaults})"
-env $B35 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
-  -o json --out "$OUT/tg128_35b_fin20.json" 2>&1 | grep -E "^\||rror" | tail -1
-log "27B tg128 (env: ${B27:-defaults})"
-env $B27 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
-  -o json --out "$OUT/tg128_27b_fin20.json" 2>&1 | grep -E "^\||rror" | tail -1
-log "27B tg128 at 32768, int8 KV (env: ${B27:-defaults})"
-env $B27 timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 -d 32768 --kv int8 \
-  -o json --out "$OUT/tg128_27b_d32k_fin20.json" 2>&1 | grep -E "^\||rror" | tail -1
+bench_targets "$B35" "$B27" fin20
 log "the MoE engine against NumPy with GDN_AB_IN=1; then every GPU test (defaults)"
 NINFER_GDN_AB_IN=1 gpu_pytest "$OUT/gpu_tests_fin20_abin_moe.txt" tests/gpu/test_gpu_engine_moe.py
 grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_fin20_abin_moe.txt" | tail -4
 gpu_pytest "$OUT/gpu_tests_fin20.txt" tests/gpu
 grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_fin20.txt" | tail -8
-fi
-if [ "$PART" = s20d ]; then  # GDN_PF_NEXT (the layer's next weights asked of L2 by gdn_delta_gated_cl), BRANCHES=0 under PDL
-ready
-log "GPU tests: gated chunks (pf modes), decode paths, the engines with GDN_PF_NEXT=1"
-gpu_pytest "$OUT/gpu_tests_s20d.txt" tests/gpu/test_gated_chunks.py
-NINFER_GDN_PF_NEXT=1 gpu_pytest "$OUT/gpu_tests_s20d_pf.txt" tests/gpu/test_decode_paths.py tests/gpu/test_gpu_engine_moe.py
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s20d.txt" "$OUT/gpu_tests_s20d_pf.txt" | tail -12
-for M in qwen3.6-35b-a3b qwen3.8-27b; do
-  log "$M: GDN_PF_NEXT 1 / 2, BRANCHES=0 in one process"
-  timeout 200 python3 bench/gpu_decode.py --synthetic $M --attr="base,GDN_PF_NEXT=1,GDN_PF_NEXT=2,BRANCHES=0,GDN_PF_NEXT=2;BRANCHES=0" \
-    --out "$OUT/decode_s20d_${M%%-*}_${M##*-}.json" 2>&1 | grep -E "PDL|attr|rror" | head -10
-done
-B35=$(best_attr_env "$OUT/decode_s20d_qwen3.6_a3b.json" 0)
-B27=$(best_attr_env "$OUT/decode_s20d_qwen3.8_27b.json" 0)
-log "35B-A3B tg128 (env: ${B35:-defaults})"
-env $B35 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
-  -o json --out "$OUT/tg128_35b_s20d.json" 2>&1 | grep -E "^\||rror" | tail -1
-log "27B tg128 (env: ${B27:-defaults})"
-env $B27 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
-  -o json --out "$OUT/tg128_27b_s20d.json" 2>&1 | grep -E "^\||rror" | tail -1
-log "27B tg128 at 32768, int8 KV (env: ${B27:-defaults})"
-env $B27 timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 -d 32768 --kv int8 \
-  -o json --out "$OUT/tg128_27b_d32k_s20d.json" 2>&1 | grep -E "^\||rror" | tail -1
-fi
-if [ "$PART" = s20c ]; then  # PDL with plain launches after joins (s20b's MoE test failures), GDN_STATE_EARLY, the targets
-ready
-log "GPU tests: the engines, the decode paths, the gated chunks, the prefill"
-gpu_pytest "$OUT/gpu_tests_s20c.txt" tests/gpu/test_gpu_engine_moe.py tests/gpu/test_gpu_engine.py \
-  tests/gpu/test_decode_paths.py tests/gpu/test_gated_chunks.py tests/gpu/test_prefill.py
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s20c.txt" | tail -12
-for M in qwen3.6-35b-a3b qwen3.8-27b; do
-  log "$M: PDL against plain (first line), then GDN_STATE_EARLY=0 in one process"
-  timeout 200 python3 bench/gpu_decode.py --synthetic $M --attr="base,GDN_STATE_EARLY=0" \
-    --out "$OUT/decode_s20c_${M%%-*}_${M##*-}.json" 2>&1 | grep -E "PDL|attr|rror" | head -8
-done
-log "35B-A3B tg128 (defaults)"
-timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
-  -o json --out "$OUT/tg128_35b_s20c.json" 2>&1 | grep -E "^\||rror" | tail -1
-log "27B tg128 (defaults)"
-timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
-  -o json --out "$OUT/tg128_27b_s20c.json" 2>&1 | grep -E "^\||rror" | tail -1
-log "27B tg128 at 32768, int8 KV (defaults)"
-timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 -d 32768 --kv int8 \
-  -o json --out "$OUT/tg128_27b_d32k_s20c.json" 2>&1 | grep -E "^\||rror" | tail -1
-fi
-if [ "$PART" = s20b ]; then  # PDL for real: the launch attribute's value now reaches the driver (it never did before)
-ready
-log "all GPU tests under real PDL (and real cooperative launches)"
-gpu_pytest "$OUT/gpu_tests_s20b.txt" tests/gpu
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s20b.txt" | tail -12
-log "the engine tests with COOP_PDL=1 and GEMV_PF=2"
-NINFER_COOP_PDL=1 NINFER_GEMV_PF=2 gpu_pytest "$OUT/gpu_tests_s20b_coop.txt" tests/gpu/test_gpu_engine.py \
-  tests/gpu/test_gpu_engine_moe.py tests/gpu/test_decode_paths.py
-grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s20b_coop.txt" | tail -8
-for M in qwen3.6-35b-a3b qwen3.8-27b; do
-  log "$M: PDL against plain (first line), then COOP_PDL / GEMV_PF in one process"
-  timeout 240 python3 bench/gpu_decode.py --synthetic $M \
-    --attr="base,K.COOP_PDL=1,K.GEMV_PF=1,K.GEMV_PF=2,K.COOP_PDL=1;K.GEMV_PF=1" \
-    --out "$OUT/decode_s20b_${M%%-*}_${M##*-}.json" 2>&1 | grep -E "PDL|attr|rror" | head -14
-done
 fi
 if [ "$PART" = s20a ]; then  # next session: Nsight Compute on the 35B-A3B step's small kernels (why 3-7 us each)
 # (written at the end of session 19 without device time: the ncu flags are those of bench/gpu_profile.sh; kernels inside
@@ -569,15 +512,7 @@ log "35B-A3B decode A/B in one process: ATTN_MERGE (on by default) against off"
 timeout 150 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --attr="base,ATTN_MERGE=0" \
   --out "$OUT/decode_s19e_35b.json" 2>&1 | grep -E "PDL|attr|rror" | head -8
 BEST=$(best_attr_env "$OUT/decode_s19e_35b.json" 0)
-log "35B-A3B tg128 (env: ${BEST:-defaults})"
-env $BEST timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
-  -o json --out "$OUT/tg128_35b_s19e.json" 2>&1 | grep -E "^\||rror" | tail -1
-log "27B tg128 (defaults)"
-timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 \
-  -o json --out "$OUT/tg128_27b_s19e.json" 2>&1 | grep -E "^\||rror" | tail -1
-log "27B tg128 at 32768, int8 KV (defaults)"
-timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128 -r 2 -d 32768 --kv int8 \
-  -o json --out "$OUT/tg128_27b_d32k_s19e.json" 2>&1 | grep -E "^\||rror" | tail -1
+bench_targets "$BEST" "" s19e
 fi
 if [ "$PART" = fin16 ]; then  # the defaults (no environment): `ninfer bench` 27B tg128 at depth 0 and 32768 (int8 KV),
 # 35B-A3B tg128; FULL=1: then the mlp_fused probe, the 27B breakdown and every GPU test

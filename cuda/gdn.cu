@@ -176,8 +176,6 @@ extern "C" __global__ void __launch_bounds__(256) gdn_delta_raw(
       float* __restrict__ state, float* __restrict__ o, int Hk, int Hv, int tiled
 #define GDN_RAW_ARGS qk, ldqk, vv, ldv, ab, ldab, a_log, dt_bias, q_scale, state, o, Hk, Hv, tiled
 
-// One warp: state rows row0 .. row0 + RW - 1 (of one value head) of token row m, as gdn_delta_raw_rw runs them; their
-// outputs in ov (every lane) and in o (lane 0).
 // gdn_state_rows: the warp's RW state rows into s (lane: 4 columns a row); the pointer the rows go back to.
 template <int RW>
 __device__ __forceinline__ float4* gdn_state_rows(float* __restrict__ state, int Hv, int m, int row0, float4 (&s)[RW]) {
@@ -208,6 +206,8 @@ __device__ __forceinline__ void gdn_delta_rw_rows_from(GDN_RAW_PARAMS, int m, in
   }
 }
 
+// One warp: state rows row0 .. row0 + RW - 1 (of one value head) of token row m, as gdn_delta_raw_rw runs them; their
+// outputs in ov (every lane) and in o (lane 0).
 template <int RW>
 __device__ __forceinline__ void gdn_delta_rw_rows(GDN_RAW_PARAMS, int m, int row0, float (&ov)[RW]) {
   float4 s[RW];

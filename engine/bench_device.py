@@ -91,7 +91,8 @@ def _nvidia_driver() -> str | None:
         return None
 
 
-_NOT_SWITCHES = ("NINFER_HOME", "NINFER_GIT_COMMIT", "NINFER_DEVICE", "NINFER_DEBUG")  # (recorded elsewhere, or paths)
+_NOT_SWITCHES = ("NINFER_HOME", "NINFER_MODEL_DIR", "NINFER_GIT_COMMIT", "NINFER_DEVICE", "NINFER_DEBUG")  # (recorded
+# elsewhere, or paths)
 
 
 def environment(device: str) -> dict:
