@@ -18,6 +18,7 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
+#   s21b: GEMV_PAIR and moe_fused's programmatic launch on by default; raw-K attention forms at 32K; the 35B's GDN GEMV
 #   s21a: (next session's first call, written without device time) GEMV_PAIR under real PDL, COOP_PDL 1 / 2
 #   fin20b: GDN_AB_IN on by default: the GPU tests of the paths it touches
 #   fin20: GDN_AB_IN (its tests, then its A/B), `ninfer bench` with each model's best, every GPU test
@@ -424,6 +425,28 @@ timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128
 log "35B-A3B tg128 (defaults)"
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
+fi
+if [ "$PART" = s21b ]; then  # session 21: GEMV_PAIR on, moe_fused programmatic (coop_pdl 2) by default; the raw-K
+# attention's V-only tile and its wider forms (ATTN_KRAW_FORM 1-3) at 32K; the 35B-A3B's unlisted GDN GEMV shape
+ready
+log "tests: the attention kernel's forms, the decode paths the new defaults touch, the engines"
+gpu_pytest "$OUT/gpu_tests_s21b.txt" tests/gpu/test_kernels.py -k "attention_decode" tests/gpu/test_decode_paths.py \
+  tests/gpu/test_gpu_engine.py tests/gpu/test_gpu_engine_moe.py
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s21b.txt" | tail -10
+log "27B at 32768 (int8 KV): raw-K forms in one process"
+timeout 300 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --depth 32768 \
+  --attr="base,ATTN_KRAW_FORM=1,ATTN_KRAW_FORM=2,ATTN_KRAW_FORM=3" \
+  --out "$OUT/decode_s21b_27b_d32k.json" 2>&1 | grep -E "PDL|attr|rror" | head -14
+log "35B-A3B: the new defaults against the old; the 12288x2048 GDN GEMV's choices"
+S=q8_g32_fp16:12288x2048
+timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --attr="base,GEMV_PAIR=0,K.COOP_PDL=0" \
+  --ldg="base,unroll=4@$S,rows=4@$S,rows=1@$S,pre2@$S" \
+  --out "$OUT/decode_s21b_35b.json" 2>&1 | grep -E "PDL|attr|ldg|rror" | head -20
+log "27B depth 0: the new defaults against GEMV_PAIR=0"
+timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --attr="base,GEMV_PAIR=0" \
+  --out "$OUT/decode_s21b_27b.json" 2>&1 | grep -E "PDL|attr|rror" | head -8
+E27=$(best_attr_env "$OUT/decode_s21b_27b_d32k.json" 0)
+bench_targets "" "$E27" s21b
 fi
 if [ "$PART" = s21a ]; then  # next session's first call (written without device time): GEMV_PAIR again, now that PDL is
 # real (s19d lost 0.6% with plain launches: the pair removes the 27B's remaining joins, so its successors launch early),

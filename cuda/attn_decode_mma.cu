@@ -23,6 +23,11 @@
 // bytes; smaller ones for GPUs with less shared memory a block (kernels.ATTN_MMA_FORMS).
 #define ADM_WARP_OF(KV8, NS) ((KV8) ? (NS) * ADM_RAW + ADM_TILE : (NS) * ADM_TILE)
 #define ADM_SMEM_OF(KV8, W, NS) (16 * ADM_LD * 2 + (W) * ADM_WARP_OF(KV8, NS))
+// KRAW forms: K is never decoded, so a warp's fp16 tile is V's alone (kernels.attn_mma_smem(..., kraw=True)); the
+// room that saves takes more warps a block (kernel_names.ATTN_MMA_KRAW_FORMS: W 6 with NS 3, W 8 with NS 2 in the
+// H200's 211,200 bytes), more rounds' math in flight an SM for the same bytes in flight.
+#define ADM_WARP_KR(NS) ((NS) * ADM_RAW + ADM_TILE / 2)
+#define ADM_SMEM_KR(W, NS) (16 * ADM_LD * 2 + (W) * ADM_WARP_KR(NS))
 
 #if !NI_PRE_SM80
 // One key tile's online-softmax step for a thread's two rows (a: g, b: g + 8) of a 16-row MMA tile: each
@@ -166,11 +171,12 @@ __global__ void __launch_bounds__(32 * W) attn_decode_mma(ATTN_DECODE_PARAMS) {
 #else
   static_assert(G >= 1 && G <= 16, "one m16 tile of query heads");
   static_assert(W >= 1 && W <= 8 && NS >= 1, "a form");
-  // (the merge's [W][16][256] fp32 rows and their (max, sum) reuse the stages)
-  static_assert(W * 16 * 258 * 4 <= ADM_SMEM_OF(KV8, W, NS), "merge room");
   constexpr int T = 32 * W, RT = 16 * W;  // threads; tokens a round
   constexpr bool BF = !KV8;  // MMA inputs: bf16 for a bf16 cache, fp16 for int8 codes x scales
   constexpr bool KR = KV8 && KRAW;
+  constexpr int WARP_BYTES = KR ? ADM_WARP_KR(NS) : ADM_WARP_OF(KV8, NS);
+  // (the merge's [W][16][256] fp32 rows and their (max, sum) reuse the stages)
+  static_assert(W * 16 * 258 * 4 <= 16 * ADM_LD * 2 + W * WARP_BYTES, "merge room");
   static_assert(!KRAW || KV8, "raw K codes: int8 caches only");
   constexpr float LOG2E = 1.4426950408889634f;
   extern __shared__ __align__(16) unsigned short adm_smem[];
@@ -183,10 +189,11 @@ __global__ void __launch_bounds__(32 * W) attn_decode_mma(ATTN_DECODE_PARAMS) {
   const int t0 = split * per, t1 = min(t0 + per, L);
   const int* pt = page_table + (size_t)m * pt_stride;
   unsigned short* Qs = adm_smem;
-  unsigned char* wbase = reinterpret_cast<unsigned char*>(adm_smem + 16 * ADM_LD) + warp * ADM_WARP_OF(KV8, NS);
-  // the tile the MMAs read: int8 the one after the raw stages; bf16 the round's stage (stage 0 here)
-  unsigned short* Ks = reinterpret_cast<unsigned short*>(wbase + (KV8 ? NS * ADM_RAW : 0));
-  unsigned short* Vs = Ks + 16 * ADM_LD;
+  unsigned char* wbase = reinterpret_cast<unsigned char*>(adm_smem + 16 * ADM_LD) + warp * WARP_BYTES;
+  // the tile the MMAs read: int8 the one after the raw stages; bf16 the round's stage (stage 0 here); KR: V's half
+  // only, right after the raw stages (Ks is never read there: adm_decode<1> writes Ks + 16 rows = Vs)
+  unsigned short* Vs = reinterpret_cast<unsigned short*>(wbase + (KV8 ? NS * ADM_RAW : 0)) + (KR ? 0 : 16 * ADM_LD);
+  unsigned short* Ks = Vs - 16 * ADM_LD;
   const int nr = t1 - t0 > 16 * warp ? (t1 - t0 - 16 * warp + RT - 1) / RT : 0;  // the warp's rounds
   const unsigned stage0 = fa_smem_addr(wbase);
   constexpr unsigned STAGE = KV8 ? ADM_RAW : ADM_TILE;

@@ -67,8 +67,9 @@ def test_attention_on_tensor_cores_plumbing(cp, monkeypatch):
         att = [op for op in _flat(ex.ops) if getattr(op, "name", "").startswith("attn_decode")]
         assert att and all(op.name == want for op in att), (limit, kv, {op.name for op in att})
         if form:
+            kraw = want.endswith(",true>")
             assert all(op.grid == (2, ex.nsplit, ex.M) and op.block == 32 * form[0]
-                       and op.smem == K.attn_mma_smem(kv == "int8", *form) for op in att)
+                       and op.smem == K.attn_mma_smem(kv == "int8", *form, kraw=kraw) for op in att)
         waves = K.blocks_per_sm(want, 32 * form[0], att[0].smem) if form else 2  # (resident blocks an SM)
         assert ex.nsplit == min(256 // 64, (waves * K.sm_count()) // 2)
     monkeypatch.setattr(K, "smem_optin", functools.cache(lambda: 227 * 1024))
@@ -88,7 +89,8 @@ def test_attention_on_tensor_cores_plumbing(cp, monkeypatch):
 
 def test_attention_raw_k_plumbing(cp, monkeypatch):
     """NINFER_ATTN_KRAW (on by default): an int8 cache on the first attn_decode_mma form takes its raw-K
-    instantiation (same grid, block and shared memory); bf16 caches and the smaller forms keep theirs."""
+    instantiation (same grid; its V-only tile takes less shared memory, NINFER_ATTN_KRAW_FORM spends it on warps);
+    bf16 caches and the smaller forms keep theirs."""
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5_cuda import CudaQwen35
     from engine.ops import kernels as K
@@ -108,7 +110,27 @@ def test_attention_raw_k_plumbing(cp, monkeypatch):
         ex = build_engine(args, w, cfg, max_context=256, prefill_cols=8, prefill_gemm=0, kv=kv).model.executor
         att = [op for op in _flat(ex.ops) if getattr(op, "name", "").startswith("attn_decode")]
         assert att and {op.name for op in att} == {want}, (kraw, limit, kv, {op.name for op in att})
-        assert all(op.smem == K.attn_mma_smem(kv == "int8", *K.attn_mma_form(kv == "int8", limit)) for op in att)
+        raw = want.endswith(",true>")
+        assert all(op.smem == K.attn_mma_smem(kv == "int8", *K.attn_mma_form(kv == "int8", limit), kraw=raw)
+                   for op in att)
+    assert K.attn_mma_smem(True, 4, 4, kraw=True) == 177_408
+    assert K.attn_mma_smem(True, 6, 3, kraw=True) == K.attn_mma_smem(True, 8, 2, kraw=True) == 211_200
+    monkeypatch.setattr(CudaQwen35, "ATTN_KRAW", True)
+    for form, limit, want in ((1, 227 * 1024, "attn_decode_mma<6,true,6,3,true>"),
+                              (2, 227 * 1024, "attn_decode_mma<6,true,8,2,true>"),
+                              (3, 227 * 1024, "attn_decode_mma<6,true,5,4,true>"),
+                              (3, 212 * 1024, "attn_decode_mma<6,true,4,4,true>")):  # (5, 4) does not fit: the first
+        monkeypatch.setattr(CudaQwen35, "ATTN_KRAW_FORM", form)
+        monkeypatch.setattr(K, "smem_optin", functools.cache(lambda limit=limit: limit))
+        assert want in K._names()
+        ex = build_engine(args, w, cfg, max_context=256, prefill_cols=8, prefill_gemm=0, kv="int8").model.executor
+        att = [op for op in _flat(ex.ops) if getattr(op, "name", "").startswith("attn_decode")]
+        ww, ns = (int(v) for v in want.split(",")[2:4])
+        assert {op.name for op in att} == {want} and all(
+            op.block == 32 * ww and op.smem == K.attn_mma_smem(True, ww, ns, kraw=True) for op in att)
+    monkeypatch.setattr(CudaQwen35, "ATTN_KRAW_FORM", 4)
+    with pytest.raises(ValueError, match="NINFER_ATTN_KRAW_FORM=4"):
+        build_engine(args, w, cfg, max_context=256, prefill_cols=8, prefill_gemm=0, kv="int8")
 
 
 def test_attention_query_group_cut_plumbing(cp, monkeypatch):

@@ -32,3 +32,13 @@ def test_launch_attribute_choice(monkeypatch):
         monkeypatch.setattr(K, "COOP_PDL", mode)
         assert K.launch_attr_ids(True, True) == under_pdl and K.launch_attr_ids(True, False) == plain
         assert K.launch_attr_ids(False, True) == [pss] and K.launch_attr_ids(False, False) == []
+
+
+def test_launch_attribute_per_launch_mode(monkeypatch):
+    """COOP_PDL -1 (the default): each cooperative launch's own mode; any other value overrides it."""
+    coop, pss = K._CU_LAUNCH_ATTRIBUTE_COOPERATIVE, K._CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    monkeypatch.setattr(K, "COOP_PDL", -1)
+    assert K.launch_attr_ids(True, True, 2) == [pss] and K.launch_attr_ids(True, True, 0) == [coop]
+    assert K.launch_attr_ids(True, False, 2) == [coop] and K.launch_attr_ids(False, True, 2) == [pss]
+    monkeypatch.setattr(K, "COOP_PDL", 0)
+    assert K.launch_attr_ids(True, True, 2) == [coop]

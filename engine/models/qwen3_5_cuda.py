@@ -260,9 +260,10 @@ class CudaQwen35(NormOps, AttentionOps, GdnOps, MlpOps, SamplingOps):
 
     # NINFER_GEMV_PAIR=1: the two projections of one normed row that run on two graph branches (the 27B's GDN v|z and
     # q|k, its attention gate|v and q|k: two formats) as one gemv_rs_pre_pair grid, blocks split by weight bytes (the
-    # H200 ran the two launches one after the other: each fills the GPU). The same bits. Written in session 19; off
-    # until measured.
-    GEMV_PAIR = os.environ.get("NINFER_GEMV_PAIR", "0") != "0"
+    # H200 ran the two launches one after the other: each fills the GPU). The same bits. Session 19 (s19d, plain
+    # launches) 27B 158.8 against 159.8 tok/s; session 21 (s21a, PDL real: the pair's successor launches early; one
+    # process, two passes) 163.7 / 163.7 against 162.5 / 162.6. On by default; NINFER_GEMV_PAIR=0 for two launches.
+    GEMV_PAIR = os.environ.get("NINFER_GEMV_PAIR", "1") != "0"
     MOE_ROWS = False  # several token rows of an MoE model (the tensor-core prefill's own MoE ops)
     ARGMAX_BLOCKS = 64  # blocks a row of the greedy argmax over the vocabulary
 

@@ -68,6 +68,10 @@ class AttentionOps:
     # against 134.0 tok/s; `ninfer bench` 138.69 against 134.49. On by default; NINFER_ATTN_KRAW=0 decodes K.
     # (dev/emu_attn_kraw.py checks the permutation and the combine; tests/gpu: test_attention_decode.)
     ATTN_KRAW = os.environ.get("NINFER_ATTN_KRAW", "1") != "0"
+    # Which raw-K form (an index into kernels.ATTN_MMA_KRAW_FORMS: (W, NS) 0 (4, 4), 1 (6, 3), 2 (8, 2), 3 (5, 4)): the
+    # room the K tile left taken by more warps a block (at 32K a warp's round, ~2 us of dependent math, bounds the
+    # attention at ~2 TB/s: session 21's depth breakdown, 33.7 us a layer for 68 MB). Unmeasured: 0 until it is.
+    ATTN_KRAW_FORM = int(os.environ.get("NINFER_ATTN_KRAW_FORM", "0"))
 
     def _attn_mma(self):
         """(kernel name, threads, dynamic shared memory) of the attn_decode_mma form the decode attention runs,
@@ -82,7 +86,14 @@ class AttentionOps:
             return None
         w, ns = form
         if kv8 and self.ATTN_KRAW and (w, ns) == K.ATTN_MMA_FORMS[True][0]:
-            return K.attn_mma_kraw_name(g), 32 * w, K.attn_mma_smem(kv8, w, ns)
+            f = self.ATTN_KRAW_FORM
+            if not 0 <= f < len(K.ATTN_MMA_KRAW_FORMS):
+                raise ValueError(f"NINFER_ATTN_KRAW_FORM={f}: the forms are 0..{len(K.ATTN_MMA_KRAW_FORMS) - 1}")
+            w, ns = K.ATTN_MMA_KRAW_FORMS[f]
+            if K.attn_mma_smem(True, w, ns, kraw=True) <= K.smem_optin():
+                return K.attn_mma_kraw_name(g, f), 32 * w, K.attn_mma_smem(True, w, ns, kraw=True)
+            w, ns = K.ATTN_MMA_KRAW_FORMS[0]
+            return K.attn_mma_kraw_name(g), 32 * w, K.attn_mma_smem(True, w, ns, kraw=True)
         return f"attn_decode_mma<{g},{str(kv8).lower()},{w},{ns}>", 32 * w, K.attn_mma_smem(kv8, w, ns)
 
     def _alloc_attention(self):

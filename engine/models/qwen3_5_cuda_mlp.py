@@ -172,7 +172,8 @@ class MlpOps:
                 P(dn, dn.base), P(dn, dn.high), P(dn, dn.scales), I(dn.gpr),
                 P(sd, sd.base), P(sd, sd.high), P(sd, sd.scales), I(sd.gpr), self.moe_bar,
                 np.uint64(0) if self.moe_tstamp is None else self.moe_tstamp, I(self.MOE_FUSED_OPTS)) + o_args
-        return [K.prepared(name, (grid,), args, block=1024, smem=smem, cooperative=True)], k + 1
+        # (programmatic, without the cooperative attribute: K.COOP_PDL's mode 2; its grid is sized to be resident)
+        return [K.prepared(name, (grid,), args, block=1024, smem=smem, cooperative=True, coop_pdl=2)], k + 1
 
     def _moe_ops(self, L, xn):
         """Router -> top-k on the device -> routed experts (grid.z = slot) writing weighted partials

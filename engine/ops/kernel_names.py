@@ -39,10 +39,16 @@ ATTN_MMA_G = (6, 8)
 ATTN_MMA_FORMS = {True: ((4, 4), (4, 2), (3, 1)), False: ((4, 3), (4, 2), (4, 1))}
 
 
-def attn_mma_kraw_name(g: int) -> str:
-    """attn_decode_mma's raw-K int8 form (KRAW: the codes into the MMAs, scales on the scores), compiled for the
-    first int8 form only."""
-    w, ns = ATTN_MMA_FORMS[True][0]
+# attn_decode_mma's raw-K int8 forms (KRAW: a warp's fp16 tile is V's alone, ADM_SMEM_KR), where the first int8 form
+# of ATTN_MMA_FORMS fits: (W, NS) by CudaQwen35.ATTN_KRAW_FORM; the first is that form's (W 4, NS 4, 177,408 bytes),
+# the others spend the room the K tile left on warps (211,200 / 211,200 / 219,648 bytes).
+ATTN_MMA_KRAW_FORMS = ((4, 4), (6, 3), (8, 2), (5, 4))
+
+
+def attn_mma_kraw_name(g: int, form: int = 0) -> str:
+    """attn_decode_mma's raw-K int8 form (KRAW: the codes into the MMAs, scales on the scores) number `form` of
+    ATTN_MMA_KRAW_FORMS."""
+    w, ns = ATTN_MMA_KRAW_FORMS[form]
     return f"attn_decode_mma<{g},true,{w},{ns},true>"
 
 
@@ -139,7 +145,7 @@ def names(experimental: bool = False) -> list[str]:
     names += [f"attn_decode_split<{g},{kv8},{gs}>" for g, gs in ATTN_GSPLIT for kv8 in ("false", "true")]
     names += [f"attn_decode_mma<{g},{str(kv8).lower()},{w},{ns}>" for g in ATTN_MMA_G for kv8 in (False, True)
               for w, ns in ATTN_MMA_FORMS[kv8]]
-    names += [attn_mma_kraw_name(g) for g in ATTN_MMA_G]  # the raw-K int8 form (the H100/H200 one)
+    names += [attn_mma_kraw_name(g, f) for g in ATTN_MMA_G for f in range(len(ATTN_MMA_KRAW_FORMS))]  # raw-K int8
     names += [f"gdn_delta_rows<{r}>" for r in GDN_DELTA_ROWS]
     names += [f"gdn_chunk_scan<{rb}>" for rb in GDN_SCAN_RB]
     names += [f"attn_prefill_fa<{w},{kv8}>" for w in (4, 8) for kv8 in ("false", "true")]  # warps, int8 KV

@@ -22,7 +22,7 @@ from engine.ops.kernel_names import (  # noqa: F401  (the variant tables: kernel
     GDN_SCAN_RB, GDN_SCAN_TC_RB, GEMV_ASYNC_M, GEMV_ASYNC_STAGES, GEMV_CONV_ROWS, GEMV_M, GEMV_MMA, GEMV_PRE_MAIN,
     GEMV_PAIR_NAMES, GEMV_PRE_XS_NAMES, GEMV_ROWS, GEMV_TMA_NW, GEMV_UNROLL, LDG_NAMES, MLP_FUSED_CHUNKS,
     MLP_FUSED_NAMES, MLP_FUSED_VPT, MOE_DOWN_NAMES, MOE_DOWN_ROWS, MOE_FUSED_CHUNKS, MOE_FUSED_DR, MOE_FUSED_NAMES,
-    MOE_FUSED_OT, MOE_FUSED_VPT, W8_PRE, XI16, attn_mma_kraw_name)
+    MOE_FUSED_OT, MOE_FUSED_VPT, W8_PRE, XI16, ATTN_MMA_KRAW_FORMS, attn_mma_kraw_name)
 from engine.ops.kernel_names import names as _names
 
 SOURCES = ("common.cuh", "gemv_decode.cu", "gemv.cu", "gemv_variants.cu", "gemv_mma.cu", "rows.cu", "norm.cu",
@@ -40,11 +40,11 @@ EPI = {"store": 0, "partial": 1, "swiglu": 2, "add": 3, "conv": 4}
 ATTN_MMA_AUTO = 3
 
 
-def attn_mma_smem(kv8: bool, w: int, ns: int) -> int:
-    """Dynamic shared memory of attn_decode_mma<G, kv8, w, ns> (ADM_SMEM_OF): the Q tile, then per warp the
-    stages (int8: raw codes and scales) and, for int8, the decoded fp16 tile."""
+def attn_mma_smem(kv8: bool, w: int, ns: int, kraw: bool = False) -> int:
+    """Dynamic shared memory of attn_decode_mma<G, kv8, w, ns> (ADM_SMEM_OF; kraw: ADM_SMEM_KR): the Q tile, then per
+    warp the stages (int8: raw codes and scales) and, for int8, the decoded fp16 tile (kraw: V's half only)."""
     tile, raw = 2 * 16 * 264 * 2, 2 * 16 * 256 + 2 * 16 * 8
-    return 16 * 264 * 2 + w * (ns * raw + tile if kv8 else ns * tile)
+    return 16 * 264 * 2 + w * (ns * raw + (tile // 2 if kraw else tile) if kv8 else ns * tile)
 
 
 def attn_mma_form(kv8: bool, limit: int, pick: int = -1):
@@ -75,10 +75,12 @@ PDL = os.environ.get("NINFER_PDL", "1") != "0"
 # GEMV L2 prefetch distance in loop iterations (0: off); a plan's `pf` overrides it.
 GEMV_PF = int(os.environ.get("NINFER_GEMV_PF", "0"))
 # NINFER_COOP_PDL: the persistent MLP / MoE kernels' launches (read when a Launch is built). 0: cooperative, after the
-# kernel before them has ended; 1: cooperative and programmatic (session 20, s20b: 27B 149.1 against 160.0 tok/s,
-# 35B-A3B 518.7 against 517.2); 2: programmatic without the cooperative attribute (their grids are sized to be
-# resident, as before session 20, when no launch carried an attribute's value; unmeasured).
-COOP_PDL = int(os.environ.get("NINFER_COOP_PDL", "0"))
+# kernel before them has ended; 1: cooperative and programmatic; 2: programmatic without the cooperative attribute
+# (their grids are sized to be resident). -1 (the default): each launch's own mode (`Launch(coop_pdl=)`): moe_fused 2,
+# mlp_fused 0. Measured (H200, one process, two passes): session 20 (s20b) 1: 27B 149.1 against 160.0 tok/s, 35B-A3B
+# 518.7 against 517.2; session 21 (s21a) 1 / 2: 27B 160.0 / 161.9 against 162.5 (with GEMV_PAIR, 2 153.0 against
+# 163.7), 35B-A3B 510.1 / 527.0 against 517.0.
+COOP_PDL = int(os.environ.get("NINFER_COOP_PDL", "-1"))
 
 
 def cuda_source_dir() -> Path:
@@ -231,11 +233,13 @@ class _LaunchAttr(ctypes.Structure):
                 ("rest", ctypes.c_char * 60)]
 
 
-def launch_attr_ids(cooperative: bool, pdl: bool) -> list[int]:
+def launch_attr_ids(cooperative: bool, pdl: bool, coop_pdl: int = 0) -> list[int]:
     """The launch attributes of a kernel launch: programmatic serialization under PDL (for a cooperative kernel only with
-    COOP_PDL), the cooperative attribute for a cooperative kernel (not with COOP_PDL 2 under PDL)."""
-    ids = [_CU_LAUNCH_ATTRIBUTE_COOPERATIVE] if cooperative and not (pdl and COOP_PDL == 2) else []
-    if pdl and (COOP_PDL or not cooperative):
+    mode 1 or 2), the cooperative attribute for a cooperative kernel (not with mode 2 under PDL). The mode: COOP_PDL,
+    or where that is -1 the launch's own `coop_pdl`."""
+    mode = coop_pdl if COOP_PDL < 0 else COOP_PDL
+    ids = [_CU_LAUNCH_ATTRIBUTE_COOPERATIVE] if cooperative and not (pdl and mode == 2) else []
+    if pdl and (mode or not cooperative):
         ids.append(_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
     return ids
 
@@ -313,10 +317,11 @@ class Launch:
     With `PDL` on it goes through cuLaunchKernelEx with programmatic stream serialization allowed, so
     the kernel overlaps the tail of the one before it (see NI_PDL_ENTRY in cuda/common.cuh), except right after a
     join (`wait_join`): that launch is plain. `cooperative` (a kernel with grid barriers: mlp_fused, moe_fused):
-    always through cuLaunchKernelEx with the cooperative attribute instead (COOP_PDL: see launch_attr_ids), so that
-    a grid whose blocks cannot all be resident is refused at launch rather than waiting."""
+    always through cuLaunchKernelEx with the cooperative attribute instead, so that a grid whose blocks cannot all be
+    resident is refused at launch rather than waiting; `coop_pdl` (see launch_attr_ids): its mode under PDL."""
 
-    def __init__(self, fn, grid, block: int, args: tuple, smem: int = 0, name: str = "", cooperative: bool = False):
+    def __init__(self, fn, grid, block: int, args: tuple, smem: int = 0, name: str = "", cooperative: bool = False,
+                 coop_pdl: int = 0):
         self.fn, self.grid, self.block, self.args, self.smem = fn, tuple(int(g) for g in grid), int(block), args, smem
         self.name, self.cooperative = name, cooperative
         self._ex = None
@@ -333,7 +338,7 @@ class Launch:
         # the attribute sets: [0] under PDL, [1] plain (cooperative kernels keep theirs either way)
         sets = []
         for pdl in (True, False):
-            ids = launch_attr_ids(cooperative, pdl)
+            ids = launch_attr_ids(cooperative, pdl, coop_pdl)
             attrs = launch_attrs(ids) if ids else None
             cfg = _LaunchConfig(g[0], g[1], g[2], self.block, 1, 1, int(smem), None, attrs, len(ids))
             sets.append((cfg, attrs))
@@ -433,9 +438,11 @@ def _arg(a):
     return a
 
 
-def prepared(name: str, grid, args, block: int = WARPS * 32, smem: int = 0, cooperative: bool = False):
-    """A launch with its arguments converted once (and `smem` bytes of dynamic shared memory; `cooperative`: see
-    Launch); call the result to launch."""
+def prepared(name: str, grid, args, block: int = WARPS * 32, smem: int = 0, cooperative: bool = False,
+             coop_pdl: int = 0):
+    """A launch with its arguments converted once (and `smem` bytes of dynamic shared memory; `cooperative`,
+    `coop_pdl`: see Launch and launch_attr_ids); call the result to launch."""
     fn = kernel(name)
     _allow_smem(fn, name, smem)
-    return Launch(fn, grid, block, tuple(_arg(a) for a in args), smem=smem, name=name, cooperative=cooperative)
+    return Launch(fn, grid, block, tuple(_arg(a) for a in args), smem=smem, name=name, cooperative=cooperative,
+                  coop_pdl=coop_pdl)
