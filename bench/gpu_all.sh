@@ -18,6 +18,7 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
+#   s21c: the attention probe at 32K; switches measured before PDL was real, again; both breakdowns
 #   s21b: GEMV_PAIR and moe_fused's programmatic launch on by default; raw-K attention forms at 32K; the 35B's GDN GEMV
 #   s21a: (next session's first call, written without device time) GEMV_PAIR under real PDL, COOP_PDL 1 / 2
 #   fin20b: GDN_AB_IN on by default: the GPU tests of the paths it touches
@@ -426,6 +427,24 @@ log "35B-A3B tg128 (defaults)"
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
 fi
+if [ "$PART" = s21c ]; then  # session 21: the attention alone at 32K (forms, splits, layouts); switches measured before
+# PDL was real, again; both models' breakdowns on the session's defaults
+ready
+log "attention probe at 32768 tokens"
+timeout 120 python3 bench/attn_probe.py --out "$OUT/attn_probe_s21c.json" 2>&1 | tail -14
+log "35B-A3B: switches again under real PDL"
+timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b \
+  --attr="base,MOE_FUSED_O=0,NORM_CLUSTER=0,GDN_MERGE=0,ATTN_MERGE=0" \
+  --out "$OUT/decode_s21c_35b.json" 2>&1 | grep -E "PDL|attr|rror" | head -14
+log "27B: switches again under real PDL"
+timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --attr="base,MLP_FUSED_O=0,MLP_FUSED_O_ATTN=0,NORM_CLUSTER=0" \
+  --out "$OUT/decode_s21c_27b.json" 2>&1 | grep -E "PDL|attr|rror" | head -12
+log "breakdowns"
+for g in qwen3.6-35b-a3b qwen3.8-27b; do
+  timeout 200 python3 bench/gpu_decode.py --synthetic $g --breakdown --out "$OUT/decode_s21c_${g}_bd.json" 2>&1 \
+    | grep -E "PDL|sum of|^  " | head -16
+done
+fi
 if [ "$PART" = s21b ]; then  # session 21: GEMV_PAIR on, moe_fused programmatic (coop_pdl 2) by default; the raw-K
 # attention's V-only tile and its wider forms (ATTN_KRAW_FORM 1-3) at 32K; the 35B-A3B's unlisted GDN GEMV shape
 ready
@@ -445,8 +464,8 @@ timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b --attr="base
 log "27B depth 0: the new defaults against GEMV_PAIR=0"
 timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --attr="base,GEMV_PAIR=0" \
   --out "$OUT/decode_s21b_27b.json" 2>&1 | grep -E "PDL|attr|rror" | head -8
-E27=$(best_attr_env "$OUT/decode_s21b_27b_d32k.json" 0)
-bench_targets "" "$E27" s21b
+E27=$(best_attr_env "$OUT/decode_s21b_27b_d32k.json" 0)  # (as run: entry 0 is the depth-0 A/B, flat; it picked 3,
+bench_targets "" "$E27" s21b                               # the depth A/B's worst: entry 1 was the one to read)
 fi
 if [ "$PART" = s21a ]; then  # next session's first call (written without device time): GEMV_PAIR again, now that PDL is
 # real (s19d lost 0.6% with plain launches: the pair removes the 27B's remaining joins, so its successors launch early),

@@ -55,7 +55,7 @@ def test_attention_on_tensor_cores_plumbing(cp, monkeypatch):
     monkeypatch.setattr(CudaQwen35, "ATTN_MMA", True)
     monkeypatch.setattr(K, "ATTN_MMA_AUTO", 3)  # every form in the automatic choice
     for limit, kv, want, form in ((227 * 1024, "bf16", "attn_decode_mma<6,false,4,3>", (4, 3)),
-                                  (227 * 1024, "int8", "attn_decode_mma<6,true,4,4,true>", (4, 4)),  # (raw K)
+                                  (227 * 1024, "int8", "attn_decode_mma<6,true,8,2,true>", (8, 2)),  # (raw K)
                                   (163 * 1024, "int8", "attn_decode_mma<6,true,4,2>", (4, 2)),
                                   (99 * 1024, "int8", "attn_decode_mma<6,true,3,1>", (3, 1)),
                                   (99 * 1024, "bf16", "attn_decode_mma<6,false,4,1>", (4, 1)),
@@ -101,7 +101,7 @@ def test_attention_raw_k_plumbing(cp, monkeypatch):
     cfg = dict(CFG, num_attention_heads=12, num_key_value_heads=2)
     args, w = _weights(cfg)
     assert K.attn_mma_kraw_name(6) in K._names()
-    for kraw, limit, kv, want in ((True, 227 * 1024, "int8", "attn_decode_mma<6,true,4,4,true>"),
+    for kraw, limit, kv, want in ((True, 227 * 1024, "int8", "attn_decode_mma<6,true,8,2,true>"),  # (ATTN_KRAW_FORM 2)
                                   (False, 227 * 1024, "int8", "attn_decode_mma<6,true,4,4>"),
                                   (True, 227 * 1024, "bf16", "attn_decode_mma<6,false,4,3>"),
                                   (True, 163 * 1024, "int8", "attn_decode_mma<6,true,4,2>")):
@@ -111,12 +111,14 @@ def test_attention_raw_k_plumbing(cp, monkeypatch):
         att = [op for op in _flat(ex.ops) if getattr(op, "name", "").startswith("attn_decode")]
         assert att and {op.name for op in att} == {want}, (kraw, limit, kv, {op.name for op in att})
         raw = want.endswith(",true>")
-        assert all(op.smem == K.attn_mma_smem(kv == "int8", *K.attn_mma_form(kv == "int8", limit), kraw=raw)
-                   for op in att)
+        form = tuple(int(v) for v in want.split(",")[2:4]) if raw else K.attn_mma_form(kv == "int8", limit)
+        assert all(op.smem == K.attn_mma_smem(kv == "int8", *form, kraw=raw) for op in att)
     assert K.attn_mma_smem(True, 4, 4, kraw=True) == 177_408
     assert K.attn_mma_smem(True, 6, 3, kraw=True) == K.attn_mma_smem(True, 8, 2, kraw=True) == 211_200
     monkeypatch.setattr(CudaQwen35, "ATTN_KRAW", True)
-    for form, limit, want in ((1, 227 * 1024, "attn_decode_mma<6,true,6,3,true>"),
+    assert CudaQwen35.ATTN_KRAW_FORM == 2  # (session 21, s21b: W 8, NS 2 at 32K)
+    for form, limit, want in ((0, 227 * 1024, "attn_decode_mma<6,true,4,4,true>"),
+                              (1, 227 * 1024, "attn_decode_mma<6,true,6,3,true>"),
                               (2, 227 * 1024, "attn_decode_mma<6,true,8,2,true>"),
                               (3, 227 * 1024, "attn_decode_mma<6,true,5,4,true>"),
                               (3, 212 * 1024, "attn_decode_mma<6,true,4,4,true>")):  # (5, 4) does not fit: the first

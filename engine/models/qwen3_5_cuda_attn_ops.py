@@ -69,9 +69,11 @@ class AttentionOps:
     # (dev/emu_attn_kraw.py checks the permutation and the combine; tests/gpu: test_attention_decode.)
     ATTN_KRAW = os.environ.get("NINFER_ATTN_KRAW", "1") != "0"
     # Which raw-K form (an index into kernels.ATTN_MMA_KRAW_FORMS: (W, NS) 0 (4, 4), 1 (6, 3), 2 (8, 2), 3 (5, 4)): the
-    # room the K tile left taken by more warps a block (at 32K a warp's round, ~2 us of dependent math, bounds the
-    # attention at ~2 TB/s: session 21's depth breakdown, 33.7 us a layer for 68 MB). Unmeasured: 0 until it is.
-    ATTN_KRAW_FORM = int(os.environ.get("NINFER_ATTN_KRAW_FORM", "0"))
+    # room the K tile left taken by more warps a block (written for session 21's depth breakdown: 33.7 us a layer for
+    # the 68 MB of 32K int8 rows, ~2 TB/s). Session 21 (s21b, 27B at depth 32768 int8, one process, two passes): 1
+    # 152.3 / 152.3, 2 153.2 / 153.2, 3 151.0 / 151.0 against 152.7 / 152.7 tok/s (more warps barely pay: not the
+    # warps' math). 2 by default (W 8, NS 2), where its 211,200 bytes fit; the first form elsewhere.
+    ATTN_KRAW_FORM = int(os.environ.get("NINFER_ATTN_KRAW_FORM", "2"))
 
     def _attn_mma(self):
         """(kernel name, threads, dynamic shared memory) of the attn_decode_mma form the decode attention runs,

@@ -111,7 +111,7 @@ def test_attention_raw_k_matches_the_decoded_k(monkeypatch):
         monkeypatch.setattr(CudaQwen35, "ATTN_KRAW", kraw)
         eng = build_engine(args, w, cfg, max_context=512, prefill_cols=1, kv="int8")
         names = {getattr(op, "name", "") for op in eng.model.executor.ops}
-        assert (K.attn_mma_kraw_name(6) in names) == kraw
+        assert (K.attn_mma_kraw_name(6, CudaQwen35.ATTN_KRAW_FORM) in names) == kraw
         out[kraw] = forced_logits(eng, prompt, forced)
     assert_close_runs(out[True], out[False])
 
