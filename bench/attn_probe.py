@@ -67,40 +67,50 @@ def probe(name, block, smem, tokens, hkv, g, nsplit, int8, rng):
     return dict(kernel=name, tokens=tokens, hkv=hkv, nsplit=nsplit, us=round(us, 2), gbs=round(nbytes / us / 1e3, 1))
 
 
+def configs(sms: int, g: int, T: int):
+    """(kernel, W, NS, tokens, KV heads, nsplit, int8, raw K) of each probe."""
+    out = [(K.attn_mma_kraw_name(g, f), w, ns, T, 4, sms // 4, True, True)  # the engine's split count (one wave)
+           for f, (w, ns) in enumerate(K.ATTN_MMA_KRAW_FORMS)]
+    w, ns = K.ATTN_MMA_FORMS[True][0]
+    out.append((f"attn_decode_mma<{g},true,{w},{ns}>", w, ns, T, 4, sms // 4, True, False))
+    out += [(K.attn_mma_kraw_name(g, 0), 4, 4, T, 4, mult * sms // 4, True, True) for mult in (2, 4)]  # more splits
+    for f in (0, 2):  # the same bytes as one head's consecutive rows
+        w, ns = K.ATTN_MMA_KRAW_FORMS[f]
+        out.append((K.attn_mma_kraw_name(g, f), w, ns, 4 * T, 1, sms, True, True))
+    w, ns = K.ATTN_MMA_FORMS[False][0]
+    out.append((f"attn_decode_mma<{g},false,{w},{ns}>", w, ns, T, 4, sms // 4, False, False))
+    out.append((f"attn_decode_mma<{g},false,{w},{ns}>", w, ns, 4 * T, 1, sms, False, False))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=32768)
+    ap.add_argument("--only", type=int, default=-1, help="run probe N only (a process each: a fault kills one)")
+    ap.add_argument("--count", action="store_true", help="print how many probes there are")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
+    g = 6
+    todo = configs(K.sm_count(), g, a.tokens)
+    if a.count:
+        print(len(todo))
+        return
     K.PDL = False
     rng = np.random.default_rng(0)
     bw = copy_bandwidth()
-    print(f"copy bandwidth {bw:.0f} GB/s", flush=True)
-    sms, g, T = K.sm_count(), 6, a.tokens
     rows = []
-
-    def one(name, w, ns, tokens, hkv, nsplit, int8, kraw):
+    for i, (name, w, ns, tokens, hkv, nsplit, int8, kraw) in enumerate(todo):
+        if a.only >= 0 and i != a.only:
+            continue
+        print(f"  {name:40s} {'heads' if hkv > 1 else 'contig':6s} tokens {tokens:6d} nsplit {nsplit:3d}: ", end="",
+              flush=True)
         r = probe(name, 32 * w, K.attn_mma_smem(int8, w, ns, kraw=kraw), tokens, hkv, g, nsplit, int8, rng)
-        r["pct_copy"] = round(100 * r["gbs"] / bw, 1)
-        r["layout"] = "heads" if hkv > 1 else "contig"
+        cp.cuda.Device().synchronize()
+        r.update(pct_copy=round(100 * r["gbs"] / bw, 1), layout="heads" if hkv > 1 else "contig", copy_gbs=round(bw))
         rows.append(r)
-        print(f"  {name:40s} {r['layout']:6s} tokens {tokens:6d} nsplit {nsplit:3d}: {r['us']:7.2f} us "
-              f"{r['gbs']:7.1f} GB/s ({r['pct_copy']}%)", flush=True)
-
-    for f, (w, ns) in enumerate(K.ATTN_MMA_KRAW_FORMS):  # the engine's split count (one wave: 4 KV heads)
-        one(K.attn_mma_kraw_name(g, f), w, ns, T, 4, sms // 4, True, True)
-    w, ns = K.ATTN_MMA_FORMS[True][0]
-    one(f"attn_decode_mma<{g},true,{w},{ns}>", w, ns, T, 4, sms // 4, True, False)
-    for mult in (2, 4):  # more, shorter splits (two / four waves)
-        one(K.attn_mma_kraw_name(g, 0), 4, 4, T, 4, mult * sms // 4, True, True)
-    for f in (0, 2):  # the same bytes as one head's consecutive rows
-        w, ns = K.ATTN_MMA_KRAW_FORMS[f]
-        one(K.attn_mma_kraw_name(g, f), w, ns, 4 * T, 1, sms, True, True)
-    w, ns = K.ATTN_MMA_FORMS[False][0]
-    one(f"attn_decode_mma<{g},false,{w},{ns}>", w, ns, T, 4, sms // 4, False, False)
-    one(f"attn_decode_mma<{g},false,{w},{ns}>", w, ns, 4 * T, 1, sms, False, False)
+        print(f"{r['us']:7.2f} us {r['gbs']:7.1f} GB/s ({r['pct_copy']}% of {bw:.0f})", flush=True)
     if a.out:
-        Path(a.out).write_text(json.dumps(dict(copy_gbs=round(bw, 1), rows=rows), indent=1))
+        Path(a.out).write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
+#   fin21: the attention probe a process a probe, `ninfer bench` of the three targets, every GPU test
 #   s21c: the attention probe at 32K; switches measured before PDL was real, again; both breakdowns
 #   s21b: GEMV_PAIR and moe_fused's programmatic launch on by default; raw-K attention forms at 32K; the 35B's GDN GEMV
 #   s21a: (next session's first call, written without device time) GEMV_PAIR under real PDL, COOP_PDL 1 / 2
@@ -427,10 +428,22 @@ log "35B-A3B tg128 (defaults)"
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
 fi
+if [ "$PART" = fin21 ]; then  # session 21's last call: the attention probe a process a probe, every GPU test, `ninfer
+# bench` of the three targets on the defaults
+ready
+log "attention probe at 32768 tokens, a process a probe"
+for i in $(seq 0 $(( $(python3 bench/attn_probe.py --count) - 1 ))); do
+  timeout 60 python3 bench/attn_probe.py --only $i --out "$OUT/attn_probe_fin21_$i.json" 2>&1 | grep -E "^  |rror" | head -3
+done
+bench_targets "" "" fin21
+log "every GPU test"
+gpu_pytest "$OUT/gpu_tests_fin21.txt" tests/gpu
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_fin21.txt" | tail -12
+fi
 if [ "$PART" = s21c ]; then  # session 21: the attention alone at 32K (forms, splits, layouts); switches measured before
 # PDL was real, again; both models' breakdowns on the session's defaults
 ready
-log "attention probe at 32768 tokens"
+log "attention probe at 32768 tokens"  # (as run, one process for all: an illegal address, its lines cut off)
 timeout 120 python3 bench/attn_probe.py --out "$OUT/attn_probe_s21c.json" 2>&1 | tail -14
 log "35B-A3B: switches again under real PDL"
 timeout 200 python3 bench/gpu_decode.py --synthetic qwen3.6-35b-a3b \
