@@ -68,7 +68,7 @@ def probe(name, block, smem, tokens, hkv, g, nsplit, int8, rng):
 
 
 def configs(sms: int, g: int, T: int):
-    """(kernel, W, NS, tokens, KV heads, nsplit, int8, raw K) of each probe."""
+    """(kernel, W, NS, tokens, KV heads, nsplit, int8, raw K: True, False or "vraw", raw V too) of each probe."""
     out = [(K.attn_mma_kraw_name(g, f), w, ns, T, 4, sms // 4, True, True)  # the engine's split count (one wave)
            for f, (w, ns) in enumerate(K.ATTN_MMA_KRAW_FORMS)]
     w, ns = K.ATTN_MMA_FORMS[True][0]
@@ -80,6 +80,8 @@ def configs(sms: int, g: int, T: int):
     w, ns = K.ATTN_MMA_FORMS[False][0]
     out.append((f"attn_decode_mma<{g},false,{w},{ns}>", w, ns, T, 4, sms // 4, False, False))
     out.append((f"attn_decode_mma<{g},false,{w},{ns}>", w, ns, 4 * T, 1, sms, False, False))
+    out += [(K.attn_mma_vraw_name(g, f), w, ns, T, 4, sms // 4, True, "vraw")  # raw K and raw V (probes 11, 12)
+            for f, (w, ns) in enumerate(K.ATTN_MMA_VRAW_FORMS)]
     return out
 
 
@@ -104,7 +106,8 @@ def main():
             continue
         print(f"  {name:40s} {'heads' if hkv > 1 else 'contig':6s} tokens {tokens:6d} nsplit {nsplit:3d}: ", end="",
               flush=True)
-        r = probe(name, 32 * w, K.attn_mma_smem(int8, w, ns, kraw=kraw), tokens, hkv, g, nsplit, int8, rng)
+        smem = K.attn_mma_smem(int8, w, ns, kraw=bool(kraw), vraw=kraw == "vraw")
+        r = probe(name, 32 * w, smem, tokens, hkv, g, nsplit, int8, rng)
         cp.cuda.Device().synchronize()
         r.update(pct_copy=round(100 * r["gbs"] / bw, 1), layout="heads" if hkv > 1 else "contig", copy_gbs=round(bw))
         rows.append(r)

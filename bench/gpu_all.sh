@@ -18,6 +18,7 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
+#   s21d: ATTN_VRAW (V's codes into the attention's MMAs): tests, probe, A/B at 32K; `ninfer bench` again
 #   fin21: the attention probe a process a probe, `ninfer bench` of the three targets, every GPU test
 #   s21c: the attention probe at 32K; switches measured before PDL was real, again; both breakdowns
 #   s21b: GEMV_PAIR and moe_fused's programmatic launch on by default; raw-K attention forms at 32K; the 35B's GDN GEMV
@@ -427,6 +428,22 @@ timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128
 log "35B-A3B tg128 (defaults)"
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
+fi
+if [ "$PART" = s21d ]; then  # session 21: V's codes into the attention's MMAs too (ATTN_VRAW, off): its tests, the
+# probe, the A/B at 32K; `ninfer bench` of the three targets again (fin21's JSON files did not come back: too many files)
+ready
+log "tests: the attention kernel's forms (VRAW: gs -10, -11), the engine's raw-K/V logits"
+gpu_pytest "$OUT/gpu_tests_s21d.txt" tests/gpu/test_kernels.py tests/gpu/test_decode_paths.py -k "attention_decode or raw_k"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s21d.txt" | tail -10
+log "attention probe at 32768 tokens: raw-K (8, 2), then the VRAW forms"
+for i in 2 11 12; do timeout 60 python3 bench/attn_probe.py --only $i 2>&1 | grep -E "^  |rror" | head -3; done
+VAR="base,ATTN_VRAW=1,ATTN_VRAW=2"
+grep -q "failed\|error" "$OUT/gpu_tests_s21d.txt" && VAR="base"
+log "27B at 32768 (int8 KV): $VAR in one process"
+timeout 300 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --depth 32768 --attr="$VAR" \
+  --out "$OUT/decode_s21d_27b_d32k.json" 2>&1 | grep -E "depth 32768|attr|rror" | tail -8
+E27=$(best_attr_env "$OUT/decode_s21d_27b_d32k.json" 1)
+bench_targets "" "$E27" s21d
 fi
 if [ "$PART" = fin21 ]; then  # session 21's last call: the attention probe a process a probe, every GPU test, `ninfer
 # bench` of the three targets on the defaults

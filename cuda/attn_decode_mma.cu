@@ -28,6 +28,9 @@
 // H200's 211,200 bytes), more rounds' math in flight an SM for the same bytes in flight.
 #define ADM_WARP_KR(NS) ((NS) * ADM_RAW + ADM_TILE / 2)
 #define ADM_SMEM_KR(W, NS) (16 * ADM_LD * 2 + (W) * ADM_WARP_KR(NS))
+// VRAW forms (with KRAW): V's codes too go straight into the MMAs, so a warp keeps its raw stages only
+// (ADM_SMEM_VR; kernel_names.ATTN_MMA_VRAW_FORMS: W 8 with NS 3 in 211,200 bytes).
+#define ADM_SMEM_VR(W, NS) (16 * ADM_LD * 2 + (W) * (NS) * ADM_RAW)
 
 #if !NI_PRE_SM80
 // One key tile's online-softmax step for a thread's two rows (a: g, b: g + 8) of a 16-row MMA tile: each
@@ -133,6 +136,16 @@ __device__ __forceinline__ void adm_issue(unsigned dst, const unsigned short* __
   }
 }
 
+// fp16 pairs as 32-bit words: a * b, a - b
+__device__ __forceinline__ unsigned adm_hmul2(unsigned a, unsigned b) {
+  const __half2 r = __hmul2(*reinterpret_cast<const __half2*>(&a), *reinterpret_cast<const __half2*>(&b));
+  return *reinterpret_cast<const unsigned*>(&r);
+}
+__device__ __forceinline__ unsigned adm_hsub2(unsigned a, __half2 b) {
+  const __half2 r = __hsub2(*reinterpret_cast<const __half2*>(&a), b);
+  return *reinterpret_cast<const unsigned*>(&r);
+}
+
 // int8: a raw stage's codes times their scales into the warp's fp16 K and V tiles (two rows a step); KV0 = 1:
 // the V tile only (KRAW: K is read raw by the MMAs).
 template <int KV0 = 0>
@@ -163,8 +176,13 @@ __device__ __forceinline__ void adm_decode(unsigned short* tile, const unsigned 
 // fragment of k-step kk for quad t4 is the 4 contiguous codes at dim 64 (kk / 4) + 16 t4 + 4 (kk % 4) (one
 // 16-byte shared load a row covers a 64-dim group's 4 k-steps); each code pair is PRMT-ed to the fp16 pair
 // 1152 + code (exact), S accumulates a 64-dim group at a time, and S = sum over the 4 groups of the token's
-// group scale x (S_group - 1152 x the group's sum of the staged Q row). V is decoded as before.
-template <int G, bool KV8, int W, int NS, bool KRAW = false>
+// group scale x (S_group - 1152 x the group's sum of the staged Q row). V is decoded as before, unless VRAW:
+// O's 256 dims are permuted so that n-tile j, column c is dim 32 (j / 4) + 4 c + j % 4: the B fragments of the 4
+// n-tiles of quad q for lane (g, t4) are then the 4 contiguous codes at dim 32 q + 4 g of tokens 2 t4, 2 t4 + 1,
+// 2 t4 + 8, 2 t4 + 9 (one 32-bit shared load each), paired by PRMT into fp16 1152 + code and made exact codes by
+// one HSUB2; each token's group scale goes on P instead (P's fp16 A fragment times the 4 tokens' scales of the
+// quad's 64-dim group), so that O = sum over tokens of (P x scale) x code. The merge writes the dims back in order.
+template <int G, bool KV8, int W, int NS, bool KRAW = false, bool VRAW = false>
 __global__ void __launch_bounds__(32 * W) attn_decode_mma(ATTN_DECODE_PARAMS) {
 #if NI_PRE_SM80  // below sm_80: never launched (kernels.mma_ok)
   __trap();
@@ -174,7 +192,9 @@ __global__ void __launch_bounds__(32 * W) attn_decode_mma(ATTN_DECODE_PARAMS) {
   constexpr int T = 32 * W, RT = 16 * W;  // threads; tokens a round
   constexpr bool BF = !KV8;  // MMA inputs: bf16 for a bf16 cache, fp16 for int8 codes x scales
   constexpr bool KR = KV8 && KRAW;
-  constexpr int WARP_BYTES = KR ? ADM_WARP_KR(NS) : ADM_WARP_OF(KV8, NS);
+  constexpr bool VR = KR && VRAW;
+  static_assert(!VRAW || KR, "raw V codes: with raw K codes only");
+  constexpr int WARP_BYTES = VR ? NS * ADM_RAW : KR ? ADM_WARP_KR(NS) : ADM_WARP_OF(KV8, NS);
   // (the merge's [W][16][256] fp32 rows and their (max, sum) reuse the stages)
   static_assert(W * 16 * 258 * 4 <= 16 * ADM_LD * 2 + W * WARP_BYTES, "merge room");
   static_assert(!KRAW || KV8, "raw K codes: int8 caches only");
@@ -260,7 +280,9 @@ __global__ void __launch_bounds__(32 * W) attn_decode_mma(ATTN_DECODE_PARAMS) {
     adm_cp_wait<NS - 1>();  // this lane's copies of round i have landed
     __syncwarp();           // ... and every lane's
     unsigned koff = 0;      // bf16: the stage's tiles relative to Ks
-    if constexpr (KR) {
+    if constexpr (VR) {
+      // (nothing decoded: both K's and V's codes go into the MMAs)
+    } else if constexpr (KR) {
       adm_decode<1>(Ks, wbase + st * ADM_RAW, lane);
       __syncwarp();
     } else if constexpr (KV8) {
@@ -321,12 +343,53 @@ __global__ void __launch_bounds__(32 * W) attn_decode_mma(ATTN_DECODE_PARAMS) {
     });
     unsigned p[4];
     fa_pack_p<BF>(s, 0, p);
+    if constexpr (VR) {
+      const unsigned char* raw = wbase + st * ADM_RAW;
+      // the V scales of tokens 2 t4, 2 t4 + 1, 2 t4 + 8, 2 t4 + 9: 4 groups each (.x groups 0-1, .y 2-3)
+      uint2 sv[4];
 #pragma unroll
-    for (int dp = 0; dp < 16; ++dp) {
-      unsigned b[4];
-      fa_ldsm_x4_t(b, va + koff + dp * 32);
-      fa_mma<BF>(o[2 * dp], p, b[0], b[1]);
-      fa_mma<BF>(o[2 * dp + 1], p, b[2], b[3]);
+      for (int i = 0; i < 4; ++i)
+        sv[i] = *reinterpret_cast<const uint2*>(raw + 8192 + 128 + (2 * t4 + (i & 1) + 8 * (i >> 1)) * 8);
+      const unsigned char* vr = raw + 4096;
+      const __half2 off = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));  // 1152
+#pragma unroll
+      for (int gr = 0; gr < 4; ++gr) {
+        // (scale of token 2 t4, of 2 t4 + 1) and (2 t4 + 8, 2 t4 + 9) for group gr: P's A fragment times them
+        const unsigned sel = (gr & 1) ? 0x7632u : 0x5410u;
+        const unsigned s01 = __byte_perm(gr < 2 ? sv[0].x : sv[0].y, gr < 2 ? sv[1].x : sv[1].y, sel);
+        const unsigned s89 = __byte_perm(gr < 2 ? sv[2].x : sv[2].y, gr < 2 ? sv[3].x : sv[3].y, sel);
+        unsigned pg[4];
+        pg[0] = adm_hmul2(p[0], s01);
+        pg[1] = adm_hmul2(p[1], s01);
+        pg[2] = adm_hmul2(p[2], s89);
+        pg[3] = adm_hmul2(p[3], s89);
+#pragma unroll
+        for (int qq = 0; qq < 2; ++qq) {
+          const int q = 2 * gr + qq, dim0 = 32 * q + 4 * g;
+          const unsigned w0 = *reinterpret_cast<const unsigned*>(vr + (2 * t4) * 256 + dim0) ^ 0x80808080u;
+          const unsigned w1 = *reinterpret_cast<const unsigned*>(vr + (2 * t4 + 1) * 256 + dim0) ^ 0x80808080u;
+          const unsigned w2 = *reinterpret_cast<const unsigned*>(vr + (2 * t4 + 8) * 256 + dim0) ^ 0x80808080u;
+          const unsigned w3 = *reinterpret_cast<const unsigned*>(vr + (2 * t4 + 9) * 256 + dim0) ^ 0x80808080u;
+          // (token 2 t4's byte r beside token 2 t4 + 1's: [w0.0, w1.0, w0.1, w1.1] and [w0.2, w1.2, w0.3, w1.3])
+          const unsigned lo01 = __byte_perm(w0, w1, 0x5140u), hi01 = __byte_perm(w0, w1, 0x7362u);
+          const unsigned lo89 = __byte_perm(w2, w3, 0x5140u), hi89 = __byte_perm(w2, w3, 0x7362u);
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const unsigned sel2 = (r & 1) ? 0x4342u : 0x4140u;
+            const unsigned b0 = adm_hsub2(__byte_perm(r < 2 ? lo01 : hi01, 0x64646464u, sel2), off);
+            const unsigned b1 = adm_hsub2(__byte_perm(r < 2 ? lo89 : hi89, 0x64646464u, sel2), off);
+            fa_mma<false>(o[4 * q + r], pg, b0, b1);
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int dp = 0; dp < 16; ++dp) {
+        unsigned b[4];
+        fa_ldsm_x4_t(b, va + koff + dp * 32);
+        fa_mma<BF>(o[2 * dp], p, b[0], b[1]);
+        fa_mma<BF>(o[2 * dp + 1], p, b[2], b[3]);
+      }
     }
     __syncwarp();  // every lane done with the stage and tiles before the next round's copies reuse them
     st = st + 1 == NS ? 0 : st + 1;
@@ -345,9 +408,17 @@ __global__ void __launch_bounds__(32 * W) attn_decode_mma(ATTN_DECODE_PARAMS) {
   float* sm_ml = sm_o + W * 16 * 256;                 // [W][16][2]
 #pragma unroll
   for (int n = 0; n < 32; ++n) {
-    const int d = 8 * n + 2 * t4;
-    *reinterpret_cast<float2*>(sm_o + (warp * 16 + g) * 256 + d) = make_float2(o[n][0], o[n][1]);
-    *reinterpret_cast<float2*>(sm_o + (warp * 16 + g + 8) * 256 + d) = make_float2(o[n][2], o[n][3]);
+    if constexpr (VR) {  // n-tile n's columns 2 t4, 2 t4 + 1: dims 32 (n / 4) + 8 t4 + n % 4 and 4 past it
+      const int d = 32 * (n >> 2) + 8 * t4 + (n & 3);
+      sm_o[(warp * 16 + g) * 256 + d] = o[n][0];
+      sm_o[(warp * 16 + g) * 256 + d + 4] = o[n][1];
+      sm_o[(warp * 16 + g + 8) * 256 + d] = o[n][2];
+      sm_o[(warp * 16 + g + 8) * 256 + d + 4] = o[n][3];
+    } else {
+      const int d = 8 * n + 2 * t4;
+      *reinterpret_cast<float2*>(sm_o + (warp * 16 + g) * 256 + d) = make_float2(o[n][0], o[n][1]);
+      *reinterpret_cast<float2*>(sm_o + (warp * 16 + g + 8) * 256 + d) = make_float2(o[n][2], o[n][3]);
+    }
   }
   if (t4 == 0) {
     sm_ml[(warp * 16 + g) * 2] = m_a;

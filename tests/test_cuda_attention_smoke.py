@@ -133,6 +133,23 @@ def test_attention_raw_k_plumbing(cp, monkeypatch):
     monkeypatch.setattr(CudaQwen35, "ATTN_KRAW_FORM", 4)
     with pytest.raises(ValueError, match="NINFER_ATTN_KRAW_FORM=4"):
         build_engine(args, w, cfg, max_context=256, prefill_cols=8, prefill_gemm=0, kv="int8")
+    monkeypatch.setattr(CudaQwen35, "ATTN_KRAW_FORM", 2)
+    # NINFER_ATTN_VRAW (V's codes into the MMAs too; off by default): its forms, their shared memory (no fp16 tile)
+    assert CudaQwen35.ATTN_VRAW == 0
+    assert K.attn_mma_smem(True, 8, 3, vraw=True) == 211_200 and K.attn_mma_smem(True, 8, 2, vraw=True) == 143_616
+    for vraw, limit, want, smem in ((1, 227 * 1024, "attn_decode_mma<6,true,8,3,true,true>", 211_200),
+                                    (2, 227 * 1024, "attn_decode_mma<6,true,8,2,true,true>", 143_616),
+                                    (1, 163 * 1024, "attn_decode_mma<6,true,4,2>", None)):  # (too small: the form
+        monkeypatch.setattr(CudaQwen35, "ATTN_VRAW", vraw)                                  # that fits)
+        monkeypatch.setattr(K, "smem_optin", functools.cache(lambda limit=limit: limit))
+        ex = build_engine(args, w, cfg, max_context=256, prefill_cols=8, prefill_gemm=0, kv="int8").model.executor
+        att = [op for op in _flat(ex.ops) if getattr(op, "name", "").startswith("attn_decode")]
+        assert {op.name for op in att} == {want} and (smem is None or all(op.smem == smem and op.block == 256
+                                                                           for op in att))
+    monkeypatch.setattr(K, "smem_optin", functools.cache(lambda: 227 * 1024))
+    monkeypatch.setattr(CudaQwen35, "ATTN_VRAW", 3)
+    with pytest.raises(ValueError, match="NINFER_ATTN_VRAW=3"):
+        build_engine(args, w, cfg, max_context=256, prefill_cols=8, prefill_gemm=0, kv="int8")
 
 
 def test_attention_query_group_cut_plumbing(cp, monkeypatch):

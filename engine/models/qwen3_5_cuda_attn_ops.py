@@ -74,6 +74,12 @@ class AttentionOps:
     # 152.3 / 152.3, 2 153.2 / 153.2, 3 151.0 / 151.0 against 152.7 / 152.7 tok/s (more warps barely pay: not the
     # warps' math). 2 by default (W 8, NS 2), where its 211,200 bytes fit; the first form elsewhere.
     ATTN_KRAW_FORM = int(os.environ.get("NINFER_ATTN_KRAW_FORM", "2"))
+    # With raw K, V's codes into the MMAs too (attn_decode_mma<..., true, true>: O's dims permuted so that a lane's B
+    # fragments are 32-bit shared loads of 4 tokens' codes, PRMT-ed to fp16 and made exact by one HSUB2; the group
+    # scales on P): 0 off, 1 / 2 form 0 / 1 of kernels.ATTN_MMA_VRAW_FORMS ((W, NS) (8, 3), (8, 2)). The attention
+    # alone at 32K (bench/attn_probe.py, fin21): the raw-K forms read 2.1-2.3 TB/s against bf16's 3.3, so the
+    # int8 work a token bounds it. Unmeasured in the engine: off until it is.
+    ATTN_VRAW = int(os.environ.get("NINFER_ATTN_VRAW", "0"))
 
     def _attn_mma(self):
         """(kernel name, threads, dynamic shared memory) of the attn_decode_mma form the decode attention runs,
@@ -88,6 +94,12 @@ class AttentionOps:
             return None
         w, ns = form
         if kv8 and self.ATTN_KRAW and (w, ns) == K.ATTN_MMA_FORMS[True][0]:
+            v = self.ATTN_VRAW
+            if not 0 <= v <= len(K.ATTN_MMA_VRAW_FORMS):
+                raise ValueError(f"NINFER_ATTN_VRAW={v}: 0 (off) or a form 1..{len(K.ATTN_MMA_VRAW_FORMS)}")
+            if v and K.attn_mma_smem(True, *K.ATTN_MMA_VRAW_FORMS[v - 1], vraw=True) <= K.smem_optin():
+                w, ns = K.ATTN_MMA_VRAW_FORMS[v - 1]
+                return K.attn_mma_vraw_name(g, v - 1), 32 * w, K.attn_mma_smem(True, w, ns, vraw=True)
             f = self.ATTN_KRAW_FORM
             if not 0 <= f < len(K.ATTN_MMA_KRAW_FORMS):
                 raise ValueError(f"NINFER_ATTN_KRAW_FORM={f}: the forms are 0..{len(K.ATTN_MMA_KRAW_FORMS) - 1}")

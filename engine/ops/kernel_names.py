@@ -45,6 +45,16 @@ ATTN_MMA_FORMS = {True: ((4, 4), (4, 2), (3, 1)), False: ((4, 3), (4, 2), (4, 1)
 ATTN_MMA_KRAW_FORMS = ((4, 4), (6, 3), (8, 2), (5, 4))
 
 
+# ... and with V's codes into the MMAs too (VRAW: no fp16 tile at all, ADM_SMEM_VR), by CudaQwen35.ATTN_VRAW
+ATTN_MMA_VRAW_FORMS = ((8, 3), (8, 2))
+
+
+def attn_mma_vraw_name(g: int, form: int = 0) -> str:
+    """attn_decode_mma's raw-K, raw-V int8 form number `form` of ATTN_MMA_VRAW_FORMS."""
+    w, ns = ATTN_MMA_VRAW_FORMS[form]
+    return f"attn_decode_mma<{g},true,{w},{ns},true,true>"
+
+
 def attn_mma_kraw_name(g: int, form: int = 0) -> str:
     """attn_decode_mma's raw-K int8 form (KRAW: the codes into the MMAs, scales on the scores) number `form` of
     ATTN_MMA_KRAW_FORMS."""
@@ -146,6 +156,7 @@ def names(experimental: bool = False) -> list[str]:
     names += [f"attn_decode_mma<{g},{str(kv8).lower()},{w},{ns}>" for g in ATTN_MMA_G for kv8 in (False, True)
               for w, ns in ATTN_MMA_FORMS[kv8]]
     names += [attn_mma_kraw_name(g, f) for g in ATTN_MMA_G for f in range(len(ATTN_MMA_KRAW_FORMS))]  # raw-K int8
+    names += [attn_mma_vraw_name(g, f) for g in ATTN_MMA_G for f in range(len(ATTN_MMA_VRAW_FORMS))]  # and raw V
     names += [f"gdn_delta_rows<{r}>" for r in GDN_DELTA_ROWS]
     names += [f"gdn_chunk_scan<{rb}>" for rb in GDN_SCAN_RB]
     names += [f"attn_prefill_fa<{w},{kv8}>" for w in (4, 8) for kv8 in ("false", "true")]  # warps, int8 KV

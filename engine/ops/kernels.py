@@ -22,7 +22,8 @@ from engine.ops.kernel_names import (  # noqa: F401  (the variant tables: kernel
     GDN_SCAN_RB, GDN_SCAN_TC_RB, GEMV_ASYNC_M, GEMV_ASYNC_STAGES, GEMV_CONV_ROWS, GEMV_M, GEMV_MMA, GEMV_PRE_MAIN,
     GEMV_PAIR_NAMES, GEMV_PRE_XS_NAMES, GEMV_ROWS, GEMV_TMA_NW, GEMV_UNROLL, LDG_NAMES, MLP_FUSED_CHUNKS,
     MLP_FUSED_NAMES, MLP_FUSED_VPT, MOE_DOWN_NAMES, MOE_DOWN_ROWS, MOE_FUSED_CHUNKS, MOE_FUSED_DR, MOE_FUSED_NAMES,
-    MOE_FUSED_OT, MOE_FUSED_VPT, W8_PRE, XI16, ATTN_MMA_KRAW_FORMS, attn_mma_kraw_name)
+    MOE_FUSED_OT, MOE_FUSED_VPT, W8_PRE, XI16, ATTN_MMA_KRAW_FORMS, ATTN_MMA_VRAW_FORMS, attn_mma_kraw_name,
+    attn_mma_vraw_name)
 from engine.ops.kernel_names import names as _names
 
 SOURCES = ("common.cuh", "gemv_decode.cu", "gemv.cu", "gemv_variants.cu", "gemv_mma.cu", "rows.cu", "norm.cu",
@@ -40,10 +41,13 @@ EPI = {"store": 0, "partial": 1, "swiglu": 2, "add": 3, "conv": 4}
 ATTN_MMA_AUTO = 3
 
 
-def attn_mma_smem(kv8: bool, w: int, ns: int, kraw: bool = False) -> int:
-    """Dynamic shared memory of attn_decode_mma<G, kv8, w, ns> (ADM_SMEM_OF; kraw: ADM_SMEM_KR): the Q tile, then per
-    warp the stages (int8: raw codes and scales) and, for int8, the decoded fp16 tile (kraw: V's half only)."""
+def attn_mma_smem(kv8: bool, w: int, ns: int, kraw: bool = False, vraw: bool = False) -> int:
+    """Dynamic shared memory of attn_decode_mma<G, kv8, w, ns> (ADM_SMEM_OF; kraw: ADM_SMEM_KR; vraw: ADM_SMEM_VR): the
+    Q tile, then per warp the stages (int8: raw codes and scales) and, for int8, the decoded fp16 tile (kraw: V's half
+    only; vraw: none)."""
     tile, raw = 2 * 16 * 264 * 2, 2 * 16 * 256 + 2 * 16 * 8
+    if kv8 and vraw:
+        return 16 * 264 * 2 + w * ns * raw
     return 16 * 264 * 2 + w * (ns * raw + (tile // 2 if kraw else tile) if kv8 else ns * tile)
 
 

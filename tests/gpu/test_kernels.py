@@ -156,9 +156,10 @@ def test_gdn_step(cp):
 # tt: tokens a warp a round (their K/V loads in flight together); gs: blocks a KV head's query group is cut
 # into (attn_decode_split<g / gs, kv8, gs>); tt = 0: attn_decode_mma<g, kv8, W, NS> (tensor cores), gs its
 # form's index in kernels.ATTN_MMA_FORMS (W warps, NS stages: each runs on an H200); gs = -1 - f: raw-K form f of
-# kernels.ATTN_MMA_KRAW_FORMS (the raw int8 K codes into the MMAs, KRAW, int8 only)
+# kernels.ATTN_MMA_KRAW_FORMS (the raw int8 K codes into the MMAs, KRAW, int8 only); gs = -10 - f: raw-K, raw-V form f
+# of kernels.ATTN_MMA_VRAW_FORMS
 @pytest.mark.parametrize("tt,gs", [(1, 1), (4, 1), (1, 2), (1, 4), (0, 0), (0, 1), (0, 2), (0, -1), (0, -2), (0, -3),
-                                   (0, -4)])
+                                   (0, -4), (0, -10), (0, -11)])
 @pytest.mark.parametrize("kv", ["bf16", "int8"])
 @pytest.mark.parametrize("g", [6, 8])
 @pytest.mark.parametrize("length", [1, 63, 200, 1500])
@@ -213,7 +214,11 @@ def test_attention_decode(cp, g, length, kv, tt, gs):
     if tt and gs > 1:
         name = f"attn_decode_split<{g // gs},{kv8},{gs}>"
     launch = dict(grid=(hkv * gs, nsplit, 1))
-    if tt == 0:
+    if tt == 0 and gs <= -10:
+        w, ns = K.ATTN_MMA_VRAW_FORMS[-10 - gs]
+        name = K.attn_mma_vraw_name(g, -10 - gs)
+        launch = dict(grid=(hkv, nsplit, 1), block=32 * w, smem=K.attn_mma_smem(int8, w, ns, vraw=True))
+    elif tt == 0:
         w, ns = K.ATTN_MMA_FORMS[int8][gs] if gs >= 0 else K.ATTN_MMA_KRAW_FORMS[-1 - gs]
         name = f"attn_decode_mma<{g},{kv8},{w},{ns}" + (",true>" if gs < 0 else ">")
         launch = dict(grid=(hkv, nsplit, 1), block=32 * w, smem=K.attn_mma_smem(int8, w, ns, kraw=gs < 0))
