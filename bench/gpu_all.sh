@@ -18,6 +18,7 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
+#   fin21b: ATTN_VRAW 2 by default: the GPU tests of the paths it touches, `ninfer bench` of the three targets
 #   s21d: ATTN_VRAW (V's codes into the attention's MMAs): tests, probe, A/B at 32K; `ninfer bench` again
 #   fin21: the attention probe a process a probe, `ninfer bench` of the three targets, every GPU test
 #   s21c: the attention probe at 32K; switches measured before PDL was real, again; both breakdowns
@@ -428,6 +429,14 @@ timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128
 log "35B-A3B tg128 (defaults)"
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
+fi
+if [ "$PART" = fin21b ]; then  # session 21's last call: ATTN_VRAW 2 by default: the GPU tests of the paths it touches,
+# `ninfer bench` of the three targets on the defaults (no environment)
+ready
+gpu_pytest "$OUT/gpu_tests_fin21b.txt" tests/gpu/test_decode_paths.py tests/gpu/test_gpu_engine.py \
+  tests/gpu/test_gpu_engine_moe.py tests/gpu/test_smollm2_gpu.py tests/gpu/test_prefill.py tests/gpu/test_kernels.py
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_fin21b.txt" | tail -10
+bench_targets "" "" fin21b
 fi
 if [ "$PART" = s21d ]; then  # session 21: V's codes into the attention's MMAs too (ATTN_VRAW, off): its tests, the
 # probe, the A/B at 32K; `ninfer bench` of the three targets again (fin21's JSON files did not come back: too many files)

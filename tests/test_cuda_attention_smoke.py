@@ -55,7 +55,7 @@ def test_attention_on_tensor_cores_plumbing(cp, monkeypatch):
     monkeypatch.setattr(CudaQwen35, "ATTN_MMA", True)
     monkeypatch.setattr(K, "ATTN_MMA_AUTO", 3)  # every form in the automatic choice
     for limit, kv, want, form in ((227 * 1024, "bf16", "attn_decode_mma<6,false,4,3>", (4, 3)),
-                                  (227 * 1024, "int8", "attn_decode_mma<6,true,8,2,true>", (8, 2)),  # (raw K)
+                                  (227 * 1024, "int8", "attn_decode_mma<6,true,8,2,true,true>", (8, 2)),  # (raw K, V)
                                   (163 * 1024, "int8", "attn_decode_mma<6,true,4,2>", (4, 2)),
                                   (99 * 1024, "int8", "attn_decode_mma<6,true,3,1>", (3, 1)),
                                   (99 * 1024, "bf16", "attn_decode_mma<6,false,4,1>", (4, 1)),
@@ -67,9 +67,9 @@ def test_attention_on_tensor_cores_plumbing(cp, monkeypatch):
         att = [op for op in _flat(ex.ops) if getattr(op, "name", "").startswith("attn_decode")]
         assert att and all(op.name == want for op in att), (limit, kv, {op.name for op in att})
         if form:
-            kraw = want.endswith(",true>")
+            kraw, vraw = want.endswith(",true>"), want.endswith(",true,true>")
             assert all(op.grid == (2, ex.nsplit, ex.M) and op.block == 32 * form[0]
-                       and op.smem == K.attn_mma_smem(kv == "int8", *form, kraw=kraw) for op in att)
+                       and op.smem == K.attn_mma_smem(kv == "int8", *form, kraw=kraw, vraw=vraw) for op in att)
         waves = K.blocks_per_sm(want, 32 * form[0], att[0].smem) if form else 2  # (resident blocks an SM)
         assert ex.nsplit == min(256 // 64, (waves * K.sm_count()) // 2)
     monkeypatch.setattr(K, "smem_optin", functools.cache(lambda: 227 * 1024))
@@ -95,8 +95,9 @@ def test_attention_raw_k_plumbing(cp, monkeypatch):
     from engine.models.qwen3_5_cuda import CudaQwen35
     from engine.ops import kernels as K
 
-    assert CudaQwen35.ATTN_KRAW
+    assert CudaQwen35.ATTN_KRAW and CudaQwen35.ATTN_VRAW == 2
     monkeypatch.setattr(CudaQwen35, "ATTN_MMA", True)
+    monkeypatch.setattr(CudaQwen35, "ATTN_VRAW", 0)  # (raw V too: below)
     monkeypatch.setattr(K, "ATTN_MMA_AUTO", 3)
     cfg = dict(CFG, num_attention_heads=12, num_key_value_heads=2)
     args, w = _weights(cfg)
@@ -134,8 +135,7 @@ def test_attention_raw_k_plumbing(cp, monkeypatch):
     with pytest.raises(ValueError, match="NINFER_ATTN_KRAW_FORM=4"):
         build_engine(args, w, cfg, max_context=256, prefill_cols=8, prefill_gemm=0, kv="int8")
     monkeypatch.setattr(CudaQwen35, "ATTN_KRAW_FORM", 2)
-    # NINFER_ATTN_VRAW (V's codes into the MMAs too; off by default): its forms, their shared memory (no fp16 tile)
-    assert CudaQwen35.ATTN_VRAW == 0
+    # NINFER_ATTN_VRAW (V's codes into the MMAs too; form 2 by default): its forms, their shared memory (no fp16 tile)
     assert K.attn_mma_smem(True, 8, 3, vraw=True) == 211_200 and K.attn_mma_smem(True, 8, 2, vraw=True) == 143_616
     for vraw, limit, want, smem in ((1, 227 * 1024, "attn_decode_mma<6,true,8,3,true,true>", 211_200),
                                     (2, 227 * 1024, "attn_decode_mma<6,true,8,2,true,true>", 143_616),

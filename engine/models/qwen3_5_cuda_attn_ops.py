@@ -78,8 +78,10 @@ class AttentionOps:
     # fragments are 32-bit shared loads of 4 tokens' codes, PRMT-ed to fp16 and made exact by one HSUB2; the group
     # scales on P): 0 off, 1 / 2 form 0 / 1 of kernels.ATTN_MMA_VRAW_FORMS ((W, NS) (8, 3), (8, 2)). The attention
     # alone at 32K (bench/attn_probe.py, fin21): the raw-K forms read 2.1-2.3 TB/s against bf16's 3.3, so the
-    # int8 work a token bounds it. Unmeasured in the engine: off until it is.
-    ATTN_VRAW = int(os.environ.get("NINFER_ATTN_VRAW", "0"))
+    # int8 work a token bounds it. Session 21 (s21d): the attention alone 27.2 us (form 2) and 28.5 (form 1) against
+    # 29.9 for raw K (8, 2); the 27B at depth 32768 int8 (one process, two passes) 153.1 / 153.1 (2), 152.6 / 152.6
+    # (1) against 152.7 / 152.7 tok/s. 2 by default; NINFER_ATTN_VRAW=0 decodes V (the raw-K form ATTN_KRAW_FORM).
+    ATTN_VRAW = int(os.environ.get("NINFER_ATTN_VRAW", "2"))
 
     def _attn_mma(self):
         """(kernel name, threads, dynamic shared memory) of the attn_decode_mma form the decode attention runs,
