@@ -437,6 +437,14 @@ gpu_pytest "$OUT/gpu_tests_fin21b.txt" tests/gpu/test_decode_paths.py tests/gpu/
   tests/gpu/test_gpu_engine_moe.py tests/gpu/test_smollm2_gpu.py tests/gpu/test_prefill.py tests/gpu/test_kernels.py
 grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_fin21b.txt" | tail -10
 bench_targets "" "" fin21b
+log "Nsight Compute: the attention alone at 32K, raw K and V (probe 12) against bf16 (probe 9): what bounds int8"
+for i in 12 9; do
+  timeout 120 ncu --clock-control none --cache-control none -k regex:attn_decode_mma --launch-count 1 \
+    --section SpeedOfLight --section Occupancy --section SchedulerStats --section WarpStateStats \
+    python3 bench/attn_probe.py --only $i > "$OUT/ncu_attn_fin21b_$i.txt" 2>&1
+  grep -E "attn_decode_mma|Duration|Memory Throughput|DRAM Through|Compute \(SM\)|Warp Cycles Per Issued|Issued Warp|Eligible|No Eligible|Achieved Occ|Stall" \
+    "$OUT/ncu_attn_fin21b_$i.txt" | cut -c1-110 | head -24
+done
 fi
 if [ "$PART" = s21d ]; then  # session 21: V's codes into the attention's MMAs too (ATTN_VRAW, off): its tests, the
 # probe, the A/B at 32K; `ninfer bench` of the three targets again (fin21's JSON files did not come back: too many files)
