@@ -68,7 +68,8 @@ def probe(name, block, smem, tokens, hkv, g, nsplit, int8, rng):
 
 
 def configs(sms: int, g: int, T: int):
-    """(kernel, W, NS, tokens, KV heads, nsplit, int8, raw K: True, False or "vraw", raw V too) of each probe."""
+    """(kernel, W, NS, tokens, KV heads, nsplit, int8, raw K: True, False, "vraw" (raw V too) or "tr" (the transposed
+    form, nsplit its blocks an SM's worth)) of each probe."""
     out = [(K.attn_mma_kraw_name(g, f), w, ns, T, 4, sms // 4, True, True)  # the engine's split count (one wave)
            for f, (w, ns) in enumerate(K.ATTN_MMA_KRAW_FORMS)]
     w, ns = K.ATTN_MMA_FORMS[True][0]
@@ -82,6 +83,8 @@ def configs(sms: int, g: int, T: int):
     out.append((f"attn_decode_mma<{g},false,{w},{ns}>", w, ns, 4 * T, 1, sms, False, False))
     out += [(K.attn_mma_vraw_name(g, f), w, ns, T, 4, sms // 4, True, "vraw")  # raw K and raw V (probes 11, 12)
             for f, (w, ns) in enumerate(K.ATTN_MMA_VRAW_FORMS)]
+    out += [(K.attn_mma_t_name(g, f), w, ns, T, 4, minb * sms // 4, True, "tr")  # transposed (probes 13-17)
+            for f, (w, ns, minb) in enumerate(K.ATTN_MMA_T_FORMS)]
     return out
 
 
@@ -106,7 +109,8 @@ def main():
             continue
         print(f"  {name:40s} {'heads' if hkv > 1 else 'contig':6s} tokens {tokens:6d} nsplit {nsplit:3d}: ", end="",
               flush=True)
-        smem = K.attn_mma_smem(int8, w, ns, kraw=bool(kraw), vraw=kraw == "vraw")
+        smem = K.attn_mma_t_smem(w, ns) if kraw == "tr" else K.attn_mma_smem(int8, w, ns, kraw=bool(kraw),
+                                                                               vraw=kraw == "vraw")
         r = probe(name, 32 * w, smem, tokens, hkv, g, nsplit, int8, rng)
         cp.cuda.Device().synchronize()
         r.update(pct_copy=round(100 * r["gbs"] / bw, 1), layout="heads" if hkv > 1 else "contig", copy_gbs=round(bw))

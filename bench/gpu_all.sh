@@ -18,6 +18,7 @@
 # 11's `next` and session 12's s12a-s12g, which its "Session 12" section cites, at 018601e.)
 #   (session 14's one-off parts fused / fused2 / fused3 / fused4 / fin14, which bench/NOTES-decode.md's "Session 14"
 #   cites, are in git history at 6149588; their flags MLP_FUSED=2 and MLP_FUSED_PF were removed after them)
+#   s22a: (next session's first call, written without device time) the transposed int8 attention (ATTN_TR)
 #   fin21b: ATTN_VRAW 2 by default: the GPU tests of the paths it touches, `ninfer bench` of the three targets
 #   s21d: ATTN_VRAW (V's codes into the attention's MMAs): tests, probe, A/B at 32K; `ninfer bench` again
 #   fin21: the attention probe a process a probe, `ninfer bench` of the three targets, every GPU test
@@ -429,6 +430,22 @@ timeout 150 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 0 -n 128
 log "35B-A3B tg128 (defaults)"
 timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 \
   -o json --out "$OUT/tg128_35b_fin15.json" 2>&1 | grep -E "^\||rror" | tail -1
+fi
+if [ "$PART" = s22a ]; then  # next session's first call (written at the end of session 21 without device time): the
+# transposed int8 attention (attn_decode_mma_t, NINFER_ATTN_TR, off): its tests, the probe, the A/B at 32K, the bench
+ready
+log "tests: the attention kernel's forms (transposed: gs -20..-24), the engine's raw-K/V logits (ATTN_TR 1 and 5)"
+gpu_pytest "$OUT/gpu_tests_s22a.txt" tests/gpu/test_kernels.py tests/gpu/test_decode_paths.py -k "attention_decode or raw_k"
+grep -E "^E  |FAILED|passed|failed" "$OUT/gpu_tests_s22a.txt" | tail -12
+log "attention probe at 32768 tokens: VRAW (8, 2), then the transposed forms"
+for i in 12 13 14 15 16 17; do timeout 60 python3 bench/attn_probe.py --only $i 2>&1 | grep -E "^  |rror" | head -3; done
+VAR="base,ATTN_TR=1,ATTN_TR=2,ATTN_TR=3,ATTN_TR=4,ATTN_TR=5"
+grep -q "failed\|error" "$OUT/gpu_tests_s22a.txt" && VAR="base"
+log "27B at 32768 (int8 KV): $VAR in one process"
+timeout 400 python3 bench/gpu_decode.py --synthetic qwen3.8-27b --depth 32768 --attr="$VAR" \
+  --out "$OUT/decode_s22a_27b_d32k.json" 2>&1 | grep -E "depth 32768|attr|rror" | tail -14
+E27=$(best_attr_env "$OUT/decode_s22a_27b_d32k.json" 1)  # (entry 1: the depth-32768 int8 A/B)
+bench_targets "" "$E27" s22a
 fi
 if [ "$PART" = fin21b ]; then  # session 21's last call: ATTN_VRAW 2 by default: the GPU tests of the paths it touches,
 # `ninfer bench` of the three targets on the defaults (no environment)

@@ -150,6 +150,39 @@ def test_attention_raw_k_plumbing(cp, monkeypatch):
     monkeypatch.setattr(CudaQwen35, "ATTN_VRAW", 3)
     with pytest.raises(ValueError, match="NINFER_ATTN_VRAW=3"):
         build_engine(args, w, cfg, max_context=256, prefill_cols=8, prefill_gemm=0, kv="int8")
+    monkeypatch.setattr(CudaQwen35, "ATTN_VRAW", 2)
+
+
+def test_attention_transposed_plumbing(cp, monkeypatch):
+    """NINFER_ATTN_TR (off by default): an int8 cache takes attn_decode_mma_t<G, W, NS, MINB> of form N - 1 (block 32 W,
+    its shared memory), nsplit its resident blocks' worth (the partials sized for up to four blocks an SM), the combine
+    the same nsplit; bf16 caches keep attn_decode_mma."""
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5_cuda import CudaQwen35
+    from engine.ops import kernels as K
+
+    assert CudaQwen35.ATTN_TR == 0
+    assert K.attn_mma_t_smem(8, 2) == 139_392 and K.attn_mma_t_smem(4, 2) == 71_808
+    monkeypatch.setattr(CudaQwen35, "ATTN_MMA", True)
+    monkeypatch.setattr(K, "smem_optin", functools.cache(lambda: 227 * 1024))
+    cfg = dict(CFG, num_attention_heads=12, num_key_value_heads=2)
+    args, w = _weights(cfg)
+    for tr, (ww, ns, _minb) in enumerate(K.ATTN_MMA_T_FORMS, start=1):
+        monkeypatch.setattr(CudaQwen35, "ATTN_TR", tr)
+        name = K.attn_mma_t_name(6, tr - 1)
+        assert name in K._names() and name == f"attn_decode_mma_t<6,{ww},{ns},{_minb}>"
+        ex = build_engine(args, w, cfg, max_context=2048, prefill_cols=8, prefill_gemm=0, kv="int8").model.executor
+        att = [op for op in _flat(ex.ops) if getattr(op, "name", "").startswith("attn_decode")]
+        assert {op.name for op in att} == {name}
+        waves = K.blocks_per_sm(name, 32 * ww, K.attn_mma_t_smem(ww, ns))
+        assert ex.nsplit == min(2048 // 64, (waves * K.sm_count()) // 2) <= ex.attn_ml.shape[2]
+        assert all(op.block == 32 * ww and op.smem == K.attn_mma_t_smem(ww, ns) and op.grid == (2, ex.nsplit, ex.M)
+                   for op in att)
+        bf = build_engine(args, w, cfg, max_context=256, prefill_cols=8, prefill_gemm=0).model.executor
+        assert not any(getattr(op, "name", "").startswith("attn_decode_mma_t") for op in _flat(bf.ops))
+    monkeypatch.setattr(CudaQwen35, "ATTN_TR", 6)
+    with pytest.raises(ValueError, match="NINFER_ATTN_TR=6"):
+        build_engine(args, w, cfg, max_context=256, prefill_cols=8, prefill_gemm=0, kv="int8")
 
 
 def test_attention_query_group_cut_plumbing(cp, monkeypatch):

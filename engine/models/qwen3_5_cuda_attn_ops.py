@@ -82,6 +82,12 @@ class AttentionOps:
     # 29.9 for raw K (8, 2); the 27B at depth 32768 int8 (one process, two passes) 153.1 / 153.1 (2), 152.6 / 152.6
     # (1) against 152.7 / 152.7 tok/s. 2 by default; NINFER_ATTN_VRAW=0 decodes V (the raw-K form ATTN_KRAW_FORM).
     ATTN_VRAW = int(os.environ.get("NINFER_ATTN_VRAW", "2"))
+    # int8 KV: the transposed form (attn_decode_mma_t: the tokens as the MMAs' 16 rows and the G <= 8 query heads one n8
+    # tile, so half the MMAs and 64 accumulator registers of attn_decode_mma's 16-row tile; raw K and V codes; P^T into
+    # B fragments by movmatrix): 0 off, N form N - 1 of kernels.ATTN_MMA_T_FORMS ((W, NS, blocks an SM)). Written for
+    # session 21's Nsight read (VRAW: 8 warps an SM, 0.4 instructions a cycle, 224 registers); the split count follows
+    # the form's blocks an SM. Unmeasured (written without device time): off until it is.
+    ATTN_TR = int(os.environ.get("NINFER_ATTN_TR", "0"))
 
     def _attn_mma(self):
         """(kernel name, threads, dynamic shared memory) of the attn_decode_mma form the decode attention runs,
@@ -91,6 +97,12 @@ class AttentionOps:
         if not (self.ATTN_MMA and g in K.ATTN_MMA_G and K.mma_ok()):
             return None
         kv8 = self.kv == "int8"
+        if kv8 and self.ATTN_TR:
+            if not 0 < self.ATTN_TR <= len(K.ATTN_MMA_T_FORMS):
+                raise ValueError(f"NINFER_ATTN_TR={self.ATTN_TR}: 0 (off) or a form 1..{len(K.ATTN_MMA_T_FORMS)}")
+            w, ns, _minb = K.ATTN_MMA_T_FORMS[self.ATTN_TR - 1]
+            if K.attn_mma_t_smem(w, ns) <= K.smem_optin():
+                return K.attn_mma_t_name(g, self.ATTN_TR - 1), 32 * w, K.attn_mma_t_smem(w, ns)
         form = K.attn_mma_form(kv8, K.smem_optin(), self.ATTN_MMA_FORM)
         if form is None:
             return None
@@ -117,13 +129,20 @@ class AttentionOps:
         once with attn_decode_mma's resident blocks (its automatic form: one an SM), two waves' worth of the
         split kernels."""
         cp, M, f32 = self.cp, self.M, self.cp.float32
-        pages_per_lane = self.max_context // KV_PAGE
+        self._set_nsplit()
+        # (room for the most splits a form can ask for, four blocks an SM: the plan sets nsplit by the form it takes)
+        cap = max(self.nsplit, min(self.max_context // KV_PAGE, (4 * K.sm_count()) // max(self.Hkv, 1)))
+        self.attn_ml = cp.zeros((M, self.Hq, cap, 2), dtype=f32)
+        self.attn_acc = cp.zeros((M, self.Hq, cap, ATTN_HEAD_DIM), dtype=f32)
+
+    def _set_nsplit(self):
+        """nsplit (and chunk) for the attention form the plan takes: its resident blocks an SM's worth of splits."""
         mma = self._attn_mma()
         waves = K.blocks_per_sm(*mma) if mma is not None else 2
-        self.nsplit = max(1, min(pages_per_lane, (waves * K.sm_count()) // max(self.Hkv, 1)))
+        self.nsplit = max(1, min(self.max_context // KV_PAGE, (waves * K.sm_count()) // max(self.Hkv, 1)))
+        if getattr(self, "attn_ml", None) is not None:
+            self.nsplit = min(self.nsplit, self.attn_ml.shape[2])
         self.chunk = -(-self.max_context // self.nsplit)
-        self.attn_ml = cp.zeros((M, self.Hq, self.nsplit, 2), dtype=f32)
-        self.attn_acc = cp.zeros((M, self.Hq, self.nsplit, ATTN_HEAD_DIM), dtype=f32)
 
     def _attn_core_ops(self, L, ldb, buf_b=None):
         """Attention of each token row over its sequence's cache (q in qbuf, K/V already written), times
@@ -132,6 +151,7 @@ class AttentionOps:
         M = self.M
         buf_b = self.buf_b if buf_b is None else buf_b
         g = self.Hq // self.Hkv
+        self._set_nsplit()  # (the combine after this takes the same nsplit)
         kv8 = "true" if self.kv == "int8" else "false"
         gs = self.ATTN_GSPLIT if (g // max(self.ATTN_GSPLIT, 1), self.ATTN_GSPLIT) in K.ATTN_GSPLIT else 1
         args = (self.qbuf, L["kc"], L["vc"], self.qpos, self.page_table, self.pt_stride, self.Hkv, self.chunk,

@@ -55,6 +55,16 @@ def attn_mma_vraw_name(g: int, form: int = 0) -> str:
     return f"attn_decode_mma<{g},true,{w},{ns},true,true>"
 
 
+# attn_decode_mma_t<G, W, NS, MINB> (the transposed int8 form: tokens as the MMAs' rows, the query heads one n8 tile;
+# CudaQwen35.ATTN_TR): (W warps, NS stages, MINB blocks an SM), shared memory ADT_SMEM (kernels.attn_mma_t_smem)
+ATTN_MMA_T_FORMS = ((8, 2, 1), (4, 3, 2), (6, 2, 2), (8, 1, 2), (4, 2, 3))
+
+
+def attn_mma_t_name(g: int, form: int) -> str:
+    w, ns, minb = ATTN_MMA_T_FORMS[form]
+    return f"attn_decode_mma_t<{g},{w},{ns},{minb}>"
+
+
 def attn_mma_kraw_name(g: int, form: int = 0) -> str:
     """attn_decode_mma's raw-K int8 form (KRAW: the codes into the MMAs, scales on the scores) number `form` of
     ATTN_MMA_KRAW_FORMS."""
@@ -157,6 +167,7 @@ def names(experimental: bool = False) -> list[str]:
               for w, ns in ATTN_MMA_FORMS[kv8]]
     names += [attn_mma_kraw_name(g, f) for g in ATTN_MMA_G for f in range(len(ATTN_MMA_KRAW_FORMS))]  # raw-K int8
     names += [attn_mma_vraw_name(g, f) for g in ATTN_MMA_G for f in range(len(ATTN_MMA_VRAW_FORMS))]  # and raw V
+    names += [attn_mma_t_name(g, f) for g in ATTN_MMA_G for f in range(len(ATTN_MMA_T_FORMS))]  # transposed
     names += [f"gdn_delta_rows<{r}>" for r in GDN_DELTA_ROWS]
     names += [f"gdn_chunk_scan<{rb}>" for rb in GDN_SCAN_RB]
     names += [f"attn_prefill_fa<{w},{kv8}>" for w in (4, 8) for kv8 in ("false", "true")]  # warps, int8 KV

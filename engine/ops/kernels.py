@@ -22,8 +22,8 @@ from engine.ops.kernel_names import (  # noqa: F401  (the variant tables: kernel
     GDN_SCAN_RB, GDN_SCAN_TC_RB, GEMV_ASYNC_M, GEMV_ASYNC_STAGES, GEMV_CONV_ROWS, GEMV_M, GEMV_MMA, GEMV_PRE_MAIN,
     GEMV_PAIR_NAMES, GEMV_PRE_XS_NAMES, GEMV_ROWS, GEMV_TMA_NW, GEMV_UNROLL, LDG_NAMES, MLP_FUSED_CHUNKS,
     MLP_FUSED_NAMES, MLP_FUSED_VPT, MOE_DOWN_NAMES, MOE_DOWN_ROWS, MOE_FUSED_CHUNKS, MOE_FUSED_DR, MOE_FUSED_NAMES,
-    MOE_FUSED_OT, MOE_FUSED_VPT, W8_PRE, XI16, ATTN_MMA_KRAW_FORMS, ATTN_MMA_VRAW_FORMS, attn_mma_kraw_name,
-    attn_mma_vraw_name)
+    MOE_FUSED_OT, MOE_FUSED_VPT, W8_PRE, XI16, ATTN_MMA_KRAW_FORMS, ATTN_MMA_T_FORMS, ATTN_MMA_VRAW_FORMS,
+    attn_mma_kraw_name, attn_mma_t_name, attn_mma_vraw_name)
 from engine.ops.kernel_names import names as _names
 
 SOURCES = ("common.cuh", "gemv_decode.cu", "gemv.cu", "gemv_variants.cu", "gemv_mma.cu", "rows.cu", "norm.cu",
@@ -49,6 +49,12 @@ def attn_mma_smem(kv8: bool, w: int, ns: int, kraw: bool = False, vraw: bool = F
     if kv8 and vraw:
         return 16 * 264 * 2 + w * ns * raw
     return 16 * 264 * 2 + w * (ns * raw + (tile // 2 if kraw else tile) if kv8 else ns * tile)
+
+
+def attn_mma_t_smem(w: int, ns: int) -> int:
+    """Dynamic shared memory of attn_decode_mma_t<G, w, ns, MINB> (ADT_SMEM): Q as fp16 [8][264], then each warp's ns
+    raw int8 stages."""
+    return 8 * 264 * 2 + w * ns * (2 * 16 * 256 + 2 * 16 * 8)
 
 
 def attn_mma_form(kv8: bool, limit: int, pick: int = -1):

@@ -107,16 +107,19 @@ def test_attention_raw_k_matches_the_decoded_k(monkeypatch):
     cfg = dict(CFG, num_attention_heads=12, num_key_value_heads=2)
     args, w, prompt, forced = forced_case(cfg, 11)
     out = {}
-    for kraw, vraw in ((False, 0), (True, 0), (True, 1)):  # (and V's codes into the MMAs: NINFER_ATTN_VRAW)
+    # (and V's codes into the MMAs: NINFER_ATTN_VRAW; the transposed form: NINFER_ATTN_TR, one and three blocks an SM)
+    for kraw, vraw, tr in ((False, 0, 0), (True, 0, 0), (True, 1, 0), (True, 0, 1), (True, 0, 5)):
         monkeypatch.setattr(CudaQwen35, "ATTN_KRAW", kraw)
         monkeypatch.setattr(CudaQwen35, "ATTN_VRAW", vraw)
+        monkeypatch.setattr(CudaQwen35, "ATTN_TR", tr)
         eng = build_engine(args, w, cfg, max_context=512, prefill_cols=1, kv="int8")
         names = {getattr(op, "name", "") for op in eng.model.executor.ops}
-        assert (K.attn_mma_kraw_name(6, CudaQwen35.ATTN_KRAW_FORM) in names) == (kraw and not vraw)
+        assert (K.attn_mma_kraw_name(6, CudaQwen35.ATTN_KRAW_FORM) in names) == (kraw and not vraw and not tr)
         assert (K.attn_mma_vraw_name(6, 0) in names) == bool(vraw)
-        out[(kraw, vraw)] = forced_logits(eng, prompt, forced)
-    assert_close_runs(out[(True, 0)], out[(False, 0)])
-    assert_close_runs(out[(True, 1)], out[(False, 0)])
+        assert (tr == 0) or K.attn_mma_t_name(6, tr - 1) in names
+        out[(kraw, vraw, tr)] = forced_logits(eng, prompt, forced)
+    for key in ((True, 0, 0), (True, 1, 0), (True, 0, 1), (True, 0, 5)):
+        assert_close_runs(out[key], out[(False, 0, 0)])
 
 
 def test_mlp_tma_matches_the_four_kernels(monkeypatch):

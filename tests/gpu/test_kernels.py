@@ -157,9 +157,9 @@ def test_gdn_step(cp):
 # into (attn_decode_split<g / gs, kv8, gs>); tt = 0: attn_decode_mma<g, kv8, W, NS> (tensor cores), gs its
 # form's index in kernels.ATTN_MMA_FORMS (W warps, NS stages: each runs on an H200); gs = -1 - f: raw-K form f of
 # kernels.ATTN_MMA_KRAW_FORMS (the raw int8 K codes into the MMAs, KRAW, int8 only); gs = -10 - f: raw-K, raw-V form f
-# of kernels.ATTN_MMA_VRAW_FORMS
+# of kernels.ATTN_MMA_VRAW_FORMS; gs = -20 - f: the transposed form f of kernels.ATTN_MMA_T_FORMS
 @pytest.mark.parametrize("tt,gs", [(1, 1), (4, 1), (1, 2), (1, 4), (0, 0), (0, 1), (0, 2), (0, -1), (0, -2), (0, -3),
-                                   (0, -4), (0, -10), (0, -11)])
+                                   (0, -4), (0, -10), (0, -11), (0, -20), (0, -21), (0, -22), (0, -23), (0, -24)])
 @pytest.mark.parametrize("kv", ["bf16", "int8"])
 @pytest.mark.parametrize("g", [6, 8])
 @pytest.mark.parametrize("length", [1, 63, 200, 1500])
@@ -214,7 +214,11 @@ def test_attention_decode(cp, g, length, kv, tt, gs):
     if tt and gs > 1:
         name = f"attn_decode_split<{g // gs},{kv8},{gs}>"
     launch = dict(grid=(hkv * gs, nsplit, 1))
-    if tt == 0 and gs <= -10:
+    if tt == 0 and gs <= -20:
+        w, ns, _minb = K.ATTN_MMA_T_FORMS[-20 - gs]
+        name = K.attn_mma_t_name(g, -20 - gs)
+        launch = dict(grid=(hkv, nsplit, 1), block=32 * w, smem=K.attn_mma_t_smem(w, ns))
+    elif tt == 0 and gs <= -10:
         w, ns = K.ATTN_MMA_VRAW_FORMS[-10 - gs]
         name = K.attn_mma_vraw_name(g, -10 - gs)
         launch = dict(grid=(hkv, nsplit, 1), block=32 * w, smem=K.attn_mma_smem(int8, w, ns, vraw=True))
