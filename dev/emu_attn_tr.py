@@ -1,4 +1,4 @@
-"""Offline replay of attn_decode_mma_t (cuda/attn_decode_mma.cu: the transposed int8 decode attention) in NumPy, lane by
+"""Offline replay of attn_decode_mma_t (cuda/attn_decode_mma_t.cu: the transposed int8 decode attention) in NumPy, lane by
 lane as its warp computes it: S^T = K Q^T (K's raw codes as the m16 A operand, two tokens' bytes of a k-step by PRMT;
 the G <= 8 query heads as one n8 tile; the group scales and 1152 x the group's Q sums on the scores), the online
 softmax down the C fragment's columns (shuffles across the lanes 4 apart), P^T packed and moved into B fragments by

@@ -28,8 +28,8 @@ from engine.ops.kernel_names import names as _names
 
 SOURCES = ("common.cuh", "gemv_decode.cu", "gemv.cu", "gemv_variants.cu", "gemv_mma.cu", "rows.cu", "norm.cu",
            "norm_cluster.cu", "attention.cu", "attn_combine.cu", "gdn.cu", "gdn_cluster.cu", "gdn_chunked.cu",
-           "sample.cu", "sampler.cu", "moe.cu", "attn_prefill.cu", "attn_decode_mma.cu", "gemv_tma.cu", "persistent.cu",
-           "mlp_fused.cu", "moe_fused.cu")
+           "sample.cu", "sampler.cu", "moe.cu", "attn_prefill.cu", "attn_decode_mma.cu", "attn_decode_mma_t.cu",
+           "gemv_tma.cu", "persistent.cu", "mlp_fused.cu", "moe_fused.cu")
 # Pre-staged GEMV input rows (fp16 pairs, slot-major blocks of 32 chunks) are padded to this many values.
 XPAD = 1024
 FMT_IDS = {"q4_g64_fp16": 0, "q5_g64_fp16": 1, "q6_g64_fp16": 2, "q8_g32_fp16": 3}

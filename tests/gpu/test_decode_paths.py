@@ -200,20 +200,28 @@ def test_gated_chunk_matches_the_one_scale_staging(monkeypatch):
     assert_close_runs(out[1], out[0])
 
 
+def gdn_cl_case(monkeypatch):
+    """forced_case(CFG, 15) on the paths gdn_delta_gated_cl takes (GDN_FUSED off, GATED_CHUNK 1, GDN_DELTA_RW 4);
+    skipped where thread block clusters are missing."""
+    from engine.models.qwen3_5_cuda import CudaQwen35
+    from engine.ops import kernels as K
+
+    if not K.cluster_capable():
+        pytest.skip("thread block clusters: sm_90")
+    monkeypatch.setattr(CudaQwen35, "GDN_FUSED", False)
+    monkeypatch.setattr(CudaQwen35, "GATED_CHUNK", 1)
+    monkeypatch.setattr(CudaQwen35, "GDN_DELTA_RW", 4)
+    return forced_case(CFG, 15)
+
+
 def test_gdn_gated_cl_gives_the_same_logits(monkeypatch):
     """NINFER_GDN_GATED_CL (gdn_delta_gated_cl: the delta rule and the gated norm's chunk staging in one launch, a
     cluster of 4 blocks a value head): the same logits bit for bit as gdn_delta_raw_rw<4> + gated_rmsnorm_chunks after a 150-token prompt and over 40
     teacher-forced steps (the o-projections on gemv_rs_pre)."""
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5_cuda import CudaQwen35
-    from engine.ops import kernels as K
 
-    if not K.cluster_capable():
-        pytest.skip("thread block clusters: sm_90")
-    args, w, prompt, forced = forced_case(CFG, 15)
-    monkeypatch.setattr(CudaQwen35, "GDN_FUSED", False)
-    monkeypatch.setattr(CudaQwen35, "GATED_CHUNK", 1)
-    monkeypatch.setattr(CudaQwen35, "GDN_DELTA_RW", 4)
+    args, w, prompt, forced = gdn_cl_case(monkeypatch)
     monkeypatch.setattr(CudaQwen35, "GDN_AB_IN", 0)  # (the a|b projection by its GEMV both ways: GDN_AB_IN's own test)
     out = {}
     for cl in (False, True):
@@ -230,14 +238,8 @@ def test_gdn_ab_in_gives_close_logits(monkeypatch):
     choices (the sums in gemv_bf16's order; bit-identity is not promised)."""
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5_cuda import CudaQwen35
-    from engine.ops import kernels as K
 
-    if not K.cluster_capable():
-        pytest.skip("thread block clusters: sm_90")
-    args, w, prompt, forced = forced_case(CFG, 15)
-    monkeypatch.setattr(CudaQwen35, "GDN_FUSED", False)
-    monkeypatch.setattr(CudaQwen35, "GATED_CHUNK", 1)
-    monkeypatch.setattr(CudaQwen35, "GDN_DELTA_RW", 4)
+    args, w, prompt, forced = gdn_cl_case(monkeypatch)
     monkeypatch.setattr(CudaQwen35, "GDN_GATED_CL", True)
     out = {}
     for on in (0, 1):
