@@ -83,8 +83,11 @@ def downloaded(env) -> int:
 def test_stopped_process_resumes_with_range_and_fetches_only_the_rest(hub_env, sig, conns):
     hub_env.behaviour.delay_after = 1024 * 1024  # slow after 1 MiB so the first process is stopped mid-way
     env = dict(hub_env.env, PYTHONPATH=str(ROOT), NINFER_PULL_CONNECTIONS=str(conns))
+    # (SIGINT back to its default in the child, as a terminal's process has it: a test run started in the background
+    # of a non-interactive shell ignores SIGINT, which Python's ctrl-c handling then inherits and keeps off)
     proc = subprocess.Popen([sys.executable, "-m", "ninfer_cli.main", "pull", "tiny"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=hub_env.home.parent)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=hub_env.home.parent,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 30
     try:
         while time.time() < deadline and proc.poll() is None and downloaded(hub_env) < 1024 * 1024:
