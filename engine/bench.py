@@ -3,7 +3,7 @@
 Conventions follow llama-bench: `ppN` times a prefill of N tokens, `tgN` times N greedy decode steps
 after a one-token seed, `ppN+tgM` times both in sequence, `@ dD` first fills D tokens of context
 (untimed). Warmup repetitions are run and dropped. The engine is driven only through the benchmark
-protocol of `dev/CONTRACTS.md` (reset / prefill / decode_greedy / info), so the NumPy engine, the CUDA
+protocol of `engine.api.Engine` (reset / prefill / decode_greedy / info), so the NumPy engine, the CUDA
 engine, the synthetic engine and the transformers baseline are measured by the same code.
 """
 from __future__ import annotations
@@ -183,7 +183,7 @@ class Costs:
 
 
 def costs_from_info(info: dict) -> Costs:
-    """Read the byte/flop figures an engine reports in `info()` (keys as in CONTRACTS.md)."""
+    """Read the byte/flop figures an engine reports in `info()` (`engine.api.Engine.info`'s keys)."""
     wb = info.get("weight_bytes")
     return Costs(
         weight_bytes=wb,

@@ -95,9 +95,9 @@ def check_available() -> None:
 
 def preload(hf_config: dict) -> None:
     """Import torch, transformers and the modeling module of `hf_config`'s model class now, in a fresh
-    process. (On the H200 machine, `import torch` after our CUDA engine had run read junk from the image's
-    files three times: "source code string cannot contain null bytes" at torch/_utils_internal.py; the
-    same imports in a fresh process worked each time.)"""
+    process: on the lent H200 machines `import torch` after our CUDA engine has run can read junk from the
+    image's files ("source code string cannot contain null bytes" at torch/_utils_internal.py), while the
+    same imports in a fresh process work."""
     _, transformers = _imports()
     config, _ = baseline_config(hf_config)
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING  # noqa: PLC0415

@@ -1,6 +1,6 @@
 """The driver structs that cuLaunchKernelEx reads (engine.ops.kernels): CUlaunchAttribute's layout and values.
-Until session 20 the attribute's value never reached the struct (a c_char array field returns a copy), so no
-launch was programmatic or cooperative; these bytes are what the driver sees."""
+A c_char array field returns a copy, so writing the value through it leaves the struct's value 0 (no launch
+programmatic or cooperative): these tests check the bytes the driver sees."""
 import ctypes
 
 from engine.ops import kernels as K

@@ -111,7 +111,7 @@ def normalize_effort(value: str) -> str | None:
 
 @dataclass
 class Chunk:
-    """A `Response`-like record (see dev/CONTRACTS.md) for sessions that are not the engine."""
+    """A record shaped like `engine.generate.Response` for sessions that are not the engine."""
 
     text: str = ""
     token: int = -1

@@ -32,7 +32,7 @@ def check(name, got, want, atol, rtol, tail_frac, worst_ratio, rel):
 
 def poisoned(cp, shape, dtype=np.float32):
     """An output array full of NaN, copied from the host (no CuPy kernel: on a fresh device machine CuPy's
-    own kernels have failed to compile for a while, bench/NOTES-decode.md)."""
+    own kernels can fail to compile for a while)."""
     return cp.asarray(np.full(shape, np.nan, dtype))
 
 

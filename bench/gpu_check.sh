@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# The GPU check: on a machine with an NVIDIA GPU and CuPy, from any directory:
+#
+#   bash bench/gpu_check.sh [--cold] [compile] [tests] [bench] [breakdown]     (no part: all four)
+#
+#   compile    compile the CUDA modules and print the time (always runs first; cached by CuPy, so it is cold only
+#              on an empty cache: --cold empties it first)
+#   tests      every GPU test: pytest -m gpu over tests/gpu, tests/model, tests/unit/test_cli_env.py, tests/test_*.py
+#   bench      `ninfer bench` of the standard targets: 27B tg128 at depth 0 and at 32768 with int8 KV, 35B-A3B tg128,
+#              pp8192 of both
+#   breakdown  bench/gpu_decode.py --breakdown: the decode step's kernels one by one, 27B at depth 0 and at 32768
+#              (int8 KV), 35B-A3B at depth 0
+#
+# Raw output goes to $OUT (default /tmp/gpu_check), named by what it measures and the GPU (GPU_TAG, else from
+# nvidia-smi: h200): gpu_tests_h200.txt, tg128_qwen38-27b_h200.json, ..., breakdown_tg128_qwen38-27b_h200.json; the
+# file names match bench/results/, so a run's files replace the ones there. A summary table comes last.
+# The package runs from this tree (PYTHONPATH); wheels in .whl/ (for packages the machine lacks) are installed first.
+# A COMMIT file at the tree's root names the commit the bench JSONs report (a copy of the tree has no .git).
+# On a lent device machine a call runs at most 10 minutes and brings back 8 files: `compile tests` (about 5 minutes
+# cold) and `bench breakdown` (8 files) are two calls.
+set -u
+cd "$(dirname "$0")/.." || exit 1
+ROOT=$PWD
+OUT=${OUT:-/tmp/gpu_check}
+mkdir -p "$OUT"
+export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-$ROOT/.cupy_cache}
+
+COLD=0
+PARTS=()
+for arg in "$@"; do
+  case $arg in
+    --cold) COLD=1 ;;
+    compile|tests|bench|breakdown) PARTS+=("$arg") ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    *) echo "error: unknown part '$arg'"; echo "-> use compile, tests, bench or breakdown (and --cold)"; exit 2 ;;
+  esac
+done
+[ ${#PARTS[@]} -eq 0 ] && PARTS=(compile tests bench breakdown)
+want() { [[ " ${PARTS[*]} " == *" $1 "* ]]; }
+log() { echo "== $(date +%T) $*"; }
+
+if [ -d .whl ] && compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site:$PYTHONPATH
+fi
+[ -f COMMIT ] && NINFER_GIT_COMMIT=$(cat COMMIT) && export NINFER_GIT_COMMIT
+GPU=${GPU_TAG:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
+  | sed -E 's/^NVIDIA //; s/^GeForce //; s/^(RTX|GTX) /\1/' | awk '{print tolower($1)}' | cut -d- -f1 | tr -cd 'a-z0-9')}
+GPU=${GPU:-gpu}
+log "start: parts ${PARTS[*]}, GPU tag $GPU, output in $OUT"
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader
+python3 -c "import cupy, numpy, engine, ninfer_cli.main; print('cupy', cupy.__version__, 'numpy', numpy.__version__)" \
+  || { echo "error: the package does not import from $ROOT"; echo "-> carry the missing wheels in .whl/"; exit 1; }
+
+# compile every CUDA module the engine builds at load (timed; the count is of the instantiations asked for)
+[ $COLD = 1 ] && rm -rf "$CUPY_CACHE_DIR" && log "CuPy cache emptied ($CUPY_CACHE_DIR)"
+STATE=warm; [ -n "$(ls -A "$CUPY_CACHE_DIR" 2>/dev/null)" ] || STATE=cold
+log "compile ($STATE cache)"
+timeout 400 python3 - "$STATE" <<'PY'
+import sys
+import time
+
+from engine.ops import kernels as K
+
+t = time.perf_counter()
+mods = [K.module()] + [getattr(K, name)() for name in ("module_tc",) if hasattr(K, name)]
+names = 0
+for m in mods:  # (a RawModule compiles when its first function is asked for)
+    exprs = m.name_expressions or ()
+    names += len(exprs)
+    if exprs:
+        m.get_function(exprs[0])
+print(f"compiled {len(mods)} modules, {names} instantiations, in {time.perf_counter() - t:.1f} s ({sys.argv[1]} cache)")
+PY
+# CuPy's own kernels compile through NVRTC with headers read from the machine's image; on a fresh machine those
+# reads have returned junk for a while: wait until one compiles.
+for i in $(seq 1 12); do
+  python3 -c "import cupy as cp, numpy as np; a = cp.full((3, 2), np.nan, dtype=cp.float32); a.fill(1); (a * 2).sum().get()" \
+    >/dev/null 2>&1 && break
+  log "CuPy's own kernels do not compile yet ($i)"; sleep 5
+done
+
+if want tests; then
+  log "every GPU test"
+  T=$OUT/gpu_tests_$GPU.txt
+  timeout 420 python3 -m pytest -q -p no:cacheprovider --tb=short -m gpu tests/gpu tests/model \
+    tests/unit/test_cli_env.py tests/test_*.py > "$T" 2>&1
+  # tests that failed because a file read on a fresh machine saw junk run once more in a fresh process
+  if grep -q "null bytes\|unrecognized token" "$T"; then
+    ids=$(grep -E "^(FAILED|ERROR) tests/" "$T" | sed -E 's/^(FAILED|ERROR) ([^ ]+).*/\2/' | sort -u)
+    if [ -n "$ids" ]; then
+      log "a file read saw junk: the $(echo "$ids" | wc -l) failed tests again"; sleep 10
+      # shellcheck disable=SC2086
+      { echo "== again in a fresh process"; timeout 240 python3 -m pytest -q -p no:cacheprovider --tb=short $ids 2>&1; } >> "$T"
+    fi
+  fi
+  grep -E "^(FAILED|ERROR) |^=+ .*(passed|failed|error)" "$T" | tail -20
+fi
+
+if want bench; then
+  # the standard targets; each JSON holds the command, commit, device, roofline and every sample
+  nb() { local name=$1; shift; log "ninfer bench $*"
+    timeout 200 python3 -m ninfer_cli.main bench "$@" -o json --out "$OUT/${name}_$GPU.json" 2>&1 | grep -E "^\||rror" | tail -1; }
+  nb tg128_qwen38-27b --synthetic qwen3.8-27b -p 0 -n 128 -r 2
+  nb tg128_d32768_int8_qwen38-27b --synthetic qwen3.8-27b -p 0 -n 128 -r 2 -d 32768 --kv int8
+  nb tg128_qwen36-35b-a3b --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2
+  nb pp8192_qwen38-27b --synthetic qwen3.8-27b -p 8192 -n 0 -r 2
+  nb pp8192_qwen36-35b-a3b --synthetic qwen3.6-35b-a3b -p 8192 -n 0 -r 2
+fi
+
+if want breakdown; then
+  bd() { local name=$1; shift; log "bench/gpu_decode.py $* --breakdown"
+    timeout 240 python3 bench/gpu_decode.py "$@" --breakdown --out "$OUT/${name}_$GPU.json" 2>&1 | grep -v "^{"; }
+  bd breakdown_tg128_qwen38-27b --synthetic qwen3.8-27b
+  bd breakdown_tg128_d32768_int8_qwen38-27b --synthetic qwen3.8-27b --depth 32768 --kv int8
+  bd breakdown_tg128_qwen36-35b-a3b --synthetic qwen3.6-35b-a3b
+fi
+
+log "summary"
+python3 - "$OUT" "$GPU" <<'PY'
+import json
+import re
+import sys
+from pathlib import Path
+
+out, gpu = Path(sys.argv[1]), sys.argv[2]
+tests = out / f"gpu_tests_{gpu}.txt"
+if tests.exists():
+    lines = [s for s in tests.read_text(errors="replace").splitlines() if re.match(r"=+ .*(passed|failed|error)", s)]
+    print("tests:", " / then ".join(s.strip("= ") for s in lines) or "no pytest summary line (see the file)")
+rows = []
+for f in sorted(out.glob(f"*_{gpu}.json")):
+    try:
+        d = json.loads(f.read_text())
+    except ValueError:
+        rows.append((f.name, "unreadable", "", "", ""))
+        continue
+    for r in d.get("results", []):  # ninfer bench
+        pct = f"{r['pct_copy_bw']:.1f}% copy" if r.get("pct_copy_bw") else (
+            f"{r['pct_matmul']:.1f}% matmul" if r.get("pct_matmul") else "")
+        ttft = f"TTFT {r['avg_ttft_ms'] / 1e3:.2f} s" if r.get("avg_ttft_ms") else ""
+        rows.append((f.name, r["test"] + (f" {r['kv']} KV" if r.get("kv") else ""),
+                     f"{r['avg_ts']:,.2f} ± {r['stddev_ts']:.2f} tok/s", pct, ttft))
+    for r in (d.get("baseline") or {}).get("results", []):
+        rows.append((f.name, f"{r.get('test')} (transformers)", f"{r.get('avg_ts', 0):,.2f} tok/s", "", ""))
+    for r in d.get("decode", []):  # gpu_decode.py
+        bd = r.get("breakdown_ms") or {}
+        top = ", ".join(f"{k[:32]} {v[0]:.3f} ms" for k, v in list(bd.items())[:2])
+        rows.append((f.name, f"{r['test']} {r['kv']} KV", f"{r['tok_s']:,.1f} tok/s",
+                     f"kernels {r['breakdown_sum_ms']:.3f} of {r['ms_per_token']:.3f} ms" if bd else
+                     f"{r['ms_per_token']:.3f} ms a step", top))
+widths = [max(len(str(c)) for c in col) for col in zip(*rows)] if rows else []
+for row in rows:
+    print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+PY
