@@ -340,5 +340,9 @@ class _Resuming:
         return getattr(self.engine, "decode_sampled", None)
 
     @property
+    def decode_stream(self):
+        return getattr(self.engine, "decode_stream", None)
+
+    @property
     def position(self):
         return self.engine.position
