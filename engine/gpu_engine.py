@@ -350,9 +350,9 @@ def build_engine(args, device_weights: dict, config: dict, *, max_context: int =
 
 
 def cuda_supported(args) -> bool:
-    """Whether the CUDA decode step runs this model (dense Qwen3.5 with the published head sizes)."""
-    return (args.model_type in ("qwen3_5_text", "qwen3_5") and not args.is_moe and args.head_dim == 256
-            and args.linear_key_head_dim == 128 and args.linear_value_head_dim == 128)
+    """Whether the CUDA decode step runs this model: Qwen3.5 dense or MoE with the published head sizes."""
+    return (args.model_type in ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe")
+            and args.head_dim == 256 and args.linear_key_head_dim == 128 and args.linear_value_head_dim == 128)
 
 
 def try_build(config: dict, source, *, max_context: int | None = None, tokenizer=None, kv: str = "bf16",
