@@ -116,8 +116,9 @@ def run(model: ModelArg = None, prompt: PromptArg = None, system: System = None,
         sys.stderr.write("\n[interrupted]\n")
         raise typer.Exit(130) from None
     stats = final.stats
+    backend = _backend(session)
     if json_out:
-        _print_json(name, final, stats, first_token_s, time.perf_counter() - t_start)
+        _print_json(name, final, stats, first_token_s, time.perf_counter() - t_start, backend)
         return
     if printer.thinking:
         sys.stderr.write("\n")
@@ -129,7 +130,16 @@ def run(model: ModelArg = None, prompt: PromptArg = None, system: System = None,
     sys.stdout.write("\n")
     sys.stdout.flush()
     if not quiet:
-        sys.stderr.write(f"{name} · {stats.line()} · start to first token {first_token_s or 0:.2f} s\n")
+        sys.stderr.write(f"{name} · {backend} · {stats.line()} · start to first token {first_token_s or 0:.2f} s\n")
+
+
+def _backend(session) -> str:
+    """Which engine ran: numpy, cuda-graph (the CUDA engine), or cupy-reference (the reference model on CuPy)."""
+    info = getattr(getattr(session, "engine", None), "info", None)
+    try:
+        return str(info().get("backend", "?")) if info else "?"
+    except Exception:  # noqa: BLE001 - a stats line never fails the answer it follows
+        return "?"
 
 
 def _read_at_file(value: str | None) -> str | None:
@@ -183,11 +193,12 @@ def _read_tools(path: str | None) -> list | None:
     return tools
 
 
-def _print_json(name, final, stats, first_token_s, total_s) -> None:
+def _print_json(name, final, stats, first_token_s, total_s, backend: str = "?") -> None:
     from ninfer_cli import output
 
     output.print_json({
         "model": name,
+        "backend": backend,
         "text": final.answer,
         "reasoning": final.answer_reasoning,
         "tool_calls": final.tool_calls,

@@ -33,3 +33,28 @@ def test_moe_artifact_through_engine_load_matches_numpy(tmp_path):
     gpu.reset()
     first = int(np.argmax(gpu.prefill(ids)))
     assert streamed == [first] + gpu.decode_greedy(first, 15)
+
+
+def test_ninfer_run_on_a_moe_artifact_takes_the_cuda_engine(tmp_path):
+    """`ninfer run` on a tiny MoE file (the fixture's tokenizer and chat template) answers through the CUDA engine,
+    and its stats line says so."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from engine.artifact.from_hf import _resources
+    from engine.artifact.writer import write_artifact
+    from engine.synthetic import artifact_tensors
+
+    blobs, roles = _resources(Path(__file__).resolve().parents[1] / "fixtures" / "artifact" / "hf_moe")
+    path = write_artifact(tmp_path / "moe.ninfer", {"text": {"config": MOE_CFG, "resources": roles}},
+                          artifact_tensors(MOE_CFG, "groupwise-int-moe", seed=5), resources=blobs)
+    env = dict(os.environ, NINFER_HOME=str(tmp_path / "home"))
+    r = subprocess.run([sys.executable, "-m", "ninfer_cli.main", "run", str(path), "hello there", "--device", "gpu",
+                        "--max-tokens", "8", "--temperature", "0", "--json"], capture_output=True, text=True, env=env,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["backend"] == "cuda-graph" and out["usage"]["completion_tokens"] >= 1
