@@ -225,6 +225,14 @@ class CudaEngine(Engine):
         self._settle()
         return super()._run(ids, all_rows=all_rows)
 
+    def _resume(self, prompt):
+        self._settle()  # (the prefix match reads the consumed ids)
+        return super()._resume(prompt)
+
+    def logits(self, token_ids):
+        self._settle()
+        return super().logits(token_ids)
+
     def decode_greedy(self, first_token: int, n: int) -> list[int]:
         self._settle()
         self._check_room(n)
