@@ -193,8 +193,9 @@ def test_topk_constants_match_the_kernel():
 
 
 def _topk_kernel(x, D, row, counts, pos):
-    """cuda/sample_topk.cu's algorithm in NumPy, step for step: tiles of TOPK_TILE ids sorted by (x desc, id asc),
-    each tile's best K, the lists folded tile by tile, then the thread-0 walk over at most K entries."""
+    """cuda/sample_topk.cu's algorithm in NumPy, step for step: blocks of TOPK_TILE ids, each warp's best 64 of its
+    256 in the order (x desc, id asc), the block's best K of those, the best K of the blocks' lists, then the
+    thread-0 walk over at most K entries."""
     from engine.models.qwen3_5_cuda_sampling import TOPK_TILE
     from engine.sampling import counter_uniform
 
@@ -212,16 +213,15 @@ def _topk_kernel(x, D, row, counts, pos):
     def best(entries):
         return sorted(entries, key=lambda e: (-e[0], e[1]))
 
+    def top(ids, n):
+        return [(float(v[i]), int(i)) for i in ids[np.lexsort((ids, -v[ids]))[:n]]]
+
     lists = []
     for i0 in range(0, D, TOPK_TILE):
-        ids = np.arange(i0, min(D, i0 + TOPK_TILE))
-        order = np.lexsort((ids, -v[ids]))[:K]
-        lists += [(float(v[ids[o]]), int(ids[o])) for o in order]
-    run, nxt = [], 0
-    while nxt < len(lists):
-        room = TOPK_TILE - (K if nxt else 0)
-        run = best(run + lists[nxt:nxt + room])[:K]
-        nxt += room
+        warps = [top(np.arange(w0, min(D, w0 + 256)), 64) for w0 in range(i0, min(D, i0 + TOPK_TILE), 256)]
+        lists += best([e for w in warps for e in w])[:K]
+    assert len(lists) <= 32 * K
+    run = best(lists)[:K]
     x0 = run[0][0]
     L = [e for e in run if e[0] >= x0 - 30.0 * T][:K]
     w = [np.exp((v - x0) / T) for v, _ in L]

@@ -11,7 +11,7 @@ import numpy as np
 from engine.ops import kernels as K
 
 from engine.device_sampling import TOPK_MAX  # noqa: E402  (cuda/sample_topk.cu)
-TOPK_TILE = 2048
+TOPK_TILE = 8192  # ids a block of the top-k sampler; it takes rows of up to 32 tiles
 STREAM_RING = 4  # pinned token slots of a stream (the steps in flight are at most 2)
 
 
@@ -61,7 +61,7 @@ class SamplingOps:
         return [K.prepared("sample_topk_mb", (nb, M),
                            (self.logits, self.V, D, self.sp_params, self.sp_counts, self.V, self.tk_key, self.tk_id,
                             self.tk_ticket, self.tokens, self.pos, self.history, self.step, self.hist_len),
-                           block=TOPK_TILE // 2)]
+                           block=1024)]
 
     def _domain(self) -> int:
         return int(getattr(self.args, "domain", self.V) or self.V)
@@ -76,8 +76,9 @@ class SamplingOps:
             raise RuntimeError("the step does not end in the argmax: no sampled graph for this executor")
         self.ops_sampled = self.ops[:-1] + self._sample_ops()
         self.graph_sampled = self._capture(self.ops_sampled)
-        self.ops_topk = self.ops[:-1] + self._topk_ops()
-        self.graph_topk = self._capture(self.ops_topk)
+        if self._domain() <= 32 * TOPK_TILE:
+            self.ops_topk = self.ops[:-1] + self._topk_ops()
+            self.graph_topk = self._capture(self.ops_topk)
 
     def set_sampling(self, params) -> None:
         """Write the sampler's parameter row (engine.device_sampling.pack_params) for every lane, when changed."""
