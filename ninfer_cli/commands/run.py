@@ -53,7 +53,11 @@ def run(model: ModelArg = None, prompt: PromptArg = None, system: System = None,
         device: DeviceOpt = Device.auto, tools: Tools = None, chat_template: TemplateFile = None,
         json_out: JsonFlag = False,
         quiet: Quiet = False, profile: ProfileOpt = None, kv: KvOpt = None, vram_limit: VramLimit = None,
-        prefill_chunk: PrefillChunk = None) -> None:
+        prefill_chunk: PrefillChunk = None,
+        synthetic: Annotated[Optional[str], typer.Option(
+            "--synthetic", metavar="GEOMETRY", rich_help_panel="Engine", show_default=False,
+            help="Random weights of a benchmark geometry (qwen3.8-27b, qwen3.6-35b-a3b; GPU) instead of a model: "
+                 "the real path and timings, meaningless text.")] = None) -> None:
     """Answer one prompt with a model (the default model, pulled on first use, when none is named).
 
     Examples: `ninfer run "What is the capital of France?"`, `echo hi | ninfer run smollm2-135m -`,
@@ -86,7 +90,7 @@ def run(model: ModelArg = None, prompt: PromptArg = None, system: System = None,
                                     think=think if effort is None else effort.value != "off",
                                     effort=None if effort is None else effort.value,
                                     thinking_budget=thinking_budget, quiet=json_out, profile=profile, kv=kv,
-                                    vram_limit=vram_limit, prefill_chunk=prefill_chunk)
+                                    vram_limit=vram_limit, prefill_chunk=prefill_chunk, synthetic=synthetic)
     session.tools = _read_tools(tools)
     use_template_file(session, chat_template)
     note = reasoning_note(session, session.think, session.effort)
