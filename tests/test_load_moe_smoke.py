@@ -19,3 +19,14 @@ def test_moe_artifact_takes_the_cuda_engine(cp, tmp_path):
     recs = list(eng.stream([1, 2, 3], api.GenerationConfig(max_tokens=3, temperature=0.7, top_k=20, seed=1)))
     # the first token from the prompt's logits, two drawn on the device, nothing launched past max_tokens
     assert recs[-1].finish_reason == "length" and eng.position == 3 + 2
+
+
+def test_the_published_moe_geometry_is_planned_for_the_cuda_engine():
+    """`--ctx auto` and the profiles fit the CUDA engine's memory (they plan only for models it runs)."""
+    from engine.config import ModelArgs
+    from engine.gpu_engine import cuda_supported
+    from engine.synthetic import geometry_config
+    from ninfer_cli.profiles import _cuda_runs
+
+    args = ModelArgs.from_config(geometry_config("qwen3.6-35b-a3b"))
+    assert args.is_moe and cuda_supported(args) and _cuda_runs(args)
