@@ -121,7 +121,7 @@ def load(path_or_artifact, device: str = "auto", *, max_context: int | None = No
             fast.artifact = artifact
             return fast
     if kv != "bf16":
-        raise NinferError("int8 KV needs the CUDA decode path (dense Qwen3.5 on a GPU)",
+        raise NinferError("int8 KV needs the CUDA decode path (Qwen3.5 dense or MoE on a GPU)",
                           "drop --kv int8 (this model/device keeps float KV)")
     model = build_model(config, weights, xp, gdn_mode=gdn_mode)
     return Engine(model, config, device=dev, tokenizer=tokenizer, max_context=max_context,
@@ -338,6 +338,10 @@ class _Resuming:
     @property
     def decode_sampled(self):
         return getattr(self.engine, "decode_sampled", None)
+
+    @property
+    def decode_stream(self):
+        return getattr(self.engine, "decode_stream", None)
 
     @property
     def position(self):

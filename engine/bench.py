@@ -1,10 +1,12 @@
 """Benchmark core: test matrix, deterministic tokens, timed pp/tg/pg runs, statistics, bounds.
 
-Conventions follow llama-bench: `ppN` times a prefill of N tokens, `tgN` times N greedy decode steps
-after a one-token seed, `ppN+tgM` times both in sequence, `@ dD` first fills D tokens of context
-(untimed). Warmup repetitions are run and dropped. The engine is driven only through the benchmark
-protocol of `engine.api.Engine` (reset / prefill / decode_greedy / info), so the NumPy engine, the CUDA
-engine, the synthetic engine and the transformers baseline are measured by the same code.
+Conventions follow llama-bench: `ppN` times a prefill of N tokens, `tgN` times N decode steps after a
+one-token seed, `ppN+tgM` times both in sequence, `@ dD` first fills D tokens of context (untimed). Warmup
+repetitions are run and dropped. Decode is timed on the path users run: `Engine.stream` (greedy unless a
+`Sampling` says otherwise), from its first token to its last; engines without `stream` (the transformers
+baseline) and `--burst` time `decode_greedy`, a device-side greedy loop with one host read. The engine is
+driven through reset / prefill / stream / decode_greedy / info, so the NumPy engine, the CUDA engine, the
+synthetic engine and the baseline are measured by the same code.
 """
 from __future__ import annotations
 
@@ -50,6 +52,29 @@ class Test:
     def context_needed(self) -> int:
         """Positions the cache must hold (the tg seed token counts as one)."""
         return self.depth + max(self.n_prompt, 1) + self.n_gen + 1
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The sampler a streamed decode test draws with (temperature 0: greedy)."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+    def config(self, max_tokens: int):
+        from engine.generate import GenerationConfig  # noqa: PLC0415
+
+        return GenerationConfig(max_tokens=max_tokens, temperature=self.temperature, top_k=self.top_k,
+                                top_p=self.top_p, min_p=self.min_p, presence_penalty=self.presence_penalty,
+                                frequency_penalty=self.frequency_penalty, seed=TOKEN_SEED, ignore_eos=True)
+
+    def as_dict(self) -> dict:
+        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "min_p": self.min_p,
+                "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty}
 
 
 @dataclass(frozen=True)
@@ -266,48 +291,45 @@ def _argmax(logits) -> int:
     return int(np.asarray(logits).reshape(-1).argmax())
 
 
-def _lanes_call(engine, name: str, lanes: int):
-    fn = getattr(engine, name, None)
-    if fn is None:
-        raise NinferError(
-            f"--lanes {lanes} needs an engine with `{name}`; this one runs one lane",
-            "use --lanes 1",
-        )
-    return fn
+def _streamed(engine, ids: list[int], n_gen: int, sampling: Sampling) -> tuple[float, float]:
+    """(time to the first token, time from it to the last) of `Engine.stream` generating 1 + n_gen tokens: the
+    first from the prompt's logits, then n_gen decode steps."""
+    clock = time.perf_counter
+    t0 = clock()
+    t_first, count, last = None, 0, None
+    for rec in engine.stream(ids, sampling.config(n_gen + 1)):
+        if t_first is None:
+            t_first = clock()
+        count += 1
+        last = rec
+    t1 = clock()
+    if count != n_gen + 1 or last.finish_reason != "length":
+        raise RuntimeError(f"the stream gave {count} tokens ({last.finish_reason}), asked for {n_gen + 1}")
+    return t_first - t0, t1 - t_first
 
 
-def run_once(engine, test: Test, tokens: list[int], lanes: int = 1) -> dict:
-    """Run one repetition of `test`; return its timings in seconds (untimed setup excluded)."""
+def run_once(engine, test: Test, tokens: list[int], lanes: int = 1, sampling: Sampling | None = None,
+             burst: bool = False) -> dict:
+    """Run one repetition of `test`; return its timings in seconds (untimed setup excluded). Decode goes through
+    `engine.stream` with `sampling` unless `burst` (or the engine has no stream): then `decode_greedy`."""
     clock = time.perf_counter
     d, p, g = test.depth, test.n_prompt, test.n_gen
     ctx, prompt = tokens[:d], tokens[d : d + max(p, 1)]
+    streamed = not burst and hasattr(engine, "stream")
+    sampling = sampling or Sampling()
     if lanes > 1:
-        prefill = _lanes_call(engine, "prefill_lanes", lanes)
-        decode = _lanes_call(engine, "decode_greedy_lanes", lanes)
-        engine.reset()
-        if d:
-            prefill([ctx] * lanes)
-        t0 = clock()
-        logits = prefill([prompt] * lanes)
-        t1 = clock()
-        if test.kind == "pp":
-            return {"total": t1 - t0, "prefill": t1 - t0}
-        firsts = [_argmax(row) for row in np.asarray(logits).reshape(lanes, -1)]
-        t2 = clock()
-        out = decode(firsts, g)
-        t3 = clock()
-        if len(out) != lanes or any(len(o) != g for o in out):
-            raise RuntimeError("decode_greedy_lanes returned the wrong number of tokens")
-        if test.kind == "tg":
-            return {"total": t3 - t2, "decode": t3 - t2}
-        return {"total": (t1 - t0) + (t3 - t2), "prefill": t1 - t0, "decode": t3 - t2}
+        raise NinferError(f"--lanes {lanes}: this engine runs one sequence at a time", "use --lanes 1")
     engine.reset()
+    seek = 0
     if d and getattr(engine, "synthetic_depth", False):
         # random weights: a computed context means nothing, and its decode cost is that of any KV
         # content, so the depth is skipped to instead of prefilled (see `CudaEngine.seek_synthetic`)
         engine.seek_synthetic(d)
-        d, ctx = 0, []
+        seek, d, ctx = d, 0, []
     if test.kind == "tg":
+        if streamed:  # the context and the one-token seed are prefilled inside the stream, before its first token
+            _, dt = _streamed(engine, [0] * seek + ctx + prompt, g, sampling)
+            return {"total": dt, "decode": dt}
         first = _argmax(engine.prefill(ctx + prompt))  # context plus the one-token seed, untimed
         t0 = clock()
         out = engine.decode_greedy(first, g)
@@ -317,6 +339,9 @@ def run_once(engine, test: Test, tokens: list[int], lanes: int = 1) -> dict:
         return {"total": t1 - t0, "decode": t1 - t0}
     if d:
         engine.prefill(ctx)
+    if test.kind == "pg" and streamed:
+        pre, dt = _streamed(engine, [0] * seek + ctx + prompt, g, sampling)
+        return {"total": pre + dt, "prefill": pre, "decode": dt}
     t0 = clock()
     logits = engine.prefill(prompt)
     t1 = clock()
@@ -342,19 +367,29 @@ def run_test(
     costs: Costs,
     roofline: dict | None = None,
     memory=None,
+    sampling: Sampling | None = None,
+    burst: bool = False,
 ) -> Result:
-    """Time `test` `repetitions` times after `warmup` dropped runs; derive tok/s, TTFT and bounds."""
+    """Time `test` `repetitions` times after `warmup` dropped runs; derive tok/s, TTFT and bounds. With `burst`, a
+    decoding test is also timed through `decode_greedy` (`burst_ts` beside the streamed figures)."""
     lanes = instance.lanes
     runs = []
     peak = None
     if memory is not None:
         memory.reset()
+    streamed = hasattr(engine, "stream")
     for i in range(warmup + repetitions):
-        r = run_once(engine, test, tokens, lanes)
+        r = run_once(engine, test, tokens, lanes, sampling=sampling)
         if i >= warmup:
             runs.append(r)
         if memory is not None:
             peak = memory.sample()
+    bursts = []
+    if burst and streamed and test.n_gen:
+        for i in range(warmup + repetitions):
+            r = run_once(engine, test, tokens, lanes, burst=True)
+            if i >= warmup:
+                bursts.append(lanes * test.n_gen / r["decode"])
     n_tok = lanes * (test.n_prompt + test.n_gen)
     tps = Stats.of(n_tok / r["total"] for r in runs)
     res = Result(test, instance, Stats.of(r["total"] for r in runs), tps, peak_mem_bytes=peak)
@@ -363,6 +398,11 @@ def run_test(
         res.prefill_tps = Stats.of(lanes * test.n_prompt / r["prefill"] for r in runs)
     if "decode" in runs[0]:
         res.decode_tps = Stats.of(lanes * test.n_gen / r["decode"] for r in runs)
+        res.extra["path"] = "stream" if streamed else "burst"
+        res.extra["sampling"] = (sampling or Sampling()).as_dict() if streamed else {"temperature": 0.0}
+        if bursts:
+            b = Stats.of(bursts)
+            res.extra |= {"burst_ts": b.mean, "burst_ts_std": b.std}
     _add_bounds(res, costs, roofline or {})
     return res
 

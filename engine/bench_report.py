@@ -170,7 +170,15 @@ def to_markdown(report: dict) -> str:
     elif base:
         lines.append(f"baseline: transformers {base.get('version')} · {base.get('dtype')} on {base.get('device')}"
                      + (f" · {base['note']}" if base.get("note") else ""))
+    paths = {(r.get("path"), str(r.get("sampling"))) for r in rows if r.get("path")}
+    if paths:
+        path, sampling = sorted(paths)[0]
+        st = next(r["sampling"] for r in rows if r.get("path") == path)
+        what = "greedy" if not st.get("temperature") else ", ".join(
+            f"{k} {v}" for k, v in st.items() if v not in (0, 0.0, 1.0) or k == "temperature")
+        lines.append(f"decode timed through {'Engine.stream' if path == 'stream' else 'decode_greedy (burst)'}: {what}")
     lines.append("")
+    burst = any(r.get("burst_ts") is not None for r in rows)
     varied = [k for k in ("kv", "lanes", "spec") if len({r[k] for r in rows}) > 1
               or any(r[k] not in (None, 1, "off") for r in rows)]
     name = model.get("model") or "?"
@@ -179,6 +187,8 @@ def to_markdown(report: dict) -> str:
     mem_head = "peak VRAM" if env.get("gpu") else "peak RSS"
     head = ["model", "size", "backend", *varied, "test", "t/s", "TTFT ms", "GB/s", "% copy BW",
             "TFLOP/s", "% matmul", mem_head]
+    if burst:
+        head += ["burst t/s"]
     if base:
         head += ["HF t/s", "ours/HF"]
     table = [head]
@@ -187,11 +197,14 @@ def to_markdown(report: dict) -> str:
                  *[str(r[k]) for k in varied], r["test"], _pm(r, "ts"), _pm(r, "ttft_ms", 1),
                  _sig(r["achieved_gbps"], 4), _num(r["pct_copy_bw"], 1), _sig(r["achieved_tflops"]),
                  _num(r["pct_matmul"], 1), _bytes(r["peak_mem_bytes"])]
+        if burst:
+            cells += [_num(r.get("burst_ts"))]
         if base:
             cells += [_num(r.get("baseline_ts")), "-" if r.get("ratio") is None else f"{r['ratio']:.2f}x"]
         table.append(cells)
     widths = [max(len(str(row[i])) for row in table) for i in range(len(head))]
-    right = {"size", "t/s", "TTFT ms", "GB/s", "% copy BW", "TFLOP/s", "% matmul", mem_head, "HF t/s", "ours/HF"}
+    right = {"size", "t/s", "TTFT ms", "GB/s", "% copy BW", "TFLOP/s", "% matmul", mem_head, "burst t/s", "HF t/s",
+             "ours/HF"}
     def fmt(row):
         return "| " + " | ".join(
             str(c).rjust(w) if h in right else str(c).ljust(w) for c, w, h in zip(row, widths, head)

@@ -9,7 +9,7 @@ from typing import Callable
 
 from engine import bench_device
 from engine.bench import (
-    TOKEN_SEED, Instance, Result, Test, bench_tokens, memory_probe, run_test,
+    TOKEN_SEED, Instance, Result, Sampling, Test, bench_tokens, memory_probe, run_test,
 )
 from engine.bench_models import (
     build_model, build_synthetic, default_recipe, engine_costs, geometry_costs, hf_config_of,
@@ -70,6 +70,8 @@ def run_bench(
     progress: Callable[[str], None] | None = None,
     command: str = "",
     fit: Callable[[str | None], int | None] | None = None,
+    sampling: Sampling | None = None,
+    burst: bool = False,
 ) -> dict:
     """Run every test on every instance (one engine each), then the baseline; return the report dict.
 
@@ -126,7 +128,7 @@ def run_bench(
             tokens = bench_tokens(max_context, _domain(eng, info))
             for t in tests:
                 r = run_test(eng, t, inst, repetitions=repetitions, warmup=warmup, tokens=tokens, costs=costs,
-                             roofline=roof, memory=memory)
+                             roofline=roof, memory=memory, sampling=sampling, burst=burst)
                 results.append(r)
                 say(_line(r))
             del eng
@@ -152,6 +154,8 @@ def run_bench(
         say("interrupted: reporting the tests that finished")
     settings = {"repetitions": repetitions, "warmup": warmup, "device": device, "max_context": max_context,
                 "prompt_tokens": f"PCG64 seed {TOKEN_SEED:#x}", "stops": "off", "prefix_reuse": "off",
+                "decode_path": "burst" if not any(r.extra.get("path") == "stream" for r in results) else "stream",
+                "sampling": (sampling or Sampling()).as_dict(),
                 "interrupted": interrupted, "contexts": contexts,
                 "depth_fill": "seek (synthetic weights: KV below the depth not computed)"
                 if synthetic and device == "gpu" else "prefill"}

@@ -61,29 +61,42 @@ def generate_step(
     """Prefill `prompt_ids`, then yield sampled ids one at a time (max_tokens < 0: no limit).
 
     The sampler draws the token at position p with its counter RNG keyed by p (p = tokens before it),
-    so a seed reproduces the same tokens. `cancel` is checked before every token.
+    so a seed reproduces the same tokens. `cancel` is checked before every token. GPU engines that draw on
+    the device (`decode_stream`, engine.device_sampling) take every token after the first from the graph,
+    the device a step ahead of this loop; the others feed each token back when the next one is asked for.
     """
     if max_tokens == 0 or (cancel is not None and cancel.is_set()):
         return
     logits = engine.prefill(list(prompt_ids))
+    tok = sampler(logits, engine.position)
+    sampler.accept(tok)
+    yield tok
+    n = 1
+    if n == max_tokens or (cancel is not None and cancel.is_set()):
+        return
+    stream = getattr(engine, "decode_stream", None)
+    params = device_params(sampler) if stream is not None else None
+    if params is not None:
+        left = max_tokens - 1 if max_tokens > 0 else 1 << 40
+        steps = stream(tok, left, params, counts=sampler.counts)
+        try:
+            for tok in steps:
+                sampler.accept(tok)
+                yield tok
+                if cancel is not None and cancel.is_set():
+                    return
+        finally:
+            steps.close()
+        return
     sparse = getattr(engine, "decode_step_sparse", None)  # GPU engines: only the ids that can matter
-    # GPU engines that draw on the device (engine.device_sampling): the first token comes from the prompt's
-    # logits here, the rest from the graph (one token read a step, so nothing is computed past a stop)
-    sampled = getattr(engine, "decode_sampled", None)
-    params = device_params(sampler) if sampled is not None else None
-    n, tok = 0, None
     while True:
-        if params is not None and tok is not None:
-            tok = int(sampled(tok, 1, params)[0])
-        else:
-            tok = sampler(logits, engine.position)
+        logits = sparse(tok, sampler.margin()) if sparse is not None else engine.decode_step(tok)
+        tok = sampler(logits, engine.position)
         sampler.accept(tok)
         yield tok
         n += 1
         if n == max_tokens or (cancel is not None and cancel.is_set()):
             return
-        if params is None:
-            logits = sparse(tok, sampler.margin()) if sparse is not None else engine.decode_step(tok)
 
 
 class _StopStrings:

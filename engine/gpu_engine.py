@@ -2,8 +2,6 @@
 contract `engine.api.Engine` drives, and `CudaEngine`, whose greedy loop stays on the device."""
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from engine.api import Engine
@@ -11,39 +9,26 @@ from engine.memory_plan import PREFILL_TAILS
 from engine.models.qwen3_5_cuda import CudaQwen35
 
 
-# Prompt tokens per step of the columns graph (weights read once per chunk of 8; the rest of a prompt
-# goes token by token). Bit-identical to token-by-token on the device; 27B pp512 291 tok/s vs 104.5 on
-# the H200. NINFER_PREFILL_COLS=1 turns it off.
-PREFILL_COLS = int(os.environ.get("NINFER_PREFILL_COLS", "8"))
-# Streamed sampling reads back only the ids within the sampler's margin of the top logit (a few
-# hundred values instead of the 248,320-entry row); tests/gpu/test_gpu_engine.py::test_sparse_logits_step
-# passed on the H200. NINFER_SPARSE_LOGITS=0 turns it off.
-SPARSE_LOGITS = os.environ.get("NINFER_SPARSE_LOGITS", "1") == "1"
-# Sampling on the device (cuda/sampler.cu): a second captured graph whose step ends in the sampler instead of
-# the argmax, so temperature/top-k/top-p/min-p draws need no logits on the host (engine.device_sampling).
-# NINFER_DEVICE_SAMPLING=0 leaves it out (the generate loop then samples on the host from SparseLogits).
-DEVICE_SAMPLING = os.environ.get("NINFER_DEVICE_SAMPLING", "1") == "1"
-# Prompt tokens per tensor-core prefill chunk (`qwen3_5_cuda_prefill`); tests/gpu/test_prefill.py passed
-# on the H200. 27B pp8192: 4,264 tok/s at chunk 1,024, 4,987 at 2,048, 5,432 at 4,096, 5,657 at 8,192,
-# against ~300 for the columns step alone. Its memory (~1.5-3 GiB of scratch, 12 B per context token for
-# the gathered K/V) would cut the context a 24 GiB card fits by a third, so by default ("auto", -1) it is
+# Prompt tokens per step of the columns graph (weights read once per chunk of 8; the rest of a prompt goes token
+# by token): bit-identical to token-by-token on the device, 27B pp512 291 tok/s against 104.5 on the H200.
+PREFILL_COLS = 8
+# Prompt tokens per tensor-core prefill chunk (`qwen3_5_cuda_prefill`). 27B pp8192 on the H200: 4,264 tok/s at
+# chunk 1,024, 4,987 at 2,048, 5,432 at 4,096, 5,657 at 8,192. Its memory (~1.5-3 GiB of scratch, 12 B per context
+# token for the gathered K/V) would cut the context a 24 GiB card fits by a third, so automatically (AUTO) it is
 # built only when the device still has that room after the decode step and its KV cache: the largest of
-# AUTO_CHUNKS that fits, else off. NINFER_PREFILL_GEMM=N forces chunk N (0: off).
+# AUTO_CHUNKS that fits, else off. `build_engine(prefill_gemm=N)` forces chunk N (0: off).
 AUTO = -1
 AUTO_CHUNKS = (8192, 4096, 2048, 1024)
-# MoE models through the tensor-core prefill (grouped expert GEMMs, CudaQwen35Prefill._moe_chunk); session 6
-# on the H200: tests/gpu/test_prefill.py's MoE tests pass, 35B-A3B pp8192 12,935 tok/s (token by token
-# through the decode graph: ~337). NINFER_MOE_PREFILL=0 turns it off.
-MOE_PREFILL = os.environ.get("NINFER_MOE_PREFILL", "1") != "0"
-# The rest of a prompt (under the largest chunk) through the smallest tensor-core executor that holds it,
-# padded, in one chunk (pp2000: one 2048-row chunk instead of 1024 + 512 + 256 + 3 x 64 + columns, each
-# chunk paying the dequantization of every weight). Session 6 on the H200: test_padded_prefill_matches_
-# numpy_engine passes; 27B pp2000 2,886 -> 6,645 tok/s, pp3000 6,140, pp512 4,158 (4,193 before).
-# NINFER_PREFILL_PAD=0 turns it off.
-PREFILL_PAD = os.environ.get("NINFER_PREFILL_PAD", "1") != "0"
+PREFILL_GEMM = AUTO
+# MoE models through the tensor-core prefill (grouped expert GEMMs): 35B-A3B pp8192 12,935 tok/s against ~337
+# token by token through the decode graph.
+MOE_PREFILL = True
+# The rest of a prompt (under the largest chunk) through the smallest tensor-core executor that holds it, padded,
+# in one chunk: 27B pp2000 2,886 -> 6,645 tok/s.
+PREFILL_PAD = True
 PAD_MIN = 32  # fewer prompt tokens than this go through the columns step and the decode graph
-# The piece plan's cost model, in prompt-token equivalents (27B on the H200, session 5: a chunk's fixed
-# cost ~70 ms, ~0.126 ms a row; the columns step ~3.4 ms a token)
+# The piece plan's cost model, in prompt-token equivalents (27B on the H200: a chunk's fixed cost ~70 ms, ~0.126 ms
+# a row; the columns step ~3.4 ms a token)
 CHUNK_FIXED_TOKENS, COLS_TOKEN_COST = 550, 27
 
 
@@ -68,10 +53,6 @@ def piece_plan(r: int, sizes) -> list[tuple[int, int]]:
         return choice
 
     return go(r)[1]
-# Smaller tensor-core executors for the rest of a prompt (`memory_plan.PREFILL_TAILS`, sharing the largest
-# one's scratch): a prompt runs as chunks of the largest size, then of these, then the columns step.
-_env_gemm = os.environ.get("NINFER_PREFILL_GEMM", "auto").strip().lower()
-PREFILL_GEMM = AUTO if _env_gemm in ("", "auto") else int(_env_gemm)
 
 
 def auto_prefill_chunk(args, cols: int, max_context: int, cap: int = AUTO_CHUNKS[0]) -> int:
@@ -132,8 +113,7 @@ class CudaModel:
         self.weight_bytes_per_token = self.executor.weight_bytes_per_token()
         # both graphs are captured now: capturing runs a step and resets the state, so never mid-sequence
         self.executor.capture()
-        if DEVICE_SAMPLING:
-            self.executor.capture_sampled()
+        self.executor.capture_sampled()
         self.cols = None
         if prefill_cols > 1 and not args.is_moe:
             from engine.models.qwen3_5_cuda_cols import CudaQwen35Columns  # noqa: PLC0415
@@ -214,14 +194,47 @@ class CudaModel:
 
 
 class CudaEngine(Engine):
-    """Engine on the CUDA decode step; `decode_greedy` replays the graph with no host sync per token."""
+    """Engine on the CUDA decode step: `decode_greedy` replays the graph with no host sync per token, and
+    `decode_stream` keeps the device one step ahead of the reader.
+
+    A stream that its consumer leaves early has launched at most one step past the last token read; that
+    step's input was already part of the sequence, so the cache stays consistent: `_settle` waits for it and
+    records what the launched steps consumed before any other call touches the sequence."""
+
+    _stream_state = None
 
     def _chunk_len(self, position: int) -> int:
         # the CUDA executors keep no per-chunk score matrix of the whole context (the GEMM prefill
         # bounds its own query blocks), so prompt pieces need not shrink deep in the context
         return self.prefill_chunk
 
+    def _settle(self) -> None:
+        """Finish an open stream: wait for its steps, count what they consumed."""
+        st, self._stream_state = self._stream_state, None
+        if st is not None:
+            self.model.executor.finish_stream(st)
+            self.cache.position = st.base + st.launched
+            self._tokens.extend(st.consumed())
+            self._last = None
+
+    def reset(self) -> None:
+        self._settle()
+        super().reset()
+
+    def _run(self, ids, *, all_rows: bool = False):
+        self._settle()
+        return super()._run(ids, all_rows=all_rows)
+
+    def _resume(self, prompt):
+        self._settle()  # (the prefix match reads the consumed ids)
+        return super()._resume(prompt)
+
+    def logits(self, token_ids):
+        self._settle()
+        return super().logits(token_ids)
+
     def decode_greedy(self, first_token: int, n: int) -> list[int]:
+        self._settle()
         self._check_room(n)
         out = self.model.executor.decode_greedy(int(first_token), n)
         self.cache.position += n
@@ -231,36 +244,63 @@ class CudaEngine(Engine):
 
     @property
     def decode_sampled(self):
-        """`fn(first_token, n, sampler_params) -> list[int]` when the sampled graph was captured
-        (`DEVICE_SAMPLING`), else None: n tokens drawn on the device, one host read a burst.
-        `sampler_params`: engine.device_sampling.pack_params(...) or a Sampler it can stand in for."""
-        return self._decode_sampled if getattr(self.model.executor, "graph_sampled", None) is not None else None
+        """`fn(first_token, n, sampler_params) -> list[int]`: n tokens drawn on the device, one host read a
+        burst. `sampler_params`: engine.device_sampling.pack_params(...) or a Sampler it can stand in for."""
+        return self._decode_sampled
 
-    def _decode_sampled(self, first_token: int, n: int, sampler_params) -> list[int]:
+    def _params(self, sampler_params):
         from engine.device_sampling import device_params  # noqa: PLC0415
 
-        params = sampler_params
         if hasattr(sampler_params, "is_greedy"):
             params = device_params(sampler_params)
             if params is None:
-                raise ValueError("this sampler needs the host (penalties, logit bias or grammar)")
+                raise ValueError("this sampler needs the host (a logit bias, a grammar, or penalties without top_k)")
+            return params, sampler_params.counts
+        return sampler_params, None
+
+    def _decode_sampled(self, first_token: int, n: int, sampler_params, counts=None) -> list[int]:
+        self._settle()
+        params, own = self._params(sampler_params)
         self._check_room(n)
-        out = self.model.executor.decode_sampled(int(first_token), n, params)
+        out = self.model.executor.decode_sampled(int(first_token), n, params, counts if counts is not None else own)
         self.cache.position += n
         self._tokens.extend([int(first_token)] + out[:-1])
         self._last = None
         return out
 
+    def decode_stream(self, first_token: int, n: int, sampler_params, counts=None):
+        """Yield n tokens after `first_token`, drawn on the device as `sampler_params` says (greedy, or a Sampler
+        / packed row the device samplers take; `counts`: the penalties' generated-token counts so far), each as
+        soon as its step ends while the next step already runs. Closing the iterator early settles the stream."""
+        from engine.models.qwen3_5_cuda_sampling import StreamState  # noqa: PLC0415
+
+        self._settle()
+        params, own = self._params(sampler_params)
+        ex = self.model.executor
+        if self.max_context:
+            n = min(int(n), self.max_context - self.position)
+        graph = ex.prepare_draws(params, counts if counts is not None else own)
+        st = StreamState(first_token, self.position)
+        self._stream_state = st
+        try:
+            for tok in ex.stream_tokens(graph, st, n):
+                self.cache.position = st.base + st.launched
+                yield tok
+        finally:
+            if self._stream_state is st:
+                self._settle()
+
     @property
     def decode_step_sparse(self):
-        """`fn(token, margin) -> SparseLogits` when streamed sampling reads back only the ids that can
-        matter (`SPARSE_LOGITS`), else None (the generate loop then takes the whole row)."""
-        return self._decode_step_sparse if SPARSE_LOGITS else None
+        """`fn(token, margin) -> SparseLogits`: streamed host sampling reads back only the ids within the
+        sampler's margin of the top logit."""
+        return self._decode_step_sparse
 
     def _decode_step_sparse(self, token_id: int, margin: float):
         from engine.backend import cupy_or_none  # noqa: PLC0415
         from engine.sampling import SparseLogits  # noqa: PLC0415
 
+        self._settle()
         cp = cupy_or_none()
         self._check_room(1)
         ex = self.model.executor
@@ -284,6 +324,7 @@ class CudaEngine(Engine):
         """Move a fresh sequence to position `n` without computing the `n` tokens (bench `-d` on a
         synthetic model, whose random weights make any context meaningless): the KV pages below `n`
         keep whatever they hold, and decode reads them exactly as it reads computed ones."""
+        self._settle()
         if self.position:
             raise RuntimeError("seek_synthetic starts a fresh sequence: call reset() first")
         self._check_room(n)
@@ -317,9 +358,9 @@ def build_engine(args, device_weights: dict, config: dict, *, max_context: int =
 
 
 def cuda_supported(args) -> bool:
-    """Whether the CUDA decode step runs this model (dense Qwen3.5 with the published head sizes)."""
-    return (args.model_type in ("qwen3_5_text", "qwen3_5") and not args.is_moe and args.head_dim == 256
-            and args.linear_key_head_dim == 128 and args.linear_value_head_dim == 128)
+    """Whether the CUDA decode step runs this model: Qwen3.5 dense or MoE with the published head sizes."""
+    return (args.model_type in ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe")
+            and args.head_dim == 256 and args.linear_key_head_dim == 128 and args.linear_value_head_dim == 128)
 
 
 def try_build(config: dict, source, *, max_context: int | None = None, tokenizer=None, kv: str = "bf16",

@@ -65,6 +65,20 @@ def build_engine(geometry: str, recipe: str | None = None, device: str = "gpu", 
     return eng
 
 
+def tokenizer(vocab_size: int):
+    """A stand-in tokenizer over `vocab_size` ids for a synthetic engine (`ninfer run --synthetic`): id i reads as
+    `t{i}` and every prompt word maps to id 0. Random weights give meaningless ids anyway; what such a run shows is
+    the path and the timings of the real one."""
+    import json  # noqa: PLC0415
+
+    from engine.text.tokenizer import Tokenizer  # noqa: PLC0415
+
+    spec = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+            "pre_tokenizer": {"type": "Whitespace"}, "post_processor": None, "decoder": None,
+            "model": {"type": "WordLevel", "vocab": {f"t{i}": i for i in range(vocab_size)}, "unk_token": "t0"}}
+    return Tokenizer.from_json(json.dumps(spec))
+
+
 def artifact_tensors(config: dict = TINY_CUDA, recipe: str = "groupwise-int", seed: int = 4) -> list:
     """(name, fmt, layout, shape, data) for `engine.artifact.writer.write_artifact`: random text weights
     of `config`, quantized by `recipe` the way `ninfer convert` stores them (tests write small v3 files)."""

@@ -108,15 +108,25 @@ class UploadProgress:
 def open_session(ref: str | None, *, device: str = "auto", ctx: int | None = None, system: str | None = None,
                  think: bool | None = None, effort: str | None = None, thinking_budget: int | None = None,
                  preserve_thinking: bool | None = None, quiet: bool = False, profile: str | None = None,
-                 kv: str | None = None, vram_limit: int | None = None, prefill_chunk: int | None = None):
+                 kv: str | None = None, vram_limit: int | None = None, prefill_chunk: int | None = None,
+                 synthetic: str | None = None):
     """(engine, ChatSession, display name) ready to answer.
 
     `profile`, `kv` and `vram_limit` settle the launch (`ninfer_cli.profiles.load_fitted`): on the GPU
-    the context is fitted to free memory before loading, and what was chosen is said on stderr."""
+    the context is fitted to free memory before loading, and what was chosen is said on stderr. `synthetic`
+    (a benchmark geometry) builds random weights of that geometry on the GPU instead of loading a model."""
     import engine as eng
     from engine.text.session import ChatSession
     from engine.text.tokenizer import Tokenizer
 
+    if synthetic:
+        from engine import synthetic as syn  # noqa: PLC0415
+
+        dev = getattr(device, "value", device)
+        model = syn.build_engine(synthetic, device="gpu" if dev == "auto" else dev, max_context=int(ctx or 4096),
+                                 kv=kv or "bf16")
+        model.tokenizer = syn.tokenizer(model.args.vocab_size)
+        return model, ChatSession(model, system=system), f"synthetic {synthetic}"
     path, name = resolve_model(ref, quiet=quiet)
     device = getattr(device, "value", device)
     from ninfer_cli.profiles import load_fitted

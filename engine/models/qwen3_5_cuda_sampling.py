@@ -1,20 +1,37 @@
-"""Token bursts of the CUDA decode step (`CudaQwen35` takes them as a base): the greedy graph's and the
-sampled graph's, whose step ends in the device sampler (cuda/sampler.cu: sample_max_mb + sample_step_mb)
-instead of the argmax. Both commit the token the same way (next input, position, history ring, step), so
-a burst of n steps needs one read of the history ring at its end. The methods use the executor's buffers
-(`_alloc`, `_alloc_state`), its stream and `_capture`."""
+"""Token bursts and streams of the CUDA decode step (`CudaQwen35` takes them as a base): the greedy graph's and the
+sampled graphs', whose step ends in a device sampler instead of the argmax (cuda/sample_topk.cu for
+1 <= top_k <= TOPK_MAX, penalties included; cuda/sampler.cu: sample_max_mb + sample_step_mb otherwise). Every graph
+commits the token the same way (next input, position, history ring, step), so a burst of n steps needs one read of
+the history ring at its end, and a stream launches the next step before it reads the last one's token. The methods
+use the executor's buffers (`_alloc`, `_alloc_state`), its stream and `_capture`."""
 from __future__ import annotations
 
 import numpy as np
 
 from engine.ops import kernels as K
 
+from engine.device_sampling import TOPK_MAX  # noqa: E402  (cuda/sample_topk.cu)
+TOPK_TILE = 8192  # ids a block of the top-k sampler; it takes rows of up to 32 tiles
+STREAM_RING = 4  # pinned token slots of a stream (the steps in flight are at most 2)
+
+
+class StreamState:
+    """The steps a stream has launched: `first` was fed to the first one, `out[i]` is step i's token (read or not)."""
+
+    def __init__(self, first: int, base: int = 0):
+        self.first, self.launched, self.out = int(first), 0, []
+        self.base = base  # the sequence's position before the first step
+
+    def consumed(self) -> list[int]:
+        """The ids the launched steps fed into the cache: first, then every token but the last step's."""
+        return [self.first] + self.out[: self.launched - 1]
+
 
 class SamplingOps:
-    SAMPLE_BLOCKS = 64  # blocks a row of the device sampler
+    SAMPLE_BLOCKS = 64  # blocks a row of the histogram sampler
 
     def _sample_ops(self):
-        """The device sampler in place of the argmax (parameters in `sp_params`, one row a lane, written by
+        """The histogram sampler in place of the argmax (parameters in `sp_params`, one row a lane, written by
         `set_sampling`): same commit of token, position, history and step."""
         from engine import device_sampling as ds  # noqa: PLC0415
 
@@ -26,22 +43,42 @@ class SamplingOps:
         self.sp_cand = cp.zeros((M, ds.SAMPLE_CAND), dtype=cp.uint64)
         self.sp_cand_n, self.sp_ticket = cp.zeros(M, dtype=cp.uint32), cp.zeros(M, dtype=cp.uint32)
         self._sp_host = None
-        D = int(getattr(self.args, "domain", self.V) or self.V)
+        D = self._domain()
         return [K.prepared("sample_max_mb", (nb, M), (self.logits, self.V, D, self.sp_v, self.sp_i), block=256),
                 K.prepared("sample_step_mb", (nb, M),
                            (self.logits, self.V, D, self.sp_params, self.sp_v, self.sp_i, self.sp_hist_c,
                             self.sp_hist_w, self.sp_cand, self.sp_cand_n, ds.SAMPLE_CAND, self.sp_ticket,
                             self.tokens, self.pos, self.history, self.step, self.hist_len), block=1024)]
 
+    def _topk_ops(self):
+        """The top-k sampler with penalties (generated-token counts in `sp_counts`, one row a lane)."""
+        cp, M, D = self.cp, self.M, self._domain()
+        nb = -(-D // TOPK_TILE)
+        self.sp_counts = cp.zeros((M, self.V), dtype=cp.int32)
+        self.tk_key = cp.zeros((M, nb, TOPK_MAX), dtype=cp.uint64)
+        self.tk_id = cp.zeros((M, nb, TOPK_MAX), dtype=cp.int32)
+        self.tk_ticket = cp.zeros(M, dtype=cp.uint32)
+        return [K.prepared("sample_topk_mb", (nb, M),
+                           (self.logits, self.V, D, self.sp_params, self.sp_counts, self.V, self.tk_key, self.tk_id,
+                            self.tk_ticket, self.tokens, self.pos, self.history, self.step, self.hist_len),
+                           block=1024)]
+
+    def _domain(self) -> int:
+        return int(getattr(self.args, "domain", self.V) or self.V)
+
     def capture_sampled(self):
-        """Capture the sampled step (the greedy graph's ops with the device sampler as the tail) as
-        `graph_sampled`; like capture(), it runs a step and resets, so call it before a sequence starts."""
+        """Capture the sampled steps (the greedy graph's ops with a device sampler as the tail): `graph_sampled`
+        (histogram sampler) and `graph_topk`; like capture(), each runs a step and resets, so call this before a
+        sequence starts."""
         if self.graph is None:
             self.capture()
         if self.ops[-1] is not self._argmax_op:
             raise RuntimeError("the step does not end in the argmax: no sampled graph for this executor")
         self.ops_sampled = self.ops[:-1] + self._sample_ops()
         self.graph_sampled = self._capture(self.ops_sampled)
+        if self._domain() <= 32 * TOPK_TILE:
+            self.ops_topk = self.ops[:-1] + self._topk_ops()
+            self.graph_topk = self._capture(self.ops_topk)
 
     def set_sampling(self, params) -> None:
         """Write the sampler's parameter row (engine.device_sampling.pack_params) for every lane, when changed."""
@@ -50,10 +87,77 @@ class SamplingOps:
             self.sp_params.set(np.tile(row, (self.M, 1)), stream=self.stream)
             self._sp_host = row.copy()
 
-    def decode_sampled(self, first_token: int, n: int, params) -> list[int]:
+    def set_counts(self, counts) -> None:
+        """Every lane's generated-token counts (the penalties' input) from a {token: count} mapping."""
+        host = np.zeros((self.M, self.V), dtype=np.int32)
+        for tok, c in (counts or {}).items():
+            if 0 <= int(tok) < self.V:
+                host[:, int(tok)] = int(c)
+        self.sp_counts.set(host, stream=self.stream)
+
+    def sampled_graph(self, params):
+        """The graph that draws what `params` asks for: the argmax for greedy, the top-k sampler where it applies."""
+        from engine import device_sampling as ds  # noqa: PLC0415
+
+        settings = ds.unpack_params(params)
+        if not settings["temperature"] > 0.0:
+            return self.graph
+        if 0 < settings["top_k"] <= TOPK_MAX and getattr(self, "graph_topk", None) is not None:
+            return self.graph_topk
+        return self.graph_sampled
+
+    def decode_sampled(self, first_token: int, n: int, params, counts=None) -> list[int]:
         """n tokens drawn on the device after `first_token`, each fed back by the graph itself."""
-        self.set_sampling(params)
-        return self._burst(self.graph_sampled, first_token, n)
+        graph = self.prepare_draws(params, counts)
+        return self._burst(graph, first_token, n)
+
+    def prepare_draws(self, params, counts=None):
+        """Write the sampler's parameters (and counts) and return the graph to replay."""
+        graph = self.sampled_graph(params)
+        if graph is not self.graph:
+            self.set_sampling(params)
+            if graph is getattr(self, "graph_topk", None):
+                self.set_counts(counts)
+        return graph
+
+    def stream_tokens(self, graph, state: StreamState, n: int):
+        """Yield the tokens of n replays of `graph` after `state.first`, one at a time, keeping the device a step
+        ahead: step i + 1 is launched before step i's token is read (its input is already on the device), and each
+        token comes back through a pinned slot and an event. Stops launching at n; `finish_stream` settles the rest
+        when the consumer stops early (at most one step past the last token read)."""
+        cp = self.cp
+        if getattr(self, "_ring", None) is None:
+            self._ring_mem = cp.cuda.alloc_pinned_memory(4 * STREAM_RING)
+            self._ring = np.frombuffer(self._ring_mem, dtype=np.int32, count=STREAM_RING)
+            self._ring_ev = [cp.cuda.Event(block=False, disable_timing=True) for _ in range(STREAM_RING)]
+        self.set_token(state.first)
+        src = self.tokens.data.ptr
+        d2h = cp.cuda.runtime.memcpyDeviceToHost if hasattr(cp.cuda.runtime, "memcpyDeviceToHost") else 2
+
+        def launch():
+            slot = state.launched % STREAM_RING
+            graph.launch(self.stream)
+            cp.cuda.runtime.memcpyAsync(self._ring.ctypes.data + 4 * slot, src, 4, d2h, self.stream.ptr)
+            self._ring_ev[slot].record(self.stream)
+            state.launched += 1
+
+        read = 0
+        if n > 0:
+            launch()
+        while read < n:
+            if state.launched < n:
+                launch()
+            slot = read % STREAM_RING
+            self._ring_ev[slot].synchronize()
+            state.out.append(int(self._ring[slot]))
+            read += 1
+            yield state.out[-1]
+
+    def finish_stream(self, state: StreamState) -> None:
+        """Wait for a stream's launched steps and collect the tokens nobody read."""
+        self.stream.synchronize()
+        while len(state.out) < state.launched:
+            state.out.append(int(self._ring[len(state.out) % STREAM_RING]))
 
     def _burst(self, graph, first_token: int, n: int) -> list[int]:
         """n replays of `graph` after `first_token` (each step's token is the next one's input, on the

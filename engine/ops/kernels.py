@@ -28,7 +28,7 @@ from engine.ops.kernel_names import names as _names
 
 SOURCES = ("common.cuh", "gemv_decode.cu", "gemv.cu", "gemv_variants.cu", "gemv_mma.cu", "rows.cu", "norm.cu",
            "norm_cluster.cu", "attention.cu", "attn_combine.cu", "gdn.cu", "gdn_cluster.cu", "gdn_chunked.cu",
-           "sample.cu", "sampler.cu", "moe.cu", "attn_prefill.cu", "attn_decode_mma.cu", "attn_decode_mma_t.cu",
+           "sample.cu", "sampler.cu", "sample_topk.cu", "moe.cu", "attn_prefill.cu", "attn_decode_mma.cu", "attn_decode_mma_t.cu",
            "gemv_tma.cu", "persistent.cu", "mlp_fused.cu", "moe_fused.cu")
 # Pre-staged GEMV input rows (fp16 pairs, slot-major blocks of 32 chunks) are padded to this many values.
 XPAD = 1024

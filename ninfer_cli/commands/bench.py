@@ -12,7 +12,7 @@ import typer
 
 from ninfer_cli.options import Ctx, Device, DeviceOpt, ModelArg, ProfileOpt, VramLimit
 
-TESTS, ENGINE, OUTPUT = "Tests", "Engine", "Output"
+TESTS, ENGINE, SAMPLING, OUTPUT = "Tests", "Engine", "Decode path", "Output"
 
 
 class OutFormat(str, enum.Enum):
@@ -138,14 +138,30 @@ def bench(
         help="Measure (again) and store this device's copy bandwidth and matmul rate.")] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", rich_help_panel=OUTPUT,
                                            help="One line per finished test on stderr.")] = True,
+    temperature: Annotated[float, typer.Option(
+        "--temp", "--temperature", min=0.0, rich_help_panel=SAMPLING,
+        help="Sample the streamed decode at this temperature (0: greedy).")] = 0.0,
+    top_k: Annotated[int, typer.Option("--top-k", min=0, rich_help_panel=SAMPLING, help="Top-k (0: off).")] = 0,
+    top_p: Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, rich_help_panel=SAMPLING,
+                                         help="Top-p (1: off).")] = 1.0,
+    min_p: Annotated[float, typer.Option("--min-p", min=0.0, rich_help_panel=SAMPLING, help="Min-p (0: off).")] = 0.0,
+    presence_penalty: Annotated[float, typer.Option("--presence-penalty", rich_help_panel=SAMPLING,
+                                                    help="Presence penalty (0: off).")] = 0.0,
+    frequency_penalty: Annotated[float, typer.Option("--frequency-penalty", rich_help_panel=SAMPLING,
+                                                     help="Frequency penalty (0: off).")] = 0.0,
+    burst: Annotated[bool, typer.Option(
+        "--burst", rich_help_panel=SAMPLING,
+        help="Also time each decode as a device-side greedy burst (one host read), beside the streamed figure.")] = False,
 ) -> None:
     """Benchmark prefill (ppN), decode (tgN), both (ppN+tgM) at context depths (@ dD), llama-bench style.
 
     Every combination of the lists runs; prompts are a fixed token sequence, stops and prefix reuse
     are off, warmups are dropped, and each test reports mean ± standard deviation with its samples,
-    achieved GB/s against the measured copy bandwidth, and TFLOP/s against the matmul rate.
+    achieved GB/s against the measured copy bandwidth, and TFLOP/s against the matmul rate. Decode is
+    timed through the stream `run`, `chat` and `serve` read (greedy unless --temp is given).
 
     Examples: [b]ninfer bench smollm2-135m -p 64 -n 32 -r 3[/b] ·
+    [b]ninfer bench --synthetic qwen3.8-27b -p 0 -n 128 --temp 0.7 --top-p 0.8 --top-k 20 --presence-penalty 1.5[/b] ·
     [b]ninfer bench --synthetic qwen3.8-27b -p 512 -n 128 --baseline transformers -o json --out r.json[/b] ·
     [b]ninfer bench --roofline[/b] (measure and store the copy bandwidth and matmul rate)
     """
@@ -164,6 +180,11 @@ def bench(
         raise typer.BadParameter(f"{e.message} ({e.next_action})", param_hint="-pg") from None
     kvs = _words(kv, ("bf16", "int8"), "--kv") or [None]
     specs = _words(spec, (), "--spec") or ["off"]
+    if any(n > 1 for n in lane_list):
+        raise NinferError(f"--lanes {max(lane_list)}: the engines run one sequence at a time", "use --lanes 1")
+    if any(sp != "off" for sp in specs):
+        raise NinferError(f"--spec {next(sp for sp in specs if sp != 'off')}: speculative decoding is not built yet",
+                          "use --spec off")
     if model and synthetic:
         raise typer.BadParameter("give a MODEL or --synthetic GEOMETRY, not both", param_hint="MODEL")
     tests = expand_matrix(prompts, gens, pairs, depths)
@@ -195,6 +216,7 @@ def bench(
         output.line(f"stored in {bench_device.cache_dir() / bench_device.ROOFLINE_FILE}")
         return
 
+    from engine.bench import Sampling  # noqa: PLC0415
     from engine.bench_run import run_bench  # noqa: PLC0415
 
     fit = None
@@ -213,7 +235,9 @@ def bench(
         instances=expand_instances(kvs, lane_list, specs), repetitions=repetitions, warmup=warmup,
         device=dev, env=env, remeasure=roofline, baseline=baseline is not None,
         progress=(lambda text: output.stderr().print(text, markup=False, highlight=False)) if progress else None,
-        command=_command_line(ctx), fit=fit,
+        command=_command_line(ctx), fit=fit, burst=burst,
+        sampling=Sampling(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                          presence_penalty=presence_penalty, frequency_penalty=frequency_penalty),
     )
     from engine.bench_report import render  # noqa: PLC0415
 

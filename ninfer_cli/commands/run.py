@@ -53,7 +53,11 @@ def run(model: ModelArg = None, prompt: PromptArg = None, system: System = None,
         device: DeviceOpt = Device.auto, tools: Tools = None, chat_template: TemplateFile = None,
         json_out: JsonFlag = False,
         quiet: Quiet = False, profile: ProfileOpt = None, kv: KvOpt = None, vram_limit: VramLimit = None,
-        prefill_chunk: PrefillChunk = None) -> None:
+        prefill_chunk: PrefillChunk = None,
+        synthetic: Annotated[Optional[str], typer.Option(
+            "--synthetic", metavar="GEOMETRY", rich_help_panel="Engine", show_default=False,
+            help="Random weights of a benchmark geometry (qwen3.8-27b, qwen3.6-35b-a3b; GPU) instead of a model: "
+                 "the real path and timings, meaningless text.")] = None) -> None:
     """Answer one prompt with a model (the default model, pulled on first use, when none is named).
 
     Examples: `ninfer run "What is the capital of France?"`, `echo hi | ninfer run smollm2-135m -`,
@@ -86,7 +90,7 @@ def run(model: ModelArg = None, prompt: PromptArg = None, system: System = None,
                                     think=think if effort is None else effort.value != "off",
                                     effort=None if effort is None else effort.value,
                                     thinking_budget=thinking_budget, quiet=json_out, profile=profile, kv=kv,
-                                    vram_limit=vram_limit, prefill_chunk=prefill_chunk)
+                                    vram_limit=vram_limit, prefill_chunk=prefill_chunk, synthetic=synthetic)
     session.tools = _read_tools(tools)
     use_template_file(session, chat_template)
     note = reasoning_note(session, session.think, session.effort)
@@ -116,8 +120,9 @@ def run(model: ModelArg = None, prompt: PromptArg = None, system: System = None,
         sys.stderr.write("\n[interrupted]\n")
         raise typer.Exit(130) from None
     stats = final.stats
+    backend = _backend(session)
     if json_out:
-        _print_json(name, final, stats, first_token_s, time.perf_counter() - t_start)
+        _print_json(name, final, stats, first_token_s, time.perf_counter() - t_start, backend)
         return
     if printer.thinking:
         sys.stderr.write("\n")
@@ -129,7 +134,16 @@ def run(model: ModelArg = None, prompt: PromptArg = None, system: System = None,
     sys.stdout.write("\n")
     sys.stdout.flush()
     if not quiet:
-        sys.stderr.write(f"{name} · {stats.line()} · start to first token {first_token_s or 0:.2f} s\n")
+        sys.stderr.write(f"{name} · {backend} · {stats.line()} · start to first token {first_token_s or 0:.2f} s\n")
+
+
+def _backend(session) -> str:
+    """Which engine ran: numpy, cuda-graph (the CUDA engine), or cupy-reference (the reference model on CuPy)."""
+    info = getattr(getattr(session, "engine", None), "info", None)
+    try:
+        return str(info().get("backend", "?")) if info else "?"
+    except Exception:  # noqa: BLE001 - a stats line never fails the answer it follows
+        return "?"
 
 
 def _read_at_file(value: str | None) -> str | None:
@@ -183,11 +197,12 @@ def _read_tools(path: str | None) -> list | None:
     return tools
 
 
-def _print_json(name, final, stats, first_token_s, total_s) -> None:
+def _print_json(name, final, stats, first_token_s, total_s, backend: str = "?") -> None:
     from ninfer_cli import output
 
     output.print_json({
         "model": name,
+        "backend": backend,
         "text": final.answer,
         "reasoning": final.answer_reasoning,
         "tool_calls": final.tool_calls,

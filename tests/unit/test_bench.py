@@ -241,28 +241,6 @@ def test_geometry_costs_match_performance_md():
     assert tiny.weight_bytes_per_token == 4 * tiny.params_per_token
 
 
-class LaneEngine(FakeEngine):
-    def prefill_lanes(self, batches):
-        self.calls.append(("prefill_lanes", len(batches), len(batches[0])))
-        self._spend(1e-3 * len(batches[0]))  # lanes run side by side: time of one
-        return np.zeros((len(batches), self.vocab), np.float32)
-
-    def decode_greedy_lanes(self, firsts, n):
-        self._spend(2e-3 * n)
-        return [[f] * n for f in firsts]
-
-
-def test_lanes_report_aggregate_tokens_and_shared_weight_reads(clock):
-    eng = LaneEngine(clock)
-    costs = Costs(weight_bytes_per_token=1_000_000, state_bytes=1000)
-    r = bench.run_test(eng, Test(16, 8), Instance(lanes=4), repetitions=2, warmup=1,
-                       tokens=bench.bench_tokens(40, eng.vocab), costs=costs, roofline={})
-    assert r.tps.mean == pytest.approx(4 * 24 / 0.032)
-    assert r.decode_tps.mean == pytest.approx(4 * 8 / 0.016)
-    # one weight read per step for all 4 lanes, state per lane: (1e6 + 4 * 2000) bytes x 500 steps/s
-    assert r.gbps == pytest.approx((1_000_000 + 4 * 2000) * 500 / 1e9)
-
-
 def test_engine_settings_reach_the_factory_or_fail_clearly():
     from engine.bench_models import _call_with_options
 

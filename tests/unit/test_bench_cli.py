@@ -96,6 +96,22 @@ def test_json_out_file_keeps_samples_and_command(home):
     assert data["model"]["weight_bytes"] > 0 and data["settings"]["repetitions"] == 2
 
 
+def test_decode_rows_say_which_path_and_sampler_they_timed(home):
+    path = home / "r" / "sampled.json"
+    r = invoke("--synthetic", "tiny", "-p", "0", "-n", "6", "-r", "2", "--warmup", "0", "--temp", "0.7",
+               "--top-k", "20", "--top-p", "0.8", "--presence-penalty", "1.5", "--burst", "-o", "json",
+               "--out", str(path), "--no-progress")
+    assert r.exit_code == 0, r.output
+    assert "decode timed through Engine.stream: temperature 0.7, top_k 20, top_p 0.8, presence_penalty 1.5" in r.stdout
+    assert "burst t/s" in r.stdout
+    (row,) = json.loads(path.read_text())["results"]
+    assert row["path"] == "stream" and row["burst_ts"] > 0
+    assert row["sampling"] == {"temperature": 0.7, "top_k": 20, "top_p": 0.8, "min_p": 0.0,
+                               "presence_penalty": 1.5, "frequency_penalty": 0.0}
+    greedy = invoke("--synthetic", "tiny", "-p", "0", "-n", "4", "-r", "1", "--warmup", "0", "-o", "json")
+    assert json.loads(greedy.stdout)["results"][0]["sampling"]["temperature"] == 0.0
+
+
 def test_roofline_alone_measures_and_stores(home, monkeypatch):
     calls = []
 

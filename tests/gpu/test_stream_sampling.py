@@ -1,0 +1,141 @@
+"""The top-k device sampler (cuda/sample_topk.cu) against engine.sampling.Sampler, penalties included, and the
+engine's stream (a step ahead of the reader) against the host loop on the same engine's logits."""
+import numpy as np
+import pytest
+
+from engine import gpu_engine, gpu_weights  # noqa: F401  (imported up front, as test_device_sampling does)
+from engine.device_sampling import SAMPLE_PARAMS, TOPK_MAX, pack_params
+from engine.models.qwen3_5_cuda_sampling import TOPK_TILE
+from engine.sampling import Sampler
+from test_device_sampling import emu  # noqa: E402  (tests/gpu is on sys.path under pytest)
+
+pytestmark = pytest.mark.gpu
+
+V = 248_320
+SETTINGS = [dict(temperature=0.7, top_k=20, top_p=0.8, presence_penalty=1.5),
+            dict(temperature=0.6, top_k=20, top_p=0.95),
+            dict(temperature=0.8, top_k=40, top_p=0.9, min_p=0.02, frequency_penalty=0.3),
+            dict(temperature=1.0, top_k=TOPK_MAX, presence_penalty=0.5, frequency_penalty=0.5),
+            dict(temperature=0.3, top_k=1), dict(temperature=1.0, top_k=5, min_p=1.5),
+            dict(temperature=1.0, top_k=8, top_p=0.0)]
+
+
+@pytest.fixture(scope="module")
+def cp():
+    import cupy
+
+    cupy.ones(1)
+    return cupy
+
+
+class TopK:
+    """sample_topk_mb over M rows with its own buffers (as SamplingOps lays them out)."""
+
+    def __init__(self, cp, M, v=V):
+        self.cp, self.M, self.V = cp, M, v
+        self.nb = -(-v // TOPK_TILE)
+        self.params = cp.zeros((M, SAMPLE_PARAMS), cp.uint64)
+        self.counts = cp.zeros((M, v), cp.int32)
+        self.key, self.id = cp.zeros((M, self.nb, TOPK_MAX), cp.uint64), cp.zeros((M, self.nb, TOPK_MAX), cp.int32)
+        self.ticket = cp.zeros(M, cp.uint32)
+        self.tokens, self.pos, self.step = cp.zeros(M, cp.int32), cp.zeros(M, cp.int32), cp.zeros(M, cp.int32)
+        self.hist = cp.zeros((M, 8), cp.int32)
+
+    def sample(self, logits, D, samplers, positions):
+        from engine.ops import kernels as K
+
+        cp = self.cp
+        lg = cp.asarray(np.ascontiguousarray(logits, np.float32))
+        self.params.set(np.stack([pack_params(s) for s in samplers]))
+        host = np.zeros((self.M, self.V), np.int32)
+        for m, s in enumerate(samplers):
+            for t, c in s.counts.items():
+                host[m, t] = c
+        self.counts.set(host)
+        self.pos.set(np.asarray(positions, np.int32) - 1)
+        K.prepared("sample_topk_mb", (-(-D // TOPK_TILE), self.M),
+                   (lg, lg.shape[1], D, self.params, self.counts, self.V, self.key, self.id, self.ticket,
+                    self.tokens, self.pos, self.hist, self.step, 8), block=1024)()
+        cp.cuda.Device().synchronize()
+        assert not self.ticket.get().any()
+        toks = self.tokens.get().tolist()
+        after = self.counts.get()
+        for m, t in enumerate(toks):
+            assert after[m, t] == host[m, t] + 1  # the drawn token is counted
+        return toks
+
+
+@pytest.mark.parametrize("kind", ["peaked", "llm", "ties", "flat"])
+def test_topk_sampler_equals_host_sampler(cp, kind):
+    rng = np.random.default_rng({"peaked": 1, "llm": 2, "ties": 3, "flat": 4}[kind])
+    M = 4
+    dev = TopK(cp, M)
+    x = np.stack([emu.make_row(rng, kind, V) for _ in range(M)])
+    D = V - 243
+    bad = []
+    for st in SETTINGS:
+        for trial in range(3):
+            samplers = [Sampler(seed=int(rng.integers(0, 2**63)), domain=D, **st) for _ in range(M)]
+            for s in samplers:
+                for t in rng.integers(0, D, int(rng.integers(0, 40))):
+                    s.accept(int(t))
+            positions = rng.integers(1, 1 << 20, M)
+            got = dev.sample(x, D, samplers, positions)
+            want = [s(x[m], int(positions[m])) for m, s in enumerate(samplers)]
+            if got != want:
+                bad.append((st, trial, got, want))
+    assert not bad, bad[:3]
+
+
+def _engines(n=2):
+    from engine.config import ModelArgs
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5 import random_weights
+    from engine.synthetic import TINY_CUDA as CFG
+
+    args = ModelArgs.from_config(CFG)
+    w = gpu_weights.from_logical(args, gpu_weights.as_stored(random_weights(args, seed=3), "groupwise-int"))
+    return [build_engine(args, w, CFG, max_context=256, prefill_cols=1) for _ in range(n)]
+
+
+@pytest.mark.parametrize("st", [dict(temperature=0.0), dict(temperature=0.7, top_k=20, top_p=0.8, presence_penalty=1.5),
+                                dict(temperature=0.8, top_p=0.9), dict(temperature=1.0, top_k=40, frequency_penalty=0.7)])
+def test_stream_equals_host_loop(st):
+    """generate_step over decode_stream draws, token for token, what the host loop draws from the same logits."""
+    from engine.generate import generate_step
+
+    a, b = _engines()
+
+    class HostOnly:  # the same engine with the device paths hidden
+        def __init__(self, e):
+            self.e = e
+
+        def prefill(self, ids):
+            return self.e.prefill(ids)
+
+        def decode_step(self, t):
+            return self.e.decode_step(t)
+
+        @property
+        def position(self):
+            return self.e.position
+
+    dev = list(generate_step(a, [2, 7, 1], Sampler(seed=9, domain=a.domain, **st), max_tokens=40))
+    host = list(generate_step(HostOnly(b), [2, 7, 1], Sampler(seed=9, domain=b.domain, **st), max_tokens=40))
+    assert dev == host and a.position == b.position == 3 + 39
+
+
+def test_stream_left_early_keeps_the_sequence_consistent():
+    """Stopped after 5 of 30 tokens, the stream has fed one token more than it returned; the next prefill continues
+    from exactly the tokens the cache consumed (the same logits as a fresh engine fed them)."""
+    a, b = _engines()
+    first = int(np.argmax(a.prefill([4, 8, 15])))
+    it = a.decode_stream(first, 30, pack_params(temperature=0.0))
+    got = [next(it) for _ in range(5)]
+    it.close()
+    assert a.position == 3 + 6
+    tail = a.prefill([16, 23])
+    fed = [4, 8, 15, first] + got + [16, 23]
+    assert a.position == len(fed) and a._tokens == fed
+    want = b.prefill(fed)
+    assert float(np.linalg.norm(tail - want) / np.linalg.norm(want)) < 1e-5
