@@ -7,7 +7,7 @@
 #              on an empty cache: --cold empties it first)
 #   tests      every GPU test: pytest -m gpu over tests/gpu, tests/model, tests/unit/test_cli_env.py, tests/test_*.py
 #   bench      `ninfer bench` of the standard targets: 27B tg128 at depth 0 and at 32768 with int8 KV, 35B-A3B tg128,
-#              pp8192 of both
+#              pp8192 of both (BENCH_ARGS: more options for each, e.g. --burst)
 #   breakdown  bench/gpu_decode.py --breakdown: the decode step's kernels one by one, 27B at depth 0 and at 32768
 #              (int8 KV), 35B-A3B at depth 0
 #
@@ -100,7 +100,9 @@ fi
 if want bench; then
   # the standard targets; each JSON holds the command, commit, device, roofline and every sample
   nb() { local name=$1; shift; log "ninfer bench $*"
-    timeout 200 python3 -m ninfer_cli.main bench "$@" -o json --out "$OUT/${name}_$GPU.json" 2>&1 | grep -E "^\||rror" | tail -1; }
+    # shellcheck disable=SC2086  # (BENCH_ARGS: extra options, split into words)
+    timeout 200 python3 -m ninfer_cli.main bench "$@" ${BENCH_ARGS:-} -o json --out "$OUT/${name}_$GPU.json" 2>&1 \
+      | grep -E "^\||rror" | tail -2; }
   nb tg128_qwen38-27b --synthetic qwen3.8-27b -p 0 -n 128 -r 2
   nb tg128_d32768_int8_qwen38-27b --synthetic qwen3.8-27b -p 0 -n 128 -r 2 -d 32768 --kv int8
   nb tg128_qwen36-35b-a3b --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2
