@@ -31,7 +31,7 @@ for arg in "$@"; do
   case $arg in
     --cold) COLD=1 ;;
     compile|tests|bench|breakdown) PARTS+=("$arg") ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "error: unknown part '$arg'"; echo "-> use compile, tests, bench or breakdown (and --cold)"; exit 2 ;;
   esac
 done
