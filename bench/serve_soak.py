@@ -267,8 +267,8 @@ def summarize(results: list[Result], refs: list[Result], wall: float, args, base
         f"{sum(r.api == 'anthropic' for r in results)}) · ok {len(ok)} · errors {len(problems['error'])} · "
         f"lost {len(problems['lost'])} · truncated {len(problems['truncated'])} · "
         f"mismatched {len(problems['mismatch'])}",
-        f"time to first token (streamed, {len(ttft)}): p50 {pct(ttft, 50):.2f} s · p95 {pct(ttft, 95):.2f} s",
-        f"latency ({len(lat)}): p50 {pct(lat, 50):.2f} s · p95 {pct(lat, 95):.2f} s",
+        f"time to first token (streamed, {len(ttft)}; includes the wait for the engine): p50 {pct(ttft, 50):.2f} s · p95 {pct(ttft, 95):.2f} s",
+        f"latency (request to last byte, {len(lat)}): p50 {pct(lat, 50):.2f} s · p95 {pct(lat, 95):.2f} s",
         f"output: {tokens} tokens in {wall:.1f} s = {tokens / wall if wall else 0:.1f} tok/s across all clients; "
         f"one stream's decode p50 {statistics.median(decode) if decode else 0:.1f} tok/s",
         f"references: {', '.join(f'{r.tokens}' for r in refs)} tokens for kinds 0-{len(refs) - 1}",
