@@ -29,6 +29,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("bench", "ninfer_cli.commands.bench:bench", "Benchmark"),
     ("run", "ninfer_cli.commands.run:run", "Run"),
     ("chat", "ninfer_cli.commands.chat:chat", "Run"),
+    ("serve", "ninfer_cli.commands.serve:serve", "Run"),
     ("profile", "ninfer_cli.commands.profile:profile", "Run"),
 ]
 
