@@ -217,11 +217,15 @@ def _set_openblas_threads(n: int) -> bool:
     return False
 
 
+NO_THINKING = "this model has no thinking mode: the reasoning settings change nothing"
+
+
 def reasoning_note(session, think: bool | None, effort: str | None) -> str | None:
-    """A warning line when reasoning flags were given for a model that cannot think (else None)."""
+    """A warning line when reasoning flags (--think, -r, --thinking-budget) were given for a model that
+    cannot think (else None)."""
     from engine.text.reasoning import supports_thinking
 
-    asked = think is not None or effort is not None
+    asked = think is not None or effort is not None or getattr(session, "thinking_budget", None) is not None
     if asked and not supports_thinking(session.template.source if session.template else ""):
-        return "this model has no thinking mode: the reasoning flags change nothing"
+        return NO_THINKING
     return None

@@ -27,8 +27,9 @@ from ninfer_cli.options import (
     VramLimit,
 )
 
-PromptArg = Annotated[Optional[str], typer.Argument(
-    help="The prompt; `-` (or nothing, with a pipe) reads it from stdin.", show_default=False)]
+PromptArg = Annotated[Optional[list[str]], typer.Argument(
+    help="The prompt (its words are joined, quotes optional); `-` (or nothing, with a pipe) reads it from stdin.",
+    show_default=False)]
 System = Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt (text, or @file).",
                                                show_default=False)]
 ShowThinking = Annotated[bool, typer.Option("--show-thinking/--hide-thinking", rich_help_panel="Reasoning",
@@ -74,8 +75,10 @@ def run(model: ModelArg = None, prompt: PromptArg = None, system: System = None,
     from ninfer_cli.options import reasoning_choice, sampling_overrides
 
     t_start = time.perf_counter()
-    if prompt is None and model is not None and not is_model_ref(model):
-        model, prompt = None, model  # `ninfer run "question"`: one argument that is not a model is the prompt
+    words = list(prompt or [])
+    if model is not None and not is_model_ref(model):
+        model, words = None, [model, *words]  # `ninfer run What is ...`: the first word is not a model
+    prompt = " ".join(words) if words else None  # unquoted words join with spaces, as ollama's do
     if prompt == "-" or (prompt is None and not sys.stdin.isatty()):
         prompt = read_stdin_prompt()
     if not prompt or not prompt.strip():
