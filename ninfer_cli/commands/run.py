@@ -29,7 +29,7 @@ from ninfer_cli.options import (
 
 PromptArg = Annotated[Optional[list[str]], typer.Argument(
     help="The prompt (its words are joined, quotes optional); `-` (or nothing, with a pipe) reads it from stdin.",
-    show_default=False)]
+    metavar="PROMPT", show_default=False)]
 System = Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt (text, or @file).",
                                                show_default=False)]
 ShowThinking = Annotated[bool, typer.Option("--show-thinking/--hide-thinking", rich_help_panel="Reasoning",
@@ -57,7 +57,7 @@ def run(model: ModelArg = None, prompt: PromptArg = None, system: System = None,
         prefill_chunk: PrefillChunk = None) -> None:
     """Answer one prompt with a model (the default model, pulled on first use, when none is named).
 
-    Examples: `ninfer run "What is the capital of France?"`, `echo hi | ninfer run smollm2-135m -`,
+    Examples: `ninfer run What is the capital of France? Answer in one sentence.`, `echo hi | ninfer run smollm2-135m -`,
     `ninfer run qwen38-27b -r low "Prove that sqrt(2) is irrational"`.
     """
     import sys
