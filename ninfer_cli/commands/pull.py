@@ -126,8 +126,6 @@ def pull_catalog(ref: str, *, force: bool = False, dry_run: bool = False, yes: b
 def _confirm_without_gpu(entry, ref: str, gpu: tuple[int, int] | None, yes: bool) -> None:
     """A model this machine's GPU cannot run (or there is no GPU): say what it needs, then go on only after
     a yes at the terminal, or --yes. Without a terminal and without --yes nothing is downloaded."""
-    import sys  # noqa: PLC0415
-
     from engine.errors import NinferError  # noqa: PLC0415
     from ninfer_cli import output  # noqa: PLC0415
 
@@ -143,11 +141,17 @@ def _confirm_without_gpu(entry, ref: str, gpu: tuple[int, int] | None, yes: bool
     if yes:
         output.warn(f"{what}; downloading {size} anyway (--yes)")
         return
-    if not sys.stdin.isatty():
+    if not _interactive():
         raise NinferError(f"{what}; nothing was downloaded", f"pass --yes to download {size} anyway")
     output.warn(what)
     if not output.confirm(f"Download {size} anyway?"):
         raise NinferError("nothing was downloaded", f"`ninfer pull {ref} --yes` downloads it anyway")
+
+
+def _interactive() -> bool:
+    import sys  # noqa: PLC0415
+
+    return sys.stdin.isatty()
 
 
 def _reuse_local_copy(store, entry, ref: str, folder: Path, free: int):

@@ -57,7 +57,7 @@ def run(model: ModelArg = None, prompt: PromptArg = None, system: System = None,
         prefill_chunk: PrefillChunk = None) -> None:
     """Answer one prompt with a model (the default model, pulled on first use, when none is named).
 
-    Examples: `ninfer run What is the capital of France? Answer in one sentence.`, `echo hi | ninfer run smollm2-135m -`,
+    Examples: `ninfer run "What is the capital of France? Answer in one sentence."`, `echo hi | ninfer run smollm2-135m -`,
     `ninfer run qwen38-27b -r low "Prove that sqrt(2) is irrational"`.
     """
     import sys
