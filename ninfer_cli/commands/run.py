@@ -68,6 +68,7 @@ def run(model: ModelArg = None, prompt: PromptArg = None, system: System = None,
     from ninfer_cli.model_session import (
         generation_config,
         is_model_ref,
+        looks_like_model,
         open_session,
         read_stdin_prompt,
         reasoning_note,
@@ -76,7 +77,7 @@ def run(model: ModelArg = None, prompt: PromptArg = None, system: System = None,
 
     t_start = time.perf_counter()
     words = list(prompt or [])
-    if model is not None and not is_model_ref(model):
+    if model is not None and not is_model_ref(model) and not (words and looks_like_model(model)):
         model, words = None, [model, *words]  # `ninfer run What is ...`: the first word is not a model
     prompt = " ".join(words) if words else None  # unquoted words join with spaces, as ollama's do
     if prompt == "-" or (prompt is None and not sys.stdin.isatty()):

@@ -1,7 +1,7 @@
 """The command line as a newcomer meets it: unquoted prompts, the default model everywhere, help that fits
-80 columns, the sampling preset from the model's card (and its example answered right), one note for
-reasoning flags on a model that cannot think, asking before a GPU model's download on a machine that
-cannot run it, and a convert bar with bytes and rate."""
+80 columns, the sampling preset from the model's card (and its example answered right), asking before a
+GPU model's download on a machine that cannot run it, and a convert bar with bytes and rate. (The note for
+`--thinking-budget` on a model without thinking is tested with the others in test_run_cli.py.)"""
 from __future__ import annotations
 
 import re
@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ninfer_cli.main import app
-from test_run_cli import ScriptedEngine, _session, cli  # noqa: F401  (the scripted `ninfer run` fixture)
+from test_run_cli import cli  # noqa: F401  (the scripted `ninfer run` fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -33,24 +33,10 @@ def test_run_joins_unquoted_words_into_the_prompt(cli):  # noqa: F811
     res = runner_.invoke(app_, ["run", "some-model.ninfer", "Why", "not?"])
     assert state["ref"] == "some-model.ninfer"
     assert "Why not?" in state["engine"].tokenizer.decode(state["engine"].prompts[0])
-
-
-# ---- item 4: --thinking-budget alone on a model without thinking says so once
-
-def test_thinking_budget_alone_notes_a_model_without_thinking(cli, monkeypatch):  # noqa: F811
-    from ninfer_cli import model_session
-
-    runner_, app_, _ = cli
-    plain = "{% for m in messages %}{{ m.content }}{% endfor %}"
-
-    def no_think_open(ref, **kw):
-        eng = ScriptedEngine("ok")
-        return eng, _session(eng, template=plain, thinking_budget=kw.get("thinking_budget")), "plain:latest"
-
-    monkeypatch.setattr(model_session, "open_session", no_think_open)
-    res = runner_.invoke(app_, ["run", "q?", "--thinking-budget", "64"])
-    assert res.exit_code == 0, res.output
-    assert res.stderr.count(model_session.NO_THINKING) == 1
+    res = runner_.invoke(app_, ["run", "qwen38-27", "hello", "there"])  # a near miss stays the model
+    assert state["ref"] == "qwen38-27"
+    res = runner_.invoke(app_, ["run", "hello", "there"])
+    assert state["ref"] is None and "hello there" in state["engine"].tokenizer.decode(state["engine"].prompts[0])
 
 
 # ---- item 7: --help at 80 columns

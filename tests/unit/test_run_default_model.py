@@ -31,11 +31,11 @@ def test_ensure_pulls_once_and_registers(tmp_path, monkeypatch):
 
     calls = []
 
-    def fake_fetch(quiet=False):
+    def fake_fetch(quiet=False, progress=None):
         calls.append("fetch")
         return tmp_path / "model.gguf"
 
-    def fake_convert(gguf, out, quiet=False):
+    def fake_convert(gguf, out, quiet=False, progress=None):
         calls.append("convert")
         out.write_bytes(b"NINFER-v3 stand-in")
         return out
