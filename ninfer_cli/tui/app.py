@@ -508,6 +508,8 @@ class ChatApp(App):
             raise ValueError("this chat runs one model; start `ninfer chat MODEL` for another")
         if self.generating:
             raise ValueError("still answering: press Esc first")
+        if not self.loaded and self.load_error is None:
+            raise ValueError("the model is still loading: switch once it is ready")
         session = self.open_model(ref)  # resolves now: an unknown name fails here, the old model stays
         self.session, self.loaded, self.load_error, self._load_failed = session, False, None, None
         self.conversation.model = session.info.name

@@ -75,7 +75,7 @@ def test_first_run_pull_shows_in_the_app_and_what_was_typed_is_sent_when_ready(t
 
 def test_keys_pressed_while_loading_are_kept_and_sent(tmp_path):
     async def body():
-        app = make_app(tmp_path, FakeSession(load_seconds=1.0))
+        app = make_app(tmp_path, FakeSession(load_seconds=4.0))  # room for Pilot's key presses on a busy machine
         async with app.run_test() as pilot:
             await type_text(pilot, "hello there")
             await pilot.press("enter")
