@@ -394,3 +394,53 @@ def make_progress(console=None):
         console=console or Console(stderr=True),
         transient=False,
     )
+
+
+class PhaseBars:
+    """`bars(label, done, total)` drawn as one progress row a phase on stderr (a new label closes the
+    row before it as complete): pull's download, extract and convert steps, one line each. Where stderr
+    is not a terminal (a log, a pipe) each phase prints one plain line when it ends."""
+
+    def __init__(self, console=None):
+        from rich.console import Console  # noqa: PLC0415
+
+        self._console = console or Console(stderr=True)
+        self._live = self._console.is_terminal
+        self._progress = make_progress(self._console) if self._live else None
+        self._task = None
+        self._label: str | None = None
+        self._done, self._started = 0, 0.0
+
+    def __enter__(self) -> "PhaseBars":
+        if self._progress is not None:
+            self._progress.start()
+        return self
+
+    def __exit__(self, exc_type, *_) -> None:
+        if exc_type is None:
+            self._close()
+        if self._progress is not None:
+            self._progress.stop()
+
+    def __call__(self, label: str, done: int, total: int | None) -> None:
+        if label != self._label:
+            self._close()
+            self._label, self._started = label, time.perf_counter()
+            if self._progress is not None:
+                self._task = self._progress.add_task(label, total=total)
+        self._done = done
+        if self._progress is not None:
+            self._progress.update(self._task, completed=done, total=total)
+
+    def _close(self) -> None:
+        if self._label is None:
+            return
+        if self._progress is not None:
+            task = self._progress.tasks[-1]
+            if task.total:
+                self._progress.update(self._task, completed=task.total)
+        else:
+            secs = max(time.perf_counter() - self._started, 1e-9)
+            self._console.print(f"{self._label}: {human_bytes(self._done)} in {secs:.1f} s "
+                                f"({human_bytes(self._done / secs)}/s)", markup=False, highlight=False)
+        self._label = None

@@ -12,7 +12,7 @@ import sys
 from typing import Annotated, Optional
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from engine.errors import NinferError
 
@@ -29,6 +29,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("bench", "ninfer_cli.commands.bench:bench", "Benchmark"),
     ("run", "ninfer_cli.commands.run:run", "Run"),
     ("chat", "ninfer_cli.commands.chat:chat", "Run"),
+    ("serve", "ninfer_cli.commands.serve:serve", "Run"),
     ("profile", "ninfer_cli.commands.profile:profile", "Run"),
 ]
 
@@ -74,7 +75,64 @@ def report_error(exc: BaseException) -> int:
     return 1
 
 
-class FunnelGroup(TyperGroup):
+def _options_panel(*, name, params, ctx, markup_mode, console) -> None:
+    """One option per row that fits 80 columns: every name whole (`--reasoning-effort, -r`, the negative
+    form under it), a value type only where an option takes a value, ranges after the help.
+
+    Stands in for typer's own panel while help is printed (typer cut long names to `--reasoning-effo…`
+    and showed `<bool>` for plain flags)."""
+    from rich.panel import Panel  # noqa: PLC0415
+    from rich.table import Table  # noqa: PLC0415
+    from rich.text import Text  # noqa: PLC0415
+    from typer import rich_utils as ru  # noqa: PLC0415
+    from typer.core import TyperArgument  # noqa: PLC0415
+
+    rows = []
+    for param in params:
+        argument = isinstance(param, TyperArgument)
+        names = Text("*" if param.required else " ", style=ru.STYLE_REQUIRED_SHORT)
+        names.append(param.display_name_raw if argument else ", ".join(param.opts),
+                     style=ru.STYLE_OPTION)
+        if getattr(param, "secondary_opts", None):
+            names.append("\n " + ", ".join(param.secondary_opts), style=ru.STYLE_NEGATIVE_OPTION)
+        flag = getattr(param, "is_flag", False) or getattr(param, "count", False)
+        kind = "" if flag or argument else (param.display_type_rich(ctx=ctx) or "").replace(" range", "")
+        help_cell = ru._get_parameter_help(param=param, ctx=ctx, markup_mode=markup_mode)
+        bounds = param._get_number_range_help_str()
+        if bounds:
+            help_cell.renderables.append(Text(f"[{bounds}]", style=ru.STYLE_OPTION_DEFAULT))
+        rows.append((names, Text(kind, style=ru.STYLE_TYPES), help_cell))
+    if not rows:
+        return
+    table = Table(show_header=False, expand=True, box=None, padding=(0, 1), pad_edge=False)
+    table.add_column(no_wrap=True, min_width=max(len(line) for n, _, _ in rows for line in n.plain.split("\n")))
+    table.add_column(no_wrap=True, min_width=max(k.cell_len for _, k, _ in rows))
+    table.add_column(ratio=1)
+    for row in rows:
+        table.add_row(*row)
+    console.print(Panel(table, border_style=ru.STYLE_OPTIONS_PANEL_BORDER, title=name,
+                        title_align=ru.ALIGN_OPTIONS_PANEL))
+
+
+class _CompactHelp:
+    """Mixed into our command classes: help printed with `_options_panel`."""
+
+    def format_help(self, ctx, formatter) -> None:
+        from typer import rich_utils  # noqa: PLC0415
+
+        typer_panel = rich_utils._print_options_panel
+        rich_utils._print_options_panel = _options_panel
+        try:
+            return super().format_help(ctx, formatter)
+        finally:
+            rich_utils._print_options_panel = typer_panel
+
+
+class HelpCommand(_CompactHelp, TyperCommand):
+    """Every `ninfer` command: typer's, with the compact options panel."""
+
+
+class FunnelGroup(_CompactHelp, TyperGroup):
     """The root group: turns NinferError and unexpected exceptions into one line and exit 1.
 
     Doing it here (not only in `main`) means `CliRunner` tests see exactly what users see.
@@ -142,7 +200,7 @@ def _register() -> None:
     for name, target, panel in sorted(COMMANDS, key=lambda c: order.get(c[2], len(PANELS))):
         module_name, func_name = target.split(":")
         module = importlib.import_module(module_name)
-        app.command(name=name, rich_help_panel=panel)(getattr(module, func_name))
+        app.command(name=name, rich_help_panel=panel, cls=HelpCommand)(getattr(module, func_name))
 
 
 _register()

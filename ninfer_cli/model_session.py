@@ -34,6 +34,25 @@ def is_model_ref(text: str | None) -> bool:
         return False
 
 
+def looks_like_model(text: str) -> bool:
+    """Whether an unknown first word of `ninfer run` was meant as a model: a tag, a path, or a near miss of a
+    known name (`qwen38-27` for `qwen38-27b`). Such a word is kept as the model (and reported unknown)
+    instead of being read as the first word of the prompt."""
+    if ":" in text or "/" in text or text.endswith(".ninfer"):
+        return True
+    import difflib
+
+    from ninfer_cli.store import Store
+
+    try:
+        from ninfer_cli import catalog
+
+        known = set(catalog.entries()) | {r.split(":")[0] for r in Store().refs()}
+    except Exception:  # noqa: BLE001 - a broken catalog or store must not stop a prompt from running
+        return False
+    return bool(difflib.get_close_matches(text.lower(), known, n=1, cutoff=0.8))
+
+
 def resolve_model(ref: str | None, *, quiet: bool = False) -> tuple[Path, str]:
     """(artifact path, display name); no name means the default model, pulled first when missing."""
     if ref and (ref.endswith(".ninfer") or Path(ref).is_file()):
@@ -227,11 +246,15 @@ def _set_openblas_threads(n: int) -> bool:
     return False
 
 
+NO_THINKING = "this model has no thinking mode: the reasoning settings change nothing"
+
+
 def reasoning_note(session, think: bool | None, effort: str | None) -> str | None:
-    """A warning line when reasoning flags were given for a model that cannot think (else None)."""
+    """A warning line when reasoning flags (--think, -r, --thinking-budget) were given for a model that
+    cannot think (else None)."""
     from engine.text.reasoning import supports_thinking
 
-    asked = think is not None or effort is not None
+    asked = think is not None or effort is not None or getattr(session, "thinking_budget", None) is not None
     if asked and not supports_thinking(session.template.source if session.template else ""):
-        return "this model has no thinking mode: the reasoning flags change nothing"
+        return NO_THINKING
     return None

@@ -308,6 +308,8 @@ def write_artifact(path, components: dict, tensors, resources: dict | None = Non
         for obj in objects[: len(resources)]:
             w.write(obj["offset"], resources[obj["id"]])
         done, total = 0, sum(o["bytes"] for o in objects[len(resources):])
+        if progress is not None:
+            progress(0, total, None)  # the total before the first (possibly slow) tensor
         for obj, (tid, fmt, layout, shape, data) in zip(objects[len(resources):], plan):
             w.write(obj["offset"], tensor_bytes(fmt, layout, shape, data))
             done += obj["bytes"]

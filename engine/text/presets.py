@@ -1,4 +1,4 @@
-"""Sampling presets by model and prompt mode (runtime spec §3.7; SmolLM2's model card).
+"""Sampling presets by model and prompt mode, as each model's card recommends (runtime spec §3.7).
 
 Flags the user sets override a preset; a preset never overrides a flag.
 """
@@ -18,8 +18,19 @@ def sampling_preset(config: dict | None, thinking: bool) -> dict:
             preset["presence_penalty"] = 1.5  # Qwen3.6-35B-A3B uses 1.5 in both modes
         return preset
     if mtype == "llama":
-        # SmolLM2-Instruct's recommended settings, with presence 0.5 (the spec's launchers' value): without it the 135M
-        # model loops until the token limit in 8 of 24 seeded runs of 4 short prompts (6 of them with under half their
-        # 4-grams distinct), with it in 2 (none), the other answers unchanged (measured on the CPU)
-        return {"temperature": 0.2, "top_p": 0.9, "presence_penalty": 0.5}
+        return dict(_SMOLLM2_CARD)
     return {"temperature": 0.7}
+
+
+# SmolLM2-135M-Instruct's model card samples with exactly these (no penalties).
+_SMOLLM2_CARD = {"temperature": 0.2, "top_p": 0.9}
+
+
+def preset_source(config: dict | None) -> str:
+    """Where `sampling_preset`'s values come from, for `ninfer show`."""
+    mtype = str((config or {}).get("model_type", ""))
+    if mtype.startswith("qwen3_5"):
+        return "Qwen3.6/3.8 model cards (thinking and non-thinking modes)"
+    if mtype == "llama":
+        return "SmolLM2-135M-Instruct model card"
+    return "ninfer's generic default"

@@ -70,12 +70,18 @@ def _command_line(ctx: typer.Context) -> str:
 
 
 def _model_path(model: str) -> Path:
-    """A path to an artifact, or the artifact of a name in the local model store."""
+    """A path to an artifact, or the artifact of a name in the local model store (the default model is
+    pulled when missing)."""
     p = Path(model).expanduser()
     if p.exists():
         return p
+    from ninfer_cli.default_model import needs_pull  # noqa: PLC0415
     from ninfer_cli.store import Store  # noqa: PLC0415
 
+    if needs_pull(model):
+        from ninfer_cli.model_session import resolve_model  # noqa: PLC0415
+
+        return resolve_model(model)[0]
     return Store().get(model).artifact_path
 
 
@@ -188,7 +194,7 @@ def bench(
     if model and synthetic:
         raise typer.BadParameter("give a MODEL or --synthetic GEOMETRY, not both", param_hint="MODEL")
     tests = expand_matrix(prompts, gens, pairs, depths)
-    if (model or synthetic) and not tests:
+    if (model or synthetic or not roofline) and not tests:
         raise typer.BadParameter("every test size is 0: nothing to run", param_hint="-p/-n/-pg")
 
     from engine import bench_device  # noqa: PLC0415
@@ -207,9 +213,12 @@ def bench(
 
         tune_blas_threads()  # the same BLAS threading `ninfer run` and `chat` use, so the numbers compare
     env = bench_device.environment(dev)
+    if not (model or synthetic or roofline):  # like run and chat: the default model (pulled when missing)
+        from ninfer_cli.model_session import DEFAULT_MODEL  # noqa: PLC0415
+
+        model = DEFAULT_MODEL
+        output.stderr().print(f"benchmarking the default model, {model}", markup=False, highlight=False)
     if not (model or synthetic):
-        if not roofline:
-            raise NinferError("nothing to benchmark", "give a MODEL, --synthetic tiny, or --roofline")
         roof, _ = bench_device.roofline(env, remeasure=True)
         output.line(f"{bench_device.device_key(env)}: copy {roof['copy_gbps']:.1f} GB/s (read + written), "
                     f"{roof['matmul_dtype']} matmul {roof['matmul_tflops']:.2f} TFLOP/s")

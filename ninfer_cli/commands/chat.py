@@ -1,5 +1,5 @@
-"""`ninfer chat [MODEL]`: talk with a model. The plain REPL for now (`--plain`, or whenever stdin or stdout
-is not a terminal); the Textual TUI launches from here once it lands."""
+"""`ninfer chat [MODEL]`: talk with a model: the Textual app in a terminal, the plain REPL with `--plain` or
+whenever stdin or stdout is not a terminal."""
 from __future__ import annotations
 
 from typing import Annotated, Optional
@@ -35,7 +35,7 @@ def chat(model: ModelArg = None, plain: Plain = False, system: System = None, th
     import sys
 
     from ninfer_cli.commands.run import _read_at_file, use_template_file
-    from ninfer_cli.model_session import generation_config, open_session
+    from ninfer_cli.model_session import generation_config, open_session, reasoning_note
     from ninfer_cli.options import reasoning_choice, sampling_overrides
     from ninfer_cli.repl import Repl
 
@@ -61,5 +61,8 @@ def chat(model: ModelArg = None, plain: Plain = False, system: System = None, th
                                     thinking_budget=thinking_budget, preserve_thinking=preserve_thinking,
                                     profile=profile, kv=kv, vram_limit=vram_limit, prefill_chunk=prefill_chunk)
     use_template_file(session, chat_template)
+    note = reasoning_note(session, session.think, session.effort)
+    if note:
+        sys.stderr.write(f"note: {note}\n")
     config = generation_config(session, sampling_overrides(temperature=temperature, seed=seed))
     Repl(session, config, name=name, interactive=interactive, show_thinking=show_thinking).run()

@@ -52,12 +52,16 @@ def convert(
     rec = recipe.value if recipe else None
     target = output or default_output(source, kind, rec)
     label = {"legacy": "upgrading", "gguf": "importing GGUF", "hf": "importing checkpoint"}.get(kind, "converting")
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+    from rich.progress import (
+        BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn, TransferSpeedColumn,
+    )
 
     start = time.perf_counter()
     console = out.stderr()
+    # Bytes written of the output's total, the rate, the time spent and what is left.
     with Progress(TextColumn(f"[bold]{label}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                  TimeRemainingColumn(), console=console, transient=True, disable=not console.is_terminal) as bar:
+                  TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=True,
+                  disable=not console.is_terminal) as bar:
         task = bar.add_task(label, total=None)
         result = convert_any(source, target, recipe=rec, split_limit=limit,
                              progress=lambda done, total: bar.update(task, completed=done, total=total))

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from ninfer_cli.catalog import complete_name
+from ninfer_cli.options import Yes
 
 NameArg = Annotated[
     Optional[str],
@@ -26,10 +27,12 @@ Move = Annotated[bool, typer.Option("--move", help="With --from: move a .ninfer 
 
 
 def pull(name: NameArg = None, from_path: FromOpt = None, dry_run: DryRun = False, force: Force = False,
-         move: Move = False) -> None:
+         move: Move = False, yes: Yes = False) -> None:
     """Download a model from the catalog into the local store, or register a local file with --from.
 
     A stopped download resumes on the next run; files are checked (size, SHA-256) before they enter the store.
+    A GPU model on a machine whose GPU cannot hold it (or that has none) is downloaded only after a yes
+    (or --yes).
 
     HF_TOKEN, HF_ENDPOINT and HF_HUB_OFFLINE are honoured.
 
@@ -47,7 +50,7 @@ def pull(name: NameArg = None, from_path: FromOpt = None, dry_run: DryRun = Fals
         elif not name:
             raise NinferError("no model name given", "run `ninfer ls --available` and then `ninfer pull NAME`")
         else:
-            manifest = pull_catalog(name, force=force, dry_run=dry_run)
+            manifest = pull_catalog(name, force=force, dry_run=dry_run, yes=yes)
     except (DownloadInterrupted, KeyboardInterrupt) as e:
         if isinstance(e, DownloadInterrupted):
             output.error(e.message, e.next_action)
@@ -58,7 +61,7 @@ def pull(name: NameArg = None, from_path: FromOpt = None, dry_run: DryRun = Fals
         output.line(str(getattr(manifest, "artifact_path", manifest)))
 
 
-def pull_catalog(ref: str, *, force: bool = False, dry_run: bool = False):
+def pull_catalog(ref: str, *, force: bool = False, dry_run: bool = False, yes: bool = False):
     """Fetch catalog model `ref` into the store; returns its Manifest (None for --dry-run)."""
     from engine.errors import NinferError  # noqa: PLC0415
     from ninfer_cli import catalog, output  # noqa: PLC0415
@@ -113,11 +116,42 @@ def pull_catalog(ref: str, *, force: bool = False, dry_run: bool = False):
                 "free some space (`ninfer rm` an unused model), or set NINFER_HOME to a disk with room",
             )
         if fits_vram is not True:
-            output.warn(f"{ref} {vram_words}; downloading anyway")
+            _confirm_without_gpu(entry, ref, gpu, yes)
         return _download(store, entry, ref, folder, force)
     finally:
         if folder is not None:
             _tidy(folder)
+
+
+def _confirm_without_gpu(entry, ref: str, gpu: tuple[int, int] | None, yes: bool) -> None:
+    """A model this machine's GPU cannot run (or there is no GPU): say what it needs, then go on only after
+    a yes at the terminal, or --yes. Without a terminal and without --yes nothing is downloaded."""
+    from engine.errors import NinferError  # noqa: PLC0415
+    from ninfer_cli import output  # noqa: PLC0415
+
+    from ninfer_cli.catalog import FIT_CONTEXT  # noqa: PLC0415
+
+    size = output.human_bytes(entry.size)
+    need = entry.vram_needed(FIT_CONTEXT)
+    memory = f" with ≈{output.human_gib(need)} of memory at {FIT_CONTEXT // 1024}K context" if need else ""
+    here = "no NVIDIA GPU was found on this machine" if gpu is None else \
+        f"this GPU has {output.human_gib(gpu[0])}"
+    what = (f"{ref} needs an NVIDIA GPU{memory} (`ninfer show {entry.name} --memory` prints the whole plan), "
+            f"and {here}")
+    if yes:
+        output.warn(f"{what}; downloading {size} anyway (--yes)")
+        return
+    if not _interactive():
+        raise NinferError(f"{what}; nothing was downloaded", f"pass --yes to download {size} anyway")
+    output.warn(what)
+    if not output.confirm(f"Download {size} anyway?"):
+        raise NinferError("nothing was downloaded", f"`ninfer pull {ref} --yes` downloads it anyway")
+
+
+def _interactive() -> bool:
+    import sys  # noqa: PLC0415
+
+    return sys.stdin.isatty()
 
 
 def _reuse_local_copy(store, entry, ref: str, folder: Path, free: int):

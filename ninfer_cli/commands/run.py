@@ -27,8 +27,9 @@ from ninfer_cli.options import (
     VramLimit,
 )
 
-PromptArg = Annotated[Optional[str], typer.Argument(
-    help="The prompt; `-` (or nothing, with a pipe) reads it from stdin.", show_default=False)]
+PromptArg = Annotated[Optional[list[str]], typer.Argument(
+    help="The prompt (its words are joined, quotes optional); `-` (or nothing, with a pipe) reads it from stdin.",
+    metavar="PROMPT", show_default=False)]
 System = Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt (text, or @file).",
                                                show_default=False)]
 ShowThinking = Annotated[bool, typer.Option("--show-thinking/--hide-thinking", rich_help_panel="Reasoning",
@@ -60,7 +61,7 @@ def run(model: ModelArg = None, prompt: PromptArg = None, system: System = None,
                  "the real path and timings, meaningless text.")] = None) -> None:
     """Answer one prompt with a model (the default model, pulled on first use, when none is named).
 
-    Examples: `ninfer run "What is the capital of France?"`, `echo hi | ninfer run smollm2-135m -`,
+    Examples: `ninfer run "What is the capital of France? Answer in one sentence."`, `echo hi | ninfer run smollm2-135m -`,
     `ninfer run qwen38-27b -r low "Prove that sqrt(2) is irrational"`.
     """
     import sys
@@ -71,6 +72,7 @@ def run(model: ModelArg = None, prompt: PromptArg = None, system: System = None,
     from ninfer_cli.model_session import (
         generation_config,
         is_model_ref,
+        looks_like_model,
         open_session,
         read_stdin_prompt,
         reasoning_note,
@@ -78,8 +80,10 @@ def run(model: ModelArg = None, prompt: PromptArg = None, system: System = None,
     from ninfer_cli.options import reasoning_choice, sampling_overrides
 
     t_start = time.perf_counter()
-    if prompt is None and model is not None and not is_model_ref(model):
-        model, prompt = None, model  # `ninfer run "question"`: one argument that is not a model is the prompt
+    words = list(prompt or [])
+    if model is not None and not is_model_ref(model) and not (words and looks_like_model(model)):
+        model, words = None, [model, *words]  # `ninfer run What is ...`: the first word is not a model
+    prompt = " ".join(words) if words else None  # unquoted words join with spaces, as ollama's do
     if prompt == "-" or (prompt is None and not sys.stdin.isatty()):
         prompt = read_stdin_prompt()
     if not prompt or not prompt.strip():

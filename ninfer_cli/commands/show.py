@@ -38,7 +38,36 @@ def artifact_summary(path) -> dict:
             "resources": sorted(art.components.get("text", {}).get("resources", {})),
             "components": sorted(art.components),
             "name": (art.metadata or {}).get("name"),
+            "sampling": sampling_summary(config, _template_source(art)),
         }
+
+
+def _template_source(art) -> str:
+    """The chat template's text (its own resource, else tokenizer_config.json's), "" when there is none."""
+    import json  # noqa: PLC0415
+
+    if art.has_resource("chat_template.jinja"):
+        return art.resource("chat_template.jinja").decode("utf-8", "replace")
+    if art.has_resource("tokenizer_config.json"):
+        template = json.loads(art.resource("tokenizer_config.json")).get("chat_template") or ""
+        return template if isinstance(template, str) else json.dumps(template)
+    return ""
+
+
+def sampling_summary(config: dict, template: str) -> dict:
+    """The sampling preset a launch uses when no sampling flag is given, per reasoning mode, and its source."""
+    from engine.text.presets import preset_source, sampling_preset  # noqa: PLC0415
+    from engine.text.reasoning import supports_thinking  # noqa: PLC0415
+
+    modes = ({"thinking": sampling_preset(config, True), "no thinking": sampling_preset(config, False)}
+             if supports_thinking(template) else {"default": sampling_preset(config, False)})
+    return {"source": preset_source(config), "modes": modes}
+
+
+def _sampling_text(preset: dict) -> str:
+    names = {"temperature": "temperature", "top_p": "top-p", "top_k": "top-k", "min_p": "min-p",
+             "presence_penalty": "presence penalty", "frequency_penalty": "frequency penalty"}
+    return ", ".join(f"{names.get(k, k)} {v:g}" for k, v in preset.items())
 
 
 def _params(n: int) -> str:
@@ -50,7 +79,7 @@ def _params(n: int) -> str:
 
 def show(name: ModelRequired, json_out: JsonOut = False, memory: Memory = False, ctx: Ctx = None,
          kv: KvOpt = None, profile: ProfileOpt = None, vram_limit: VramLimit = None) -> None:
-    """Show an installed model: source, size, checksum, architecture, formats, files.
+    """Show an installed model: source, size, checksum, architecture, formats, sampling preset, files.
 
     With --memory: its GPU memory plan at --ctx (default: fitted to free memory or --vram-limit), for
     --kv and --profile; catalog Qwen models need not be downloaded (sizes from the geometry's recipe).
@@ -102,6 +131,10 @@ def show(name: ModelRequired, json_out: JsonOut = False, memory: Memory = False,
             ("formats", fmts or "-"),
             ("resources", ", ".join(summary["resources"]) or "-"),
         ]
+        sampling = summary["sampling"]
+        for i, (mode, preset) in enumerate(sampling["modes"].items()):
+            label = "sampling" if mode == "default" else f"sampling ({mode})"
+            pairs.append((label, _sampling_text(preset) + (f"  (from the {sampling['source']})" if i == 0 else "")))
     output.key_values(pairs)
     output.line("files")
     for p in files:

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.errors import NinferError
+from ninfer_cli.model_session import NO_THINKING
 from ninfer_cli.tui import slash
 from ninfer_cli.tui.conversations import Conversation, to_markdown
 from ninfer_cli.tui.session import EFFORTS, SETTABLE, normalize_effort, set_param
@@ -74,12 +75,29 @@ class SlashHandler:
         await app.start_turn()
 
     async def do_think(self, args: list[str]) -> None:
-        if not args:
-            await self.app.note(f"Reasoning effort is **{self.app.settings.effort or 'the model default'}** "
-                                f"(one of {', '.join(EFFORTS)}, default; Ctrl+T cycles).")
+        app = self.app
+        if app.loaded and not app.session.info.thinking:
+            if args:
+                normalize_effort(args[0])  # a misspelt level is still an error
+            await app.note(f"Reasoning effort: **n/a**: {NO_THINKING}.")
             return
-        self.app.set_effort(normalize_effort(args[0]))
-        await self.app.note(f"Reasoning effort: **{self.app.settings.effort or 'model default'}**.")
+        if not args:
+            await app.note(f"Reasoning effort is **{app.settings.effort or 'the model default'}** "
+                           f"(one of {', '.join(EFFORTS)}, default; Ctrl+T cycles).")
+            return
+        app.set_effort(normalize_effort(args[0]))
+        await app.note(f"Reasoning effort: **{app.settings.effort or 'model default'}**.")
+
+    async def do_model(self, args: list[str]) -> None:
+        app = self.app
+        if args:
+            await app.switch_model(args[0])
+            return
+        models = app._installed_models()
+        current = app.session.info.name
+        rows = "\n".join(f"- `{m}`" + (" (this one)" if m == current else "") for m in models)
+        await app.note(f"Model: **{current}**.\n\n" + (f"Installed:\n{rows}\n\n`/model <name>` switches."
+                                                          if rows else "`ninfer pull NAME` installs more."))
 
     async def do_system(self, args: list[str]) -> None:
         settings = self.app.settings

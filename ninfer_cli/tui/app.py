@@ -3,6 +3,10 @@
 The model runs in thread workers (`_load`, `_generate`) that only fill a `TurnBuffer` and post
 messages; every widget is touched from the main thread, in the message handlers below. One lock
 keeps the model to one turn at a time, so a new turn waits for a stopped one to let go.
+
+The app opens before the model is ready (on a first run the default model is pulled inside it, its
+progress shown in the chat) and takes input from its first frame: what is sent before the model can
+answer, or while it answers, waits in a queue and goes out in order.
 """
 from __future__ import annotations
 
@@ -11,22 +15,30 @@ import os
 import threading
 import time
 import traceback
+from typing import Iterable
 
-from textual import on, work
-from textual.app import App, ComposeResult
+from textual import events, on, work
+from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Footer
 
 from engine.errors import NinferError
+from ninfer_cli.model_session import NO_THINKING
 from ninfer_cli.tui import slash
 from ninfer_cli.tui.actions import SlashHandler
 from ninfer_cli.tui.conversations import Conversation, ConversationStore
-from ninfer_cli.tui.messages import Arrived, ModelFailed, ModelLoaded, TurnBuffer, TurnDone, TurnFailed, TurnStats
+from ninfer_cli.tui.messages import (
+    Arrived, LoadProgress, ModelFailed, ModelLoaded, TurnBuffer, TurnDone, TurnFailed, TurnStats,
+)
 from ninfer_cli.tui.session import EFFORTS, ChatSession, ChatSettings
-from ninfer_cli.tui.widgets import AssistantMessage, NoteMessage, PromptInput, SlashHints, StatusBar, UserMessage
+from ninfer_cli.tui.typeahead import split_typed
+from ninfer_cli.tui.widgets import (
+    AssistantMessage, LoadPhases, NoteMessage, PromptInput, QueuedLine, SlashHints, StatusBar, UserMessage,
+)
 
 RATE_REFRESH_S = 0.2  # live tok/s redraws 5 times a second (the issue asks for at least 4)
+PROGRESS_S = 0.1  # load progress messages at most 10 a second
 
 
 def error_text(exc: BaseException) -> str:
@@ -61,9 +73,20 @@ class ChatApp(App):
 
     def __init__(self, session: ChatSession, *, settings: ChatSettings | None = None,
                  store: ConversationStore | None = None, conversation: Conversation | None = None,
-                 autosave: bool = True) -> None:
+                 autosave: bool = True, typed: str = "", open_model=None, asked_reasoning: bool = False) -> None:
+        """`typed`: what was typed at the terminal before the app started (sent when the model is ready);
+        `open_model(ref)`: a new ChatSession for `/model` (None: one model only); `asked_reasoning`:
+        reasoning flags were given (a model without thinking then says once that they do nothing)."""
         super().__init__()
         self.session = session
+        self.open_model = open_model
+        self.asked_reasoning = asked_reasoning
+        self.queued: list[str] = []
+        self._typed = typed
+        self._input_ready = False
+        self._early_keys: list[events.Key] = []
+        self._phases: LoadPhases | None = None
+        self._progress_at = (None, 0.0)  # (label, time) of the last progress message (load worker only)
         self.store = store if store is not None else ConversationStore()
         self.autosave = autosave
         self.conversation = conversation or Conversation(model=session.info.name)
@@ -90,6 +113,7 @@ class ChatApp(App):
     def compose(self) -> ComposeResult:
         yield VerticalScroll(id="chat")
         yield SlashHints(id="hints")
+        yield QueuedLine(id="queued")
         yield PromptInput(id="prompt")
         yield StatusBar(id="status")
         yield Footer()
@@ -97,6 +121,7 @@ class ChatApp(App):
     async def on_mount(self) -> None:
         self.status = self.query_one(StatusBar)
         self.query_one("#hints").display = False
+        self.query_one(QueuedLine).display = False
         self.chat.anchor()
         self.status.show_model(self.session.info, "[dim]loading…[/dim]")
         self.status.show_effort(self.settings.effort, self.session.info.thinking)
@@ -109,8 +134,24 @@ class ChatApp(App):
         prompt = self.query_one(PromptInput)
         prompt.sent = [m["content"] for m in self.conversation.messages if m["role"] == "user"]
         prompt.focus()
+        lines, rest = split_typed(self._typed)
+        if rest:
+            prompt.load_text(rest)
+            prompt.move_cursor(prompt.document.end)
+        self._input_ready = True
+        for key in self._early_keys:  # pressed before the input box existed
+            self.post_message(events.Key(key.key, key.character))
+        self._early_keys.clear()
+        for line in lines:
+            await self.send(line)
         freeze_heap()
         self._load()
+
+    async def on_event(self, event: events.Event) -> None:
+        if isinstance(event, events.Key) and not self._input_ready:
+            self._early_keys.append(event)
+            return
+        await super().on_event(event)
 
     @property
     def chat(self) -> VerticalScroll:
@@ -148,6 +189,8 @@ class ChatApp(App):
             self.status.show_rate(None)
         else:
             self.status.show_rate(buf.live_rate())
+            if buf.prompt_tokens:  # the context fills as the answer streams
+                self.status.show_context(buf.prompt_tokens + buf.tokens, self.session.info.context_max)
 
     def refresh_memory(self) -> None:
         try:
@@ -161,7 +204,7 @@ class ChatApp(App):
     def _load(self) -> None:
         with self._engine_lock:
             try:
-                self.session.load()
+                self.session.load(progress=self._report_progress)
             except BaseException as exc:  # shown in the app, never as a traceback
                 self._debug_log(exc)
                 self._load_failed = error_text(exc)
@@ -169,19 +212,49 @@ class ChatApp(App):
                 return
         self.post_message(ModelLoaded())
 
+    def _report_progress(self, label: str, done: int, total: int | None) -> None:
+        """The session's progress callback (load worker thread): throttled into LoadProgress messages."""
+        now = time.perf_counter()
+        last_label, last_at = self._progress_at
+        if label == last_label and now - last_at < PROGRESS_S and done != total:
+            return
+        self._progress_at = (label, now)
+        self.post_message(LoadProgress(label, done, total))
+
+    async def on_load_progress(self, message: LoadProgress) -> None:
+        if self._phases is None:
+            name = self.session.info.name.removesuffix(":latest")
+            self._phases = LoadPhases(f"[b]First run:[/b] getting {_markup_safe(name)} ready. Type your question "
+                                      "now: it is sent when the model is ready.", classes="note")
+            await self.chat.mount(self._phases)
+            self.status.show_model(self.session.info, "[dim]pulling…[/dim]")
+        self._phases.report(message.label, message.done, message.total)
+
     async def on_model_loaded(self, _: ModelLoaded) -> None:
         self.loaded = True
         freeze_heap()
-        self.status.show_model(self.session.info)
-        self.status.show_effort(self.settings.effort, self.session.info.thinking)
-        self.status.show_context(self.context_used, self.session.info.context_max)
+        if self._phases is not None:
+            self._phases.finish()
+        info = self.session.info
+        self.status.show_model(info)
+        self.status.show_effort(self.settings.effort, info.thinking)
+        self.status.show_context(self.context_used, info.context_max)
         if not self.conversation.model:
-            self.conversation.model = self.session.info.name
+            self.conversation.model = info.name
+        if not info.thinking and (self.asked_reasoning or self.settings.effort is not None
+                                  or self.settings.thinking_budget is not None):
+            await self.note(f"Note: {NO_THINKING}.")
+        await self._send_queued()
 
     async def on_model_failed(self, message: ModelFailed) -> None:
         self.load_error = message.text
         self.status.show_model(self.session.info, "[red]failed[/red]")
         await self.note(f"**Model failed to load:** {message.text}", error=True)
+        if self.queued:  # nothing typed is lost: back into the input box, unsent
+            box = self.query_one(PromptInput)
+            box.load_text("\n".join([*self.queued, box.text]).strip("\n"))
+            self.queued.clear()
+            self._show_queue()
 
     # ---------------------------------------------------------------- input
 
@@ -201,13 +274,28 @@ class ChatApp(App):
         await self.send(text)
 
     async def send(self, text: str) -> None:
-        """Add a user message and answer it."""
-        if self.generating:
-            await self.note("Still answering: press Esc to stop it first.")
+        """Add a user message and answer it; until the model is ready, or while it answers, queue it."""
+        if self.load_error is None and (not self.loaded or self.generating or self.queued):
+            self.queued.append(text)
+            self._show_queue()
+            await self._send_queued()
             return
         self.conversation.messages.append({"role": "user", "content": text})
         await self.chat.mount(UserMessage(text, classes="user"))
         await self.start_turn()
+
+    def _show_queue(self) -> None:
+        why = "sent when the model is ready" if not self.loaded else "sent when this answer ends"
+        self.query_one(QueuedLine).show(self.queued, why)
+
+    async def _send_queued(self) -> None:
+        """Send the next queued message, if the model is free for it."""
+        if self.queued and self.loaded and not self.generating and self.load_error is None:
+            text = self.queued.pop(0)
+            self._show_queue()
+            self.conversation.messages.append({"role": "user", "content": text})
+            await self.chat.mount(UserMessage(text, classes="user"))
+            await self.start_turn()
 
     def prompt_messages(self) -> list[dict]:
         """What the model sees: the system prompt, then user/assistant turns (reasoning kept aside)."""
@@ -241,8 +329,11 @@ class ChatApp(App):
             if self._load_failed is not None:  # the turn was queued while the model was loading
                 self.post_message(TurnFailed(buf.turn, f"no model to answer with: {self._load_failed}"))
                 return
+            buf.started = time.perf_counter()  # TTFT from when the model is ours, not from the key press
             try:
                 for r in self.session.send(messages, settings, cancel):
+                    if getattr(r, "prompt_tokens", 0):
+                        buf.prompt_tokens = r.prompt_tokens
                     reasoning, text = getattr(r, "reasoning", "") or "", r.text or ""
                     tokens = r.generation_tokens or (buf.tokens + 1 if (reasoning or text) else buf.tokens)
                     if buf.push(reasoning, text, tokens):
@@ -312,6 +403,7 @@ class ChatApp(App):
         self.conversation.messages.append(entry)
         self._show_turn_figures(stats)
         self.save()
+        self.call_later(self._send_queued)
         return entry
 
     def _show_turn_figures(self, stats: TurnStats) -> None:
@@ -330,6 +422,7 @@ class ChatApp(App):
         self.status.show_rate(None)
         await self.note(f"**Error:** {message.text} (/regen tries again)", error=True)
         self.save()
+        await self._send_queued()
 
     def save(self) -> None:
         """Autosave the conversation (errors become a notification, never a crash)."""
@@ -344,8 +437,12 @@ class ChatApp(App):
     # ---------------------------------------------------------------- actions
 
     async def action_stop(self) -> None:
-        """Esc: the answer ends on screen at once (kept as shown, marked stopped); the worker lets go
-        of the model at its next token, and its final figures then replace the provisional ones."""
+        """Esc: closes what is open (the keys panel, the command hints), else stops the answer. The answer
+        ends on screen at once (kept as shown, marked stopped); the worker lets go of the model at its
+        next token, and its final figures then replace the provisional ones."""
+        if self.screen.query("HelpPanel"):
+            self.action_hide_help_panel()
+            return
         hints = self.query_one(SlashHints)
         if hints.display:
             hints.display = False
@@ -363,6 +460,8 @@ class ChatApp(App):
     def check_action(self, action: str, parameters: tuple) -> bool | None:
         if action == "interrupt":
             return self.generating
+        if action == "stop" and len(self.screen_stack) > 1:
+            return None  # a screen above the chat (the command palette) takes Esc itself
         return True
 
     async def action_interrupt(self) -> None:
@@ -371,7 +470,8 @@ class ChatApp(App):
     def action_cycle_effort(self) -> None:
         """Ctrl+T: (model default ->) off -> low -> medium -> high -> off."""
         if not self.session.info.thinking:
-            self.notify("this model does not think: reasoning effort has no effect", timeout=2)
+            self.notify(NO_THINKING, timeout=2)
+            return
         current = self.settings.effort
         self.set_effort("off" if current is None else EFFORTS[(EFFORTS.index(current) + 1) % len(EFFORTS)])
         self.notify(f"reasoning effort: {self.settings.effort}", timeout=1.5)
@@ -383,6 +483,40 @@ class ChatApp(App):
     async def action_copy(self) -> None:
         await self._slash.run("/copy", [])
 
+    def get_system_commands(self, screen) -> "Iterable[SystemCommand]":
+        """The command palette (Ctrl+P): our slash commands with their choices, the installed models,
+        and the keys panel, instead of Textual's generic list."""
+        for title, help_text, name, args in slash.palette_entries(self._installed_models()):
+            yield SystemCommand(title, help_text, lambda n=name, a=args: self._slash.run(n, a))
+        showing = bool(screen.query("HelpPanel"))
+        yield SystemCommand("Keys", ("hide" if showing else "show") + " the keys of the focused widget (Esc closes)",
+                            self.action_hide_help_panel if showing else self.action_show_help_panel)
+
+    def _installed_models(self) -> list[str]:
+        if self.open_model is None:
+            return []
+        try:
+            from ninfer_cli.store import Store
+
+            return Store().refs()
+        except Exception:  # a broken store must not break the palette
+            return []
+
+    async def switch_model(self, ref: str) -> None:
+        """`/model REF`: load another model for the rest of the conversation."""
+        if self.open_model is None:
+            raise ValueError("this chat runs one model; start `ninfer chat MODEL` for another")
+        if self.generating:
+            raise ValueError("still answering: press Esc first")
+        if not self.loaded and self.load_error is None:
+            raise ValueError("the model is still loading: switch once it is ready")
+        session = self.open_model(ref)  # resolves now: an unknown name fails here, the old model stays
+        self.session, self.loaded, self.load_error, self._load_failed = session, False, None, None
+        self.conversation.model = session.info.name
+        self.status.show_model(session.info, "[dim]loading…[/dim]")
+        await self.note(f"Switching to **{session.info.name}**…")
+        self._load()
+
     async def action_quit(self) -> None:
         if self.cancel is not None:
             self.cancel.set()
@@ -392,3 +526,7 @@ class ChatApp(App):
     def _debug_log(self, exc: BaseException) -> None:
         if os.environ.get("NINFER_DEBUG") == "1":
             self.log.error("".join(traceback.format_exception(exc)))
+
+
+def _markup_safe(text: str) -> str:
+    return text.replace("[", r"\[")

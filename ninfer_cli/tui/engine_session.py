@@ -17,11 +17,12 @@ _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "freq
 class EngineSession:
     """Loads `path` on `load()` (from the app's worker thread) and streams answers."""
 
-    def __init__(self, path: Path | str, name: str, *, device: str = "auto", ctx: int | None = None,
+    def __init__(self, path: Path | str | None, name: str, *, device: str = "auto", ctx: int | None = None,
                  think: bool | None = None, **launch) -> None:
-        """`think` applies while the effort is the model default; `launch` goes to `open_session`
-        (preserve_thinking, profile, kv, vram_limit, prefill_chunk)."""
-        self.path = Path(path)
+        """`path` None is the default model, pulled by `load()` when it is missing; `think` applies while
+        the effort is the model default; `launch` goes to `open_session` (preserve_thinking, profile,
+        kv, vram_limit, prefill_chunk)."""
+        self.path = Path(path) if path is not None else None
         self.device = getattr(device, "value", device)
         self.ctx = ctx
         self.think = think
@@ -30,9 +31,15 @@ class EngineSession:
         self.engine = None
         self.chat = None
 
-    def load(self) -> None:
+    def load(self, progress=None) -> None:
         from engine.text.reasoning import supports_thinking
         from ninfer_cli.model_session import open_session
+
+        if self.path is None:
+            from ninfer_cli.default_model import ensure_default_model
+
+            manifest = ensure_default_model(quiet=True, progress=progress)
+            self.path, self.info.name = manifest.artifact_path, manifest.ref
 
         engine, chat, _ = open_session(str(self.path), device=self.device, ctx=self.ctx, quiet=True, **self.launch)
         self.engine, self.chat = engine, chat
@@ -41,6 +48,7 @@ class EngineSession:
                               thinking=supports_thinking(source))
 
     def send(self, messages: list[dict], settings: ChatSettings, cancel: threading.Event):
+        from engine.text.reasoning import starts_in_thinking
         from ninfer_cli.model_session import generation_config
 
         chat = self.chat
@@ -50,7 +58,11 @@ class EngineSession:
         overrides = {k: getattr(settings, k) for k in _SAMPLING if getattr(settings, k) is not None}
         overrides["max_tokens"] = settings.max_tokens
         config = generation_config(chat, overrides)
-        for delta in chat.complete(messages, config, cancel):
+        # As `chat.complete` does, with the prompt's size said first: the context gauge counts from it.
+        prompt = chat.render(messages)
+        ids = chat.tokenizer.encode(prompt, add_special=True)
+        yield Chunk(prompt_tokens=len(ids))
+        for delta in chat.stream_ids(ids, config, cancel, in_thinking=starts_in_thinking(prompt)):
             if not delta.done:
                 yield Chunk(text=delta.content, reasoning=delta.reasoning)
                 continue

@@ -1,7 +1,7 @@
 """From `ninfer chat`'s flags to the running app (and `--list`).
 
-The model is resolved (and the default model pulled, with progress) before the screen opens; the
-slow load happens inside the app, so a failure there is shown in the app.
+A model name is checked before the screen opens (a typo is a one-line error); pulling a missing
+default model and loading happen inside the app, which opens at once and shows their progress.
 """
 from __future__ import annotations
 
@@ -38,21 +38,31 @@ def run_chat_tui(model: str | None = None, *, system: str | None = None, effort:
                  **launch) -> None:
     """Open the chat app; `resume` is a conversation id (or prefix), or `last`. `think` and `launch`
     (preserve_thinking, profile, kv, vram_limit) go to the engine session."""
+    from ninfer_cli.default_model import NAME as DEFAULT_NAME
+    from ninfer_cli.default_model import needs_pull
     from ninfer_cli.model_session import resolve_model
     from ninfer_cli.tui.app import ChatApp
     from ninfer_cli.tui.engine_session import EngineSession
+    from ninfer_cli.tui.typeahead import pending_input
 
     store = ConversationStore()
     conversation = None
     if resume is not None:
         conversation = store.load(None if resume.lower() in LATEST else resume)
     ref = model or (conversation.model if conversation is not None and conversation.model else None)
-    path, name = resolve_model(ref)
+
+    def open_model(ref: str | None) -> EngineSession:
+        # A missing default model is pulled inside the app; any other name is checked before it opens.
+        path, name = (None, DEFAULT_NAME) if needs_pull(ref) else resolve_model(ref)
+        return EngineSession(path, name, device=device, ctx=ctx, think=think, **launch)
+
+    session = open_model(ref)
     settings = settings_from_flags(conversation.settings if conversation else None, system=system,
                                    effort=getattr(effort, "value", effort), thinking_budget=thinking_budget,
                                    sampling=sampling)
-    session = EngineSession(path, name, device=device, ctx=ctx, think=think, **launch)
-    app = ChatApp(session, settings=settings, store=store, conversation=conversation)
+    asked = think is not None or effort is not None or thinking_budget is not None
+    app = ChatApp(session, settings=settings, store=store, conversation=conversation, open_model=open_model,
+                  asked_reasoning=asked, typed=pending_input())
     app.run()
     if app.conversation.messages:
         print(f"conversation saved: ninfer chat --resume {app.conversation.id}")

@@ -38,6 +38,7 @@ class TurnBuffer:
     first_token_at: float | None = None
     last_token_at: float | None = None
     tokens: int = 0
+    prompt_tokens: int = 0  # known once the prompt is tokenized (before the first token)
     _reasoning: list[str] = field(default_factory=list)
     _text: list[str] = field(default_factory=list)
     _woken: bool = False
@@ -81,6 +82,14 @@ class TurnBuffer:
 
 class ModelLoaded(Message):
     """The session finished loading."""
+
+
+class LoadProgress(Message):
+    """A step of getting the model ready (the first run's pull): phase `label`, `done` of `total` bytes."""
+
+    def __init__(self, label: str, done: int, total: int | None) -> None:
+        super().__init__()
+        self.label, self.done, self.total = label, done, total
 
 
 class ModelFailed(Message):

@@ -129,8 +129,9 @@ class ChatSession(Protocol):
 
     info: ModelInfo
 
-    def load(self) -> None:
-        """Load the model (slow; called once from a worker thread). Raise NinferError on failure."""
+    def load(self, progress=None) -> None:
+        """Load the model (slow; called from a worker thread), pulling it first where needed with
+        `progress(label, done, total)` per step. Raise NinferError on failure."""
 
     def send(self, messages: list[dict], settings: ChatSettings,
              cancel: threading.Event) -> Iterator[Chunk]:
@@ -181,13 +182,19 @@ class FakeSession:
     tokens_per_second: float = 0.0
     prefill_seconds: float = 0.0
     load_seconds: float = 0.0
+    load_phases: tuple = ()  # (label, total bytes) steps reported before loading, as a first pull does
     load_error: Exception | None = None
     send_error: Exception | None = None
     memory_reading: Memory = field(default_factory=lambda: Memory("RAM", 512 << 20, 8 << 30))
     calls: list = field(default_factory=list)
 
-    def load(self) -> None:
-        if self.load_seconds:
+    def load(self, progress=None) -> None:
+        for label, total in self.load_phases:
+            for step in range(5):
+                if progress is not None:
+                    progress(label, total * step // 4, total)
+                time.sleep(self.load_seconds / max(5 * len(self.load_phases), 1))
+        if self.load_seconds and not self.load_phases:
             time.sleep(self.load_seconds)
         if self.load_error is not None:
             raise self.load_error

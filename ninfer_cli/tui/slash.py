@@ -24,6 +24,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("/stats", "", "timings of the last answer"),
     Command("/save", "[title]", "save now (conversations save themselves)"),
     Command("/load", "[id]", "open a saved conversation"),
+    Command("/model", "[name]", "list installed models, or switch to one"),
     Command("/export", "md|json [path]", "write the conversation to a file", ("md", "json")),
     Command("/copy", "[code]", "copy the last answer (or its last code block)", ("code",)),
     Command("/bye", "", "quit"),
@@ -71,6 +72,25 @@ def hints(text: str) -> list[Command]:
     if " " in text:
         return [c for c in COMMANDS if c.name == head]
     return [c for c in COMMANDS if c.name.startswith(head)]
+
+
+def palette_entries(models: list[str] = ()) -> list[tuple[str, str, str, list[str]]]:
+    """(title, help, command, args) for the command palette: every command, once per fixed choice
+    (`/think high`, `/export md`), plus `/model NAME` for each installed model."""
+    out = []
+    for c in COMMANDS:
+        if c.name == "/set":
+            out.append((c.name, "show the sampling parameters (`/set <param> <value>` changes one)", c.name, []))
+            continue
+        if c.name != "/export":  # it needs a format: only its choices
+            out.append((c.name, c.help, c.name, []))
+        for choice in c.choices:
+            out.append((f"{c.name} {choice}", c.help, c.name, [choice]))
+        if c.name == "/think":
+            out.append(("/think default", "back to the model's default reasoning", c.name, ["default"]))
+        if c.name == "/model":
+            out += [(f"/model {m}", "switch to this installed model", c.name, [m]) for m in models]
+    return out
 
 
 def help_text() -> str:

@@ -125,6 +125,59 @@ def _esc(text: str) -> str:
     return text.replace("[", r"\[")
 
 
+class QueuedLine(Static):
+    """Messages typed before the model could take them, shown above the input until they are sent."""
+
+    def show(self, queued: list[str], why: str) -> None:
+        self.display = bool(queued)
+        if queued:
+            first = queued[0].splitlines()[0]
+            more = f" [dim](+{len(queued) - 1} more)[/dim]" if len(queued) > 1 else ""
+            self.update(f"[b]queued[/b] [dim]({why})[/dim] {_esc(first[:120])}{more}")
+
+
+class LoadPhases(Static):
+    """Getting the model ready (the first run's pull): one line a phase, with bytes and rate."""
+
+    def __init__(self, title: str, **kwargs) -> None:
+        super().__init__("", **kwargs)
+        self.title = title
+        self.phases: list[list] = []  # [label, done, total, started, ended]
+
+    def report(self, label: str, done: int, total: int | None) -> None:
+        now = time.perf_counter()
+        if not self.phases or self.phases[-1][0] != label:
+            self._end(now)
+            self.phases.append([label, done, total, now, None])
+        else:
+            self.phases[-1][1:3] = [done, total]
+        self.update(self.text(now))
+
+    def finish(self) -> None:
+        now = time.perf_counter()
+        self._end(now)
+        self.update(self.text(now))
+
+    def _end(self, now: float) -> None:
+        if self.phases and self.phases[-1][4] is None:
+            last = self.phases[-1]
+            last[1], last[4] = last[2] or last[1], now
+
+    def text(self, now: float) -> str:
+        from ninfer_cli.output import human_bytes
+
+        lines = [self.title]
+        for label, done, total, started, ended in self.phases:
+            secs = max((ended or now) - started, 1e-9)
+            if ended is not None:
+                lines.append(f"[green]✓[/green] {_esc(label)}  {human_bytes(done)} in {secs:.1f} s")
+            else:
+                of = f"{human_bytes(done)}/{human_bytes(total)}" if total else human_bytes(done)
+                lines.append(f"[b]▸[/b] {_esc(label)}  {gauge(done, total or 0, 16)}  {of}  "
+                             f"{human_bytes(done / secs)}/s")
+        return "\n".join(lines)
+
+
 class UserMessage(Block):
     """A message the user sent (its line breaks kept as typed)."""
 

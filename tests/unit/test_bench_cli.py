@@ -51,7 +51,6 @@ def test_usage_errors_exit_2_and_name_the_flag(args, needle):
 @pytest.mark.parametrize(
     "args, needle",
     [
-        ([], "nothing to benchmark"),
         (["--synthetic", "qwen3.8-27b"], "needs a CUDA GPU"),
         (["--synthetic", "qwen3.6-35b-a3b", "--device", "cpu"], "needs a CUDA GPU"),
         (["--synthetic", "llama-7b"], "unknown synthetic geometry"),

@@ -146,6 +146,8 @@ def cli(monkeypatch, tmp_path):
                              thinking_budget=kw.get("thinking_budget")), "fake:latest"
 
     monkeypatch.setattr(model_session, "open_session", fake_open)
+    known = model_session.is_model_ref  # the scripted model names count as models, as stored ones do
+    monkeypatch.setattr(model_session, "is_model_ref", lambda text: text in ("fake", "some-model") or known(text))
     from ninfer_cli.main import app
 
     return CliRunner(), app, state
@@ -300,11 +302,14 @@ def test_run_warns_when_the_model_cannot_think(cli, monkeypatch):
 
     def no_think_open(ref, **kw):
         eng = ScriptedEngine("ok")
-        return eng, _session(eng, template=plain, effort=kw.get("effort")), "plain:latest"
+        return eng, _session(eng, template=plain, effort=kw.get("effort"),
+                             thinking_budget=kw.get("thinking_budget")), "plain:latest"
 
     monkeypatch.setattr(model_session, "open_session", no_think_open)
     res = runner.invoke(app, ["run", "q?", "-r", "low"])
     assert res.exit_code == 0 and "no thinking mode" in res.stderr
+    res = runner.invoke(app, ["run", "q?", "--thinking-budget", "64"])  # a budget alone: the same one note
+    assert res.exit_code == 0 and res.stderr.count(model_session.NO_THINKING) == 1
     res = runner.invoke(app, ["run", "q?"])
     assert "no thinking mode" not in res.stderr
 

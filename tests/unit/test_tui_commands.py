@@ -40,7 +40,7 @@ def test_parse_and_complete():
     assert slash.complete("plain") == [] and slash.complete("/regen now") == []
     assert {c.name for c in slash.COMMANDS} == {
         "/help", "/clear", "/regen", "/think", "/system", "/set", "/stats", "/save", "/load",
-        "/export", "/copy", "/bye"}
+        "/model", "/export", "/copy", "/bye"}
 
 
 def test_settings_parsing():

@@ -62,7 +62,7 @@ def _session(reply: str) -> tuple[EngineSession, ByteEngine]:
     session.engine = engine
     session.chat = TextSession(engine, template=ChatTemplate(TEMPLATE))
     session.info = ModelInfo("scripted", engine.max_context, "cpu", thinking=True)
-    session.load = lambda: None
+    session.load = lambda progress=None: None
     return session, engine
 
 
