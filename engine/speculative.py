@@ -319,6 +319,9 @@ def speculative_steps(engine, prompt: list[int], config, sampler: Sampler, cance
 
 def with_stats(stream, stats: SpecStats):
     """Pass `stream`'s Responses on, each carrying a snapshot of `stats` as `spec`."""
-    for r in stream:
-        r.spec = stats.snapshot()
-        yield r
+    try:
+        for r in stream:
+            r.spec = stats.snapshot()
+            yield r
+    finally:
+        stream.close()  # a round cut short commits what its consumer took now, not at garbage collection
