@@ -329,3 +329,10 @@ def test_spec_is_refused_where_it_cannot_run(dense):
         _engine(dense).stream(PROMPT, _greedy(spec="mtp:9"))
     recs = list(_engine(bare).stream(PROMPT, _greedy(max_tokens=3)))
     assert recs[-1].spec is None
+
+
+def test_sampled_speculation_is_reproducible_from_its_seed(dense):
+    cfg = GenerationConfig(max_tokens=12, temperature=0.8, top_p=0.9, seed=11, spec="mtp:2")
+    runs = [[r.token for r in _engine(dense).stream(PROMPT, cfg)] for _ in range(2)]
+    other = [r.token for r in _engine(dense).stream(PROMPT, GenerationConfig(**{**cfg.__dict__, "seed": 12}))]
+    assert runs[0] == runs[1] and runs[0] != other
