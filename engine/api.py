@@ -16,6 +16,7 @@ from engine.backend import resolve_device, xp_for
 from engine.errors import NinferError
 from engine.generate import GenerationConfig, Response, stream_generate
 from engine.sampling import greedy, make_sampler
+from engine.speculative import speculative_steps, with_stats
 
 __all__ = ["load", "Engine", "GenerationConfig", "Response"]
 
@@ -142,6 +143,8 @@ def _tokenizer_of(artifact):
 class Engine:
     """One model and one sequence's cache. Not thread-safe: drive it from one thread at a time."""
 
+    _hidden_sink = None  # fn(final-normed hidden [T, H]) of every chunk fed, while engine.speculative asks
+
     def __init__(self, model, config: Mapping[str, Any], *, device: str = "cpu", tokenizer=None,
                  max_context: int | None = None, prefill_chunk: int = 256, artifact=None):
         self.model = model
@@ -191,7 +194,11 @@ class Engine:
             while i < len(ids):
                 n = self._chunk_len(self.position)
                 chunk = np.asarray(ids[i : i + n], dtype=np.int64)
-                out = self.model(chunk, self.cache, last_only=not all_rows)
+                if self._hidden_sink is not None:  # speculative decoding's MTP head reads the hidden states
+                    out, hidden = self.model.forward(chunk, self.cache, last_only=not all_rows)
+                    self._hidden_sink(hidden)
+                else:
+                    out = self.model(chunk, self.cache, last_only=not all_rows)
                 if all_rows:
                     rows.append(_to_host(out))
                 elif i + n >= len(ids):
@@ -315,8 +322,10 @@ class Engine:
         if self.tokenizer is not None and not config.ignore_eos:
             stops += list(getattr(self.tokenizer, "eos_token_ids", ()))
         detok = self.tokenizer.detokenizer() if self.tokenizer is not None else None
-        return stream_generate(_Resuming(self), prompt, config, sampler, detokenizer=detok,
-                               stop_token_ids=stops, cancel=cancel, memory_fn=self.memory_bytes)
+        steps, spec = speculative_steps(self, prompt, config, sampler, cancel)
+        out = stream_generate(_Resuming(self), prompt, config, sampler, detokenizer=detok,
+                              stop_token_ids=stops, cancel=cancel, memory_fn=self.memory_bytes, steps=steps)
+        return out if spec is None else with_stats(out, spec)
 
 
 class _Resuming:

@@ -31,6 +31,7 @@ class GenerationConfig:
     stop_token_ids: tuple[int, ...] = ()
     stop_strings: tuple[str, ...] = ()
     ignore_eos: bool = False
+    spec: str = "off"  # speculative decoding: "off" or "mtp:K", K = 1..5 (engine.speculative.parse_spec)
 
 
 @dataclass
@@ -48,6 +49,7 @@ class Response:
     generation_tps: float = 0.0
     memory: float = 0.0
     finish_reason: str | None = None
+    spec: object = None  # engine.speculative.SpecStats so far, when the stream speculates
 
 
 def generate_step(
@@ -139,12 +141,13 @@ def stream_generate(
     stop_token_ids: Sequence[int] = (),
     cancel: threading.Event | None = None,
     memory_fn=None,
+    steps: Iterator[int] | None = None,
 ) -> Iterator[Response]:
     """Yield one `Response` per generated token, the last one carrying `finish_reason`.
 
     A stop token ends the stream with "stop" (its text is not emitted); a stop string ends it with
     "stop" and the text up to the string; `config.max_tokens` gives "length"; `cancel` gives
-    "cancelled" with `token=None`.
+    "cancelled" with `token=None`. `steps` replaces generate_step's token ids (engine.speculative's rounds).
     """
     stops = set(int(t) for t in stop_token_ids)
     cutter = _StopStrings(config.stop_strings)
@@ -164,7 +167,8 @@ def stream_generate(
     def tail() -> str:
         return cutter.feed(detokenizer.flush())[0] + cutter.flush() if detokenizer is not None else cutter.flush()
 
-    steps = generate_step(engine, prompt_ids, sampler, max_tokens=config.max_tokens, cancel=cancel)
+    if steps is None:
+        steps = generate_step(engine, prompt_ids, sampler, max_tokens=config.max_tokens, cancel=cancel)
     for tok in steps:
         if t_first is None:
             t_first = time.perf_counter()

@@ -5,6 +5,7 @@ import numpy as np
 
 from engine.cache import GDNState
 from engine.config import ModelArgs
+from engine.models.replay_ssm import GDNRecord
 from engine.ops import ref
 
 
@@ -38,7 +39,8 @@ class GatedDeltaNet:
         return GDNState(self.conv.shape[1], self.conv.shape[0], self.hv, self.dv, self.dk, xp=self.xp)
 
     def __call__(self, h, state: GDNState | None):
-        """h [T, H] (already input-normed) -> [T, H]; updates `state` in place when given."""
+        """h [T, H] (already input-normed) -> [T, H]; updates `state` in place when given (a GDNRecord
+        instead keeps what engine.models.replay_ssm folds later)."""
         t = h.shape[0]
         qkv, z, a, b = self._project(h)
         if state is not None and t == 1:
@@ -48,13 +50,16 @@ class GatedDeltaNet:
             y, new_conv = ref.causal_conv1d(qkv, None if state is None else state.conv, self.conv)
         kd = self.hk * self.dk
         q = ref.l2norm(y[:, :kd].reshape(t, self.hk, self.dk))
-        k = ref.l2norm(y[:, kd : 2 * kd].reshape(t, self.hk, self.dk))
+        k_raw = y[:, kd : 2 * kd].reshape(t, self.hk, self.dk)
+        k = ref.l2norm(k_raw)
         v = y[:, 2 * kd :].reshape(t, self.hv, self.dv)
         g, beta = ref.gdn_gates(a, b, self.a_log, self.dt_bias)
         s0 = None if state is None else state.recurrent
         rule = ref.gdn_recurrent if (t == 1 or self.mode == "recurrent") else ref.gdn_chunked
         o, s1 = rule(q, k, v, g, beta, s0)
-        if state is not None:
+        if isinstance(state, GDNRecord):  # speculative verify: the committed state stays; a fold replays these
+            state.record(qkv, k_raw, v, g, beta)
+        elif state is not None:
             state.conv[...] = new_conv
             state.recurrent[...] = s1
         on = ref.gated_rmsnorm(o, z.reshape(t, self.hv, self.dv), self.norm, self.args.rms_norm_eps)
