@@ -9,16 +9,20 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 from engine.device_sampling import device_params
 from engine.sampling import Sampler
+
+if TYPE_CHECKING:
+    from engine.constraints import Constraint
 
 
 @dataclass
 class GenerationConfig:
     """What to generate; `temperature == 0` is greedy. Stop ids are added to the tokenizer's EOS ids
-    unless `ignore_eos`."""
+    unless `ignore_eos`. `constraint` (engine.constraints.Constraint) restricts the answer to a JSON
+    object, a schema, a regex, a grammar or a choice."""
 
     max_tokens: int = 512
     temperature: float = 0.7
@@ -31,6 +35,7 @@ class GenerationConfig:
     stop_token_ids: tuple[int, ...] = ()
     stop_strings: tuple[str, ...] = ()
     ignore_eos: bool = False
+    constraint: "Constraint | None" = None
 
 
 @dataclass
@@ -62,6 +67,9 @@ def generate_step(
 
     The sampler draws the token at position p with its counter RNG keyed by p (p = tokens before it),
     so a seed reproduces the same tokens. `cancel` is checked before every token.
+    With `sampler.constraint` set, every step takes the full logits on the host (the mask may allow ids
+    the sparse read-back or the device sampler never sees), and a complete grammar ends with its stop id
+    without another model step.
     """
     if max_tokens == 0 or (cancel is not None and cancel.is_set()):
         return
@@ -71,6 +79,9 @@ def generate_step(
     # logits here, the rest from the graph (one token read a step, so nothing is computed past a stop)
     sampled = getattr(engine, "decode_sampled", None)
     params = device_params(sampler) if sampled is not None else None
+    constraint = getattr(sampler, "constraint", None)
+    if constraint is not None:
+        sparse, params = None, None
     n, tok = 0, None
     while True:
         if params is not None and tok is not None:
@@ -81,6 +92,10 @@ def generate_step(
         yield tok
         n += 1
         if n == max_tokens or (cancel is not None and cancel.is_set()):
+            return
+        if constraint is not None and constraint.done and constraint.stop_id is not None:
+            if not constraint.stopped:
+                yield constraint.stop_id
             return
         if params is None:
             logits = sparse(tok, sampler.margin()) if sparse is not None else engine.decode_step(tok)
