@@ -225,7 +225,7 @@ def _one_line(message: str, kind: str) -> str:
 
 def _rejected(c: Constraint, message: str) -> ConstraintError:
     first = _one_line(message, c.kind)
-    if c.kind in ("json", "json_schema"):
+    if c.kind in ("json", "json_schema", "llguidance"):
         if first.startswith(("Unimplemented keys", "Unknown format")):
             return ConstraintError("unsupported_json_schema", f"the JSON schema uses what ninfer cannot enforce: {first}")
         if first.startswith("Unsatisfiable"):
@@ -370,10 +370,34 @@ class ConstraintMatcher:
     def valid_prefix(self, tokens: Sequence[int]) -> int:
         """How many of `tokens` (drafts) the constraint allows in a row from here, without taking them."""
         tokens = [int(t) for t in tokens]
-        if self.free:
-            return next((i for i, t in enumerate(tokens) if t in self.stop_ids), len(tokens))
+        if self.free:  # up to a stop id, or through the token that completes the marker (the rule changes there)
+            tail = self._tail
+            for i, t in enumerate(tokens):
+                if t in self.stop_ids:
+                    return i
+                tail = (tail + self._token_bytes(t))[-(len(self._marker) + 16):]
+                if self._marker in tail:
+                    return i + 1
+            return len(tokens)
         self.mask()  # let a pending mask finish before the matcher is read
         return int(self._m.validate_tokens(tokens))
+
+    def draft_masks(self, drafts: Sequence[int]) -> list[np.ndarray]:
+        """For speculative verification: the masks of the columns after each draft the constraint allows,
+        [mask now, after d_1, ..., after d_A] (A = `valid_prefix(drafts)`); the state is left as it was.
+        A verifier accepts at most the A allowed drafts and draws each column's token under its mask."""
+        allowed = self.valid_prefix(drafts)
+        masks = [self.mask().copy()]
+        if self.free or not allowed:
+            return masks + [masks[0]] * allowed
+        saved = (self._allowed, self._accepting, self._complete)
+        for tok in drafts[:allowed]:
+            self._m.consume_token(int(tok))
+            self._compute()
+            masks.append(self._allowed)
+        self._m.rollback(allowed)
+        self._allowed, self._accepting, self._complete = saved
+        return masks
 
     def _start(self) -> None:
         self._allowed = None

@@ -44,7 +44,7 @@ def constraint_for(response_format: dict | None = None, tools: list | None = Non
         return _checked(_structured(structured_outputs), "structured_outputs")
     if response_format:
         param = {"openai": "response_format", "responses": "text.format", "anthropic": "output_format"}[api]
-        return _checked(_response_format(response_format, api, param), param)
+        return _response_format(response_format, api, param)
     return None
 
 
@@ -67,10 +67,10 @@ def _response_format(fmt: dict, api: str, param: str) -> Constraint | None:
     if not isinstance(fmt, dict):
         raise _bad(f"{param} must be an object", param)
     kind = fmt.get("type")
-    if kind in (None, "text") and api != "anthropic":
+    if kind in (None, "text"):
         return None
     if kind == "json_object":
-        return Constraint.json_object()
+        return _checked(Constraint.json_object(), param)
     if kind != "json_schema":
         raise _bad(f"{param}.type {kind!r} is not supported (text, json_object or json_schema)", param)
     body = fmt.get("json_schema") if api == "openai" else fmt
@@ -78,10 +78,11 @@ def _response_format(fmt: dict, api: str, param: str) -> Constraint | None:
     if not isinstance(body, dict) or "schema" not in body:
         raise _bad(f"{where}.schema is missing", where + ".schema")
     try:
-        return Constraint.json_schema(body["schema"], lenient=body.get("strict") is False)
+        constraint = Constraint.json_schema(body["schema"], lenient=body.get("strict") is False)
     except ConstraintError as exc:
         exc.param = where + ".schema"
         raise
+    return _checked(constraint, where + ".schema")
 
 
 def _structured(so: dict) -> Constraint:

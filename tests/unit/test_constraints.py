@@ -299,3 +299,32 @@ def test_thinking_budget_then_constrained_answer(tok):
         final = d
     assert re.fullmatch("[0-9]{2}", final.answer), final.answer
     assert final.answer_reasoning.startswith("aaaaa") and final.answer_reasoning.endswith("directly now.")
+
+
+def test_draft_masks_match_the_sequential_masks(tok):
+    c = Constraint.json_schema(PERSON)
+    seq = new_matcher(c, tok, 258, (EOS,))
+    text = b'{"name": "Ada", "age": 36, "tags": ["a"]}'
+    for b in text[:9]:
+        seq.accept(b)
+    drafts = list(text[9:20]) + [ord("!")]  # the last draft breaks the schema
+    spec = new_matcher(c, tok, 258, (EOS,))
+    for b in text[:9]:
+        spec.accept(b)
+    masks = spec.draft_masks(drafts)
+    assert len(masks) == len(drafts)  # every draft but the bad one, plus the column before the first
+    for i, mask in enumerate(masks):
+        assert np.array_equal(mask, seq.mask())
+        if i < len(masks) - 1:
+            seq.accept(drafts[i])
+    assert not masks[-1][drafts[-1]]  # the bad draft is barred in its column
+    assert np.array_equal(spec.mask(), masks[0])  # the state is as it was
+    for b in text[9:]:
+        spec.accept(b)
+    assert spec.done
+
+
+def test_free_drafts_stop_where_the_rule_changes(tok):
+    m = new_matcher(Constraint.choice(["yes"]).starting_after("</think>"), tok, 258, (EOS,))
+    assert m.valid_prefix(list(b"ok</think>yes")) == len(b"ok</think>")
+    assert m.valid_prefix([ord("a"), EOS, ord("b")]) == 1
