@@ -91,7 +91,7 @@ def _sampler(temperature):
 
 
 def _run(engine, prompt, mode, temperature, tokens):
-    """(decode tok/s, sampler ms a token, ids) of one run."""
+    """(decode tok/s, sampler ms a token, model step ms a token, ids) of one run."""
     from engine.constraints import Constraint, new_matcher
     from engine.generate import generate_step
 
@@ -105,10 +105,10 @@ def _run(engine, prompt, mode, temperature, tokens):
     for tok in generate_step(timed, prompt, sampler, max_tokens=tokens):
         if t_first is None:
             t_first = time.perf_counter()
-            sampler.spent = 0.0
+            sampler.spent = timed.model_s = 0.0
         ids.append(tok)
-    wall = time.perf_counter() - t_first
-    return (len(ids) - 1) / wall, 1e3 * sampler.spent / (len(ids) - 1), ids
+    wall, n = time.perf_counter() - t_first, len(ids) - 1
+    return n / wall, 1e3 * sampler.spent / n, 1e3 * timed.model_s / n, ids
 
 
 def _mask_cost(tokenizer, vocab, ids, reps=3):
@@ -142,27 +142,29 @@ def main():
     engine, threads = _engine()
     prompt = _prompt(engine)
     print(f"SmolLM2-135M-Instruct on NumPy (BLAS threads {threads or 'default'}), prompt {len(prompt)} tokens, "
-          f"{a.tokens} generated tokens a run, {a.runs} runs a mode (+1 warm-up); decode tok/s, median [min-max]")
+          f"{a.tokens} generated tokens a run, {a.runs} runs a mode (+1 warm-up), medians unless said.\n"
+          "The cost of a constraint is its extra sampler time over the free run's step (model step + sampler);\n"
+          "the tok/s columns also carry whatever else the machine was doing.")
     answer = None
     for temperature in (0.0, 0.7):
         modes = ("free", "schema", "schema-overlap")
-        rates = {m: [] for m in modes}
-        host = {m: [] for m in modes}
+        runs = {m: [] for m in modes}
         for run in range(a.runs + 1):
             for mode in modes:
-                rate, ms, ids = _run(engine, prompt, mode, temperature, a.tokens)
+                rate, sampler_ms, model_ms, ids = _run(engine, prompt, mode, temperature, a.tokens)
                 if run:
-                    rates[mode].append(rate)
-                    host[mode].append(ms)
+                    runs[mode].append((rate, sampler_ms, model_ms))
                 if mode == "schema" and temperature == 0.0:
                     answer = ids
-        base = statistics.median(rates["free"])
+        med = {m: [statistics.median(col) for col in zip(*runs[m])] for m in modes}
+        step = med["free"][1] + statistics.median(ms for m in modes for _, _, ms in runs[m])
         label = "greedy" if temperature == 0.0 else "sampled T=0.7 top-p 0.95"
         for mode in modes:
-            r = rates[mode]
-            print(f"  {label:26s} {mode:14s} {statistics.median(r):6.2f} [{min(r):.2f}-{max(r):.2f}] tok/s "
-                  f"{100 * (statistics.median(r) / base - 1):+5.1f}% vs free; sampler with mask "
-                  f"{statistics.median(host[mode]):.3f} ms/token", flush=True)
+            rate, sampler_ms, model_ms = med[mode]
+            best = max(r for r, _, _ in runs[mode])
+            cost = 100 * (sampler_ms - med["free"][1]) / step
+            print(f"  {label:26s} {mode:14s} {rate:6.2f} tok/s (best {best:6.2f}), model step {model_ms:6.2f} ms, "
+                  f"sampler with mask {sampler_ms:.3f} ms/token: cost {cost:+.1f}% of a step", flush=True)
     text = engine.tokenizer.decode(answer)
     print(f"greedy schema answer starts: {text[:90]!r}")
     med, worst = _mask_cost(engine.tokenizer, engine.args.vocab_size, answer)
