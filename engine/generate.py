@@ -9,16 +9,20 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 from engine.device_sampling import device_params
 from engine.sampling import Sampler
+
+if TYPE_CHECKING:
+    from engine.constraints import Constraint
 
 
 @dataclass
 class GenerationConfig:
     """What to generate; `temperature == 0` is greedy. Stop ids are added to the tokenizer's EOS ids
-    unless `ignore_eos`."""
+    unless `ignore_eos`. `constraint` (engine.constraints.Constraint) restricts the answer to a JSON
+    object, a schema, a regex, a grammar or a choice."""
 
     max_tokens: int = 512
     temperature: float = 0.7
@@ -32,6 +36,7 @@ class GenerationConfig:
     stop_strings: tuple[str, ...] = ()
     ignore_eos: bool = False
     spec: str = "off"  # speculative decoding: "off" or "mtp:K", K = 1..5 (engine.speculative.parse_spec)
+    constraint: "Constraint | None" = None
 
 
 @dataclass
@@ -66,17 +71,21 @@ def generate_step(
     so a seed reproduces the same tokens. `cancel` is checked before every token. GPU engines that draw on
     the device (`decode_stream`, engine.device_sampling) take every token after the first from the graph,
     the device a step ahead of this loop; the others feed each token back when the next one is asked for.
+    With `sampler.constraint` set, every step takes the full logits on the host (the mask may allow ids
+    the sparse read-back or the device sampler never sees), and a complete grammar ends with its stop id
+    without another model step.
     """
     if max_tokens == 0 or (cancel is not None and cancel.is_set()):
         return
     logits = engine.prefill(list(prompt_ids))
+    constraint = getattr(sampler, "constraint", None)
     tok = sampler(logits, engine.position)
     sampler.accept(tok)
     yield tok
     n = 1
     if n == max_tokens or (cancel is not None and cancel.is_set()):
         return
-    stream = getattr(engine, "decode_stream", None)
+    stream = getattr(engine, "decode_stream", None) if constraint is None else None
     params = device_params(sampler) if stream is not None else None
     if params is not None:
         left = max_tokens - 1 if max_tokens > 0 else 1 << 40
@@ -90,8 +99,13 @@ def generate_step(
         finally:
             steps.close()
         return
-    sparse = getattr(engine, "decode_step_sparse", None)  # GPU engines: only the ids that can matter
+    # GPU engines: only the ids that can matter (not under a constraint, whose mask may allow others)
+    sparse = getattr(engine, "decode_step_sparse", None) if constraint is None else None
     while True:
+        if constraint is not None and constraint.done and constraint.stop_id is not None:
+            if not constraint.stopped:
+                yield constraint.stop_id
+            return
         logits = sparse(tok, sampler.margin()) if sparse is not None else engine.decode_step(tok)
         tok = sampler(logits, engine.position)
         sampler.accept(tok)

@@ -44,6 +44,24 @@ class SparseLogits:
             raise ValueError("SparseLogits needs at least one id and one value per id")
 
 
+def mask_logits(logits, allowed: np.ndarray):
+    """`logits` with every id that `allowed` (bool [n]) does not hold taken out: a dense row comes back
+    as a float32 copy with those ids at -inf (ids past n too), SparseLogits as the allowed ids only."""
+    if isinstance(logits, SparseLogits):
+        ids = logits.ids
+        keep = np.zeros(ids.size, bool)
+        inside = ids < allowed.size
+        keep[inside] = allowed[ids[inside]]
+        if not keep.any():
+            raise ValueError("the sparse logits hold no id the constraint allows (constrained steps need full logits)")
+        return SparseLogits(ids[keep], logits.values[keep], logits.size)
+    x = np.asarray(logits).reshape(-1)
+    n = min(x.size, allowed.size)
+    out = np.full(x.size, -np.inf, np.float32)
+    np.copyto(out[:n], x[:n], where=allowed[:n])
+    return out
+
+
 def greedy(logits, domain: int | None = None) -> int:
     """argmax over ids < domain; the lowest id wins ties."""
     if isinstance(logits, SparseLogits):
@@ -157,6 +175,8 @@ class Sampler:
     `sampler(logits, position)` returns the next id; call `accept(token)` for every token that becomes
     part of the generation (the generate loop does). temperature <= 0 is greedy without penalties.
     `top_k_cap` reproduces the upstream GPU sampler (top_k clamped to <= 20, 0 meaning 20) when set.
+    `constraint` (an `engine.constraints.ConstraintMatcher`) masks every draw, greedy or sampled, and is
+    told every accepted token.
     """
 
     def __init__(
@@ -170,6 +190,7 @@ class Sampler:
         seed: int | None = None,
         domain: int | None = None,
         top_k_cap: int | None = None,
+        constraint=None,
     ):
         self.temperature, self.top_p, self.min_p = float(temperature), float(top_p), float(min_p)
         self.top_k = int(top_k or 0)
@@ -179,12 +200,15 @@ class Sampler:
         self.seed = secrets.randbits(63) if seed is None else int(seed)
         self.domain = domain
         self.counts: Counter = Counter()
+        self.constraint = constraint
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature <= 0.0
 
     def __call__(self, logits, position: int, purpose: int = PURPOSE_DECODE) -> int:
+        if self.constraint is not None:
+            logits = mask_logits(logits, self.constraint.mask())
         if self.is_greedy:
             return greedy(logits, self.domain)
         ids, probs = self.distribution(logits)
@@ -213,8 +237,11 @@ class Sampler:
         return margin
 
     def accept(self, token: int) -> None:
-        """Count a generated token (presence/frequency penalties read these counts)."""
+        """Count a generated token (presence/frequency penalties read these counts) and hand it to the
+        constraint, if any."""
         self.counts[int(token)] += 1
+        if self.constraint is not None:
+            self.constraint.accept(token)
 
     def reset(self) -> None:
         self.counts.clear()

@@ -18,6 +18,7 @@ import typer
 SAMPLING = "Sampling"
 REASONING = "Reasoning"
 RUNTIME = "Runtime"
+FORMAT = "Output format"
 
 
 class ReasoningEffort(str, enum.Enum):
@@ -177,6 +178,35 @@ ThinkingBudget = Annotated[
                  help="Most thinking tokens before the answer is forced (unlimited if unset).", show_default=False),
 ]
 
+# ---- output format (structured outputs; at most one)
+
+FormatOpt = Annotated[
+    Optional[str],
+    typer.Option("--format", metavar="json", rich_help_panel=FORMAT, show_default=False,
+                 help="json: the answer is one JSON object (any keys)."),
+]
+JsonSchemaOpt = Annotated[
+    Optional[str],
+    typer.Option("--json-schema", metavar="FILE|JSON", rich_help_panel=FORMAT, show_default=False,
+                 help="The answer is JSON that validates against this JSON Schema (a file, or the schema itself)."),
+]
+RegexOpt = Annotated[
+    Optional[str],
+    typer.Option("--regex", metavar="RE", rich_help_panel=FORMAT, show_default=False,
+                 help="The whole answer matches this regular expression (Rust regex syntax)."),
+]
+GrammarOpt = Annotated[
+    Optional[str],
+    typer.Option("--grammar", metavar="FILE", rich_help_panel=FORMAT, show_default=False,
+                 help="The answer parses with this grammar: Lark (llguidance's dialect, rule `start`) or GBNF "
+                      "(rule `root`)."),
+]
+ChoiceOpt = Annotated[
+    Optional[str],
+    typer.Option("--choice", metavar="A,B,C", rich_help_panel=FORMAT, show_default=False,
+                 help='The answer is exactly one of these (comma-separated, or a JSON list such as \'["a,b","c"]\').'),
+]
+
 # ---- runtime
 
 Ctx = Annotated[
@@ -236,3 +266,95 @@ def reasoning_choice(effort: ReasoningEffort | None, think: bool | None) -> Reas
     if think is True and effort is ReasoningEffort.off:
         raise typer.BadParameter("--think contradicts --reasoning-effort off")
     return effort
+
+
+FORMAT_KINDS = ("json", "schema", "regex", "grammar", "choice")
+
+
+def format_arg(format: str | None = None, json_schema: str | None = None, regex: str | None = None,
+               grammar: str | None = None, choice: str | None = None) -> str | None:
+    """The format flags as one `/format` argument (`json`, `schema FILE|JSON`, `regex RE`, `grammar FILE`,
+    `choice A,B,C`), None when none is given; two flags at once is a usage error."""
+    given = [(flag, kind, v) for flag, kind, v in (("--format", "", format), ("--json-schema", "schema", json_schema),
+                                                   ("--regex", "regex", regex), ("--grammar", "grammar", grammar),
+                                                   ("--choice", "choice", choice)) if v is not None]
+    if len(given) > 1:
+        raise typer.BadParameter(f"{' and '.join(g[0] for g in given)} contradict each other: give one output format")
+    if not given:
+        return None
+    _, kind, value = given[0]
+    if not kind and value.strip().lower() not in ("json", "text", "none", "off"):
+        raise typer.BadParameter(f"--format {value!r}: use json (or --json-schema for a schema)")
+    return f"{kind} {value}" if kind else value.strip().lower()
+
+
+def parse_format(arg: str | None):
+    """The checked `engine.constraints.Constraint` for a `/format` argument (None for none/off/text); an
+    unknown kind, or a schema, regex or grammar llguidance rejects, is a NinferError naming the problem."""
+    from engine.errors import NinferError  # noqa: PLC0415
+
+    kind, _, value = (arg or "").strip().partition(" ")
+    kind, value = kind.lower(), value.strip()
+    if kind in ("", "off", "none", "text", "noformat"):
+        return None
+    from engine.constraints import Constraint, check  # noqa: PLC0415
+
+    if kind == "json" and not value:
+        constraint = Constraint.json_object()
+    elif kind in ("schema", "json-schema", "json_schema") and value:
+        constraint = Constraint.json_schema(_text_or_file(value, "JSON schema", inline=value[:1] in "{["))
+    elif kind == "regex" and value:
+        constraint = Constraint.regex(value)
+    elif kind == "grammar" and value:
+        constraint = Constraint.grammar(_text_or_file(value, "grammar", inline=_looks_like_grammar(value)))
+    elif kind == "choice" and value:
+        constraint = Constraint.choice(_choices(value))
+    else:
+        raise NinferError(f"unknown output format {arg.strip()!r}",
+                          "use json, schema FILE|JSON, regex RE, grammar FILE, choice A,B,C, or off")
+    check(constraint)
+    return constraint
+
+
+def output_constraint(**flags):
+    """The checked Constraint the format flags ask for (None when none is given), before any model loads."""
+    return parse_format(format_arg(**flags))
+
+
+def _text_or_file(value: str, what: str, *, inline: bool) -> str:
+    if inline:
+        return value
+    from pathlib import Path  # noqa: PLC0415
+
+    from engine.errors import NinferError  # noqa: PLC0415
+
+    path = Path(value).expanduser()
+    try:
+        return path.read_text("utf-8")
+    except OSError as exc:
+        raise NinferError(f"cannot read the {what} file {path}: {exc.strerror}",
+                          "check the path (or give the value itself)") from None
+
+
+def _looks_like_grammar(value: str) -> bool:
+    """A grammar given inline (`start: "a" | "b"`) rather than a file name."""
+    from pathlib import Path  # noqa: PLC0415
+
+    return "\n" in value or (not Path(value).expanduser().exists() and ":" in value and " " in value)
+
+
+def _choices(value: str) -> list[str]:
+    text = value.strip()
+    if text.startswith("["):
+        import json  # noqa: PLC0415
+
+        from engine.errors import NinferError  # noqa: PLC0415
+
+        try:
+            items = json.loads(text)
+        except ValueError as exc:
+            raise NinferError(f"choices {value!r} are not a JSON list: {exc}") from None
+        if not isinstance(items, list):
+            raise NinferError("choices are a list", 'give a,b,c or ["a", "b"]')
+        return [str(i) for i in items]
+    return [c.strip() for c in text.split(",") if c.strip()]

@@ -20,6 +20,8 @@ HELP = """Commands:
   /set PARAM VALUE      temperature, top_p, top_k, min_p, presence_penalty, frequency_penalty,
                         seed, max_tokens, thinking_budget, show_thinking, preserve_thinking, stats (on/off)
   /system [TEXT]        set (or show) the system prompt; `/system -` removes it
+  /format [KIND VALUE]  constrain answers: json, schema FILE|JSON, regex RE, grammar FILE,
+                        choice a,b,c; `/format off` frees them (no argument: show)
   /help                 this text
 Multi-line input: Esc+Enter (or Alt+Enter) for a new line, or wrap the text in \"\"\"."""
 
@@ -215,6 +217,8 @@ class Repl:
                 self._system(arg)
             elif name == "set":
                 self._set(arg)
+            elif name == "format":
+                self._format(arg)
             else:
                 self.err.write(f"unknown command /{name}; /help lists them\n")
         except NinferError as exc:
@@ -243,6 +247,17 @@ class Repl:
         else:
             s.set_reasoning(think=True, effort=level)
         self.err.write(f"thinking: {level if arg.lower() not in ('on', 'true') else 'on'}\n")
+
+    def _format(self, arg: str) -> None:
+        from ninfer_cli.options import parse_format
+
+        if not arg:
+            current = getattr(self.config, "constraint", None)
+            self.err.write(f"output format: {current.describe() if current else 'free text'}\n")
+            return
+        constraint = parse_format(arg)
+        self.config = replace(self.config, constraint=constraint)
+        self.err.write(f"output format: {constraint.describe() if constraint else 'free text'}\n")
 
     def _system(self, arg: str) -> None:
         if not arg:

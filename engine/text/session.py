@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 
 from engine.text.chat_template import ChatTemplate, simple_prompt
 from engine.text.reasoning import (
+    THINK_CLOSE,
     THINKING_BUDGET_CLOSE,
     ReasoningSplitter,
     ThinkingBudget,
@@ -129,6 +130,9 @@ class ChatSession:
         """Stream from prompt token ids; handles the thinking budget and tool-call parsing."""
         stops = tuple(dict.fromkeys((*config.stop_token_ids, *self.tokenizer.eos_token_ids)))
         config = replace(config, stop_token_ids=stops)
+        constraint = getattr(config, "constraint", None)
+        if constraint is not None:  # it binds the answer: the thinking before it stays free
+            config = replace(config, constraint=constraint.starting_after(THINK_CLOSE if in_thinking else None))
         splitter = ReasoningSplitter(in_thinking)
         hold = _ToolCallHold() if self.tools else None
         budget = ThinkingBudget(self.thinking_budget)
@@ -167,6 +171,8 @@ class ChatSession:
             yield Delta(reasoning=r, content=c)
             generated += self.tokenizer.encode(THINKING_BUDGET_CLOSE)
             budget.limit = None
+            if constraint is not None:
+                config = replace(config, constraint=constraint.starting_after(None))
             if len(generated) >= config.max_tokens:
                 finish = "length"
                 break

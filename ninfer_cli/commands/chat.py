@@ -8,7 +8,8 @@ import typer
 
 from ninfer_cli.commands.run import TemplateFile
 from ninfer_cli.options import (
-    Ctx, Device, DeviceOpt, Effort, KvOpt, ModelArg, PrefillChunk, ProfileOpt, Seed, Temperature, Think, ThinkingBudget, VramLimit,
+    ChoiceOpt, Ctx, Device, DeviceOpt, Effort, FormatOpt, GrammarOpt, JsonSchemaOpt, KvOpt, ModelArg, PrefillChunk,
+    ProfileOpt, RegexOpt, Seed, Temperature, Think, ThinkingBudget, VramLimit,
 )
 
 Plain = Annotated[bool, typer.Option("--plain", help="Line-oriented REPL instead of the full-screen app.")]
@@ -30,15 +31,19 @@ def chat(model: ModelArg = None, plain: Plain = False, system: System = None, th
          resume: Annotated[Optional[str], typer.Option("--resume", metavar="ID|last",
                                                        help="Continue a saved conversation.")] = None,
          profile: ProfileOpt = None, kv: KvOpt = None, vram_limit: VramLimit = None,
-         prefill_chunk: PrefillChunk = None) -> None:
-    """Chat with a model (the default model, pulled on first use, when none is named)."""
+         prefill_chunk: PrefillChunk = None, format: FormatOpt = None, json_schema: JsonSchemaOpt = None,
+         regex: RegexOpt = None, grammar: GrammarOpt = None, choice: ChoiceOpt = None) -> None:
+    """Chat with a model (the default model, pulled on first use, when none is named). The output-format
+    flags hold for every answer; `/format` changes them."""
     import sys
 
     from ninfer_cli.commands.run import _read_at_file, use_template_file
     from ninfer_cli.model_session import generation_config, open_session, reasoning_note
-    from ninfer_cli.options import reasoning_choice, sampling_overrides
+    from ninfer_cli.options import format_arg, parse_format, reasoning_choice, sampling_overrides
     from ninfer_cli.repl import Repl
 
+    fmt = format_arg(format=format, json_schema=json_schema, regex=regex, grammar=grammar, choice=choice)
+    constraint = parse_format(fmt)  # checked before the model loads
     effort = reasoning_choice(reasoning_effort, think)
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
     if listing or (interactive and not plain):  # the full-screen app (ninfer_cli/tui)
@@ -52,7 +57,8 @@ def chat(model: ModelArg = None, plain: Plain = False, system: System = None, th
 
         return list_conversations() if listing else run_chat_tui(
             model, system=_read_at_file(system), effort=effort, thinking_budget=thinking_budget,
-            sampling=sampling_overrides(temperature=temperature, seed=seed), ctx=ctx, device=device, resume=resume,
+            sampling=sampling_overrides(temperature=temperature, seed=seed, format=fmt), ctx=ctx, device=device,
+            resume=resume,
             think=think if effort is None else effort.value != "off", preserve_thinking=preserve_thinking,
             profile=profile, kv=kv, vram_limit=vram_limit, prefill_chunk=prefill_chunk)
     _, session, name = open_session(model, device=device, ctx=ctx, system=_read_at_file(system),
@@ -64,5 +70,5 @@ def chat(model: ModelArg = None, plain: Plain = False, system: System = None, th
     note = reasoning_note(session, session.think, session.effort)
     if note:
         sys.stderr.write(f"note: {note}\n")
-    config = generation_config(session, sampling_overrides(temperature=temperature, seed=seed))
+    config = generation_config(session, sampling_overrides(temperature=temperature, seed=seed, constraint=constraint))
     Repl(session, config, name=name, interactive=interactive, show_thinking=show_thinking).run()

@@ -6,6 +6,11 @@ from typing import Annotated, Optional
 import typer
 
 from ninfer_cli.options import (
+    ChoiceOpt,
+    FormatOpt,
+    GrammarOpt,
+    JsonSchemaOpt,
+    RegexOpt,
     DeviceOpt,
     Effort,
     FrequencyPenalty,
@@ -54,7 +59,8 @@ def run(model: ModelArg = None, prompt: PromptArg = None, system: System = None,
         device: DeviceOpt = Device.auto, tools: Tools = None, chat_template: TemplateFile = None,
         json_out: JsonFlag = False,
         quiet: Quiet = False, profile: ProfileOpt = None, kv: KvOpt = None, vram_limit: VramLimit = None,
-        prefill_chunk: PrefillChunk = None,
+        prefill_chunk: PrefillChunk = None, format: FormatOpt = None, json_schema: JsonSchemaOpt = None,
+        regex: RegexOpt = None, grammar: GrammarOpt = None, choice: ChoiceOpt = None,
         synthetic: Annotated[Optional[str], typer.Option(
             "--synthetic", metavar="GEOMETRY", rich_help_panel="Engine", show_default=False,
             help="Random weights of a benchmark geometry (qwen3.8-27b, qwen3.6-35b-a3b; GPU) instead of a model: "
@@ -62,7 +68,8 @@ def run(model: ModelArg = None, prompt: PromptArg = None, system: System = None,
     """Answer one prompt with a model (the default model, pulled on first use, when none is named).
 
     Examples: `ninfer run "What is the capital of France? Answer in one sentence."`, `echo hi | ninfer run smollm2-135m -`,
-    `ninfer run qwen38-27b -r low "Prove that sqrt(2) is irrational"`.
+    `ninfer run qwen38-27b -r low "Prove that sqrt(2) is irrational"`,
+    `ninfer run --json-schema person.json "Describe a person"`, `ninfer run --choice yes,no "Is it raining?"`.
     """
     import sys
     import threading
@@ -77,9 +84,10 @@ def run(model: ModelArg = None, prompt: PromptArg = None, system: System = None,
         read_stdin_prompt,
         reasoning_note,
     )
-    from ninfer_cli.options import reasoning_choice, sampling_overrides
+    from ninfer_cli.options import output_constraint, reasoning_choice, sampling_overrides
 
     t_start = time.perf_counter()
+    constraint = output_constraint(format=format, json_schema=json_schema, regex=regex, grammar=grammar, choice=choice)
     words = list(prompt or [])
     if model is not None and not is_model_ref(model) and not (words and looks_like_model(model)):
         model, words = None, [model, *words]  # `ninfer run What is ...`: the first word is not a model
@@ -102,7 +110,7 @@ def run(model: ModelArg = None, prompt: PromptArg = None, system: System = None,
         sys.stderr.write(f"note: {note}\n")
     overrides = sampling_overrides(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                    presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                                   seed=seed, max_tokens=max_tokens)
+                                   seed=seed, max_tokens=max_tokens, constraint=constraint)
     config = generation_config(session, overrides)
     cancel = threading.Event()
     final = None

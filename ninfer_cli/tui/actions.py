@@ -120,6 +120,15 @@ class SlashHandler:
         value = set_param(settings, args[0], args[1])
         await self.app.note(f"{args[0]} = {value}")
 
+    async def do_format(self, args: list[str]) -> None:
+        from ninfer_cli.options import parse_format
+
+        settings = self.app.settings
+        if args:
+            constraint = parse_format(args[0])  # checked now, so a bad schema is reported here
+            settings.format = args[0] if constraint is not None else None
+        await self.app.note(f"Output format: **{settings.format or 'free text'}**.")
+
     async def do_stats(self, args: list[str]) -> None:
         app = self.app
         info = app.session.info

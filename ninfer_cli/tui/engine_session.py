@@ -57,6 +57,10 @@ class EngineSession:
         chat.thinking_budget = settings.thinking_budget
         overrides = {k: getattr(settings, k) for k in _SAMPLING if getattr(settings, k) is not None}
         overrides["max_tokens"] = settings.max_tokens
+        if getattr(settings, "format", None):
+            from ninfer_cli.options import parse_format
+
+            overrides["constraint"] = parse_format(settings.format)
         config = generation_config(chat, overrides)
         # As `chat.complete` does, with the prompt's size said first: the context gauge counts from it.
         prompt = chat.render(messages)

@@ -51,6 +51,7 @@ class ChatSettings:
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     seed: int | None = None
+    format: str | None = None  # a `/format` argument (json, schema FILE, choice a,b ...); None: free text
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -21,6 +21,8 @@ COMMANDS: tuple[Command, ...] = (
     Command("/think", "[off|low|medium|high]", "set reasoning effort", EFFORTS),
     Command("/system", "[text]", "show or set the system prompt"),
     Command("/set", "<param> <value>", "set a sampling parameter", tuple(SETTABLE)),
+    Command("/format", "[json|schema|regex|grammar|choice <value>|off]", "constrain the answers' format",
+            ("json", "schema", "regex", "grammar", "choice", "off")),
     Command("/stats", "", "timings of the last answer"),
     Command("/save", "[title]", "save now (conversations save themselves)"),
     Command("/load", "[id]", "open a saved conversation"),
@@ -45,7 +47,7 @@ def parse(text: str) -> tuple[str, list[str]] | None:
     if head in ALIASES:
         alias_head, _, alias_rest = ALIASES[head].partition(" ")
         head, rest = alias_head, (alias_rest + " " + rest).strip()
-    if head in ("/system", "/save"):
+    if head in ("/system", "/save", "/format"):
         return head, [rest.strip()] if rest.strip() else []
     return head, rest.split()
 

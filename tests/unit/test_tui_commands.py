@@ -39,7 +39,7 @@ def test_parse_and_complete():
     assert slash.complete("/set top") == ["/set top_p", "/set top_k"]
     assert slash.complete("plain") == [] and slash.complete("/regen now") == []
     assert {c.name for c in slash.COMMANDS} == {
-        "/help", "/clear", "/regen", "/think", "/system", "/set", "/stats", "/save", "/load",
+        "/help", "/clear", "/regen", "/think", "/system", "/set", "/format", "/stats", "/save", "/load",
         "/model", "/export", "/copy", "/bye"}
 
 
