@@ -105,7 +105,15 @@ def test_tui_format_settings_reach_the_engine():
         def set_reasoning(self, **kw):
             pass
 
-        def complete(self, messages, config, cancel):
+        class tokenizer:
+            @staticmethod
+            def encode(text, add_special=False):
+                return [1, 2]
+
+        def render(self, messages):
+            return "q"
+
+        def stream_ids(self, ids, config, cancel, in_thinking=False):
             self.config = config
             return iter(())
 
