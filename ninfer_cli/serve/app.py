@@ -46,17 +46,27 @@ class ServeConfig:
     model_aliases: tuple[str, ...] = ()  # other names a request may give for the model (e.g. name:tag)
 
 
-def constraint_for(request_format, tools=None, tool_choice=None):
-    """The output constraint a request's format asks for (`response_format`, Responses `text.format`,
-    Anthropic `output_config.format`): None for plain text. Structured outputs plug in here; until they do,
-    any other format is refused with a 400."""
-    if request_format is None:
-        return None
-    kind = request_format.get("type") if isinstance(request_format, dict) else request_format
-    if kind in (None, "text"):
-        return None
-    raise ApiError(400, f"response_format {kind!r} is not supported by this server yet", param="response_format",
-                   code="unsupported_response_format")
+def constraint_for(request_format, tools=None, tool_choice=None, api: str = "openai"):
+    """The output constraint a request asks for (`response_format`, Responses `text.format`, Anthropic
+    `output_config.format`, or a tool choice that forces a call; `ninfer_cli.serve_formats`), None for free text;
+    a format the grammar library cannot enforce is a 400 naming the field."""
+    from engine.constraints import ConstraintError  # noqa: PLC0415
+    from ninfer_cli.serve_formats import constraint_for as mapped  # noqa: PLC0415
+
+    try:
+        return mapped(_plain(request_format), _plain(tools), _plain(tool_choice), api)
+    except ConstraintError as exc:
+        message = f"{exc.message} ({exc.next_action})" if exc.next_action else exc.message
+        raise ApiError(400, message, param=exc.param, code=exc.code) from None
+
+
+def _plain(value):
+    """Request fields as the plain dicts and lists they arrived as (pydantic models dumped)."""
+    if hasattr(value, "model_dump"):
+        return value.model_dump(exclude_none=True)
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
 
 
 class Gate:
@@ -346,10 +356,12 @@ def _routes(app: FastAPI, state: ServeState) -> None:
                            code="model_not_found")
         return _anthropic_model(host) if "anthropic-version" in request.headers else _openai_model(host)
 
-    async def openai_endpoint(request: Request, schema, to_job, events, answer, prefix: str, request_format):
+    async def openai_endpoint(request: Request, schema, to_job, events, answer, prefix: str, request_format,
+                              api: str = "openai"):
         host, req = await parse(request, schema)
         job = to_job(req)
-        job.constraint = constraint_for(request_format(req), job.tools, getattr(req, "tool_choice", None))
+        job.constraint = constraint_for(request_format(req), getattr(req, "tools", None),
+                                        getattr(req, "tool_choice", None), api)
         rid, created = new_id(prefix), int(time.time())
 
         async def respond(run: Run):
@@ -373,13 +385,14 @@ def _routes(app: FastAPI, state: ServeState) -> None:
     async def create_response(request: Request):
         return await openai_endpoint(request, responses.ResponsesRequest, responses.responses_job,
                                      responses.response_events, responses.response_json, "resp_",
-                                     lambda r: r.text.format if r.text else None)
+                                     lambda r: r.text.format if r.text else None, "responses")
 
     @app.post("/v1/messages")
     async def messages(request: Request):
         host, req = await parse(request, anthropic.MessagesRequest)
         job = anthropic.messages_job(req)
-        job.constraint = constraint_for((req.output_config or {}).get("format"), job.tools, req.tool_choice)
+        job.constraint = constraint_for((req.output_config or {}).get("format") or getattr(req, "output_format", None),
+                                        req.tools, req.tool_choice, "anthropic")
         mid = new_id("msg_")
 
         async def respond(run: Run):

@@ -29,7 +29,7 @@ class Job:
     think: bool | None = None
     effort: str | None = None
     thinking_budget: int | None = None
-    constraint: object = None  # from app.constraint_for; always None until constrained decoding is wired
+    constraint: object = None  # engine.constraints.Constraint from app.constraint_for (None: free text)
 
 
 @dataclass
@@ -141,6 +141,8 @@ class ModelHost:
                                 f"a larger --ctx", code="context_length_exceeded", param="messages")
         fields = {**self.sampling, **job.sampling, "max_tokens": job.max_tokens or self.default_max_tokens,
                   "stop_strings": tuple(job.stop)}
+        if job.constraint is not None:
+            fields["constraint"] = job.constraint
         config = generation_config(session, fields)
         return Prepared(session, watched, ids, config, in_thinking, job.prompt is not None,
                         time.perf_counter() - t0)

@@ -100,6 +100,42 @@ def test_chat_greedy_equals_ninfer_run(server, greedy):
     assert greedy.startswith(limited.choices[0].message.content)
 
 
+def test_structured_outputs_reach_the_official_clients(server):
+    """response_format json_schema (the client's own pydantic helper), json_object and Responses text.format give
+    content that parses and validates; a schema the library rejects is a 400 naming the field."""
+    import jsonschema
+    from pydantic import BaseModel, Field
+
+    class City(BaseModel):
+        name: str = Field(max_length=24)
+        country: str = Field(max_length=24)
+        population: int = Field(ge=0, le=10**8)
+
+    client = oai(server)
+    ask = [{"role": "user", "content": "Describe Paris as JSON."}]
+    parsed = client.chat.completions.parse(model=MODEL, messages=ask, response_format=City, temperature=0,
+                                           max_tokens=80)
+    city = parsed.choices[0].message.parsed
+    assert isinstance(city, City) and city.name
+    schema = {"type": "object", "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}},
+              "required": ["answer"], "additionalProperties": False}
+    for seed in (1, 2):
+        resp = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Is Paris in France?"}], temperature=0.8, seed=seed,
+            max_tokens=40, response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}})
+        jsonschema.validate(json.loads(resp.choices[0].message.content), schema)
+    obj = client.chat.completions.create(model=MODEL, messages=ask, temperature=0, max_tokens=60,
+                                         response_format={"type": "json_object"})
+    assert isinstance(json.loads(obj.choices[0].message.content), dict)
+    r = client.responses.create(model=MODEL, input="Is Paris in France?", temperature=0, max_output_tokens=40,
+                                text={"format": {"type": "json_schema", "name": "a", "schema": schema}})
+    jsonschema.validate(json.loads(r.output_text), schema)
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.chat.completions.create(model=MODEL, messages=ask, max_tokens=8, response_format={
+            "type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "no-such-type"}}})
+    assert exc.value.status_code == 400 and exc.value.body["param"].startswith("response_format")
+
+
 def test_completions_raw_prompt(server):
     from openai.types import Completion
 
