@@ -300,17 +300,25 @@ def speculative_generate_step(
             _commit(engine, ver, ids, rows, m, drafter)
 
 
+def check_spec(engine, spec: str | None) -> tuple[str, int]:
+    """parse_spec(spec) when `engine` can run it; a NinferError with the next action when it cannot."""
+    kind, k = parse_spec(spec or "off")
+    if kind == "off":
+        return kind, k
+    if getattr(engine, "device", "cpu") != "cpu":
+        raise NinferError(f"--spec {spec} is not built for the CUDA engine yet", "use --spec off")
+    if getattr(getattr(engine, "model", None), "mtp_layer", None) is None:
+        raise NinferError(f"--spec {spec} needs a model with an MTP head",
+                          "use --spec off, or a model whose artifact carries the mtp weights")
+    return kind, k
+
+
 def speculative_steps(engine, prompt: list[int], config, sampler: Sampler, cancel=None):
     """(token generator, SpecStats) for `Engine.stream` under `config.spec`, or (None, None) when it is off.
     Refuses, with the next action, engines and models it cannot run on."""
-    kind, k = parse_spec(config.spec)
+    kind, k = check_spec(engine, config.spec)
     if kind == "off":
         return None, None
-    if getattr(engine, "device", "cpu") != "cpu":
-        raise NinferError(f"--spec {config.spec} is not built for the CUDA engine yet", "use --spec off")
-    if getattr(engine.model, "mtp_layer", None) is None:
-        raise NinferError(f"--spec {config.spec} needs a model with an MTP head",
-                          "use --spec off, or a model whose artifact carries the mtp weights")
     stats = SpecStats(k)
     steps = speculative_generate_step(engine, prompt, sampler, k=k, max_tokens=config.max_tokens, cancel=cancel,
                                       stats=stats)

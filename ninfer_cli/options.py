@@ -242,6 +242,25 @@ KvOpt = Annotated[
     typer.Option("--kv", case_sensitive=False, rich_help_panel=RUNTIME, show_default=False,
                  help="KV cache format: bf16, or int8 (half the bytes; not on the GPU yet). Default: the profile's."),
 ]
+def _spec(value: str | None) -> str | None:
+    if value is None:
+        return None
+    from engine.errors import NinferError  # noqa: PLC0415
+    from engine.speculative import parse_spec  # noqa: PLC0415
+
+    try:
+        kind, k = parse_spec(value)
+    except NinferError as e:
+        raise typer.BadParameter(f"{e.message} ({e.next_action})") from None
+    return "off" if kind == "off" else f"{kind}:{k}"
+
+
+SpecOpt = Annotated[
+    Optional[str],
+    typer.Option("--spec", metavar="off|mtp:K", rich_help_panel=RUNTIME, callback=_spec, show_default=False,
+                 help="Speculative decoding: mtp:K drafts K tokens a round with the model's MTP head and verifies "
+                      "them in one pass (greedy output unchanged; NumPy engine for now). Default off."),
+]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print JSON on stdout instead of a table.")]
 Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
 

@@ -9,7 +9,7 @@ import typer
 from ninfer_cli.commands.run import TemplateFile
 from ninfer_cli.options import (
     ChoiceOpt, Ctx, Device, DeviceOpt, Effort, FormatOpt, GrammarOpt, JsonSchemaOpt, KvOpt, ModelArg, PrefillChunk,
-    ProfileOpt, RegexOpt, Seed, Temperature, Think, ThinkingBudget, VramLimit,
+    ProfileOpt, RegexOpt, Seed, SpecOpt, Temperature, Think, ThinkingBudget, VramLimit,
 )
 
 Plain = Annotated[bool, typer.Option("--plain", help="Line-oriented REPL instead of the full-screen app.")]
@@ -32,7 +32,7 @@ def chat(model: ModelArg = None, plain: Plain = False, system: System = None, th
                                                        help="Continue a saved conversation.")] = None,
          profile: ProfileOpt = None, kv: KvOpt = None, vram_limit: VramLimit = None,
          prefill_chunk: PrefillChunk = None, format: FormatOpt = None, json_schema: JsonSchemaOpt = None,
-         regex: RegexOpt = None, grammar: GrammarOpt = None, choice: ChoiceOpt = None) -> None:
+         regex: RegexOpt = None, grammar: GrammarOpt = None, choice: ChoiceOpt = None, spec: SpecOpt = None) -> None:
     """Chat with a model (the default model, pulled on first use, when none is named). The output-format
     flags hold for every answer; `/format` changes them."""
     import sys
@@ -46,6 +46,10 @@ def chat(model: ModelArg = None, plain: Plain = False, system: System = None, th
     constraint = parse_format(fmt)  # checked before the model loads
     effort = reasoning_choice(reasoning_effort, think)
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
+    if spec not in (None, "off") and interactive and not plain and not listing:
+        from engine.errors import NinferError
+
+        raise NinferError(f"--spec {spec} runs in the plain REPL for now", "add --plain, or use --spec off")
     if listing or (interactive and not plain):  # the full-screen app (ninfer_cli/tui)
         from ninfer_cli.tui.launch import list_conversations, run_chat_tui
 
@@ -70,5 +74,10 @@ def chat(model: ModelArg = None, plain: Plain = False, system: System = None, th
     note = reasoning_note(session, session.think, session.effort)
     if note:
         sys.stderr.write(f"note: {note}\n")
-    config = generation_config(session, sampling_overrides(temperature=temperature, seed=seed, constraint=constraint))
+    config = generation_config(session, sampling_overrides(temperature=temperature, seed=seed, constraint=constraint,
+                                                           spec=spec))
+    if spec:
+        from engine.speculative import check_spec
+
+        check_spec(session.engine, spec)
     Repl(session, config, name=name, interactive=interactive, show_thinking=show_thinking).run()

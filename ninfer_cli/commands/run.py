@@ -11,6 +11,7 @@ from ninfer_cli.options import (
     GrammarOpt,
     JsonSchemaOpt,
     RegexOpt,
+    SpecOpt,
     DeviceOpt,
     Effort,
     FrequencyPenalty,
@@ -60,7 +61,7 @@ def run(model: ModelArg = None, prompt: PromptArg = None, system: System = None,
         json_out: JsonFlag = False,
         quiet: Quiet = False, profile: ProfileOpt = None, kv: KvOpt = None, vram_limit: VramLimit = None,
         prefill_chunk: PrefillChunk = None, format: FormatOpt = None, json_schema: JsonSchemaOpt = None,
-        regex: RegexOpt = None, grammar: GrammarOpt = None, choice: ChoiceOpt = None,
+        regex: RegexOpt = None, grammar: GrammarOpt = None, choice: ChoiceOpt = None, spec: SpecOpt = None,
         synthetic: Annotated[Optional[str], typer.Option(
             "--synthetic", metavar="GEOMETRY", rich_help_panel="Engine", show_default=False,
             help="Random weights of a benchmark geometry (qwen3.8-27b, qwen3.6-35b-a3b; GPU) instead of a model: "
@@ -110,8 +111,12 @@ def run(model: ModelArg = None, prompt: PromptArg = None, system: System = None,
         sys.stderr.write(f"note: {note}\n")
     overrides = sampling_overrides(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                    presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                                   seed=seed, max_tokens=max_tokens, constraint=constraint)
+                                   seed=seed, max_tokens=max_tokens, spec=spec, constraint=constraint)
     config = generation_config(session, overrides)
+    if spec:
+        from engine.speculative import check_spec
+
+        check_spec(session.engine, spec)
     cancel = threading.Event()
     final = None
     first_token_s = None

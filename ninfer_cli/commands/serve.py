@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from ninfer_cli.options import (
+    SpecOpt,
     Ctx,
     Device,
     DeviceOpt,
@@ -78,7 +79,7 @@ def serve(model: ModelArg = None, host: Host = "127.0.0.1", port: Port = 8080, a
           think: Think = None, reasoning_effort: Effort = None, thinking_budget: ThinkingBudget = None,
           ctx: Ctx = None, device: DeviceOpt = Device.auto, profile: ProfileOpt = None, kv: KvOpt = None,
           vram_limit: VramLimit = None, prefill_chunk: PrefillChunk = None,
-          chat_template: TemplateFile = None) -> None:
+          chat_template: TemplateFile = None, spec: SpecOpt = None) -> None:
     """Serve a model over HTTP: OpenAI Chat Completions, Completions and Responses, Anthropic Messages.
 
     Base URLs: OpenAI clients http://127.0.0.1:8080/v1, Anthropic clients http://127.0.0.1:8080.
@@ -105,7 +106,8 @@ def serve(model: ModelArg = None, host: Host = "127.0.0.1", port: Port = 8080, a
     short = name.removesuffix(":latest").removesuffix(".ninfer")
     mid = model_id or short
     sampling = sampling_overrides(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                                  presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, seed=seed)
+                                  presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, seed=seed,
+                                  spec=spec)
     sock = _listen(host, port)
     bound = sock.getsockname()[1]
 
@@ -124,6 +126,10 @@ def serve(model: ModelArg = None, host: Host = "127.0.0.1", port: Port = 8080, a
                                           thinking_budget=thinking_budget, profile=profile, kv=kv,
                                           vram_limit=vram_limit, prefill_chunk=prefill_chunk)
         use_template_file(session, chat_template)
+        if spec:
+            from engine.speculative import check_spec
+
+            check_spec(engine, spec)
         sys.stderr.write(f"ready: {mid} on {engine.device}, context {engine.max_context or '?'} tokens, loaded in "
                          f"{time.perf_counter() - t0:.1f} s\n")
         return ModelHost(engine, session, model_id=mid, default_max_tokens=default_max_tokens, think=session.think,
