@@ -8,7 +8,7 @@
 
 #define NI_WARP 32
 
-// Programmatic dependent launch (sm_90; kernels.py launches with the attribute when NINFER_PDL is on).
+// Programmatic dependent launch (sm_90; kernels.py launches with the attribute where the plan's pdl is on).
 // Every kernel calls NI_PDL_ENTRY() before touching memory another kernel writes: the next kernel in the
 // stream may then start (and, in the GEMVs, prefetch its weights) while this one finishes. Both are
 // no-ops for a launch without the attribute, so the same code runs either way.
@@ -63,7 +63,7 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
 // The staged GEMV input of the q4/q5/q6 formats (x "pairs", written once by the producing kernel, see
 // gemv.cu): NI_XI16=0: fp16 pairs (x_k, x_k+4), k = 0..3 of each 8 values, scaled so that |x| <= 256 (the
 // decode's fp16 partial sums stay in range); NI_XI16=1: int16 pairs (x0, x2), (x4, x6), (x1, x3), (x5, x7),
-// scaled so that |x| <= 32767, for the dp2a decode (engine.ops.kernels, NINFER_XI16).
+// scaled so that |x| <= 32767, for the dp2a decode (engine.ops.kernels defines NI_XI16 1).
 #ifndef NI_XI16
 #define NI_XI16 0
 #endif
@@ -111,7 +111,7 @@ __device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + __expf
 
 // Weight streams of the GEMVs: each 16-byte chunk is read once a step, so it should not push out of L1
 // what is read again (a GEMV's x pairs, re-read for every row): ld.global.nc with L1::no_allocate.
-// NI_W_NOALLOC=0 (engine.ops.kernels, NINFER_W_NOALLOC=0) compiles plain __ldg instead.
+// NI_W_NOALLOC=0 compiles plain __ldg instead.
 #ifndef NI_W_NOALLOC
 #define NI_W_NOALLOC 1
 #endif

@@ -7,7 +7,7 @@
 // * x is staged once per block into shared memory as fp16, scaled by a power of two so that the fp16
 //   partial sums cannot overflow (target bound per format below), in the pair order the magic decode
 //   produces, and swizzled so that a warp's 16-byte reads are bank-conflict free.
-// * NI_XI16 (NINFER_XI16=1): x staged as int16 pairs instead, and q4/q5/q6 codes turned into signed bytes
+// * NI_XI16 (engine.ops.kernels defines it): x staged as int16 pairs instead, and q4/q5/q6 codes turned into signed bytes
 //   for dp2a (dot_i16): about half the decode instructions of the fp16 path, exact int32 sums a chunk.
 // * One warp handles ROWS rows at once (x read once from shared memory for all of them) and keeps
 //   U 16-byte weight loads per row in flight per lane; blocks loop over row groups so that staging x

@@ -1,4 +1,4 @@
-// The dense MLP of one decode token as one persistent launch (CudaQwen35.MLP_FUSED, on by default):
+// The dense MLP of one decode token as one persistent launch (the plan's mlp_fused):
 //
 //   x_out = x_in + planes;  xn = rmsnorm(x_out) (1 + w)            every block, into its own shared memory
 //   act = silu(gate xn) * (up xn), its largest |value| folded      gate|up, a warp a row pair (gemv_rs_pre's)
@@ -41,7 +41,7 @@
       float* __restrict__ xsc, unsigned int* __restrict__ help, const unsigned char* __restrict__ obase,         \
       const unsigned char* __restrict__ ohigh, const __half* __restrict__ oscales, int ogpr, int ou4ps,          \
       int osplits, const __half2* __restrict__ xh_o, const float* __restrict__ xsc_o, int o_chunked
-// OPROJ (with CHUNK; CudaQwen35.MLP_FUSED_O): the layer's o-projection first, in FDN's format, its input the gated
+// OPROJ (with CHUNK): the layer's o-projection first, in FDN's format, its input the gated
 // norm's chunk-scaled pairs (xh_o, xsc_o: gated_rmsnorm_chunks'), split-K items over the launch's warps as the down's,
 // its osplits planes written where the norm reads them (part, part_stride apart; nplanes = osplits); then a grid
 // barrier, with each warp's first gate|up loads issued between its arrival and its wait, and the norm. Two barriers a
@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
   if (OPROJ && gw < oitems) o_start(gw);
   NI_PDL_ENTRY();
   const DecodeK dk = decode_constants(ggpr > 0 ? 1u : 0u);
-  // (the grid barriers' light form, CudaQwen35.MLP_FUSED_LIGHT_BAR; bit 4 their red form, light waits: persistent.cu)
+  // (the grid barriers' light form; bit 4 their red form, light waits: persistent.cu)
   __shared__ unsigned long long bar_next;
   GridBar gb(bar, local_stage & 4, local_stage & 2, &bar_next);
   const bool light = gb.light;

@@ -15,7 +15,6 @@ imported at module level.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 
 from engine.errors import NinferError
@@ -95,34 +94,19 @@ def workspace_bytes(args, rows: int, prefill_chunk: int = 0) -> int:
 PREFILL_TAILS = (4096, 2048, 1024, 512, 256, 64)
 
 
-# Bound on one query block's attention scores in the tensor-core prefill (fp32 and fp16), in MiB
-# (NINFER_PREFILL_SCORE_MIB). Smaller blocks waste less of the causal triangle (a block's keys run to its
-# last query): at 8,192 tokens on the 27B, 1 GiB blocks compute 41% more scores than the triangle,
-# 256 MiB blocks 11%, for more launches; measured on the H200 (session 6), 256 MiB took 155 ms against 99.
-# Only the cuBLAS attention (NINFER_FLASH_PREFILL=0, GPUs before sm_80) uses it.
-PREFILL_SCORE_BYTES = int(os.environ.get("NINFER_PREFILL_SCORE_MIB", "1024")) << 20
-# The tensor-core prefill's attention as one flash kernel over the paged cache (no gathered K/V rows, no
-# score blocks; NINFER_FLASH_PREFILL=0: gather + cuBLAS + softmax) and its GDN recurrence in the chunked
-# form on tensor cores (NINFER_GDN_CHUNKED=0: token by token), whose scratch holds W, U' [64][128], M
-# [64][64] and the gate sums [64] a value head a 64-token piece, fp32 (shared by the tail executors).
-# Session 6 on the H200, 27B pp8192: attention 103 -> 66 ms, the recurrence 295 -> 139 ms.
-PREFILL_FLASH = os.environ.get("NINFER_FLASH_PREFILL", "1") != "0"
-PREFILL_GDN_CHUNKED = os.environ.get("NINFER_GDN_CHUNKED", "1") != "0"
-# Dense models: the GEMMs' weights dequantized to fp16 on a second stream ahead of their GEMMs
-# (CudaQwen35Prefill.DQ_AHEAD), into PREFILL_DQ_BUFS fp16 buffers of the largest layer matrix (at least 2).
-PREFILL_DQ_AHEAD = os.environ.get("NINFER_PREFILL_DQ_AHEAD", "1") != "0"
-PREFILL_DQ_BUFS = max(2, int(os.environ.get("NINFER_PREFILL_DQ_BUFS", "3")))
+# Dense models: the tensor-core prefill's GEMM weights dequantized to fp16 on a second stream ahead of their
+# GEMMs (CudaQwen35Prefill), into this many fp16 buffers of the largest layer matrix.
+PREFILL_DQ_BUFS = 3
 
 
-def prefill_executor_bytes(args, cols: int = 0, gemm: int = 0, score_bytes: int = PREFILL_SCORE_BYTES) -> int:
+def prefill_executor_bytes(args, cols: int = 0, gemm: int = 0) -> int:
     """The CUDA engine's prefill executors beside the decode step: the columns step (`cols` token rows of
-    the same buffers) and the tensor-core chunk (`gemm` rows, one logits row, plus its fp16 copy of the
-    largest layer matrix, the fp16 activations, the gate|up product, the chunked GDN's scratch, and
-    without the flash kernel one query block of attention scores in fp32 and fp16 (`score_bytes`) and
-    the queries and outputs per KV head). MoE models have no
+    the same buffers) and the tensor-core chunk (`gemm` rows, one logits row, plus its fp16 copies of the
+    largest layer matrix, the fp16 activations, the gate|up product and the chunked GDN's scratch). MoE
+    models have no
     columns step; their chunk adds the router logits, the top-k, one expert's output rows and the
     gathered rows CuPy makes per expert (`_moe_chunk`). The tail executors (`PREFILL_TAILS`) add their
-    own rows. The cache rows the attention gathers grow with the context: `prefill_gather_bytes_per_token`."""
+    own rows."""
     if args.is_moe:
         if not _moe_prefill():
             return 0
@@ -140,10 +124,9 @@ def prefill_executor_bytes(args, cols: int = 0, gemm: int = 0, score_bytes: int 
         if args.is_moe:  # fp16 weights of the largest matrix (bounded: the experts' are dequantized together)
             total += 2 * max(2 * inter, widest) * max(h, inter, q, vd)
         else:  # (every dense matrix has the hidden size on one side) times the buffers
-            total += 2 * h * max(2 * inter, widest, q, vd) * (PREFILL_DQ_BUFS if PREFILL_DQ_AHEAD else 1)
+            total += 2 * h * max(2 * inter, widest, q, vd) * PREFILL_DQ_BUFS
         total += 2 * gemm * max(h, inter, q, vd) + 4 * gemm * 2 * inter
-        total += 0 if PREFILL_FLASH else score_bytes + 6 * gemm * q
-        if PREFILL_GDN_CHUNKED and args.num_hidden_layers > len(args.full_attention_layers):
+        if args.num_hidden_layers > len(args.full_attention_layers):
             total += 4 * args.linear_num_value_heads * (2 * 128 * 64 + 64 * 64 + 64) * -(-gemm // 64)
         if args.is_moe:  # routing, the sorted pairs' rows (fp16 in, gate|up, fp16 SwiGLU, fp32 out; experts
             # padded to one row count: up to 1.5 rows a pair, CudaQwen35Prefill.MOE_PAD_WASTE), and
@@ -161,12 +144,9 @@ def _moe_prefill() -> bool:
 
 
 def prefill_gather_bytes_per_token(args, cols: int = 0, gemm: int = 0) -> int:
-    """The tensor-core prefill's attention without the flash kernel reads one layer's cache as fp32 and
-    fp16 rows of K and V: per token of context, 2 x (4 + 2) bytes a value (0 when that path is off or the
-    flash kernel reads the pages in place)."""
-    if (args.is_moe and not _moe_prefill()) or gemm <= cols or PREFILL_FLASH:
-        return 0
-    return 12 * args.num_key_value_heads * args.head_dim
+    """Cache rows the tensor-core prefill's attention gathers, per token of context: none (its flash kernel reads
+    the pages in place)."""
+    return 0
 
 
 def engine_prefill_executors() -> dict:
@@ -376,9 +356,6 @@ def plan_memory(args, weights: dict[str, int], *, model: str = "", source: str =
                               f"columns step of {prefill_cols} rows" + (f", tensor-core chunk of {prefill_gemm}"
                                                                         if prefill_gemm > prefill_cols else "")))
     pools = [KVPool("text", kv_bytes_per_token(args, kv))]
-    gather = prefill_gather_bytes_per_token(args, prefill_cols, prefill_gemm)
-    if gather:
-        pools.append(KVPool("prefill attention gather", gather))
     if spec:
         columns = draft_tokens + 1
         if args.linear_num_value_heads:

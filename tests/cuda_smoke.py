@@ -13,7 +13,9 @@ def cp(monkeypatch):
     yield cp
     from engine.ops import kernels as K
 
-    for fn in (K.module, K.module_tc, K.kernel, K.sm_count, K.blocks_per_sm, K.mma_ok, K.smem_optin):
+    K.reset_modules()
+    for fn in (K.sm_count, K.blocks_per_sm, K.smem_optin, K.compute_capability, K.cluster_capable, K.pdl_capable,
+               K.device_name):
         fn.cache_clear()
 
 
@@ -44,3 +46,17 @@ def flat(ops):
     for op in ops:
         out += flat(op.main + op.side) if isinstance(op, K.Concurrent) else [op]
     return out
+
+
+def on_gpu(monkeypatch, gpu: str = "sm_90", **override):
+    """The executors built next take the plan of GPU class `gpu` (engine.gpu.plan.DEVICES), with `override`'s
+    fields (as NINFER_PLAN would give them)."""
+    import json
+
+    from engine.gpu import plan as gpu_plan
+
+    monkeypatch.setattr(gpu_plan, "current_device", lambda: gpu_plan.DEVICES[gpu])
+    if override:
+        monkeypatch.setenv("NINFER_PLAN", json.dumps(override))
+    else:
+        monkeypatch.delenv("NINFER_PLAN", raising=False)

@@ -9,12 +9,11 @@ no host synchronisation at all. The NumPy model (`qwen3_5.py`) is the reference 
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 
+from engine.gpu import plan as gpu_plan
 from engine.gpu_weights import concat_rows
-from engine.ops import gemv_tuning
 from engine.ops import kernels as K
 from engine.ops.gemv_plan import GemvPlan, pair_launch
 from engine.models.qwen3_5_cuda_attn_ops import ATTN_HEAD_DIM, KV_PAGE, AttentionOps, _ptr  # noqa: F401
@@ -40,17 +39,23 @@ class CudaQwen35(NormOps, AttentionOps, GdnOps, MlpOps, SamplingOps):
     """Decode-step executor for Qwen3.5 dense models on one GPU.
 
     `weights` maps logical names (spec/container.md §2.3) to `DevMatrix` (projections, embedding,
-    head) or 1-D/2-D CuPy float32 arrays (norms, conv, a_log, dt_bias).
+    head) or 1-D/2-D CuPy float32 arrays (norms, conv, a_log, dt_bias). `plan` (engine.gpu.plan): the
+    kernel and form of every op; by default the one this GPU takes for these weights (NINFER_PLAN applied).
     """
 
     def __init__(self, args, weights: dict, *, max_context: int = 4096, lanes: int = 1,
-                 gemv_cfg: dict | None = None, kv: str = "bf16"):
+                 gemv_cfg: dict | None = None, kv: str = "bf16", plan: gpu_plan.DecodePlan | None = None):
         import cupy as cp  # noqa: PLC0415
 
         self.cp, self.args, self.M = cp, args, lanes
         if kv not in ("bf16", "int8"):
             raise ValueError(f"unknown KV format {kv!r}: bf16 or int8")
         self.kv = kv
+        self.plan = plan if plan is not None else gpu_plan.plan_for(args, weights, kv)
+        if self.plan.kv != kv:
+            raise ValueError(f"the plan is for a {self.plan.kv} KV cache, not {kv}")
+        K.require(self.plan.kernels)
+        K.PDL = self.plan.pdl
         a = args
         if a.is_moe and lanes != 1 and not self.MOE_ROWS:
             raise NotImplementedError("the GPU MoE decode path runs one lane for now")
@@ -59,7 +64,7 @@ class CudaQwen35(NormOps, AttentionOps, GdnOps, MlpOps, SamplingOps):
         self.H, self.V = a.hidden_size, a.vocab_size
         self.max_context = int(math.ceil(max_context / KV_PAGE) * KV_PAGE)
         # the table was measured for one token row; M > 1 (columns) keeps GemvPlan's defaults
-        self.gemv_cfg = gemv_cfg if gemv_cfg else (gemv_tuning.default_cfg() if lanes == 1 else {})
+        self.gemv_cfg = gemv_cfg if gemv_cfg else (self.plan.gemv_cfg() if lanes == 1 else {})
         self.Hq, self.Hkv = a.num_attention_heads, a.num_key_value_heads
         self.Hk, self.Hv = a.linear_num_key_heads, a.linear_num_value_heads
         self.inter = a.intermediate_size
@@ -239,46 +244,38 @@ class CudaQwen35(NormOps, AttentionOps, GdnOps, MlpOps, SamplingOps):
         cfg = self.gemv_cfg.get((w.fmt, w.n, w.k), {})
         return GemvPlan(w, x, x.shape[-1], y, y.shape[-1], m=self.M, epi=epi,
                         splits=1 if conv else cfg.get("splits", splits), rows=cfg.get("rows"),
-                        unroll=cfg.get("unroll", 2), y_offset=y_offset, xpre=xpre, pf=cfg.get("pf"),
-                        stages=cfg.get("stages", 0), mma=None if conv else cfg.get("mma"), pre2=cfg.get("pre2", False),
-                        ldg=cfg.get("ldg", False), conv=conv, tma=None if conv else cfg.get("tma")).launch
+                        unroll=cfg.get("unroll", 2), y_offset=y_offset, xpre=xpre, pre2=cfg.get("pre2", False),
+                        conv=conv).launch
 
     def _pair(self, a, b):
-        """GEMV_PAIR: two of _gemv's launches (of one x) as one gemv_rs_pre_pair grid, or None (off, or they do not
-        qualify: gemv_plan.pair_launch)."""
-        if not self.GEMV_PAIR or self.M != 1:
+        """Two of _gemv's launches (of one x) as one gemv_rs_pre_pair grid (the plan's gemv_pair), or None (they do
+        not qualify: gemv_plan.pair_launch)."""
+        if not self.plan.gemv_pair or self.M != 1:
             return None
         return pair_launch(a.__self__, b.__self__)
 
-    def _plan_gemv(self, w, x, y, epi, splits, xpre, stage_out=None, amax_out=None, xs=None):
+    def _plan_gemv(self, w, x, y, epi, splits, xpre, amax_out=None, xs=None):
         cfg = self.gemv_cfg.get((w.fmt, w.n, w.k), {})
         return GemvPlan(w, x, x.shape[-1], y, y.shape[-1], m=self.M, epi=epi, splits=cfg.get("splits", splits),
-                        rows=cfg.get("rows"), unroll=cfg.get("unroll", 2), xpre=xpre, pf=cfg.get("pf"),
-                        stages=cfg.get("stages", 0), mma=cfg.get("mma"), pre2=cfg.get("pre2", False),
-                        stage_out=stage_out if cfg.get("fuse_stage") else None, ldg=cfg.get("ldg", False),
-                        amax_out=amax_out, tma=cfg.get("tma"), xs=xs)
+                        rows=cfg.get("rows"), unroll=cfg.get("unroll", 2), xpre=xpre, pre2=cfg.get("pre2", False),
+                        amax_out=amax_out, xs=xs)
 
-    # NINFER_GEMV_PAIR=1: the two projections of one normed row that run on two graph branches (the 27B's GDN v|z and
-    # q|k, its attention gate|v and q|k: two formats) as one gemv_rs_pre_pair grid, blocks split by weight bytes (the
-    # H200 ran the two launches one after the other: each fills the GPU). The same bits. Session 19 (s19d, plain
-    # launches) 27B 158.8 against 159.8 tok/s; session 21 (s21a, PDL real: the pair's successor launches early; one
-    # process, two passes) 163.7 / 163.7 against 162.5 / 162.6. On by default; NINFER_GEMV_PAIR=0 for two launches.
-    GEMV_PAIR = os.environ.get("NINFER_GEMV_PAIR", "1") != "0"
     MOE_ROWS = False  # several token rows of an MoE model (the tensor-core prefill's own MoE ops)
     ARGMAX_BLOCKS = 64  # blocks a row of the greedy argmax over the vocabulary
 
     def _prep_fused(self) -> bool:
-        return (self.GDN_PREP_FUSED and not self.GDN_FUSED and self.M == 1
-                and type(self)._gdn_core_ops is CudaQwen35._gdn_core_ops and type(self)._gemv is CudaQwen35._gemv)
+        """The GDN projections' epilogue applies the causal conv and SiLU, the delta rule the q/k norms and gates (no
+        gdn_prep launch): one token row, the decode step's own core and GEMVs."""
+        return (self.M == 1 and type(self)._gdn_core_ops is CudaQwen35._gdn_core_ops
+                and type(self)._gemv is CudaQwen35._gemv)
 
     def _moe_splits(self) -> int:
         """Partial planes the MoE block leaves for the next norm to sum: the routed slots and the shared expert.
-        (One kernel summing the slots, session 8, measured slower: 35B-A3B 338.9 against 345.1 tok/s; in git
-        history at 9f9d324, `moe_down_sum`.)"""
+        (One kernel summing the slots measured slower: 35B-A3B 338.9 against 345.1 tok/s.)"""
         return self.topk + 1
 
     def _stage(self, x, k, kpad, xh, xinv, ldh=None):
-        """x[:, :k] as the fp16 pairs of kpad values (ldh pairs a row of xh: kpad / 2 unless a slice)."""
+        """x[:, :k] as the int16 pairs of kpad values (ldh pairs a row of xh: kpad / 2 unless a slice)."""
         return K.prepared("stage_x_mb", (self.NORM_BLOCKS, self.M),
                           (x, x.strides[0] // x.itemsize, k, kpad, xh, kpad // 2 if ldh is None else ldh, xinv),
                           block=1024)
@@ -305,6 +302,8 @@ class CudaQwen35(NormOps, AttentionOps, GdnOps, MlpOps, SamplingOps):
         self._res = (self.x, self.x2)
         log2_theta = float(math.log2(a.rope_theta))
         rot = a.rotary_dim
+        # the decode step's own attention core (the prefill's takes its flash kernel and GEMMs)
+        own_attn = type(self)._attn_core_ops is CudaQwen35._attn_core_ops
         for L in self.layers:
             ops.append(self._norm(prev_splits, L["in_norm"]))
             xn = (self.xh_n, self.xinv_n)
@@ -319,9 +318,7 @@ class CudaQwen35(NormOps, AttentionOps, GdnOps, MlpOps, SamplingOps):
                 qw = self.Hq * ATTN_HEAD_DIM
                 buf_a, buf_b = self.buf_a, self.buf_b
                 lda, ldb = buf_a.shape[1], buf_b.shape[1]
-                merged = (self.ATTN_MERGE and "qkgv" in L  # (q|k and gate|v as one GEMV over their shared object)
-                          and type(self)._attn_core_ops is CudaQwen35._attn_core_ops)  # (the prefill's GEMMs keep two)
-                if merged:
+                if "qkgv" in L and own_attn:  # (q|k and gate|v as one GEMV over their shared object)
                     buf_a = self._merged_buf()
                     buf_b = buf_a[:, L["qk"].n:]
                     lda = ldb = buf_a.shape[1]
@@ -329,7 +326,7 @@ class CudaQwen35(NormOps, AttentionOps, GdnOps, MlpOps, SamplingOps):
                 else:
                     qk = self._gemv(L["qk"], self.xn, buf_a, xpre=xn)
                     gv = self._gemv(L["gv"], self.xn, buf_b, xpre=xn)
-                    pair = self._pair(gv, qk)  # (GEMV_PAIR: one grid for both)
+                    pair = self._pair(gv, qk)  # (one grid for both)
                     ops.extend([pair] if pair is not None else self._concurrent([gv], [qk]))
                 nh = self.Hq + self.Hkv
                 core = [K.prepared("qk_norm_rope_kv", (-(-nh // K.WARPS), M),
@@ -338,39 +335,36 @@ class CudaQwen35(NormOps, AttentionOps, GdnOps, MlpOps, SamplingOps):
                                     L["kc"], L["vc"], self.qbuf, self.Hq, self.Hkv, rot, log2_theta, eps,
                                     _ptr(L["ks"]), _ptr(L["vs"])))]
                 core += self._attn_core_ops(L, ldb, buf_b)
-                # (a one-block combine + staging measured 48 us a layer against 6 + 4.4 for the two
-                # kernels: the combine's split loop needs its Hq blocks; ATTN_FUSED keeps them)
-                # ATTN_CHUNK: the combine over the splits that hold tokens, its output staged a chunk at a time where
-                # the o-projection's GEMV (or the fused MLP's o-phase) takes chunk scales
-                fused_core = self.ATTN_FUSED and type(self)._attn_core_ops is CudaQwen35._attn_core_ops
-                o_plan = o_gemv(self._gated_chunk_scales() if self.ATTN_CHUNK and fused_core else None)
-                if fused_core and (o_plan.xs or (moe_chunk and self.ATTN_CHUNK)):
+                # the combine stages the o-projection's input itself: a 32-value chunk at a time (over the splits
+                # that hold tokens) where the o-projection (or the fused MLP's o-phase) takes chunk scales, else
+                # with one scale for the row (its last head)
+                o_plan = o_gemv(self._gated_chunk_scales() if own_attn else None)
+                if own_attn and (o_plan.xs or moe_chunk):
                     staged_chunks = True
-                    core[-1] = K.prepared("attn_combine_chunks_b" if self.ATTN_COMBINE_B else "attn_combine_chunks",
-                                          (self.Hq, M),
-                                          (self.attn_ml, self.attn_acc, self.nsplit, buf_b, ldb, self.att,
-                                           self.att.shape[1], self.Hq) + att_stage
-                                          + (self.xsc_att, self.qpos, 16 if self._attn_mma() else 1), block=256)
-                elif fused_core:
+                    core.append(K.prepared("attn_combine_chunks_b", (self.Hq, M),
+                                           (self.attn_ml, self.attn_acc, self.nsplit, buf_b, ldb, self.att,
+                                            self.att.shape[1], self.Hq) + att_stage
+                                           + (self.xsc_att, self.qpos, 16 if self._attn_mma() else 1), block=256))
+                elif own_attn:
                     tk = self.attn_tick
-                    core[-1] = K.prepared("attn_combine_stage", (self.Hq, M),
-                                          (self.attn_ml, self.attn_acc, self.nsplit, buf_b, ldb, self.att,
-                                           self.att.shape[1], self.Hq) + att_stage + (tk[:M], tk[M:]))
+                    core.append(K.prepared("attn_combine_stage", (self.Hq, M),
+                                           (self.attn_ml, self.attn_acc, self.nsplit, buf_b, ldb, self.att,
+                                            self.att.shape[1], self.Hq) + att_stage + (tk[:M], tk[M:])))
                 else:
                     core.append(self._stage(self.att, att_k, att_kpad, self.xh_att, self.xinv_att))
             else:
-                # GATED_CHUNK: the o-projection reads the gated norm's output staged a chunk at a time where its
-                # GEMV takes chunk scales
+                # the o-projection reads the gated norm's output staged a chunk at a time where its GEMV takes chunk
+                # scales
                 o_plan = o_gemv(self._gated_chunk_scales())
                 staged_chunks = bool(o_plan.xs or moe_chunk)
                 proj, core = self._gdn_ops(L, xn, att_stage, chunk=staged_chunks)
                 ops.extend(proj)
             ops.extend(core)
             o_in = None  # (the o-projection inside the fused MLP: its input pairs and scales)
-            if self.MLP_FUSED_O and not self.args.is_moe:
+            if not self.args.is_moe:
                 if o_plan.xs:
                     o_in = (self.xh_att, self._gated_chunk_scales(), True)
-                elif self.MLP_FUSED_O_ATTN and L["kind"] == "full_attention":
+                elif L["kind"] == "full_attention":
                     o_in = (self.xh_att, self.xinv_att, False)
             if o_in is not None:
                 fused = self._ffn_fused_ops(L, 0, oproj=(L["o"],) + o_in)
@@ -378,7 +372,7 @@ class CudaQwen35(NormOps, AttentionOps, GdnOps, MlpOps, SamplingOps):
                     ops.extend(fused[0])
                     prev_splits = fused[1]
                     continue
-            if self.args.is_moe and self.MOE_FUSED_O and not o_plan.xs:  # (the o-projection inside moe_fused)
+            if self.args.is_moe and not o_plan.xs:  # (the o-projection inside moe_fused)
                 fused = self._moe_fused_ops(L, 0, oproj=(L["o"], self.xh_att, self.xinv_att,
                                                          self.xsc_att if staged_chunks else None))
                 if fused is not None:
@@ -388,9 +382,9 @@ class CudaQwen35(NormOps, AttentionOps, GdnOps, MlpOps, SamplingOps):
             if staged_chunks and not o_plan.xs:
                 raise RuntimeError("the o-projection's input was staged by chunks for a launch that did not take it")
             ops.append(o_plan.launch)
-            one_launch = self._moe_fused_ops(L, o_plan.splits) if self.args.is_moe else (
-                self._ffn_fused_ops(L, o_plan.splits) or self._ffn_tma_ops(L, o_plan.splits))
-            if one_launch is not None:  # (the post-attention norm inside the fused MLP / gate|up launch)
+            one_launch = self._moe_fused_ops(L, o_plan.splits) if self.args.is_moe else \
+                self._ffn_fused_ops(L, o_plan.splits)
+            if one_launch is not None:  # (the post-attention norm inside the fused MLP launch)
                 ops.extend(one_launch[0])
                 prev_splits = one_launch[1]
                 continue
@@ -405,13 +399,13 @@ class CudaQwen35(NormOps, AttentionOps, GdnOps, MlpOps, SamplingOps):
         ops.extend(self._tail_ops())
         return ops
 
-    # Independent projections of a layer on two streams (`Concurrent`); NINFER_BRANCHES=0 runs them in
-    # order on one. Subclasses whose projections are not kernel launches (cuBLAS prefill) turn it off.
-    BRANCHES = os.environ.get("NINFER_BRANCHES", "1") != "0"
+    # Independent projections of a layer on two streams (`Concurrent`, where the plan's `branches` is on).
+    # Subclasses whose projections are not kernel launches (cuBLAS prefill) run them in order on one.
+    BRANCHES = True
 
     def _concurrent(self, main: list, side: list) -> list:
         """The ops of `main` (the larger work) and `side` as one Concurrent op, or in order."""
-        if not self.BRANCHES:
+        if not (self.BRANCHES and self.plan.branches):
             return side + main
         if getattr(self, "side_stream", None) is None:
             self.side_stream = self.cp.cuda.Stream(non_blocking=True)

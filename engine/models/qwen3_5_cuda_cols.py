@@ -28,7 +28,7 @@ class CudaQwen35Columns(CudaQwen35):
         self.decode = decode
         self.stream = decode.stream
         super().__init__(decode.args, {}, max_context=decode.max_context, lanes=cols, gemv_cfg=None,
-                         kv=decode.kv)
+                         kv=decode.kv, plan=decode.plan)
 
     def _build_weights(self, w):
         d = self.decode

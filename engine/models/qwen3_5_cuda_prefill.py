@@ -3,29 +3,25 @@
 The columns step (8 tokens per CUDA graph, GEMV kernels) reads every weight once per 8 tokens. Past a
 few dozen tokens the projections are better done as GEMMs: each packed matrix is dequantized to fp16
 once per chunk (`dequant_rs`; ahead of its GEMM on a second stream: qwen3_5_cuda_prefill_dq) and
-multiplied by the chunk's activations with cuBLAS (`gemmEx`, fp16 inputs, fp32 accumulation). Attention is one flash kernel over the paged cache
-(`flash_attention`; or over the gathered cache through cuBLAS, `attention_cublas`), the GDN recurrence
-the chunked form on tensor cores (`gdn_chunk_prep`, `gdn_chunk_scan_tc`; or token by token). The rest
+multiplied by the chunk's activations with cuBLAS (`gemmEx`, fp16 inputs, fp32 accumulation). Attention is
+one flash kernel over the paged cache (`flash_attention`, the plan's warps a block), the GDN recurrence
+the chunked form on tensor cores (`gdn_chunk_prep`, the plan's `gdn_scan`), or token by token where that
+does not fit the GPU's shared memory (`gdn_delta_rows`). The rest
 is the columns step's: norms, the GDN conv and gates over the T tokens (`gdn_prep_cols`), the q/k norm
 + RoPE + paged KV write, and the head on the chunk's last row.
 
 Not graph-captured (cuBLAS calls cannot be captured through CuPy); one chunk is a few hundred launches.
-tests/gpu/test_prefill.py passes on the H200; 27B pp8192 10,396 tok/s in one 8,192-token chunk (session 9,
-bench/NOTES-decode.md).
 On by default where the free memory allows (`engine.gpu_engine.PREFILL_GEMM`), with smaller chunks for
 the rest of a prompt (`PREFILL_TAILS`).
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-from engine.memory_plan import PREFILL_FLASH, PREFILL_GDN_CHUNKED
 from engine.ops import kernels as K
-from engine.models.qwen3_5_cuda import ATTN_HEAD_DIM, KV_PAGE
+from engine.models.qwen3_5_cuda import ATTN_HEAD_DIM
 from engine.models.qwen3_5_cuda_cols import CudaQwen35Columns
-from engine.models.qwen3_5_cuda_prefill_attn import (  # noqa: F401 (kv_rows, attention_cublas: also imported from here)
+from engine.models.qwen3_5_cuda_prefill_attn import (  # noqa: F401 (kv_rows, attention_cublas: the GPU tests' reference)
     _COMPUTE_32F, _GEMM_DEFAULT, _OP_N, _OP_T, _R_16F, _r, attention_cublas, kv_rows)
 from engine.models.qwen3_5_cuda_prefill_dq import PrefillWeights16
 from engine.models.qwen3_5_cuda_prefill_moe import PrefillMoeOps
@@ -34,36 +30,15 @@ class CudaQwen35Prefill(PrefillWeights16, PrefillMoeOps, CudaQwen35Columns):
     """T-token prefill chunks over the sequence of `decode` (a one-lane CudaQwen35)."""
 
     BRANCHES = False  # cuBLAS calls through CuPy's handle stay on one stream
-    FFN_SPLIT = False  # (one GEMM a projection)
-    MLP_FUSED = 0  # (the decode's persistent MLP kernel: one token row)
     NORM_BLOCKS = 1  # T rows give the norms their parallelism; more blocks a row would re-read it
     PREP_SPLIT = 64  # token slices of the GDN conv/norm kernel (16 tokens each at T = 1024)
-    # state rows a warp in the recurrence; NINFER_GDN_ROWS=1 takes gdn_delta_cols (a row a warp).
-    # 27B pp8192 at chunk 8192 (H200): 1 row 363 ms, 2 rows 287 ms, 4 rows 471 ms (the recurrence's total)
-    DELTA_ROWS = int(os.environ.get("NINFER_GDN_ROWS", "2"))
-
-    # The delta rule in its chunked (WY) form, two passes (gdn_chunk_prep over every 64-token piece at
-    # once, gdn_chunk_scan in order), on by default (memory_plan.PREFILL_GDN_CHUNKED; NINFER_GDN_CHUNKED=0
-    # goes token by token). Session 6 on the H200, 27B pp8192, the recurrence's 48 layers: token by token
-    # 295 ms; chunked on CUDA cores 330 (RB 32); prep and the in-order pass on tensor cores (3xTF32
-    # mma.sync, cuda/gdn_tc.cu, NINFER_GDN_TC, RB 64: one block an SM, 96 blocks) 53 + 86 = 139 ms.
-    # Its scratch (W, U' [P][Hv][64][128], M [P][Hv][64][64], G [P][Hv][64], fp32) is shared by the tails.
-    GDN_CHUNKED = PREFILL_GDN_CHUNKED
-    GDN_TC = os.environ.get("NINFER_GDN_TC", "1") != "0"
-    # State rows a block of the in-order pass; 0 (the default): the largest tensor-core RB whose Hv x 128 / RB
-    # blocks still fill 70% of the multiprocessors (27B, 48 value heads: RB 64, 96 blocks; 35B-A3B, 32
-    # heads: RB 32, 128 blocks, where RB 64 left half the H200 idle), 32 on CUDA cores.
-    GDN_SCAN_RB = int(os.environ.get("NINFER_GDN_SCAN_RB", "0"))
-    # The in-order pass's QS = Q S0^T and M U, which reach only the output, in 1xTF32 (gdn_chunk_scan_tc<RB, 1>;
-    # U and the state update stay 3xTF32). Session 9 on the H200, 27B pp8192: scan 91.7 -> 77.5 ms, the
-    # prefill 0.844 -> 0.832 s. NINFER_GDN_SCAN_Q1=0: all 3xTF32.
-    GDN_SCAN_Q1 = os.environ.get("NINFER_GDN_SCAN_Q1", "1") != "0"
-    # Attention as one flash kernel over the paged cache (attn_prefill_fa, cuda/attn_prefill.cu), on by
-    # default (memory_plan.PREFILL_FLASH; NINFER_FLASH_PREFILL=0: gather + cuBLAS + softmax). Session 6 on
-    # the H200, 27B pp8192, 16 layers: 103 ms the old way, 67.0 with 4 warps (64 query rows a block, 2
-    # blocks an SM), 65.8 with 8 (128 rows, 1 block an SM; NINFER_FLASH_WARPS).
-    FLASH_PREFILL = PREFILL_FLASH
-    FLASH_WARPS = int(os.environ.get("NINFER_FLASH_WARPS", "8"))
+    # state rows a warp in the token-by-token recurrence (where the chunked form does not fit). 27B pp8192 at
+    # chunk 8192 (H200): 1 row 363 ms, 2 rows 287 ms, 4 rows 471 ms (the recurrence's total)
+    DELTA_ROWS = 2
+    # The delta rule in its chunked (WY) form, two passes (gdn_chunk_prep over every 64-token piece at once, the
+    # plan's gdn_scan in order; 3xTF32 mma.sync, cuda/gdn_tc.cu; QS and M U, which reach only the output, 1xTF32):
+    # 27B pp8192 on the H200, the recurrence's 48 layers, 295 ms token by token against 53 + 78 ms. Its scratch (W,
+    # U' [P][Hv][64][128], M [P][Hv][64][64], G [P][Hv][64], fp32) is shared by the tails.
 
     def __init__(self, decode, chunk: int, share: "CudaQwen35Prefill | None" = None):
         """`share`: a larger-chunk executor over the same sequence whose fp16 weight, fp16 input and
@@ -86,7 +61,7 @@ class CudaQwen35Prefill(PrefillWeights16, PrefillMoeOps, CudaQwen35Columns):
             k_max = max(self.H, self.att.shape[1], self.inter)
             self._x16 = cp.empty(self.M * k_max, dtype=cp.float16)
             n_gu = max([L["gate_up"].n for L in self.layers if "gate_up" in L] + [2 * self.inter])
-            self._gu = cp.empty((self.M, n_gu), dtype=cp.float16 if self.GU16 else cp.float32)
+            self._gu = cp.empty((self.M, n_gu), dtype=cp.float16)
         self._x16_of = None  # the fp32 rows whose fp16 copy _x16 holds (set by the SwiGLU kernel)
         self._init_weights16()
         self._valid = self.M  # the chunk's prompt tokens (run_chunk)
@@ -110,7 +85,7 @@ class CudaQwen35Prefill(PrefillWeights16, PrefillMoeOps, CudaQwen35Columns):
             x16[...] = x[:, : w.k]
         # the normed rows stay there for the layer's other projections of them (only a norm rewrites xn,
         # and it writes _x16 too); any other fp32 input is rewritten later without a word to _x16
-        self._x16_of = x if x is self.xn and self.NORM16 else None
+        self._x16_of = x if x is self.xn else None
         self._gemm16(self._weights16(w), x16, y, ldy, acc)
         self._gemm_issued()
 
@@ -161,13 +136,13 @@ class CudaQwen35Prefill(PrefillWeights16, PrefillMoeOps, CudaQwen35Columns):
         fn.name = name  # what bench/prefill_profile.py groups op times by
         return fn
 
-    def _plan_gemv(self, w, x, y, epi, splits, xpre, stage_out=None, amax_out=None, xs=None):
+    def _plan_gemv(self, w, x, y, epi, splits, xpre, amax_out=None, xs=None):
         """Projections as GEMMs. SwiGLU (gate|up) goes through `_gemv`'s GEMM + SwiGLU; the out- and
-        down-projections add their product to the residual stream x itself (beta = 1, RESIDUAL_GEMM: the
-        next norm reads no partial), else put it into split 0 of the partials (the next norm adds it).
+        down-projections add their product to the residual stream x itself (beta = 1, `_residual_in_place`:
+        the next norm reads no partial), else put it into split 0 of the partials (the next norm adds it).
         (xs, the decode step's chunk scales: never taken here.)"""
         plan = type("PrefillPlan", (), {})()
-        plan.splits, plan.stages_out, plan.tracks_amax, plan.xs = 1, False, False, False
+        plan.splits, plan.tracks_amax, plan.xs = 1, False, False
         if epi == "swiglu":
             plan.launch = self._gemv(w, x, y, epi="swiglu")
             return plan
@@ -179,13 +154,10 @@ class CudaQwen35Prefill(PrefillWeights16, PrefillMoeOps, CudaQwen35Columns):
         plan.launch = self._named(lambda: self._matmul(w, x, y[0], y.shape[-1]), f"gemm {w.fmt} {w.n}x{w.k}")
         return plan
 
-    # The residual stream stays in one buffer (x) through the chunk: the out- and down-projection GEMMs add
-    # into it, the norms read it in place (no partial plane written and read back, no copy to a second
-    # buffer): with NORM16, NINFER_PREFILL_RESIDUAL_GEMM=0 to go back to the partials.
-    RESIDUAL_GEMM = os.environ.get("NINFER_PREFILL_RESIDUAL_GEMM", "1") != "0"
-
     def _residual_in_place(self) -> bool:
-        return self.RESIDUAL_GEMM and self.NORM16 and self.H % 4 == 0 and self.H <= 4 * 256 * 8
+        """The residual stream stays in one buffer (x) through the chunk: the out- and down-projection GEMMs add
+        into it, the norms read it in place (no partial plane written and read back, no copy to a second buffer)."""
+        return self.H % 4 == 0 and self.H <= 4 * 256 * 8
 
     def _stage(self, x, k, kpad, xh, xinv):
         return lambda: None  # the GEMMs read fp32 rows; nothing to stage
@@ -193,17 +165,14 @@ class CudaQwen35Prefill(PrefillWeights16, PrefillMoeOps, CudaQwen35Columns):
     # The norms write the GEMMs' fp16 input rows themselves (residual_rmsnorm_f16, gated_rmsnorm_f16): no
     # staged pairs, no fp32 normed rows (but for the MoE's routed gather), no fp32 -> fp16 cast before the
     # projections. The final norm keeps the decode step's kernel (the head is a GEMV of its staged last
-    # row). NINFER_PREFILL_NORM16=0: the decode step's norms and a cast before each GEMM.
-    NORM16 = os.environ.get("NINFER_PREFILL_NORM16", "1") != "0"
-    # The gate|up GEMMs (dense, shared and routed experts) write their product in fp16 (fp32 accumulation),
-    # half the bytes for the GEMM to write and the SwiGLU pass to read; NINFER_PREFILL_GU16=0: fp32.
-    GU16 = os.environ.get("NINFER_PREFILL_GU16", "1") != "0"
+    # row). The gate|up GEMMs (dense, shared and routed experts) write their product in fp16 (fp32
+    # accumulation): half the bytes for the GEMM to write and the SwiGLU pass to read.
 
     def _norm(self, splits, w):
         H = self.H
         if self._residual_in_place():  # (the final norm, the decode step's kernel, writes the other buffer)
             self._res = (self.x, self.x2) if w is self.final_norm else (self.x, self.x)
-        if not self.NORM16 or w is self.final_norm or H % 4 or H > 4 * 256 * 8:
+        if w is self.final_norm or H % 4 or H > 4 * 256 * 8:
             return super()._norm(splits, w)
         x_in, x_out = self._res
         self._res = (x_out, x_in)
@@ -213,8 +182,6 @@ class CudaQwen35Prefill(PrefillWeights16, PrefillMoeOps, CudaQwen35Columns):
             self.xn, "residual_rmsnorm_f16")
 
     def _gated_norm(self, L, ldb, zoff, att_stage, buf_b=None, chunk: bool = False):
-        if not self.NORM16:  # (chunk: the decode's GATED_CHUNK; the prefill's o-projections never take it)
-            return super()._gated_norm(L, ldb, zoff, att_stage, buf_b)
         Hv = self.Hv
         buf_b = self.buf_b if buf_b is None else buf_b
         return self._writes_x16(lambda: K.prepared(
@@ -277,7 +244,7 @@ class CudaQwen35Prefill(PrefillWeights16, PrefillMoeOps, CudaQwen35Columns):
 
     def _gdn_core_ops(self, L, lda, ldb):
         """The columns step's conv/gates, then the delta rule token by token (gdn_delta_rows) or, with
-        GDN_CHUNKED, in 64-token pieces (gdn_chunk_prep, gdn_chunk_scan); the conv history and the
+        the plan's chunked form, in 64-token pieces (gdn_chunk_prep, gdn_scan); the conv history and the
         delta rule over the chunk's valid tokens only (run_chunk's `valid`)."""
         ops = self._gdn_ops_full(L, lda, ldb)
         ops = ops[:1] + [self._valid_len(op) for op in ops[1:]]
@@ -291,7 +258,7 @@ class CudaQwen35Prefill(PrefillWeights16, PrefillMoeOps, CudaQwen35Columns):
         if form is None:
             return ops
         cp, T, Hk, Hv = self.cp, self.M, self.Hk, self.Hv
-        rb, tc = form
+        rb = int(form.split("<")[1].split(",")[0])
         pieces = -(-T // 64)
         if getattr(self, "_gdn_scratch", None) is None:  # one set for every layer (they run in turn)
             self._gdn_scratch = (cp.empty(pieces * Hv * 64 * 128, dtype=cp.float32),
@@ -302,48 +269,21 @@ class CudaQwen35Prefill(PrefillWeights16, PrefillMoeOps, CudaQwen35Columns):
         prep = K.prepared("gdn_chunk_prep", (pieces, Hv),
                           (self.gdn_q, self.gdn_k, self.gdn_v, self.gdn_g, self.gdn_beta, w, u, m, g, Hk, Hv, 0, T),
                           smem=K.GDN_PREP_SMEM)
-        scan = K.prepared(self.gdn_scan_name(rb, tc), (Hv, 128 // rb),
+        scan = K.prepared(form, (Hv, 128 // rb),
                           (self.gdn_q, self.gdn_k, w, u, m, g, L["state"], self.att2, Hk, Hv, 0, T),
-                          smem=K.gdn_scan_smem(rb, tc))
+                          smem=K.gdn_scan_smem(rb))
         return ops[:-1] + [prep, scan]
 
-    def gdn_scan_name(self, rb: int, tc: bool) -> str:
-        """The in-order pass's kernel: on CUDA cores, or on tensor cores with QS and M U in 1xTF32 or 3xTF32."""
-        if not tc:
-            return f"gdn_chunk_scan<{rb}>"
-        return f"gdn_chunk_scan_tc<{rb}{', 1' if self.GDN_SCAN_Q1 else ''}>"
-
-    def gdn_scan_rb(self) -> int:
-        """The in-order pass's rows a block: GDN_SCAN_RB, or by the GPU's size (see GDN_SCAN_RB)."""
-        if self.GDN_SCAN_RB:
-            return self.GDN_SCAN_RB
-        if not self.GDN_TC:
-            return 32
-        tc = sorted(K.GDN_SCAN_TC_RB, reverse=True)
-        return next((rb for rb in tc if self.Hv * (128 // rb) >= 0.7 * K.sm_count()), tc[-1])
-
     def _gdn_chunked_form(self):
-        """(RB, on tensor cores) of the chunked GDN's in-order pass that this device runs (sm_80 and the
-        shared memory: RB 64 on tensor cores takes 187 KiB a block, RB 32 154, on CUDA cores 138), the
-        configured one first; None: the token-by-token recurrence (GDN_CHUNKED off, or no form fits)."""
-        if not (self.GDN_CHUNKED and K.mma_ok()) or K.GDN_PREP_SMEM > K.smem_optin():
-            return None
-        forms = [(self.gdn_scan_rb(), self.GDN_TC and self.gdn_scan_rb() in K.GDN_SCAN_TC_RB)]
-        forms += [(rb, True) for rb in sorted(K.GDN_SCAN_TC_RB, reverse=True) if self.GDN_TC]
-        forms += [(rb, False) for rb in sorted(K.GDN_SCAN_RB, reverse=True)]
-        return next(((rb, tc) for rb, tc in forms
-                     if (not tc or rb in K.GDN_SCAN_TC_RB) and K.gdn_scan_smem(rb, tc) <= K.smem_optin()), None)
+        """The chunked GDN's in-order pass this plan runs (engine.gpu.plan.gdn_scan_form), or None for the token-by-token
+        recurrence."""
+        return self.plan.gdn_scan or None
 
     def _flash_warps(self) -> int:
-        """Warps a block of the flash prefill on this device (FLASH_WARPS if its shared memory fits, else
-        4); 0: the cuBLAS attention (FLASH_PREFILL off, below sm_80, or not even 4 warps fit)."""
-        if not (self.FLASH_PREFILL and K.mma_ok()):
-            return 0
-        return next((w for w in (self.FLASH_WARPS, 4) if self.flash_smem(w) <= K.smem_optin()), 0)
+        """Warps a block of the flash prefill (the plan's: 8 where their shared memory fits, else 4)."""
+        return self.plan.flash_warps
 
-    @staticmethod
-    def flash_smem(warps: int) -> int:
-        return 2 * 264 * (16 * warps + 2 * 64)  # Q [16 warps][264] + K, V [64][264], 16-bit (FA_LD)
+    flash_smem = staticmethod(K.flash_smem)
 
     @staticmethod
     def flash_attention(q, ldq: int, kc, vc, ks, vs, page_table, hq: int, hkv: int, start: int, nq: int,
@@ -360,32 +300,18 @@ class CudaQwen35Prefill(PrefillWeights16, PrefillMoeOps, CudaQwen35Columns):
                     float(1.0 / np.sqrt(ATTN_HEAD_DIM)), gate, ldg, out, ldo), block=32 * warps, smem=smem)()
 
     def _attn_core_ops(self, L, ldb, buf_b=None):
-        cp, T = self.cp, self.M
         buf_b = self.buf_b if buf_b is None else buf_b  # (the gate's columns: AttentionOps._attn_core_ops)
         hq = self.Hq
-        qw = hq * ATTN_HEAD_DIM
         warps = self._flash_warps()
-        if warps:
-            def flash():
-                # the chunk's valid rows only (a padded chunk's other rows of att are never read for
-                # the prompt: causal attention, GDN state stopping at the valid rows)
-                self.flash_attention(self.qbuf, self.qbuf.shape[1], L["kc"], L["vc"], L["ks"], L["vs"],
-                                     self.page_table, hq, self.Hkv, self.start, self._valid, buf_b, ldb,
-                                     self.att, self.att.shape[1], self.kv == "int8", warps)
-            flash.name = "attention (flash kernel over the paged cache)"
-            return [flash]
 
-        def go():
-            n = self.start + T
-            pages = self.page_table[0, : -(-n // KV_PAGE)]
-            k = kv_rows(cp, L["kc"], L["ks"], pages, n)
-            v = kv_rows(cp, L["vc"], L["vs"], pages, n)
-            k16 = k.transpose(1, 0, 2).astype(cp.float16, order="C")  # [Hkv, n, D]
-            v16 = v.transpose(1, 0, 2).astype(cp.float16, order="C")
-            q = self.qbuf[:, :qw].reshape(T, hq, ATTN_HEAD_DIM)
-            attention_cublas(cp, q, k16, v16, buf_b[:, :qw], self.start, out=self.att[:, :qw])
-        go.name = "attention (gather, cuBLAS, softmax kernel)"
-        return [go]
+        def flash():
+            # the chunk's valid rows only (a padded chunk's other rows of att are never read for the prompt: causal
+            # attention, GDN state stopping at the valid rows)
+            self.flash_attention(self.qbuf, self.qbuf.shape[1], L["kc"], L["vc"], L["ks"], L["vs"],
+                                 self.page_table, hq, self.Hkv, self.start, self._valid, buf_b, ldb,
+                                 self.att, self.att.shape[1], self.kv == "int8", warps)
+        flash.name = "attention (flash kernel over the paged cache)"
+        return [flash]
 
     def run_chunk(self, token_ids, start: int, valid: int | None = None) -> None:
         """One T-token chunk at positions start.. (eager launches on the shared stream). `valid`: only the
