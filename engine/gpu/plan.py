@@ -77,7 +77,7 @@ class DecodePlan:
     gemv_pair: bool  # two one-token GEMVs of one normed row as one gemv_rs_pre_pair grid
     norm: str  # the residual norm before each block (one of NORMS)
     attn: str  # the decode attention kernel
-    attn_warps: int
+    attn_threads: int
     attn_smem: int
     gdn: str  # the delta rule (+ gated norm): gdn_delta_gated_cl, or gdn_delta_raw_rw<4> + gated_rmsnorm_chunks
     gdn_ab_in: bool  # gdn_delta_gated_cl computes the layer's a|b projection itself (bf16 weights)
@@ -195,8 +195,10 @@ def projection_shapes(args, fmts: dict) -> set[tuple[str, int, int]]:
 def kernel_names(p: DecodePlan, args, fmts: dict) -> tuple[str, ...]:
     """The template instantiations the executors launch under plan `p` (extern "C" kernels need no name)."""
     rs = sorted({FMT_IDS[f] for f in fmts.values() if f in FMT_IDS})
-    g = args.num_attention_heads // max(args.num_key_value_heads, 1)
-    names = KN.gemv_names(rs, p.cols, pair=p.gemv_pair, bf16="bf16" in fmts.values())
+    ids = lambda *roles: sorted({FMT_IDS[fmts[r]] for r in roles if fmts.get(r) in FMT_IDS})  # noqa: E731
+    names = KN.gemv_names(rs, p.cols, pair=p.gemv_pair and not args.is_moe, bf16="bf16" in fmts.values(),
+                          conv=ids("gdn/query", "gdn/key", "gdn/value", "gdn/z"),
+                          xs=ids("attention/output", "gdn/output"))
     emb = fmts.get("text/token_embedding", "bf16")
     names += [f"embed_rs<{FMT_IDS[emb]}>"] if emb in FMT_IDS else []
     names += [f"dequant_rs<{f}>" for f in rs]
@@ -230,10 +232,10 @@ def build_plan(args, dev: Device, kv: str, fmts: dict, override: dict | None = N
     gemv = tuple(sorted((f, n, k, c["rows"], c["unroll"], c["splits"], bool(c.get("pre2")))
                         for (f, n, k), c in KN.GEMV_TABLE.items() if (f, n, k) in shapes))
     plan = DecodePlan(gpu=dev.arch, tuned=tuned, kv=kv, pdl=tuned, branches=True, gemv_pair=True,
-                      norm=norm_form(h, dev), attn=attn, attn_warps=warps, attn_smem=smem, gdn=gdn, gdn_ab_in=ab_in,
+                      norm=norm_form(h, dev), attn=attn, attn_threads=warps, attn_smem=smem, gdn=gdn, gdn_ab_in=ab_in,
                       mlp_fused=_mlp_fused_ok(args, fmts), moe_fused=_moe_fused_ok(args, fmts),
                       flash_warps=flash_warps(dev), gdn_scan=gdn_scan_form(args.linear_num_value_heads or 1, dev),
-                      cols=tuple(cols), gemv=gemv, kernels=())
+                      cols=(1,) if args.is_moe else tuple(cols), gemv=gemv, kernels=())  # (MoE: no columns step)
     if override:
         plan = _apply(plan, override, dev, args)
     return dataclasses.replace(plan, kernels=kernel_names(plan, args, fmts))

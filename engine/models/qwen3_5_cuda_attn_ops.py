@@ -30,7 +30,7 @@ class AttentionOps:
         None (the split kernels)."""
         if not self.plan.attn.startswith("attn_decode_mma<"):
             return None
-        return self.plan.attn, self.plan.attn_warps, self.plan.attn_smem
+        return self.plan.attn, self.plan.attn_threads, self.plan.attn_smem
 
     def _alloc_attention(self):
         """Split-K attention partials (per token row, query head and split): as many splits as fill the SMs
@@ -59,7 +59,7 @@ class AttentionOps:
         args = (self.qbuf, L["kc"], L["vc"], self.qpos, self.page_table, self.pt_stride, self.Hkv, self.chunk,
                 float(1.0 / math.sqrt(ATTN_HEAD_DIM)), self.attn_ml, self.attn_acc, self.nsplit, _ptr(L["ks"]),
                 _ptr(L["vs"]))
-        name, block, smem = self.plan.attn, self.plan.attn_warps, self.plan.attn_smem
+        name, block, smem = self.plan.attn, self.plan.attn_threads, self.plan.attn_smem
         gs = int(name[:-1].split(",")[2]) if name.startswith("attn_decode_split<") and name.count(",") == 2 else 1
         grid = (self.Hkv, self.nsplit, M) if self._attn_mma() else (self.Hkv * gs, self.nsplit, M)
         return [K.prepared(name, grid, args, block=block, smem=smem)]

@@ -19,15 +19,18 @@ GEMV_PAIR_NAMES = ("gemv_rs_pre_pair<1,1,0,2,true,4>", "gemv_rs_pre_pair<1,1,0,1
 GEMV_PRE_XS_NAMES = tuple(f"gemv_rs_pre<{f},{r},1,{u},false,true>" for f in range(3) for r, u in GEMV_PRE_MAIN)
 
 
-def gemv_names(fmts, cols=(1, 8), pair: bool = True, bf16: bool = True) -> list[str]:
+def gemv_names(fmts, cols=(1, 8), pair: bool = True, bf16: bool = True, conv=None, xs=None) -> list[str]:
     """The GEMVs of row-split formats `fmts` (ids) for token rows `cols`: the register kernel and the pre-staged one
-    (rows 1 and 2, unroll 2), their conv-epilogue forms (one token), the chunk-scaled one, the pairs, bf16."""
+    (rows 1 and 2, unroll 2), their conv-epilogue forms (one token; formats `conv`, default all), the chunk-scaled
+    one (formats `xs`), the pairs, bf16."""
     fmts = list(fmts)
+    conv = fmts if conv is None else list(conv)
+    xs = fmts if xs is None else list(xs)
     names = [f"gemv_rs<{f},{r},{m},2>" for f in fmts for r in (1, 2) for m in cols]
     names += [f"gemv_rs_pre<{f},{r},{m},{u}>" for f in fmts for r, u in GEMV_PRE_MAIN for m in cols]
-    names += [f"gemv_rs<{f},{r},1,2,true>" for f in fmts for r in GEMV_CONV_ROWS]
-    names += [f"gemv_rs_pre<{f},{r},1,{u},true>" for f in fmts for r, u in GEMV_PRE_MAIN]
-    names += [n for n in GEMV_PRE_XS_NAMES if int(n[12]) in fmts]
+    names += [f"gemv_rs<{f},{r},1,2,true>" for f in conv for r in GEMV_CONV_ROWS]
+    names += [f"gemv_rs_pre<{f},{r},1,{u},true>" for f in conv for r, u in GEMV_PRE_MAIN]
+    names += [n for n in GEMV_PRE_XS_NAMES if int(n[12]) in xs]
     names += [n for n in GEMV_PAIR_NAMES if pair and {0, 1} <= set(fmts)]
     names += [f"gemv_bf16<{m}>" for m in cols] if bf16 else []
     return names
