@@ -1,6 +1,6 @@
-"""GEMV sweeps of the decode step's shapes (bench/gpu_decode.py --sweep): every register-kernel variant, the
-experimental ones (gemv_rs_async, gemv_mma, gemv_tma) and the MoE decode's routed launches, timed as CUDA-graph
-replays on the GPU machine; `best_cfg` turns a sweep into tuning-table entries."""
+"""GEMV sweeps of the decode step's shapes (bench/gpu_decode.py --sweep): every register-kernel variant and the MoE
+decode's routed launches, timed as CUDA-graph replays on the GPU machine; `best_cfg` turns a sweep into tuning-table
+entries."""
 from __future__ import annotations
 
 import sys
@@ -67,94 +67,36 @@ def time_plans(plans) -> float:
 
 
 def kernel_sweep(bw, shapes=SHAPES_27B, fast=False):
-    """fast: the register kernels as the tuning table runs them (gemv_rs_pre, rows 1-2, unroll 2) against gemv_tma."""
+    """The register kernels (gemv_rs; gemv_rs_pre on the pre-staged pairs) over rows, unroll and split-K slices;
+    fast: rows 1-2, unroll 2."""
     from engine.gpu_weights import random_matrix
 
     rng = cp.random.default_rng(0)
-    rows_opts, unroll_opts, pf_opts = (1, 2, 4), (2, 4), (0,)  # pf > 0 measured: no gain
-    stage_opts = K.GEMV_ASYNC_STAGES  # gemv_rs_async ring depths (0: the register kernel)
-    if fast:
-        rows_opts, unroll_opts, stage_opts = (1, 2), (2,), ()
+    rows_opts, unroll_opts = ((1, 2), (2,)) if fast else ((1, 2, 4), (2, 4))
     results = []
     for name, fmt, n, k, epi in shapes:
         copies = [random_matrix(cp, rng, fmt, n, k) for _ in range(2)]  # two copies: nothing stays in L2
         x = cp.asarray(np.random.default_rng(1).standard_normal((1, k)).astype(np.float32))
-        xpre = None
-        if fmt != "q8_g32_fp16" or K.W8_PRE:  # (w8 reads them too with int16 pairs)
-            kpad = -(-k // K.XPAD) * K.XPAD
-            xpre = (cp.zeros((1, kpad // 2), dtype=cp.uint32), cp.zeros(1, dtype=cp.float32))
-            K.prepared("stage_x", (1,), (x, k, k, kpad, xpre[0], xpre[1]), block=1024)()
+        kpad = -(-k // K.XPAD) * K.XPAD
+        xpre = (cp.zeros((1, kpad // 2), dtype=cp.uint32), cp.zeros(1, dtype=cp.float32))
+        K.prepared("stage_x", (1,), (x, k, k, kpad, xpre[0], xpre[1]), block=1024)()
         out_n = n // 2 if epi == "swiglu" else n
         y = cp.zeros((8, out_n), cp.float32)
         best = None
         for rows in rows_opts if epi != "swiglu" else (2,):
-            for unroll, stages, pre2 in ([(u_, 0, False) for u_ in unroll_opts if not fast or xpre is None]
-                                         + [(2, s_, False) for s_ in stage_opts]
-                                         + [(u_, 0, True) for u_ in unroll_opts]):
-                if (stages or pre2) and xpre is None:
-                    continue
-                for splits, pf in [(s_, p_) for s_ in ((1, 2, 4, 8) if epi == "partial" else (1,)) for p_ in pf_opts]:
+            for unroll, pre2 in [(u_, p_) for u_ in unroll_opts for p_ in (False, True)]:
+                for splits in (1, 2, 4, 8) if epi == "partial" else (1,):
                     ms = time_plans([GemvPlan(w, x, k, y, out_n, epi=epi, splits=splits, rows=rows, unroll=unroll,
-                                              xpre=xpre, pf=pf, stages=stages, pre2=pre2) for w in copies])
+                                              xpre=xpre, pre2=pre2) for w in copies])
                     gbs = copies[0].nbytes / (ms * 1e-3) / 1e9
-                    r = dict(shape=name, fmt=fmt, n=n, k=k, rows=rows, unroll=unroll, splits=splits, pf=pf, stages=stages,
-                             pre2=pre2,
+                    r = dict(shape=name, fmt=fmt, n=n, k=k, rows=rows, unroll=unroll, splits=splits, pre2=pre2,
                              us=round(ms * 1e3, 2), gbs=round(gbs, 1), pct_copy=round(100 * gbs / bw, 1))
                     results.append(r)
                     if best is None or r["gbs"] > best["gbs"]:
                         best = r
-        for mma in (K.GEMV_MMA if fmt in ("q4_g64_fp16", "q5_g64_fp16") and not K.XI16 else ()):
-            for splits in (1, 2, 4) if epi == "partial" else (1,):
-                try:
-                    ms = time_plans([GemvPlan(w, x, k, y, out_n, epi=epi, splits=splits, xpre=xpre, mma=mma)
-                                     for w in copies])
-                except Exception as e:  # noqa: BLE001 - report and go on with the other variants
-                    print(f"{name}: gemv_mma {mma} splits {splits}: error {type(e).__name__}: {e}", flush=True)
-                    continue
-                gbs = copies[0].nbytes / (ms * 1e-3) / 1e9
-                r = dict(shape=name, fmt=fmt, n=n, k=k, rows=0, unroll=0, splits=splits, pf=0, stages=0, mma=list(mma),
-                         us=round(ms * 1e3, 2), gbs=round(gbs, 1), pct_copy=round(100 * gbs / bw, 1))
-                results.append(r)
-                if r["gbs"] > best["gbs"]:
-                    best = r
-        if xpre is not None and fmt != "q8_g32_fp16" and K.XI16 and K.tma_capable():
-            for nw in K.GEMV_TMA_NW:  # gemv_tma: bulk copies through shared-memory stages, one block an SM
-                for splits in (1, 2, 4) if epi == "partial" else (1,):
-                    try:
-                        plans = [GemvPlan(w, x, k, y, out_n, epi=epi, splits=splits, xpre=xpre, tma=nw) for w in copies]
-                        if plans[0].tma is None:
-                            continue
-                        ms = time_plans(plans)
-                    except Exception as e:  # noqa: BLE001 - report and go on with the other variants
-                        print(f"{name}: gemv_tma {nw} splits {splits}: error {type(e).__name__}: {e}", flush=True)
-                        continue
-                    gbs = copies[0].nbytes / (ms * 1e-3) / 1e9
-                    r = dict(shape=name, fmt=fmt, n=n, k=k, rows=0, unroll=0, splits=plans[0].splits, pf=0, stages=0,
-                             tma=list(plans[0].tma), us=round(ms * 1e3, 2), gbs=round(gbs, 1),
-                             pct_copy=round(100 * gbs / bw, 1))
-                    results.append(r)
-                    if r["gbs"] > best["gbs"]:
-                        best = r
-            tm = [r for r in results if r["shape"] == name and r.get("tma")]
-            if tm:
-                b = max(tm, key=lambda r: r["gbs"])
-                print(f"{name:12s} gemv_tma best (nw, S, P)={b['tma']}: {b['us']:.1f} us ({b['pct_copy']}%)", flush=True)
-        reg = max((r for r in results if r["shape"] == name and not r["stages"] and not r.get("mma")
-                   and not r.get("tma") and (fast or not r.get("pre2"))), key=lambda r: r["gbs"])
-        p2 = [r for r in results if r["shape"] == name and r.get("pre2")]
-        if p2:
-            b = max(p2, key=lambda r: r["gbs"])
-            print(f"{name:12s} gemv_rs_pre best rows={b['rows']} unroll={b['unroll']} splits={b['splits']}: "
-                  f"{b['us']:.1f} us ({b['pct_copy']}%)", flush=True)
-        mm = [r for r in results if r["shape"] == name and r.get("mma")]
-        if mm:
-            b = max(mm, key=lambda r: r["gbs"])
-            print(f"{name:12s} mma best {b['mma']} splits={b['splits']}: {b['us']:.1f} us ({b['pct_copy']}%)", flush=True)
         print(f"{name:12s} {fmt:12s} {n:6d}x{k:<6d} best rows={best['rows']} unroll={best['unroll']} "
-              f"splits={best['splits']} stages={best['stages']} mma={best.get('mma')} tma={best.get('tma')}: {best['us']:8.1f} us "
-              f"{best['gbs']:7.1f} GB/s "
-              f"({best['pct_copy']}%); best register kernel {reg['us']:.1f} us ({reg['pct_copy']}%)",
-              flush=True)
+              f"splits={best['splits']} pre={best['pre2']}: {best['us']:8.1f} us {best['gbs']:7.1f} GB/s "
+              f"({best['pct_copy']}%)", flush=True)
         del copies
     return results
 
@@ -217,6 +159,5 @@ def best_cfg(sweep):
         key = (r["fmt"], r["n"], r["k"])
         if key not in cfg or r["gbs"] > cfg[key]["gbs"]:
             cfg[key] = r
-    return {k: dict(rows=v["rows"], unroll=v["unroll"], splits=v["splits"], pf=v.get("pf", 0),
-                    stages=v.get("stages", 0), mma=v.get("mma"), pre2=v.get("pre2", False),
-                    **({"tma": v["tma"][0]} if v.get("tma") else {})) for k, v in cfg.items()}
+    return {k: dict(rows=v["rows"], unroll=v["unroll"], splits=v["splits"], pre2=v.get("pre2", False))
+            for k, v in cfg.items()}

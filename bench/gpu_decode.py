@@ -113,26 +113,24 @@ def ldg_variants(eng, n, depth, variants):
 
 
 def attr_variants(eng, n, depth, variants):
-    """The step with executor attributes set per variant (`_ab`): "base", or "NAME=V;NAME=V" (class flags
-    such as GDN_FUSED=0; K.NAME: a flag of engine.ops.kernels read at launch, such as K.PDL=0)."""
+    """The step with fields of its decode plan replaced per variant (`_ab`): "base", or "NAME=V;NAME=V" with NAME a
+    field of engine.gpu.plan.DecodePlan and V a JSON value (gemv_pair=false; norm="residual_rmsnorm_mb5_1r"), checked
+    as NINFER_PLAN's are; the kernels a variant needs beyond the plan's compile on first use."""
+    import json  # noqa: PLC0415
+
+    from engine.gpu import plan as gpu_plan  # noqa: PLC0415
+
     ex = eng.model.executor
+    base = ex.plan
 
     def setup(v):
-        sets = [p.split("=") for p in v.split(";")] if v != "base" else []
-        saved = {name: getattr(K, name[2:]) for name, _ in sets if name.startswith("K.")}
-        for name, val in sets:
-            obj, attr = (K, name[2:]) if name.startswith("K.") else (ex, name)
-            setattr(obj, attr, type(getattr(obj, attr))(int(val)) if val.lstrip("-").isdigit() else float(val))
+        sets = dict(p.split("=", 1) for p in v.split(";")) if v != "base" else {}
+        ex.plan = gpu_plan._apply(base, {k: json.loads(val) for k, val in sets.items()}, gpu_plan.current_device(),
+                                  ex.args)
+        K.PDL = ex.plan.pdl
+        return lambda: (setattr(ex, "plan", base), setattr(K, "PDL", base.pdl))
 
-        def undo():
-            for name, _ in sets:
-                if name.startswith("K."):
-                    setattr(K, name[2:], saved[name])
-                else:
-                    ex.__dict__.pop(name, None)
-        return undo
-
-    return _ab(eng, n, depth, variants, "attr", setup)
+    return _ab(eng, n, depth, variants, "plan", setup)
 
 
 def synthetic_decode(geometry, bw, gemv_cfg, n=128, depth=0, breakdown=False, kv="bf16", ldg=(),

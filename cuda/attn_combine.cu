@@ -125,6 +125,10 @@ extern "C" __global__ void attn_combine_stage(const float* __restrict__ part_ml,
 // 16 splits' partials, the gate and the position in one round: combine_one_b); warp w packs chunk 8 h + w with its own
 // power-of-two scale (xsc[c] = its inverse, xinv = 1), as gated_rmsnorm_chunks does for the GDN layers: no row
 // maximum, no last block staging the row.
+#define ATTN_COMBINE_CHUNKS_PARAMS                                                                                \
+  const float* __restrict__ part_ml, const float* __restrict__ part_acc, int nsplit, const float* __restrict__ gate,  \
+      int ldg, float* __restrict__ out, int ldo, int Hq, int K, int kpad, __half2* __restrict__ xh,                  \
+      float* __restrict__ xinv, float* __restrict__ xsc, const int* __restrict__ pos, int round
 extern "C" __global__ void __launch_bounds__(256) attn_combine_chunks_b(ATTN_COMBINE_CHUNKS_PARAMS) {
   NI_PDL_ENTRY();
   const int m = blockIdx.y, h = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

@@ -28,7 +28,8 @@ def test_routed_sweep_plans_every_variant(monkeypatch):
     try:
         res = gd.routed_sweep(4000.0, experts=16, slots=8)
     finally:
-        for fn in (K.module, K.module_tc, K.kernel, K.sm_count, K.blocks_per_sm, K.mma_ok, K.smem_optin):
+        K.reset_modules()
+        for fn in (K.sm_count, K.blocks_per_sm, K.smem_optin):
             fn.cache_clear()
     assert [r["shape"] for r in res] == ["35b routed gate|up"] * 4 + ["35b routed down"] * 6
     assert {(r["unroll"], r["pre2"]) for r in res[:4]} == {(2, False), (4, False), (2, True), (4, True)}

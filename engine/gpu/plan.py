@@ -97,7 +97,9 @@ class DecodePlan:
         """The plan as printable fields (the kernel list as its count)."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("gemv", "kernels")}
         out["gemv"] = [f"{f} {n}x{k}: rows {r}, unroll {u}, splits {s}{', pre' if p else ''}"
-                       for f, n, k, r, u, s, p in self.gemv]
+                       for f, n, k, r, u, s, p in self.gemv] or ["no table entry: GemvPlan's defaults"]
+        out["gdn_scan"] = self.gdn_scan or "none: the token-by-token recurrence"
+        out["cols"] = list(self.cols)
         out["kernels"] = len(self.kernels)
         return out
 

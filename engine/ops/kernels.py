@@ -70,7 +70,8 @@ def cluster_capable() -> bool:
 
 # The template instantiations the executors' plans asked for (engine.gpu.plan.DecodePlan.kernels), in order.
 # The first kernel looked up compiles one module with all of them (CuPy caches the cubin on disk, keyed by
-# source, options and names); a name asked for later compiles a module of the names not yet compiled.
+# source, options and names); a name no plan asked for compiles a module of every instantiation not yet
+# compiled that some plan can take (kernel_names.all_names), and that name.
 _REQUIRED: dict[str, None] = {}
 _MODULES: list = []  # [(names, module)]
 
@@ -117,8 +118,9 @@ def kernel(name: str):
             return mod.get_function(name)
     done = set(compiled_names())
     pending = tuple(n for n in _REQUIRED if n not in done and not n.startswith(TC_KERNELS))
-    if "<" in name and name not in pending:
-        pending += (name,)
+    if "<" in name and name not in pending:  # (asked for by no plan: a kernel test, a sweep) every instantiation
+        pending = tuple(dict.fromkeys(pending + tuple(n for n in all_names() if n not in done and
+                                                      not n.startswith(TC_KERNELS)) + (name,)))
     _MODULES.append((pending, module(pending)))
     return _MODULES[-1][1].get_function(name)
 

@@ -18,8 +18,6 @@ def test_gated_chunks_and_the_chunk_scaled_gemv(cp, hv, n):
     from engine.gpu_weights import upload_matrix
     from engine.ops import kernels as K
 
-    if not K.XI16:
-        pytest.skip("chunk scales ride on the int16 pairs")
     k = hv * 128
     kpad = -(-k // K.XPAD) * K.XPAD
     o = cp.asarray(RNG.standard_normal((1, hv, 128)).astype(np.float32))
@@ -52,13 +50,13 @@ def test_gated_chunks_and_the_chunk_scaled_gemv(cp, hv, n):
 @pytest.mark.parametrize("early", [1, 0], ids=["early", "after-wait"])
 @pytest.mark.parametrize("hk,hv,m", [(16, 48, 1), (16, 32, 2)], ids=["27b", "35b-2rows"])
 def test_gdn_delta_gated_cl_matches_the_two_launches(cp, hk, hv, m, early):
-    """gdn_delta_gated_cl (cuda/gdn_cluster.cu, GdnOps.GDN_GATED_CL: a cluster of 4 blocks a value head, the head's
+    """gdn_delta_gated_cl (cuda/gdn_cluster.cu, the sm_90 plan's gdn: a cluster of 4 blocks a value head, the head's
     outputs pushed into its first block through distributed shared memory) against gdn_delta_raw_rw<4> then
     gated_rmsnorm_chunks: the state, o, the gated output, the staged pairs, the chunk scales and xinv bit for bit; early:
-    the state rows loaded before the PDL wait (GDN_STATE_EARLY)."""
+    the state rows loaded before the PDL wait (its early-state flag)."""
     from engine.ops import kernels as K
 
-    if not (K.XI16 and K.cluster_capable()):
+    if not K.cluster_capable():
         pytest.skip("thread block clusters (sm_90) and chunk scales on int16 pairs")
     rng = np.random.default_rng(5)
 
@@ -94,13 +92,13 @@ def test_gdn_delta_gated_cl_matches_the_two_launches(cp, hk, hv, m, early):
 
 @pytest.mark.parametrize("hk,hv,h,m", [(16, 48, 5120, 1), (16, 32, 2048, 2)], ids=["27b", "35b-2rows"])
 def test_gdn_ab_in_matches_the_ab_gemv(cp, hk, hv, h, m):
-    """GDN_AB_IN: gdn_delta_gated_cl computing each head's a and b projections from the bf16 [a; b] weights and the
+    """The plan's gdn_ab_in: gdn_delta_gated_cl computing each head's a and b projections from the bf16 [a; b] weights and the
     fp32 normed row (before the PDL wait: the weights) against gemv_bf16 (8 warps a row, as the executor launches it
     for 2 Hv rows) writing ab and the kernel reading it: the state, o and the gated output within fp32 rounding (the
     sums run in gemv_bf16's order; the compiler may contract them differently)."""
     from engine.ops import kernels as K
 
-    if not (K.XI16 and K.cluster_capable()):
+    if not K.cluster_capable():
         pytest.skip("thread block clusters (sm_90) and chunk scales on int16 pairs")
     rng = np.random.default_rng(9)
 

@@ -57,9 +57,9 @@ def test_residual_rmsnorm_and_gated(cp):
     assert np.array_equal(xh2.get(), xh.get())
     assert np.array_equal(xinv2.get(), xinv.get())
     # residual_rmsnorm_mb2 (2 values a thread, 8 planes a round): the same bits as residual_rmsnorm_mb, for rows
-    # of up to 2,048 values and 1 to 9 planes (the MoE norm's k + 1); residual_rmsnorm_mb5 (5 values a thread, 4
-    # planes a round) for rows of up to 5,120 (the 27B's, 3 planes after the fused MLP); mb5's _1r form (4 planes in one
-    # round of loads with x_in and w) the same bits too, also past one round (12 planes) and with none
+    # of up to 2,048 values and 1 to 9 planes (the MoE norm's k + 1); residual_rmsnorm_mb5_1r (5 values a thread, 4
+    # planes in one round of loads with x_in and w) for rows of up to 5,120 (the 27B's, 3 planes after the fused MLP)
+    # the same bits too, also past one round (12 planes) and with none
     for h2, s2 in ((1000, 3), (2048, 9), (2048, 1), (1536, 2), (5120, 3), (4000, 5), (5120, 1), (2048, 12), (5120, 0)):
         kp2 = -(-h2 // K.XPAD) * K.XPAD
         x2 = RNG.standard_normal((m, h2)).astype(np.float32)
@@ -67,7 +67,7 @@ def test_residual_rmsnorm_and_gated(cp):
         w2 = cp.asarray(RNG.standard_normal(h2).astype(np.float32) * 0.1)
         got = {}
         forms = ("residual_rmsnorm_mb",) + (("residual_rmsnorm_mb2",) if h2 <= 2048 else ())
-        forms += ("residual_rmsnorm_mb5", "residual_rmsnorm_mb5_1r")
+        forms += ("residual_rmsnorm_mb5_1r",)
         for name in forms:
             xo, o2 = poisoned(cp, (m, h2)), poisoned(cp, (m, h2))
             xh3, xinv3 = cp.zeros((m, kp2 // 2), dtype=cp.uint32), cp.zeros(m, dtype=cp.float32)
@@ -153,23 +153,17 @@ def test_gdn_step(cp):
     check("gdn out", bufs["o"].get()[0], o[0], atol=1e-3, rtol=1e-2, tail_frac=2e-3, worst_ratio=5, rel=8e-3)
 
 
-# tt: tokens a warp a round (their K/V loads in flight together); gs: blocks a KV head's query group is cut
-# into (attn_decode_split<g / gs, kv8, gs>); tt = 0: attn_decode_mma<g, kv8, W, NS> (tensor cores), gs its
-# form's index in kernels.ATTN_MMA_FORMS (W warps, NS stages: each runs on an H200); gs = -1 - f: raw-K form f of
-# kernels.ATTN_MMA_KRAW_FORMS (the raw int8 K codes into the MMAs, KRAW, int8 only); gs = -10 - f: raw-K, raw-V form f
-# of kernels.ATTN_MMA_VRAW_FORMS; gs = -20 - f: the transposed form f of kernels.ATTN_MMA_T_FORMS
-@pytest.mark.parametrize("tt,gs", [(1, 1), (4, 1), (1, 2), (1, 4), (0, 0), (0, 1), (0, 2), (0, -1), (0, -2), (0, -3),
-                                   (0, -4), (0, -10), (0, -11), (0, -20), (0, -21), (0, -22), (0, -23), (0, -24)])
+# form: the split kernel (attn_decode_split<g, kv8>; "split2": a KV head's query group over two blocks,
+# attn_decode_split<g / 2, kv8, 2>), attn_decode_mma<g, kv8, W, NS> in form N of kernels.ATTN_MMA_FORMS ("mmaN": W
+# warps, NS stages, the sm_90 / A100 / 99 KB classes' forms, each runs on an H200), or "vraw" (int8: the raw K and V
+# codes into the MMAs, the sm_90 class's form)
+@pytest.mark.parametrize("form", ["split", "split2", "mma0", "mma1", "mma2", "vraw"])
 @pytest.mark.parametrize("kv", ["bf16", "int8"])
 @pytest.mark.parametrize("g", [6, 8])
 @pytest.mark.parametrize("length", [1, 63, 200, 1500])
-def test_attention_decode(cp, g, length, kv, tt, gs):
-    from engine.ops import kernels as K
-
-    if tt and gs > 1 and (g // gs, gs) not in K.ATTN_GSPLIT:
-        pytest.skip(f"no attn_decode_split<{g // gs},*,{gs}> compiled")
-    if gs < 0 and kv != "int8":
-        pytest.skip("raw K codes: int8 caches only")
+def test_attention_decode(cp, g, length, kv, form):
+    if form == "vraw" and kv != "int8":
+        pytest.skip("raw codes: int8 caches only")
     from engine.ops import kernels as K
     from engine.ops.kvquant import dequantize_kv_int8_g64, quantize_kv_int8_g64
 
@@ -210,22 +204,18 @@ def test_attention_decode(cp, g, length, kv, tt, gs):
     acc = cp.zeros((1, hq, nsplit, d), dtype=cp.float32)
     out = poisoned(cp, (1, hq * d))
     kv8 = "true" if int8 else "false"
-    name = f"attn_decode_split<{g},{kv8}>" if tt == 1 else f"attn_decode_tt<{g},{kv8},{tt}>"
-    if tt and gs > 1:
-        name = f"attn_decode_split<{g // gs},{kv8},{gs}>"
-    launch = dict(grid=(hkv * gs, nsplit, 1))
-    if tt == 0 and gs <= -20:
-        w, ns, _minb = K.ATTN_MMA_T_FORMS[-20 - gs]
-        name = K.attn_mma_t_name(g, -20 - gs)
-        launch = dict(grid=(hkv, nsplit, 1), block=32 * w, smem=K.attn_mma_t_smem(w, ns))
-    elif tt == 0 and gs <= -10:
-        w, ns = K.ATTN_MMA_VRAW_FORMS[-10 - gs]
-        name = K.attn_mma_vraw_name(g, -10 - gs)
-        launch = dict(grid=(hkv, nsplit, 1), block=32 * w, smem=K.attn_mma_smem(int8, w, ns, vraw=True))
-    elif tt == 0:
-        w, ns = K.ATTN_MMA_FORMS[int8][gs] if gs >= 0 else K.ATTN_MMA_KRAW_FORMS[-1 - gs]
-        name = f"attn_decode_mma<{g},{kv8},{w},{ns}" + (",true>" if gs < 0 else ">")
-        launch = dict(grid=(hkv, nsplit, 1), block=32 * w, smem=K.attn_mma_smem(int8, w, ns, kraw=gs < 0))
+    if form.startswith("split"):
+        gs = 2 if form == "split2" else 1
+        name = f"attn_decode_split<{g // gs},{kv8},{gs}>" if gs > 1 else f"attn_decode_split<{g},{kv8}>"
+        launch = dict(grid=(hkv * gs, nsplit, 1))
+    elif form == "vraw":
+        w, ns = K.ATTN_MMA_VRAW_FORM
+        name = K.attn_mma_vraw_name(g)
+        launch = dict(grid=(hkv, nsplit, 1), block=32 * w, smem=K.attn_mma_smem(True, w, ns, vraw=True))
+    else:
+        w, ns = K.ATTN_MMA_FORMS[int8][int(form[3:])]
+        name = f"attn_decode_mma<{g},{kv8},{w},{ns}>"
+        launch = dict(grid=(hkv, nsplit, 1), block=32 * w, smem=K.attn_mma_smem(int8, w, ns))
     K.prepared(name, args=(qbuf, kc, vc, pos, pt, pages, hkv, chunk, 1 / 16, ml, acc, nsplit, ptr(ksc), ptr(vsc)),
                **launch)()
     K.prepared("attn_combine", (hq, 1), (ml, acc, nsplit, cp.asarray(gate), hq * d, out, hq * d, hq))()
@@ -278,7 +268,7 @@ def _gdn_inputs(t, hk, hv):
     return q, k, v, g, beta, s0
 
 
-@pytest.mark.parametrize("rows", [2, 4])
+@pytest.mark.parametrize("rows", [2])
 def test_gdn_delta_rows_matches_delta_cols(cp, rows):
     """The prefill's recurrence with several state rows a warp against the row-a-warp kernel."""
     from engine.ops import kernels as K
@@ -297,12 +287,11 @@ def test_gdn_delta_rows_matches_delta_cols(cp, rows):
 
 
 @pytest.mark.parametrize("t", [37, 64, 150])
-@pytest.mark.parametrize("rb,tc", [(16, False), (32, False), (64, False), (32, True), (64, True), (32, "q1"), (64, "q1")])
-def test_gdn_chunked_matches_delta_cols(cp, t, rb, tc):
-    """The chunked delta rule (gdn_chunk_prep over the 64-token pieces on tensor cores, gdn_chunk_scan<RB>
-    in order on CUDA cores or gdn_chunk_scan_tc<RB> on tensor cores; "q1": gdn_chunk_scan_tc<RB, 1>, the
-    output's products in 1xTF32) against the token-by-token kernel: outputs and final state, pieces whole
-    and partial."""
+@pytest.mark.parametrize("rb", [32, 64])
+def test_gdn_chunked_matches_delta_cols(cp, t, rb):
+    """The chunked delta rule (gdn_chunk_prep over the 64-token pieces on tensor cores, then gdn_chunk_scan_tc<RB, 1>
+    in order, the output's products in 1xTF32) against the token-by-token kernel: outputs and final state, pieces
+    whole and partial."""
     from engine.ops import kernels as K
 
     hk, hv = 2, 6
@@ -318,8 +307,7 @@ def test_gdn_chunked_matches_delta_cols(cp, t, rb, tc):
     st, o = cp.asarray(s0), poisoned(cp, (t, hv, 128))
     K.prepared("gdn_chunk_prep", (pieces, hv), (dq, dk, dv, dg, db, w, u, m, gg, hk, hv, 0, t),
                smem=K.GDN_PREP_SMEM)()
-    name = f"gdn_chunk_scan_tc<{rb}, 1>" if tc == "q1" else f"gdn_chunk_scan{'_tc' if tc else ''}<{rb}>"
-    K.prepared(name, (hv, 128 // rb),
-               (dq, dk, w, u, m, gg, st, o, hk, hv, 0, t), smem=K.gdn_scan_smem(rb, tc))()
+    K.prepared(f"gdn_chunk_scan_tc<{rb}, 1>", (hv, 128 // rb),
+               (dq, dk, w, u, m, gg, st, o, hk, hv, 0, t), smem=K.gdn_scan_smem(rb))()
     check("gdn_chunked state", st.get(), want_s, **GDN_STATE)
     check("gdn_chunked out", o.get(), want_o, **ELEM)
