@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import cupy as cp  # noqa: E402
 
-from engine.ops import kernels as K  # noqa: E402
+from engine.gpu import launch as K  # noqa: E402
 from gemv_sweep import time_graph  # noqa: E402
 from gpu_decode import copy_bandwidth  # noqa: E402
 

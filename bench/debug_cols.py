@@ -10,7 +10,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
 
-from engine import gpu_weights  # noqa: E402
+from engine.gpu import weights as gpu_weights  # noqa: E402
 from engine.config import ModelArgs  # noqa: E402
 from engine.gpu_engine import build_engine  # noqa: E402
 from engine.synthetic import TINY_CUDA as CFG  # noqa: E402

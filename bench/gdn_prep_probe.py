@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cupy as cp  # noqa: E402
 
-from engine.ops import kernels as K  # noqa: E402
+from engine.gpu import launch as K  # noqa: E402
 
 MASKS = {0: "whole kernel", 1: "without K K^T / Q K^T", 2: "without the solve", 4: "without W / U'",
          8: "without the W / U' stores", 6: "without the solve and W / U'", 7: "loads, cumsum and stores only"}

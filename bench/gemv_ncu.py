@@ -1,6 +1,6 @@
 """Launch the 27B's main decode GEMVs twice each with plain launches, for Nsight Compute
 (`bash bench/gpu_profile.sh` runs it under ncu). Each shape runs with the engine's tuning table
-(`engine.ops.gemv_tuning`), x pre-staged as in decode. NCU_MMA="t,kw,u" launches gemv_mma instead,
+(`engine.gpu.gemv_tuning`), x pre-staged as in decode. NCU_MMA="t,kw,u" launches gemv_mma instead,
 NCU_TMA=NW gemv_tma (sm_90, NW consumer warps); NCU_SHAPES="mlp gate|up,..." picks shapes.
 """
 from __future__ import annotations
@@ -15,10 +15,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cupy as cp  # noqa: E402
 
-from engine.gpu_weights import random_matrix  # noqa: E402
-from engine.ops import kernels as K  # noqa: E402
-from engine.ops.gemv_plan import GemvPlan  # noqa: E402
-from engine.ops.gemv_tuning import default_cfg  # noqa: E402
+from engine.gpu.weights import random_matrix  # noqa: E402
+from engine.gpu import launch as K  # noqa: E402
+from engine.gpu.gemv import GemvPlan  # noqa: E402
+from engine.gpu.gemv_tuning import default_cfg  # noqa: E402
 
 SHAPES = [("mlp gate|up", "q4_g64_fp16", 34816, 5120, "swiglu"), ("mlp down", "q5_g64_fp16", 5120, 17408, "partial"),
           ("gdn v|z", "q5_g64_fp16", 12288, 5120, "store")]

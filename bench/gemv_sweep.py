@@ -12,8 +12,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cupy as cp  # noqa: E402
 
-from engine.ops import kernels as K  # noqa: E402
-from engine.ops.gemv_plan import GemvPlan  # noqa: E402
+from engine.gpu import launch as K  # noqa: E402
+from engine.gpu.gemv import GemvPlan  # noqa: E402
 
 SHAPES_27B = [  # (name, fmt, N, K, epilogue)
     ("attn q|k", "q4_g64_fp16", 7168, 5120, "store"),
@@ -69,7 +69,7 @@ def time_plans(plans) -> float:
 def kernel_sweep(bw, shapes=SHAPES_27B, fast=False):
     """The register kernels (gemv_rs; gemv_rs_pre on the pre-staged pairs) over rows, unroll and split-K slices;
     fast: rows 1-2, unroll 2."""
-    from engine.gpu_weights import random_matrix
+    from engine.gpu.weights import random_matrix
 
     rng = cp.random.default_rng(0)
     rows_opts, unroll_opts = ((1, 2), (2,)) if fast else ((1, 2, 4), (2, 4))
@@ -111,7 +111,7 @@ def routed_sweep(bw, experts=256, slots=8):
     """The routed expert GEMVs as the MoE decode launches them (MlpOps._moe_ops): `slots` distinct experts of a
     stacked [experts x n, k] object, gate|up on the staged norm row (SwiGLU into [slots, n / 2]), down on each
     slot's own fp32 row (staged by its blocks) into weighted planes. GB/s counts the slots' bytes."""
-    from engine.gpu_weights import random_matrix
+    from engine.gpu.weights import random_matrix
 
     rng = cp.random.default_rng(0)
     nrng = np.random.default_rng(2)

@@ -96,7 +96,7 @@ cupy_ready() {
 # compile the engine's module (cached for the later steps), then wait until CuPy compiles its own kernels
 ready() {
   log compile
-  timeout 240 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')"
+  timeout 240 python3 -c "from engine.gpu import launch as K; K.kernel('argmax_step')"
   cupy_ready
 }
 # pytest, then up to twice more for the tests that failed when a file read on a fresh machine saw junk
@@ -231,12 +231,12 @@ timeout 120 python3 bench/gpu_decode.py --synthetic qwen3.8-27b,qwen3.6-35b-a3b 
 fi
 if [ "$PART" = probe ]; then  # bench/mma_probe.py (L2-resident vs DRAM-streamed GEMV variants)
 log compile
-timeout 240 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')"
+timeout 240 python3 -c "from engine.gpu import launch as K; K.kernel('argmax_step')"
 timeout 120 python3 bench/mma_probe.py 2>&1 | tail -20
 fi
 if [ "$PART" = exp ]; then  # main's sweep again, so that every number of this call is from one machine
   log "main sweep (reference)"
-  timeout 300 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')"
+  timeout 300 python3 -c "from engine.gpu import launch as K; K.kernel('argmax_step')"
   timeout 100 python3 bench/gpu_decode.py --sweep --synthetic qwen3.8-27b,qwen3.6-35b-a3b --out "$OUT/exp_main.json" 2>&1 \
     | grep -E "best|PDL" | head -12
 fi
@@ -247,7 +247,7 @@ fi
   log "experiment $name"
   rm -rf "$dir" && mkdir -p "$dir" && cp -r . "$dir" && (cd "$dir" && patch -p1 -s < "$p") || continue
   (cd "$dir" && export PYTHONPATH=$dir CUPY_CACHE_DIR=$dir/.cupy_cache && \
-   timeout 300 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')" && \
+   timeout 300 python3 -c "from engine.gpu import launch as K; K.kernel('argmax_step')" && \
    timeout 120 python3 -m pytest -q -x tests/gpu/test_gemv.py tests/gpu/test_kernels.py tests/gpu/test_gpu_engine.py tests/gpu/test_gpu_engine_moe.py -k "not memory_plan" \
      -p no:cacheprovider 2>&1 | tail -3 && \
    timeout 100 python3 bench/gpu_decode.py --sweep --synthetic qwen3.8-27b,qwen3.6-35b-a3b --out "$OUT/exp_$name.json" \
@@ -255,13 +255,13 @@ fi
 done
 log done
 if [ "$PART" = ncu_mma ]; then  # Nsight Compute: gemv_mma against the register kernel on gate|up
-  timeout 240 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')"
+  timeout 240 python3 -c "from engine.gpu import launch as K; K.kernel('argmax_step')"
   NCU_SHAPES="mlp gate|up" NCU_KERNEL=gemv_ bash bench/gpu_profile.sh; cp "$OUT/ncu.txt" "$OUT/ncu_reg.txt"
   NCU_SHAPES="mlp gate|up" NCU_MMA=2,4,2 NCU_KERNEL=gemv_ bash bench/gpu_profile.sh
   grep -E "Stall|stall|Warp Cycles|Issue Slot|Executed Ipc|L1/TEX Hit|Mem Busy|Max Bandwidth|DRAM Through|Registers Per|Achieved Occ|Theoretical Occ|Duration" "$OUT/ncu.txt" | head -50
 fi
 if [ "$PART" = ppchunk ]; then  # pp8192 with larger tensor-core prefill chunks (dequantized weights amortized)
-  timeout 240 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')"
+  timeout 240 python3 -c "from engine.gpu import launch as K; K.kernel('argmax_step')"
   for T in ${CHUNKS:-2048 4096 8192}; do
     log "pp8192 NINFER_PREFILL_GEMM=$T"
     NINFER_PREFILL_GEMM=$T timeout 100 python3 -m ninfer_cli.main bench --synthetic qwen3.8-27b -p 8192 -n 0 -r 2 \
@@ -700,7 +700,7 @@ fi
 if [ "$PART" = xi16 ]; then
 ready
 log "compile with NINFER_XI16=1"
-NINFER_XI16=1 timeout 240 python3 -c "from engine.ops import kernels as K; K.kernel('argmax_step')"
+NINFER_XI16=1 timeout 240 python3 -c "from engine.gpu import launch as K; K.kernel('argmax_step')"
 log "tests with int16 x (GEMV, MoE, norms, engine, prefill)"
 NINFER_XI16=1 gpu_pytest "$OUT/gpu_tests_xi16.txt" tests/gpu/test_gemv.py tests/gpu/test_kernels.py tests/gpu/test_gpu_engine.py tests/gpu/test_gpu_engine_moe.py \
   tests/gpu/test_prefill.py -k "gemv or moe or norm or stage or engine or prefill or column or greedy or smollm"

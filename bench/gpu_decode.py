@@ -20,7 +20,7 @@ import cupy as cp  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine.ops import kernels as K  # noqa: E402
+from engine.gpu import launch as K  # noqa: E402
 from gemv_sweep import SHAPES_27B, SHAPES_35B, best_cfg, kernel_sweep, routed_sweep, time_graph  # noqa: E402
 
 
@@ -209,7 +209,8 @@ def synthetic_decode(geometry, bw, gemv_cfg, n=128, depth=0, breakdown=False, kv
 
 def tiny_parity(steps=64):
     """CUDA engine vs the NumPy engine on a tiny Qwen3.5 (real head dims), same dequantized weights."""
-    from engine import api, gpu_weights
+    from engine import api
+    from engine.gpu import weights as gpu_weights
     from engine.config import ModelArgs
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5 import random_weights
@@ -278,7 +279,7 @@ def main():
         if a.out:
             Path(a.out).write_text(json.dumps(report, indent=1, default=str))
     if a.fuse_stage:  # every (N, K) the geometries' gate|up matrices have: pre2 + fuse_stage
-        from engine.ops.gemv_tuning import default_cfg
+        from engine.gpu.gemv_tuning import default_cfg
         from engine.synthetic import geometry_config
 
         cfg = dict(cfg) if cfg else default_cfg()

@@ -17,7 +17,7 @@ from pathlib import Path
 import cupy as cp
 import numpy as np
 
-from engine.ops.gemv_plan import mlp_fused_help_words, mlp_fused_launch
+from engine.gpu.gemv import mlp_fused_help_words, mlp_fused_launch
 
 PHASES = ("norm", "gate|up", "barrier 1", "stage (+ barrier 2)", "down")
 

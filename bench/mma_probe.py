@@ -5,9 +5,9 @@ import cupy as cp
 import numpy as np
 
 from bench.gemv_sweep import time_plans
-from engine.gpu_weights import random_matrix
-from engine.ops import kernels as K
-from engine.ops.gemv_plan import GemvPlan
+from engine.gpu.weights import random_matrix
+from engine.gpu import launch as K
+from engine.gpu.gemv import GemvPlan
 
 
 def main():

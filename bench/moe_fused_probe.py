@@ -18,7 +18,7 @@ PHASES = ("norm", "router + shared", "barrier 1", "top-k", "routed + stage", "ba
 
 
 def probe(ex, n: int = 200) -> dict:
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
 
     def first():
         return next(op for op in ex.ops if K.op_name(op).startswith("moe_fused<"))

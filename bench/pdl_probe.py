@@ -3,7 +3,7 @@ captures it)? The decode step measured the same with and without it until sessio
 carried the attribute's value (kernels._LaunchAttr); with it, the 35B-A3B's step gained 5% (bench/NOTES-decode.md).
 
 Run on the GPU machine:  python bench/pdl_probe.py
-Chains of N launches captured into one graph through engine.ops.kernels.Launch (cuLaunchKernelEx with
+Chains of N launches captured into one graph through engine.gpu.launch.Launch (cuLaunchKernelEx with
 programmatic stream serialization when kernels.PDL is on), timed over replays, for
   empty   one block that only waits (the launch-to-launch cost),
   stream  a memory-bound kernel reading its own 24 MiB slice (a mid-size GEMV's bytes) with the wait
@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cupy as cp  # noqa: E402
 
-from engine.ops import kernels as K  # noqa: E402
+from engine.gpu import launch as K  # noqa: E402
 
 SRC = r"""
 #define WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cupy as cp  # noqa: E402
 
-from engine.ops.kernels import op_name  # noqa: E402
+from engine.gpu.launch import op_name  # noqa: E402
 
 
 def main():
@@ -29,7 +29,7 @@ def main():
     ap.add_argument("--chunk", type=int, default=1024)
     ap.add_argument("--out")
     a = ap.parse_args()
-    from engine import gpu_weights
+    from engine.gpu import weights as gpu_weights
     from engine.config import ModelArgs
     from engine.gpu_engine import build_engine
     from engine.synthetic import GEOMETRIES, geometry_config

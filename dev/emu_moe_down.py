@@ -5,7 +5,7 @@ pairs' order and dp2a are dev/emu_gemv_xi16.py's. Run: PYTHONPATH=. python dev/e
 import numpy as np
 
 from engine.artifact import formats
-from engine.ops.kernels import FMT_IDS
+from engine.gpu.launch import FMT_IDS
 
 OFF = {0: 8, 1: 16, 2: 32, 3: 128}
 HB = {0: 0, 1: 8, 2: 16, 3: 0}

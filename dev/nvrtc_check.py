@@ -13,7 +13,8 @@ import ctypes
 import os
 import sys
 
-from engine.ops import kernel_names, kernels
+from engine.gpu import kernel_names
+from engine.gpu import launch as kernels
 
 
 def names_for(argv) -> tuple[list[str], str, str]:

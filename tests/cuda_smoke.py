@@ -11,7 +11,7 @@ from engine.synthetic import TINY_CUDA as CFG
 def cp(monkeypatch):
     cp = fake_cupy.install(monkeypatch)
     yield cp
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
 
     K.reset_modules()
     for fn in (K.sm_count, K.blocks_per_sm, K.smem_optin, K.compute_capability, K.cluster_capable, K.pdl_capable,
@@ -28,7 +28,7 @@ def moe_cfg(shared: int = 256) -> dict:
 
 
 def weights(cfg):
-    from engine import gpu_weights
+    from engine.gpu import weights as gpu_weights
     from engine.config import ModelArgs
     from engine.models.qwen3_5 import random_weights
 
@@ -40,7 +40,7 @@ def weights(cfg):
 
 def flat(ops):
     """The graph ops with Concurrent ones opened (main, then side)."""
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
 
     out = []
     for op in ops:

@@ -170,7 +170,7 @@ def install(monkeypatch) -> types.ModuleType:
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     monkeypatch.setitem(sys.modules, "cupy_backends.cuda.libs.cublas", cublas)
     sys.modules["cupy_backends.cuda.libs"].cublas = cublas
-    from engine.ops import kernels as K  # noqa: PLC0415
+    from engine.gpu import launch as K  # noqa: PLC0415
 
     K.reset_modules()
     for fn in (K.sm_count, K.smem_optin, K.compute_capability, K.cluster_capable, K.pdl_capable, K.device_name):

@@ -16,7 +16,7 @@ from cuda_smoke import CFG, cp, flat as _flat, on_gpu, weights as _weights  # no
 def test_attention_form_follows_the_shared_memory(gpu, kv, want):
     """The tensor-core attention's first form that fits the class's shared memory a block, and its size."""
     from engine.gpu.plan import DEVICES, attention_form
-    from engine.ops import kernel_names as KN
+    from engine.gpu import kernel_names as KN
 
     name, threads, smem = attention_form(6, kv, DEVICES[gpu])
     assert name == want and smem <= DEVICES[gpu].smem_optin
@@ -42,7 +42,7 @@ def test_attention_launch_plumbing(cp, monkeypatch, gpu, kv):
     """The executor launches the plan's attention over (Hkv, nsplit, M) with its warps and shared memory; nsplit fills
     the SMs once with its resident blocks; the combine (with the o-projection's staging) takes the same nsplit."""
     from engine.gpu_engine import build_engine
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
 
     on_gpu(monkeypatch, gpu)
     cfg = dict(CFG, num_attention_heads=12, num_key_value_heads=2)  # 6 query heads a KV head, as the 27B

@@ -15,7 +15,7 @@ def test_dense_engine_builds_and_runs_every_path(cp, kv, gpu, monkeypatch):
     """The decode step, the columns step and the tensor-core prefill of the plan of each GPU class: the plan's norm,
     delta rule and attention in the op list; prefill, greedy decode, seek and the sparse step run."""
     from engine.gpu_engine import build_engine
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
 
     on_gpu(monkeypatch, gpu)
     args, w = _weights(CFG)

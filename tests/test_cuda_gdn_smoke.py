@@ -65,7 +65,7 @@ def test_gdn_merge_plumbing(cp, monkeypatch):
     v|z its views, the same bytes counted once) and project it with one conv-epilogue GEMV into one [q|k|v|z] row,
     which the delta rule reads at its offsets; mixed formats (the dense recipe: q|k q4, v|z q5) keep two GEMVs."""
     from engine.gpu_engine import build_engine
-    from engine.ops.gemv_plan import GemvPlan
+    from engine.gpu.gemv import GemvPlan
 
     on_gpu(monkeypatch, "sm_86", moe_fused=False)
     cfg = moe_cfg()
@@ -98,7 +98,7 @@ def test_gdn_prep_in_the_projections_epilogue(cp, monkeypatch):
     conv history (q|k from channel 0, v from 2 Hk x 128, z rows plain) and the delta rule reads their outputs; the
     columns step keeps its own prep kernel."""
     from engine.gpu_engine import build_engine
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
 
     on_gpu(monkeypatch, "sm_90")
     args, w = _weights(CFG)
@@ -125,7 +125,7 @@ def test_conv_epilogue_is_refused_where_it_is_not_compiled(cp):
     """The GDN conv epilogue exists only in the row-split GEMVs for one token: a bf16 matrix or several token
     rows raise instead of storing the plain product."""
     from engine.gpu_engine import build_engine
-    from engine.ops.gemv_plan import GemvPlan
+    from engine.gpu.gemv import GemvPlan
 
     args, w = _weights(CFG)
     ex = build_engine(args, w, CFG, max_context=256, prefill_cols=8, prefill_gemm=0).model.executor

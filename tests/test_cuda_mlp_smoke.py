@@ -5,7 +5,7 @@ from cuda_smoke import CFG, cp, flat as _flat, on_gpu, weights as _weights  # no
 
 def _step(monkeypatch, pre2=False, **override):
     from engine.gpu_engine import build_engine
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
 
     on_gpu(monkeypatch, "sm_90", **override)
     monkeypatch.setattr(K, "resident_blocks", lambda name, block, smem=0: 1)
@@ -22,7 +22,7 @@ def test_mlp_fused_plumbing(cp, monkeypatch):
     (1,024 threads, one block a multiprocessor, the residual buffers alternating as the norm kernels alternate them,
     chunk scales, the help words and their own barrier counter; the attention layers' o-projection inside it, from
     the combine's one-scale pairs); with mlp_fused off, the four kernels."""
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
 
     args, off_ex, off = _step(monkeypatch, mlp_fused=False)
     args, ex, on = _step(monkeypatch)
@@ -56,7 +56,7 @@ def test_mlp_fused_plumbing(cp, monkeypatch):
 def test_mlp_fused_o_plumbing(cp, monkeypatch):
     """Where the GDN layers' o-projection takes chunk scales (gemv_rs_pre), it goes inside mlp_fused too, from the gated
     norm's chunk-scaled pairs: every layer one launch after its core, no o GEMV left."""
-    from engine.ops.gemv_plan import GemvPlan
+    from engine.gpu.gemv import GemvPlan
 
     args, ex, ops = _step(monkeypatch, pre2=True)
     fused = [op for op in ops if getattr(op, "name", "").startswith("mlp_fused<")]
@@ -71,7 +71,7 @@ def test_mlp_fused_o_plumbing(cp, monkeypatch):
 def test_mlp_fused_falls_back_where_no_block_fits(cp, monkeypatch):
     """Where the occupancy calculator fits no 1,024-thread block of mlp_fused, the dense MLP keeps the four kernels."""
     from engine.gpu_engine import build_engine
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
 
     def none_fit(name, block, smem=0):
         raise RuntimeError(f"{name}: no resident block")

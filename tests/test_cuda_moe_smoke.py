@@ -21,7 +21,7 @@ def test_moe_fused_plumbing(cp, monkeypatch):
     gate|up and moe_down are one moe_fused launch (1,024 threads, the normed row's 6 bytes a value of shared memory,
     programmatic without the cooperative attribute), leaving the k + 1 planes the next norm sums; the residual
     buffers alternate as the norm kernels alternate them; the decode step runs. Off: the kernels."""
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
 
     _, _, off_eng = _build(monkeypatch, moe_fused=False)
     off = list(_flat(off_eng.model.executor.ops))
@@ -51,7 +51,7 @@ def test_moe_fused_plumbing(cp, monkeypatch):
 def test_moe_fused_needs_its_rules(cp, monkeypatch):
     """moe_fused only where it fits: a grid too small for the shared expert's 32-value chunks (one block) falls back to
     the kernels."""
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
 
     monkeypatch.setattr(K, "sm_count", lambda: 1)
     _, _, eng = _build(monkeypatch)
@@ -64,7 +64,7 @@ def test_moe_fused_o_plumbing(cp, monkeypatch):
     a lane on whole 64-chunk blocks, as many planes as slices for the norm to sum), its input chunk-scaled: each GDN
     layer's gated norm stages chunks (gated_rmsnorm_chunks, or inside gdn_delta_gated_cl on sm_90) and each attention
     layer's combine is attn_combine_chunks_b, all writing the scales moe_fused's o-phase takes (its last argument)."""
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
 
     for gpu in ("sm_86", "sm_90"):
         args, _, eng = _build(monkeypatch, gpu)

@@ -25,7 +25,7 @@ def test_moe_gemm_prefill_plumbing(cp, monkeypatch):
         ex.eidx[...] = np.arange(args.num_experts_per_tok, dtype=np.int32)
     eng.prefill(list(range(1, 200)))
     assert eng.position == 199
-    from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill
+    from engine.gpu.prefill import CudaQwen35Prefill
 
     monkeypatch.setattr(CudaQwen35Prefill, "MOE_PAD_WASTE", 1e9)  # the strided-batched experts too
     eng.reset()
@@ -133,7 +133,7 @@ def test_flash_prefill_plumbing(cp, monkeypatch, kv):
     """The GEMM prefill's attention layers are one attn_prefill_fa launch a chunk (grid: query heads x 64-row query tiles
     of the valid rows; the chunk's start; the int8 scales), 4 warps a block on the 99 KB GPUs."""
     from engine.gpu_engine import build_engine
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
 
     on_gpu(monkeypatch, "sm_86")
     launches = []
@@ -164,7 +164,7 @@ def test_prefill_norms_write_the_gemm_input(cp, monkeypatch):
     so that only the attention layers' o-projection input (the flash kernel's fp32 output) is cast before
     its GEMM."""
     from engine.gpu_engine import build_engine
-    from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill
+    from engine.gpu.prefill import CudaQwen35Prefill
 
     norm16 = True
     args, w = _weights(CFG)
@@ -197,7 +197,7 @@ def test_moe_prefill_norm_reads_one_partial(cp, monkeypatch):
     only (the decode step's norm sums the k routed slots and the shared expert)."""
     from engine import gpu_engine
     from engine.gpu_engine import build_engine
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
 
     monkeypatch.setattr(gpu_engine, "MOE_PREFILL", True)
     cfg = moe_cfg(128)
@@ -230,7 +230,7 @@ def test_prefill_dequantizes_the_next_weights_ahead(cp, monkeypatch):
     recurrence (its o-projection's there), an attention layer's o-projection in place, after the flash
     kernel, none across it."""
     from engine.gpu_engine import build_engine
-    from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill
+    from engine.gpu.prefill import CudaQwen35Prefill
 
     args, w = _weights(CFG)
     eng = build_engine(args, w, CFG, max_context=512, prefill_gemm=128)

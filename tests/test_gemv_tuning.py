@@ -1,5 +1,6 @@
 """The GEMV tuning table: well-formed, and every entry is a variant the kernel module compiles."""
-from engine.ops import gemv_tuning, kernel_names, kernels
+from engine.gpu import gemv_tuning, kernel_names
+from engine.gpu import launch as kernels
 
 
 def test_table_entries_are_compiled_variants():

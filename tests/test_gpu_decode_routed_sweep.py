@@ -15,10 +15,10 @@ def test_routed_sweep_plans_every_variant(monkeypatch):
     import importlib
 
     import gemv_sweep
-    from engine import gpu_weights
+    from engine.gpu import weights as gpu_weights
     from engine.artifact import formats
-    from engine.ops import kernels as K
-    from engine.ops.gemv_plan import DevMatrix
+    from engine.gpu import launch as K
+    from engine.gpu.gemv import DevMatrix
 
     gd = importlib.reload(gemv_sweep)
     monkeypatch.setattr(cp, "random", types.SimpleNamespace(default_rng=lambda seed: None), raising=False)

@@ -11,7 +11,7 @@ from cuda_smoke import CFG, cp, moe_cfg, on_gpu, weights as _weights  # noqa: F4
 from engine.config import ModelArgs
 from engine.errors import NinferError
 from engine.gpu import plan as gpu_plan
-from engine.ops import kernel_names as KN
+from engine.gpu import kernel_names as KN
 from engine.synthetic import GEOMETRIES
 
 CUDA = Path(__file__).resolve().parents[1] / "cuda"
@@ -92,7 +92,7 @@ def test_executors_look_up_only_the_plans_kernels(cp, monkeypatch, gpu, moe, kv)
     """The decode step, the columns step and the tensor-core prefill (and a prefill run) ask the module for no
     template instantiation their plan did not list: the first module compiled holds them all."""
     from engine.gpu_engine import build_engine
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
 
     on_gpu(monkeypatch, gpu)
     cfg = moe_cfg() if moe else CFG

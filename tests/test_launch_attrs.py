@@ -1,9 +1,9 @@
-"""The driver structs that cuLaunchKernelEx reads (engine.ops.kernels): CUlaunchAttribute's layout and values (a
+"""The driver structs that cuLaunchKernelEx reads (engine.gpu.launch): CUlaunchAttribute's layout and values (a
 c_char array field would return a copy, and the value would never reach the struct); these bytes are what the
 driver sees."""
 import ctypes
 
-from engine.ops import kernels as K
+from engine.gpu import launch as K
 
 
 def test_launch_attribute_bytes():

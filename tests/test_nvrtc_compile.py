@@ -24,7 +24,7 @@ def _nvidia_dir():
 def test_generic_plans_compile_for_sm86(monkeypatch, capsys):
     from engine.config import ModelArgs
     from engine.gpu.plan import plan_for_recipe
-    from engine.ops import kernels
+    from engine.gpu import launch as kernels
     from engine.synthetic import GEOMETRIES
 
     d = _nvidia_dir()

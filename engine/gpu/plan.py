@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import NinferError
-from engine.ops import kernel_names as KN
+from engine.gpu import kernel_names as KN
 
 PLAN_ENV = "NINFER_PLAN"
 FMT_IDS = {"q4_g64_fp16": 0, "q5_g64_fp16": 1, "q6_g64_fp16": 2, "q8_g32_fp16": 3}
@@ -60,7 +60,7 @@ DEVICES = {
 
 def current_device() -> Device:
     """The GPU CuPy runs on (compute capability, shared memory opt-in, multiprocessors)."""
-    from engine.ops import kernels as K  # noqa: PLC0415
+    from engine.gpu import launch as K  # noqa: PLC0415
 
     return Device(K.compute_capability(), K.smem_optin(), K.sm_count(), K.device_name())
 
@@ -259,7 +259,8 @@ def _apply(plan: DecodePlan, override: dict, dev: Device, args) -> DecodePlan:
             raise NinferError(f"{PLAN_ENV}: {k} takes a {type(cur).__name__}, not {v!r}")
         changes[k] = v
     if changes.get("norm", plan.norm) not in NORMS:
-        raise NinferError(f"{PLAN_ENV}: norm {changes['norm']!r} is not a residual norm", f"use one of {', '.join(NORMS)}")
+        raise NinferError(f"{PLAN_ENV}: norm {changes['norm']!r} is not a residual norm",
+                          f"use one of {', '.join(NORMS)}")
     if changes.get("norm") == "residual_rmsnorm_cl" and dev.cc < 90 or changes.get("gdn") == GDN_CL and dev.cc < 90:
         raise NinferError(f"{PLAN_ENV}: the cluster kernels need sm_90 (this GPU: {dev.arch})")
     if changes.get("gdn", plan.gdn) not in (GDN_CL, GDN_RAW):
@@ -290,7 +291,7 @@ def env_override() -> dict | None:
 
 def formats_of(weights: dict) -> dict:
     """role -> format of a device weight mapping (the `DevMatrix` values)."""
-    from engine.gpu_weights import role  # noqa: PLC0415
+    from engine.gpu.weights import role  # noqa: PLC0415
 
     return {role(name): m.fmt for name, m in weights.items() if hasattr(m, "fmt")}
 
@@ -301,8 +302,8 @@ def plan_for(args, weights: dict, kv: str, dev: Device | None = None) -> DecodeP
 
 
 def plan_for_recipe(args, recipe: str, kv: str = "bf16", dev: Device | str = "sm_90") -> DecodePlan:
-    """The plan of a model stored in `recipe` (engine.gpu_weights.RECIPES) on a GPU class, without a GPU."""
-    from engine.gpu_weights import RECIPES  # noqa: PLC0415
+    """The plan of a model stored in `recipe` (engine.gpu.weights.RECIPES) on a GPU class, without a GPU."""
+    from engine.gpu.weights import RECIPES  # noqa: PLC0415
 
     if isinstance(dev, str):
         if dev not in DEVICES:

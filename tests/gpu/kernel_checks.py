@@ -39,8 +39,8 @@ def poisoned(cp, shape, dtype=np.float32):
 def staged_case(cp, fmt, n, k, m, xscale=3.0):
     """A random [n, k] matrix uploaded in `fmt` (unit-scale outputs), its exact decode, m rows of x, and x staged
     by stage_x_mb as the producer kernels stage it: (dm, wq, x, x on the device, pairs, inverse scales)."""
-    from engine.gpu_weights import upload_matrix
-    from engine.ops import kernels as K
+    from engine.gpu.weights import upload_matrix
+    from engine.gpu import launch as K
 
     w = (RNG.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
     dm = upload_matrix(cp, fmt, w)
@@ -75,6 +75,6 @@ def use_plan(monkeypatch, gpu=None, **override):
 
 def tuned_gpu() -> bool:
     """This GPU takes the sm_90 plan (clusters, PDL)."""
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
 
     return K.compute_capability() >= 90

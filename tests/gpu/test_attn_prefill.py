@@ -54,7 +54,7 @@ def _paged_cache(cp, x, kv, perm, pages):
 def test_flash_attention_matches_reference(t, start, hq, hkv, kv, warps):
     import cupy as cp
 
-    from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill
+    from engine.gpu.prefill import CudaQwen35Prefill
 
     rng = np.random.default_rng(t * 7 + start)
     n = start + t
@@ -81,7 +81,7 @@ def test_flash_attention_matches_cublas_path():
     """The same chunk through attention_cublas (the path it replaces) on the gathered cache."""
     import cupy as cp
 
-    from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill, attention_cublas, kv_rows
+    from engine.gpu.prefill import CudaQwen35Prefill, attention_cublas, kv_rows
 
     rng = np.random.default_rng(9)
     hq, hkv, t, start = 24, 4, 300, 200
@@ -153,7 +153,7 @@ def test_flash_attention_timing(capsys):
     and int8 caches) against gather + cuBLAS + softmax, in ms and TFLOP/s (4 T^2/2 D Hq flops)."""
     import cupy as cp
 
-    from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill, attention_cublas, kv_rows
+    from engine.gpu.prefill import CudaQwen35Prefill, attention_cublas, kv_rows
 
     hq, hkv, t = 24, 4, 8192
     pages = t // PAGE

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.gpu
 
 def forced_case(cfg, seed):
     """A quantized model of `cfg` for the path comparisons: (args, weights, a 150-token prompt, 40 forced tokens)."""
-    from engine import gpu_weights
+    from engine.gpu import weights as gpu_weights
     from engine.config import ModelArgs
 
     args = ModelArgs.from_config(cfg)
@@ -51,7 +51,7 @@ def assert_close_runs(got, want):
 
 def names_of(ex):
     """The kernel names of an executor's graph ops (Concurrent ones opened)."""
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
 
     ops = [o for op in ex.ops for o in (op.main + op.side if isinstance(op, K.Concurrent) else [op])]
     return [getattr(getattr(getattr(op, "__self__", None), "_go", op), "name", "") for op in ops]
@@ -108,7 +108,7 @@ def test_attention_raw_kv_matches_the_decoded_kv(monkeypatch):
     over 40 teacher-forced steps close to the decoded form's (the A100 class's attn_decode_mma<6, true, 4, 2>, which
     rounds code x scale to fp16), and the same greedy choices there."""
     from engine.gpu_engine import build_engine
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
 
     if K.smem_optin() < K.attn_mma_smem(True, 4, 4):
         pytest.skip("the raw-code form takes the sm_90 class's shared memory")

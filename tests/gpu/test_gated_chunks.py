@@ -8,15 +8,15 @@ pytestmark = pytest.mark.gpu
 
 from engine.artifact import formats  # noqa: E402
 from engine.ops import ref  # noqa: E402
-from engine.ops.gemv_plan import GemvPlan  # noqa: E402
+from engine.gpu.gemv import GemvPlan  # noqa: E402
 
 from kernel_checks import LINEAR, RNG, check, poisoned  # noqa: E402  (tests/gpu is on sys.path)
 
 
 @pytest.mark.parametrize("hv,n", [(48, 5120), (16, 1024)], ids=["27b", "small"])
 def test_gated_chunks_and_the_chunk_scaled_gemv(cp, hv, n):
-    from engine.gpu_weights import upload_matrix
-    from engine.ops import kernels as K
+    from engine.gpu.weights import upload_matrix
+    from engine.gpu import launch as K
 
     k = hv * 128
     kpad = -(-k // K.XPAD) * K.XPAD
@@ -54,7 +54,7 @@ def test_gdn_delta_gated_cl_matches_the_two_launches(cp, hk, hv, m, early):
     outputs pushed into its first block through distributed shared memory) against gdn_delta_raw_rw<4> then
     gated_rmsnorm_chunks: the state, o, the gated output, the staged pairs, the chunk scales and xinv bit for bit; early:
     the state rows loaded before the PDL wait (its early-state flag)."""
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
 
     if not K.cluster_capable():
         pytest.skip("thread block clusters (sm_90) and chunk scales on int16 pairs")
@@ -96,7 +96,7 @@ def test_gdn_ab_in_matches_the_ab_gemv(cp, hk, hv, h, m):
     fp32 normed row (before the PDL wait: the weights) against gemv_bf16 (8 warps a row, as the executor launches it
     for 2 Hv rows) writing ab and the kernel reading it: the state, o and the gated output within fp32 rounding (the
     sums run in gemv_bf16's order; the compiler may contract them differently)."""
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
 
     if not K.cluster_capable():
         pytest.skip("thread block clusters (sm_90) and chunk scales on int16 pairs")

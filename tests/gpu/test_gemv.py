@@ -10,7 +10,7 @@ import pytest
 
 from engine.artifact import formats
 from engine.ops import ref
-from engine.ops.gemv_plan import GemvPlan
+from engine.gpu.gemv import GemvPlan
 
 pytestmark = pytest.mark.gpu
 
@@ -21,7 +21,7 @@ from kernel_checks import LINEAR, QFMTS, RNG, check, poisoned, staged_case  # no
 @pytest.mark.parametrize("m", [1, 2, 8])
 @pytest.mark.parametrize("rows", [1, 2])
 def test_gemv_store(cp, fmt, n, k, m, rows):
-    from engine.gpu_weights import upload_matrix
+    from engine.gpu.weights import upload_matrix
 
     w = (RNG.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)  # unit-scale outputs, as in a model
     dm = upload_matrix(cp, fmt, w)
@@ -40,8 +40,8 @@ def test_gemv_store(cp, fmt, n, k, m, rows):
 def test_gemv_prestaged(cp, fmt, n, k, splits, pre2, rows):
     """x staged once by stage_x (as the producer kernels do), read by the GEMV from global memory
     (gemv_rs, and gemv_rs_pre with pre2)."""
-    from engine.gpu_weights import upload_matrix
-    from engine.ops import kernels as K
+    from engine.gpu.weights import upload_matrix
+    from engine.gpu import launch as K
 
     m = 2
     w = (RNG.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
@@ -105,7 +105,7 @@ def test_gemv_w8_prestaged(cp, n, k, splits, m, rows):
 @pytest.mark.parametrize("fmt", QFMTS)
 @pytest.mark.parametrize("splits", [1, 3])
 def test_gemv_partial_splits(cp, fmt, splits):
-    from engine.gpu_weights import upload_matrix
+    from engine.gpu.weights import upload_matrix
 
     n, k = 256, 4160
     w = (RNG.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
@@ -118,7 +118,7 @@ def test_gemv_partial_splits(cp, fmt, splits):
 
 
 def test_gemv_swiglu_and_bf16(cp):
-    from engine.gpu_weights import upload_matrix
+    from engine.gpu.weights import upload_matrix
 
     n2, k = 2 * 300, 512
     w = (RNG.standard_normal((n2, k)) / np.sqrt(k)).astype(np.float32)
@@ -142,9 +142,9 @@ def test_gemv_swiglu_and_bf16(cp):
 
 
 def test_gemv_pair_matches_the_two_launches(cp):
-    """gemv_rs_pre_pair (gemv_plan.pair_launch, the plan's gemv_pair): the 27B's attention gate|v (q5) and q|k (q4),
+    """gemv_rs_pre_pair (gemv.pair_launch, the plan's gemv_pair): the 27B's attention gate|v (q5) and q|k (q4),
     two rows a warp on gemv_rs_pre, as one grid: each output bit for bit that of its own launch."""
-    from engine.ops.gemv_plan import pair_launch
+    from engine.gpu.gemv import pair_launch
 
     k = 5120
     da, _, _, xd, xh, xinv = staged_case(cp, "q5_g64_fp16", 7168, k, 1)

@@ -14,14 +14,15 @@ from kernel_checks import use_plan  # noqa: E402  (tests/gpu is on sys.path unde
 
 
 def quantized_weights(args, recipe="groupwise-int", seed=3):
-    from engine import gpu_weights
+    from engine.gpu import weights as gpu_weights
     from engine.models.qwen3_5 import random_weights
 
     return gpu_weights.as_stored(random_weights(args, seed=seed), recipe)
 
 
 def test_cuda_engine_matches_numpy_engine():
-    from engine import api, gpu_weights
+    from engine import api
+    from engine.gpu import weights as gpu_weights
     from engine.config import ModelArgs
     from engine.gpu_engine import build_engine
 
@@ -90,7 +91,7 @@ def test_columns_prefill_equals_token_by_token(monkeypatch):
     multi-block norms and, mlp_fused off, the MLP with one scale for the down's input, as the columns graph stages
     it: the chunk scales and the cluster norm's sum order round the activations otherwise, a difference of the order
     of the quantization, not of the graphs)."""
-    from engine import gpu_weights
+    from engine.gpu import weights as gpu_weights
     from engine.config import ModelArgs
     from engine.gpu_engine import build_engine
 
@@ -110,7 +111,7 @@ def test_columns_prefill_equals_token_by_token(monkeypatch):
 
 def test_seek_synthetic_moves_the_position_and_decodes_on():
     """bench -d on a synthetic model seeks: the position moves without computing, decode goes on from there."""
-    from engine import gpu_weights
+    from engine.gpu import weights as gpu_weights
     from engine.config import ModelArgs
     from engine.gpu_engine import build_engine
 
@@ -128,10 +129,10 @@ def test_seek_synthetic_moves_the_position_and_decodes_on():
 
 def test_pdl_launches_give_the_same_logits_as_plain_launches(monkeypatch):
     """Programmatic dependent launch (the plan's pdl) only lets kernels overlap: the step's logits are bit-identical."""
-    from engine import gpu_weights
+    from engine.gpu import weights as gpu_weights
     from engine.config import ModelArgs
     from engine.gpu_engine import build_engine
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
 
     args = ModelArgs.from_config(CFG)
     w = gpu_weights.from_logical(args, quantized_weights(args))
@@ -154,7 +155,7 @@ def test_pdl_launches_give_the_same_logits_as_plain_launches(monkeypatch):
 def test_attn_combine_stage_leaves_its_words_at_zero(monkeypatch):
     """attn_combine_stage (the combine whose last head of a row stages the o-projection's input) resets its row
     maximum and tickets for the next layer: they are zero after a prefill and 40 steps."""
-    from engine import gpu_weights
+    from engine.gpu import weights as gpu_weights
     from engine.config import ModelArgs
     from engine.gpu_engine import build_engine
 
@@ -173,7 +174,7 @@ def test_attention_query_group_cut_over_blocks_gives_the_same_tokens(monkeypatch
     """The split kernel's cut (each KV head's 6 query heads over 2 blocks of 3, attn_decode_split<3,*,2>) on a model
     with the 27B's grouping: the same greedy tokens as the one-block kernel over a prefill and 40 steps, logits within
     fp32 rounding (each block's softmax runs over the same tokens in the same order). The plan overridden to each."""
-    from engine import gpu_weights
+    from engine.gpu import weights as gpu_weights
     from engine.config import ModelArgs
     from engine.gpu_engine import build_engine
 
@@ -197,7 +198,7 @@ def test_attention_query_group_cut_over_blocks_gives_the_same_tokens(monkeypatch
 def test_sparse_logits_step():
     """decode_step_sparse keeps exactly the ids within the margin of the top logit, with their values,
     and leaves the engine where decode_step would (the next full step agrees)."""
-    from engine import gpu_weights
+    from engine.gpu import weights as gpu_weights
     from engine.config import ModelArgs
     from engine.gpu_engine import build_engine
 

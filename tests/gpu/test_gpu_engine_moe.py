@@ -12,7 +12,7 @@ from test_gpu_engine import MOE_CFG, quantized_weights  # noqa: E402
 
 def moe_inputs(seed):
     """The MoE config's args, its groupwise-int-moe weights on the device, and a 12-token prompt from `seed`."""
-    from engine import gpu_weights
+    from engine.gpu import weights as gpu_weights
     from engine.config import ModelArgs
 
     args = ModelArgs.from_config(MOE_CFG)
@@ -45,10 +45,11 @@ def test_cuda_moe_engine_matches_numpy_engine(gpu, monkeypatch):
     """The kernel-per-op MoE block (the plan's moe_fused off): router GEMV and top-k, the routed gate|up by slot, the
     routed and shared down-projections in one moe_down launch (3 rows a half-warp): the logits against the NumPy
     engine within the MoE test's gates, on this GPU's plan and the generic class's."""
-    from engine import api, gpu_weights
+    from engine import api
+    from engine.gpu import weights as gpu_weights
     from engine.config import ModelArgs
     from engine.gpu_engine import build_engine
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
 
     use_plan(monkeypatch, gpu, moe_fused=False)
     args = ModelArgs.from_config(MOE_CFG)
@@ -67,10 +68,11 @@ def test_moe_fused_matches_numpy_engine(gpu, monkeypatch):
     persistent launch, the down's input staged by chunks): the logits against the NumPy engine within the MoE test's
     gates, the launch in the step, each launch's grid barriers complete (the counter a multiple of the grid), the
     routing block 0 leaves the top-k of the logits."""
-    from engine import api, gpu_weights
+    from engine import api
+    from engine.gpu import weights as gpu_weights
     from engine.config import ModelArgs
     from engine.gpu_engine import build_engine
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
     from engine.ops import ref
 
     use_plan(monkeypatch, gpu)
@@ -98,7 +100,7 @@ def test_moe_fused_opts_give_the_same_logits(monkeypatch):
     the light grid barriers, 32 their red form): each and all together give the tokens and logits of opts 0 bit for
     bit over a prefill and 24 steps."""
     from engine.gpu_engine import build_engine
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
 
     use_plan(monkeypatch)
     args, w, prompt = moe_inputs(14)
@@ -116,7 +118,7 @@ def test_moe_fused_opts_give_the_same_logits(monkeypatch):
 def test_moe_route_kernel():
     import cupy as cp
 
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
     from engine.ops import ref
 
     rng = np.random.default_rng(11)

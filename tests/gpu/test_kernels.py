@@ -18,8 +18,8 @@ from kernel_checks import ELEM, GDN_STATE, QFMTS, RNG, check, poisoned, rel_l2  
 
 @pytest.mark.parametrize("fmt", QFMTS)
 def test_embed(cp, fmt):
-    from engine.gpu_weights import upload_matrix
-    from engine.ops import kernels as K
+    from engine.gpu.weights import upload_matrix
+    from engine.gpu import launch as K
 
     r, k = 50, 320
     w = RNG.standard_normal((r, k)).astype(np.float32)
@@ -33,7 +33,7 @@ def test_embed(cp, fmt):
 
 
 def test_residual_rmsnorm_and_gated(cp):
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
 
     m, h, s = 2, 1000, 3
     x = RNG.standard_normal((m, h)).astype(np.float32)
@@ -119,7 +119,7 @@ def test_residual_rmsnorm_and_gated(cp):
 
 
 def test_gdn_step(cp):
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
 
     hk, hv = 2, 6
     c = (2 * hk + hv) * 128
@@ -164,7 +164,7 @@ def test_gdn_step(cp):
 def test_attention_decode(cp, g, length, kv, form):
     if form == "vraw" and kv != "int8":
         pytest.skip("raw codes: int8 caches only")
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
     from engine.ops.kvquant import dequantize_kv_int8_g64, quantize_kv_int8_g64
 
     hkv, d, page = 2, 256, 64
@@ -236,7 +236,7 @@ def test_attention_decode(cp, g, length, kv, form):
 
 
 def test_argmax_step(cp):
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
 
     v = 248320
     logits = RNG.standard_normal((2, v)).astype(np.float32)
@@ -271,7 +271,7 @@ def _gdn_inputs(t, hk, hv):
 @pytest.mark.parametrize("rows", [2])
 def test_gdn_delta_rows_matches_delta_cols(cp, rows):
     """The prefill's recurrence with several state rows a warp against the row-a-warp kernel."""
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
 
     hk, hv, t = 2, 6, 37
     q, k, v, g, beta, s0 = _gdn_inputs(t, hk, hv)
@@ -292,7 +292,7 @@ def test_gdn_chunked_matches_delta_cols(cp, t, rb):
     """The chunked delta rule (gdn_chunk_prep over the 64-token pieces on tensor cores, then gdn_chunk_scan_tc<RB, 1>
     in order, the output's products in 1xTF32) against the token-by-token kernel: outputs and final state, pieces
     whole and partial."""
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
 
     hk, hv = 2, 6
     q, k, v, g, beta, s0 = _gdn_inputs(t, hk, hv)

@@ -16,8 +16,8 @@ from kernel_checks import LINEAR, QFMTS, RNG, check, poisoned  # noqa: E402  (te
 @pytest.mark.parametrize("fr,fs,rows", [(f, "q8_g32_fp16", 4) for f in QFMTS]
                          + [("q5_g64_fp16", "q5_g64_fp16", 4), ("q5_g64_fp16", "q8_g32_fp16", 3)])
 def test_moe_down(cp, fr, fs, n, k, sk, rows):
-    from engine.gpu_weights import upload_matrix
-    from engine.ops import kernels as K
+    from engine.gpu.weights import upload_matrix
+    from engine.gpu import launch as K
 
     experts, slots = 6, 3
     wr = (RNG.standard_normal((experts * n, k)) / np.sqrt(k)).astype(np.float32)

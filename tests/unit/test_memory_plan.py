@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from engine import memory_budget as mb
-from engine import memory_plan as mp
+from engine.gpu import memory as mp
 from engine.config import ModelArgs
 from engine.errors import NinferError
 from engine.synthetic import geometry_config
@@ -253,7 +253,7 @@ def test_prefill_executors_are_planned():
     """The columns step's rows and the tensor-core chunk's scratch are in the plan; MoE has no columns
     step, and its tensor-core chunk (MOE_PREFILL) adds the routing and per-expert rows; the flash kernel
     reads the cache pages in place (no gathered rows, no score block)."""
-    from engine import memory_plan as mp
+    from engine.gpu import memory as mp
     from engine.config import ModelArgs
     from engine.synthetic import geometry_config
 

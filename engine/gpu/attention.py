@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from engine.ops import kernels as K
+from engine.gpu import launch as K
 
 KV_PAGE = 64
 ATTN_HEAD_DIM = 256

@@ -1,7 +1,7 @@
 """GEMV launches planned once at build time: `DevMatrix` (a packed [N, K] weight in device memory, and
 views of its rows or columns) and `GemvPlan` (the kernel, grid and arguments of y (+)= W x over the
 row-split planes, chosen from the format, the shapes and the tuning table's entry). The kernels are
-cuda/gemv*.cu, compiled by `engine.ops.kernels`."""
+cuda/gemv*.cu, compiled by `engine.gpu.launch`."""
 from __future__ import annotations
 
 import math
@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.artifact import formats
-from engine.ops import kernels
-from engine.ops.kernels import EPI, FMT_IDS, GEMV_CONV_ROWS, GEMV_PRE_MAIN, WARPS, Launch, _allow_smem, kernel, sm_count
+from engine.gpu import launch as kernels
+from engine.gpu.launch import EPI, FMT_IDS, GEMV_CONV_ROWS, GEMV_PRE_MAIN, WARPS, Launch, _allow_smem, kernel, sm_count
 
 
 @dataclass
@@ -127,7 +127,7 @@ class GemvPlan:
         conv_t = ",true" if epi == "conv" else ""
         if conv_t and self.pre2 and (rows, unroll) not in GEMV_PRE_MAIN:
             self.pre2 = False
-        kname = f"gemv_rs_pre<{f},{rows},{m},{unroll}{conv_t}>" if self.pre2 else f"gemv_rs<{f},{rows},{m},{unroll}{conv_t}>"
+        kname = f"{'gemv_rs_pre' if self.pre2 else 'gemv_rs'}<{f},{rows},{m},{unroll}{conv_t}>"
         self.xs = bool(xs is not None and self.pre2 and not conv_t and f"{kname[:-1]},false,true>" in
                        kernels.GEMV_PRE_XS_NAMES)
         if self.xs:

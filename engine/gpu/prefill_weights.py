@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.memory_plan import PREFILL_DQ_BUFS
-from engine.ops import kernels as K
+from engine.gpu.memory import PREFILL_DQ_BUFS
+from engine.gpu import launch as K
 
 
 class PrefillWeights16:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.ops import kernels as K
+from engine.gpu import launch as K
 
 
 class PrefillMoeOps:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.ops import kernels as K
+from engine.gpu import launch as K
 
 # cublas / library_types constants
 _OP_N, _OP_T = 0, 1

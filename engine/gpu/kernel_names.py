@@ -1,16 +1,16 @@
 """The template instantiations of the CUDA kernels and the sizes the launchers share with the sources: the forms a
 plan picks from (engine.gpu.plan), each family's name expressions, and the dynamic shared memory of the kernels
-that take it (the CUDA macros' sizes, written once here). engine.ops.kernels re-exports them."""
+that take it (the CUDA macros' sizes, written once here). engine.gpu.launch re-exports them."""
 from __future__ import annotations
 
-from engine.ops.gemv_tuning import H200 as GEMV_TABLE  # noqa: F401  (the plan's GEMV table)
+from engine.gpu.gemv_tuning import H200 as GEMV_TABLE  # noqa: F401  (the plan's GEMV table)
 
 # Pre-staged GEMV input rows (slot-major blocks of 32 chunks of 16-bit pairs) are padded to this many values.
 XPAD = 1024
 GEMV_CONV_ROWS = (1, 2)  # rows a warp of the conv-epilogue GEMVs (GemvPlan takes 2 for any other)
 # gemv_rs_pre (rows, unroll): the forms of the tuning table; w8 (pre-staged int16 pairs) takes them too
 GEMV_PRE_MAIN = ((1, 2), (2, 2))
-# gemv_rs_pre_pair<FA, RA, FB, RB, CONV, MINB> (two one-token GEMVs of the same x in one grid, gemv_plan.pair_launch):
+# gemv_rs_pre_pair<FA, RA, FB, RB, CONV, MINB> (two one-token GEMVs of the same x in one grid, gemv.pair_launch):
 # the 27B's GDN v|z (q5, a row a warp) + q|k (q4, two rows or one) with the conv epilogue, its attention gate|v (q5) +
 # q|k (q4)
 GEMV_PAIR_NAMES = ("gemv_rs_pre_pair<1,1,0,2,true,4>", "gemv_rs_pre_pair<1,1,0,1,true,5>",
@@ -146,7 +146,8 @@ MOE_DOWN_NAMES = tuple([f"moe_down<{fr},{fs},4,false>" for fr in range(4) for fs
 
 def moe_down_name(fr: int, fs: int) -> str:
     """The moe_down form of routed format fr and shared format fs, "" where none is compiled."""
-    return next((n for n in (f"moe_down<{fr},{fs},3,false>", f"moe_down<{fr},{fs},4,false>") if n in MOE_DOWN_NAMES), "")
+    forms = (f"moe_down<{fr},{fs},3,false>", f"moe_down<{fr},{fs},4,false>")
+    return next((n for n in forms if n in MOE_DOWN_NAMES), "")
 
 
 def all_names() -> list[str]:

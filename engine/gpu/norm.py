@@ -8,7 +8,7 @@ blocks reduces the whole row and stages its slice). The method uses the executor
 xinv_n; the residual pair _res, which it swaps)."""
 from __future__ import annotations
 
-from engine.ops import kernels as K
+from engine.gpu import launch as K
 
 
 class NormOps:

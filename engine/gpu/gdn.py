@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from engine.ops import kernels as K
+from engine.gpu import launch as K
 
 GDN_HEAD_DIM = 128
 
