@@ -67,7 +67,7 @@ __device__ __forceinline__ void gemv_rs_pre_body(GEMV_RS_PARAMS, __half2* __rest
   // row from it and resets both words (measured: 27B +2.3%, bench/NOTES-decode.md session 11).
   // (w8 too with int16 pairs: a 16-code chunk j is half of the staged 32-value block j / 2, dot_w8_i16)
   using F = Fmt<FMT>;
-  static_assert(F::VPU == 32 || (NI_XI16 && FMT == FMT_W8), "q4-q6 (slot-major staged x), w8 with int16 pairs");
+  static_assert(F::VPU == 32 || FMT == FMT_W8, "q4-q6 (slot-major staged x), w8 on the int16 pairs");
   constexpr bool W8 = FMT == FMT_W8;
   float wrote = 0.f;
   const int u4_per_row = gpr * 2;
@@ -81,7 +81,6 @@ __device__ __forceinline__ void gemv_rs_pre_body(GEMV_RS_PARAMS, __half2* __rest
   const long long row_off = eidx != nullptr ? (long long)eidx[z] * erows : 0;
   float inv_sc[M];
   const float yw = routed_slot<M>(x, xinv, y, xz, yz, ywt, z, inv_sc);
-  const DecodeK dk = decode_constants(gpr > 0 ? 1u : 0u);
   const int xrow4 = (((W8 ? u4_per_row / 2 : u4_per_row) + 31) & ~31) * 4;  // uint4 per token row of the staged pairs
   const uint4* xlane = reinterpret_cast<const uint4*>(x) + (js >> 5) * 128 + lane;
   // w8: chunk j = js + lane + 32 n is block chunk J = (js + lane) / 2 + 16 n (js: a multiple of 64), slots
@@ -134,9 +133,9 @@ __device__ __forceinline__ void gemv_rs_pre_body(GEMV_RS_PARAMS, __half2* __rest
               for (int r = 0; r < ROWS; ++r)
                 if constexpr (XS) {
                   const float xs = __ldg(sxsc + js + lane + 32 * (i + u));
-                  acc[r][m] += (sc[u][r] * xs) * dot_core<FMT>(w[u][r], hb[u][r], [&](int c) { return xv[c]; }, 0, dk);
+                  acc[r][m] += (sc[u][r] * xs) * dot_core<FMT>(w[u][r], hb[u][r], [&](int c) { return xv[c]; }, 0);
                 } else {
-                  acc[r][m] += sc[u][r] * dot_core<FMT>(w[u][r], hb[u][r], [&](int c) { return xv[c]; }, 0, dk);
+                  acc[r][m] += sc[u][r] * dot_core<FMT>(w[u][r], hb[u][r], [&](int c) { return xv[c]; }, 0);
                 }
             }
           }
@@ -168,7 +167,7 @@ __device__ __forceinline__ void gemv_rs_pre_body(GEMV_RS_PARAMS, __half2* __rest
 }
 
 template <int FMT, int ROWS, int M, int U, bool CONV = false, bool XS = false>
-__global__ void __launch_bounds__(256, (M == 1 && U == 2) ? (ROWS == 1 ? 5 : (ROWS == 2 && (FMT != FMT_Q5 || NI_XI16) ? 4 : 1)) : 1)
+__global__ void __launch_bounds__(256, (M == 1 && U == 2) ? (ROWS == 1 ? 5 : (ROWS == 2 ? 4 : 1)) : 1)
 gemv_rs_pre(GEMV_RS_PARAMS, __half2* __restrict__ sxh, float* __restrict__ sxinv, int skpad, unsigned int* __restrict__ sslot,
             const float* __restrict__ sxsc) {
   gemv_rs_pre_body<FMT, ROWS, M, U, CONV, XS>(GEMV_RS_ARGS_P(), sxh, sxinv, skpad, sslot, sxsc, blockIdx.x, gridDim.x);

@@ -64,7 +64,6 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
   auto o_start = [&](int it) { op.start_item(obase, ohigh, oscales, ogpr, H, it, osplits, ou4ps, lane); };
   if (OPROJ && gw < oitems) o_start(gw);
   NI_PDL_ENTRY();
-  const DecodeK dk = decode_constants(ggpr > 0 ? 1u : 0u);
   // (the grid barriers' light form; bit 4 their red form, light waits: persistent.cu)
   __shared__ unsigned long long bar_next;
   GridBar gb(bar, local_stage & 4, local_stage & 2, &bar_next);
@@ -115,7 +114,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
       const float* xsl = xsc_o + (o_chunked ? s * ou4ps + lane : 0);
       const int xstep = o_chunked ? 32 : 0;
       float acc[DROWS];
-      op.template run<true>(acc, [&](int it, int c) { return __ldg(xl + it * 128 + c * 32); }, dk,
+      op.template run<true>(acc, [&](int it, int c) { return __ldg(xl + it * 128 + c * 32); },
                             [&](int it) { return __ldg(xsl + xstep * it); });
       const int nxt = oi + nwarps;
       if (nxt < oitems) o_start(nxt);
@@ -176,7 +175,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
     bool preloaded = false;
     while (g < g_end) {
       float acc[2];
-      gu.run(acc, xat, dk);
+      gu.run(acc, xat);
       const int gn = g + g_step;
       if (gn < g_end) {  // the next group's loads in flight during this one's reduction
         const int rows[2] = {gn, gn + inter};
@@ -209,7 +208,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
           preloaded = false;
           float acc[2];
           const uint4* xh0 = xl + (js >> 5) * 128;
-          gu.run(acc, [&](int i2, int c) { return xh0[i2 * 128 + c * 32]; }, dk);
+          gu.run(acc, [&](int i2, int c) { return xh0[i2 * 128 + c * 32]; });
           const float gs = warp_sum(acc[0]), us = warp_sum(acc[1]);
           if (lane == 0) {
             hpart[(size_t)ge * P + pp] = make_float2(gs, us);
@@ -310,10 +309,10 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
       float acc[DROWS];
       if constexpr (CHUNK) {
         const float* xsl = xsc + s * du4ps + lane;
-        dn.template run<true>(acc, [&](int it, int c) { return ld(xl + it * 128 + c * 32); }, dk,
+        dn.template run<true>(acc, [&](int it, int c) { return ld(xl + it * 128 + c * 32); },
                               [&](int it) { return __ldg(xsl + 32 * it); });
       } else {
-        dn.run(acc, [&](int it, int c) { return ld(xl + it * 128 + c * 32); }, dk);
+        dn.run(acc, [&](int it, int c) { return ld(xl + it * 128 + c * 32); });
       }
       const int nxt = item + nwarps;
       if (nxt < items) dn_start(nxt);

@@ -131,7 +131,6 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
   };
   if (oproj && gw < oitems) oload(gw);
   NI_PDL_ENTRY();
-  const DecodeK dk = decode_constants(ggpr > 0 ? 1u : 0u);
   auto stamp = [&](int i) { phase_stamp(tstamp, i); };
   stamp(0);
   __shared__ unsigned long long bar_next;
@@ -246,7 +245,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
               d = dot_w8_i16(pw[r * ST + t], xq[0], xq[32]);
             } else {
               const uint4* xq = xs4 + (j >> 5) * 128 + (j & 31);
-              d = dot_core<FSG>(pw[r * ST + t], phb[r][t], [&](int c) { return xq[c * 32]; }, 0, dk);
+              d = dot_core<FSG>(pw[r * ST + t], phb[r][t], [&](int c) { return xq[c * 32]; }, 0);
             }
             acc[r] += psc[r][t] * d;
           }
@@ -290,7 +289,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
   if (c2 < nch2) gu_start(c2);
   while (c2 < nch2) {
     float acc[2];
-    gu.run(acc, [&](int i, int c) { return xs4[lane + i * 128 + c * 32]; }, dk);
+    gu.run(acc, [&](int i, int c) { return xs4[lane + i * 128 + c * 32]; });
     const int nxt = c2 + gridDim.x;
     if (nxt < nch2) gu_start(nxt);
     const float o = silu(warp_sum(acc[0]) * inv * 1.f) * (warp_sum(acc[1]) * inv * 1.f);

@@ -55,7 +55,7 @@ TC_KERNELS = ("gdn_chunk_prep", "gdn_chunk_scan_tc<")
 def _source(files=None) -> str:
     """The module's source: common.cuh, then `files` (every SOURCES file by default) without their includes."""
     root = cuda_source_dir()
-    parts = ["#define NI_XI16 1", (root / "common.cuh").read_text()]  # (int16 pairs, dp2a decode: cuda/gemv_decode.cu)
+    parts = [(root / "common.cuh").read_text()]
     for name in SOURCES[1:] if files is None else files:
         text = (root / name).read_text()
         parts.append(re.sub(r'#include "(common.cuh|persistent.cu)"\n', "", text))
