@@ -19,6 +19,39 @@ def _ptr(a) -> np.uint64:
     return np.uint64(0 if a is None else a.data.ptr)
 
 
+def decode_attention(name: str, *, threads: int, smem: int, q, k_cache, v_cache, pos, page_table, pt_stride: int,
+                     kv_heads: int, chunk: int, scale: float, ml, acc, nsplit: int, rows: int, k_scales=None,
+                     v_scales=None) -> K.Launch:
+    """Split-K decode attention `name` (the plan's attn: attn_decode_mma or attn_decode_split) of `rows` token rows:
+    q [rows, Hq * 256] over the paged caches (k_cache, v_cache [pages, 64, kv_heads, 256]; int8: k_scales, v_scales
+    [pages, 64, kv_heads, 4] fp16), the positions `pos` [rows] and pages page_table (row r's at r * pt_stride), each
+    split of `chunk` tokens into the partials ml [rows, Hq, nsplit, 2] (max, sum) and acc [rows, Hq, nsplit, 256].
+    Grid (kv_heads x the query group's blocks, nsplit, rows)."""
+    gs = int(name[:-1].split(",")[2]) if name.startswith("attn_decode_split<") and name.count(",") == 2 else 1
+    args = (q, k_cache, v_cache, pos, page_table, pt_stride, kv_heads, chunk, float(scale), ml, acc, nsplit,
+            _ptr(k_scales), _ptr(v_scales))
+    return K.prepared(name, (kv_heads * gs, nsplit, rows), args, block=threads, smem=smem)
+
+
+def combine_stage(*, ml, acc, nsplit: int, gate, ld_gate: int, out, ld_out: int, heads: int, k: int, kpad: int, xh,
+                  xinv, amax, tickets, rows: int) -> K.Launch:
+    """attn_combine_stage: the splits' partials combined, times sigmoid(gate) (its first heads * 256 columns), into out
+    [rows, ld_out]; the row's last head stages its first k values as the o-projection's int16 pairs with one scale
+    (xh [rows, kpad / 2], xinv [rows]) from the row maximum in amax [rows] (tickets [rows]; both left at zero)."""
+    return K.prepared("attn_combine_stage", (heads, rows),
+                      (ml, acc, nsplit, gate, ld_gate, out, ld_out, heads, k, kpad, xh, xinv, amax, tickets))
+
+
+def combine_chunks(*, ml, acc, nsplit: int, gate, ld_gate: int, out, ld_out: int, heads: int, k: int, kpad: int, xh,
+                   xinv, xsc, pos, round_to: int, rows: int) -> K.Launch:
+    """attn_combine_chunks_b: combine_stage's combine over the splits that hold tokens (split s: the tokens of
+    ceil(L / nsplit) rounded up to `round_to`, L = pos + 1), each 32-value chunk of the output staged with its own
+    power-of-two scale (xsc [rows, kpad / 32] their inverses, xinv 1)."""
+    return K.prepared("attn_combine_chunks_b", (heads, rows),
+                      (ml, acc, nsplit, gate, ld_gate, out, ld_out, heads, k, kpad, xh, xinv, xsc, pos, round_to),
+                      block=256)
+
+
 class AttentionOps:
     # The decode attention is the plan's (engine.gpu.plan.attention_form): attn_decode_mma, a KV head's query group as
     # one m16 tile, 16 tokens a warp a round through two MMA chains, the next rounds' K/V in flight through cp.async,
@@ -54,12 +87,10 @@ class AttentionOps:
         """Attention of each token row over its sequence's cache (q in qbuf, K/V already written) into the split-K
         partials (attn_ml, attn_acc) that the combine after it reduces (with the sigmoid gate, the first Hq*256
         columns of buf_b)."""
-        M = self.M
         self._set_nsplit()  # (the combine after this takes the same nsplit)
-        args = (self.qbuf, L["kc"], L["vc"], self.qpos, self.page_table, self.pt_stride, self.Hkv, self.chunk,
-                float(1.0 / math.sqrt(ATTN_HEAD_DIM)), self.attn_ml, self.attn_acc, self.nsplit, _ptr(L["ks"]),
-                _ptr(L["vs"]))
-        name, block, smem = self.plan.attn, self.plan.attn_threads, self.plan.attn_smem
-        gs = int(name[:-1].split(",")[2]) if name.startswith("attn_decode_split<") and name.count(",") == 2 else 1
-        grid = (self.Hkv, self.nsplit, M) if self._attn_mma() else (self.Hkv * gs, self.nsplit, M)
-        return [K.prepared(name, grid, args, block=block, smem=smem)]
+        p = self.plan
+        return [decode_attention(p.attn, threads=p.attn_threads, smem=p.attn_smem, q=self.qbuf, k_cache=L["kc"],
+                                 v_cache=L["vc"], pos=self.qpos, page_table=self.page_table, pt_stride=self.pt_stride,
+                                 kv_heads=self.Hkv, chunk=self.chunk, scale=1.0 / math.sqrt(ATTN_HEAD_DIM),
+                                 ml=self.attn_ml, acc=self.attn_acc, nsplit=self.nsplit, rows=self.M,
+                                 k_scales=L["ks"], v_scales=L["vs"])]

@@ -16,7 +16,8 @@ from engine.gpu import plan as gpu_plan
 from engine.gpu.weights import concat_rows
 from engine.gpu import launch as K
 from engine.gpu.gemv import GemvPlan, pair_launch
-from engine.gpu.attention import ATTN_HEAD_DIM, KV_PAGE, AttentionOps, _ptr  # noqa: F401
+from engine.gpu.attention import (  # noqa: F401  (KV_PAGE: also imported from here)
+    ATTN_HEAD_DIM, KV_PAGE, AttentionOps, _ptr, combine_chunks, combine_stage)
 from engine.gpu.gdn import GDN_HEAD_DIM, GdnOps
 from engine.gpu.mlp import MlpOps
 from engine.gpu.moe import MoeOps
@@ -340,17 +341,15 @@ class CudaQwen35(NormOps, AttentionOps, GdnOps, MlpOps, MoeOps, SamplingOps):
                 # that hold tokens) where the o-projection (or the fused MLP's o-phase) takes chunk scales, else
                 # with one scale for the row (its last head)
                 o_plan = o_gemv(self._gated_chunk_scales() if own_attn else None)
+                comb = dict(ml=self.attn_ml, acc=self.attn_acc, nsplit=self.nsplit, gate=buf_b, ld_gate=ldb,
+                            out=self.att, ld_out=self.att.shape[1], heads=self.Hq, k=att_k, kpad=att_kpad,
+                            xh=self.xh_att, xinv=self.xinv_att, rows=M)
                 if own_attn and (o_plan.xs or moe_chunk):
                     staged_chunks = True
-                    core.append(K.prepared("attn_combine_chunks_b", (self.Hq, M),
-                                           (self.attn_ml, self.attn_acc, self.nsplit, buf_b, ldb, self.att,
-                                            self.att.shape[1], self.Hq) + att_stage
-                                           + (self.xsc_att, self.qpos, 16 if self._attn_mma() else 1), block=256))
+                    core.append(combine_chunks(**comb, xsc=self.xsc_att, pos=self.qpos,
+                                               round_to=16 if self._attn_mma() else 1))
                 elif own_attn:
-                    tk = self.attn_tick
-                    core.append(K.prepared("attn_combine_stage", (self.Hq, M),
-                                           (self.attn_ml, self.attn_acc, self.nsplit, buf_b, ldb, self.att,
-                                            self.att.shape[1], self.Hq) + att_stage + (tk[:M], tk[M:])))
+                    core.append(combine_stage(**comb, amax=self.attn_tick[:M], tickets=self.attn_tick[M:]))
                 else:
                     core.append(self._stage(self.att, att_k, att_kpad, self.xh_att, self.xinv_att))
             else:

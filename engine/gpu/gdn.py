@@ -14,6 +14,41 @@ from engine.gpu import launch as K
 GDN_HEAD_DIM = 128
 
 
+def delta_rule(*, qk, ld_qk: int, v, ld_v: int, ab, ld_ab: int, a_log, dt_bias, q_scale: float, state, o,
+               k_heads: int, v_heads: int, rows: int) -> K.Launch:
+    """gdn_delta_raw_rw<4>: the delta rule from the projections' conv outputs (qk [rows, ld_qk]: q heads, then k
+    heads; v [rows, ld_v]: v channels first; ab [rows, ld_ab]: a, then b), 4 state rows a warp: each warp normalizes its
+    q and k head, computes the head's gates, updates state [rows, v_heads, 128, 128] and writes o [rows, v_heads * 128].
+    """
+    args = (qk, ld_qk, v, ld_v, ab, ld_ab, a_log, dt_bias, float(q_scale), state, o, k_heads, v_heads, 0)
+    return K.prepared("gdn_delta_raw_rw<4>", (-(-v_heads * GDN_HEAD_DIM // (K.WARPS * 4)), rows), args)
+
+
+def gated_norm_chunks(*, o, z, ld_z: int, weight, out, ld_out: int, v_heads: int, eps: float, k: int, kpad: int, xh,
+                      xinv, xsc, rows: int) -> K.Launch:
+    """gated_rmsnorm_chunks: out = rmsnorm(o) w silu(z) a head (a warp a head), its first k values staged as the
+    o-projection's int16 pairs a 32-value chunk at a time with its own power-of-two scale (xh [rows, kpad / 2], xsc
+    [rows, kpad / 32] their inverses, xinv 1)."""
+    return K.prepared("gated_rmsnorm_chunks", (-(-v_heads // 8), rows),
+                      (o, z, ld_z, weight, out, ld_out, v_heads, float(eps), k, kpad, xh, xinv, xsc), block=256)
+
+
+def delta_gated_cl(*, qk, ld_qk: int, v, ld_v: int, ab, ld_ab: int, a_log, dt_bias, q_scale: float, state, o,
+                   k_heads: int, v_heads: int, z, ld_z: int, weight, out, ld_out: int, eps: float, k: int, kpad: int,
+                   xh, xinv, xsc, rows: int, state_early: bool = True, ab_weights=None, x=None, ld_x: int = 0,
+                   hidden: int = 0) -> K.Launch:
+    """gdn_delta_gated_cl (sm_90): delta_rule and gated_norm_chunks in one launch, a cluster of 4 blocks a value head
+    (the same bits). state_early: each warp's state rows loaded before the PDL wait. ab_weights (the bf16 [a; b]
+    weights' device pointer, with x [rows, ld_x] the fp32 normed row of `hidden` values): the head's a and b
+    projections computed in the launch instead of read from ab."""
+    delta = (qk, ld_qk, v, ld_v, ab, ld_ab, a_log, dt_bias, float(q_scale), state, o, k_heads, v_heads, 0)
+    ab_in = ((np.uint64(ab_weights), x, ld_x, hidden) if ab_weights is not None
+             else (np.uint64(0), np.uint64(0), 0, 0))
+    return K.prepared("gdn_delta_gated_cl", (v_heads * 4, rows),
+                      delta + (z, ld_z, weight, out, ld_out, float(eps), k, kpad, xh, xinv, xsc, int(state_early))
+                      + ab_in, block=256)
+
+
 class GdnOps:
     # A GDN layer of the decode step: q|k, v|z (and a|b) projected from the normed row, one GEMV where q|k and v|z
     # share a row-split format (the 35B-A3B's w8: one [q|k|v|z] row), else two (a gemv_rs_pre_pair grid where the plan
@@ -42,20 +77,21 @@ class GdnOps:
         return self.xsc_att
 
     def _raw_core(self, L, buf_a, lda, buf_b, ldb, att_stage, chunk: bool = False):
-        """The delta rule over the projections' conv outputs (gdn_delta_raw), then the gated norm and staging."""
-        Hk, Hv, M = self.Hk, self.Hv, self.M
-        args = (buf_a, lda, buf_b, ldb, self.ab, self.ab.shape[1], L["a_log"], L["dt_bias"],
-                float(1.0 / math.sqrt(GDN_HEAD_DIM)), L["state"], self.att2, Hk, Hv, 0)
+        """The delta rule over the projections' conv outputs, then the gated norm and staging (one cluster launch on
+        sm_90 where the o input is staged by chunks)."""
+        Hv = self.Hv
+        delta = dict(qk=buf_a, ld_qk=lda, v=buf_b, ld_v=ldb, ab=self.ab, ld_ab=self.ab.shape[1], a_log=L["a_log"],
+                     dt_bias=L["dt_bias"], q_scale=1.0 / math.sqrt(GDN_HEAD_DIM), state=L["state"], o=self.att2,
+                     k_heads=self.Hk, v_heads=Hv, rows=self.M)
         if self._cl_core(chunk):  # (a cluster of 4 blocks a value head)
-            ab = L["ab"]
-            ab_in = ((np.uint64(ab.ptr(ab.base)), self.xn, self.xn.shape[1], self.H) if self._ab_in(L, chunk)
-                     else (np.uint64(0), np.uint64(0), 0, 0))
-            return [K.prepared("gdn_delta_gated_cl", (Hv * 4, M),
-                               args + (buf_b[:, Hv * GDN_HEAD_DIM:], ldb, L["norm"], self.att, self.att.shape[1],
-                                       float(self.args.rms_norm_eps)) + att_stage
-                               + (self.xsc_att, 1) + ab_in, block=256)]  # (1: state rows before the PDL wait)
-        return [K.prepared("gdn_delta_raw_rw<4>", (-(-Hv * GDN_HEAD_DIM // (K.WARPS * 4)), M), args),
-                self._gated_norm(L, ldb, Hv * GDN_HEAD_DIM, att_stage, buf_b, chunk=chunk)]
+            ab, ab_in = L["ab"], self._ab_in(L, chunk)
+            k, kpad, xh, xinv = att_stage
+            return [delta_gated_cl(**delta, z=buf_b[:, Hv * GDN_HEAD_DIM:], ld_z=ldb, weight=L["norm"], out=self.att,
+                                   ld_out=self.att.shape[1], eps=self.args.rms_norm_eps, k=k, kpad=kpad, xh=xh,
+                                   xinv=xinv, xsc=self.xsc_att, ab_weights=ab.ptr(ab.base) if ab_in else None,
+                                   x=self.xn if ab_in else None, ld_x=self.xn.shape[1] if ab_in else 0,
+                                   hidden=self.H if ab_in else 0)]
+        return [delta_rule(**delta), self._gated_norm(L, ldb, Hv * GDN_HEAD_DIM, att_stage, buf_b, chunk=chunk)]
 
     def _gdn_ops(self, L, xn, att_stage, chunk: bool = False) -> tuple[list, list]:
         """A GDN layer's (projection ops, core ops up to the o-projection's staged input) for one decode step;
@@ -105,9 +141,10 @@ class GdnOps:
         column zoff of buf_b (self.buf_b unless given)."""
         buf_b = self.buf_b if buf_b is None else buf_b
         if chunk:  # (a warp a head, each chunk with its own scale)
-            return K.prepared("gated_rmsnorm_chunks", (-(-self.Hv // 8), self.M),
-                              (self.att2, buf_b[:, zoff:], ldb, L["norm"], self.att, self.att.shape[1], self.Hv,
-                               float(self.args.rms_norm_eps)) + att_stage + (self.xsc_att,), block=256)
+            k, kpad, xh, xinv = att_stage
+            return gated_norm_chunks(o=self.att2, z=buf_b[:, zoff:], ld_z=ldb, weight=L["norm"], out=self.att,
+                                     ld_out=self.att.shape[1], v_heads=self.Hv, eps=self.args.rms_norm_eps, k=k,
+                                     kpad=kpad, xh=xh, xinv=xinv, xsc=self.xsc_att, rows=self.M)
         return K.prepared("gated_rmsnorm_stage", (self.M,),
                           (self.att2, buf_b[:, zoff:], ldb, L["norm"], self.att, self.att.shape[1], self.Hv,
                            float(self.args.rms_norm_eps)) + att_stage, block=1024)

@@ -11,9 +11,25 @@ from __future__ import annotations
 from engine.gpu import launch as K
 
 
+NORM_CL = 8  # (cuda/norm_cluster.cu NORM_CL: blocks a cluster)
+
+
+def residual_norm(name: str, *, x_in, x_out, planes, nplanes: int, plane_stride: int, weight, out, hidden: int,
+                  eps: float, xh, xinv, kpad: int, rows: int, blocks: int = 16, offset: int = 1) -> K.Launch:
+    """One residual norm launch of form `name` (engine.gpu.plan.NORMS) over `rows` token rows:
+    x_out = x_in + the first `nplanes` split-K planes (planes [S, rows, hidden], `plane_stride` floats apart),
+    out = rmsnorm(x_out) (offset + weight), also staged as the GEMVs' int16 pairs (xh [rows, kpad / 2], xinv [rows]).
+    x_in and x_out differ (other blocks still read x_in). The cluster form runs NORM_CL blocks of 256 threads a row,
+    the multi-block forms `blocks` of 1,024."""
+    args = (x_in, x_out, planes, nplanes, plane_stride, weight, out, hidden, float(eps), offset, xh, xinv, kpad)
+    if name == "residual_rmsnorm_cl":
+        return K.prepared(name, (NORM_CL, rows), args, block=256)
+    return K.prepared(name, (blocks, rows), args, block=1024)
+
+
 class NormOps:
     NORM_BLOCKS = 16  # blocks a token row of the multi-block norms and stagings (each reduces the whole row)
-    NORM_CL = 8  # (cuda/norm_cluster.cu NORM_CL: blocks a cluster)
+    NORM_CL = NORM_CL
 
     def _norm(self, splits, w):
         """x += split-K partials; xn = rmsnorm(x) (1 + w), also pre-staged as int16 pairs for the GEMVs."""
@@ -21,9 +37,7 @@ class NormOps:
             raise NotImplementedError(f"hidden size {self.H} > 8192 in the CUDA norm kernel")
         x_in, x_out = self._res
         self._res = (x_out, x_in)
-        args = (x_in, x_out, self.part, splits, self.M * self.H, w, self.xn, self.H, float(self.args.rms_norm_eps), 1,
-                self.xh_n, self.xinv_n, self.kpad_h)
-        name = self.plan.norm
-        if name == "residual_rmsnorm_cl":
-            return K.prepared(name, (self.NORM_CL, self.M), args, block=256)
-        return K.prepared(name, (self.NORM_BLOCKS, self.M), args, block=1024)
+        return residual_norm(self.plan.norm, x_in=x_in, x_out=x_out, planes=self.part, nplanes=splits,
+                             plane_stride=self.M * self.H, weight=w, out=self.xn, hidden=self.H,
+                             eps=self.args.rms_norm_eps, xh=self.xh_n, xinv=self.xinv_n, kpad=self.kpad_h, rows=self.M,
+                             blocks=self.NORM_BLOCKS)

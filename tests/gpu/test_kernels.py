@@ -34,6 +34,7 @@ def test_embed(cp, fmt):
 
 def test_residual_rmsnorm_and_gated(cp):
     from engine.gpu import launch as K
+    from engine.gpu.norm import residual_norm
 
     m, h, s = 2, 1000, 3
     x = RNG.standard_normal((m, h)).astype(np.float32)
@@ -50,8 +51,9 @@ def test_residual_rmsnorm_and_gated(cp):
     # multi-block form: same numbers, and the same staged pairs
     x_out, out2 = cp.zeros((m, h), cp.float32), poisoned(cp, (m, h))
     xh2, xinv2 = cp.zeros_like(xh), cp.zeros_like(xinv)
-    K.prepared("residual_rmsnorm_mb", (5, m), (cp.asarray(x), x_out, cp.asarray(part), s, m * h, cp.asarray(w),
-                                               out2, h, 1e-6, 1, xh2, xinv2, kpad))()
+    residual_norm("residual_rmsnorm_mb", x_in=cp.asarray(x), x_out=x_out, planes=cp.asarray(part), nplanes=s,
+                  plane_stride=m * h, weight=cp.asarray(w), out=out2, hidden=h, eps=1e-6, xh=xh2, xinv=xinv2, kpad=kpad,
+                  rows=m, blocks=5)()
     check("residual mb", x_out.get(), xs, **ELEM)
     check("rmsnorm mb", out2.get(), out.get(), **ELEM)
     assert np.array_equal(xh2.get(), xh.get())
@@ -71,8 +73,8 @@ def test_residual_rmsnorm_and_gated(cp):
         for name in forms:
             xo, o2 = poisoned(cp, (m, h2)), poisoned(cp, (m, h2))
             xh3, xinv3 = cp.zeros((m, kp2 // 2), dtype=cp.uint32), cp.zeros(m, dtype=cp.float32)
-            K.prepared(name, (16, m), (cp.asarray(x2), xo, p2, s2, m * h2, w2, o2, h2, 1e-6, 1, xh3, xinv3, kp2),
-                       block=1024)()
+            residual_norm(name, x_in=cp.asarray(x2), x_out=xo, planes=p2, nplanes=s2, plane_stride=m * h2, weight=w2,
+                          out=o2, hidden=h2, eps=1e-6, xh=xh3, xinv=xinv3, kpad=kp2, rows=m)()
             got[name] = [a.get() for a in (xo, o2, xh3, xinv3)]
         check(f"residual mb {h2}", got["residual_rmsnorm_mb"][0], x2 + p2.get()[:s2].sum(0), **ELEM)
         for name in forms[1:]:
@@ -82,8 +84,8 @@ def test_residual_rmsnorm_and_gated(cp):
         for name in ("residual_rmsnorm_cl",) if K.cluster_capable() else ():
             xo, o2 = poisoned(cp, (m, h2)), poisoned(cp, (m, h2))
             xh3, xinv3 = cp.zeros((m, kp2 // 2), dtype=cp.uint32), cp.zeros(m, dtype=cp.float32)
-            K.prepared(name, (8, m), (cp.asarray(x2), xo, p2, s2, m * h2, w2, o2, h2, 1e-6, 1, xh3, xinv3, kp2),
-                       block=256)()
+            residual_norm(name, x_in=cp.asarray(x2), x_out=xo, planes=p2, nplanes=s2, plane_stride=m * h2, weight=w2,
+                          out=o2, hidden=h2, eps=1e-6, xh=xh3, xinv=xinv3, kpad=kp2, rows=m)()
             got[name] = [a.get() for a in (xo, o2, xh3, xinv3)]
             mb = got["residual_rmsnorm_mb"]
             assert np.array_equal(xo.get(), mb[0])
@@ -165,6 +167,7 @@ def test_attention_decode(cp, g, length, kv, form):
     if form == "vraw" and kv != "int8":
         pytest.skip("raw codes: int8 caches only")
     from engine.gpu import launch as K
+    from engine.gpu.attention import decode_attention
     from engine.ops.kvquant import dequantize_kv_int8_g64, quantize_kv_int8_g64
 
     hkv, d, page = 2, 256, 64
@@ -207,17 +210,16 @@ def test_attention_decode(cp, g, length, kv, form):
     if form.startswith("split"):
         gs = 2 if form == "split2" else 1
         name = f"attn_decode_split<{g // gs},{kv8},{gs}>" if gs > 1 else f"attn_decode_split<{g},{kv8}>"
-        launch = dict(grid=(hkv * gs, nsplit, 1))
+        threads, smem = 256, 0
     elif form == "vraw":
         w, ns = K.ATTN_MMA_VRAW_FORM
-        name = K.attn_mma_vraw_name(g)
-        launch = dict(grid=(hkv, nsplit, 1), block=32 * w, smem=K.attn_mma_smem(True, w, ns, vraw=True))
+        name, threads, smem = K.attn_mma_vraw_name(g), 32 * w, K.attn_mma_smem(True, w, ns, vraw=True)
     else:
         w, ns = K.ATTN_MMA_FORMS[int8][int(form[3:])]
-        name = f"attn_decode_mma<{g},{kv8},{w},{ns}>"
-        launch = dict(grid=(hkv, nsplit, 1), block=32 * w, smem=K.attn_mma_smem(int8, w, ns))
-    K.prepared(name, args=(qbuf, kc, vc, pos, pt, pages, hkv, chunk, 1 / 16, ml, acc, nsplit, ptr(ksc), ptr(vsc)),
-               **launch)()
+        name, threads, smem = f"attn_decode_mma<{g},{kv8},{w},{ns}>", 32 * w, K.attn_mma_smem(int8, w, ns)
+    decode_attention(name, threads=threads, smem=smem, q=qbuf, k_cache=kc, v_cache=vc, pos=pos, page_table=pt,
+                     pt_stride=pages, kv_heads=hkv, chunk=chunk, scale=1 / 16, ml=ml, acc=acc, nsplit=nsplit, rows=1,
+                     k_scales=ksc, v_scales=vsc)()
     K.prepared("attn_combine", (hq, 1), (ml, acc, nsplit, cp.asarray(gate), hq * d, out, hq * d, hq))()
     if int8:
         store = lambda a: dequantize_kv_int8_g64(*quantize_kv_int8_g64(np.asarray(a, np.float32)))  # noqa: E731
