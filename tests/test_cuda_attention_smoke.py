@@ -67,7 +67,7 @@ def test_attention_override_is_checked(cp, monkeypatch):
 
     cfg = dict(CFG, num_attention_heads=12, num_key_value_heads=2)
     args, w = _weights(cfg)
-    on_gpu(monkeypatch, "sm_90", attn="attn_decode_split<3,true,2>", attn_threads=256, attn_smem=0)
+    on_gpu(monkeypatch, "sm_90", attn="attn_decode_split<3,true,2>")
     ex = build_engine(args, w, cfg, max_context=256, prefill_cols=8, prefill_gemm=0, kv="int8").model.executor
     att = [op for op in _flat(ex.ops) if getattr(op, "name", "").startswith("attn_decode")]
     assert {op.name for op in att} == {"attn_decode_split<3,true,2>"} and all(op.grid[0] == 4 for op in att)

@@ -108,3 +108,22 @@ def test_executors_look_up_only_the_plans_kernels(cp, monkeypatch, gpu, moe, kv)
     assert asked == set(plan.kernels) - tc
     looked_up = {n for mod in [K.module(main[0])] for n in mod.kernels}
     assert {n for n in looked_up if "<" in n} <= set(plan.kernels)
+
+
+def test_plan_override_checks_what_the_model_and_gpu_run(monkeypatch):
+    """An attention kernel named alone brings its threads and shared memory; one for another grouping, KV format or a
+    larger shared memory, a norm for wider rows, an unknown in-order pass or flash form are refused."""
+    monkeypatch.setenv("NINFER_PLAN", '{"attn": "attn_decode_mma<6,true,4,2>"}')
+    p = _plan("qwen3.6-27b", "sm_90", "int8")
+    assert (p.attn, p.attn_threads, p.attn_smem) == ("attn_decode_mma<6,true,4,2>", 128, KN.attn_mma_smem(True, 4, 2))
+    monkeypatch.setenv("NINFER_PLAN", '{"attn": "attn_decode_split<3,true,2>"}')
+    assert (_plan("qwen3.6-27b", "sm_86", "int8").attn_threads, _plan("qwen3.6-27b", "sm_86", "int8").attn_smem) == (256, 0)
+    for override, gpu, kv, what in (('{"attn": "attn_decode_mma<8,true,4,2>"}', "sm_90", "int8", "not for 6"),
+                                    ('{"attn": "attn_decode_mma<6,false,4,3>"}', "sm_90", "int8", "int8 cache"),
+                                    ('{"attn": "attn_decode_mma<6,true,4,4>"}', "sm_86", "int8", "shared memory"),
+                                    ('{"norm": "residual_rmsnorm_mb2"}', "sm_90", "bf16", "at most 2,048"),
+                                    ('{"gdn_scan": "gdn_chunk_scan_tc<16, 1>"}', "sm_90", "bf16", "in-order pass"),
+                                    ('{"flash_warps": 8}', "sm_86", "bf16", "flash_warps")):
+        monkeypatch.setenv("NINFER_PLAN", override)
+        with pytest.raises(NinferError, match=what):
+            _plan("qwen3.6-27b", gpu, kv)

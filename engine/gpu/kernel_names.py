@@ -69,6 +69,22 @@ def attn_mma_vraw_name(g: int) -> str:
     return f"attn_decode_mma<{g},true,{w},{ns},true,true>"
 
 
+def attn_group(name: str) -> int:
+    """The query heads a KV head of an attention kernel's name (attn_decode_split<G / GS, kv8, GS> covers G)."""
+    parts = name[name.index("<") + 1:-1].split(",")
+    return int(parts[0]) * (int(parts[2]) if name.startswith("attn_decode_split<") and len(parts) == 3 else 1)
+
+
+def attn_launch(name: str) -> tuple[int, int]:
+    """(threads, dynamic shared memory) of an attention kernel's name: attn_decode_mma's W warps and its form's
+    shared memory, the split kernels' 256 and none."""
+    if not name.startswith("attn_decode_mma<"):
+        return 256, 0
+    parts = name[name.index("<") + 1:-1].split(",")
+    kv8, w, ns = parts[1] == "true", int(parts[2]), int(parts[3])
+    return 32 * w, attn_mma_smem(kv8, w, ns, vraw=len(parts) == 6)
+
+
 def attn_names() -> list[str]:
     """Every decode attention kernel a plan can pick."""
     names = [f"attn_decode_split<{g},{kv8}>" for g in ATTN_GROUPS for kv8 in ("false", "true")]

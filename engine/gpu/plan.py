@@ -243,30 +243,54 @@ def build_plan(args, dev: Device, kv: str, fmts: dict, override: dict | None = N
     return dataclasses.replace(plan, kernels=kernel_names(plan, args, fmts))
 
 
+def _refuse(what: str, hint: str = "") -> None:
+    raise NinferError(f"{PLAN_ENV}: {what}", hint or "run `ninfer env --plan GEOMETRY` for the fields and their values")
+
+
 def _apply(plan: DecodePlan, override: dict, dev: Device, args) -> DecodePlan:
-    """`plan` with the fields of `override` replaced, each checked for its type and for what the GPU can run."""
-    fields = {f.name: f for f in dataclasses.fields(plan)}
-    bad = sorted(set(override) - set(fields) - {"kernels"}) + (["kernels"] if "kernels" in override else [])
+    """`plan` with the fields of `override` replaced, each checked for its type and for what the GPU and the model can
+    run. An attention kernel named alone brings its threads and shared memory (attn_launch)."""
+    fields = {f.name for f in dataclasses.fields(plan)} - {"kernels", "gpu", "tuned"}
+    bad = sorted(set(override) - fields)
     if bad:
-        raise NinferError(f"{PLAN_ENV}: no plan field {', '.join(bad)}",
-                          f"use some of: {', '.join(n for n in fields if n not in ('kernels', 'gpu', 'tuned'))}")
+        _refuse(f"no plan field {', '.join(bad)}", f"use some of: {', '.join(sorted(fields))}")
     changes = {}
     for k, v in override.items():
         cur = getattr(plan, k)
-        if k == "cols" or k == "gemv":
+        if k in ("cols", "gemv"):
             v = tuple(tuple(x) if isinstance(x, list) else x for x in v)
         elif type(v) is not type(cur):
-            raise NinferError(f"{PLAN_ENV}: {k} takes a {type(cur).__name__}, not {v!r}")
+            _refuse(f"{k} takes a {type(cur).__name__}, not {v!r}")
         changes[k] = v
-    if changes.get("norm", plan.norm) not in NORMS:
-        raise NinferError(f"{PLAN_ENV}: norm {changes['norm']!r} is not a residual norm",
-                          f"use one of {', '.join(NORMS)}")
-    if changes.get("norm") == "residual_rmsnorm_cl" and dev.cc < 90 or changes.get("gdn") == GDN_CL and dev.cc < 90:
-        raise NinferError(f"{PLAN_ENV}: the cluster kernels need sm_90 (this GPU: {dev.arch})")
+    h, kv8 = args.hidden_size, plan.kv == "int8"
+    norm = changes.get("norm", plan.norm)
+    widest = {"residual_rmsnorm_mb2": 2048, "residual_rmsnorm_mb5_1r": 5120, "residual_rmsnorm_mb": 8192,
+              "residual_rmsnorm_cl": CLUSTER_NORM_CHUNKS * 32}
+    if norm not in NORMS:
+        _refuse(f"norm {norm!r} is not a residual norm", f"use one of {', '.join(NORMS)}")
+    row = -(-h // KN.XPAD) * KN.XPAD if norm == "residual_rmsnorm_cl" else h  # (the cluster form: whole blocks)
+    if row > widest[norm]:
+        _refuse(f"{norm} takes rows of at most {widest[norm]:,} values, not {h:,}")
+    if dev.cc < 90 and (norm == "residual_rmsnorm_cl" or changes.get("gdn") == GDN_CL):
+        _refuse(f"the cluster kernels need sm_90 (this GPU: {dev.arch})")
     if changes.get("gdn", plan.gdn) not in (GDN_CL, GDN_RAW):
-        raise NinferError(f"{PLAN_ENV}: gdn {changes['gdn']!r} is not a delta-rule kernel", f"use {GDN_CL} or {GDN_RAW}")
-    if "attn" in changes and not any(changes["attn"] == n for n in KN.attn_names()):
-        raise NinferError(f"{PLAN_ENV}: attention kernel {changes['attn']!r} is not one the module can compile")
+        _refuse(f"gdn {changes['gdn']!r} is not a delta-rule kernel", f"use {GDN_CL} or {GDN_RAW}")
+    if "attn" in changes:
+        name, g = changes["attn"], args.num_attention_heads // max(args.num_key_value_heads, 1)
+        if name not in KN.attn_names():
+            _refuse(f"attention kernel {name!r} is not one the module can compile")
+        if KN.attn_group(name) != g or (",true" in name) != kv8:
+            _refuse(f"{name} is not for {g} query heads a KV head and a {plan.kv} cache")
+        threads, smem = KN.attn_launch(name)
+        if smem > dev.smem_optin:
+            _refuse(f"{name} takes {smem:,} bytes of shared memory, the GPU {dev.smem_optin:,}")
+        changes.setdefault("attn_threads", threads)
+        changes.setdefault("attn_smem", smem)
+    if changes.get("gdn_scan", plan.gdn_scan) not in ("",) + tuple(KN.gdn_scan_name(rb) for rb in KN.GDN_SCAN_TC_RB):
+        _refuse(f"gdn_scan {changes['gdn_scan']!r} is not an in-order pass", "\"\" is the token-by-token recurrence")
+    if changes.get("flash_warps", plan.flash_warps) not in (4, 8) or KN.flash_smem(
+            changes.get("flash_warps", plan.flash_warps)) > dev.smem_optin:
+        _refuse(f"flash_warps {changes.get('flash_warps')!r}: 4, or 8 where its shared memory fits")
     plan = dataclasses.replace(plan, **changes)
     if plan.gdn != GDN_CL and plan.gdn_ab_in:
         plan = dataclasses.replace(plan, gdn_ab_in=False)

@@ -72,8 +72,7 @@ def test_attention_on_tensor_cores_matches_the_split_kernel(monkeypatch):
     args, w, prompt, forced = forced_case(cfg, 10)
     out = {}
     for mma in (False, True):
-        use_plan(monkeypatch, **({} if mma else dict(attn="attn_decode_split<3,false,2>", attn_threads=256,
-                                                       attn_smem=0)))
+        use_plan(monkeypatch, **({} if mma else dict(attn="attn_decode_split<3,false,2>")))
         eng = build_engine(args, w, cfg, max_context=512, prefill_cols=1)
         assert any(n.startswith("attn_decode_mma<6,false,") for n in names_of(eng.model.executor)) == mma
         out[mma] = forced_logits(eng, prompt, forced)
@@ -91,7 +90,7 @@ def test_attn_combine_chunks_matches_the_one_scale_staging(monkeypatch, mma):
 
     cfg = dict(CFG, num_attention_heads=12, num_key_value_heads=2)
     args, w, prompt, forced = forced_case(cfg, 21)
-    split = {} if mma else dict(attn="attn_decode_split<3,false,2>", attn_threads=256, attn_smem=0)
+    split = {} if mma else dict(attn="attn_decode_split<3,false,2>")
     out = {}
     for chunk, fused in ((0, True), (1, True), (1, False)):
         use_plan(monkeypatch, **split, **({} if fused else {"mlp_fused": False}))
@@ -116,8 +115,7 @@ def test_attention_raw_kv_matches_the_decoded_kv(monkeypatch):
     args, w, prompt, forced = forced_case(cfg, 11)
     out = {}
     for raw in (False, True):
-        use_plan(monkeypatch, "sm_90", **({} if raw else dict(attn="attn_decode_mma<6,true,4,2>", attn_threads=128,
-                                                                attn_smem=K.attn_mma_smem(True, 4, 2))))
+        use_plan(monkeypatch, "sm_90", **({} if raw else dict(attn="attn_decode_mma<6,true,4,2>")))
         eng = build_engine(args, w, cfg, max_context=512, prefill_cols=1, kv="int8")
         assert (K.attn_mma_vraw_name(6) in names_of(eng.model.executor)) == raw
         out[raw] = forced_logits(eng, prompt, forced)

@@ -184,8 +184,7 @@ def test_attention_query_group_cut_over_blocks_gives_the_same_tokens(monkeypatch
     prompt = [int(t) for t in np.random.default_rng(10).integers(0, cfg["vocab_size"], 12)]
     out = {}
     for gs in (1, 2):
-        use_plan(monkeypatch, attn="attn_decode_split<3,false,2>" if gs == 2 else "attn_decode_split<6,false>",
-                 attn_threads=256, attn_smem=0)
+        use_plan(monkeypatch, attn="attn_decode_split<3,false,2>" if gs == 2 else "attn_decode_split<6,false>")
         eng = build_engine(args, w, cfg, max_context=256, prefill_cols=1)
         names = {getattr(op, "name", "") for op in eng.model.executor.ops}
         assert ("attn_decode_split<3,false,2>" in names) == (gs == 2)
