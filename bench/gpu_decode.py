@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cupy as cp  # noqa: E402
 
-from engine.ops import kernels as K  # noqa: E402
+from engine.gpu import launch as K  # noqa: E402
 
 
 def copy_bandwidth() -> float:

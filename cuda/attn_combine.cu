@@ -30,7 +30,7 @@ __device__ __forceinline__ float combine_one(const float* __restrict__ part_ml, 
   return v;
 }
 
-// combine_one with its loads batched (CudaQwen35.ATTN_COMBINE_B): the first CB splits' (max, sum) pairs and accumulator
+// combine_one with its loads batched (attn_combine_chunks_b): the first CB splits' (max, sum) pairs and accumulator
 // values are loaded with the gate, before `ns` (from the position, loaded beside them) is known, guarded by nsplit
 // only; later splits CB at a time. combine_one's loop took an L2 round trip a 4 splits after a pass for the maximum and
 // the position's (~7 at a short context: ~5 of its ~7 us); this is one. Splits past ns add nothing, as there; the
@@ -118,29 +118,21 @@ extern "C" __global__ void attn_combine_stage(const float* __restrict__ part_ml,
                           reinterpret_cast<uint4*>(xh + (size_t)m * kpad / 2), xinv + m);
 }
 
-// attn_combine with the o-projection's input staged a 32-value chunk at a time (CudaQwen35.ATTN_CHUNK): block (head
-// h, token row m) of 256 threads combines the head's dims as attn_combine does, but only over the splits that hold
-// tokens (the decode kernels give split s the tokens [s per, (s + 1) per), per = ceil(L / nsplit) rounded up to
-// `round`: attn_decode_mma's 16, the split kernels' 1; the others hold -inf maxima and add nothing, so the same values);
-// warp w packs chunk 8 h + w with its own power-of-two scale (xsc[c] = its inverse, xinv = 1), as gated_rmsnorm_chunks
-// does for the GDN layers: no row maximum, no last block staging the row. (Written after session 16's device time.)
+// attn_combine with the o-projection's input staged a 32-value chunk at a time: block (head h, token row m) of 256
+// threads combines the head's dims as attn_combine does, but only over the splits that hold tokens (the decode kernels
+// give split s the tokens [s per, (s + 1) per), per = ceil(L / nsplit) rounded up to `round`: attn_decode_mma's 16,
+// the split kernels' 1; the others hold -inf maxima and add nothing, so the same values), its loads batched (the first
+// 16 splits' partials, the gate and the position in one round: combine_one_b); warp w packs chunk 8 h + w with its own
+// power-of-two scale (xsc[c] = its inverse, xinv = 1), as gated_rmsnorm_chunks does for the GDN layers: no row
+// maximum, no last block staging the row.
 #define ATTN_COMBINE_CHUNKS_PARAMS                                                                                \
   const float* __restrict__ part_ml, const float* __restrict__ part_acc, int nsplit, const float* __restrict__ gate,  \
       int ldg, float* __restrict__ out, int ldo, int Hq, int K, int kpad, __half2* __restrict__ xh,                  \
       float* __restrict__ xinv, float* __restrict__ xsc, const int* __restrict__ pos, int round
-// B: combine_one_b (attn_combine_chunks_b), the same bits
-template <bool B>
-__device__ __forceinline__ void attn_combine_chunks_body(ATTN_COMBINE_CHUNKS_PARAMS) {
+extern "C" __global__ void __launch_bounds__(256) attn_combine_chunks_b(ATTN_COMBINE_CHUNKS_PARAMS) {
+  NI_PDL_ENTRY();
   const int m = blockIdx.y, h = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  float v;
-  if constexpr (B) {
-    v = combine_one_b(part_ml, part_acc, nsplit, gate, ldg, out, ldo, Hq, m, h, threadIdx.x, pos, round);
-  } else {
-    const int L = pos[m] + 1;
-    const int per = ((L + nsplit - 1) / nsplit + round - 1) / round * round;
-    v = combine_one(part_ml, part_acc, nsplit, gate, ldg, out, ldo, Hq, m, h, threadIdx.x,
-                    min(nsplit, (L + per - 1) / per));
-  }
+  const float v = combine_one_b(part_ml, part_acc, nsplit, gate, ldg, out, ldo, Hq, m, h, threadIdx.x, pos, round);
   if (h == 0 && threadIdx.x == 0) xinv[m] = 1.f;
   const float sc = pow2_scale(warp_max(fabsf(v)));
   const int cs = (lane >> 2) & 3, jp = lane & 3, ka = 8 * cs + stage_a(jp), c = h * 8 + warp;
@@ -149,14 +141,4 @@ __device__ __forceinline__ void attn_combine_chunks_body(ATTN_COMBINE_CHUNKS_PAR
     reinterpret_cast<unsigned int*>(xh + (size_t)m * kpad / 2)[(c >> 5) * 512 + cs * 128 + (c & 31) * 4 + jp] =
         stage_pack(va * sc, vb * sc);
   if (lane == 0) xsc[(size_t)m * (kpad / 32) + c] = 1.f / sc;
-}
-extern "C" __global__ void __launch_bounds__(256) attn_combine_chunks(ATTN_COMBINE_CHUNKS_PARAMS) {
-  NI_PDL_ENTRY();
-  attn_combine_chunks_body<false>(part_ml, part_acc, nsplit, gate, ldg, out, ldo, Hq, K, kpad, xh, xinv, xsc, pos,
-                                  round);
-}
-extern "C" __global__ void __launch_bounds__(256) attn_combine_chunks_b(ATTN_COMBINE_CHUNKS_PARAMS) {
-  NI_PDL_ENTRY();
-  attn_combine_chunks_body<true>(part_ml, part_acc, nsplit, gate, ldg, out, ldo, Hq, K, kpad, xh, xinv, xsc, pos,
-                                 round);
 }

@@ -1,4 +1,4 @@
-// Split-K decode attention on tensor cores (CudaQwen35.ATTN_MMA; same arguments and partials as
+// Split-K decode attention on tensor cores (the plan's attention on sm_80 and newer; same arguments and partials as
 // attn_decode_split). grid (Hkv, nsplit, M), block 32 W (W warps), dynamic smem ADM_SMEM_OF(KV8, W, NS) (one
 // block an SM; the executor sizes nsplit to one wave). A block takes KV head kvh's G query heads as the rows
 // of one m16 tile (G <= 16; rows past G zero) over the split's tokens [t0, t1) (a split's share rounded up

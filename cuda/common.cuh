@@ -8,7 +8,7 @@
 
 #define NI_WARP 32
 
-// Programmatic dependent launch (sm_90; kernels.py launches with the attribute when NINFER_PDL is on).
+// Programmatic dependent launch (sm_90; kernels.py launches with the attribute where the plan's pdl is on).
 // Every kernel calls NI_PDL_ENTRY() before touching memory another kernel writes: the next kernel in the
 // stream may then start (and, in the GEMVs, prefetch its weights) while this one finishes. Both are
 // no-ops for a launch without the attribute, so the same code runs either way.
@@ -60,30 +60,17 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
   return warp_max(t);
 }
 
-// The staged GEMV input of the q4/q5/q6 formats (x "pairs", written once by the producing kernel, see
-// gemv.cu): NI_XI16=0: fp16 pairs (x_k, x_k+4), k = 0..3 of each 8 values, scaled so that |x| <= 256 (the
-// decode's fp16 partial sums stay in range); NI_XI16=1: int16 pairs (x0, x2), (x4, x6), (x1, x3), (x5, x7),
-// scaled so that |x| <= 32767, for the dp2a decode (engine.ops.kernels, NINFER_XI16).
-#ifndef NI_XI16
-#define NI_XI16 0
-#endif
-#if NI_XI16
+// The staged GEMV input of the q4/q5/q6 formats (x "pairs", written once by the producing kernel, see gemv.cu):
+// int16 pairs (x0, x2), (x4, x6), (x1, x3), (x5, x7) of each 8 values, scaled so that |x| <= 32767, for the dp2a
+// decode (gemv_decode.cu dot_i16).
 #define STAGE_MAX 32767.f
-#else
-#define STAGE_MAX 256.f
-#endif
 // Values (a, a + STAGE_GAP) of pair jp (0..3) among the 8 values of a slot: a = stage_a(jp).
-#define STAGE_GAP (NI_XI16 ? 2 : 4)
-__device__ __forceinline__ int stage_a(int jp) { return NI_XI16 ? ((jp & 1) << 2) | (jp >> 1) : jp; }
+#define STAGE_GAP 2
+__device__ __forceinline__ int stage_a(int jp) { return ((jp & 1) << 2) | (jp >> 1); }
 
 // One staged pair from two scaled values.
 __device__ __forceinline__ unsigned int stage_pack(float a, float b) {
-#if NI_XI16
   return ((unsigned int)__float2int_rn(a) & 0xffffu) | ((unsigned int)__float2int_rn(b) << 16);
-#else
-  __half2 h = __floats2half2_rn(a, b);
-  return *reinterpret_cast<unsigned int*>(&h);
-#endif
 }
 
 // The power of two that scales a row whose largest |value| is mx to at most `target` (STAGE_MAX: the
@@ -111,37 +98,21 @@ __device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + __expf
 
 // Weight streams of the GEMVs: each 16-byte chunk is read once a step, so it should not push out of L1
 // what is read again (a GEMV's x pairs, re-read for every row): ld.global.nc with L1::no_allocate.
-// NI_W_NOALLOC=0 (engine.ops.kernels, NINFER_W_NOALLOC=0) compiles plain __ldg instead.
-#ifndef NI_W_NOALLOC
-#define NI_W_NOALLOC 1
-#endif
 __device__ __forceinline__ uint4 ldw(const uint4* p) {
-#if NI_W_NOALLOC
   uint4 r;
   asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
       : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
   return r;
-#else
-  return __ldg(p);
-#endif
 }
 __device__ __forceinline__ uint2 ldw(const uint2* p) {
-#if NI_W_NOALLOC
   uint2 r;
   asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
   return r;
-#else
-  return __ldg(p);
-#endif
 }
 __device__ __forceinline__ unsigned int ldw(const unsigned int* p) {
-#if NI_W_NOALLOC
   unsigned int r;
   asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(r) : "l"(p));
   return r;
-#else
-  return __ldg(p);
-#endif
 }
 
 __device__ __forceinline__ __half2 u32_as_half2(unsigned int u) {

@@ -144,32 +144,13 @@ __device__ __forceinline__ void gdn_raw_head(const float* __restrict__ qk, int l
   beta = sigmoidf_(abl != nullptr ? abl[1] : ab[(size_t)m * ldab + Hv + h]);
 }
 
-// gdn_delta from the conv outputs themselves (the projections' EPI_CONV epilogue did the conv and SiLU;
+// The delta rule from the conv outputs themselves (the projections' EPI_CONV epilogue did the conv and SiLU;
 // no gdn_prep launch): each warp L2-normalizes its q and k head (q also scaled) and computes its head's
 // gates, with gdn_prep's arithmetic, so the state and output carry the arithmetic of gdn_prep + gdn_delta.
 // qk: [M, ldqk] (q heads, then k heads), vv: [M, ldv] (v channels first), ab: [M, ldab] (a, then b).
-extern "C" __global__ void __launch_bounds__(256) gdn_delta_raw(
-    const float* __restrict__ qk, int ldqk, const float* __restrict__ vv, int ldv, const float* __restrict__ ab,
-    int ldab, const float* __restrict__ a_log, const float* __restrict__ dt_bias, float q_scale,
-    float* __restrict__ state, float* __restrict__ o, int Hk, int Hv, int tiled) {
-  NI_PDL_ENTRY();
-  const int lane = threadIdx.x & 31;
-  const int rowid = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  const int m = blockIdx.y;
-  if (rowid >= Hv * 128) return;
-  const int h = rowid >> 7, dv = rowid & 127;
-  float4 q, k;
-  float alpha, beta;
-  gdn_raw_head(qk, ldqk, ab, ldab, a_log, dt_bias, q_scale, Hk, Hv, tiled, m, h, lane, q, k, alpha, beta);
-  float4* sp = reinterpret_cast<float4*>(state + (((size_t)m * Hv + h) * 128 + dv) * 128) + lane;
-  const float ov = delta_step(q, k, alpha, beta, vv[(size_t)m * ldv + (size_t)h * 128 + dv], sp);
-  if (lane == 0) o[((size_t)m * Hv + h) * 128 + dv] = ov;
-}
-
-// gdn_delta_raw with RW state rows a warp (RW divides 128: the rows of one value head; GdnOps.GDN_DELTA_RW): the RW
-// rows' state loads issued first, the head's q and k loaded, normed and its gates computed once for the RW rows (every
-// warp of gdn_delta_raw does so for its one row: 128 times a head). The same operations a row, so the same bits.
-// Grid (ceil(Hv * 128 / (8 RW)), M), 256 threads. (Written after session 16's device time.)
+// gdn_delta_raw_rw: RW state rows a warp (RW divides 128: the rows of one value head): the RW rows' state loads issued
+// first, the head's q and k loaded, normed and its gates computed once for the RW rows. Grid (ceil(Hv * 128 / (8 RW)),
+// M), 256 threads.
 #define GDN_RAW_PARAMS                                                                                             \
   const float* __restrict__ qk, int ldqk, const float* __restrict__ vv, int ldv, const float* __restrict__ ab,       \
       int ldab, const float* __restrict__ a_log, const float* __restrict__ dt_bias, float q_scale,                  \
@@ -223,49 +204,6 @@ __global__ void __launch_bounds__(256) gdn_delta_raw_rw(GDN_RAW_PARAMS) {
   if (row0 >= Hv * 128) return;
   float ov[RW];
   gdn_delta_rw_rows<RW>(GDN_RAW_ARGS, blockIdx.y, row0, ov);
-}
-
-// gdn_delta + gated_rmsnorm_stage in one launch (decode, one token per lane row), with gdn_delta's blocks:
-// grid (Hv * 16, M), 256 threads, a warp per state row as in gdn_delta (the same arithmetic), o written to
-// global memory; the last of a head's 16 blocks (a ticket a head) applies the head's gated norm, and the
-// last head of a row (a ticket a row, the row's largest |value| gathered by atomicMax on its bits: values
-// >= 0 order as unsigned) stages the row as the o-projection's fp16 pairs. Every ticket and the max are
-// reset by the block that used them last, for the next layer. The same bits as gdn_delta +
-// gated_rmsnorm_stage (the max is exact, so the scale is the same). (Session 7: a 1024-thread block a head
-// measured 7.7 us a layer against 3.1 + 4.2: this form keeps the 768 blocks. Written without device time.)
-extern "C" __global__ void __launch_bounds__(256) gdn_delta_gated_stage(
-    const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ vo,
-    const float* __restrict__ g, const float* __restrict__ beta, float* __restrict__ state, float* __restrict__ o,
-    const float* __restrict__ z, int ldz, const float* __restrict__ nw, float* __restrict__ out, int ldo,
-    int Hk, int Hv, int tiled, float eps, int K, int kpad, __half2* __restrict__ xh, float* __restrict__ xinv,
-    unsigned int* __restrict__ amax, unsigned int* __restrict__ ticket, unsigned int* __restrict__ hticket) {
-  NI_PDL_ENTRY();
-  __shared__ int last;  // this block finished its head
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int wpb = blockDim.x >> 5, bph = 128 / wpb;  // rows a block, blocks a head
-  const int rowid = blockIdx.x * wpb + warp;
-  const int m = blockIdx.y;
-  const int h = rowid >> 7, dv = rowid & 127;
-  const float ov = gdn_delta_row(qn, kn, vo, g, beta, state, Hk, Hv, tiled, m, h, dv, lane);
-  if (lane == 0) {
-    o[((size_t)m * Hv + h) * 128 + dv] = ov;
-    __threadfence();  // this row's output, before the head's ticket
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(hticket + (size_t)m * Hv + h, 1u) == (unsigned int)(bph - 1);
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  float mx = 0.f;
-  if (warp == 0) {  // the head's gated norm from the 16 blocks' outputs (through L2)
-    const float4 ohead = __ldcg(reinterpret_cast<const float4*>(o + ((size_t)m * Hv + h) * 128) + lane);
-    mx = warp_max(gated_vals(ohead, z, ldz, nw, out, ldo, eps, m, h));
-    __threadfence();
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) hticket[(size_t)m * Hv + h] = 0u;
-  stage_row_by_last_block(mx, amax + m, ticket + m, Hv, out + (size_t)m * ldo, K, kpad,
-                          reinterpret_cast<uint4*>(xh + (size_t)m * kpad / 2), xinv + m);
 }
 
 // Columns form: T consecutive tokens of one sequence (a prefill chunk, or the K+1 tokens a speculative

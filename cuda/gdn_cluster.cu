@@ -1,4 +1,4 @@
-// The GDN delta rule and gated norm on thread block clusters (sm_90): gdn_delta_gated_cl, GdnOps.GDN_GATED_CL. Compiled
+// The GDN delta rule and gated norm on thread block clusters (sm_90): gdn_delta_gated_cl (the plan's gdn on sm_90). Compiled
 // after gdn.cu in the module (kernels.SOURCES): GDN_RAW_PARAMS and gdn_delta_rw_rows (gdn.cu), gated_res and
 // stage_head_chunks (norm.cu), cl_rank (norm_cluster.cu).
 #include "common.cuh"
@@ -26,12 +26,12 @@ extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(256)
                        float* __restrict__ out, int ldo, float eps, int K, int kpad, __half2* __restrict__ xh,
                        float* __restrict__ xinv, float* __restrict__ xsc, int early,
                        const unsigned short* __restrict__ abw, const float* __restrict__ xab, int ldx, int H) {
-  // abw != nullptr (GdnOps.GDN_AB_IN): the head's a and b projections computed here from the bf16 [a; b] weights (2 Hv
+  // abw != nullptr (the plan's gdn_ab_in): the head's a and b projections computed here from the bf16 [a; b] weights (2 Hv
   // rows of H) and the fp32 normed row xab (ldx apart), as gemv_bf16 with 8 warps a row (kw 8) computes them, instead
   // of reading ab: the layer's a|b GEMV, its branch and its join go (the launch after a join is a plain one). Every
   // block computes both for its head: warp p takes chunks p, p + 8, ... of 8 values of both rows (its weights loaded
   // before the PDL wait), then the 8 warps' sums in order through shared memory. H % 8 == 0, H <= 8192.
-  // early (GdnOps.GDN_STATE_EARLY, the decode step): the warp's state rows and the norm weight are loaded before the PDL
+  // early (the decode step): the warp's state rows and the norm weight are loaded before the PDL
   // wait. Only this kernel writes a layer's state within a step (one launch a layer), and the step before ended with
   // the graph launch before this one, so the rows are final while the kernels ahead of it still run.
   __shared__ __align__(16) float orow[128];  // (the head's outputs, in the first block)

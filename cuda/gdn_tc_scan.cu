@@ -2,7 +2,7 @@
 // tensor-core module (kernels.TC_SOURCES): its gtc helpers, layouts and constants are that file's.
 #include "common.cuh"
 
-// Pass 2 on tensor cores (NINFER_GDN_TC=1): grid (Hv, 128 / RB), 256 threads, GDN_SCAN_TC_SMEM(RB) bytes;
+// Pass 2 on tensor cores: grid (Hv, 128 / RB), 256 threads, GDN_SCAN_TC_SMEM(RB) bytes;
 // value head h's state rows [y RB, y RB + RB) walk the pieces in order (gdn_chunk_scan's recurrence):
 //   P1  U = U' - W S0^T, QS = Q S0^T   warp: m-tiles {p, 3 - p} (p = warp & 1) x RB / 32 n-tiles, K = 128
 //   P2  O = e^G o QS + M U (M's tiles above the diagonal skipped), the same tiles, from P1's registers
@@ -10,7 +10,7 @@
 // Loads overlap the other phase (cp.async): K, M of piece p during P1(p); W, Q, U' of piece p + 1 during
 // P2(p) (U' double-buffered: U of piece p is read in P2(p)). Three block barriers a piece.
 // Q1 = 1: QS and M U, which reach only the output (gdn_output_bf16), in 1xTF32 (one mma from the TF32 heads,
-// no remainders split off); U and S1, which reach the state, stay 3xTF32 (NINFER_GDN_SCAN_Q1).
+// no remainders split off); U and S1, which reach the state, stay 3xTF32 (Q1 = 1: QS and M U in 1xTF32).
 // Estimates: smem (RB = 64) 4 (64 x 132 + 2 x 64 x 132 + 64 x 136 + 64 x 68 + 2 x 64 x 72 + 128) = 190,976 B,
 // (RB = 32) 157,696 B: one block an SM, so RB = 64 (96 blocks, one wave on 132 SMs) is the one to run
 // (RB = 32: 192 blocks, two waves). mma.sync a piece and block: 3 x (16 x 2 x 2 x RB / 32 x 8 [P1] + 10 x

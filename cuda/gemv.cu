@@ -4,11 +4,10 @@
 //
 // Why it looks like this (spec/performance.md §4g: a plain kernel reaches ~50% of the bandwidth):
 // * Codes are decoded a 16-byte chunk at a time without int->float conversions (gemv_decode.cu).
-// * x is staged once per block into shared memory as fp16, scaled by a power of two so that the fp16
-//   partial sums cannot overflow (target bound per format below), in the pair order the magic decode
-//   produces, and swizzled so that a warp's 16-byte reads are bank-conflict free.
-// * NI_XI16 (NINFER_XI16=1): x staged as int16 pairs instead, and q4/q5/q6 codes turned into signed bytes
-//   for dp2a (dot_i16): about half the decode instructions of the fp16 path, exact int32 sums a chunk.
+// * x is staged once per block into shared memory (or read pre-staged) as int16 pairs scaled by a power of two,
+//   in the pair order dp2a takes (dot_i16: exact int32 sums a chunk; w8 staging its own: fp16 pairs, scaled so
+//   that the fp16 partial sums cannot overflow), and swizzled so that a warp's 16-byte reads are bank-conflict
+//   free.
 // * One warp handles ROWS rows at once (x read once from shared memory for all of them) and keeps
 //   U 16-byte weight loads per row in flight per lane; blocks loop over row groups so that staging x
 //   is paid once per block; grid.y splits K (split-K) for the few-row, long-K shapes.
@@ -116,7 +115,7 @@ template <int FMT, int ROWS, int M, int U, bool CONV = false>
 // One-token decode variants held to an occupancy: one row at 5 blocks/SM (51 registers), two rows at
 // 4 (64; not q5, which would spill). With the slot-major x the compiler otherwise hoists every x load
 // of an iteration (immediate offsets) and grows to 96-116 registers.
-__global__ void __launch_bounds__(256, (M == 1 && U == 2) ? (ROWS == 1 ? 5 : (ROWS == 2 && (FMT != FMT_Q5 || NI_XI16) ? 4 : 1)) : 1) gemv_rs(GEMV_RS_PARAMS) {
+__global__ void __launch_bounds__(256, (M == 1 && U == 2) ? (ROWS == 1 ? 5 : (ROWS == 2 ? 4 : 1)) : 1) gemv_rs(GEMV_RS_PARAMS) {
   // MoE: grid.z picks a routed slot; its expert's rows start at eidx[z] * erows of the stacked object,
   // its x is xz bytes further on (and its own xinv), its output yz floats further on, times ywt[z].
   // pf > 0: before the PDL wait (weights depend on no kernel), each lane asks L2 for the weights, scales
@@ -217,7 +216,6 @@ __global__ void __launch_bounds__(256, (M == 1 && U == 2) ? (ROWS == 1 ? 5 : (RO
     }
     __syncthreads();
   }
-  const DecodeK dk = decode_constants(gpr > 0 ? 1u : 0u);  // gpr >= 1 always; the compiler cannot know
   const uint4* xs4 = pre ? reinterpret_cast<const uint4*>(x) : reinterpret_cast<const uint4*>(xs);
   const int xrow = pre ? ((u4_per_row + 31) & ~31) : nloc_pad;  // chunks per token row of the x pairs
   const int xoff = pre ? js : 0;
@@ -256,7 +254,7 @@ __global__ void __launch_bounds__(256, (M == 1 && U == 2) ? (ROWS == 1 ? 5 : (RO
             const uint4* xp = SLOTS == 4 ? xs4 + (size_t)m * xrow * 4 + (jx >> 5) * 128 + (jx & 31)
                                          : xs4 + (size_t)(m * xrow + jx) * SLOTS;
 #pragma unroll
-            for (int r = 0; r < ROWS; ++r) acc[r][m] += sc[u][r] * dot_u4<FMT>(w[u][r], hb[u][r], xp, key, dk);
+            for (int r = 0; r < ROWS; ++r) acc[r][m] += sc[u][r] * dot_u4<FMT>(w[u][r], hb[u][r], xp, key);
           }
         }
       }

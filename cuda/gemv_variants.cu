@@ -67,7 +67,7 @@ __device__ __forceinline__ void gemv_rs_pre_body(GEMV_RS_PARAMS, __half2* __rest
   // row from it and resets both words (measured: 27B +2.3%, bench/NOTES-decode.md session 11).
   // (w8 too with int16 pairs: a 16-code chunk j is half of the staged 32-value block j / 2, dot_w8_i16)
   using F = Fmt<FMT>;
-  static_assert(F::VPU == 32 || (NI_XI16 && FMT == FMT_W8), "q4-q6 (slot-major staged x), w8 with int16 pairs");
+  static_assert(F::VPU == 32 || FMT == FMT_W8, "q4-q6 (slot-major staged x), w8 on the int16 pairs");
   constexpr bool W8 = FMT == FMT_W8;
   float wrote = 0.f;
   const int u4_per_row = gpr * 2;
@@ -81,7 +81,6 @@ __device__ __forceinline__ void gemv_rs_pre_body(GEMV_RS_PARAMS, __half2* __rest
   const long long row_off = eidx != nullptr ? (long long)eidx[z] * erows : 0;
   float inv_sc[M];
   const float yw = routed_slot<M>(x, xinv, y, xz, yz, ywt, z, inv_sc);
-  const DecodeK dk = decode_constants(gpr > 0 ? 1u : 0u);
   const int xrow4 = (((W8 ? u4_per_row / 2 : u4_per_row) + 31) & ~31) * 4;  // uint4 per token row of the staged pairs
   const uint4* xlane = reinterpret_cast<const uint4*>(x) + (js >> 5) * 128 + lane;
   // w8: chunk j = js + lane + 32 n is block chunk J = (js + lane) / 2 + 16 n (js: a multiple of 64), slots
@@ -134,9 +133,9 @@ __device__ __forceinline__ void gemv_rs_pre_body(GEMV_RS_PARAMS, __half2* __rest
               for (int r = 0; r < ROWS; ++r)
                 if constexpr (XS) {
                   const float xs = __ldg(sxsc + js + lane + 32 * (i + u));
-                  acc[r][m] += (sc[u][r] * xs) * dot_core<FMT>(w[u][r], hb[u][r], [&](int c) { return xv[c]; }, 0, dk);
+                  acc[r][m] += (sc[u][r] * xs) * dot_core<FMT>(w[u][r], hb[u][r], [&](int c) { return xv[c]; }, 0);
                 } else {
-                  acc[r][m] += sc[u][r] * dot_core<FMT>(w[u][r], hb[u][r], [&](int c) { return xv[c]; }, 0, dk);
+                  acc[r][m] += sc[u][r] * dot_core<FMT>(w[u][r], hb[u][r], [&](int c) { return xv[c]; }, 0);
                 }
             }
           }
@@ -168,13 +167,13 @@ __device__ __forceinline__ void gemv_rs_pre_body(GEMV_RS_PARAMS, __half2* __rest
 }
 
 template <int FMT, int ROWS, int M, int U, bool CONV = false, bool XS = false>
-__global__ void __launch_bounds__(256, (M == 1 && U == 2) ? (ROWS == 1 ? 5 : (ROWS == 2 && (FMT != FMT_Q5 || NI_XI16) ? 4 : 1)) : 1)
+__global__ void __launch_bounds__(256, (M == 1 && U == 2) ? (ROWS == 1 ? 5 : (ROWS == 2 ? 4 : 1)) : 1)
 gemv_rs_pre(GEMV_RS_PARAMS, __half2* __restrict__ sxh, float* __restrict__ sxinv, int skpad, unsigned int* __restrict__ sslot,
             const float* __restrict__ sxsc) {
   gemv_rs_pre_body<FMT, ROWS, M, U, CONV, XS>(GEMV_RS_ARGS_P(), sxh, sxinv, skpad, sslot, sxsc, blockIdx.x, gridDim.x);
 }
 
-// Two one-token GEMVs on the same staged x in one grid (GemvPlan.pair, CudaQwen35.GEMV_PAIR): blocks [0, blocks_a) run
+// Two one-token GEMVs on the same staged x in one grid (gemv_plan.pair_launch, the plan's gemv_pair): blocks [0, blocks_a) run
 // gemv_rs_pre<FA, RA, 1, 2, CONV>'s body over matrix a (its arguments prefixed a_), the rest that of <FB, RB> over b,
 // each looping over its rows with its own block count, so each row is computed exactly as its own launch computes it
 // (the same bits). Two launches on two branches of the graph ran one after the other on the H200 (each fills the GPU;
@@ -189,139 +188,4 @@ __global__ void __launch_bounds__(256, MINB) gemv_rs_pre_pair(GEMV_RS_PARAMS_P(a
                                                        blockIdx.x - blocks_a, gridDim.x - blocks_a);
 }
 
-#if !NI_PRE_SM80  // (cp.async: sm_80; the experimental module only)
-// cp.async: 16 bytes (L2 only) or 4/8 bytes (through L1) from global to this thread's shared slot.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
-}
-template <int BYTES>
-__device__ __forceinline__ void cp_async_small(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src), "n"(BYTES) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
-
-// Pre-staged decode GEMV with the weights streamed through shared memory (M token rows, q4/q5/q6).
-//
-// gemv_rs keeps its U loads per row in registers, so a warp has at most U x ROWS x 16 B in flight and
-// waits for them before it decodes; a 5120-wide row is only 2.5 such rounds, so each row group starts
-// with a full memory latency (Nsight: 45% of the issue gaps on L1TEX, DRAM 59%). Here every lane copies
-// its 16-byte chunk of each row (plus the group's scale word and high bits) with cp.async into its own
-// slots of a per-warp ring of S stages, S - 1 work items ahead of the one it decodes. A work item is
-// one 32-chunk slice of one row group, and the sequence runs across row groups, so the next group's
-// weights are already arriving while a group is reduced and stored. Each lane reads back only what it
-// copied itself: cp.async.wait_group orders it, no barrier. The first S - 1 items are requested before
-// the programmatic-dependent-launch wait (weights depend on no kernel; MoE expert ids do, so routed
-// launches wait first).
-template <int FMT, int ROWS, int M, int S>
-__global__ void __launch_bounds__(256, 4) gemv_rs_async(GEMV_RS_PARAMS) {
-  using F = Fmt<FMT>;
-  constexpr int HW = F::HB == 16 ? 2 : 1;  // 32-bit words of high bits per 16-byte chunk
-  const int u4_per_row = gpr * 2;
-  const int z = blockIdx.z;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wpb = blockDim.x >> 5;
-  const int ngroups = epi == EPI_SWIGLU ? N - pair_stride : (N + ROWS - 1) / ROWS;
-  const int js = blockIdx.y * u4_per_split;
-  const int je = min(js + u4_per_split, u4_per_row);
-  const int ipg = (je - js + 31) >> 5;  // work items per row group
-  const int gstride = gridDim.x * wpb;
-  const int g0 = blockIdx.x * wpb + warp;
-  const int ntask = g0 < ngroups ? ((ngroups - 1 - g0) / gstride + 1) * ipg : 0;
-
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  constexpr int WB = S * ROWS * 32 * 16, SB = S * ROWS * 32 * 4, HBB = F::HB > 0 ? S * ROWS * 32 * 4 * HW : 0;
-  unsigned char* ring = smem_raw + (size_t)warp * (WB + SB + HBB);
-  uint4* wring = reinterpret_cast<uint4*>(ring);
-  unsigned int* sring = reinterpret_cast<unsigned int*>(ring + WB);
-  unsigned int* hring = reinterpret_cast<unsigned int*>(ring + WB + SB);
-  const unsigned long long sbase = reinterpret_cast<unsigned long long>(scales);
-
-  long long row_off = 0;
-  const bool routed = eidx != nullptr;
-  if (routed) {
-    NI_PDL_ENTRY();
-    row_off = (long long)eidx[z] * erows;
-  }
-  // issue: the copies of work item (it_g, it_i) into ring slot `slot`
-  int it_g = g0, it_i = 0, it_n = 0, it_slot = 0;
-  auto issue = [&]() {
-    if (it_n < ntask) {
-      const int j = js + it_i * 32 + lane;
-      if (j < je) {
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r) {
-          const int row0 = epi == EPI_SWIGLU ? it_g + r * pair_stride : it_g * ROWS + r;
-          const long long row = (row0 < N ? row0 : N - 1) + row_off;
-          const size_t rg = (size_t)row * gpr + (j >> 1);
-          const int sl = (it_slot * ROWS + r) * 32 + lane;
-          cp_async16(wring + sl, reinterpret_cast<const uint4*>(base) + (size_t)row * u4_per_row + j);
-          cp_async_small<4>(sring + sl, reinterpret_cast<const void*>((sbase + rg * 2) & ~3ull));
-          if constexpr (F::HB > 0) cp_async_small<4 * HW>(hring + sl * HW, high + rg * F::HB + (j & 1) * 4 * HW);
-        }
-      }
-    }
-    cp_async_commit();
-    ++it_n;
-    it_slot = it_slot == S - 1 ? 0 : it_slot + 1;
-    if (++it_i == ipg) { it_i = 0; it_g += gstride; }
-  };
-#pragma unroll
-  for (int s = 0; s < S - 1; ++s) issue();
-  if (!routed) NI_PDL_ENTRY();
-
-  float inv_sc[M];
-  const float yw = routed_slot<M>(x, xinv, y, xz, yz, ywt, z, inv_sc);
-  const DecodeK dk = decode_constants(gpr > 0 ? 1u : 0u);
-  const uint4* xs4 = reinterpret_cast<const uint4*>(x);
-  const int xrow = (u4_per_row + 31) & ~31;
-
-  float acc[ROWS][M];
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-    for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
-  int g = g0, i = 0, slot = 0;
-  for (int n = 0; n < ntask; ++n) {
-    issue();
-    cp_async_wait<S - 1>();
-    const int j = js + i * 32 + lane;
-    if (j < je) {
-      const size_t rg0 = (size_t)(j >> 1);
-#pragma unroll
-      for (int r = 0; r < ROWS; ++r) {
-        const int sl = (slot * ROWS + r) * 32 + lane;
-        const uint4 w = wring[sl];
-        const unsigned int sw = sring[sl];
-        const int row0 = epi == EPI_SWIGLU ? g + r * pair_stride : g * ROWS + r;
-        const long long row = (row0 < N ? row0 : N - 1) + row_off;
-        const bool hi_half = ((sbase + ((size_t)row * gpr + rg0) * 2) & 2) != 0;
-        const float sc = __half2float(__ushort_as_half((unsigned short)(hi_half ? sw >> 16 : sw & 0xffffu)));
-        uint2 hb = make_uint2(0u, 0u);
-        if constexpr (F::HB > 0) {
-          hb.x = hring[sl * HW];
-          if constexpr (HW == 2) hb.y = hring[sl * HW + 1];
-        }
-#pragma unroll
-        for (int m = 0; m < M; ++m) {
-          const uint4* xp = xs4 + (size_t)m * xrow * 4 + (j >> 5) * 128 + (j & 31);
-          acc[r][m] += sc * dot_u4<FMT>(w, hb, xp, 0, dk);
-        }
-      }
-    }
-    slot = slot == S - 1 ? 0 : slot + 1;
-    if (++i == ipg) {
-      gemv_store<ROWS, M>(acc, g, N, pair_stride, epi, inv_sc, yw, y, ldy, lane,
-                          ConvEpi{conv_w, conv_st, conv_c, conv_base, conv_rows});
-#pragma unroll
-      for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-        for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
-      i = 0;
-      g += gstride;
-    }
-  }
-  cp_async_wait<0>();
-}
-#endif
 

@@ -1,4 +1,4 @@
-// The dense MLP of one decode token as one persistent launch (CudaQwen35.MLP_FUSED, on by default):
+// The dense MLP of one decode token as one persistent launch (the plan's mlp_fused):
 //
 //   x_out = x_in + planes;  xn = rmsnorm(x_out) (1 + w)            every block, into its own shared memory
 //   act = silu(gate xn) * (up xn), its largest |value| folded      gate|up, a warp a row pair (gemv_rs_pre's)
@@ -41,7 +41,7 @@
       float* __restrict__ xsc, unsigned int* __restrict__ help, const unsigned char* __restrict__ obase,         \
       const unsigned char* __restrict__ ohigh, const __half* __restrict__ oscales, int ogpr, int ou4ps,          \
       int osplits, const __half2* __restrict__ xh_o, const float* __restrict__ xsc_o, int o_chunked
-// OPROJ (with CHUNK; CudaQwen35.MLP_FUSED_O): the layer's o-projection first, in FDN's format, its input the gated
+// OPROJ (with CHUNK): the layer's o-projection first, in FDN's format, its input the gated
 // norm's chunk-scaled pairs (xh_o, xsc_o: gated_rmsnorm_chunks'), split-K items over the launch's warps as the down's,
 // its osplits planes written where the norm reads them (part, part_stride apart; nplanes = osplits); then a grid
 // barrier, with each warp's first gate|up loads issued between its arrival and its wait, and the norm. Two barriers a
@@ -64,8 +64,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
   auto o_start = [&](int it) { op.start_item(obase, ohigh, oscales, ogpr, H, it, osplits, ou4ps, lane); };
   if (OPROJ && gw < oitems) o_start(gw);
   NI_PDL_ENTRY();
-  const DecodeK dk = decode_constants(ggpr > 0 ? 1u : 0u);
-  // (the grid barriers' light form, CudaQwen35.MLP_FUSED_LIGHT_BAR; bit 4 their red form, light waits: persistent.cu)
+  // (the grid barriers' light form; bit 4 their red form, light waits: persistent.cu)
   __shared__ unsigned long long bar_next;
   GridBar gb(bar, local_stage & 4, local_stage & 2, &bar_next);
   const bool light = gb.light;
@@ -115,7 +114,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
       const float* xsl = xsc_o + (o_chunked ? s * ou4ps + lane : 0);
       const int xstep = o_chunked ? 32 : 0;
       float acc[DROWS];
-      op.template run<true>(acc, [&](int it, int c) { return __ldg(xl + it * 128 + c * 32); }, dk,
+      op.template run<true>(acc, [&](int it, int c) { return __ldg(xl + it * 128 + c * 32); },
                             [&](int it) { return __ldg(xsl + xstep * it); });
       const int nxt = oi + nwarps;
       if (nxt < oitems) o_start(nxt);
@@ -176,7 +175,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
     bool preloaded = false;
     while (g < g_end) {
       float acc[2];
-      gu.run(acc, xat, dk);
+      gu.run(acc, xat);
       const int gn = g + g_step;
       if (gn < g_end) {  // the next group's loads in flight during this one's reduction
         const int rows[2] = {gn, gn + inter};
@@ -209,7 +208,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
           preloaded = false;
           float acc[2];
           const uint4* xh0 = xl + (js >> 5) * 128;
-          gu.run(acc, [&](int i2, int c) { return xh0[i2 * 128 + c * 32]; }, dk);
+          gu.run(acc, [&](int i2, int c) { return xh0[i2 * 128 + c * 32]; });
           const float gs = warp_sum(acc[0]), us = warp_sum(acc[1]);
           if (lane == 0) {
             hpart[(size_t)ge * P + pp] = make_float2(gs, us);
@@ -310,10 +309,10 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused(MLP_FUSED_PARAMS) {
       float acc[DROWS];
       if constexpr (CHUNK) {
         const float* xsl = xsc + s * du4ps + lane;
-        dn.template run<true>(acc, [&](int it, int c) { return ld(xl + it * 128 + c * 32); }, dk,
+        dn.template run<true>(acc, [&](int it, int c) { return ld(xl + it * 128 + c * 32); },
                               [&](int it) { return __ldg(xsl + 32 * it); });
       } else {
-        dn.run(acc, [&](int it, int c) { return ld(xl + it * 128 + c * 32); }, dk);
+        dn.run(acc, [&](int it, int c) { return ld(xl + it * 128 + c * 32); });
       }
       const int nxt = item + nwarps;
       if (nxt < items) dn_start(nxt);

@@ -291,30 +291,6 @@ __global__ void __launch_bounds__(256) moe_down(const unsigned char* __restrict_
   }
 }
 
-// The router GEMV (bf16 [E + 1, K]: the experts' logits and the shared expert's gate; a block a row, its
-// 8 warps splitting K as gemv_bf16 with kw = 8) and moe_route in one launch: the block that finishes last
-// (a ticket, reset by it) routes every token row from the logits the others wrote. The same bits as
-// gemv_bf16 + moe_route. (Written without device time: CudaQwen35.MOE_ROUTE_FUSED, off until measured.)
-template <int M>
-__global__ void __launch_bounds__(256) router_route(const unsigned short* __restrict__ w, int N, int K,
-                                                    const float* __restrict__ x, int ldx, float* __restrict__ y,
-                                                    int ldy, int E, int topk, int* __restrict__ idx,
-                                                    float* __restrict__ wts, int ldw, unsigned int* __restrict__ ticket) {
-  NI_PDL_ENTRY();
-  __shared__ int last;
-  gemv_bf16_body<M>(w, N, K, x, ldx, y, ldy, EPI_STORE, 8);
-  __threadfence();  // this thread's logits (lane 0 of warp 0 wrote them), before the ticket
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  if (threadIdx.x < 32) {
-    for (int m = 0; m < M; ++m) route_row<true>(y + (size_t)m * ldy, E, topk, idx, wts, ldw, m);
-  }
-  if (threadIdx.x == 0) *ticket = 0u;
-}
-
 // MoE prefill (grouped by expert): the (token, slot) pairs sorted by expert on the host; these two
 // kernels move rows into and out of that order.
 // moe_gather_f16: out[i] = fp16(x[rows[i]]) for the n sorted pairs, zeros where rows[i] < 0 (an expert's

@@ -1,4 +1,4 @@
-// The MoE block of one decode token as one persistent launch (CudaQwen35.MOE_FUSED):
+// The MoE block of one decode token as one persistent launch (the plan's moe_fused):
 //
 //   [planes = o att (the o-projection, MOE_FUSED_O); --- grid barrier ---]
 //   x_out = x_in + planes;  xn = rmsnorm(x_out) (1 + w)        every block, into its own shared memory
@@ -24,7 +24,7 @@
 #include "persistent.cu"
 
 #define MOE_MAX_TOPK 16
-// opts (CudaQwen35.MOE_FUSED_OPTS): the norm's first two planes loaded with x and w in one round; the top-k by
+// opts (kernel_names.MOE_FUSED_OPTS): the norm's first two planes loaded with x and w in one round; the top-k by
 // route_row_redux; the grid barriers' light form (persistent.cu). (4, the down's weights prefetched into L2 after
 // the top-k, lost twice in session 17: in git history at its fourth commit.)
 #define MOE_OPT_PLANES2 1
@@ -32,7 +32,7 @@
 #define MOE_OPT_LIGHT_BAR 8
 #define MOE_OPT_RED 32  // the grid barriers' red form (persistent.cu: grid_arrive_red), light waits
 #define MOE_CHUNKS 16
-#define MOE_OT 4  // the o-projection's 16-byte chunks a lane a slice at most (CudaQwen35.MOE_FUSED_O)  // 32-value chunks of the routed SwiGLU row a block at most (warp 31 packs a shared chunk)
+#define MOE_OT 4  // the o-projection's 16-byte chunks a lane a slice at most   // 32-value chunks of the routed SwiGLU row a block at most (warp 31 packs a shared chunk)
 
 // R rows (row0.., nrows of them real) of a row-split [N, K] matrix against chunk-scaled staged pairs (xp4 / xsc, the
 // row's first 32-value chunk at cb), a half-warp per row group (moe_down's half_warp_rows on staged x): lane hl takes
@@ -131,14 +131,13 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
   };
   if (oproj && gw < oitems) oload(gw);
   NI_PDL_ENTRY();
-  const DecodeK dk = decode_constants(ggpr > 0 ? 1u : 0u);
   auto stamp = [&](int i) { phase_stamp(tstamp, i); };
   stamp(0);
   __shared__ unsigned long long bar_next;
   GridBar gb(bar, opts & MOE_OPT_RED, opts & MOE_OPT_LIGHT_BAR, &bar_next);
   const bool light = gb.light;
   auto arrive = [&]() { return gb.arrive(); };
-  // OPROJ (obase != nullptr, CudaQwen35.MOE_FUSED_O): the layer's w8 o-projection first, its input the one-scale staged
+  // OPROJ (obase != nullptr): the layer's w8 o-projection first, its input the one-scale staged
   // pairs (xh_o, xinv_o[0]: gated_rmsnorm_stage's / attn_combine_stage's) or, with xsc_o, the chunk-scaled ones
   // (gated_rmsnorm_chunks' / attn_combine_chunks': the scale of 32-value chunk J at xsc_o[J], xinv_o[0] = 1; not
   // gemv_rs_pre's bits then), item = (row, split-K slice of ou4ps chunks)
@@ -246,7 +245,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
               d = dot_w8_i16(pw[r * ST + t], xq[0], xq[32]);
             } else {
               const uint4* xq = xs4 + (j >> 5) * 128 + (j & 31);
-              d = dot_core<FSG>(pw[r * ST + t], phb[r][t], [&](int c) { return xq[c * 32]; }, 0, dk);
+              d = dot_core<FSG>(pw[r * ST + t], phb[r][t], [&](int c) { return xq[c * 32]; }, 0);
             }
             acc[r] += psc[r][t] * d;
           }
@@ -290,7 +289,7 @@ __global__ void __launch_bounds__(MLP_THREADS, 1) moe_fused(
   if (c2 < nch2) gu_start(c2);
   while (c2 < nch2) {
     float acc[2];
-    gu.run(acc, [&](int i, int c) { return xs4[lane + i * 128 + c * 32]; }, dk);
+    gu.run(acc, [&](int i, int c) { return xs4[lane + i * 128 + c * 32]; });
     const int nxt = c2 + gridDim.x;
     if (nxt < nch2) gu_start(nxt);
     const float o = silu(warp_sum(acc[0]) * inv * 1.f) * (warp_sum(acc[1]) * inv * 1.f);

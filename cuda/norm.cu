@@ -165,7 +165,7 @@ __device__ __forceinline__ void add_planes(float (&v)[VPT], const float* __restr
   }
 }
 
-// ONE (CudaQwen35.NORM_1R): the planes PU at a time with predicated loads, so that S <= PU planes go out in one round
+// ONE: the planes PU at a time with predicated loads, so that S <= PU planes go out in one round
 // with x_in and w. (Without it the loop's remainder runs a plane an iteration, each add waiting for its plane before
 // the next plane's loads go out: the SASS of the <5, 4> form loads the 27B's 3 planes in 3 rounds after x_in and w,
 // the <2, 8> form the MoE norm's 9 in 2.) The same additions in the same order, so the same bits. Session 18 (s18b,
@@ -230,15 +230,9 @@ extern "C" __global__ void __launch_bounds__(1024) residual_rmsnorm_mb2(RESIDUAL
   residual_rmsnorm_body<2, 8>(x_in, x_out, part, S, part_stride, w, out, H, eps, offset, xh, xinv, kpad);
 }
 
-// <5, 4>: rows up to 5,120 values (the 27B), the fused MLP's 3 down planes in the first round of loads with x_in and
-// w instead of 2 rounds (CudaQwen35.NORM_MB5); the same operations in the same order, so the same bits.
-extern "C" __global__ void __launch_bounds__(1024) residual_rmsnorm_mb5(RESIDUAL_RMSNORM_PARAMS) {
-  NI_PDL_ENTRY();
-  residual_rmsnorm_body<5, 4>(x_in, x_out, part, S, part_stride, w, out, H, eps, offset, xh, xinv, kpad);
-}
-
-// The one-round form (CudaQwen35.NORM_1R): the 27B's 3 planes in the first round of loads. (The MoE norm's <2, 9>
-// one-round form lost in session 18: 474.4 against 475.1 tok/s; its block reads 9 planes of the row, bandwidth-bound.)
+// <5, 4, one round>: rows up to 5,120 values (the 27B), every partial plane (the fused MLP's 3 down planes) in the first
+// round of loads with x_in and w. (The MoE norm's <2, 9> one-round form lost: 474.4 against 475.1 tok/s; its block
+// reads 9 planes of the row, bandwidth-bound.)
 extern "C" __global__ void __launch_bounds__(1024) residual_rmsnorm_mb5_1r(RESIDUAL_RMSNORM_PARAMS) {
   NI_PDL_ENTRY();
   residual_rmsnorm_body<5, 4, true>(x_in, x_out, part, S, part_stride, w, out, H, eps, offset, xh, xinv, kpad);
@@ -344,7 +338,7 @@ __device__ __forceinline__ void stage_head_chunks(const float4 res, float* vals,
   }
 }
 
-// gated_rmsnorm with the o-projection's input staged a 32-value chunk at a time (GdnOps.GATED_CHUNK): a warp a head
+// gated_rmsnorm with the o-projection's input staged a 32-value chunk at a time : a warp a head
 // (grid (ceil(Hv / 8), M), 256 threads), gated_vals' arithmetic; each of the head's 4 chunks packed with its own
 // power-of-two scale (xsc[c] = its inverse, gemv_rs_pre<..., XS> multiplies it in; xinv = 1): no row maximum, so no
 // single block walks the row. out (fp32) as gated_rmsnorm_stage writes it.

@@ -1,8 +1,8 @@
-// The residual norm on a thread block cluster (sm_90): residual_rmsnorm_cl, CudaQwen35.NORM_CLUSTER. Compiled after
+// The residual norm on a thread block cluster (sm_90): residual_rmsnorm_cl (the plan's norm on sm_90). Compiled after
 // norm.cu in the module (kernels.SOURCES): RESIDUAL_RMSNORM_PARAMS, row_sumsq_max, add_planes, norm_emit, stage_chunks.
 #include "common.cuh"
 
-// residual_rmsnorm_mb's job on a cluster of NORM_CL blocks a row (CudaQwen35.NORM_CLUSTER): block b of the cluster
+// residual_rmsnorm_mb's job on a cluster of NORM_CL blocks a row: block b of the cluster
 // loads only its slice of the row (whole 32-value chunks of the kpad staged ones, x_in, w and every partial plane in one
 // round of predicated loads), so that no block reads the whole row and its S planes (the mb forms' blocks do: the MoE
 // norm's 9 planes of 8 KB each are a block's L2 bandwidth); thread r < NORM_CL stores the block's sum of squares and

@@ -149,7 +149,7 @@ struct WarpRows {
   // the loaded iterations i .. i + U - 1 into acc; then the next U loads, if any (the caller loaded the first)
   // XS: x has a scale a 32-value chunk, xs(i) that of iteration i's chunk (mlp_fused's chunk-scaled pairs)
   template <bool XS = false, typename XAt, typename XSc = float (*)(int)>
-  __device__ __forceinline__ void run(float (&acc)[ROWS], XAt xat, const DecodeK& dk, XSc xs = nullptr) {
+  __device__ __forceinline__ void run(float (&acc)[ROWS], XAt xat, XSc xs = nullptr) {
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) acc[r] = 0.f;
     for (; i < iters;) {
@@ -163,7 +163,7 @@ struct WarpRows {
           if constexpr (XS) xsu = xs(i + u);
 #pragma unroll
           for (int r = 0; r < ROWS; ++r) {
-            const float d = dot_core<FMT>(w[u][r], hb[u][r], [&](int c) { return xv[c]; }, 0, dk);
+            const float d = dot_core<FMT>(w[u][r], hb[u][r], [&](int c) { return xv[c]; }, 0);
             if constexpr (XS) acc[r] += (sc[u][r] * xsu) * d;
             else acc[r] += sc[u][r] * d;
           }

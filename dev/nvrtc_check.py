@@ -1,11 +1,11 @@
-"""Compile the CUDA module for sm_90 with NVRTC on a machine without a GPU: syntax, registers, spills.
+"""Compile the CUDA modules with NVRTC on a machine without a GPU: syntax, registers, spills, for sm_90 and sm_86.
 
-    pip install nvidia-cuda-nvrtc   # into any venv; then
-    pip install nvidia-cuda-runtime  # for cuda_fp16.h
-    PYTHONPATH=. NVRTC_LIB=.../nvidia/cu13/lib/libnvrtc.so.13 CUDA_INCLUDE=.../nvidia/cu13/include python dev/nvrtc_check.py [-v]
+    dev/nvrtc_check.sh                       # every instantiation some plan can take, for sm_90 and sm_86
+    dev/nvrtc_check.sh --plan qwen3.6-27b    # only that geometry's plan (its own GPU class and kv: --gpu, --kv)
+    NVRTC_ARCH=86 dev/nvrtc_check.sh -v      # one architecture, with ptxas' register/spill lines
 
-Catches compile errors before spending device time; with -v prints ptxas register/spill lines;
-`--cubin PATH` writes the sm_90 cubin (dev/sass_mix.sh counts a kernel's instructions by opcode).
+NVRTC comes from the nvidia-cuda-nvrtc wheel (tests/test_nvrtc_compile.py runs the same check in CI where it is
+installed); `--cubin PATH` writes the main module's cubin (dev/sass_mix.sh counts a kernel's instructions by opcode).
 """
 from __future__ import annotations
 
@@ -13,38 +13,51 @@ import ctypes
 import os
 import sys
 
-from engine.ops import kernels
+from engine.gpu import kernel_names
+from engine.gpu import launch as kernels
 
 
-def main() -> int:
-    if int(os.environ.get("NVRTC_ARCH", "90")) < 80:  # (the experimental GEMVs and module_tc need sm_80)
-        return compile_one(kernels._source(), kernels._names(), "--cubin" in sys.argv)
+def names_for(argv) -> tuple[list[str], str, str]:
+    """(the main module's names, the tensor-core module's names, what they are) from the command line."""
+    if "--plan" not in argv:
+        names = kernel_names.all_names()
+        return [n for n in names if not n.startswith("gdn_chunk_scan_tc<")], \
+            [n for n in names if n.startswith("gdn_chunk_scan_tc<")], "every plan"
+    from engine.config import ModelArgs  # noqa: PLC0415
+    from engine.gpu.plan import plan_for_recipe  # noqa: PLC0415
+    from engine.synthetic import GEOMETRIES  # noqa: PLC0415
+
+    geometry = argv[argv.index("--plan") + 1]
+    gpu = argv[argv.index("--gpu") + 1] if "--gpu" in argv else "sm_90"
+    kv = argv[argv.index("--kv") + 1] if "--kv" in argv else "int8"
+    cfg, recipe = GEOMETRIES[geometry]
+    plan = plan_for_recipe(ModelArgs.from_config(cfg), recipe, kv, gpu)
+    tc = [n for n in plan.kernels if n.startswith("gdn_chunk_scan_tc<")]
+    return [n for n in plan.kernels if n not in tc], tc, f"the {geometry} plan on {gpu}, {kv} KV"
+
+
+def main(argv=sys.argv) -> int:
+    main_names, tc_names, what = names_for(argv)
+    archs = [os.environ["NVRTC_ARCH"]] if os.environ.get("NVRTC_ARCH") else ["90", "86"]
     rc = 0
-    if "--tc" not in sys.argv:  # --tc: the tensor-core GDN module alone
-        rc = compile_one(kernels._source(), kernels._names() + kernels._names(experimental=True), "--cubin" in sys.argv)
-        # the GEMVs with weight loads through L1 (module_ldg)
-        rc |= compile_one(kernels._source(("gemv_decode.cu", "gemv.cu", "gemv_variants.cu"), ldg=True), list(kernels.LDG_NAMES), False)
-    # the tensor-core GDN module (its own: mma.h); TC_INCLUDE names a toolkit include dir that has crt/mma.h
-    tc_names = [f"gdn_chunk_scan_tc<{rb}{q1}>" for rb in kernels.GDN_SCAN_TC_RB for q1 in ("", ", 1")]
-    rc_tc = compile_one(kernels._source(kernels.TC_SOURCES), tc_names, "--tc" in sys.argv and "--cubin" in sys.argv,
-                        os.environ.get("TC_INCLUDE", "/usr/local/cuda/include"))
-    return rc or rc_tc
+    for arch in archs:
+        print(f"sm_{arch}: {what}")
+        rc |= compile_one(kernels._source(), main_names, arch, "--cubin" in argv)
+        rc |= compile_one(kernels._source(kernels.TC_SOURCES), tc_names, arch, False)
+    return rc
 
 
-def compile_one(source: str, names: list, cubin: bool, extra_include: str | None = None) -> int:
+def compile_one(source: str, names: list, arch: str, cubin: bool) -> int:
     lib = ctypes.CDLL(os.environ.get("NVRTC_LIB", "libnvrtc.so.13"))
     prog = ctypes.c_void_p()
-    src = source.encode()
-    rc = lib.nvrtcCreateProgram(ctypes.byref(prog), src, b"ninfer.cu", 0, None, None)
+    rc = lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"ninfer.cu", 0, None, None)
     assert rc == 0, rc
     for n in names:
         assert lib.nvrtcAddNameExpression(prog, n.encode()) == 0
-    opts = [b"-std=c++17", ("-arch=sm_" + os.environ.get("NVRTC_ARCH", "90")).encode()]  # NVRTC_ARCH=75: a Turing build
+    opts = [b"-std=c++17", f"-arch=sm_{arch}".encode()]
     inc = os.environ.get("CUDA_INCLUDE")
     if inc:
         opts.append(b"-I" + inc.encode())
-    if extra_include:
-        opts.append(b"-I" + extra_include.encode())
     if "-v" in sys.argv:
         opts.append(b"-Xptxas=-v")
     arr = (ctypes.c_char_p * len(opts))(*opts)
@@ -56,7 +69,7 @@ def compile_one(source: str, names: list, cubin: bool, extra_include: str | None
     text = log.value.decode(errors="replace")
     if "-v" in sys.argv or rc != 0:
         print(text)
-    print("compile", "OK" if rc == 0 else f"FAILED rc={rc}", f"({len(names)} name expressions)")
+    print("  compile", "OK" if rc == 0 else f"FAILED rc={rc}", f"({len(names)} name expressions)")
     if rc == 0 and cubin:
         out = sys.argv[sys.argv.index("--cubin") + 1]
         n = ctypes.c_size_t()
@@ -65,7 +78,8 @@ def compile_one(source: str, names: list, cubin: bool, extra_include: str | None
         lib.nvrtcGetCUBIN(prog, buf)
         with open(out, "wb") as f:
             f.write(buf.raw)
-        print("cubin written to", out, "(cuobjdump -sass to read it)")
+        print("  cubin written to", out, "(cuobjdump -sass to read it)")
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
     return 0 if rc == 0 else 1
 
 

@@ -48,13 +48,11 @@ def _ninfer_version() -> str:
 
 
 def git_commit() -> str:
-    """Short commit of the checkout this code runs from, `+dirty` when it has local changes.
-
-    `NINFER_GIT_COMMIT` overrides it, for copies of a checkout that travel without their `.git`.
-    """
-    if os.environ.get("NINFER_GIT_COMMIT"):
-        return os.environ["NINFER_GIT_COMMIT"]
+    """Short commit of the checkout this code runs from, `+dirty` when it has local changes; a copy of a checkout
+    that travels without its `.git` names its commit in a `COMMIT` file at its root."""
     root = Path(__file__).resolve().parent.parent
+    if not (root / ".git").exists() and (root / "COMMIT").is_file():
+        return (root / "COMMIT").read_text().strip() or "unknown"
     try:
         sha = subprocess.run(
             ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
@@ -91,8 +89,7 @@ def _nvidia_driver() -> str | None:
         return None
 
 
-_NOT_SWITCHES = ("NINFER_HOME", "NINFER_MODEL_DIR", "NINFER_GIT_COMMIT", "NINFER_DEVICE", "NINFER_DEBUG")  # (recorded
-# elsewhere, or paths)
+_USER_FACING = ("NINFER_HOME", "NINFER_DEVICE", "NINFER_DEBUG")  # (recorded elsewhere, or paths)
 
 
 def environment(device: str) -> dict:
@@ -110,8 +107,9 @@ def environment(device: str) -> dict:
         "driver": None,
         "cuda_runtime": None,
         "cupy": None,
-        # the engine switches this run was given (NINFER_GDN_AB_IN=1 and the like): a figure is reproducible with them
-        "engine_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("NINFER_") and k not in _NOT_SWITCHES},
+        # the engine settings this run was given (the plan override NINFER_PLAN and the like): a figure is reproducible
+        # with them
+        "engine_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("NINFER_") and k not in _USER_FACING},
     }
     if device == "gpu":
         from engine.backend import cupy_or_none  # noqa: PLC0415

@@ -1,13 +1,13 @@
 """The device side of the memory plan: how many bytes a launch may plan with (free memory, or what a
 `--vram-limit` card would leave), capping CuPy's pool to such a limit, and building an engine down a
-ladder of contexts when the GPU refuses an allocation. The arithmetic is `engine.memory_plan`'s."""
+ladder of contexts when the GPU refuses an allocation. The arithmetic is `engine.gpu.memory`'s."""
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
 from engine.errors import NinferError
-from engine.memory_plan import CONTEXT_ESTIMATE, GIB, KIB, MIB, gib
+from engine.gpu.memory import CONTEXT_ESTIMATE, GIB, KIB, MIB, gib
 
 @dataclass(frozen=True)
 class Budget:

@@ -56,7 +56,7 @@ def build_engine(geometry: str, recipe: str | None = None, device: str = "gpu", 
         raise NinferError(f"unknown KV format {kv!r}", "use --kv bf16 or --kv int8")
     config = geometry_config(geometry)
     args = ModelArgs.from_config(config)
-    from engine import gpu_weights  # noqa: PLC0415
+    from engine.gpu import weights as gpu_weights  # noqa: PLC0415
     from engine.gpu_engine import build_engine as build  # noqa: PLC0415
 
     weights = gpu_weights.synthetic(args, recipe or GEOMETRIES[geometry][1], seed=seed)
@@ -84,7 +84,7 @@ def artifact_tensors(config: dict = TINY_CUDA, recipe: str = "groupwise-int", se
     of `config`, quantized by `recipe` the way `ninfer convert` stores them (tests write small v3 files)."""
     import numpy as np  # noqa: PLC0415
 
-    from engine import gpu_weights  # noqa: PLC0415
+    from engine.gpu import weights as gpu_weights  # noqa: PLC0415
     from engine.artifact import formats  # noqa: PLC0415
     from engine.models.qwen3_5 import random_weights  # noqa: PLC0415
 

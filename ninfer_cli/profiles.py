@@ -166,10 +166,10 @@ def resolve_launch(ref: str | None, args, weights: dict | None, *, profile: str 
 
     `weights` is the per-component byte table (None: no plan); `planned` False means the engine for this
     model is not the CUDA engine (the plan does not describe it); `kv_formats` are those this launch
-    path can build (default `memory_plan.GPU_KV_FORMATS`). Raises NinferError for an explicit `ctx`
+    path can build (default `engine.gpu.memory.GPU_KV_FORMATS`). Raises NinferError for an explicit `ctx`
     that cannot fit and for a flag asking what is not implemented.
     """
-    from engine import memory_plan as mp  # noqa: PLC0415
+    from engine.gpu import memory as mp  # noqa: PLC0415
     from engine import memory_budget as mb  # noqa: PLC0415
 
     has_mtp = bool(getattr(args, "mtp_num_hidden_layers", 0)) or bool(weights and "mtp" in weights)
@@ -237,7 +237,7 @@ def resolve_launch(ref: str | None, args, weights: dict | None, *, profile: str 
 def launch_for_artifact(path, ref: str | None, *, device: str, profile: str | None = None, ctx: int | None = None,
                         kv: str | None = None, vram_limit: int | None = None, memory="probe") -> Launch:
     """`resolve_launch` for a stored artifact: geometry and object sizes from its JSON header only."""
-    from engine import memory_plan as mp  # noqa: PLC0415
+    from engine.gpu import memory as mp  # noqa: PLC0415
     from engine.artifact.container import open_artifact  # noqa: PLC0415
     from engine.config import ModelArgs  # noqa: PLC0415
 
@@ -264,7 +264,7 @@ def launch_for_synthetic(geometry: str, recipe: str | None = None, *, profile: s
                          ctx: int | None = None, kv: str | None = None, vram_limit: int | None = None,
                          memory="probe") -> Launch:
     """`resolve_launch` for `ninfer bench --synthetic GEOMETRY` (weights sized from the recipe)."""
-    from engine import memory_plan as mp  # noqa: PLC0415
+    from engine.gpu import memory as mp  # noqa: PLC0415
     from engine.config import ModelArgs  # noqa: PLC0415
     from engine.synthetic import GEOMETRIES, geometry_config  # noqa: PLC0415
 
@@ -281,7 +281,7 @@ def load_fitted(path, ref: str | None, load, *, device: str = "auto", profile: s
     the pool at `vram_limit`, and when the context was chosen automatically step down the ladder if
     the GPU refuses an allocation. `say(text)` hears what was chosen and why. On the CPU with no
     launch flags this is just `load(ctx)`."""
-    from engine import memory_plan as mp  # noqa: PLC0415
+    from engine.gpu import memory as mp  # noqa: PLC0415
     from engine import memory_budget as mb  # noqa: PLC0415
     from engine.backend import resolve_device  # noqa: PLC0415
 
@@ -323,7 +323,7 @@ def prefit_context(ref: str | None, *, device: str = "auto", profile: str | None
     launch flag is given (the loader fits it itself)."""
     if profile is None and kv is None and vram_limit is None:
         return ctx
-    from engine import memory_plan as mp  # noqa: PLC0415
+    from engine.gpu import memory as mp  # noqa: PLC0415
     from engine import memory_budget as mb  # noqa: PLC0415
     from engine.backend import resolve_device  # noqa: PLC0415
     from ninfer_cli.model_session import resolve_model  # noqa: PLC0415
@@ -348,7 +348,7 @@ def bench_fitter(*, device: str, synthetic: str | None = None, recipe: str | Non
                  vram_limit: int | None = None, say=None):
     """For `ninfer bench`: a function kv -> the context to build each instance with (None = what the
     tests need), after fitting it to free memory or `vram_limit` and capping the pool; notes go to `say`."""
-    from engine import memory_plan as mp  # noqa: PLC0415
+    from engine.gpu import memory as mp  # noqa: PLC0415
     from engine import memory_budget as mb  # noqa: PLC0415
 
     def fit(kv: str | None) -> int | None:

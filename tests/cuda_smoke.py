@@ -11,10 +11,12 @@ from engine.synthetic import TINY_CUDA as CFG
 def cp(monkeypatch):
     cp = fake_cupy.install(monkeypatch)
     yield cp
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
 
-    for fn in (K.module, K.module_tc, K.kernel, K.sm_count, K.blocks_per_sm, K.mma_ok, K.smem_optin):
-        fn.cache_clear()
+    K.reset_modules()
+    for fn in (K.sm_count, K.blocks_per_sm, K.smem_optin, K.compute_capability, K.cluster_capable, K.pdl_capable,
+               K.device_name):
+        getattr(fn, "cache_clear", lambda: None)()  # (a test may have patched it)
 
 
 def moe_cfg(shared: int = 256) -> dict:
@@ -26,7 +28,7 @@ def moe_cfg(shared: int = 256) -> dict:
 
 
 def weights(cfg):
-    from engine import gpu_weights
+    from engine.gpu import weights as gpu_weights
     from engine.config import ModelArgs
     from engine.models.qwen3_5 import random_weights
 
@@ -38,9 +40,23 @@ def weights(cfg):
 
 def flat(ops):
     """The graph ops with Concurrent ones opened (main, then side)."""
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
 
     out = []
     for op in ops:
         out += flat(op.main + op.side) if isinstance(op, K.Concurrent) else [op]
     return out
+
+
+def on_gpu(monkeypatch, gpu: str = "sm_90", **override):
+    """The executors built next take the plan of GPU class `gpu` (engine.gpu.plan.DEVICES), with `override`'s
+    fields (as NINFER_PLAN would give them)."""
+    import json
+
+    from engine.gpu import plan as gpu_plan
+
+    monkeypatch.setattr(gpu_plan, "current_device", lambda: gpu_plan.DEVICES[gpu])
+    if override:
+        monkeypatch.setenv("NINFER_PLAN", json.dumps(override))
+    else:
+        monkeypatch.delenv("NINFER_PLAN", raising=False)

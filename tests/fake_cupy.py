@@ -171,9 +171,10 @@ def install(monkeypatch) -> types.ModuleType:
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     monkeypatch.setitem(sys.modules, "cupy_backends.cuda.libs.cublas", cublas)
     sys.modules["cupy_backends.cuda.libs"].cublas = cublas
-    from engine.ops import kernels as K  # noqa: PLC0415
+    from engine.gpu import launch as K  # noqa: PLC0415
 
-    for fn in (K.module, K.kernel, K.sm_count):
+    K.reset_modules()
+    for fn in (K.sm_count, K.smem_optin, K.compute_capability, K.cluster_capable, K.pdl_capable, K.device_name):
         fn.cache_clear()
     monkeypatch.setattr(K, "cupy_or_none", lambda: cp)
     import engine.backend as backend  # noqa: PLC0415

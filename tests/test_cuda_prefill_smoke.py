@@ -4,7 +4,7 @@ kernels' numbers are checked by tests/gpu/test_prefill.py on a device."""
 import numpy as np
 import pytest
 
-from cuda_smoke import CFG, cp, flat as _flat, moe_cfg, weights as _weights  # noqa: F401
+from cuda_smoke import CFG, cp, on_gpu, flat as _flat, moe_cfg, weights as _weights  # noqa: F401
 
 
 def test_moe_gemm_prefill_plumbing(cp, monkeypatch):
@@ -25,7 +25,7 @@ def test_moe_gemm_prefill_plumbing(cp, monkeypatch):
         ex.eidx[...] = np.arange(args.num_experts_per_tok, dtype=np.int32)
     eng.prefill(list(range(1, 200)))
     assert eng.position == 199
-    from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill
+    from engine.gpu.prefill import CudaQwen35Prefill
 
     monkeypatch.setattr(CudaQwen35Prefill, "MOE_PAD_WASTE", 1e9)  # the strided-batched experts too
     eng.reset()
@@ -85,21 +85,18 @@ def test_tensor_core_prefill_is_on_where_the_memory_allows(cp, monkeypatch):
 
 
 def test_chunked_gdn_prefill_plumbing(cp, monkeypatch):
-    """NINFER_GDN_CHUNKED (+ NINFER_GDN_TC): the GEMM prefill's GDN layers run gdn_chunk_prep then
-    gdn_chunk_scan_tc<RB> (in place of gdn_delta_rows) over scratch sized for the chunk's 64-token pieces."""
+    """The plan's chunked GDN (sm_90): the GEMM prefill's GDN layers run gdn_chunk_prep then the plan's
+    gdn_chunk_scan_tc<RB, 1> (in place of gdn_delta_rows) over scratch sized for the chunk's 64-token pieces."""
     from engine.gpu_engine import build_engine
-    from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill
 
-    monkeypatch.setattr(CudaQwen35Prefill, "GDN_CHUNKED", True)
-    monkeypatch.setattr(CudaQwen35Prefill, "GDN_TC", True)
+    on_gpu(monkeypatch, "sm_90")
     args, w = _weights(CFG)
     eng = build_engine(args, w, CFG, max_context=512, prefill_cols=8, prefill_gemm=128)
     gemm = eng.model.gemm
     names = [getattr(op, "name", "") for op in gemm.ops]
     n_gdn = sum(1 for L in gemm.layers if L["kind"] != "full_attention")
-    rb = gemm.gdn_scan_rb()
-    scan = f"gdn_chunk_scan_tc<{rb}{', 1' if gemm.GDN_SCAN_Q1 else ''}>"
-    assert gemm.gdn_scan_name(rb, True) == scan
+    scan = gemm.plan.gdn_scan
+    assert scan == "gdn_chunk_scan_tc<32, 1>"  # (the tiny model's 4 value heads)
     assert names.count("gdn_chunk_prep") == n_gdn and names.count(scan) == n_gdn
     assert not any(n.startswith("gdn_delta") for n in names)
     assert gemm._gdn_scratch[0].size == 2 * args.linear_num_value_heads * 64 * 128  # 128 rows: two pieces
@@ -133,14 +130,12 @@ def test_padded_prefill_plumbing(cp, monkeypatch):
 
 @pytest.mark.parametrize("kv", ["bf16", "int8"])
 def test_flash_prefill_plumbing(cp, monkeypatch, kv):
-    """NINFER_FLASH_PREFILL: the GEMM prefill's attention layers are one attn_prefill_fa launch a chunk
-    (grid: query heads x 64-row query tiles of the valid rows; the chunk's start; the int8 scales)."""
+    """The GEMM prefill's attention layers are one attn_prefill_fa launch a chunk (grid: query heads x 64-row query tiles
+    of the valid rows; the chunk's start; the int8 scales), 4 warps a block on the 99 KB GPUs."""
     from engine.gpu_engine import build_engine
-    from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
 
-    monkeypatch.setattr(CudaQwen35Prefill, "FLASH_PREFILL", True)
-    monkeypatch.setattr(CudaQwen35Prefill, "FLASH_WARPS", 4)
+    on_gpu(monkeypatch, "sm_86")
     launches = []
     prepared = K.prepared
 
@@ -164,60 +159,14 @@ def test_flash_prefill_plumbing(cp, monkeypatch, kv):
     assert eng.position == 149
 
 
-def test_pre_ampere_gpus_take_the_cublas_attention_and_the_token_by_token_recurrence(cp, monkeypatch):
-    """Below sm_80 (no bf16/tf32 mma.sync, no cp.async) the prefill runs neither the flash kernel nor the
-    chunked GDN, whatever the defaults say."""
-    from engine.gpu_engine import build_engine
-    from engine.ops import kernels as K
-
-    monkeypatch.setattr(cp.cuda, "Device", lambda *a: __import__("types").SimpleNamespace(
-        attributes={"MultiProcessorCount": 40}, synchronize=lambda: None, mem_info=(100 << 30, 141 << 30), id=0,
-        compute_capability="75"))
-    K.mma_ok.cache_clear()
-    args, w = _weights(CFG)
-    eng = build_engine(args, w, CFG, max_context=512, prefill_cols=8, prefill_gemm=64)
-    names = [getattr(op, "name", "") for op in eng.model.gemm.ops]
-    assert "attention (gather, cuBLAS, softmax kernel)" in names
-    assert not any(n.startswith("gdn_chunk") or n.startswith("attention (flash") for n in names)
-    K.mma_ok.cache_clear()
-
-
-@pytest.mark.parametrize("optin,warps,form", [(227 * 1024, 8, (64, True)), (163 * 1024, 8, (32, True)),
-                                               (99 * 1024, 4, None)])
-def test_prefill_kernels_follow_the_shared_memory_a_block_may_take(cp, monkeypatch, optin, warps, form):
-    """H100/H200 (227 KiB a block), A100 (163), RTX 30/40 (99): the flash prefill's warps and the chunked
-    GDN's form are the largest that fit (on 99 KiB: 4 warps, the token-by-token recurrence)."""
-    import types
-
-    from engine.gpu_engine import build_engine
-    from engine.ops import kernels as K
-
-    monkeypatch.setattr(cp.cuda, "Device", lambda *a: types.SimpleNamespace(
-        attributes={"MultiProcessorCount": 108, "MaxSharedMemoryPerBlockOptin": optin}, synchronize=lambda: None,
-        mem_info=(100 << 30, 141 << 30), id=0, compute_capability="86"))
-    K.smem_optin.cache_clear()
-    K.mma_ok.cache_clear()
-    from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill
-
-    monkeypatch.setattr(CudaQwen35Prefill, "GDN_SCAN_RB", 64)  # (the tiny model's 4 heads would pick 32)
-    args, w = _weights(CFG)
-    gemm = build_engine(args, w, CFG, max_context=512, prefill_cols=8, prefill_gemm=64).model.gemm
-    assert gemm._flash_warps() == warps and gemm._gdn_chunked_form() == form
-    names = [getattr(op, "name", "") for op in gemm.ops]
-    assert any(n.startswith("gdn_chunk") for n in names) == (form is not None)
-    K.smem_optin.cache_clear()
-    K.mma_ok.cache_clear()
-
-
-@pytest.mark.parametrize("norm16", [True, False])
-def test_prefill_norms_write_the_gemm_input(cp, monkeypatch, norm16):
+def test_prefill_norms_write_the_gemm_input(cp, monkeypatch):
     """The tensor-core prefill's norms (but the final one) write the GEMMs' fp16 input rows themselves,
     so that only the attention layers' o-projection input (the flash kernel's fp32 output) is cast before
-    its GEMM; NINFER_PREFILL_NORM16=0 casts before every GEMM but the down projection, as before."""
+    its GEMM."""
     from engine.gpu_engine import build_engine
-    from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill
+    from engine.gpu.prefill import CudaQwen35Prefill
 
-    monkeypatch.setattr(CudaQwen35Prefill, "NORM16", norm16)
+    norm16 = True
     args, w = _weights(CFG)
     eng = build_engine(args, w, CFG, max_context=512, prefill_gemm=128)
     g = eng.model.gemm
@@ -243,26 +192,12 @@ def test_prefill_norms_write_the_gemm_input(cp, monkeypatch, norm16):
     assert accs.count((False, True)) == 0
 
 
-def test_gdn_scan_rows_a_block_fill_the_gpu(monkeypatch):
-    """The in-order GDN pass takes the largest tensor-core RB whose blocks fill 70% of the GPU: the 27B's 48
-    value heads keep RB 64 (96 blocks on 132 SMs), the 35B-A3B's 32 take RB 32 (128 blocks, not 64)."""
-    from types import SimpleNamespace
-
-    from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill
-    from engine.ops import kernels as K
-
-    monkeypatch.setattr(K, "sm_count", lambda: 132)
-    rb = lambda hv, forced=0, tc=True: CudaQwen35Prefill.gdn_scan_rb(  # noqa: E731
-        SimpleNamespace(Hv=hv, GDN_SCAN_RB=forced, GDN_TC=tc))
-    assert (rb(48), rb(32), rb(4), rb(48, forced=32), rb(48, tc=False)) == (64, 32, 32, 32, 32)
-
-
 def test_moe_prefill_norm_reads_one_partial(cp, monkeypatch):
     """The tensor-core MoE block writes its whole sum into partial 0, so the norm after it reads that plane
     only (the decode step's norm sums the k routed slots and the shared expert)."""
     from engine import gpu_engine
     from engine.gpu_engine import build_engine
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
 
     monkeypatch.setattr(gpu_engine, "MOE_PREFILL", True)
     cfg = moe_cfg(128)
@@ -295,7 +230,7 @@ def test_prefill_dequantizes_the_next_weights_ahead(cp, monkeypatch):
     recurrence (its o-projection's there), an attention layer's o-projection in place, after the flash
     kernel, none across it."""
     from engine.gpu_engine import build_engine
-    from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill
+    from engine.gpu.prefill import CudaQwen35Prefill
 
     args, w = _weights(CFG)
     eng = build_engine(args, w, CFG, max_context=512, prefill_gemm=128)
@@ -347,3 +282,30 @@ def test_prefill_dequantizes_the_next_weights_ahead(cp, monkeypatch):
         assert any(w is g._window_ev for w in waits[: log[j][3]])
     for j, _ in side:
         assert not any(id(x) in o_attn for x in g._wseq[issued_at[j] + 1: j])
+
+
+@pytest.mark.parametrize("gpu,warps,scan", [("sm_90", 8, "gdn_chunk_scan_tc<32, 1>"),
+                                            ("sm_80", 8, "gdn_chunk_scan_tc<32, 1>"), ("sm_86", 4, "")])
+def test_prefill_kernels_follow_the_shared_memory_a_block_may_take(cp, monkeypatch, gpu, warps, scan):
+    """H100/H200 (227 KiB a block), A100 (163), RTX 30/40 (99): the flash prefill's warps and the chunked GDN's form
+    are the largest that fit (on 99 KiB: 4 warps, the token-by-token recurrence, gdn_delta_rows<2>)."""
+    from engine.gpu_engine import build_engine
+
+    on_gpu(monkeypatch, gpu)
+    args, w = _weights(CFG)
+    gemm = build_engine(args, w, CFG, max_context=512, prefill_cols=8, prefill_gemm=64).model.gemm
+    assert gemm.plan.flash_warps == warps and gemm.plan.gdn_scan == scan
+    names = [getattr(op, "name", "") for op in gemm.ops]
+    assert any(n.startswith("gdn_chunk") for n in names) == bool(scan)
+    assert ("gdn_delta_rows<2>" in names) == (not scan)
+
+
+def test_gdn_scan_rows_a_block_fill_the_gpu():
+    """The in-order GDN pass takes the largest tensor-core RB whose blocks fill 70% of the GPU and fit its shared
+    memory: the 27B's 48 value heads keep RB 64 (96 blocks on 132 SMs), the 35B-A3B's 32 take RB 32 (128 blocks, not
+    64); the A100's 163 KiB fit RB 32 only."""
+    from engine.gpu.plan import DEVICES, gdn_scan_form
+
+    assert gdn_scan_form(48, DEVICES["sm_90"]) == "gdn_chunk_scan_tc<64, 1>"
+    assert gdn_scan_form(32, DEVICES["sm_90"]) == gdn_scan_form(4, DEVICES["sm_90"]) == "gdn_chunk_scan_tc<32, 1>"
+    assert gdn_scan_form(48, DEVICES["sm_80"]) == "gdn_chunk_scan_tc<32, 1>" and gdn_scan_form(48, DEVICES["sm_89"]) == ""

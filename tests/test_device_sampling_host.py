@@ -110,7 +110,8 @@ def test_generate_step_keeps_penalties_on_the_host():
 
 
 def _engine(monkeypatch):
-    from engine import gpu_engine, gpu_weights
+    from engine import gpu_engine
+    from engine.gpu import weights as gpu_weights
     from engine.config import ModelArgs
     from engine.models.qwen3_5 import random_weights
     from engine.synthetic import TINY_CUDA as CFG

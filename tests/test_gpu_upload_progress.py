@@ -3,7 +3,7 @@ import io
 
 import numpy as np
 
-from engine import gpu_weights
+from engine.gpu import weights as gpu_weights
 from engine.artifact.container import open_artifact
 from engine.artifact.writer import write_artifact
 from engine.synthetic import TINY_CUDA as CFG

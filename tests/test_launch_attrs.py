@@ -1,9 +1,9 @@
-"""The driver structs that cuLaunchKernelEx reads (engine.ops.kernels): CUlaunchAttribute's layout and values.
-A c_char array field returns a copy, so writing the value through it leaves the struct's value 0 (no launch
-programmatic or cooperative): these tests check the bytes the driver sees."""
+"""The driver structs that cuLaunchKernelEx reads (engine.gpu.launch): CUlaunchAttribute's layout and values (a
+c_char array field would return a copy, and the value would never reach the struct); these bytes are what the
+driver sees."""
 import ctypes
 
-from engine.ops import kernels as K
+from engine.gpu import launch as K
 
 
 def test_launch_attribute_bytes():
@@ -25,20 +25,12 @@ def test_launch_config_points_at_the_attributes():
     assert cfg.numAttrs == 1 and cfg.attrs[0].id == 6 and cfg.attrs[0].value == 1
 
 
-def test_launch_attribute_choice(monkeypatch):
+def test_launch_attribute_choice():
+    """A cooperative launch's mode: 0 cooperative (after the kernel before it), 1 cooperative and programmatic, 2
+    programmatic without the cooperative attribute (its grid sized to be resident); plain kernels programmatic
+    under PDL only."""
     coop, pss = K._CU_LAUNCH_ATTRIBUTE_COOPERATIVE, K._CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
     want = {0: ([coop], [coop]), 1: ([coop, pss], [coop]), 2: ([pss], [coop])}  # (under PDL, plain) a cooperative kernel
     for mode, (under_pdl, plain) in want.items():
-        monkeypatch.setattr(K, "COOP_PDL", mode)
-        assert K.launch_attr_ids(True, True) == under_pdl and K.launch_attr_ids(True, False) == plain
-        assert K.launch_attr_ids(False, True) == [pss] and K.launch_attr_ids(False, False) == []
-
-
-def test_launch_attribute_per_launch_mode(monkeypatch):
-    """COOP_PDL -1 (the default): each cooperative launch's own mode; any other value overrides it."""
-    coop, pss = K._CU_LAUNCH_ATTRIBUTE_COOPERATIVE, K._CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-    monkeypatch.setattr(K, "COOP_PDL", -1)
-    assert K.launch_attr_ids(True, True, 2) == [pss] and K.launch_attr_ids(True, True, 0) == [coop]
-    assert K.launch_attr_ids(True, False, 2) == [coop] and K.launch_attr_ids(False, True, 2) == [pss]
-    monkeypatch.setattr(K, "COOP_PDL", 0)
-    assert K.launch_attr_ids(True, True, 2) == [coop]
+        assert K.launch_attr_ids(True, True, mode) == under_pdl and K.launch_attr_ids(True, False, mode) == plain
+        assert K.launch_attr_ids(False, True, mode) == [pss] and K.launch_attr_ids(False, False, mode) == []

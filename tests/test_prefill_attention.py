@@ -3,7 +3,7 @@
 import numpy as np
 
 from engine.artifact import formats
-from engine.models.qwen3_5_cuda_prefill import kv_rows
+from engine.gpu.prefill import kv_rows
 from engine.ops.kvquant import dequantize_kv_int8_g64, quantize_kv_int8_g64
 
 RNG = np.random.default_rng(7)

@@ -24,7 +24,7 @@ def describe(compile_kernels: bool = False) -> dict:
         out["kernels"] = "compiled at the first model load"
         return out
     try:
-        from engine.ops import kernels  # noqa: PLC0415
+        from engine.gpu import launch as kernels  # noqa: PLC0415
 
         kernels.kernel("argmax_step")
         out["kernels"] = "compiled"

@@ -1,7 +1,18 @@
 """`ninfer env`: what this machine offers ninfer (Python, NumPy, CuPy/CUDA, GPU, kernels, store)."""
 from __future__ import annotations
 
+from typing import Annotated
+
+import typer
+
 from ninfer_cli.options import JsonOut
+
+PlanOf = Annotated[str | None, typer.Option("--plan", metavar="GEOMETRY",
+                                            help="Print the CUDA decode plan of a geometry (qwen3.6-27b, "
+                                                 "qwen3.8-27b, qwen3.6-35b-a3b) on this GPU or --gpu.")]
+GpuClass = Annotated[str | None, typer.Option("--gpu", help="GPU class of --plan without a GPU: sm_90 (H100/H200), "
+                                                            "sm_80 (A100), sm_86 (RTX 3090), sm_89 (RTX 4090).")]
+KvFormat = Annotated[str, typer.Option("--kv", help="KV cache format of --plan: bf16 or int8.")]
 
 
 def _cuda_version(v: int) -> str:
@@ -119,11 +130,44 @@ def collect() -> dict:
     return facts
 
 
-def env(json_out: JsonOut = False) -> None:
-    """Show Python, OS, NumPy, CuPy/CUDA versions, the GPU and its free VRAM, kernels and the model store."""
+def decode_plan(geometry: str, gpu: str | None = None, kv: str = "bf16") -> dict:
+    """The CUDA decode plan (engine.gpu.plan) of a synthetic geometry on GPU class `gpu` (default: this GPU, else
+    sm_90), as printable fields; NINFER_PLAN applies as at a load."""
+    from engine.config import ModelArgs  # noqa: PLC0415
+    from engine.errors import NinferError  # noqa: PLC0415
+    from engine.gpu import plan as gpu_plan  # noqa: PLC0415
+    from engine.synthetic import GEOMETRIES  # noqa: PLC0415
+
+    if geometry not in GEOMETRIES:
+        raise NinferError(f"no geometry {geometry!r} to plan", f"use one of {', '.join(GEOMETRIES)}")
+    if kv not in ("bf16", "int8"):
+        raise NinferError(f"unknown KV format {kv!r}", "use bf16 or int8")
+    cfg, recipe = GEOMETRIES[geometry]
+    dev = gpu
+    if dev is None:
+        dev = gpu_plan.current_device() if gpu_facts()["gpus"] else "sm_90"
+    plan = gpu_plan.plan_for_recipe(ModelArgs.from_config(cfg), recipe, kv, dev)
+    return {"geometry": geometry, "recipe": recipe, **plan.describe()}
+
+
+def env(json_out: JsonOut = False, plan: PlanOf = None, gpu: GpuClass = None, kv: KvFormat = "bf16") -> None:
+    """Show Python, OS, NumPy, CuPy/CUDA versions, the GPU and its free VRAM, kernels and the model store; with a
+    GPU (or --plan), the CUDA decode plan: the kernel and form of every op, chosen once at load."""
     from ninfer_cli import output  # noqa: PLC0415
 
+    if plan is not None or gpu is not None:
+        described = decode_plan(plan or "qwen3.6-27b", gpu, kv)
+        if json_out:
+            output.print_json(described)
+        else:
+            output.key_values([(k, "; ".join(map(str, v)) if isinstance(v, list) else str(v)) for k, v in described.items()])
+        return
     facts = collect()
+    if facts["gpus"] and "error" not in facts["gpus"][0]:
+        try:
+            facts["decode_plan"] = decode_plan("qwen3.6-27b", None, "bf16")
+        except Exception as e:  # a broken toolchain must not break `ninfer env`
+            facts["decode_plan"] = {"error": str(e)}
     if json_out:
         output.print_json(facts)
         return
@@ -157,4 +201,8 @@ def env(json_out: JsonOut = False) -> None:
     ]
     if facts["overrides"]:
         pairs.append(("overrides", " ".join(f"{k}={v}" for k, v in facts["overrides"].items())))
+    dp = facts.get("decode_plan")
+    if dp:
+        pairs.append(("decode plan", dp.get("error") or f"{dp['geometry']} on {dp['gpu']}: norm {dp['norm']}, attention "
+                      f"{dp['attn']}, gdn {dp['gdn']}, {dp['kernels']} instantiations (ninfer env --plan GEOMETRY)"))
     output.key_values(pairs)

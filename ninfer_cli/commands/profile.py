@@ -71,7 +71,7 @@ def _profile_dict(p) -> dict:
 
 
 def _status(p) -> str:
-    from engine.memory_plan import GPU_KV_FORMATS  # noqa: PLC0415
+    from engine.gpu.memory import GPU_KV_FORMATS  # noqa: PLC0415
     from ninfer_cli.profiles import INT8_NOT_IN_LOAD, INT8_NOT_ON_GPU, load_takes_kv  # noqa: PLC0415
 
     if p.kv == "int8" and "int8" not in GPU_KV_FORMATS:
@@ -90,7 +90,7 @@ def _plan_source(ref: str):
     """(label, ModelArgs, weights by component, where the sizes came from) without loading weights."""
     from pathlib import Path  # noqa: PLC0415
 
-    from engine import memory_plan as mp  # noqa: PLC0415
+    from engine.gpu import memory as mp  # noqa: PLC0415
     from engine.config import ModelArgs  # noqa: PLC0415
     from engine.errors import NinferError  # noqa: PLC0415
     from ninfer_cli.store import Store  # noqa: PLC0415
@@ -120,7 +120,7 @@ def memory_report(ref: str, *, ctx: int | None = None, kv: str | None = None, pr
                   vram_limit: int | None = None, json_out: bool = False, memory="probe") -> None:
     """Print the memory plan of `ref` (the `ninfer show MODEL --memory` table) without loading weights."""
     from engine import memory_budget as mb  # noqa: PLC0415
-    from engine import memory_plan as mp  # noqa: PLC0415
+    from engine.gpu import memory as mp  # noqa: PLC0415
     from ninfer_cli import output  # noqa: PLC0415
 
     _gib = output.human_gib

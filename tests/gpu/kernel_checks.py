@@ -39,8 +39,8 @@ def poisoned(cp, shape, dtype=np.float32):
 def staged_case(cp, fmt, n, k, m, xscale=3.0):
     """A random [n, k] matrix uploaded in `fmt` (unit-scale outputs), its exact decode, m rows of x, and x staged
     by stage_x_mb as the producer kernels stage it: (dm, wq, x, x on the device, pairs, inverse scales)."""
-    from engine.gpu_weights import upload_matrix
-    from engine.ops import kernels as K
+    from engine.gpu.weights import upload_matrix
+    from engine.gpu import launch as K
 
     w = (RNG.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
     dm = upload_matrix(cp, fmt, w)
@@ -56,3 +56,25 @@ def staged_case(cp, fmt, n, k, m, xscale=3.0):
 LINEAR = dict(atol=2e-3, rtol=1.6e-2, tail_frac=2e-3, worst_ratio=5, rel=8e-3)
 ELEM = dict(atol=1e-3, rtol=8e-3, tail_frac=1e-3, worst_ratio=4, rel=4e-3)
 GDN_STATE = dict(atol=5e-4, rtol=5e-3, tail_frac=2e-2, worst_ratio=5, rel=5e-3)
+
+
+def use_plan(monkeypatch, gpu=None, **override):
+    """The engines built next take the plan of GPU class `gpu` (engine.gpu.plan.DEVICES; default: this GPU's) with
+    `override`'s fields, as NINFER_PLAN gives them: the generic sm_86 kernels run on an H200 too."""
+    import json
+
+    from engine.gpu import plan as gpu_plan
+
+    if gpu is not None:
+        monkeypatch.setattr(gpu_plan, "current_device", lambda: gpu_plan.DEVICES[gpu])
+    if override:
+        monkeypatch.setenv("NINFER_PLAN", json.dumps(override))
+    else:
+        monkeypatch.delenv("NINFER_PLAN", raising=False)
+
+
+def tuned_gpu() -> bool:
+    """This GPU takes the sm_90 plan (clusters, PDL)."""
+    from engine.gpu import launch as K
+
+    return K.compute_capability() >= 90

@@ -1,5 +1,5 @@
 """The prefill's flash attention (attn_prefill_fa, cuda/attn_prefill.cu) against the NumPy reference, and
-the tensor-core prefill with it (NINFER_FLASH_PREFILL) against the NumPy engine.
+the tensor-core prefill with it against the NumPy engine.
 
 Kernel checks: bf16 and int8-g64 caches behind a permuted page table, GQA groups 6 (27B: 24/4) and 8
 (35B: 16/2), T = 1, 63, 64, 65, 1000 queries at start 0 and at a start off a page boundary, 4 and 8
@@ -54,7 +54,7 @@ def _paged_cache(cp, x, kv, perm, pages):
 def test_flash_attention_matches_reference(t, start, hq, hkv, kv, warps):
     import cupy as cp
 
-    from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill
+    from engine.gpu.prefill import CudaQwen35Prefill
 
     rng = np.random.default_rng(t * 7 + start)
     n = start + t
@@ -81,7 +81,7 @@ def test_flash_attention_matches_cublas_path():
     """The same chunk through attention_cublas (the path it replaces) on the gathered cache."""
     import cupy as cp
 
-    from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill, attention_cublas, kv_rows
+    from engine.gpu.prefill import CudaQwen35Prefill, attention_cublas, kv_rows
 
     rng = np.random.default_rng(9)
     hq, hkv, t, start = 24, 4, 300, 200
@@ -110,14 +110,11 @@ def _rel(a, b):
 @pytest.mark.parametrize("kv", ["bf16", "int8"])
 @pytest.mark.parametrize("t", [1, 63, 64, 65, 1000])
 def test_flash_prefill_matches_numpy_engine(t, kv, monkeypatch):
-    """test_prefill.py's check with NINFER_FLASH_PREFILL on: the tiny model (GQA 4/2) in GEMM chunks of
+    """test_prefill.py's check with the flash kernel: the tiny model (GQA 4/2) in GEMM chunks of
     64 against the NumPy engine and against an engine that took the prompt token by token, then decode
     steps against the latter."""
     from test_prefill import CFG, _engines
 
-    from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill
-
-    monkeypatch.setattr(CudaQwen35Prefill, "FLASH_PREFILL", True)
     ref_engine, dev, args, build_engine = _engines()
     gpu = build_engine(args, dev, CFG, max_context=1152, prefill_gemm=64, kv=kv)
     assert gpu.model.gemm is not None
@@ -140,9 +137,7 @@ def test_flash_padded_prefill_matches_numpy_engine(t, chunk, monkeypatch):
     from test_prefill import CFG, _engines
 
     from engine import gpu_engine
-    from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill
 
-    monkeypatch.setattr(CudaQwen35Prefill, "FLASH_PREFILL", True)
     monkeypatch.setattr(gpu_engine, "PREFILL_PAD", True)
     ref_engine, dev, args, build_engine = _engines()
     fast = build_engine(args, dev, CFG, max_context=1152, prefill_gemm=chunk)
@@ -158,7 +153,7 @@ def test_flash_attention_timing(capsys):
     and int8 caches) against gather + cuBLAS + softmax, in ms and TFLOP/s (4 T^2/2 D Hq flops)."""
     import cupy as cp
 
-    from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill, attention_cublas, kv_rows
+    from engine.gpu.prefill import CudaQwen35Prefill, attention_cublas, kv_rows
 
     hq, hkv, t = 24, 4, 8192
     pages = t // PAGE

@@ -12,7 +12,8 @@ import pytest
 
 # (the engine's modules imported up front: on the H200 image, files first read late in a session have read
 # back as NUL bytes: "source code string cannot contain null bytes", CuPy kernels failing to compile)
-from engine import gpu_engine, gpu_weights  # noqa: F401,E402
+from engine import gpu_engine  # noqa: F401,E402
+from engine.gpu import weights as gpu_weights  # noqa: F401,E402
 from engine.device_sampling import SAMPLE_CAND, SAMPLE_PARAMS, SAMPLE_Q, pack_params
 from engine.sampling import Sampler
 
@@ -62,7 +63,7 @@ class Device:
 
     def sample(self, logits, D, params, positions):
         """Tokens drawn for rows of `logits` at `positions` (the kernel draws at pos + 1)."""
-        from engine.ops import kernels as K
+        from engine.gpu import launch as K
 
         cp = self.cp
         lg = cp.asarray(np.ascontiguousarray(logits, np.float32))
@@ -142,7 +143,7 @@ def test_history_and_step_advance_over_launches(cp):
 
 
 def _engines(n=2):
-    from engine import gpu_weights
+    from engine.gpu import weights as gpu_weights
     from engine.config import ModelArgs
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5 import random_weights

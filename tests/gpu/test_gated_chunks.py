@@ -1,5 +1,6 @@
-"""gated_rmsnorm_chunks (cuda/norm.cu, GdnOps.GATED_CHUNK): the GDN gated norm staging the o-projection's input a
-32-value chunk at a time with a scale each, and gemv_rs_pre<..., XS> multiplying the scales in: the fp32 output
+"""gated_rmsnorm_chunks (cuda/norm.cu, engine.gpu.gdn.gated_norm_chunks): the GDN gated norm staging the
+o-projection's input a 32-value chunk at a time with a scale each, and gemv_rs_pre<..., XS> multiplying the scales
+in: the fp32 output
 bit-identical to gated_rmsnorm_stage's, the o-projection within the GEMV tolerances of the float reference."""
 import numpy as np
 import pytest
@@ -8,18 +9,16 @@ pytestmark = pytest.mark.gpu
 
 from engine.artifact import formats  # noqa: E402
 from engine.ops import ref  # noqa: E402
-from engine.ops.gemv_plan import GemvPlan  # noqa: E402
+from engine.gpu.gemv import GemvPlan  # noqa: E402
 
 from kernel_checks import LINEAR, RNG, check, poisoned  # noqa: E402  (tests/gpu is on sys.path)
 
 
 @pytest.mark.parametrize("hv,n", [(48, 5120), (16, 1024)], ids=["27b", "small"])
 def test_gated_chunks_and_the_chunk_scaled_gemv(cp, hv, n):
-    from engine.gpu_weights import upload_matrix
-    from engine.ops import kernels as K
+    from engine.gpu.weights import upload_matrix
+    from engine.gpu import launch as K
 
-    if not K.XI16:
-        pytest.skip("chunk scales ride on the int16 pairs")
     k = hv * 128
     kpad = -(-k // K.XPAD) * K.XPAD
     o = cp.asarray(RNG.standard_normal((1, hv, 128)).astype(np.float32))
@@ -52,13 +51,13 @@ def test_gated_chunks_and_the_chunk_scaled_gemv(cp, hv, n):
 @pytest.mark.parametrize("early", [1, 0], ids=["early", "after-wait"])
 @pytest.mark.parametrize("hk,hv,m", [(16, 48, 1), (16, 32, 2)], ids=["27b", "35b-2rows"])
 def test_gdn_delta_gated_cl_matches_the_two_launches(cp, hk, hv, m, early):
-    """gdn_delta_gated_cl (cuda/gdn_cluster.cu, GdnOps.GDN_GATED_CL: a cluster of 4 blocks a value head, the head's
+    """gdn_delta_gated_cl (cuda/gdn_cluster.cu, the sm_90 plan's gdn: a cluster of 4 blocks a value head, the head's
     outputs pushed into its first block through distributed shared memory) against gdn_delta_raw_rw<4> then
     gated_rmsnorm_chunks: the state, o, the gated output, the staged pairs, the chunk scales and xinv bit for bit; early:
-    the state rows loaded before the PDL wait (GDN_STATE_EARLY)."""
-    from engine.ops import kernels as K
+    the state rows loaded before the PDL wait (its early-state flag)."""
+    from engine.gpu import launch as K
 
-    if not (K.XI16 and K.cluster_capable()):
+    if not K.cluster_capable():
         pytest.skip("thread block clusters (sm_90) and chunk scales on int16 pairs")
     rng = np.random.default_rng(5)
 
@@ -71,20 +70,23 @@ def test_gdn_delta_gated_cl_matches_the_two_launches(cp, hk, hv, m, early):
     a_log, dt = f(hv, s=0.3), f(hv, s=0.3)
     state0 = f(m, hv, 128, 128, s=0.1)
     outs = {}
+    from engine.gpu.gdn import delta_gated_cl, delta_rule, gated_norm_chunks
+
     for fused in ("", "gdn_delta_gated_cl"):
         st, vzd = cp.asarray(state0), cp.asarray(vz)
         o, out, xinv = poisoned(cp, (m, k)), poisoned(cp, (m, k)), poisoned(cp, (m,))
         xsc = poisoned(cp, (m * kpad // 32,))
         xh = cp.asarray(np.zeros((m, kpad // 2), np.uint32))
-        delta = (cp.asarray(qk), qk.shape[1], vzd, vz.shape[1], cp.asarray(ab), ab.shape[1], cp.asarray(a_log),
-                 cp.asarray(dt), float(1 / np.sqrt(128)), st, o, hk, hv, 0)
-        z = (vzd[:, k:], vz.shape[1], cp.asarray(nw), out, k)
-        stage = (k, kpad, xh, xinv, xsc)
+        delta = dict(qk=cp.asarray(qk), ld_qk=qk.shape[1], v=vzd, ld_v=vz.shape[1], ab=cp.asarray(ab),
+                     ld_ab=ab.shape[1], a_log=cp.asarray(a_log), dt_bias=cp.asarray(dt), q_scale=1 / np.sqrt(128),
+                     state=st, o=o, k_heads=hk, v_heads=hv, rows=m)
+        norm = dict(z=vzd[:, k:], ld_z=vz.shape[1], weight=cp.asarray(nw), out=out, ld_out=k, eps=1e-6, k=k,
+                    kpad=kpad, xh=xh, xinv=xinv, xsc=xsc, rows=m)
         if fused:
-            K.prepared(fused, (hv * 4, m), delta + z + (1e-6,) + stage + (early, 0, 0, 0, 0), block=256)()
+            delta_gated_cl(**delta, **{key: v for key, v in norm.items() if key != "rows"}, state_early=bool(early))()
         else:
-            K.prepared("gdn_delta_raw_rw<4>", (hv * 4, m), delta)()
-            K.prepared("gated_rmsnorm_chunks", (-(-hv // 8), m), (o,) + z + (hv, 1e-6) + stage, block=256)()
+            delta_rule(**delta)()
+            gated_norm_chunks(o=o, v_heads=hv, **norm)()
         cp.cuda.Device().synchronize()
         outs[fused] = [a.get() for a in (st, o, out, xh, xsc, xinv)]
     for name, a, b in zip(("state", "o", "out", "xh", "xsc", "xinv"), outs[""], outs["gdn_delta_gated_cl"]):
@@ -94,13 +96,13 @@ def test_gdn_delta_gated_cl_matches_the_two_launches(cp, hk, hv, m, early):
 
 @pytest.mark.parametrize("hk,hv,h,m", [(16, 48, 5120, 1), (16, 32, 2048, 2)], ids=["27b", "35b-2rows"])
 def test_gdn_ab_in_matches_the_ab_gemv(cp, hk, hv, h, m):
-    """GDN_AB_IN: gdn_delta_gated_cl computing each head's a and b projections from the bf16 [a; b] weights and the
+    """The plan's gdn_ab_in: gdn_delta_gated_cl computing each head's a and b projections from the bf16 [a; b] weights and the
     fp32 normed row (before the PDL wait: the weights) against gemv_bf16 (8 warps a row, as the executor launches it
     for 2 Hv rows) writing ab and the kernel reading it: the state, o and the gated output within fp32 rounding (the
     sums run in gemv_bf16's order; the compiler may contract them differently)."""
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
 
-    if not (K.XI16 and K.cluster_capable()):
+    if not K.cluster_capable():
         pytest.skip("thread block clusters (sm_90) and chunk scales on int16 pairs")
     rng = np.random.default_rng(9)
 
@@ -115,6 +117,8 @@ def test_gdn_ab_in_matches_the_ab_gemv(cp, hk, hv, h, m):
     a_log, dt = f(hv, s=0.3), f(hv, s=0.3)
     state0 = f(m, hv, 128, 128, s=0.1)
     wdev, xdev = cp.asarray(wab_bf16), cp.asarray(x)
+    from engine.gpu.gdn import delta_gated_cl
+
     outs = {}
     for inside in (False, True):
         st, vzd = cp.asarray(state0), cp.asarray(vz)
@@ -124,12 +128,11 @@ def test_gdn_ab_in_matches_the_ab_gemv(cp, hk, hv, h, m):
         o, out, xinv = poisoned(cp, (m, k)), poisoned(cp, (m, k)), poisoned(cp, (m,))
         xsc = poisoned(cp, (m * kpad // 32,))
         xh = cp.asarray(np.zeros((m, kpad // 2), np.uint32))
-        delta = (cp.asarray(qk), qk.shape[1], vzd, vz.shape[1], ab, 2 * hv, cp.asarray(a_log), cp.asarray(dt),
-                 float(1 / np.sqrt(128)), st, o, hk, hv, 0)
-        z = (vzd[:, k:], vz.shape[1], cp.asarray(nw), out, k)
-        ab_in = (wdev, xdev, h, h) if inside else (0, 0, 0, 0)
-        K.prepared("gdn_delta_gated_cl", (hv * 4, m), delta + z + (1e-6,) + (k, kpad, xh, xinv, xsc, 1) + ab_in,
-                   block=256)()
+        ab_in = dict(ab_weights=wdev.data.ptr, x=xdev, ld_x=h, hidden=h) if inside else {}
+        delta_gated_cl(qk=cp.asarray(qk), ld_qk=qk.shape[1], v=vzd, ld_v=vz.shape[1], ab=ab, ld_ab=2 * hv,
+                       a_log=cp.asarray(a_log), dt_bias=cp.asarray(dt), q_scale=1 / np.sqrt(128), state=st, o=o,
+                       k_heads=hk, v_heads=hv, z=vzd[:, k:], ld_z=vz.shape[1], weight=cp.asarray(nw), out=out,
+                       ld_out=k, eps=1e-6, k=k, kpad=kpad, xh=xh, xinv=xinv, xsc=xsc, rows=m, **ab_in)()
         cp.cuda.Device().synchronize()
         outs[inside] = [a.get() for a in (st, o, out)]
     for name, a, b in zip(("state", "o", "out"), outs[False], outs[True]):

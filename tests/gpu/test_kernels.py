@@ -18,8 +18,8 @@ from kernel_checks import ELEM, GDN_STATE, QFMTS, RNG, check, poisoned, rel_l2  
 
 @pytest.mark.parametrize("fmt", QFMTS)
 def test_embed(cp, fmt):
-    from engine.gpu_weights import upload_matrix
-    from engine.ops import kernels as K
+    from engine.gpu.weights import upload_matrix
+    from engine.gpu import launch as K
 
     r, k = 50, 320
     w = RNG.standard_normal((r, k)).astype(np.float32)
@@ -33,7 +33,8 @@ def test_embed(cp, fmt):
 
 
 def test_residual_rmsnorm_and_gated(cp):
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
+    from engine.gpu.norm import residual_norm
 
     m, h, s = 2, 1000, 3
     x = RNG.standard_normal((m, h)).astype(np.float32)
@@ -50,16 +51,17 @@ def test_residual_rmsnorm_and_gated(cp):
     # multi-block form: same numbers, and the same staged pairs
     x_out, out2 = cp.zeros((m, h), cp.float32), poisoned(cp, (m, h))
     xh2, xinv2 = cp.zeros_like(xh), cp.zeros_like(xinv)
-    K.prepared("residual_rmsnorm_mb", (5, m), (cp.asarray(x), x_out, cp.asarray(part), s, m * h, cp.asarray(w),
-                                               out2, h, 1e-6, 1, xh2, xinv2, kpad))()
+    residual_norm("residual_rmsnorm_mb", x_in=cp.asarray(x), x_out=x_out, planes=cp.asarray(part), nplanes=s,
+                  plane_stride=m * h, weight=cp.asarray(w), out=out2, hidden=h, eps=1e-6, xh=xh2, xinv=xinv2, kpad=kpad,
+                  rows=m, blocks=5)()
     check("residual mb", x_out.get(), xs, **ELEM)
     check("rmsnorm mb", out2.get(), out.get(), **ELEM)
     assert np.array_equal(xh2.get(), xh.get())
     assert np.array_equal(xinv2.get(), xinv.get())
     # residual_rmsnorm_mb2 (2 values a thread, 8 planes a round): the same bits as residual_rmsnorm_mb, for rows
-    # of up to 2,048 values and 1 to 9 planes (the MoE norm's k + 1); residual_rmsnorm_mb5 (5 values a thread, 4
-    # planes a round) for rows of up to 5,120 (the 27B's, 3 planes after the fused MLP); mb5's _1r form (4 planes in one
-    # round of loads with x_in and w) the same bits too, also past one round (12 planes) and with none
+    # of up to 2,048 values and 1 to 9 planes (the MoE norm's k + 1); residual_rmsnorm_mb5_1r (5 values a thread, 4
+    # planes in one round of loads with x_in and w) for rows of up to 5,120 (the 27B's, 3 planes after the fused MLP)
+    # the same bits too, also past one round (12 planes) and with none
     for h2, s2 in ((1000, 3), (2048, 9), (2048, 1), (1536, 2), (5120, 3), (4000, 5), (5120, 1), (2048, 12), (5120, 0)):
         kp2 = -(-h2 // K.XPAD) * K.XPAD
         x2 = RNG.standard_normal((m, h2)).astype(np.float32)
@@ -67,12 +69,12 @@ def test_residual_rmsnorm_and_gated(cp):
         w2 = cp.asarray(RNG.standard_normal(h2).astype(np.float32) * 0.1)
         got = {}
         forms = ("residual_rmsnorm_mb",) + (("residual_rmsnorm_mb2",) if h2 <= 2048 else ())
-        forms += ("residual_rmsnorm_mb5", "residual_rmsnorm_mb5_1r")
+        forms += ("residual_rmsnorm_mb5_1r",)
         for name in forms:
             xo, o2 = poisoned(cp, (m, h2)), poisoned(cp, (m, h2))
             xh3, xinv3 = cp.zeros((m, kp2 // 2), dtype=cp.uint32), cp.zeros(m, dtype=cp.float32)
-            K.prepared(name, (16, m), (cp.asarray(x2), xo, p2, s2, m * h2, w2, o2, h2, 1e-6, 1, xh3, xinv3, kp2),
-                       block=1024)()
+            residual_norm(name, x_in=cp.asarray(x2), x_out=xo, planes=p2, nplanes=s2, plane_stride=m * h2, weight=w2,
+                          out=o2, hidden=h2, eps=1e-6, xh=xh3, xinv=xinv3, kpad=kp2, rows=m)()
             got[name] = [a.get() for a in (xo, o2, xh3, xinv3)]
         check(f"residual mb {h2}", got["residual_rmsnorm_mb"][0], x2 + p2.get()[:s2].sum(0), **ELEM)
         for name in forms[1:]:
@@ -82,8 +84,8 @@ def test_residual_rmsnorm_and_gated(cp):
         for name in ("residual_rmsnorm_cl",) if K.cluster_capable() else ():
             xo, o2 = poisoned(cp, (m, h2)), poisoned(cp, (m, h2))
             xh3, xinv3 = cp.zeros((m, kp2 // 2), dtype=cp.uint32), cp.zeros(m, dtype=cp.float32)
-            K.prepared(name, (8, m), (cp.asarray(x2), xo, p2, s2, m * h2, w2, o2, h2, 1e-6, 1, xh3, xinv3, kp2),
-                       block=256)()
+            residual_norm(name, x_in=cp.asarray(x2), x_out=xo, planes=p2, nplanes=s2, plane_stride=m * h2, weight=w2,
+                          out=o2, hidden=h2, eps=1e-6, xh=xh3, xinv=xinv3, kpad=kp2, rows=m)()
             got[name] = [a.get() for a in (xo, o2, xh3, xinv3)]
             mb = got["residual_rmsnorm_mb"]
             assert np.array_equal(xo.get(), mb[0])
@@ -119,7 +121,7 @@ def test_residual_rmsnorm_and_gated(cp):
 
 
 def test_gdn_step(cp):
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
 
     hk, hv = 2, 6
     c = (2 * hk + hv) * 128
@@ -153,24 +155,19 @@ def test_gdn_step(cp):
     check("gdn out", bufs["o"].get()[0], o[0], atol=1e-3, rtol=1e-2, tail_frac=2e-3, worst_ratio=5, rel=8e-3)
 
 
-# tt: tokens a warp a round (their K/V loads in flight together); gs: blocks a KV head's query group is cut
-# into (attn_decode_split<g / gs, kv8, gs>); tt = 0: attn_decode_mma<g, kv8, W, NS> (tensor cores), gs its
-# form's index in kernels.ATTN_MMA_FORMS (W warps, NS stages: each runs on an H200); gs = -1 - f: raw-K form f of
-# kernels.ATTN_MMA_KRAW_FORMS (the raw int8 K codes into the MMAs, KRAW, int8 only); gs = -10 - f: raw-K, raw-V form f
-# of kernels.ATTN_MMA_VRAW_FORMS; gs = -20 - f: the transposed form f of kernels.ATTN_MMA_T_FORMS
-@pytest.mark.parametrize("tt,gs", [(1, 1), (4, 1), (1, 2), (1, 4), (0, 0), (0, 1), (0, 2), (0, -1), (0, -2), (0, -3),
-                                   (0, -4), (0, -10), (0, -11), (0, -20), (0, -21), (0, -22), (0, -23), (0, -24)])
+# form: the split kernel (attn_decode_split<g, kv8>; "split2": a KV head's query group over two blocks,
+# attn_decode_split<g / 2, kv8, 2>), attn_decode_mma<g, kv8, W, NS> in form N of kernels.ATTN_MMA_FORMS ("mmaN": W
+# warps, NS stages, the sm_90 / A100 / 99 KB classes' forms, each runs on an H200), or "vraw" (int8: the raw K and V
+# codes into the MMAs, the sm_90 class's form)
+@pytest.mark.parametrize("form", ["split", "split2", "mma0", "mma1", "mma2", "vraw"])
 @pytest.mark.parametrize("kv", ["bf16", "int8"])
 @pytest.mark.parametrize("g", [6, 8])
 @pytest.mark.parametrize("length", [1, 63, 200, 1500])
-def test_attention_decode(cp, g, length, kv, tt, gs):
-    from engine.ops import kernels as K
-
-    if tt and gs > 1 and (g // gs, gs) not in K.ATTN_GSPLIT:
-        pytest.skip(f"no attn_decode_split<{g // gs},*,{gs}> compiled")
-    if gs < 0 and kv != "int8":
-        pytest.skip("raw K codes: int8 caches only")
-    from engine.ops import kernels as K
+def test_attention_decode(cp, g, length, kv, form):
+    if form == "vraw" and kv != "int8":
+        pytest.skip("raw codes: int8 caches only")
+    from engine.gpu import launch as K
+    from engine.gpu.attention import decode_attention
     from engine.ops.kvquant import dequantize_kv_int8_g64, quantize_kv_int8_g64
 
     hkv, d, page = 2, 256, 64
@@ -210,24 +207,19 @@ def test_attention_decode(cp, g, length, kv, tt, gs):
     acc = cp.zeros((1, hq, nsplit, d), dtype=cp.float32)
     out = poisoned(cp, (1, hq * d))
     kv8 = "true" if int8 else "false"
-    name = f"attn_decode_split<{g},{kv8}>" if tt == 1 else f"attn_decode_tt<{g},{kv8},{tt}>"
-    if tt and gs > 1:
-        name = f"attn_decode_split<{g // gs},{kv8},{gs}>"
-    launch = dict(grid=(hkv * gs, nsplit, 1))
-    if tt == 0 and gs <= -20:
-        w, ns, _minb = K.ATTN_MMA_T_FORMS[-20 - gs]
-        name = K.attn_mma_t_name(g, -20 - gs)
-        launch = dict(grid=(hkv, nsplit, 1), block=32 * w, smem=K.attn_mma_t_smem(w, ns))
-    elif tt == 0 and gs <= -10:
-        w, ns = K.ATTN_MMA_VRAW_FORMS[-10 - gs]
-        name = K.attn_mma_vraw_name(g, -10 - gs)
-        launch = dict(grid=(hkv, nsplit, 1), block=32 * w, smem=K.attn_mma_smem(int8, w, ns, vraw=True))
-    elif tt == 0:
-        w, ns = K.ATTN_MMA_FORMS[int8][gs] if gs >= 0 else K.ATTN_MMA_KRAW_FORMS[-1 - gs]
-        name = f"attn_decode_mma<{g},{kv8},{w},{ns}" + (",true>" if gs < 0 else ">")
-        launch = dict(grid=(hkv, nsplit, 1), block=32 * w, smem=K.attn_mma_smem(int8, w, ns, kraw=gs < 0))
-    K.prepared(name, args=(qbuf, kc, vc, pos, pt, pages, hkv, chunk, 1 / 16, ml, acc, nsplit, ptr(ksc), ptr(vsc)),
-               **launch)()
+    if form.startswith("split"):
+        gs = 2 if form == "split2" else 1
+        name = f"attn_decode_split<{g // gs},{kv8},{gs}>" if gs > 1 else f"attn_decode_split<{g},{kv8}>"
+        threads, smem = 256, 0
+    elif form == "vraw":
+        w, ns = K.ATTN_MMA_VRAW_FORM
+        name, threads, smem = K.attn_mma_vraw_name(g), 32 * w, K.attn_mma_smem(True, w, ns, vraw=True)
+    else:
+        w, ns = K.ATTN_MMA_FORMS[int8][int(form[3:])]
+        name, threads, smem = f"attn_decode_mma<{g},{kv8},{w},{ns}>", 32 * w, K.attn_mma_smem(int8, w, ns)
+    decode_attention(name, threads=threads, smem=smem, q=qbuf, k_cache=kc, v_cache=vc, pos=pos, page_table=pt,
+                     pt_stride=pages, kv_heads=hkv, chunk=chunk, scale=1 / 16, ml=ml, acc=acc, nsplit=nsplit, rows=1,
+                     k_scales=ksc, v_scales=vsc)()
     K.prepared("attn_combine", (hq, 1), (ml, acc, nsplit, cp.asarray(gate), hq * d, out, hq * d, hq))()
     if int8:
         store = lambda a: dequantize_kv_int8_g64(*quantize_kv_int8_g64(np.asarray(a, np.float32)))  # noqa: E731
@@ -246,7 +238,7 @@ def test_attention_decode(cp, g, length, kv, tt, gs):
 
 
 def test_argmax_step(cp):
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
 
     v = 248320
     logits = RNG.standard_normal((2, v)).astype(np.float32)
@@ -278,10 +270,10 @@ def _gdn_inputs(t, hk, hv):
     return q, k, v, g, beta, s0
 
 
-@pytest.mark.parametrize("rows", [2, 4])
+@pytest.mark.parametrize("rows", [2])
 def test_gdn_delta_rows_matches_delta_cols(cp, rows):
     """The prefill's recurrence with several state rows a warp against the row-a-warp kernel."""
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
 
     hk, hv, t = 2, 6, 37
     q, k, v, g, beta, s0 = _gdn_inputs(t, hk, hv)
@@ -297,13 +289,12 @@ def test_gdn_delta_rows_matches_delta_cols(cp, rows):
 
 
 @pytest.mark.parametrize("t", [37, 64, 150])
-@pytest.mark.parametrize("rb,tc", [(16, False), (32, False), (64, False), (32, True), (64, True), (32, "q1"), (64, "q1")])
-def test_gdn_chunked_matches_delta_cols(cp, t, rb, tc):
-    """The chunked delta rule (gdn_chunk_prep over the 64-token pieces on tensor cores, gdn_chunk_scan<RB>
-    in order on CUDA cores or gdn_chunk_scan_tc<RB> on tensor cores; "q1": gdn_chunk_scan_tc<RB, 1>, the
-    output's products in 1xTF32) against the token-by-token kernel: outputs and final state, pieces whole
-    and partial."""
-    from engine.ops import kernels as K
+@pytest.mark.parametrize("rb", [32, 64])
+def test_gdn_chunked_matches_delta_cols(cp, t, rb):
+    """The chunked delta rule (gdn_chunk_prep over the 64-token pieces on tensor cores, then gdn_chunk_scan_tc<RB, 1>
+    in order, the output's products in 1xTF32) against the token-by-token kernel: outputs and final state, pieces
+    whole and partial."""
+    from engine.gpu import launch as K
 
     hk, hv = 2, 6
     q, k, v, g, beta, s0 = _gdn_inputs(t, hk, hv)
@@ -318,8 +309,7 @@ def test_gdn_chunked_matches_delta_cols(cp, t, rb, tc):
     st, o = cp.asarray(s0), poisoned(cp, (t, hv, 128))
     K.prepared("gdn_chunk_prep", (pieces, hv), (dq, dk, dv, dg, db, w, u, m, gg, hk, hv, 0, t),
                smem=K.GDN_PREP_SMEM)()
-    name = f"gdn_chunk_scan_tc<{rb}, 1>" if tc == "q1" else f"gdn_chunk_scan{'_tc' if tc else ''}<{rb}>"
-    K.prepared(name, (hv, 128 // rb),
-               (dq, dk, w, u, m, gg, st, o, hk, hv, 0, t), smem=K.gdn_scan_smem(rb, tc))()
+    K.prepared(f"gdn_chunk_scan_tc<{rb}, 1>", (hv, 128 // rb),
+               (dq, dk, w, u, m, gg, st, o, hk, hv, 0, t), smem=K.gdn_scan_smem(rb))()
     check("gdn_chunked state", st.get(), want_s, **GDN_STATE)
     check("gdn_chunked out", o.get(), want_o, **ELEM)

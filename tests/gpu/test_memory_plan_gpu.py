@@ -12,7 +12,7 @@ def test_plan_matches_the_pool_after_capture(kv):
     the engine adds by default only in memory the plan leaves free, stays within its planned bound."""
     import cupy as cp
 
-    from engine import memory_plan as mp
+    from engine.gpu import memory as mp
     from engine.config import ModelArgs
     from engine.gpu_engine import PREFILL_COLS
     from engine.synthetic import build_engine, geometry_config

@@ -10,7 +10,7 @@ pytestmark = pytest.mark.gpu
 
 from engine.artifact import formats  # noqa: E402
 from engine.ops import ref  # noqa: E402
-from engine.ops.gemv_plan import GemvPlan, mlp_fused_help_words, mlp_fused_launch  # noqa: E402
+from engine.gpu.gemv import GemvPlan, mlp_fused_help_words, mlp_fused_launch  # noqa: E402
 
 from kernel_checks import LINEAR, RNG, check, poisoned  # noqa: E402  (tests/gpu is on sys.path)
 
@@ -18,11 +18,9 @@ from kernel_checks import LINEAR, RNG, check, poisoned  # noqa: E402  (tests/gpu
 def mlp_case(cp, h, inter, nplanes):
     """(q4 gate|up [2 inter, h], q5 down [h, inter], x_in on the host, nplanes partial planes, the norm weight,
     kpad_h, kpad_i) of a random MLP, drawn from RNG in this order; skips without int16 pairs."""
-    from engine.gpu_weights import upload_matrix
-    from engine.ops import kernels as K
+    from engine.gpu.weights import upload_matrix
+    from engine.gpu import launch as K
 
-    if not K.XI16:
-        pytest.skip("mlp_fused reads int16 pairs")
     wg = (RNG.standard_normal((2 * inter, h)) / np.sqrt(h)).astype(np.float32)
     wd = (RNG.standard_normal((h, inter)) / np.sqrt(inter)).astype(np.float32)
     gu, dn = upload_matrix(cp, "q4_g64_fp16", wg), upload_matrix(cp, "q5_g64_fp16", wd)
@@ -39,7 +37,7 @@ def mlp_case(cp, h, inter, nplanes):
 # (the grid barriers' form; red: arrivals by a release reduction, the targets from the count read at entry)
 @pytest.mark.parametrize("light", [0, 1, 2], ids=["fence", "light", "red"])
 def test_mlp_fused_matches_the_four_kernels(cp, h, inter, nplanes, splits, local, light):
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
 
     gu, dn, x_host, planes, nw_, kp_h, kp_i = mlp_case(cp, h, inter, max(nplanes, 1))
 
@@ -98,7 +96,7 @@ def test_mlp_fused_chunk_scaled(cp, h, inter):
     four kernels', the down's planes within the GEMV tolerances of the float reference, the amax slot untouched; with
     help (the leftover chunks' row pairs computed in slices by every warp and summed by their owners), the SwiGLU
     row close to it and the helpers' counts as three launches leave them."""
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
 
     gu, dn, x_host, planes, nw_, kp_h, kp_i = mlp_case(cp, h, inter, 1)
     outs = {}

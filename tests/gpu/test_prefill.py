@@ -24,8 +24,8 @@ def test_dequant_rs_is_the_stored_codes_times_scales(fmt):
     import cupy as cp
 
     from engine.artifact import formats
-    from engine.gpu_weights import upload_matrix
-    from engine.ops import kernels as K
+    from engine.gpu.weights import upload_matrix
+    from engine.gpu import launch as K
 
     n, k = 37, 1000
     w = np.random.default_rng(2).standard_normal((n, k)).astype(np.float32)
@@ -41,7 +41,8 @@ def test_dequant_rs_is_the_stored_codes_times_scales(fmt):
 def _engines():
     from test_gpu_engine import quantized_weights  # tests/gpu is on sys.path under pytest
 
-    from engine import api, gpu_weights
+    from engine import api
+    from engine.gpu import weights as gpu_weights
     from engine.config import ModelArgs
     from engine.gpu_engine import build_engine
 
@@ -113,7 +114,7 @@ def test_attention_cublas_matches_reference(t, start, score_bytes):
     several (blocks of 16 rows), against ref.attention: within the attention_bf16 rel-L2 of spec/testing.md."""
     import cupy as cp
 
-    from engine.models.qwen3_5_cuda_prefill import attention_cublas
+    from engine.gpu.prefill import attention_cublas
     from engine.ops import ref
 
     rng = np.random.default_rng(3)
@@ -136,7 +137,7 @@ def test_swiglu_rows_f16_is_silu_gate_times_up(half):
     fp16 [T, n] (the down GEMM's input)."""
     import cupy as cp
 
-    from engine.ops import kernels as K
+    from engine.gpu import launch as K
     from engine.ops import ref as R
 
     t, n, ld = 37, 1028, 2 * 1028 + 12
@@ -156,7 +157,8 @@ def test_moe_gemm_prefill_matches_numpy_engine(t, monkeypatch):
     NumPy engine and against the same GPU engine taking the prompt token by token."""
     from test_gpu_engine import MOE_CFG, quantized_weights
 
-    from engine import api, gpu_engine, gpu_weights
+    from engine import api, gpu_engine
+    from engine.gpu import weights as gpu_weights
     from engine.config import ModelArgs
 
     monkeypatch.setattr(gpu_engine, "MOE_PREFILL", True)
@@ -180,9 +182,10 @@ def test_moe_batched_experts_equal_the_expert_loop(monkeypatch):
     the busiest one's rows, the padding gathered as zeros) against a GEMM pair per expert."""
     from test_gpu_engine import MOE_CFG, quantized_weights
 
-    from engine import gpu_engine, gpu_weights
+    from engine import gpu_engine
+    from engine.gpu import weights as gpu_weights
     from engine.config import ModelArgs
-    from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill
+    from engine.gpu.prefill import CudaQwen35Prefill
 
     monkeypatch.setattr(gpu_engine, "MOE_PREFILL", True)
     args = ModelArgs.from_config(MOE_CFG)

@@ -204,7 +204,7 @@ def test_ctrl_c_reports_the_finished_tests_and_exits_130(monkeypatch):
 
 
 def test_environment_records_the_engine_switches(monkeypatch):
-    monkeypatch.setenv("NINFER_GDN_AB_IN", "0")
+    monkeypatch.setenv("NINFER_PLAN", '{"branches": false}')
     env = bench_device.environment("cpu")
-    assert env["engine_env"].get("NINFER_GDN_AB_IN") == "0"
+    assert env["engine_env"].get("NINFER_PLAN") == '{"branches": false}'
     assert "NINFER_HOME" not in env["engine_env"] and "NINFER_DEVICE" not in env["engine_env"]

@@ -85,3 +85,20 @@ def test_env_on_a_gpu_machine(monkeypatch, tmp_path):
     assert data["device_auto"] == "gpu"
     text = runner.invoke(app, ["env"]).stdout
     assert gpu["name"] in text and "no GPU" not in text
+
+
+def test_env_prints_the_decode_plan_without_a_gpu(monkeypatch):
+    """`ninfer env --plan GEOMETRY --gpu CLASS`: the CUDA decode plan of a geometry on a GPU class, no GPU needed."""
+    monkeypatch.delenv("NINFER_PLAN", raising=False)
+    monkeypatch.setattr(env_cmd, "gpu_facts", lambda: {"cupy": None, "cuda_runtime": None, "cuda_driver": None,
+                                                       "driver": None, "gpus": []})
+    r = runner.invoke(app, ["env", "--plan", "qwen3.6-35b-a3b", "--gpu", "sm_86", "--kv", "int8", "--json"])
+    assert r.exit_code == 0, r.output
+    plan = json.loads(r.stdout)
+    assert plan["gpu"] == "sm_86" and plan["kv"] == "int8" and plan["moe_fused"] and not plan["tuned"]
+    assert plan["norm"] == "residual_rmsnorm_mb2" and plan["attn"] == "attn_decode_mma<8,true,3,1>"
+    assert isinstance(plan["kernels"], int) and plan["kernels"] > 10
+    r = runner.invoke(app, ["env", "--plan", "qwen3.6-27b"])  # (no GPU: the sm_90 class)
+    assert r.exit_code == 0 and "residual_rmsnorm_cl" in r.stdout and "gdn_delta_gated_cl" in r.stdout
+    r = runner.invoke(app, ["env", "--plan", "nope"])
+    assert r.exit_code == 1 and "qwen3.6-27b" in r.output

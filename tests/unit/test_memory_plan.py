@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from engine import memory_budget as mb
-from engine import memory_plan as mp
+from engine.gpu import memory as mp
 from engine.config import ModelArgs
 from engine.errors import NinferError
 from engine.synthetic import geometry_config
@@ -249,39 +249,30 @@ def test_build_with_ladder_other_errors_propagate_and_exhaustion_is_a_user_error
         mb.build_with_ladder(never, [8192, 4096])
 
 
-def test_prefill_executors_are_planned(monkeypatch):
+def test_prefill_executors_are_planned():
     """The columns step's rows and the tensor-core chunk's scratch are in the plan; MoE has no columns
-    step, and its tensor-core chunk (MOE_PREFILL) adds the routing and per-expert rows."""
-    from engine import memory_plan as mp
+    step, and its tensor-core chunk (MOE_PREFILL) adds the routing and per-expert rows; the flash kernel
+    reads the cache pages in place (no gathered rows, no score block)."""
+    from engine.gpu import memory as mp
     from engine.config import ModelArgs
     from engine.synthetic import geometry_config
 
-    monkeypatch.setattr(mp, "PREFILL_FLASH", False)  # (the gather + cuBLAS attention's scratch first)
     dense = ModelArgs.from_config(geometry_config("qwen3.8-27b"))
     moe = ModelArgs.from_config(geometry_config("qwen3.6-35b-a3b"))
     assert mp.prefill_executor_bytes(dense, 8, 0) == mp.workspace_bytes(dense, 8)
     assert mp.prefill_executor_bytes(dense, 1, 0) == 0
     gemm = mp.prefill_executor_bytes(dense, 8, 256) - mp.prefill_executor_bytes(dense, 8, 0)
-    # the fp16 copy of the 34,816 x 5,120 gate|up, a 1 GiB score block and 256 rows of buffers
-    assert gemm > 2 * 34816 * 5120 + mp.GIB + mp.workspace_bytes(dense, 256) - 255 * 4 * dense.vocab_size
+    # the fp16 copies of the 34,816 x 5,120 gate|up (one a ring buffer) and 256 rows of buffers
+    assert gemm > mp.PREFILL_DQ_BUFS * 2 * 34816 * 5120 + mp.workspace_bytes(dense, 256) - 255 * 4 * dense.vocab_size
+    assert gemm < mp.GIB + mp.PREFILL_DQ_BUFS * 2 * 34816 * 5120 + mp.workspace_bytes(dense, 256)
     moe_gemm = mp.prefill_executor_bytes(moe, 8, 256)
     assert moe_gemm == mp.prefill_executor_bytes(moe, 0, 256)  # (no columns step for MoE)
-    assert moe_gemm > mp.GIB + 256 * 8 * 6 * moe.hidden_size + 2 * 256 * 1024 * moe.hidden_size
+    assert moe_gemm > 256 * 8 * 6 * moe.hidden_size + 2 * 256 * 1024 * moe.hidden_size
     assert mp.prefill_executor_bytes(moe, 8, 0) == 0
-    # the attention's gathered K and V (fp32 and fp16) grow with the context, as a pool of their own
-    assert mp.prefill_gather_bytes_per_token(dense, 8, 256) == 12 * 4 * 256
-    assert mp.prefill_gather_bytes_per_token(dense, 8, 0) == mp.prefill_gather_bytes_per_token(moe, 8, 0) == 0
-    assert mp.prefill_gather_bytes_per_token(moe, 8, 256) == 12 * moe.num_key_value_heads * moe.head_dim
-    gemm_plan = mp.plan_memory(dense, mp.weights_from_recipe(dense, "groupwise-int-w8head"), prefill_cols=8,
-                               prefill_gemm=256)
-    assert [p.name for p in gemm_plan.pools] == ["text", "prefill attention gather"]
+    assert mp.prefill_gather_bytes_per_token(dense, 8, 256) == mp.prefill_gather_bytes_per_token(moe, 8, 256) == 0
     weights = mp.weights_from_recipe(dense, "groupwise-int-w8head")
     base = mp.plan_memory(dense, weights)
     cols = mp.plan_memory(dense, weights, prefill_cols=8)
     assert cols.fixed_bytes - base.fixed_bytes == mp.workspace_bytes(dense, 8)
     assert any(i.name == "prefill executors" for i in cols.items(4096))
-    # the flash kernel reads the pages in place: no gather pool, no score block
-    monkeypatch.setattr(mp, "PREFILL_FLASH", True)
-    assert mp.prefill_gather_bytes_per_token(dense, 8, 256) == 0
-    assert mp.prefill_executor_bytes(dense, 8, 256) <= mp.prefill_executor_bytes(dense, 8, 0) + gemm - mp.GIB
     assert [p.name for p in mp.plan_memory(dense, weights, prefill_cols=8, prefill_gemm=256).pools] == ["text"]

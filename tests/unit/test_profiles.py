@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from engine import memory_budget as mb
-from engine import memory_plan as mp
+from engine.gpu import memory as mp
 from engine.errors import NinferError
 from ninfer_cli import profiles as P
 

@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from engine import memory_budget as mb
-from engine import memory_plan as mp
+from engine.gpu import memory as mp
 from engine.errors import NinferError
 from ninfer_cli import profiles as P
 from ninfer_cli.main import app

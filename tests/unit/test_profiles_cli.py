@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from engine import memory_budget as mb
-from engine import memory_plan as mp
+from engine.gpu import memory as mp
 from ninfer_cli.main import app
 from ninfer_cli.store import Store
 

@@ -1,7 +1,7 @@
 """GEMV launches planned once at build time: `DevMatrix` (a packed [N, K] weight in device memory, and
 views of its rows or columns) and `GemvPlan` (the kernel, grid and arguments of y (+)= W x over the
 row-split planes, chosen from the format, the shapes and the tuning table's entry). The kernels are
-cuda/gemv*.cu, compiled by `engine.ops.kernels`."""
+cuda/gemv*.cu, compiled by `engine.gpu.launch`."""
 from __future__ import annotations
 
 import math
@@ -10,10 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.artifact import formats
-from engine.ops import kernels
-from engine.ops.kernels import (EPI, FMT_IDS, GEMV_ASYNC_M, GEMV_CONV_ROWS, GEMV_MMA, GEMV_PRE_MAIN, LDG_NAMES,
-                                LDG_PREFIX, WARPS, Launch,
-                                _allow_smem, blocks_per_sm, kernel, sm_count)
+from engine.gpu import launch as kernels
+from engine.gpu.launch import EPI, FMT_IDS, GEMV_CONV_ROWS, GEMV_PRE_MAIN, WARPS, Launch, _allow_smem, kernel, sm_count
 
 
 @dataclass
@@ -64,20 +62,6 @@ class DevMatrix:
         return DevMatrix(self.fmt, r1 - r0, self.k, self.buf, self.row0 + r0, g, self.base + r0 * g * 32,
                          self.high + r0 * g * self._hb(), self.scales + r0 * g * 2)
 
-    def swiglu_slice(self, a: int, b: int) -> "DevMatrix":
-        """SwiGLU outputs [a, b) of a fused [gate; up] matrix: rows [a, n/2 + b), a GEMV with pair_stride
-        n // 2 of this matrix and y offset a."""
-        return self.row_slice(a, self.n // 2 + b)
-
-    def col_slice(self, k0: int, k1: int) -> "DevMatrix":
-        """Columns [k0, k1) (whole 1,024-value blocks of the staged pairs) of every row: the row stride
-        stays this matrix's (gpr), the GEMV walks (k1 - k0) / 32 chunks (GemvPlan's k_chunks)."""
-        if k0 % 1024 or (k1 % 1024 and k1 != self.k):
-            raise ValueError("a column view starts on a 1,024-value block")
-        g0 = k0 // formats.rowsplit_geometry(self.fmt, (1, self.k)).group
-        return DevMatrix(self.fmt, self.n, k1 - k0, self.buf, self.row0, self.gpr, self.base + g0 * 32,
-                         self.high + g0 * self._hb(), self.scales + g0 * 2)
-
 
 def _p(a) -> int:
     return a.data.ptr if hasattr(a, "data") else int(a)
@@ -85,30 +69,21 @@ def _p(a) -> int:
 
 
 class GemvPlan:
-    """A GEMV launch fixed at build time: y (+)= W x for M token rows. Call `launch(stream)`."""
+    """A GEMV launch fixed at build time: y (+)= W x for M token rows. Call `launch()`."""
 
     def __init__(self, w: DevMatrix, x, ldx: int, y, ldy: int, m: int = 1, epi: str = "store",
-                 splits: int = 1, rows: int | None = None, unroll: int = 4, y_offset: int = 0, xpre=None,
-                 experts=None, pf: int | None = None, stages: int = 0, mma=None, pre2: bool = False,
-                 stage_out=None, pair_stride: int | None = None, k_chunks: int | None = None, ldg: bool = False,
-                 conv=None, amax_out=None, tma: int | None = None, tma_pro=None, xs=None):
-        """pair_stride (SwiGLU): rows between a gate row and its up row (w.n // 2 unless w is a row view
-        of a larger [gate; up] parent: `swiglu_slice`). k_chunks: 16-byte chunks of each row to walk (a
-        column view: `col_slice`; pre-staged x only, split into whole slices exactly). conv (epi "conv", one
-        K slice): (weights [4, C], history [M, 3, C], C, the channel of row 0, rows that take the conv)."""
+                 splits: int = 1, rows: int | None = None, unroll: int = 2, y_offset: int = 0, xpre=None,
+                 experts=None, pre2: bool = False, conv=None, amax_out=None, xs=None):
+        """xpre: the pre-staged x (int16 pairs, inverse scales); pre2: gemv_rs_pre (x through the read-only path, row
+        pointers advanced by constants: the tuning table's choice; w8 on pre-staged pairs always takes it). conv (epi
+        "conv", one K slice): (weights [4, C], history [M, 3, C], C, the channel of row 0, rows that take the conv).
+        amax_out (SwiGLU, gemv_rs_pre, one token, no split or routing): a slot of 2 zeroed uint32 words the row's
+        largest |output| is folded into (`tracks_amax`, for stage_x_amax). xs: the chunk scales of the pre-staged x
+        (fp32, a value a 32-value chunk), where gemv_rs_pre's chunk-scaled form is compiled (`self.xs` says whether
+        the plan takes it: the caller stages accordingly)."""
         self.w, self.m, self.epi = w, m, EPI[epi]
-        self.stages, self.pre2, self.stages_out, self.tracks_amax = 0, False, False, False
-        self.xs = False
-        self.tma = self.tma_pro = None  # (gemv_tma: (NW, stages, pieces) and its x prologue)
-        ps = w.n // 2 if pair_stride is None else int(pair_stride)
-        if tma and self._tma_ok(w, xpre, m, epi, experts, k_chunks, pair_stride, y_offset) \
-                and self._tma_plan(w, xpre, y, ldy, m, epi, splits, int(tma), amax_out, tma_pro):
-            return
-        if mma and epi != "conv" and xpre is not None and experts is None \
-                and w.fmt in ("q4_g64_fp16", "q5_g64_fp16") and m <= 8 \
-                and pair_stride is None and k_chunks is None:
-            self._mma_plan(w, xpre, y, ldy, m, epi, splits, tuple(mma), y_offset)
-            return
+        self.pre2, self.tracks_amax, self.xs = False, False, False
+        ps = w.n // 2
         if epi == "conv" and w.fmt not in FMT_IDS:
             raise ValueError(f"the conv epilogue is compiled into the row-split GEMVs only, not {w.fmt}")
         if w.fmt == "bf16":
@@ -118,63 +93,45 @@ class GemvPlan:
             self.args = (np.uint64(w.ptr(w.base)), np.int32(w.n), np.int32(w.k), np.uint64(_p(x)),
                          np.int32(ldx), np.uint64(_p(y) + 4 * y_offset), np.int32(ldy), np.int32(self.epi),
                          np.int32(kw))
-            self.smem = 0
+            self.smem, self.splits = 0, 1
             self._go = Launch(self.fn, self.grid, WARPS * 32, self.args, name=f"gemv_bf16<{m}>")
             return
         f = FMT_IDS[w.fmt]
-        if rows is None:
+        if rows is None or epi == "swiglu":
             rows = 2
-        if epi == "swiglu":
-            rows = 2
-        if epi == "conv":  # (compiled for one token, GEMV_CONV_ROWS, and no async ring or L1 loads)
+        if epi == "conv":  # (compiled for one token, GEMV_CONV_ROWS)
             if m != 1:
                 raise ValueError("the conv epilogue takes one token row")
             rows = rows if rows in GEMV_CONV_ROWS else 2
-            stages, ldg = 0, False
         u4_per_row = w.gpr * 2
-        # w8 reads the pre-staged pairs when they are int16 (kernels.XI16: gemv_rs_pre's dot_w8_i16, a chunk of
-        # 16 codes is half a staged block), else stages x itself
-        w8pre = w.fmt == "q8_g32_fp16" and xpre is not None and kernels.W8_PRE
-        pre = xpre is not None and (w.fmt != "q8_g32_fp16" or w8pre)
-        span = u4_per_row if k_chunks is None else int(k_chunks)
-        u4ps = -(-span // splits)
+        # w8 reads the pre-staged int16 pairs (gemv_rs_pre's dot_w8_i16, a chunk of 16 codes is half a staged block)
+        w8pre = w.fmt == "q8_g32_fp16" and xpre is not None
+        pre = xpre is not None
+        u4ps = -(-u4_per_row // splits)
         if pre:  # slices start on a block (32 chunks; w8: 64) of the slot-major pre-staged pairs
-            u4ps, splits = prestaged_slices(span, splits, 64 if w8pre else 32)
-        if k_chunks is not None and (not pre or u4ps * splits != span):
-            raise ValueError(f"a column view needs pre-staged x and whole 32-chunk slices ({span} chunks)")
+            u4ps, splits = prestaged_slices(u4_per_row, splits, 64 if w8pre else 32)
         vpu = 16 if w.fmt == "q8_g32_fp16" else 32
         staged = u4ps if vpu == 16 else -(-u4ps // 32) * 32  # q4-q6 stage whole 32-chunk blocks
         self.smem = 0 if pre else m * staged * vpu * 2 + 32 * 4
         ngroups = w.n - ps if epi == "swiglu" else -(-w.n // rows)
         per_sm = 8 if pre else max(1, min(8, (200 * 1024) // max(self.smem, 1)))
-        self.stages = stages if (pre and stages and vpu == 32 and m in GEMV_ASYNC_M) else 0
-        if self.stages:
-            self.smem = WARPS * self.stages * rows * 32 * (16 + 4 + {0: 0, 1: 4, 2: 8}[f])
-            per_sm = max(1, min(4, (227 * 1024) // (self.smem + 1024)))
         bx = max(1, min(-(-ngroups // WARPS), sm_count() * per_sm // splits))
         # experts = (eidx, rows per expert, x stride in bytes, y stride in floats, y weights or None, slots)
         ex = experts or (None, 0, 0, 0, None, 1)
         if experts is not None:
             bx = max(1, min(-(-ngroups // WARPS), sm_count() * per_sm // max(ex[5], 1)))
         self.grid = (bx, splits, ex[5])
-        # pre2: gemv_rs_pre (x through __ldg, pointers advanced by constants; the tuning table picks it)
-        self.pre2 = bool(pre2 and pre and vpu == 32 and not self.stages) or w8pre
+        self.pre2 = bool(pre2 and pre and vpu == 32) or w8pre
         if w8pre and (rows, unroll) not in GEMV_PRE_MAIN:  # (the w8 forms compiled: GEMV_PRE_MAIN)
             rows, unroll = (rows if (rows, 2) in GEMV_PRE_MAIN else 2), 2
         conv_t = ",true" if epi == "conv" else ""
         if conv_t and self.pre2 and (rows, unroll) not in GEMV_PRE_MAIN:
             self.pre2 = False
-        kname = (f"gemv_rs_async<{f},{rows},{m},{self.stages}>" if self.stages
-                 else f"gemv_rs_pre<{f},{rows},{m},{unroll}{conv_t}>" if self.pre2
-                 else f"gemv_rs<{f},{rows},{m},{unroll}{conv_t}>")
-        # xs (fp32, a scale a 32-value chunk of the pre-staged x): gemv_rs_pre<..., false, true> where compiled
-        # (one token, q4-q6, no conv); self.xs says whether the plan takes it (the caller stages accordingly)
+        kname = f"{'gemv_rs_pre' if self.pre2 else 'gemv_rs'}<{f},{rows},{m},{unroll}{conv_t}>"
         self.xs = bool(xs is not None and self.pre2 and not conv_t and f"{kname[:-1]},false,true>" in
                        kernels.GEMV_PRE_XS_NAMES)
         if self.xs:
             kname = f"{kname[:-1]},false,true>"
-        if ldg and kname in LDG_NAMES:  # weight loads through L1 (the tuning entry's ldg)
-            kname = LDG_PREFIX + kname
         self.f, self.rows, self.unroll, self.kname = f, rows, unroll, kname  # (pair_launch reads them)
         self.fn = kernel(kname)
         _allow_smem(self.fn, kname, self.smem)
@@ -185,129 +142,19 @@ class GemvPlan:
                      np.uint64(_p(xpre[1]) if pre else 0),
                      np.uint64(_p(ex[0]) if ex[0] is not None else 0), np.int32(ex[1]), np.int64(ex[2]),
                      np.int32(ex[3]), np.uint64(_p(ex[4]) if ex[4] is not None else 0),
-                     np.int32(kernels.GEMV_PF if pf is None else pf))
+                     np.int32(0))  # (the kernels' L2 prefetch distance: off)
         if epi == "conv" and (conv is None or splits != 1 or experts is not None):
             raise ValueError("the conv epilogue takes its (weights, history, C, base, rows) and one K slice")
         cv = conv if epi == "conv" else (None, None, 0, 0, 0)
         self.args += (np.uint64(_p(cv[0]) if cv[0] is not None else 0), np.uint64(_p(cv[1]) if cv[1] is not None else 0),
                       np.int32(cv[2]), np.int32(cv[3]), np.int32(cv[4]))
-        # stage_out = (xh, xinv, kpad, slot): gemv_rs_pre's SwiGLU also stages its output row (one token,
-        # no split, no routing), so the next GEMV needs no stage_x launch; slot: 2 zeroed uint32 words
-        # amax_out = slot (2 zeroed uint32 words), without stage_out, same conditions: the SwiGLU's largest |output|
-        # folded into slot[0] for stage_x_amax (`tracks_amax`)
         fusable = self.pre2 and epi == "swiglu" and m == 1 and splits == 1 and experts is None
-        self.stages_out = bool(stage_out is not None and fusable)
-        self.tracks_amax = bool(amax_out is not None and not self.stages_out and fusable)
-        if self.pre2:
-            so = stage_out if self.stages_out else (0, 0, 0, amax_out if self.tracks_amax else 0)
-            self.args += (np.uint64(_p(so[0]) if self.stages_out else 0), np.uint64(_p(so[1]) if self.stages_out else 0),
-                          np.int32(so[2]), np.uint64(_p(so[3]) if self.stages_out or self.tracks_amax else 0),
-                          np.uint64(_p(xs) if self.xs else 0))
+        self.tracks_amax = bool(amax_out is not None and fusable)
+        if self.pre2:  # (gemv_rs_pre's staging tail: its own output's pairs (unused), the amax slot, chunk scales)
+            self.args += (np.uint64(0), np.uint64(0), np.int32(0),
+                          np.uint64(_p(amax_out) if self.tracks_amax else 0), np.uint64(_p(xs) if self.xs else 0))
         self.splits = splits
         self._go = Launch(self.fn, self.grid, WARPS * 32, self.args, self.smem, name=kname)
-
-    @staticmethod
-    def _tma_ok(w, xpre, m, epi, experts, k_chunks, pair_stride, y_offset) -> bool:
-        """gemv_tma's rules: sm_90, q4-q6 on pre-staged int16 pairs, one token, no routing or column view, a
-        store / partial / SwiGLU epilogue, every plane's rows on 16-byte boundaries (gpr % 8 == 0)."""
-        return (w.fmt in FMT_IDS and w.fmt != "q8_g32_fp16" and xpre is not None and m == 1 and experts is None
-                and k_chunks is None and pair_stride is None and y_offset == 0 and kernels.XI16
-                and epi in ("store", "partial", "swiglu") and w.gpr % 8 == 0
-                and all(w.ptr(o) % 16 == 0 for o in (w.base, w.high, w.scales)) and kernels.tma_capable())
-
-    @staticmethod
-    def tma_geometry(w, epi: str, splits: int, nw: int, xbytes: int):
-        """(pieces P a row is split into, bytes a stage, stages) of gemv_tma, or None where two stages do not fit:
-        a stage holds nw / P groups' rows (SwiGLU: as many gate and up rows), each group's pieces on P warps
-        (`splits` asks for P; partial: P planes); more pieces where the rows are too long for two stages."""
-        swiglu = epi == "swiglu"
-        P = max(1, min(int(splits), nw, 8 if swiglu else nw))  # (SwiGLU: named barriers 2 + group, at most 16)
-        while nw % P:
-            P -= 1
-        while True:
-            rsl = (2 if swiglu else 1) * (nw // P)
-            stage_bytes = rsl * w.gpr * (32 + 2 + w._hb())
-            S = kernels.gemv_tma_stages(xbytes, stage_bytes)
-            if S >= 2:
-                return P, stage_bytes, S
-            if epi == "store" or P >= nw or (swiglu and P >= 8):
-                return None
-            P *= 2
-
-    def _tma_plan(self, w, xpre, y, ldy, m, epi, splits, nw, amax_out, pro=None):
-        """gemv_tma<fmt, nw> (cuda/gemv_tma.cu): one block an SM, a producer warp streaming whole rows into a
-        ring of shared-memory stages with bulk copies, nw consumer warps; split K (partial) into P planes.
-        pro (the x prologue; None: copy the pre-staged pairs xpre): ("norm", x_in, x_out, planes, nplanes,
-        plane stride, norm weight, H, eps) stages rmsnorm(x_in + planes) (1 + w) in every block (block 0 writes
-        x_out); ("amax", fp32 row, values, slot) stages the row with the scale of slot[0] (stage_x_amax's pairs).
-        xpre's pairs then only give kpad."""
-        if nw not in kernels.GEMV_TMA_NW:
-            raise ValueError(f"gemv_tma with {nw} consumer warps is not compiled (GEMV_TMA_NW)")
-        f = FMT_IDS[w.fmt]
-        swiglu = epi == "swiglu"
-        xh, xinv = xpre
-        kpad = int(xh.shape[-1]) * 2
-        kind = pro[0] if pro else "pairs"
-        xbytes = kpad * (10 if kind == "norm" else 2)  # (norm: x and 1 + w as fp32 after the pairs)
-        if kind == "norm" and pro[7] > (nw * 32) * 16:  # (TMA_VPT values a consumer thread)
-            raise ValueError(f"gemv_tma's norm prologue holds at most {nw * 512} values, not {pro[7]}")
-        geo = self.tma_geometry(w, epi, splits, nw, xbytes)
-        if geo is None:  # (two stages do not fit: the register kernel)
-            if pro:
-                raise ValueError(f"gemv_tma: two stages of {w.fmt} {w.n}x{w.k} do not fit in shared memory")
-            return False
-        P, stage_bytes, S = geo
-        ng = w.n - w.n // 2 if swiglu else w.n
-        name = f"gemv_tma<{f},{nw}>"
-        self.fn = kernel(name)
-        self.smem = kernels.gemv_tma_smem(S, xbytes, stage_bytes)
-        _allow_smem(self.fn, name, self.smem)
-        self.grid, self.splits, self.tma = (max(1, min(sm_count(), ng)),), 1 if swiglu else P, (nw, S, P)
-        self.tracks_amax = bool(swiglu and amax_out is not None)
-        # the prologue's arguments (pro, x_in, x_out, planes, nplanes, plane stride, norm weight, H, eps, slot);
-        # the amax prologue reads its fp32 row where the pairs would be
-        zero = (np.uint64(0), np.uint64(0), np.uint64(0), np.int32(0), np.int32(0), np.uint64(0))
-        xsrc = xh
-        if kind == "norm":
-            _, x_in, x_out, planes, nplanes, pstride, nw_, H, eps = pro
-            pro_args = (np.int32(1), np.uint64(_p(x_in)), np.uint64(_p(x_out)), np.uint64(_p(planes)), np.int32(nplanes),
-                        np.int32(pstride), np.uint64(_p(nw_)), np.int32(H), np.float32(eps), np.uint64(0))
-        elif kind == "amax":
-            _, xsrc, H, slot = pro
-            pro_args = (np.int32(2),) + zero + (np.int32(H), np.float32(0), np.uint64(_p(slot)))
-        else:
-            pro_args = (np.int32(0),) + zero + (np.int32(0), np.float32(0), np.uint64(0))
-        self.args = (np.uint64(w.ptr(w.base)), np.uint64(w.ptr(w.high)), np.uint64(w.ptr(w.scales)),
-                     np.int32(w.n), np.int32(w.gpr), np.int32(w.n // 2 if swiglu else 0), np.uint64(_p(xsrc)),
-                     np.uint64(_p(xinv)), np.int32(kpad), np.int32(P), np.uint64(_p(y)), np.int32(m * ldy),
-                     np.int32(self.epi), np.uint64(_p(amax_out) if self.tracks_amax else 0), np.int32(S)) + pro_args
-        self.tma_pro = kind
-        self._go = Launch(self.fn, self.grid, (nw + 1) * 32, self.args, self.smem, name=name)
-        return True
-
-    def _mma_plan(self, w, xpre, y, ldy, m, epi, splits, mma, y_offset):
-        tiles, kw, u = mma
-        if kernels.XI16:
-            raise ValueError("gemv_mma reads fp16 x pairs; this process stages int16 ones (NINFER_XI16=1)")
-        if epi == "swiglu":
-            tiles = 2
-            if (w.n // 2) % 16:
-                raise ValueError("gemv_mma SwiGLU needs N / 2 a multiple of 16")
-        if (tiles, kw, u) not in GEMV_MMA:
-            raise ValueError(f"gemv_mma variant {(tiles, kw, u)} is not compiled (GEMV_MMA)")
-        f = FMT_IDS[w.fmt]
-        gps = -(-w.gpr // splits)
-        splits = -(-w.gpr // gps)
-        units = (w.n // 2) // 16 if epi == "swiglu" else -(-w.n // (16 * tiles))
-        upb = WARPS // kw
-        name = f"gemv_mma<{f},{tiles},{kw},{u}>"
-        bx = max(1, min(-(-units // upb), sm_count() * blocks_per_sm(name) // splits))
-        self.grid, self.splits, self.smem, self.fn = (bx, splits, 1), splits, 0, kernel(name)
-        self.args = (np.uint64(w.ptr(w.base)), np.uint64(w.ptr(w.high)), np.uint64(w.ptr(w.scales)),
-                     np.int32(w.n), np.int32(w.gpr), np.int32(w.n // 2 if epi == "swiglu" else 0),
-                     np.uint64(_p(xpre[0])), np.int32(m), np.int32(gps),
-                     np.uint64(_p(y) + 4 * y_offset), np.int32(ldy), np.int32(self.epi), np.uint64(_p(xpre[1])))
-        self._go = Launch(self.fn, self.grid, WARPS * 32, self.args, 0, name=name)
 
     def launch(self):
         self._go()
@@ -401,7 +248,7 @@ def pair_launch(a: GemvPlan, b: GemvPlan):
     a's rows, the rest b's, split by their weight bytes (each row as its own launch computes it). The Launch, or None
     where the two do not qualify or no pair form of their (format, rows) is compiled (kernels.GEMV_PAIR_NAMES)."""
     conv = a.epi == EPI["conv"]
-    simple = all(p.pre2 and p.m == 1 and p.splits == 1 and p.unroll == 2 and not p.xs and not p.stages_out
+    simple = all(p.pre2 and p.m == 1 and p.splits == 1 and p.unroll == 2 and not p.xs
                  and not p.tracks_amax and p.kname.startswith("gemv_rs_pre<") for p in (a, b))
     if not simple or (b.epi == EPI["conv"]) != conv:
         return None

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.memory_plan import PREFILL_DQ_AHEAD, PREFILL_DQ_BUFS
-from engine.ops import kernels as K
+from engine.gpu.memory import PREFILL_DQ_BUFS
+from engine.gpu import launch as K
 
 
 class PrefillWeights16:
@@ -19,18 +19,15 @@ class PrefillWeights16:
     # j - DQ_BUFS is done with it. Each GEMM issues the next one's (it runs beside that GEMM); with 3 buffers
     # a GDN layer's o-projection, gate|up and down weights wait for its window just before its in-order pass
     # (_dq_window_op: an event there, as the host runs far ahead of the GPU), which leaves 36 of the 27B's
-    # 132 SMs idle (session 9, 27B pp8192: beside prep_cols, that kernel took 33 ms against 17.5); with 5,
-    # the next layer's first two too. In-process A/B (session 9, s16): 0.792 s with 3 buffers, 0.808 with 2,
+    # 132 SMs idle (27B pp8192: beside prep_cols, that kernel took 33 ms against 17.5); with 5,
+    # the next layer's first two too. In one process: 0.792 s with 3 buffers, 0.808 with 2,
     # 0.793 with 5. Never across an attention layer's flash kernel, which it slowed more than it saved
     # (27B pp8192: 68.8 -> 76.0 ms): that layer's o-projection weights are dequantized in place, after it.
-    # NINFER_PREFILL_DQ_AHEAD=0: all in place on the one stream; NINFER_PREFILL_DQ_BUFS (2: one ahead, no
-    # window).
-    DQ_AHEAD = PREFILL_DQ_AHEAD
     DQ_BUFS = PREFILL_DQ_BUFS
 
     def _dq_bufs(self) -> int:
-        """fp16 weight buffers: DQ_BUFS (at least 2) for a dense model with DQ_AHEAD, else 1."""
-        return max(2, self.DQ_BUFS) if self.DQ_AHEAD and not self.args.is_moe else 1
+        """fp16 weight buffers: DQ_BUFS for a dense model, 1 for MoE (its experts are dequantized together)."""
+        return self.DQ_BUFS if not self.args.is_moe else 1
 
     def _weights16(self, w):
         """w as fp16 [n, k] for the next GEMM (which the caller issues, then calls _gemm_issued)."""
@@ -105,7 +102,7 @@ class PrefillWeights16:
         cp = self.cp
         self._w16 = self._wbufs[0]
         nbuf = len(self._wbufs)
-        self._wseq, self._wlog, self._wpos = None, [], 0  # DQ_AHEAD: the chunk's GEMM weights in order
+        self._wseq, self._wlog, self._wpos = None, [], 0  # the chunk's GEMM weights in order
         self._dq_stream = cp.cuda.Stream(non_blocking=True) if nbuf > 1 else None
         self._issued = 0  # this run's weights [0, _issued) of _wseq are dequantized (ahead or in place)
         self._no_ahead = {id(L["o"]) for L in self.layers if L["kind"] == "full_attention"}
@@ -125,7 +122,7 @@ class PrefillWeights16:
 
     def _dq_window_op(self):
         """Before a GDN layer's in-order pass: the next weights dequantized on the side stream as far ahead
-        as the buffers allow (see DQ_AHEAD)."""
+        as the buffers allow (see the class comment)."""
         def window():  # (GEMM _wpos - 1 issued: up to weight _wpos - 1 + nbuf; the o-projection's included)
             if self._wseq is not None and self._wpos > 0 and self._issued < len(self._wseq):
                 # the side stream starts them here in GPU time too (the host is far ahead of the GPU: a

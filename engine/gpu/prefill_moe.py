@@ -6,11 +6,9 @@ pair per expert), the weighted sum back into token rows, the shared expert as pl
 buffers and its GEMM helpers (`_matmul`, `_gemm16`, `_gemm16_batched`, `_dequant`, `_swiglu_rows`)."""
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-from engine.ops import kernels as K
+from engine.gpu import launch as K
 
 
 class PrefillMoeOps:
@@ -42,8 +40,8 @@ class PrefillMoeOps:
 
     # Routed experts through one strided-batched GEMM per projection when padding every expert to the
     # busiest one's row count costs at most this many rows per (token, slot) pair (else a GEMM pair per
-    # expert). NINFER_MOE_PAD_WASTE=0 always loops.
-    MOE_PAD_WASTE = float(os.environ.get("NINFER_MOE_PAD_WASTE", "1.5"))
+    # expert).
+    MOE_PAD_WASTE = 1.5
     moe_marks = None  # bench/prefill_profile.py: a list that collects (phase, CUDA event) inside the MoE op
 
     def _moe_mark(self, name):
@@ -98,7 +96,7 @@ class PrefillMoeOps:
         if bufs.get("rows", -1) < nr:
             bufs["rows"] = r = max(nr, 3 * n // 2)  # (the memory plan counts 1.5 rows a pair)
             bufs["x"] = cp.empty((r, H), dtype=cp.float16)  # the pairs' input rows, sorted
-            bufs["gu"] = cp.empty((r, 2 * ie), dtype=cp.float16 if self.GU16 else cp.float32)  # gate|up products
+            bufs["gu"] = cp.empty((r, 2 * ie), dtype=cp.float16)  # gate|up products
             bufs["act"] = cp.empty((r, ie), dtype=cp.float16)  # SwiGLU
             bufs["y"] = cp.empty((r, H), dtype=cp.float32)  # expert outputs, sorted
         xs16, gus, acts16, ys = bufs["x"], bufs["gu"], bufs["act"], bufs["y"]

@@ -1,0 +1,76 @@
+"""The columns step: T consecutive tokens of lane 0's sequence through the model in one CUDA graph.
+
+Every projection reads its weights once for the T tokens (the GEMVs take T rows of x); the GDN layers
+run the T tokens through the recurrence with the state row in registers; attention gives token t the
+positions up to its own (the K/V of all T tokens are written first, so the mask is causal by position).
+This serves prefill in chunks of T, and is the shape speculative verification of K+1 drafted tokens
+needs. It shares weights, KV pool, GDN state, position and stream with the decode executor.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from engine.gpu import launch as K
+from engine.gpu.gemv import GemvPlan
+from engine.gpu.decode import GDN_HEAD_DIM, CudaQwen35
+
+
+class CudaQwen35Columns(CudaQwen35):
+    """T-token step over the sequence of `decode` (a one-lane CudaQwen35)."""
+
+    def __init__(self, decode: CudaQwen35, cols: int):
+        if decode.M != 1:
+            raise ValueError("the columns step extends a one-lane decode executor")
+        if decode.args.is_moe and not self.MOE_ROWS:
+            raise NotImplementedError("the columns step does not run MoE models yet")
+        self.decode = decode
+        self.stream = decode.stream
+        super().__init__(decode.args, {}, max_context=decode.max_context, lanes=cols, gemv_cfg=None,
+                         kv=decode.kv, plan=decode.plan)
+
+    def _build_weights(self, w):
+        d = self.decode
+        self.embed, self.head, self.final_norm, self.layers = d.embed, d.head, d.final_norm, d.layers
+
+    def _alloc_state(self):
+        d = self.decode
+        self.pos, self.step, self.history, self.page_table = d.pos, d.step, d.history, d.page_table
+        self.posc = self.cp.zeros(self.M, dtype=self.cp.int32)
+        self.qpos, self.pt_stride = self.posc, 0  # every column reads lane 0's page table
+
+    def _pre_ops(self):
+        return [K.prepared("cols_positions", (1,), (self.pos, self.posc, self.M), block=32)]
+
+    PREP_SPLIT = 1  # token slices of gdn_prep_cols (grid.y); more than one leaves the conv state to gdn_conv_tail
+    DELTA_ROWS = 1  # GDN state rows a warp in the recurrence (gdn_delta_rows for > 1)
+
+    def _gdn_core_ops(self, L, lda, ldb):
+        Hk, Hv, T = self.Hk, self.Hv, self.M
+        split = max(1, min(self.PREP_SPLIT, T // 8))
+        prep = [K.prepared("gdn_prep_cols", (-(-(2 * Hk + Hv) // K.WARPS), split),
+                           (self.buf_a, lda, self.buf_b, ldb, self.ab, self.ab.shape[1], L["conv_state"], L["conv"],
+                            L["a_log"], L["dt_bias"], self.gdn_q, self.gdn_k, self.gdn_v, self.gdn_g, self.gdn_beta,
+                            Hk, Hv, float(1.0 / math.sqrt(GDN_HEAD_DIM)), T))]
+        if split > 1:
+            prep.append(K.prepared("gdn_conv_tail", (-(-(2 * Hk + Hv) * GDN_HEAD_DIM // 256),),
+                                   (self.buf_a, lda, self.buf_b, ldb, L["conv_state"], Hk, Hv, T), block=256))
+        rows = self.DELTA_ROWS  # state rows a warp (1: gdn_delta_cols)
+        name = "gdn_delta_cols" if rows == 1 else f"gdn_delta_rows<{rows}>"
+        return prep + [
+                K.prepared(name, (-(-Hv * GDN_HEAD_DIM // (K.WARPS * rows)),),
+                           (self.gdn_q, self.gdn_k, self.gdn_v, self.gdn_g, self.gdn_beta, L["state"], self.att2,
+                            Hk, Hv, 0, T))]
+
+    def _tail_ops(self):
+        """Logits of the last column only; then the position advances by T."""
+        T = self.M
+        head = GemvPlan(self.head, self.xn[T - 1:], self.H, self.logits[:1], self.V, m=1, unroll=2,
+                        xpre=(self.xh_n[T - 1:], self.xinv_n[T - 1:]))
+        return [head.launch, K.prepared("advance_pos", (1,), (self.pos, T), block=32)]
+
+    def run_chunk(self, token_ids) -> None:
+        """Queue one T-token step on the shared stream (no sync)."""
+        self.tokens.set(np.asarray(token_ids, dtype=np.int32), stream=self.stream)
+        self.graph.launch(self.stream)

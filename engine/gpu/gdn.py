@@ -1,0 +1,161 @@
+"""The Gated DeltaNet layers of the CUDA decode step (`CudaQwen35` takes it as a base): the projections
+(q|k, v|z and a|b on two streams; the causal conv + SiLU in their epilogue where that is fused; q|k|v|z as one
+GEMV where they share a format), the delta rule, and the gated norm with the o-projection's staging, in the
+plan's forms. The methods use the executor's buffers (`_alloc`: buf_a, buf_b, ab, the gdn_*
+buffers, att, att2) and helpers (`_gemv`, `_concurrent`, `_prep_fused`)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from engine.gpu import launch as K
+
+GDN_HEAD_DIM = 128
+
+
+def delta_rule(*, qk, ld_qk: int, v, ld_v: int, ab, ld_ab: int, a_log, dt_bias, q_scale: float, state, o,
+               k_heads: int, v_heads: int, rows: int) -> K.Launch:
+    """gdn_delta_raw_rw<4>: the delta rule from the projections' conv outputs (qk [rows, ld_qk]: q heads, then k
+    heads; v [rows, ld_v]: v channels first; ab [rows, ld_ab]: a, then b), 4 state rows a warp: each warp normalizes its
+    q and k head, computes the head's gates, updates state [rows, v_heads, 128, 128] and writes o [rows, v_heads * 128].
+    """
+    args = (qk, ld_qk, v, ld_v, ab, ld_ab, a_log, dt_bias, float(q_scale), state, o, k_heads, v_heads, 0)
+    return K.prepared("gdn_delta_raw_rw<4>", (-(-v_heads * GDN_HEAD_DIM // (K.WARPS * 4)), rows), args)
+
+
+def gated_norm_chunks(*, o, z, ld_z: int, weight, out, ld_out: int, v_heads: int, eps: float, k: int, kpad: int, xh,
+                      xinv, xsc, rows: int) -> K.Launch:
+    """gated_rmsnorm_chunks: out = rmsnorm(o) w silu(z) a head (a warp a head), its first k values staged as the
+    o-projection's int16 pairs a 32-value chunk at a time with its own power-of-two scale (xh [rows, kpad / 2], xsc
+    [rows, kpad / 32] their inverses, xinv 1)."""
+    return K.prepared("gated_rmsnorm_chunks", (-(-v_heads // 8), rows),
+                      (o, z, ld_z, weight, out, ld_out, v_heads, float(eps), k, kpad, xh, xinv, xsc), block=256)
+
+
+def delta_gated_cl(*, qk, ld_qk: int, v, ld_v: int, ab, ld_ab: int, a_log, dt_bias, q_scale: float, state, o,
+                   k_heads: int, v_heads: int, z, ld_z: int, weight, out, ld_out: int, eps: float, k: int, kpad: int,
+                   xh, xinv, xsc, rows: int, state_early: bool = True, ab_weights=None, x=None, ld_x: int = 0,
+                   hidden: int = 0) -> K.Launch:
+    """gdn_delta_gated_cl (sm_90): delta_rule and gated_norm_chunks in one launch, a cluster of 4 blocks a value head
+    (the same bits). state_early: each warp's state rows loaded before the PDL wait. ab_weights (the bf16 [a; b]
+    weights' device pointer, with x [rows, ld_x] the fp32 normed row of `hidden` values): the head's a and b
+    projections computed in the launch instead of read from ab."""
+    delta = (qk, ld_qk, v, ld_v, ab, ld_ab, a_log, dt_bias, float(q_scale), state, o, k_heads, v_heads, 0)
+    ab_in = ((np.uint64(ab_weights), x, ld_x, hidden) if ab_weights is not None
+             else (np.uint64(0), np.uint64(0), 0, 0))
+    return K.prepared("gdn_delta_gated_cl", (v_heads * 4, rows),
+                      delta + (z, ld_z, weight, out, ld_out, float(eps), k, kpad, xh, xinv, xsc, int(state_early))
+                      + ab_in, block=256)
+
+
+class GdnOps:
+    # A GDN layer of the decode step: q|k, v|z (and a|b) projected from the normed row, one GEMV where q|k and v|z
+    # share a row-split format (the 35B-A3B's w8: one [q|k|v|z] row), else two (a gemv_rs_pre_pair grid where the plan
+    # pairs them); the causal conv and SiLU in the projections' epilogue (EPI_CONV); then the plan's delta rule: on
+    # sm_90 gdn_delta_gated_cl (cuda/gdn_cluster.cu: the delta rule and the gated norm's chunk staging in one launch,
+    # a cluster of 4 blocks a value head, each warp's state rows loaded before the PDL wait, the a|b projection
+    # computed inside from its bf16 weights where the plan says gdn_ab_in), elsewhere gdn_delta_raw_rw<4> (4 state
+    # rows a warp) and gated_rmsnorm_chunks (the o-projection's input a 32-value chunk at a time, a scale each).
+
+    def _cl_core(self, chunk: bool) -> bool:
+        """Whether _raw_core takes gdn_delta_gated_cl (a cluster of 4 blocks a value head)."""
+        return bool(chunk and self.plan.gdn == "gdn_delta_gated_cl")
+
+    def _ab_in(self, L, chunk: bool) -> bool:
+        """gdn_delta_gated_cl computes layer L's a|b projection (bf16, H <= 8,192; the plan's gdn_ab_in)."""
+        ab = L["ab"]
+        return bool(self.plan.gdn_ab_in and self._cl_core(chunk) and ab.fmt == "bf16" and ab.k == self.H
+                    and self.H % 8 == 0 and self.H <= 8192)
+
+    def _gated_chunk_scales(self):
+        """The o-projection's chunk scales (fp32, a value a 32-value chunk of the staged row) or None (off)."""
+        if self.M != 1:
+            return None
+        if getattr(self, "xsc_att", None) is None:
+            self.xsc_att = self.cp.zeros(self.xh_att.shape[-1] * 2 // 32, dtype=self.cp.float32)
+        return self.xsc_att
+
+    def _raw_core(self, L, buf_a, lda, buf_b, ldb, att_stage, chunk: bool = False):
+        """The delta rule over the projections' conv outputs, then the gated norm and staging (one cluster launch on
+        sm_90 where the o input is staged by chunks)."""
+        Hv = self.Hv
+        delta = dict(qk=buf_a, ld_qk=lda, v=buf_b, ld_v=ldb, ab=self.ab, ld_ab=self.ab.shape[1], a_log=L["a_log"],
+                     dt_bias=L["dt_bias"], q_scale=1.0 / math.sqrt(GDN_HEAD_DIM), state=L["state"], o=self.att2,
+                     k_heads=self.Hk, v_heads=Hv, rows=self.M)
+        if self._cl_core(chunk):  # (a cluster of 4 blocks a value head)
+            ab, ab_in = L["ab"], self._ab_in(L, chunk)
+            k, kpad, xh, xinv = att_stage
+            return [delta_gated_cl(**delta, z=buf_b[:, Hv * GDN_HEAD_DIM:], ld_z=ldb, weight=L["norm"], out=self.att,
+                                   ld_out=self.att.shape[1], eps=self.args.rms_norm_eps, k=k, kpad=kpad, xh=xh,
+                                   xinv=xinv, xsc=self.xsc_att, ab_weights=ab.ptr(ab.base) if ab_in else None,
+                                   x=self.xn if ab_in else None, ld_x=self.xn.shape[1] if ab_in else 0,
+                                   hidden=self.H if ab_in else 0)]
+        return [delta_rule(**delta), self._gated_norm(L, ldb, Hv * GDN_HEAD_DIM, att_stage, buf_b, chunk=chunk)]
+
+    def _gdn_ops(self, L, xn, att_stage, chunk: bool = False) -> tuple[list, list]:
+        """A GDN layer's (projection ops, core ops up to the o-projection's staged input) for one decode step;
+        xn: the staged normed row (pairs, inverse scales), att_stage: the o-projection's staging arguments; chunk:
+        staged a 32-value chunk at a time into xsc_att's scales."""
+        ops = []
+        Hk, Hv = self.Hk, self.Hv
+        lda, ldb = self.buf_a.shape[1], self.buf_b.shape[1]
+        fuse_prep = self._prep_fused() and L["qk"].fmt in K.FMT_IDS and L["vz"].fmt in K.FMT_IDS
+        buf_a, buf_b = self.buf_a, self.buf_b
+        if fuse_prep:  # the conv + SiLU in the q|k and v projections' epilogue, the rest in the delta rule
+            C, qkc = (2 * Hk + Hv) * GDN_HEAD_DIM, 2 * Hk * GDN_HEAD_DIM
+            if "qkvz" in L and L["qk"].n == qkc:
+                qkvz = L["qkvz"]
+                buf_a = self._merged_buf()
+                buf_b = buf_a[:, qkc:]
+                lda = ldb = buf_a.shape[1]
+                merged = self._gemv(qkvz, self.xn, buf_a, xpre=xn, epi="conv",
+                                    conv=(L["conv"], L["conv_state"], C, 0, C))
+                if self._ab_in(L, chunk):  # (the delta rule's launch computes a|b)
+                    ops.append(merged)
+                else:
+                    ops.extend(self._concurrent([merged], [self._gemv(L["ab"], self.xn, self.ab)]))
+            else:
+                qk = self._gemv(L["qk"], self.xn, self.buf_a, xpre=xn, epi="conv",
+                                conv=(L["conv"], L["conv_state"], C, 0, qkc))
+                vz = self._gemv(L["vz"], self.xn, self.buf_b, xpre=xn, epi="conv",
+                                conv=(L["conv"], L["conv_state"], C, qkc, Hv * GDN_HEAD_DIM))
+                pair = self._pair(vz, qk)  # (one grid for both)
+                ab_gemv = [] if self._ab_in(L, chunk) else [self._gemv(L["ab"], self.xn, self.ab)]
+                if pair is not None:
+                    ops.extend(self._concurrent([pair], ab_gemv) if ab_gemv else [pair])
+                else:
+                    ops.extend(self._concurrent([vz], [qk] + ab_gemv))
+        else:
+            qk = self._gemv(L["qk"], self.xn, self.buf_a, xpre=xn)
+            vz = self._gemv(L["vz"], self.xn, self.buf_b, xpre=xn)
+            ops.extend(self._concurrent([vz], [qk, self._gemv(L["ab"], self.xn, self.ab)]))
+        if fuse_prep:
+            return ops, self._raw_core(L, buf_a, lda, buf_b, ldb, att_stage, chunk)
+        core = self._gdn_core_ops(L, lda, ldb)
+        core.append(self._gated_norm(L, ldb, Hv * GDN_HEAD_DIM, att_stage, chunk=chunk))
+        return ops, core
+
+    def _gated_norm(self, L, ldb, zoff, att_stage, buf_b=None, chunk: bool = False):
+        """GDN output: gated norm and the o-projection's staging in one launch (one block a token row); z at
+        column zoff of buf_b (self.buf_b unless given)."""
+        buf_b = self.buf_b if buf_b is None else buf_b
+        if chunk:  # (a warp a head, each chunk with its own scale)
+            k, kpad, xh, xinv = att_stage
+            return gated_norm_chunks(o=self.att2, z=buf_b[:, zoff:], ld_z=ldb, weight=L["norm"], out=self.att,
+                                     ld_out=self.att.shape[1], v_heads=self.Hv, eps=self.args.rms_norm_eps, k=k,
+                                     kpad=kpad, xh=xh, xinv=xinv, xsc=self.xsc_att, rows=self.M)
+        return K.prepared("gated_rmsnorm_stage", (self.M,),
+                          (self.att2, buf_b[:, zoff:], ldb, L["norm"], self.att, self.att.shape[1], self.Hv,
+                           float(self.args.rms_norm_eps)) + att_stage, block=1024)
+
+    def _gdn_core_ops(self, L, lda, ldb):
+        """Conv + SiLU + norms + gates, then the delta rule: one token per lane row."""
+        Hk, Hv, M = self.Hk, self.Hv, self.M
+        return [K.prepared("gdn_prep", (-(-(2 * Hk + Hv) // K.WARPS), M),
+                           (self.buf_a, lda, self.buf_b, ldb, self.ab, self.ab.shape[1], L["conv_state"], L["conv"],
+                            L["a_log"], L["dt_bias"], self.gdn_q, self.gdn_k, self.gdn_v, self.gdn_g, self.gdn_beta,
+                            Hk, Hv, float(1.0 / math.sqrt(GDN_HEAD_DIM)))),
+                K.prepared("gdn_delta", (-(-Hv * GDN_HEAD_DIM // K.WARPS), M),
+                           (self.gdn_q, self.gdn_k, self.gdn_v, self.gdn_g, self.gdn_beta, L["state"], self.att2,
+                            Hk, Hv, 0))]

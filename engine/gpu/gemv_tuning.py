@@ -1,0 +1,28 @@
+"""Measured GEMV launch choices for the shapes of the published geometries (rows per warp, 16-byte
+loads in flight per lane, split-K slices), keyed by (format, N, K).
+
+From `python bench/gpu_decode.py --sweep` on the H200 (bench/results/gemv_sweep_h200_20261129c.json,
+the kernels of this commit). Shapes not listed take GemvPlan's defaults (2 rows, unroll 2) and the
+executor's split-K rule. `gemv_cfg=` on the executor overrides the table (the sweep passes its own).
+"""
+from __future__ import annotations
+
+# The int16-pair dp2a decode, from a sweep on the H200 (bench/results/sweep_xi16_h200_20261130k.json):
+# gemv_rs_pre wins on v|z (14.3 against 15.1 us), down (17.9 against 19.5), gate|v (rows 2: 10.2 against
+# 11.0) and GDN q|k (rows 2: 4.75 against 5.07); gate|up 25.9 us (85% of the copy bandwidth). The W8 head
+# reads the pre-staged pairs too (gemv_rs_pre's w8 form).
+H200 = {
+    ("q4_g64_fp16", 7168, 5120): dict(rows=2, unroll=2, splits=1, pre2=True),
+    ("q5_g64_fp16", 7168, 5120): dict(rows=2, unroll=2, splits=1, pre2=True),
+    ("q4_g64_fp16", 4096, 5120): dict(rows=2, unroll=2, splits=1, pre2=True),
+    ("q5_g64_fp16", 12288, 5120): dict(rows=1, unroll=2, splits=1, pre2=True),
+    ("q5_g64_fp16", 5120, 6144): dict(rows=1, unroll=2, splits=1, pre2=True),
+    ("q4_g64_fp16", 34816, 5120): dict(rows=2, unroll=2, splits=1, pre2=True),
+    ("q5_g64_fp16", 5120, 17408): dict(rows=1, unroll=2, splits=2, pre2=True),
+    ("q8_g32_fp16", 248320, 5120): dict(rows=2, unroll=2, splits=1, pre2=True),  # (w8 reads the pre-staged pairs)
+}
+
+
+def default_cfg() -> dict:
+    """The table the executor starts from (a copy: callers may add to it)."""
+    return {k: dict(v) for k, v in H200.items()}

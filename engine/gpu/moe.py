@@ -1,0 +1,146 @@
+"""The MoE block of the CUDA decode step (`CudaQwen35` takes it as a base): one persistent launch (the layer's
+o-projection, the post-attention norm, router and top-k, routed experts by slot, the shared expert, every
+down-projection), or the router GEMV and top-k, the routed gate|up by slot and moe_down (the shared expert beside
+them). The methods build graph ops from the executor's buffers (`_alloc`) and helpers (`_gemv`, `_concurrent`,
+`_gated_chunk_scales`)."""
+from __future__ import annotations
+
+import numpy as np
+
+from engine.gpu import launch as K
+from engine.gpu.gemv import GemvPlan
+
+
+class MoeOps:
+    # MoE decode outside the persistent launch (formats it is not compiled for): the router GEMV and the top-k, the
+    # routed experts' gate|up by slot, then every down-projection (the routed slots' and the shared expert's) in one
+    # moe_down launch (cuda/moe.cu: a half-warp a row, the fp32 SwiGLU rows read directly, no staging; 3 rows a
+    # half-warp for the 35B-A3B's formats, one wave), else the routed and shared down GEMVs on two branches.
+
+    def _moe_down_op(self, dn, sd):
+        """The moe_down launch for the routed stack `dn` and the shared down-projection `sd`, or None where its
+        rules do not hold (one token row, row-split formats, whole 32-value chunks, the same output width)."""
+        H, k = self.H, self.topk
+        if not (self.M == 1 and dn.fmt in K.FMT_IDS and sd.fmt in K.FMT_IDS
+                and dn.k % 32 == 0 and sd.k % 32 == 0 and sd.n == H and self.act.shape[1] % 4 == 0):
+            return None
+        name = K.moe_down_name(K.FMT_IDS[dn.fmt], K.FMT_IDS[sd.fmt])
+        if not name:
+            return None
+        r = int(name.split(",")[2])
+        rows_per_block = 2 * K.WARPS * r
+        return K.prepared(name, (-(-H // rows_per_block), 1, k + 1),
+                          (np.uint64(dn.ptr(dn.base)), np.uint64(dn.ptr(dn.high)), np.uint64(dn.ptr(dn.scales)),
+                           dn.gpr, self.eidx, self.act_e, self.inter_e,
+                           np.uint64(sd.ptr(sd.base)), np.uint64(sd.ptr(sd.high)), np.uint64(sd.ptr(sd.scales)),
+                           sd.gpr, self.act, sd.k, H, dn.k, self.part, self.M * H, self.ewts, k))
+
+    # The post-attention norm and the MoE block of one token as one persistent launch where the plan's moe_fused is on
+    # (cuda/moe_fused.cu: the layer's w8 o-projection first (split-K items over every warp, at least 2 planes, a slice at
+    # most 4 chunks a lane; its input staged a 32-value chunk at a time with a scale each), a grid barrier, the norm,
+    # router + shared gate|up, a grid barrier, top-k in every block + routed gate|up staged by chunks, a grid barrier,
+    # every down-projection into moe_down's k + 1 planes, down rows 2 a half-warp): no launch ramp before the routed
+    # weights.
+    MOE_FUSED_O_SPLITS = 2
+    moe_tstamp = None  # (bench/: 8 uint64 a block of phase timestamps, read by a probe)
+
+    def _moe_fused_form(self, L):
+        """(kernel name, grid, shared memory) of the layer's moe_fused launch, or None where the plan has it off or its
+        rules do not hold (one token, int16 pairs, the compiled formats, a bf16 router of E + 1 rows, widths on 32-value
+        chunks, every block's routed chunks in its shared memory). No side effects."""
+        rw, gu, dn, sg, sd = (L[k] for k in ("router", "experts_gu", "experts_down", "shared_gu", "shared_down"))
+        H, E, k, ie, si = self.H, self.args.num_experts, self.topk, self.inter_e, self.inter_sh
+        fmts = [K.FMT_IDS.get(m.fmt) for m in (gu, dn, sg, sd)]
+        vpt = min((v for v in K.MOE_FUSED_VPT if v * 1024 >= H), default=0)
+        name = f"moe_fused<{','.join(map(str, fmts))},{vpt},2>"
+        if not (self.plan.moe_fused and self.M == 1 and name in K.MOE_FUSED_NAMES and rw.fmt == "bf16"
+                and rw.n == E + 1 and rw.k == H and H % 256 == 0 and ie % 32 == 0 and si % 32 == 0 and k <= 16
+                and E <= 512 and gu.n == E * 2 * ie and dn.n == E * H and dn.k == ie and sg.n == 2 * si
+                and sd.n == H and sd.k == si):
+            return None
+        smem = self.kpad_h * 6  # (the normed row's pairs and fp32 values)
+        grid = K.sm_count() * K.resident_blocks(name, 1024, smem)
+        if -(-(k * ie // 32) // grid) > K.MOE_FUSED_CHUNKS or si // 32 > grid:
+            return None
+        return name, grid, smem
+
+    def _moe_o_slices(self, o):
+        """(16-value chunks a slice, slices) of the w8 o-projection inside moe_fused, or None where it cannot go in
+        (another format or width, more slices than partial planes). A slice: whole 64-chunk blocks, at most
+        MOE_FUSED_OT chunks a lane."""
+        if o.fmt != "q8_g32_fp16" or o.n != self.H:
+            return None
+        ou4 = o.gpr * 2
+        ou4ps = min(-(-(-(-ou4 // max(1, self.MOE_FUSED_O_SPLITS))) // 64) * 64, 32 * K.MOE_FUSED_OT)
+        splits = -(-ou4 // ou4ps)
+        return None if splits > self.max_splits else (ou4ps, splits)
+
+    def _moe_o_chunked(self, L) -> bool:
+        """Whether the layer's o-projection runs inside moe_fused from chunk-scaled pairs: its stager (the gated norm,
+        the attention combine) then stages a chunk at a time."""
+        return bool(self.args.is_moe and self._gated_chunk_scales() is not None and self._moe_fused_form(L) is not None
+                    and self._moe_o_slices(L["o"]) is not None)
+
+    def _moe_fused_ops(self, L, splits: int, oproj=None):
+        """(ops, partial planes) of the post-attention norm and the MoE block as one moe_fused launch, or None where
+        `_moe_fused_form` says it does not apply. oproj: (o, xh_o, xinv_o, xsc_o), the layer's w8 o-projection [H, K]
+        first, from one-scale staged pairs (xsc_o None) or chunk-scaled ones."""
+        form = self._moe_fused_form(L)
+        if form is None:
+            return None
+        name, grid, smem = form
+        rw, gu, dn, sg, sd = (L[k] for k in ("router", "experts_gu", "experts_down", "shared_gu", "shared_down"))
+        H, E, k, ie, si = self.H, self.args.num_experts, self.topk, self.inter_e, self.inter_sh
+        o_args = (np.uint64(0), np.uint64(0), np.int32(0), np.int32(0), np.int32(0), np.uint64(0), np.uint64(0),
+                  np.uint64(0))
+        if oproj is not None:
+            o, xh_o, xinv_o, xsc_o = oproj
+            sl = self._moe_o_slices(o)
+            if sl is None:
+                return None
+            ou4ps, splits = sl
+            o_args = (np.uint64(o.ptr(o.base)), np.uint64(o.ptr(o.scales)), np.int32(o.gpr), np.int32(splits),
+                      np.int32(ou4ps), xh_o, xinv_o, np.uint64(0) if xsc_o is None else xsc_o)
+        cp = self.cp
+        if getattr(self, "moe_bar", None) is None:
+            self.moe_bar = cp.zeros(1, dtype=cp.uint64)
+            kp = -(-(k * ie + si) // K.XPAD) * K.XPAD  # (the down's staged input: the k slots', then the shared one)
+            self.moe_xh = cp.zeros(kp // 2, dtype=cp.uint32)
+            self.moe_xsc = cp.zeros(kp // 32, dtype=cp.float32)
+        x_in, x_out = self._res
+        self._res = (x_out, x_in)
+        P, I = (lambda m, a: np.uint64(m.ptr(a))), np.int32
+        args = (x_in, x_out, self.part, I(splits), I(self.M * H), L["post_norm"], I(H),
+                np.float32(self.args.rms_norm_eps), I(self.kpad_h), P(rw, rw.base), I(E), I(k), self.rlog, self.eidx,
+                self.ewts, P(gu, gu.base), P(gu, gu.high), P(gu, gu.scales), I(gu.gpr), I(ie), self.moe_xh,
+                self.moe_xsc, P(sg, sg.base), P(sg, sg.high), P(sg, sg.scales), I(sg.gpr), I(si), self.act,
+                P(dn, dn.base), P(dn, dn.high), P(dn, dn.scales), I(dn.gpr),
+                P(sd, sd.base), P(sd, sd.high), P(sd, sd.scales), I(sd.gpr), self.moe_bar,
+                np.uint64(0) if self.moe_tstamp is None else self.moe_tstamp, I(K.MOE_FUSED_OPTS)) + o_args
+        # (programmatic, without the cooperative attribute: launch mode 2; its grid is sized to be resident)
+        return [K.prepared(name, (grid,), args, block=1024, smem=smem, cooperative=True, coop_pdl=2)], k + 1
+
+    def _moe_ops(self, L, xn):
+        """Router -> top-k on the device -> routed experts (grid.z = slot) writing weighted partials
+        part[0..k), shared expert into part[k]; the next norm sums the k + 1 partials."""
+        E, k, H, ie = self.args.num_experts, self.topk, self.H, self.inter_e
+        rw = L["router"]
+        route = [self._gemv(rw, self.xn, self.rlog),
+                 K.prepared("moe_route", (self.M,), (self.rlog, E + 1, E, k, self.eidx, self.ewts, k + 1))]
+        gu, dn = L["experts_gu"], L["experts_down"]
+        gu1, dn1 = gu.row_slice(0, 2 * ie), dn.row_slice(0, H)  # expert 0's rows (the kernel offsets by eidx)
+        routed = [GemvPlan(gu1, self.xn, H, self.act_e, ie, epi="swiglu", unroll=2, xpre=xn,
+                           experts=(self.eidx, 2 * ie, 0, ie, None, k)).launch]
+        shared_gu = self._gemv(L["shared_gu"], self.xn, self.act, epi="swiglu", xpre=xn)
+        down = self._moe_down_op(dn, L["shared_down"])
+        if down is not None:  # routed gate|up, then every down-projection in one launch
+            return self._concurrent(route, [shared_gu]) + routed + [down]
+        # each block of the routed down-projection stages its slot's fp32 row itself
+        routed.append(GemvPlan(dn1, self.act_e, ie, self.part, H, epi="store", unroll=2, rows=1,
+                               experts=(self.eidx, H, ie * 4, self.M * H, self.ewts, k)).launch)
+        # the shared expert beside the routed ones: its gate|up beside the router and top-k, its
+        # down-projection (weighted by what moe_route computes) beside the routed experts
+        shared_down = GemvPlan(L["shared_down"], self.act, self.act.shape[1], self.part[k], H, epi="store",
+                               unroll=2, experts=(None, 0, 0, 0, self.ewts[0, k:], 1)).launch
+        return (self._concurrent(route, [shared_gu])
+                + self._concurrent(routed, [shared_down]))

@@ -1,0 +1,43 @@
+"""The residual norms of the CUDA decode step (`CudaQwen35` takes it as a base): x += the split-K partial planes the
+last projection left, then rmsnorm(x) (1 + w), pre-staged as the next GEMVs' pairs, in the plan's form: the cluster
+form on sm_90 (cuda/norm_cluster.cu: a cluster of 8 blocks a row, each block its slice of the row and of every plane,
+the sums of squares pushed into every block's shared memory before one cluster barrier), else residual_rmsnorm_mb2
+(rows of at most 2,048 values: 8 partial planes a round of loads), residual_rmsnorm_mb5_1r (rows of up to 5,120: 5
+values a thread, every plane in the first round of loads) or residual_rmsnorm_mb (cuda/norm.cu: each of the row's
+blocks reduces the whole row and stages its slice). The method uses the executor's buffers (`_alloc`: part, xn, xh_n,
+xinv_n; the residual pair _res, which it swaps)."""
+from __future__ import annotations
+
+from engine.gpu import launch as K
+
+
+NORM_CL = 8  # (cuda/norm_cluster.cu NORM_CL: blocks a cluster)
+
+
+def residual_norm(name: str, *, x_in, x_out, planes, nplanes: int, plane_stride: int, weight, out, hidden: int,
+                  eps: float, xh, xinv, kpad: int, rows: int, blocks: int = 16, offset: int = 1) -> K.Launch:
+    """One residual norm launch of form `name` (engine.gpu.plan.NORMS) over `rows` token rows:
+    x_out = x_in + the first `nplanes` split-K planes (planes [S, rows, hidden], `plane_stride` floats apart),
+    out = rmsnorm(x_out) (offset + weight), also staged as the GEMVs' int16 pairs (xh [rows, kpad / 2], xinv [rows]).
+    x_in and x_out differ (other blocks still read x_in). The cluster form runs NORM_CL blocks of 256 threads a row,
+    the multi-block forms `blocks` of 1,024."""
+    args = (x_in, x_out, planes, nplanes, plane_stride, weight, out, hidden, float(eps), offset, xh, xinv, kpad)
+    if name == "residual_rmsnorm_cl":
+        return K.prepared(name, (NORM_CL, rows), args, block=256)
+    return K.prepared(name, (blocks, rows), args, block=1024)
+
+
+class NormOps:
+    NORM_BLOCKS = 16  # blocks a token row of the multi-block norms and stagings (each reduces the whole row)
+    NORM_CL = NORM_CL
+
+    def _norm(self, splits, w):
+        """x += split-K partials; xn = rmsnorm(x) (1 + w), also pre-staged as int16 pairs for the GEMVs."""
+        if self.H > 8 * 1024:  # residual_rmsnorm_mb holds a row in registers: 8 values a thread
+            raise NotImplementedError(f"hidden size {self.H} > 8192 in the CUDA norm kernel")
+        x_in, x_out = self._res
+        self._res = (x_out, x_in)
+        return residual_norm(self.plan.norm, x_in=x_in, x_out=x_out, planes=self.part, nplanes=splits,
+                             plane_stride=self.M * self.H, weight=w, out=self.xn, hidden=self.H,
+                             eps=self.args.rms_norm_eps, xh=self.xh_n, xinv=self.xinv_n, kpad=self.kpad_h, rows=self.M,
+                             blocks=self.NORM_BLOCKS)

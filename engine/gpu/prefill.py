@@ -1,0 +1,331 @@
+"""Prefill in large chunks: T prompt tokens per pass, projections on tensor cores.
+
+The columns step (8 tokens per CUDA graph, GEMV kernels) reads every weight once per 8 tokens. Past a
+few dozen tokens the projections are better done as GEMMs: each packed matrix is dequantized to fp16
+once per chunk (`dequant_rs`; ahead of its GEMM on a second stream: engine.gpu.prefill_weights) and
+multiplied by the chunk's activations with cuBLAS (`gemmEx`, fp16 inputs, fp32 accumulation). Attention is
+one flash kernel over the paged cache (`flash_attention`, the plan's warps a block), the GDN recurrence
+the chunked form on tensor cores (`gdn_chunk_prep`, the plan's `gdn_scan`), or token by token where that
+does not fit the GPU's shared memory (`gdn_delta_rows`). The rest
+is the columns step's: norms, the GDN conv and gates over the T tokens (`gdn_prep_cols`), the q/k norm
++ RoPE + paged KV write, and the head on the chunk's last row.
+
+Not graph-captured (cuBLAS calls cannot be captured through CuPy); one chunk is a few hundred launches.
+On by default where the free memory allows (`engine.gpu_engine.PREFILL_GEMM`), with smaller chunks for
+the rest of a prompt (`PREFILL_TAILS`).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from engine.gpu import launch as K
+from engine.gpu.decode import ATTN_HEAD_DIM
+from engine.gpu.columns import CudaQwen35Columns
+from engine.gpu.prefill_attention import (  # noqa: F401 (kv_rows, attention_cublas: the GPU tests' reference)
+    _COMPUTE_32F, _GEMM_DEFAULT, _OP_N, _OP_T, _R_16F, _r, attention_cublas, kv_rows)
+from engine.gpu.prefill_weights import PrefillWeights16
+from engine.gpu.prefill_moe import PrefillMoeOps
+
+class CudaQwen35Prefill(PrefillWeights16, PrefillMoeOps, CudaQwen35Columns):
+    """T-token prefill chunks over the sequence of `decode` (a one-lane CudaQwen35)."""
+
+    BRANCHES = False  # cuBLAS calls through CuPy's handle stay on one stream
+    NORM_BLOCKS = 1  # T rows give the norms their parallelism; more blocks a row would re-read it
+    PREP_SPLIT = 64  # token slices of the GDN conv/norm kernel (16 tokens each at T = 1024)
+    # state rows a warp in the token-by-token recurrence (where the chunked form does not fit). 27B pp8192 at
+    # chunk 8192 (H200): 1 row 363 ms, 2 rows 287 ms, 4 rows 471 ms (the recurrence's total)
+    DELTA_ROWS = 2
+    # The delta rule in its chunked (WY) form, two passes (gdn_chunk_prep over every 64-token piece at once, the
+    # plan's gdn_scan in order; 3xTF32 mma.sync, cuda/gdn_tc.cu; QS and M U, which reach only the output, 1xTF32):
+    # 27B pp8192 on the H200, the recurrence's 48 layers, 295 ms token by token against 53 + 78 ms. Its scratch (W,
+    # U' [P][Hv][64][128], M [P][Hv][64][64], G [P][Hv][64], fp32) is shared by the tails.
+
+    def __init__(self, decode, chunk: int, share: "CudaQwen35Prefill | None" = None):
+        """`share`: a larger-chunk executor over the same sequence whose fp16 weight, fp16 input and
+        gate|up scratch this one uses too (the executors of one engine never run at the same time)."""
+        self._w16 = None
+        self._gdn_scratch = share._gdn_scratch if share is not None and share.M >= chunk else None
+        self._moe_bufs = share._moe_bufs if share is not None else {}
+        super().__init__(decode, chunk)
+        cp = self.cp
+        if share is not None and share.M >= chunk:
+            self._wbufs, self._x16, self._gu = share._wbufs, share._x16, share._gu[:chunk]
+        else:
+            n_max = max(L[key].n * L[key].k for L in self.layers
+                        for key in ("qk", "gv", "vz", "ab", "o", "gate_up", "down", "router", "shared_gu",
+                                    "shared_down") if key in L)
+            if self.args.is_moe:  # every routed expert's gate|up, then every one's down (_moe_chunk)
+                n_max = max([n_max] + [L[key].n * L[key].k for L in self.layers
+                                       for key in ("experts_gu", "experts_down") if key in L])
+            self._wbufs = [cp.empty(n_max, dtype=cp.float16) for _ in range(self._dq_bufs())]
+            k_max = max(self.H, self.att.shape[1], self.inter)
+            self._x16 = cp.empty(self.M * k_max, dtype=cp.float16)
+            n_gu = max([L["gate_up"].n for L in self.layers if "gate_up" in L] + [2 * self.inter])
+            self._gu = cp.empty((self.M, n_gu), dtype=cp.float16)
+        self._x16_of = None  # the fp32 rows whose fp16 copy _x16 holds (set by the SwiGLU kernel)
+        self._init_weights16()
+        self._valid = self.M  # the chunk's prompt tokens (run_chunk)
+        self._one = np.array(1.0, dtype=np.float32)
+        self._zero = np.array(0.0, dtype=np.float32)
+        self.start = 0
+
+    # ---- allocation hooks: no split-K attention partials, one logits row ----
+    def _alloc_attention(self):
+        self.nsplit, self.chunk, self.attn_ml, self.attn_acc = 1, self.max_context, None, None
+
+    def _logit_rows(self) -> int:
+        return 1
+
+    # ---- the projections: dequantize once per chunk (PrefillWeights16), then one tensor-core GEMM ----
+    def _matmul(self, w, x, y, ldy: int, rows: int | None = None, acc: bool = False):
+        """y[:, :w.n] (row stride ldy, fp32) = x[:, :w.k] @ W^T over the chunk's T rows (or `rows`); acc: +=."""
+        T = self.M if rows is None else int(rows)
+        x16 = self._x16[: T * w.k].reshape(T, w.k)
+        if self._x16_of is not x:  # (a norm or the SwiGLU kernel wrote it: `_norm`, `_gated_norm`, `_swiglu`)
+            x16[...] = x[:, : w.k]
+        # the normed rows stay there for the layer's other projections of them (only a norm rewrites xn,
+        # and it writes _x16 too); any other fp32 input is rewritten later without a word to _x16
+        self._x16_of = x if x is self.xn else None
+        self._gemm16(self._weights16(w), x16, y, ldy, acc)
+        self._gemm_issued()
+
+    def _gemm16(self, w16, x16, y, ldy: int, acc: bool = False):
+        """y[:rows, :n] (fp32 or fp16, row stride ldy) = x16 [rows, k] @ w16 [n, k]^T, both fp16 and contiguous
+        (fp32 accumulation either way)."""
+        from cupy_backends.cuda.libs import cublas  # noqa: PLC0415
+
+        n, kk = w16.shape
+        handle = self.cp.cuda.device.get_cublas_handle()
+        cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)  # alpha and beta live on the host
+        # row-major y[T, N] = x[T, K] W[N, K]^T is column-major C[N, T] = W^T(op T of [K, N]) x(op N of [K, T])
+        cublas.gemmEx(handle, _OP_T, _OP_N, n, x16.shape[0], kk, self._one.ctypes.data, w16.data.ptr, _R_16F, kk,
+                      x16.data.ptr, _R_16F, kk, (self._one if acc else self._zero).ctypes.data, y.data.ptr, _r(y), ldy,
+                      _COMPUTE_32F, _GEMM_DEFAULT)
+
+    def _gemm16_batched(self, w16, n: int, kk: int, x16, rows: int, y, batch: int):
+        """For b < batch: y[b*rows:(b+1)*rows, :n] (fp32, contiguous) = x16[b*rows:(b+1)*rows, :kk] @
+        W_b^T, W_b = w16's rows [b*n, (b+1)*n) (fp16 [n, kk]): one strided-batched cuBLAS call."""
+        from cupy_backends.cuda.libs import cublas  # noqa: PLC0415
+
+        handle = self.cp.cuda.device.get_cublas_handle()
+        cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+        cublas.gemmStridedBatchedEx(handle, _OP_T, _OP_N, n, rows, kk, self._one.ctypes.data, w16.data.ptr,
+                                    _R_16F, kk, n * kk, x16.data.ptr, _R_16F, kk, rows * kk,
+                                    self._zero.ctypes.data, y.data.ptr, _r(y), n, rows * n, batch,
+                                    _COMPUTE_32F, _GEMM_DEFAULT)
+
+    def _gemv(self, w, x, y, epi="store", splits=1, y_offset=0, xpre=None):
+        # (the head on the chunk's last row stays a GEMV: the columns step's _tail_ops)
+        if epi == "swiglu":
+            if (w.n // 2) % 4:
+                raise NotImplementedError(f"prefill SwiGLU needs the intermediate size a multiple of 4, not {w.n // 2}")
+
+            def go():
+                # gate|up GEMM (fp32), then SwiGLU in one pass straight into the fp16 input of the next
+                # GEMM, the down projection over `y`: y itself (fp32) is not written, nothing else reads it
+                self._matmul(w, x, self._gu, self._gu.shape[1])
+                self._swiglu(w.n // 2, self.M, y)
+            go.name = f"gemm+swiglu {w.fmt} {w.n}x{w.k}"
+            return go
+        if epi != "store" or y_offset:
+            raise NotImplementedError(f"prefill GEMM epilogue {epi!r}")
+        return self._named(lambda: self._matmul(w, x, y, y.shape[1]), f"gemm {w.fmt} {w.n}x{w.k}")
+
+    @staticmethod
+    def _named(fn, name: str):
+        fn.name = name  # what bench/prefill_profile.py groups op times by
+        return fn
+
+    def _plan_gemv(self, w, x, y, epi, splits, xpre, amax_out=None, xs=None):
+        """Projections as GEMMs. SwiGLU (gate|up) goes through `_gemv`'s GEMM + SwiGLU; the out- and
+        down-projections add their product to the residual stream x itself (beta = 1, `_residual_in_place`:
+        the next norm reads no partial), else put it into split 0 of the partials (the next norm adds it).
+        (xs, the decode step's chunk scales: never taken here.)"""
+        plan = type("PrefillPlan", (), {})()
+        plan.splits, plan.tracks_amax, plan.xs = 1, False, False
+        if epi == "swiglu":
+            plan.launch = self._gemv(w, x, y, epi="swiglu")
+            return plan
+        if self._residual_in_place():
+            plan.splits = 0
+            plan.launch = self._named(lambda: self._matmul(w, x, self.x, self.x.shape[1], acc=True),
+                                      f"gemm {w.fmt} {w.n}x{w.k}")
+            return plan
+        plan.launch = self._named(lambda: self._matmul(w, x, y[0], y.shape[-1]), f"gemm {w.fmt} {w.n}x{w.k}")
+        return plan
+
+    def _residual_in_place(self) -> bool:
+        """The residual stream stays in one buffer (x) through the chunk: the out- and down-projection GEMMs add
+        into it, the norms read it in place (no partial plane written and read back, no copy to a second buffer)."""
+        return self.H % 4 == 0 and self.H <= 4 * 256 * 8
+
+    def _stage(self, x, k, kpad, xh, xinv):
+        return lambda: None  # the GEMMs read fp32 rows; nothing to stage
+
+    # The norms write the GEMMs' fp16 input rows themselves (residual_rmsnorm_f16, gated_rmsnorm_f16): no
+    # staged pairs, no fp32 normed rows (but for the MoE's routed gather), no fp32 -> fp16 cast before the
+    # projections. The final norm keeps the decode step's kernel (the head is a GEMV of its staged last
+    # row). The gate|up GEMMs (dense, shared and routed experts) write their product in fp16 (fp32
+    # accumulation): half the bytes for the GEMM to write and the SwiGLU pass to read.
+
+    def _norm(self, splits, w):
+        H = self.H
+        if self._residual_in_place():  # (the final norm, the decode step's kernel, writes the other buffer)
+            self._res = (self.x, self.x2) if w is self.final_norm else (self.x, self.x)
+        if w is self.final_norm or H % 4 or H > 4 * 256 * 8:
+            return super()._norm(splits, w)
+        x_in, x_out = self._res
+        self._res = (x_out, x_in)
+        args = (x_in, x_out, self.part, splits, self.M * H, w, self.xn if self.args.is_moe else np.uint64(0))
+        return self._writes_x16(lambda: K.prepared(
+            "residual_rmsnorm_f16", (self.M,), args + (self._x16, H, float(self.args.rms_norm_eps), 1), block=256),
+            self.xn, "residual_rmsnorm_f16")
+
+    def _gated_norm(self, L, ldb, zoff, att_stage, buf_b=None, chunk: bool = False):
+        Hv = self.Hv
+        buf_b = self.buf_b if buf_b is None else buf_b
+        return self._writes_x16(lambda: K.prepared(
+            "gated_rmsnorm_f16", (-(-Hv // K.WARPS), self.M),
+            (self.att2, buf_b[:, zoff:], ldb, L["norm"], self._x16, Hv, float(self.args.rms_norm_eps))),
+            self.att, "gated_rmsnorm_f16")
+
+    def _writes_x16(self, build, of, name: str):
+        """An op whose kernel writes _x16 as the fp16 copy of `of` (built at its first run: _plan runs
+        before __init__ has _x16)."""
+        launch = []
+
+        def go():
+            if not launch:
+                launch.append(build())
+            launch[0]()
+            self._x16_of = of
+        return self._named(go, name)
+
+    def _tail_ops(self):
+        """The columns step's head on the last row and position advance, for the valid rows: a padded
+        chunk's last prompt row is copied to row T - 1 (where the head reads) first."""
+        head, advance = super()._tail_ops()
+        T = self.M
+
+        def last_row():
+            v = self._valid
+            if v < T:
+                for a in (self.xn, self.xh_n, self.xinv_n):
+                    a[T - 1] = a[v - 1]
+        last_row.name = "last valid row"
+        return [last_row, head, self._valid_len(advance)]
+
+    # ---- SwiGLU between the gate|up and down GEMMs ----
+    @staticmethod
+    def _swiglu_rows(gu, inter: int, rows: int, out16):
+        """out16 [rows, inter] (fp16) = silu(gate) * up of the rows of gu (fp32 or fp16 [gate | up], any row
+        stride)."""
+        name = "swiglu_rows_h" if gu.dtype == np.float16 else "swiglu_rows_f16"
+        K.kernel(name)((max(1, min(-(-rows * inter // 4 // 256), K.sm_count() * 16)),), (256,),
+                       (gu, np.int64(gu.shape[1]), np.int32(inter), np.int32(rows), out16))
+
+    def _swiglu(self, inter: int, rows: int, of):
+        """SwiGLU of `rows` rows of the gate|up product (_gu) into _x16 as the fp16 input of the next GEMM,
+        which takes it for `of` (the rows it stands for; never written)."""
+        self._swiglu_rows(self._gu, inter, rows, self._x16)
+        self._x16_of = of
+
+    def _valid_len(self, launch):
+        """`launch` (whose last argument is the token count) with the chunk's valid length instead, for a
+        padded chunk; a whole chunk launches it as prepared."""
+        def go():
+            if self._valid == self.M:
+                launch()
+                return
+            launch.fn(launch.grid, (launch.block,), launch.args[:-1] + (np.int32(self._valid),),
+                      shared_mem=launch.smem)
+        go.name = launch.name
+        return go
+
+    def _gdn_core_ops(self, L, lda, ldb):
+        """The columns step's conv/gates, then the delta rule token by token (gdn_delta_rows) or, with
+        the plan's chunked form, in 64-token pieces (gdn_chunk_prep, gdn_scan); the conv history and the
+        delta rule over the chunk's valid tokens only (run_chunk's `valid`)."""
+        ops = self._gdn_ops_full(L, lda, ldb)
+        ops = ops[:1] + [self._valid_len(op) for op in ops[1:]]
+        if self._dq_bufs() > 2 and self._gdn_chunked_form() is not None:
+            ops.insert(len(ops) - 1, self._dq_window_op())  # (before the in-order pass)
+        return ops
+
+    def _gdn_ops_full(self, L, lda, ldb):
+        ops = super()._gdn_core_ops(L, lda, ldb)
+        form = self._gdn_chunked_form()
+        if form is None:
+            return ops
+        cp, T, Hk, Hv = self.cp, self.M, self.Hk, self.Hv
+        rb = int(form.split("<")[1].split(",")[0])
+        pieces = -(-T // 64)
+        if getattr(self, "_gdn_scratch", None) is None:  # one set for every layer (they run in turn)
+            self._gdn_scratch = (cp.empty(pieces * Hv * 64 * 128, dtype=cp.float32),
+                                 cp.empty(pieces * Hv * 64 * 128, dtype=cp.float32),
+                                 cp.empty(pieces * Hv * 64 * 64, dtype=cp.float32),
+                                 cp.empty(pieces * Hv * 64, dtype=cp.float32))
+        w, u, m, g = self._gdn_scratch
+        prep = K.prepared("gdn_chunk_prep", (pieces, Hv),
+                          (self.gdn_q, self.gdn_k, self.gdn_v, self.gdn_g, self.gdn_beta, w, u, m, g, Hk, Hv, 0, T),
+                          smem=K.GDN_PREP_SMEM)
+        scan = K.prepared(form, (Hv, 128 // rb),
+                          (self.gdn_q, self.gdn_k, w, u, m, g, L["state"], self.att2, Hk, Hv, 0, T),
+                          smem=K.gdn_scan_smem(rb))
+        return ops[:-1] + [prep, scan]
+
+    def _gdn_chunked_form(self):
+        """The chunked GDN's in-order pass this plan runs (engine.gpu.plan.gdn_scan_form), or None for the token-by-token
+        recurrence."""
+        return self.plan.gdn_scan or None
+
+    def _flash_warps(self) -> int:
+        """Warps a block of the flash prefill (the plan's: 8 where their shared memory fits, else 4)."""
+        return self.plan.flash_warps
+
+    flash_smem = staticmethod(K.flash_smem)
+
+    @staticmethod
+    def flash_attention(q, ldq: int, kc, vc, ks, vs, page_table, hq: int, hkv: int, start: int, nq: int,
+                        gate, ldg: int, out, ldo: int, kv8: bool, warps: int = 4):
+        """out[t, h*256:(h+1)*256] = causal attention of query t < nq (q: [nq, Hq*256] fp32 rows of stride
+        ldq, at position start + t) over cache positions 0..start + t (pages page_table[0..], K/V caches
+        kc/vc, int8 scales ks/vs or None), times sigmoid(gate[t, h*256 + d]): one attn_prefill_fa launch."""
+        if ATTN_HEAD_DIM != 256 or warps not in (4, 8):
+            raise NotImplementedError("attn_prefill_fa takes head_dim 256 and 4 or 8 warps")
+        ptr = lambda a: np.uint64(0 if a is None else a.data.ptr)  # noqa: E731
+        smem = CudaQwen35Prefill.flash_smem(warps)
+        K.prepared(f"attn_prefill_fa<{warps},{'true' if kv8 else 'false'}>", (hq, -(-nq // (16 * warps))),
+                   (q, ldq, kc, vc, ptr(ks), ptr(vs), page_table, hq, hkv, int(start), int(nq),
+                    float(1.0 / np.sqrt(ATTN_HEAD_DIM)), gate, ldg, out, ldo), block=32 * warps, smem=smem)()
+
+    def _attn_core_ops(self, L, ldb, buf_b=None):
+        buf_b = self.buf_b if buf_b is None else buf_b  # (the gate's columns: AttentionOps._attn_core_ops)
+        hq = self.Hq
+        warps = self._flash_warps()
+
+        def flash():
+            # the chunk's valid rows only (a padded chunk's other rows of att are never read for the prompt: causal
+            # attention, GDN state stopping at the valid rows)
+            self.flash_attention(self.qbuf, self.qbuf.shape[1], L["kc"], L["vc"], L["ks"], L["vs"],
+                                 self.page_table, hq, self.Hkv, self.start, self._valid, buf_b, ldb,
+                                 self.att, self.att.shape[1], self.kv == "int8", warps)
+        flash.name = "attention (flash kernel over the paged cache)"
+        return [flash]
+
+    def run_chunk(self, token_ids, start: int, valid: int | None = None) -> None:
+        """One T-token chunk at positions start.. (eager launches on the shared stream). `valid`: only the
+        first `valid` tokens are the prompt's, the rest padding: the GDN state and conv history stop
+        there, the position advances by `valid`, the logits are row valid - 1's. The padding's K/V land
+        past the prompt, where decode writes over them before it reads them (the caller checks room)."""
+        self.start = int(start)
+        self._valid = self.M if valid is None else int(valid)
+        self._x16_of = None  # (_x16 may be another executor's too)
+        self._weights16_run_start()
+        with self.stream:
+            self.tokens.set(np.asarray(token_ids, dtype=np.int32), stream=self.stream)
+            self.run_eager()
+        self._weights16_run_end()
+
+    def capture(self):
+        raise RuntimeError("the GEMM prefill runs eagerly (cuBLAS through CuPy is not stream-captured)")
