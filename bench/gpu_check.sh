@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The GPU check: on a machine with an NVIDIA GPU and CuPy, from any directory:
 #
-#   bash bench/gpu_check.sh [--cold] [compile] [tests] [bench] [breakdown]     (no part: all four)
+#   bash bench/gpu_check.sh [coldstart] [tests] [bench] [breakdown]     (no part: all four)
 #
-#   compile    compile the CUDA modules and print the time (always runs first; cached by CuPy, so it is cold only
-#              on an empty cache: --cold empties it first)
+#   coldstart  `ninfer run --synthetic qwen3.8-27b` twice with a CuPy cache of its own: first empty (the first run's
+#              compile of the plan's kernels), then warm; the start-to-first-token figures of both
 #   tests      every GPU test: pytest -m gpu over tests/gpu, tests/model, tests/unit/test_cli_env.py, tests/test_*.py
-#   bench      `ninfer bench` of the standard targets: 27B tg128 at depth 0 and at 32768 with int8 KV, 35B-A3B tg128,
-#              pp8192 of both (BENCH_ARGS: more options for each, e.g. --burst)
+#   bench      `ninfer bench` of the standard targets: 27B tg128 at depth 0 and at 32768 with int8 KV, 35B-A3B tg128
+#              (streamed, greedy, with the burst beside it), the two tg128 with Qwen's recommended sampling, pp8192 of
+#              both (BENCH_ARGS: more options for each)
 #   breakdown  bench/gpu_decode.py --breakdown: the decode step's kernels one by one, 27B at depth 0 and at 32768
 #              (int8 KV), 35B-A3B at depth 0
 #
@@ -16,26 +17,25 @@
 # file names match bench/results/, so a run's files replace the ones there. A summary table comes last.
 # The package runs from this tree (PYTHONPATH); wheels in .whl/ (for packages the machine lacks) are installed first.
 # A COMMIT file at the tree's root names the commit the bench JSONs report (a copy of the tree has no .git).
-# On a lent device machine a call runs at most 10 minutes and brings back 8 files: `compile tests` (about 5 minutes
-# cold) and `bench breakdown` (8 files) are two calls.
+# On a lent device machine a call runs at most 10 minutes and brings back 8 files: `coldstart tests` and `bench`
+# are two calls, `breakdown` a third.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 ROOT=$PWD
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
 export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-$ROOT/.cupy_cache}
+export NINFER_HOME=${NINFER_HOME:-/tmp/ninfer-home}  # (the store needs platformdirs only without it)
 
-COLD=0
 PARTS=()
 for arg in "$@"; do
   case $arg in
-    --cold) COLD=1 ;;
-    compile|tests|bench|breakdown) PARTS+=("$arg") ;;
+    coldstart|tests|bench|breakdown) PARTS+=("$arg") ;;
     -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
-    *) echo "error: unknown part '$arg'"; echo "-> use compile, tests, bench or breakdown (and --cold)"; exit 2 ;;
+    *) echo "error: unknown part '$arg'"; echo "-> use coldstart, tests, bench or breakdown"; exit 2 ;;
   esac
 done
-[ ${#PARTS[@]} -eq 0 ] && PARTS=(compile tests bench breakdown)
+[ ${#PARTS[@]} -eq 0 ] && PARTS=(coldstart tests bench breakdown)
 want() { [[ " ${PARTS[*]} " == *" $1 "* ]]; }
 log() { echo "== $(date +%T) $*"; }
 
@@ -52,26 +52,34 @@ nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
 python3 -c "import cupy, numpy, engine, ninfer_cli.main; print('cupy', cupy.__version__, 'numpy', numpy.__version__)" \
   || { echo "error: the package does not import from $ROOT"; echo "-> carry the missing wheels in .whl/"; exit 1; }
 
-# compile every CUDA module the engine builds at load (timed; the count is of the instantiations asked for)
-[ $COLD = 1 ] && rm -rf "$CUPY_CACHE_DIR" && log "CuPy cache emptied ($CUPY_CACHE_DIR)"
-STATE=warm; [ -n "$(ls -A "$CUPY_CACHE_DIR" 2>/dev/null)" ] || STATE=cold
-log "compile ($STATE cache)"
-timeout 400 python3 - "$STATE" <<'PY'
-import sys
-import time
-
-from engine.ops import kernels as K
-
-t = time.perf_counter()
-mods = [K.module()] + [getattr(K, name)() for name in ("module_tc",) if hasattr(K, name)]
-names = 0
-for m in mods:  # (a RawModule compiles when its first function is asked for)
-    exprs = m.name_expressions or ()
-    names += len(exprs)
-    if exprs:
-        m.get_function(exprs[0])
-print(f"compiled {len(mods)} modules, {names} instantiations, in {time.perf_counter() - t:.1f} s ({sys.argv[1]} cache)")
+if want coldstart; then
+  # the first run of a user: an empty kernel cache, then the same run again (warm); a model file's upload is
+  # replaced by making random weights in device memory
+  C=$OUT/coldstart_qwen38-27b_$GPU.txt
+  CS=$(mktemp -d)
+  for state in cold warm; do
+    log "ninfer run --synthetic qwen3.8-27b ($state kernel cache)"
+    t0=$(date +%s.%N)
+    CUPY_CACHE_DIR=$CS timeout 240 python3 -m ninfer_cli.main run --synthetic qwen3.8-27b "Hello there" -n 16 \
+      --temperature 0 --json > "$OUT/run_$state.json" 2> "$OUT/run_$state.err"
+    t1=$(date +%s.%N)
+    python3 - "$state" "$t0" "$t1" "$OUT/run_$state.json" "$OUT/run_$state.err" <<'PY' | tee -a "$C"
+import json, sys
+state, t0, t1, out, err = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5]
+notes = [s for s in open(err).read().splitlines() if "compil" in s]
+try:
+    d = json.load(open(out))
+    t = d["timings"]
+    print(f"{state}: process {t1 - t0:.1f} s; in the command, start to first token {t['start_to_first_token_s']:.1f} s, "
+          f"{d['usage']['completion_tokens']} tokens on {d['backend']}; {' / '.join(notes) or 'no compile line'}")
+except (ValueError, KeyError, OSError):
+    print(f"{state}: failed after {t1 - t0:.1f} s: " + open(err).read()[-600:])
 PY
+    rm -f "$OUT/run_$state.json" "$OUT/run_$state.err"
+  done
+  rm -rf "$CS"
+fi
+
 # CuPy's own kernels compile through NVRTC with headers read from the machine's image; on a fresh machine those
 # reads have returned junk for a while: wait until one compiles.
 for i in $(seq 1 12); do
@@ -103,9 +111,12 @@ if want bench; then
     # shellcheck disable=SC2086  # (BENCH_ARGS: extra options, split into words)
     timeout 200 python3 -m ninfer_cli.main bench "$@" ${BENCH_ARGS:-} -o json --out "$OUT/${name}_$GPU.json" 2>&1 \
       | grep -E "^\||rror" | tail -2; }
-  nb tg128_qwen38-27b --synthetic qwen3.8-27b -p 0 -n 128 -r 2
-  nb tg128_d32768_int8_qwen38-27b --synthetic qwen3.8-27b -p 0 -n 128 -r 2 -d 32768 --kv int8
-  nb tg128_qwen36-35b-a3b --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2
+  QWEN=(--temp 0.7 --top-p 0.8 --top-k 20 --presence-penalty 1.5)  # Qwen3.6's recommended non-thinking sampling
+  nb tg128_qwen38-27b --synthetic qwen3.8-27b -p 0 -n 128 -r 2 --burst
+  nb tg128_sampled_qwen38-27b --synthetic qwen3.8-27b -p 0 -n 128 -r 2 "${QWEN[@]}"
+  nb tg128_d32768_int8_qwen38-27b --synthetic qwen3.8-27b -p 0 -n 128 -r 2 -d 32768 --kv int8 --burst
+  nb tg128_qwen36-35b-a3b --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 --burst
+  nb tg128_sampled_qwen36-35b-a3b --synthetic qwen3.6-35b-a3b -p 0 -n 128 -r 2 "${QWEN[@]}"
   nb pp8192_qwen38-27b --synthetic qwen3.8-27b -p 8192 -n 0 -r 2
   nb pp8192_qwen36-35b-a3b --synthetic qwen3.6-35b-a3b -p 8192 -n 0 -r 2
 fi
@@ -130,6 +141,9 @@ tests = out / f"gpu_tests_{gpu}.txt"
 if tests.exists():
     lines = [s for s in tests.read_text(errors="replace").splitlines() if re.match(r"=+ .*(passed|failed|error)", s)]
     print("tests:", " / then ".join(s.strip("= ") for s in lines) or "no pytest summary line (see the file)")
+cold = out / f"coldstart_qwen38-27b_{gpu}.txt"
+if cold.exists():
+    print(cold.read_text().strip())
 rows = []
 for f in sorted(out.glob(f"*_{gpu}.json")):
     try:
@@ -141,8 +155,9 @@ for f in sorted(out.glob(f"*_{gpu}.json")):
         pct = f"{r['pct_copy_bw']:.1f}% copy" if r.get("pct_copy_bw") else (
             f"{r['pct_matmul']:.1f}% matmul" if r.get("pct_matmul") else "")
         ttft = f"TTFT {r['avg_ttft_ms'] / 1e3:.2f} s" if r.get("avg_ttft_ms") else ""
+        burst = f"burst {r['burst_ts']:,.2f}" if r.get("burst_ts") else ""
         rows.append((f.name, r["test"] + (f" {r['kv']} KV" if r.get("kv") else ""),
-                     f"{r['avg_ts']:,.2f} ± {r['stddev_ts']:.2f} tok/s", pct, ttft))
+                     f"{r['avg_ts']:,.2f} ± {r['stddev_ts']:.2f} tok/s", pct, ttft or burst))
     for r in (d.get("baseline") or {}).get("results", []):
         rows.append((f.name, f"{r.get('test')} (transformers)", f"{r.get('avg_ts', 0):,.2f} tok/s", "", ""))
     for r in d.get("decode", []):  # gpu_decode.py

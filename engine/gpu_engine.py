@@ -5,14 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 from engine.api import Engine
-from engine.memory_plan import PREFILL_TAILS
-from engine.models.qwen3_5_cuda import CudaQwen35
+from engine.gpu.memory import PREFILL_COLS, PREFILL_TAILS
+from engine.gpu.decode import CudaQwen35
 
 
-# Prompt tokens per step of the columns graph (weights read once per chunk of 8; the rest of a prompt goes token
-# by token): bit-identical to token-by-token on the device, 27B pp512 291 tok/s against 104.5 on the H200.
-PREFILL_COLS = 8
-# Prompt tokens per tensor-core prefill chunk (`qwen3_5_cuda_prefill`). 27B pp8192 on the H200: 4,264 tok/s at
+# Prompt tokens per tensor-core prefill chunk (`engine.gpu.prefill`). 27B pp8192 on the H200: 4,264 tok/s at
 # chunk 1,024, 4,987 at 2,048, 5,432 at 4,096, 5,657 at 8,192. Its memory (~1.5-3 GiB of scratch, 12 B per context
 # token for the gathered K/V) would cut the context a 24 GiB card fits by a third, so automatically (AUTO) it is
 # built only when the device still has that room after the decode step and its KV cache: the largest of
@@ -20,12 +17,8 @@ PREFILL_COLS = 8
 AUTO = -1
 AUTO_CHUNKS = (8192, 4096, 2048, 1024)
 PREFILL_GEMM = AUTO
-# MoE models through the tensor-core prefill (grouped expert GEMMs): 35B-A3B pp8192 12,935 tok/s against ~337
-# token by token through the decode graph.
-MOE_PREFILL = True
-# The rest of a prompt (under the largest chunk) through the smallest tensor-core executor that holds it, padded,
-# in one chunk: 27B pp2000 2,886 -> 6,645 tok/s.
-PREFILL_PAD = True
+# The rest of a prompt (under the largest chunk) runs through the smallest tensor-core executor that holds it,
+# padded, in one chunk: 27B pp2000 2,886 -> 6,645 tok/s.
 PAD_MIN = 32  # fewer prompt tokens than this go through the columns step and the decode graph
 # The piece plan's cost model, in prompt-token equivalents (27B on the H200: a chunk's fixed cost ~70 ms, ~0.126 ms
 # a row; the columns step ~3.4 ms a token)
@@ -60,7 +53,7 @@ def auto_prefill_chunk(args, cols: int, max_context: int, cap: int = AUTO_CHUNKS
     for `max_context` fit in the device's free memory (within the pool's --vram-limit cap) with 1 GiB to
     spare; 0 when none does."""
     from engine.backend import cupy_or_none  # noqa: PLC0415
-    from engine.memory_plan import prefill_executor_bytes, prefill_gather_bytes_per_token  # noqa: PLC0415
+    from engine.gpu.memory import prefill_executor_bytes, prefill_gather_bytes_per_token  # noqa: PLC0415
 
     cp = cupy_or_none()
     try:
@@ -116,19 +109,18 @@ class CudaModel:
         self.executor.capture_sampled()
         self.cols = None
         if prefill_cols > 1 and not args.is_moe:
-            from engine.models.qwen3_5_cuda_cols import CudaQwen35Columns  # noqa: PLC0415
+            from engine.gpu.columns import CudaQwen35Columns  # noqa: PLC0415
 
             self.cols = CudaQwen35Columns(self.executor, prefill_cols)
             self.cols.capture()
         self.gemm = None
         self.gemms = []  # tensor-core prefill executors, largest chunk first
-        moe_ok = not args.is_moe or MOE_PREFILL
-        if prefill_gemm < 0 and moe_ok:  # auto: where the memory allows, at most prefill_cap rows
+        if prefill_gemm < 0:  # auto: where the memory allows, at most prefill_cap rows
             prefill_gemm = auto_prefill_chunk(args, max(prefill_cols, 1), max_context,
                                               cap=prefill_cap or AUTO_CHUNKS[0])
         self.gemm_chunk = max(prefill_gemm, 0)
-        if prefill_gemm > prefill_cols and moe_ok:
-            from engine.models.qwen3_5_cuda_prefill import CudaQwen35Prefill  # noqa: PLC0415
+        if prefill_gemm > prefill_cols:
+            from engine.gpu.prefill import CudaQwen35Prefill  # noqa: PLC0415
 
             self.gemm = CudaQwen35Prefill(self.executor, prefill_gemm)
             self.gemms = [self.gemm] + [CudaQwen35Prefill(self.executor, t, share=self.gemm)
@@ -164,7 +156,7 @@ class CudaModel:
         ex = self.executor
         ids = [int(t) for t in np.asarray(tokens).ravel()]
         rows, i, last = [], 0, None
-        if PREFILL_PAD and last_only and self.gemms:
+        if last_only and self.gemms:
             i, last = self._padded_chunks(ids, cache)
         for gemm in self.gemms if last_only else ():
             T = gemm.M
@@ -272,7 +264,7 @@ class CudaEngine(Engine):
         """Yield n tokens after `first_token`, drawn on the device as `sampler_params` says (greedy, or a Sampler
         / packed row the device samplers take; `counts`: the penalties' generated-token counts so far), each as
         soon as its step ends while the next step already runs. Closing the iterator early settles the stream."""
-        from engine.models.qwen3_5_cuda_sampling import StreamState  # noqa: PLC0415
+        from engine.gpu.sampling import StreamState  # noqa: PLC0415
 
         self._settle()
         params, own = self._params(sampler_params)
@@ -368,7 +360,7 @@ def try_build(config: dict, source, *, max_context: int | None = None, tokenizer
     """A CudaEngine for `source` (an Artifact, or a dict of float weights) when the model is supported,
     else None (the caller then runs the reference model on CuPy arrays). `progress(done, total)` follows
     the upload of an artifact's packed objects, in bytes."""
-    from engine import gpu_weights  # noqa: PLC0415
+    from engine.gpu import weights as gpu_weights  # noqa: PLC0415
     from engine.config import ModelArgs  # noqa: PLC0415
 
     args = ModelArgs.from_config(config)
@@ -380,7 +372,7 @@ def try_build(config: dict, source, *, max_context: int | None = None, tokenizer
         weights = gpu_weights.from_logical(args, source)
     ctx = int(max_context or min(args.max_position_embeddings or 32768, 32768))
     # --prefill-chunk: the prompt pieces; it sets the tensor-core chunk when that path is forced on
-    # (NINFER_PREFILL_GEMM=N) and caps it when auto (build_engine)
+    # (build_engine(prefill_gemm=N)) and caps it when auto
     gemm = int(prefill_chunk) if prefill_chunk and PREFILL_GEMM > 0 else PREFILL_GEMM
     return build_engine(args, weights, config, max_context=ctx, tokenizer=tokenizer, kv=kv, prefill_gemm=gemm,
                         prefill_chunk=prefill_chunk)

@@ -8,12 +8,11 @@ from cuda_smoke import CFG, cp, on_gpu, flat as _flat, moe_cfg, weights as _weig
 
 
 def test_moe_gemm_prefill_plumbing(cp, monkeypatch):
-    """NINFER_MOE_PREFILL: the MoE model gets tensor-core prefill executors whose MoE block is one op
+    """the MoE model gets tensor-core prefill executors whose MoE block is one op
     (router, grouped experts, shared expert), and a prompt runs through them."""
     from engine import gpu_engine
     from engine.gpu_engine import build_engine
 
-    monkeypatch.setattr(gpu_engine, "MOE_PREFILL", True)
     cfg = moe_cfg(128)
     args, w = _weights(cfg)
     eng = build_engine(args, w, cfg, max_context=512, prefill_gemm=128)
@@ -104,12 +103,11 @@ def test_chunked_gdn_prefill_plumbing(cp, monkeypatch):
 
 
 def test_padded_prefill_plumbing(cp, monkeypatch):
-    """NINFER_PREFILL_PAD: whole chunks of the largest executor, then the rest padded into the smallest
+    """whole chunks of the largest executor, then the rest padded into the smallest
     executor that holds it; the T-dependent launches take the valid length."""
     from engine import gpu_engine
     from engine.gpu_engine import build_engine
 
-    monkeypatch.setattr(gpu_engine, "PREFILL_PAD", True)
     args, w = _weights(CFG)
     eng = build_engine(args, w, CFG, max_context=1024, prefill_cols=8, prefill_gemm=256)
     m = eng.model
@@ -199,7 +197,6 @@ def test_moe_prefill_norm_reads_one_partial(cp, monkeypatch):
     from engine.gpu_engine import build_engine
     from engine.gpu import launch as K
 
-    monkeypatch.setattr(gpu_engine, "MOE_PREFILL", True)
     cfg = moe_cfg(128)
     args, w = _weights(cfg)
     eng = build_engine(args, w, cfg, max_context=512, prefill_gemm=128)

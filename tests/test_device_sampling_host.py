@@ -186,7 +186,7 @@ def test_emulated_kernel_equals_host_sampler():
 
 
 def test_topk_constants_match_the_kernel():
-    from engine.models import qwen3_5_cuda_sampling as so
+    from engine.gpu import sampling as so
 
     src = (ROOT / "cuda" / "sample_topk.cu").read_text()
     d = dict(re.findall(r"#define (TOPK_\w+) (\S+)", src))
@@ -197,7 +197,7 @@ def _topk_kernel(x, D, row, counts, pos):
     """cuda/sample_topk.cu's algorithm in NumPy, step for step: blocks of TOPK_TILE ids, each warp's best 64 of its
     256 in the order (x desc, id asc), the block's best K of those, the best K of the blocks' lists, then the
     thread-0 walk over at most K entries."""
-    from engine.models.qwen3_5_cuda_sampling import TOPK_TILE
+    from engine.gpu.sampling import TOPK_TILE
     from engine.sampling import counter_uniform
 
     p = ds.unpack_params(row)

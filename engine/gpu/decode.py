@@ -22,7 +22,7 @@ from engine.gpu.gdn import GDN_HEAD_DIM, GdnOps
 from engine.gpu.mlp import MlpOps
 from engine.gpu.moe import MoeOps
 from engine.gpu.norm import NormOps
-from engine.models.qwen3_5_cuda_sampling import SamplingOps
+from engine.gpu.sampling import SamplingOps
 
 
 def _four_projections(cp, L: dict, parts: list, merged: str, second: str) -> None:

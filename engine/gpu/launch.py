@@ -11,6 +11,9 @@ import ctypes
 import functools
 import importlib.resources
 import re
+import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -82,6 +85,39 @@ def require(names) -> None:
         _REQUIRED.setdefault(n)
 
 
+def _say(text: str) -> None:
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+# Where the compile notice goes (the CLI and the TUI may replace it); NOTICE_AFTER: a module that takes longer
+# than this to come back (CuPy's disk cache answers in well under it) is being compiled, and says so.
+compile_notice = _say
+NOTICE_AFTER = 0.5
+
+
+def _compiled(build, count: int, what: str):
+    """build() (a module's first get_function, where NVRTC runs or CuPy's cache answers), saying on one line that
+    a compile is under way when it takes more than NOTICE_AFTER, and how long it took."""
+    t0 = time.perf_counter()
+    said = threading.Event()
+
+    def notice():
+        said.set()
+        compile_notice(f"compiling the CUDA kernels of this model's plan ({count} instantiations) for sm_{compute_capability()} {what}"
+                       f"(first run only: CuPy caches them) ...")
+
+    timer = threading.Timer(NOTICE_AFTER, notice)
+    timer.daemon = True
+    timer.start()
+    try:
+        return build()
+    finally:
+        timer.cancel()
+        if said.is_set():
+            compile_notice(f"compiled in {time.perf_counter() - t0:.1f} s")
+
+
 def compiled_names() -> list[str]:
     """The template instantiations compiled so far, module by module."""
     return [n for names, _ in _MODULES for n in names]
@@ -112,7 +148,7 @@ def kernel(name: str):
         tc = tuple(n for n in _REQUIRED if n.startswith(TC_KERNELS[1]))
         if name.startswith(TC_KERNELS[1]) and name not in tc:
             tc += (name,)
-        return module_tc(tc).get_function(name)
+        return _compiled(lambda: module_tc(tc).get_function(name), len(tc), "(chunked GDN) ")
     for names, mod in _MODULES:
         if "<" not in name or name in names:
             return mod.get_function(name)
@@ -122,7 +158,7 @@ def kernel(name: str):
         pending = tuple(dict.fromkeys(pending + tuple(n for n in all_names() if n not in done and
                                                       not n.startswith(TC_KERNELS)) + (name,)))
     _MODULES.append((pending, module(pending)))
-    return _MODULES[-1][1].get_function(name)
+    return _compiled(lambda: _MODULES[-1][1].get_function(name), len(pending), "")
 
 
 def reset_modules() -> None:

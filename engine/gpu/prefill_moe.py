@@ -1,8 +1,8 @@
 """The MoE block of the tensor-core prefill (`CudaQwen35Prefill` takes it as a base): the chunk's router
 GEMM and top-k, the (token, slot) pairs counted and placed by expert on the device, every routed expert's
 weights dequantized in one launch and multiplied in one strided-batched GEMM per projection (or a GEMM
-pair per expert), the weighted sum back into token rows, the shared expert as plain GEMMs. On by default
-(engine.gpu_engine.MOE_PREFILL; NINFER_MOE_PREFILL=0 goes token by token). The methods use the executor's
+pair per expert), the weighted sum back into token rows, the shared expert as plain GEMMs (35B-A3B pp8192
+12,935 tok/s against ~337 token by token through the decode graph). The methods use the executor's
 buffers and its GEMM helpers (`_matmul`, `_gemm16`, `_gemm16_batched`, `_dequant`, `_swiglu_rows`)."""
 from __future__ import annotations
 
@@ -12,11 +12,7 @@ from engine.gpu import launch as K
 
 
 class PrefillMoeOps:
-    @property
-    def MOE_ROWS(self):
-        from engine import gpu_engine  # noqa: PLC0415
-
-        return gpu_engine.MOE_PREFILL
+    MOE_ROWS = True  # several token rows of an MoE model: this block's own MoE ops
 
     def _ffn(self, gu, dn, x, n: int, y):
         """y[:n] = down(silu(gate x) * up x) for the first n rows of x (fp32): a GEMM, the one-pass SwiGLU

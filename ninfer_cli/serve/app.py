@@ -57,7 +57,8 @@ def constraint_for(request_format, tools=None, tool_choice=None, api: str = "ope
         return mapped(_plain(request_format), _plain(tools), _plain(tool_choice), api)
     except ConstraintError as exc:
         message = f"{exc.message} ({exc.next_action})" if exc.next_action else exc.message
-        raise ApiError(400, message, param=exc.param, code=exc.code) from None
+        raise ApiError(400, f"{exc.param}: {message}" if exc.param else message, param=exc.param,
+                       code=exc.code) from None
 
 
 def _plain(value):

@@ -226,7 +226,8 @@ BAD = [  # (path, body, status, param or message fragment)
     ("/v1/chat/completions", _chat(n=2), 400, "n"),
     ("/v1/chat/completions", _chat(model="gpt-9"), 404, "model"),
     ("/v1/chat/completions", _chat(messages=[{"role": "user", "content": "word " * 1200}]), 400, "1024"),
-    ("/v1/chat/completions", _chat(response_format={"type": "json_object"}), 400, "response_format"),
+    ("/v1/chat/completions", _chat(response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "no-such-type"}}}), 400, "response_format"),
     ("/v1/chat/completions", _chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {
         "url": "data:,"}}]}]), 400, "messages.0.content.0"),
     ("/v1/chat/completions", _chat(reasoning_effort="ultra"), 400, "reasoning_effort"),

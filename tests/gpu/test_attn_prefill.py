@@ -133,12 +133,11 @@ def test_flash_prefill_matches_numpy_engine(t, kv, monkeypatch):
 
 @pytest.mark.parametrize("t,chunk", [(1000, 64), (300, 256)])
 def test_flash_padded_prefill_matches_numpy_engine(t, chunk, monkeypatch):
-    """NINFER_PREFILL_PAD with the flash kernel: the padded chunk's valid rows only."""
+    """With the flash kernel: the padded chunk's valid rows only."""
     from test_prefill import CFG, _engines
 
     from engine import gpu_engine
 
-    monkeypatch.setattr(gpu_engine, "PREFILL_PAD", True)
     ref_engine, dev, args, build_engine = _engines()
     fast = build_engine(args, dev, CFG, max_context=1152, prefill_gemm=chunk)
     prompt = [int(x) for x in np.random.default_rng(t).integers(0, CFG["vocab_size"], t)]

@@ -14,7 +14,7 @@ def test_plan_matches_the_pool_after_capture(kv):
 
     from engine.gpu import memory as mp
     from engine.config import ModelArgs
-    from engine.gpu_engine import PREFILL_COLS
+    from engine.gpu.memory import PREFILL_COLS
     from engine.synthetic import build_engine, geometry_config
 
     ctx = 32768

@@ -153,7 +153,7 @@ def test_swiglu_rows_f16_is_silu_gate_times_up(half):
 
 @pytest.mark.parametrize("t", [64, 200])
 def test_moe_gemm_prefill_matches_numpy_engine(t, monkeypatch):
-    """NINFER_MOE_PREFILL: the tiny MoE model's tensor-core prefill (grouped expert GEMMs) against the
+    """the tiny MoE model's tensor-core prefill (grouped expert GEMMs) against the
     NumPy engine and against the same GPU engine taking the prompt token by token."""
     from test_gpu_engine import MOE_CFG, quantized_weights
 
@@ -161,7 +161,6 @@ def test_moe_gemm_prefill_matches_numpy_engine(t, monkeypatch):
     from engine.gpu import weights as gpu_weights
     from engine.config import ModelArgs
 
-    monkeypatch.setattr(gpu_engine, "MOE_PREFILL", True)
     args = ModelArgs.from_config(MOE_CFG)
     w = quantized_weights(args, recipe="groupwise-int-moe")
     ref = api.load({"config": MOE_CFG, "weights": w}, device="cpu", gdn_mode="recurrent")
@@ -187,7 +186,6 @@ def test_moe_batched_experts_equal_the_expert_loop(monkeypatch):
     from engine.config import ModelArgs
     from engine.gpu.prefill import CudaQwen35Prefill
 
-    monkeypatch.setattr(gpu_engine, "MOE_PREFILL", True)
     args = ModelArgs.from_config(MOE_CFG)
     dev = gpu_weights.from_logical(args, quantized_weights(args, recipe="groupwise-int-moe"),
                                    recipe="groupwise-int-moe")
@@ -203,12 +201,11 @@ def test_moe_batched_experts_equal_the_expert_loop(monkeypatch):
 
 @pytest.mark.parametrize("t,chunk", [(1000, 64), (100, 256), (300, 256)])
 def test_padded_prefill_matches_numpy_engine(t, chunk, monkeypatch):
-    """NINFER_PREFILL_PAD: the rest of a prompt padded into one executor (the GDN state and conv history
+    """the rest of a prompt padded into one executor (the GDN state and conv history
     stop at the valid rows, the logits are the last valid row's, the position advances by the valid
     count), against the NumPy engine and, over the next decode steps, against token by token."""
     from engine import gpu_engine
 
-    monkeypatch.setattr(gpu_engine, "PREFILL_PAD", True)
     ref, dev, args, build_engine = _engines()
     fast = build_engine(args, dev, CFG, max_context=1152, prefill_gemm=chunk)
     slow = build_engine(args, dev, CFG, max_context=1152, prefill_gemm=0, prefill_cols=1)

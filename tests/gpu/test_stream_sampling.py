@@ -3,9 +3,10 @@ engine's stream (a step ahead of the reader) against the host loop on the same e
 import numpy as np
 import pytest
 
-from engine import gpu_engine, gpu_weights  # noqa: F401  (imported up front, as test_device_sampling does)
+from engine import gpu_engine  # noqa: F401  (imported up front, as test_device_sampling does)
+from engine.gpu import weights as gpu_weights
 from engine.device_sampling import SAMPLE_PARAMS, TOPK_MAX, pack_params
-from engine.models.qwen3_5_cuda_sampling import TOPK_TILE
+from engine.gpu.sampling import TOPK_TILE
 from engine.sampling import Sampler
 from test_device_sampling import emu  # noqa: E402  (tests/gpu is on sys.path under pytest)
 
@@ -42,7 +43,7 @@ class TopK:
         self.hist = cp.zeros((M, 8), cp.int32)
 
     def sample(self, logits, D, samplers, positions):
-        from engine.ops import kernels as K
+        from engine.gpu import launch as K
 
         cp = self.cp
         lg = cp.asarray(np.ascontiguousarray(logits, np.float32))

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.ops import kernels as K
-
-from engine.device_sampling import TOPK_MAX  # noqa: E402  (cuda/sample_topk.cu)
+from engine.device_sampling import TOPK_MAX  # (cuda/sample_topk.cu)
+from engine.gpu import launch as K
 TOPK_TILE = 8192  # ids a block of the top-k sampler; it takes rows of up to 32 tiles
 STREAM_RING = 4  # pinned token slots of a stream (the steps in flight are at most 2)
 

@@ -1,7 +1,0 @@
-"""The old path of `engine.gpu.decode`, for engine/gpu_engine.py (which imports it from here until it moves):
-the same module object."""
-import sys
-
-import engine.gpu.decode as _moved
-
-sys.modules[__name__] = _moved
