@@ -102,7 +102,7 @@ if want tests; then
       { echo "== again in a fresh process"; timeout 240 python3 -m pytest -q -p no:cacheprovider --tb=short $ids 2>&1; } >> "$T"
     fi
   fi
-  grep -E "^(FAILED|ERROR) |^=+ .*(passed|failed|error)" "$T" | tail -20
+  grep -E "^(FAILED|ERROR) |(passed|failed).* in [0-9.]+s" "$T" | tail -20
 fi
 
 if want bench; then
@@ -139,7 +139,7 @@ from pathlib import Path
 out, gpu = Path(sys.argv[1]), sys.argv[2]
 tests = out / f"gpu_tests_{gpu}.txt"
 if tests.exists():
-    lines = [s for s in tests.read_text(errors="replace").splitlines() if re.match(r"=+ .*(passed|failed|error)", s)]
+    lines = [s for s in tests.read_text(errors="replace").splitlines() if re.match(r"(=+ )?\d+ (passed|failed).*(passed|failed|error|s\))", s)]
     print("tests:", " / then ".join(s.strip("= ") for s in lines) or "no pytest summary line (see the file)")
 cold = out / f"coldstart_qwen38-27b_{gpu}.txt"
 if cold.exists():
