@@ -139,7 +139,7 @@ from pathlib import Path
 out, gpu = Path(sys.argv[1]), sys.argv[2]
 tests = out / f"gpu_tests_{gpu}.txt"
 if tests.exists():
-    lines = [s for s in tests.read_text(errors="replace").splitlines() if re.match(r"(=+ )?\d+ (passed|failed).*(passed|failed|error|s\))", s)]
+    lines = [s for s in tests.read_text(errors="replace").splitlines() if re.match(r"(=+ )?\d+ (passed|failed)", s)]
     print("tests:", " / then ".join(s.strip("= ") for s in lines) or "no pytest summary line (see the file)")
 cold = out / f"coldstart_qwen38-27b_{gpu}.txt"
 if cold.exists():
