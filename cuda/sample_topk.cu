@@ -16,7 +16,9 @@
 // shuffles, 2 a lane: a bitonic sort of each 64, merged into the running best), and warp 0 merges the 32 warps'
 // lists into the block's best K. The last block to finish (a ticket per row) merges the blocks' lists the same
 // way and draws. No loop waits on a block-wide barrier, so a step costs a few microseconds on any logits.
-// The step's bookkeeping is argmax_commit's (sample.cu), and the drawn token's count goes up by one.
+// The step's bookkeeping is argmax_commit's (sample.cu), and the drawn token's count goes up by one. Under a
+// grammar (allow_on[m] != 0) only the ids whose bit is set in allow (the host's mask, engine.constraints) take part:
+// the host's mask_logits sets the others to -inf before anything else.
 #define TOPK_MAX 64
 #define TOPK_TILE 8192  // ids a block (32 warps x 256); rows of up to 32 tiles (262,144 ids)
 #define TOPK_THREADS 1024
@@ -115,13 +117,15 @@ __device__ __forceinline__ double topk_penalized(float logit, const int* counts,
 
 // logits [M, ldl]; params [M, SAMPLE_PARAMS] (T, top_p, min_p, top_k, seed, purpose, presence, frequency);
 // counts [M, V] (generated-token counts); cand_key / cand_id [M, gridDim.x, TOPK_MAX]; ticket [M] zero between
-// launches. Grid (ceil(D / TOPK_TILE) <= 32, M), TOPK_THREADS threads. temperature must be > 0 (greedy takes the
-// argmax).
+// launches; allow [M, allow_words] (bit i % 32 of word i / 32 for id i), read where allow_on[m]. Grid
+// (ceil(D / TOPK_TILE) <= 32, M), TOPK_THREADS threads. temperature must be > 0 (greedy takes the argmax, or top_k 1
+// under a grammar).
 extern "C" __global__ void __launch_bounds__(TOPK_THREADS)
 sample_topk_mb(const float* __restrict__ logits, int ldl, int D, const unsigned long long* __restrict__ params,
                int* __restrict__ counts, int V, unsigned long long* __restrict__ cand_key, int* __restrict__ cand_id,
                unsigned int* __restrict__ ticket, int* __restrict__ tokens, int* __restrict__ pos,
-               int* __restrict__ history, int* __restrict__ step, int hist_len) {
+               int* __restrict__ history, int* __restrict__ step, int hist_len,
+               const unsigned int* __restrict__ allow, const int* __restrict__ allow_on, int allow_words) {
   NI_PDL_ENTRY();
   __shared__ TopkEntry lists[32 * 64];
   __shared__ int lens[32];
@@ -137,6 +141,7 @@ sample_topk_mb(const float* __restrict__ logits, int ldl, int D, const unsigned 
   const double frequency = __longlong_as_double((long long)p[7]);
   const float* l = logits + (size_t)m * ldl;
   const int* cnt = (presence != 0.0 || frequency != 0.0) ? counts + (size_t)m * V : nullptr;
+  const unsigned int* mask = allow_on[m] ? allow + (size_t)m * allow_words : nullptr;
 
   // this warp's 256 ids in 4 chunks of 64: position 2 * lane + s of chunk c is id w0 + 64 c + 2 * lane + s
   const int w0 = b * TOPK_TILE + warp * 256;
@@ -156,7 +161,8 @@ sample_topk_mb(const float* __restrict__ logits, int ldl, int D, const unsigned 
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
       const int i = w0 + 64 * c + 2 * lane + s;
-      e[s] = i < D ? TopkEntry{topk_key(topk_penalized(x[2 * c + s], cnt, i, presence, frequency)), i} : topk_empty();
+      const bool in = i < D && (mask == nullptr || ((mask[i >> 5] >> (i & 31)) & 1u));
+      e[s] = in ? TopkEntry{topk_key(topk_penalized(x[2 * c + s], cnt, i, presence, frequency)), i} : topk_empty();
     }
     topk_warp_sort(e);
     if (c == 0) {

@@ -360,5 +360,9 @@ class _Resuming:
         return getattr(self.engine, "decode_stream", None)
 
     @property
+    def decode_masked(self):
+        return getattr(self.engine, "decode_masked", None)
+
+    @property
     def position(self):
         return self.engine.position

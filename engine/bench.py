@@ -64,17 +64,25 @@ class Sampling:
     min_p: float = 0.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    regex: str | None = None  # every draw under this regex's grammar mask (engine.constraints)
 
     def config(self, max_tokens: int):
         from engine.generate import GenerationConfig  # noqa: PLC0415
 
+        constraint = None
+        if self.regex is not None:
+            from engine.constraints import Constraint  # noqa: PLC0415
+
+            constraint = Constraint.regex(self.regex)
         return GenerationConfig(max_tokens=max_tokens, temperature=self.temperature, top_k=self.top_k,
                                 top_p=self.top_p, min_p=self.min_p, presence_penalty=self.presence_penalty,
-                                frequency_penalty=self.frequency_penalty, seed=TOKEN_SEED, ignore_eos=True)
+                                frequency_penalty=self.frequency_penalty, seed=TOKEN_SEED, ignore_eos=True,
+                                constraint=constraint)
 
     def as_dict(self) -> dict:
-        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "min_p": self.min_p,
-                "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty}
+        d = {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "min_p": self.min_p,
+             "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty}
+        return d | ({"regex": self.regex} if self.regex is not None else {})
 
 
 @dataclass(frozen=True)
@@ -317,6 +325,10 @@ def run_once(engine, test: Test, tokens: list[int], lanes: int = 1, sampling: Sa
     ctx, prompt = tokens[:d], tokens[d : d + max(p, 1)]
     streamed = not burst and hasattr(engine, "stream")
     sampling = sampling or Sampling()
+    if sampling.regex is not None and getattr(engine, "tokenizer", None) is None:  # (a synthetic engine)
+        from engine.synthetic import tokenizer  # noqa: PLC0415
+
+        engine.tokenizer = tokenizer(int(engine.args.vocab_size))
     if lanes > 1:
         raise NinferError(f"--lanes {lanes}: this engine runs one sequence at a time", "use --lanes 1")
     engine.reset()

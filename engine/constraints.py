@@ -314,7 +314,8 @@ class ConstraintMatcher:
         self._token_bytes = tokenizer.token_bytes
         self._marker = constraint.after.encode("utf-8") if constraint.after else None
         self._tail = b""
-        self._words = np.zeros((vocab_size + 31) // 32, np.int32)
+        # (a tokenizer without an end-of-sequence id gets one more id from llguidance: its mask is that wide)
+        self._words = np.zeros((max(vocab_size, lltok.vocab_size) + 31) // 32, np.int32)
         self._allowed: np.ndarray | None = None
         self._pending: Future | None = None
         self._overlap = overlap
@@ -358,7 +359,7 @@ class ConstraintMatcher:
 
     def bitmask(self) -> np.ndarray:
         """int32 [(vocab_size + 31) // 32]: `mask()` packed, bit (i % 32) of word i // 32 for id i."""
-        words = np.zeros(self._words.size * 4, np.uint8)
+        words = np.zeros((self.vocab_size + 31) // 32 * 4, np.uint8)
         packed = np.packbits(self.mask(), bitorder="little")
         words[: packed.size] = packed
         return words.view(np.int32)

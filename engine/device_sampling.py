@@ -50,6 +50,17 @@ def unpack_params(row) -> dict:
                 purpose=int(row[5]), presence=pres, frequency=freq)
 
 
+def masked_params(sampler) -> np.ndarray | None:
+    """The packed row the top-k sampler draws with under a grammar mask (cuda/sample_topk.cu's allow bits): greedy
+    as top_k 1, or the sampler's own settings when its top_k is one the top-k sampler takes; None otherwise (the
+    host then draws from the full logits)."""
+    if sampler.is_greedy:
+        return pack_params(temperature=1.0, top_k=1, seed=sampler.seed)
+    if 0 < sampler.top_k <= TOPK_MAX and not getattr(sampler, "logit_bias", None):
+        return pack_params(sampler)
+    return None
+
+
 def device_params(sampler) -> np.ndarray | None:
     """The packed row when a device sampler draws exactly what `sampler` would, else None (a logit bias or a
     grammar, and penalties without a top_k the top-k sampler takes: those need the host)."""

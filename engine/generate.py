@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator, Sequence
 
-from engine.device_sampling import device_params
+from engine.device_sampling import device_params, masked_params
 from engine.sampling import Sampler
 
 if TYPE_CHECKING:
@@ -98,6 +98,24 @@ def generate_step(
                     return
         finally:
             steps.close()
+        return
+    masked = getattr(engine, "decode_masked", None) if constraint is not None else None
+    params = masked_params(sampler) if masked is not None else None
+    if params is not None:  # the grammar's mask applied on the device, computed here from each token
+        left = max_tokens - 1 if max_tokens > 0 else 1 << 40
+        steps = masked(tok, left, params, lambda: None if constraint.done else constraint.bitmask(),
+                       counts=sampler.counts)
+        try:
+            for tok in steps:
+                sampler.accept(tok)
+                yield tok
+                n += 1
+                if cancel is not None and cancel.is_set():
+                    return
+        finally:
+            steps.close()
+        if n != max_tokens and constraint.done and constraint.stop_id is not None and not constraint.stopped:
+            yield constraint.stop_id
         return
     # GPU engines: only the ids that can matter (not under a constraint, whose mask may allow others)
     sparse = getattr(engine, "decode_step_sparse", None) if constraint is None else None

@@ -282,6 +282,30 @@ class CudaEngine(Engine):
             if self._stream_state is st:
                 self._settle()
 
+    def decode_masked(self, first_token: int, n: int, params, next_mask, counts=None):
+        """Yield up to n tokens after `first_token`, each drawn on the device by the top-k sampler (`params`:
+        engine.device_sampling.masked_params) under the grammar mask `next_mask()` gives for it (int32 words; None
+        ends the stream). Each step waits for the host's mask, so nothing is launched ahead."""
+        from engine.gpu.sampling import StreamState  # noqa: PLC0415
+
+        self._settle()
+        ex = self.model.executor
+        if getattr(ex, "graph_topk", None) is None:
+            raise ValueError("this engine has no top-k sampler graph")
+        if self.max_context:
+            n = min(int(n), self.max_context - self.position)
+        ex.set_sampling(params)
+        ex.set_counts(counts)
+        st = StreamState(first_token, self.position)
+        self._stream_state = st
+        try:
+            for tok in ex.masked_tokens(ex.graph_topk, st, n, next_mask):
+                self.cache.position = st.base + st.launched
+                yield tok
+        finally:
+            if self._stream_state is st:
+                self._settle()
+
     @property
     def decode_step_sparse(self):
         """`fn(token, margin) -> SparseLogits`: streamed host sampling reads back only the ids within the

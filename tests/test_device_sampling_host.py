@@ -297,3 +297,70 @@ def test_topk_kernel_algorithm_folds_many_tiles():
                 counts[t] = c
             for pos in (5, 77, 1 << 19):
                 assert _topk_kernel(x, D, ds.pack_params(s), counts, pos) == s(x, pos), st
+
+
+class _MaskedFake(_Fake):
+    """decode_masked hands out 200, 201, ... while next_mask() gives a mask (counting the masks asked for)."""
+
+    def decode_masked(self, tok, n, params, next_mask, counts=None):
+        self.calls.append((tok, n, ds.unpack_params(params)["top_k"]))
+        for i in range(n):
+            if next_mask() is None:
+                return
+            self.masks = getattr(self, "masks", 0) + 1
+            yield 200 + i
+
+
+class _Matcher:
+    """A constraint stand-in: allows everything, complete after `length` tokens, stop id 7."""
+
+    def __init__(self, length):
+        self.length, self.taken, self.stopped, self.stop_id = length, [], False, 7
+
+    @property
+    def done(self):
+        return self.stopped or len(self.taken) >= self.length
+
+    def mask(self):
+        return np.ones(4, bool)
+
+    def bitmask(self):
+        return np.array([15], np.int32)
+
+    def accept(self, tok):
+        if tok == self.stop_id:
+            self.stopped = True
+        else:
+            self.taken.append(tok)
+
+
+@pytest.mark.parametrize("st", [dict(temperature=0.0), dict(temperature=0.7, top_k=20, presence_penalty=1.5)])
+def test_generate_step_draws_under_a_grammar_on_the_device(st):
+    """Under a constraint a GPU engine draws on the device with the host's mask each step (greedy as top-1), and
+    a complete grammar ends with its stop id without another step."""
+    eng = _MaskedFake()
+    s = Sampler(seed=1, **st)
+    s.constraint = _Matcher(4)
+    out = list(generate_step(eng, [1, 2], s, max_tokens=50))
+    assert out[1:] == [200, 201, 202, 7] and eng.masks == 3 and eng.steps == 0
+    assert eng.calls[0][2] == (1 if st["temperature"] == 0 else 20)
+
+
+def test_generate_step_keeps_a_grammar_without_top_k_on_the_host():
+    eng = _MaskedFake()
+    s = Sampler(seed=1, temperature=0.7, top_p=0.9)
+    s.constraint = _Matcher(3)
+    out = list(generate_step(eng, [1, 2], s, max_tokens=50))
+    assert eng.calls == [] and eng.steps == 2 and out[-1] == 7
+
+
+def test_masked_stream_accounting(cp, monkeypatch):
+    eng = _engine(monkeypatch)
+    ex = eng.model.executor
+    eng.prefill([1, 2, 3])
+    masks = iter([np.array([1], np.int32)] * 3 + [None])
+    got = list(eng.decode_masked(5, 10, ds.masked_params(Sampler(temperature=0.0)), lambda: next(masks)))
+    assert len(got) == 3 and eng.position == 6 and len(eng._tokens) == 6
+    assert ex._allow_on is False  # the mask is off again for the next stream
+    assert ds.unpack_params(ds.masked_params(Sampler(temperature=0.0)))["top_k"] == 1
+    assert ds.masked_params(Sampler(temperature=0.7, top_p=0.9)) is None

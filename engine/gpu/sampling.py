@@ -57,9 +57,14 @@ class SamplingOps:
         self.tk_key = cp.zeros((M, nb, TOPK_MAX), dtype=cp.uint64)
         self.tk_id = cp.zeros((M, nb, TOPK_MAX), dtype=cp.int32)
         self.tk_ticket = cp.zeros(M, dtype=cp.uint32)
+        words = -(-self.V // 32)
+        self.tk_allow = cp.zeros((M, words), dtype=cp.uint32)  # a grammar's mask (engine.constraints), one row a lane
+        self.tk_allow_on = cp.zeros(M, dtype=cp.int32)
+        self._allow_on = False
         return [K.prepared("sample_topk_mb", (nb, M),
                            (self.logits, self.V, D, self.sp_params, self.sp_counts, self.V, self.tk_key, self.tk_id,
-                            self.tk_ticket, self.tokens, self.pos, self.history, self.step, self.hist_len),
+                            self.tk_ticket, self.tokens, self.pos, self.history, self.step, self.hist_len,
+                            self.tk_allow, self.tk_allow_on, words),
                            block=1024)]
 
     def _domain(self) -> int:
@@ -94,6 +99,49 @@ class SamplingOps:
                 host[:, int(tok)] = int(c)
         self.sp_counts.set(host, stream=self.stream)
 
+    def set_allow(self, words) -> None:
+        """The grammar mask the top-k sampler applies to the next draws (int32 words, bit i for id i), or None."""
+        on = words is not None
+        if on:
+            row = np.zeros(self.tk_allow.shape[1], np.uint32)
+            w = np.asarray(words).view(np.uint32)
+            row[: w.size] = w
+            self.tk_allow[0].set(row, stream=self.stream)
+        if on != self._allow_on:
+            self.tk_allow_on.set(np.full(self.M, int(on), np.int32), stream=self.stream)
+            self._allow_on = on
+
+    def masked_tokens(self, graph, state: StreamState, n: int, next_mask):
+        """Yield the tokens of up to n replays of the top-k `graph`, each drawn under the mask `next_mask()` returns
+        for it (computed on the host from the tokens so far, so each step waits for the one before; None: stop)."""
+        cp = self.cp
+        self._pinned_ring()
+        self.set_token(state.first)
+        src = self.tokens.data.ptr
+        try:
+            for _ in range(n):
+                words = next_mask()
+                if words is None:
+                    break
+                self.set_allow(words)
+                graph.launch(self.stream)
+                cp.cuda.runtime.memcpyAsync(self._ring.ctypes.data, src, 4, cp.cuda.runtime.memcpyDeviceToHost,
+                                            self.stream.ptr)
+                self._ring_ev[0].record(self.stream)
+                state.launched += 1
+                self._ring_ev[0].synchronize()
+                state.out.append(int(self._ring[0]))
+                yield state.out[-1]
+        finally:
+            self.set_allow(None)
+
+    def _pinned_ring(self):
+        cp = self.cp
+        if getattr(self, "_ring", None) is None:
+            self._ring_mem = cp.cuda.alloc_pinned_memory(4 * STREAM_RING)
+            self._ring = np.frombuffer(self._ring_mem, dtype=np.int32, count=STREAM_RING)
+            self._ring_ev = [cp.cuda.Event(block=False, disable_timing=True) for _ in range(STREAM_RING)]
+
     def sampled_graph(self, params):
         """The graph that draws what `params` asks for: the argmax for greedy, the top-k sampler where it applies."""
         from engine import device_sampling as ds  # noqa: PLC0415
@@ -113,6 +161,8 @@ class SamplingOps:
     def prepare_draws(self, params, counts=None):
         """Write the sampler's parameters (and counts) and return the graph to replay."""
         graph = self.sampled_graph(params)
+        if getattr(self, "graph_topk", None) is not None:
+            self.set_allow(None)
         if graph is not self.graph:
             self.set_sampling(params)
             if graph is getattr(self, "graph_topk", None):
@@ -125,13 +175,10 @@ class SamplingOps:
         token comes back through a pinned slot and an event. Stops launching at n; `finish_stream` settles the rest
         when the consumer stops early (at most one step past the last token read)."""
         cp = self.cp
-        if getattr(self, "_ring", None) is None:
-            self._ring_mem = cp.cuda.alloc_pinned_memory(4 * STREAM_RING)
-            self._ring = np.frombuffer(self._ring_mem, dtype=np.int32, count=STREAM_RING)
-            self._ring_ev = [cp.cuda.Event(block=False, disable_timing=True) for _ in range(STREAM_RING)]
+        self._pinned_ring()
         self.set_token(state.first)
         src = self.tokens.data.ptr
-        d2h = cp.cuda.runtime.memcpyDeviceToHost if hasattr(cp.cuda.runtime, "memcpyDeviceToHost") else 2
+        d2h = cp.cuda.runtime.memcpyDeviceToHost
 
         def launch():
             slot = state.launched % STREAM_RING

@@ -155,6 +155,10 @@ def bench(
                                                     help="Presence penalty (0: off).")] = 0.0,
     frequency_penalty: Annotated[float, typer.Option("--frequency-penalty", rich_help_panel=SAMPLING,
                                                      help="Frequency penalty (0: off).")] = 0.0,
+    regex: Annotated[Optional[str], typer.Option(
+        "--regex", metavar="RE", rich_help_panel=SAMPLING, show_default=False,
+        help="Draw every decoded token under this regular expression's grammar mask (what structured outputs cost; "
+             "a synthetic model's ids read as t0, t1, ...: e.g. '(t[0-9])*').")] = None,
     burst: Annotated[bool, typer.Option(
         "--burst", rich_help_panel=SAMPLING,
         help="Also time each decode as a device-side greedy burst (one host read), beside the streamed figure.")] = False,
@@ -246,7 +250,7 @@ def bench(
         progress=(lambda text: output.stderr().print(text, markup=False, highlight=False)) if progress else None,
         command=_command_line(ctx), fit=fit, burst=burst,
         sampling=Sampling(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                          presence_penalty=presence_penalty, frequency_penalty=frequency_penalty),
+                          presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, regex=regex),
     )
     from engine.bench_report import render  # noqa: PLC0415
 

@@ -41,8 +41,10 @@ class TopK:
         self.ticket = cp.zeros(M, cp.uint32)
         self.tokens, self.pos, self.step = cp.zeros(M, cp.int32), cp.zeros(M, cp.int32), cp.zeros(M, cp.int32)
         self.hist = cp.zeros((M, 8), cp.int32)
+        self.words = -(-v // 32)
+        self.allow, self.allow_on = cp.zeros((M, self.words), cp.uint32), cp.zeros(M, cp.int32)
 
-    def sample(self, logits, D, samplers, positions):
+    def sample(self, logits, D, samplers, positions, masks=None):
         from engine.gpu import launch as K
 
         cp = self.cp
@@ -54,9 +56,16 @@ class TopK:
                 host[m, t] = c
         self.counts.set(host)
         self.pos.set(np.asarray(positions, np.int32) - 1)
+        if masks is not None:  # bool [M, V]: the ids each row may draw
+            packed = np.zeros((self.M, self.words * 4), np.uint8)
+            bits = np.packbits(masks, axis=1, bitorder="little")
+            packed[:, :bits.shape[1]] = bits
+            self.allow.set(packed.view(np.uint32))
+        self.allow_on.fill(int(masks is not None))
         K.prepared("sample_topk_mb", (-(-D // TOPK_TILE), self.M),
                    (lg, lg.shape[1], D, self.params, self.counts, self.V, self.key, self.id, self.ticket,
-                    self.tokens, self.pos, self.hist, self.step, 8), block=1024)()
+                    self.tokens, self.pos, self.hist, self.step, 8, self.allow, self.allow_on, self.words),
+                   block=1024)()
         cp.cuda.Device().synchronize()
         assert not self.ticket.get().any()
         toks = self.tokens.get().tolist()
@@ -86,6 +95,50 @@ def test_topk_sampler_equals_host_sampler(cp, kind):
             if got != want:
                 bad.append((st, trial, got, want))
     assert not bad, bad[:3]
+
+
+def test_topk_sampler_under_a_mask_equals_the_host_sampler(cp):
+    """A grammar mask (random bits, a few ids or most): the device draws what the host draws from the masked row."""
+    from engine.sampling import mask_logits
+
+    rng = np.random.default_rng(12)
+    M, D = 4, V - 243
+    dev = TopK(cp, M)
+    bad = []
+    for trial in range(6):
+        x = np.stack([emu.make_row(rng, ["peaked", "llm", "ties"][trial % 3], V) for _ in range(M)])
+        masks = rng.random((M, V)) < (0.0005 if trial % 2 else 0.5)
+        masks[:, 7] = True  # at least one id allowed
+        for st in SETTINGS[:3] + [dict(temperature=1.0, top_k=1)]:
+            samplers = [Sampler(seed=int(rng.integers(0, 2**63)), domain=D, **st) for _ in range(M)]
+            positions = rng.integers(1, 1 << 20, M)
+            got = dev.sample(x, D, samplers, positions, masks)
+            want = [s(mask_logits(x[m], masks[m]), int(positions[m])) for m, s in enumerate(samplers)]
+            if got != want:
+                bad.append((st, trial, got, want))
+    assert not bad, bad[:3]
+
+
+def test_constrained_stream_equals_the_host_path():
+    """A regex constraint on the GPU engine (the mask applied on the device, greedy and sampled) gives the tokens
+    the full-logits host path gives, and only text the regex accepts."""
+    import re
+
+    from engine.constraints import Constraint
+    from engine.generate import GenerationConfig
+    from engine.synthetic import tokenizer
+
+    a, b = _engines()
+    for e in (a, b):
+        e.tokenizer = tokenizer(int(e.args.vocab_size))
+    b.decode_masked = None  # (an instance attribute hides the device path: the host draws from full logits)
+    for st in (dict(temperature=0.0), dict(temperature=0.8, top_k=40, presence_penalty=0.5)):
+        cfg = GenerationConfig(max_tokens=24, seed=3, constraint=Constraint.regex("(t[0-9])+"), **st)
+        dev = [r.token for r in a.stream([2, 7, 1], cfg)]
+        host = [r.token for r in b.stream([2, 7, 1], cfg)]
+        assert dev == host, st
+        text = "".join(a.tokenizer.decode([t]) for t in dev if t is not None)
+        assert re.fullmatch("(t[0-9])+", text), text
 
 
 def _engines(n=2):
