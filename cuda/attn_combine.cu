@@ -100,8 +100,8 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part_ml, const
 // attn_combine + the o-projection's staging in one launch: each block (query head h, token row m) combines
 // its head as attn_combine does, folds the largest |value| it wrote into amax[m] (atomicMax on the bits of
 // values >= 0) and takes a ticket in ticket[m]; the last head of the row stages the row [0, K) as the fp16
-// pairs stage_x_mb writes (the max is exact, so the same scale and bits) and resets both words. (Session 4
-// measured a single block doing combine + staging at 48 us a layer; this keeps the Hq blocks. Written
+// pairs stage_x_mb writes (the max is exact, so the same scale and bits) and resets both words. (A
+// single block doing combine + staging measured 48 us a layer; this keeps the Hq blocks. Written
 // without device time.)
 extern "C" __global__ void attn_combine_stage(const float* __restrict__ part_ml, const float* __restrict__ part_acc,
                                               int nsplit, const float* __restrict__ gate, int ldg,

@@ -7,7 +7,7 @@
 // tokens (log2 units), O += P V (32 n-tiles of 8 dims). No block barrier in the loop: a warp reads only its
 // own shared memory. Loads run ahead of the math: each warp keeps its next NS - 1 rounds' K and V rows in
 // flight through cp.async (int8: NS stages of raw codes and scales, decoded to one fp16 tile a round; bf16:
-// NS tiles copied as they are; NS = 1: each round's rows loaded, then used). Session 10 on the H200, 27B at
+// NS tiles copied as they are; NS = 1: each round's rows loaded, then used). On the H200, 27B at
 // depth 32768 (int8 KV): W 4 with NS 1 (~80 us a layer, against ~17 us of bytes) 110.6 tok/s, with NS 4
 // 118.1, the split kernel 105.2. The W warps' (max, sum, O) are then merged through shared memory into the
 // split's partials as attn_decode_merge writes them (max in natural-log units). Compiled after
@@ -215,7 +215,7 @@ __device__ __forceinline__ void adm_decode(unsigned short* tile, const unsigned 
 // quad's 64-dim group), so that O = sum over tokens of (P x scale) x code. The merge writes the dims back in order.
 template <int G, bool KV8, int W, int NS, bool KRAW = false, bool VRAW = false>
 __global__ void __launch_bounds__(32 * W) attn_decode_mma(ATTN_DECODE_PARAMS) {
-#if NI_PRE_SM80  // below sm_80: never launched (kernels.mma_ok)
+#if NI_PRE_SM80  // below sm_80: never launched (engine.gpu.plan refuses them)
   __trap();
 #else
   static_assert(G >= 1 && G <= 16, "one m16 tile of query heads");

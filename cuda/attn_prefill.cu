@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 2 : 1) attn_prefill_fa(
     const unsigned short* __restrict__ vc, const __half* __restrict__ ks, const __half* __restrict__ vs,
     const int* __restrict__ page_table, int Hq, int Hkv, int start, int nq, float scale,
     const float* __restrict__ gate, int ldg, float* __restrict__ out, int ldo) {
-#if NI_PRE_SM80  // below sm_80: never launched (kernels.mma_ok)
+#if NI_PRE_SM80  // below sm_80: never launched (engine.gpu.plan refuses them)
   __trap();
 #else
   constexpr int NT = NW * 32, BM = 16 * NW;
@@ -210,7 +210,7 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 2 : 1) attn_prefill_fa(
       }
       const bool diag = k0 + FA_BN - 1 > row0;  // the tile reaches past the warp's first row
       // (attn_decode_mma.cu's fa_softmax_tile, inline: the form this kernel was measured in; with the helper
-      // its bf16 SASS differs, session 9)
+      // its bf16 SASS differs)
       float mx_a = -INFINITY, mx_b = -INFINITY;
 #pragma unroll
       for (int n = 0; n < 8; ++n) {

@@ -1,6 +1,6 @@
 // Shared helpers for ninfer's CUDA kernels: warp reductions, fp16 magic-number decoding.
 //
-// All kernels are compiled together as one NVRTC module (engine/ops/kernels.py inlines this file).
+// All kernels are compiled together as one NVRTC module (engine/gpu/launch.py inlines this file).
 // Activations between kernels are fp32; quantized weights stay in their row-split planes.
 #pragma once
 #include <cuda_fp16.h>
@@ -8,7 +8,7 @@
 
 #define NI_WARP 32
 
-// Programmatic dependent launch (sm_90; kernels.py launches with the attribute where the plan's pdl is on).
+// Programmatic dependent launch (sm_90; engine/gpu/launch.py launches with the attribute where the plan's pdl is on).
 // Every kernel calls NI_PDL_ENTRY() before touching memory another kernel writes: the next kernel in the
 // stream may then start (and, in the GEMVs, prefetch its weights) while this one finishes. Both are
 // no-ops for a launch without the attribute, so the same code runs either way.
@@ -89,7 +89,7 @@ __device__ __forceinline__ float silu(float x) { return x / (1.f + __expf(-x)); 
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + __expf(-x)); }
 
 // Code that needs sm_80 (mma.sync on bf16/fp16/tf32, cp.async) compiles to a trap below it; the engine
-// does not launch it there (engine.ops.kernels.mma_ok).
+// refuses those GPUs (engine.gpu.plan.build_plan).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #define NI_PRE_SM80 1
 #else

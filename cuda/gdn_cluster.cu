@@ -19,8 +19,8 @@ __device__ __forceinline__ void cl_store4(float* local, unsigned int rank, float
 // gated_rmsnorm_chunks loads them from o (4 a lane), applies the gated norm (gated_res: gated_vals' arithmetic, z and
 // the norm weight loaded before the delta rule) and stages the head's 4 chunks as gated_rmsnorm_chunks does (the
 // values it re-reads from out through L2 stay in registers here): out, xh, xsc and xinv the same bits as the two
-// launches, without gated_rmsnorm_chunks' launch, its o load and its round trip. (Session 19's first form had warp 0
-// read the outputs through DSMEM between two barriers: the one-barrier form measured faster, s19c.)
+// launches, without gated_rmsnorm_chunks' launch, its o load and its round trip. (A first form had warp 0
+// read the outputs through DSMEM between two barriers: the one-barrier form measured faster.)
 extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(256)
     gdn_delta_gated_cl(GDN_RAW_PARAMS, const float* __restrict__ z, int ldz, const float* __restrict__ nw,
                        float* __restrict__ out, int ldo, float eps, int K, int kpad, __half2* __restrict__ xh,

@@ -1,7 +1,7 @@
 // The chunked GDN prefill on tensor cores: pass 1 (gdn_chunk_prep, every 64-token piece at once) and the
 // in-order pass 2 (gdn_chunk_scan_tc<RB>, in gdn_tc_scan.cu). The algorithm and the global layouts are those of gdn_chunked.cu
 // (its header comment; gdn_chunk_scan<RB> there is the CUDA-core form of pass 2, fed by the same pass 1).
-// Compiled into a module of its own (engine/ops/kernels.py module_tc: common.cuh, this file, gdn_tc_scan.cu).
+// Compiled into a module of its own (engine/gpu/launch.py module_tc: common.cuh, this file, gdn_tc_scan.cu).
 //
 // Products are mma.sync m16n8k8 TF32 (inline PTX, fragments loaded from shared memory by hand; no mma.h)
 // in 3xTF32: each operand x split into hi = tf32(x), lo = x - hi truncated to TF32 (gtc::split), and
@@ -25,7 +25,7 @@
 namespace gtc {
 // x rounded to TF32 (to nearest, ties away from zero: cvt.rna's result for finite x) by two integer ops;
 // cvt.rna.tf32.f32 itself compiles (sm_90) to a compare against infinity, a predicated add and a mask, the
-// compares of a fragment serialized on one predicate register. (Session 9: prep and scan ran their splits so.)
+// compares of a fragment serialized on one predicate register. (The prep and scan kernels' splits once ran so.)
 // NaN: the quiet NaN 0x7fc00000 (NumPy's, the tests' poison) stays NaN; CUDA's 0x7fffffff wraps to -0, where
 // 3xTF32 still carries it in the remainder but a 1xTF32 product (gdn_chunk_scan_tc<RB, 1>'s output) drops it.
 __device__ __forceinline__ unsigned tf32(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
@@ -162,7 +162,7 @@ __device__ __forceinline__ void cumsum64(float* Gs) {
 //   3. V -> shared in Q's place (cp.async, lands during the solve); T = (I + A)^-1 on the CUDA cores, fp32,
 //      by 16 x 16 blocks: the four diagonal ones by forward substitution (16 steps; a column per 4 lanes,
 //      a row's sum reduced over them by shuffles), then those below by distance from the diagonal,
-//      T_ij = -T_ii sum_k A_ik T_kj (two barriers a distance); T over A in shared. (Session 9: the
+//      T_ij = -T_ii sum_k A_ik T_kj (two barriers a distance); T over A in shared. (The
 //      64-step substitution before it took 0.35 of the kernel's 1.0 ms at the 27B's pp8192.)
 //   4. W = T (beta e^G o K), U' = T (beta o V) (the row scales applied to the B fragments; T's tiles above
 //      the diagonal skipped), a warp 16 columns of both, to global.

@@ -1,8 +1,7 @@
-// GEMV variants under measurement (kernels.EXPERIMENTAL; compiled into a second module on first use, not
-// in the tuning table): gemv_rs_pre (pre-staged x only, __ldg x, constant-stride pointers, optional
-// fused staging of its SwiGLU output) and gemv_rs_async (weights through a cp.async ring); gemv_mma.cu
-// holds the tensor-core one. They share gemv.cu's decode (dot_core) and epilogue (gemv_store); the
-// measurements are in bench/NOTES-decode.md (session 4).
+// The pre-staged GEMVs (compiled with gemv.cu into the one module: launch.SOURCES): gemv_rs_pre (pre-staged x
+// only, __ldg x, constant-stride pointers, optional fused staging of its SwiGLU output) and gemv_rs_pre_pair (two
+// formats' projections in one grid). They share gemv.cu's decode (dot_core) and epilogue (gemv_store); the
+// measurements are in docs/performance.md.
 #include "common.cuh"
 
 // Slot z of a routed (MoE) launch, pre-staged x: x, xinv and y move to the slot's rows (no-ops for
@@ -64,7 +63,7 @@ __device__ __forceinline__ void gemv_rs_pre_body(GEMV_RS_PARAMS, __half2* __rest
   // (atomicMax on the float bits), takes a ticket in sslot[1], and the last block stages the whole row
   // and resets both words for the next launch. (Written without device time: measure before use.)
   // sxh == nullptr, sslot != nullptr (same conditions): only the fold into sslot[0]; stage_x_amax stages the
-  // row from it and resets both words (measured: 27B +2.3%, bench/NOTES-decode.md session 11).
+  // row from it and resets both words (measured: 27B +2.3%, docs/performance.md).
   // (w8 too with int16 pairs: a 16-code chunk j is half of the staged 32-value block j / 2, dot_w8_i16)
   using F = Fmt<FMT>;
   static_assert(F::VPU == 32 || FMT == FMT_W8, "q4-q6 (slot-major staged x), w8 on the int16 pairs");
@@ -152,7 +151,7 @@ __device__ __forceinline__ void gemv_rs_pre_body(GEMV_RS_PARAMS, __half2* __rest
     wrote = fmaxf(wrote, gemv_store<ROWS, M, true, CONV>(acc, g, N, pair_stride, epi, inv_sc, yw, y, ldy, lane,
                                                          ConvEpi{conv_w, conv_st, conv_c, conv_base, conv_rows}));
   }
-  if (sxh != nullptr) {  // (session 5's version of this tail, one dependent L2 round a pair: +11 us a layer)
+  if (sxh != nullptr) {  // (an earlier version of this tail, one dependent L2 round a pair: +11 us a layer)
     __shared__ float red[32];
     const float bmax = block_max(wrote, red);
     __threadfence();  // this thread's stores of y, before the block's ticket

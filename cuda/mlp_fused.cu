@@ -6,7 +6,7 @@
 //                         into its own shared memory; else a slice a block into global memory, then a second barrier
 //   y[s] = down[:, slice s] pairs                                   split-K planes (gemv_rs_pre's)
 //
-// CHUNK (the default since session 15): each block owns whole 32-value chunks of act and packs them with a scale
+// CHUNK (the default): each block owns whole 32-value chunks of act and packs them with a scale
 // each before the barrier (no maximum, no staging after it; the down multiplies the chunk scale in: not the four
 // kernels' bits); with help, the chunks left over after an equal share a block are computed by every warp in slices.
 //

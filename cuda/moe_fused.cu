@@ -14,19 +14,19 @@
 //
 // Why: the kernel-per-op MoE step is a chain of five dependent launches a layer (norm, router GEMV beside the shared
 // gate|up, top-k, routed gate|up, moe_down), each ~1-3 MB of weights: their ramps, tails and boundaries cost more than
-// the bytes (session 12's breakdown: ~21 us a layer for ~6 MB). Here the blocks stay resident across the chain; every
+// the bytes (measured: ~21 us a layer for ~6 MB). Here the blocks stay resident across the chain; every
 // warp's phase-1 weights are in flight before the norm, and each step starts at a grid barrier instead of a launch.
 // Not the kernels' bits (the router's rows summed by one warp, the down's input staged by chunks, int16 pairs and
 // dp2a where moe_down takes fp32 products); the planes are those moe_down writes, so the next norm is unchanged. The top-k runs in every block (256 logits, cheap).
 // Grid: every block resident (the occupancy calculator's grid, a cooperative launch); a barrier that waits ~2 s traps.
-// (Written in session 17 without device time first; see bench/NOTES-decode.md.)
+// (Written without device time first; see docs/performance.md.)
 #include "common.cuh"
 #include "persistent.cu"
 
 #define MOE_MAX_TOPK 16
 // opts (kernel_names.MOE_FUSED_OPTS): the norm's first two planes loaded with x and w in one round; the top-k by
 // route_row_redux; the grid barriers' light form (persistent.cu). (4, the down's weights prefetched into L2 after
-// the top-k, lost twice in session 17: in git history at its fourth commit.)
+// the top-k, measured slower twice: removed in 8dfe9a2.)
 #define MOE_OPT_PLANES2 1
 #define MOE_OPT_REDUX 2
 #define MOE_OPT_LIGHT_BAR 8

@@ -168,7 +168,7 @@ __device__ __forceinline__ void add_planes(float (&v)[VPT], const float* __restr
 // ONE: the planes PU at a time with predicated loads, so that S <= PU planes go out in one round
 // with x_in and w. (Without it the loop's remainder runs a plane an iteration, each add waiting for its plane before
 // the next plane's loads go out: the SASS of the <5, 4> form loads the 27B's 3 planes in 3 rounds after x_in and w,
-// the <2, 8> form the MoE norm's 9 in 2.) The same additions in the same order, so the same bits. Session 18 (s18b,
+// the <2, 8> form the MoE norm's 9 in 2.) The same additions in the same order, so the same bits. Measured (H200,
 // one process, two passes): 27B 154.7 / 154.6 against 153.9 / 153.9 tok/s.
 template <int VPT, int PU, bool ONE = false>
 __device__ __forceinline__ void residual_rmsnorm_body(RESIDUAL_RMSNORM_PARAMS) {

@@ -7,8 +7,8 @@
 // round of predicated loads), so that no block reads the whole row and its S planes (the mb forms' blocks do: the MoE
 // norm's 9 planes of 8 KB each are a block's L2 bandwidth); thread r < NORM_CL stores the block's sum of squares and
 // largest |v w| into slot b of block r's shared memory (st.shared::cluster) before one cluster barrier, then every block
-// sums the 8 slots in rank order from its own memory, normalizes and stages its own chunks. (Session 18's form read the
-// pairs through DSMEM between two barriers: session 19 measured this one faster, s19c.) x_out is residual_rmsnorm_mb's
+// sums the 8 slots in rank order from its own memory, normalizes and stages its own chunks. (A form that read the
+// pairs through DSMEM between two barriers measured slower on the H200.) x_out is residual_rmsnorm_mb's
 // bits; the sum of squares is added in another order, so out and the staged pairs are within fp32 rounding of its, not
 // its bits. Grid (NORM_CL, M), 256 threads; kpad / 32 <= NORM_CL x NORM_CL_CHUNKS.
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // (clusters: sm_90; kernels.cluster_capable)

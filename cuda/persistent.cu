@@ -175,7 +175,7 @@ struct WarpRows {
   }
 };
 
-// The persistent launch's norm (mlp_fused; session 15's gdn_in_fused too, in git history at 509b065): x_out = x_in +
+// The persistent launch's norm (mlp_fused; formerly gdn_in_fused too, in git history at 509b065): x_out = x_in +
 // planes; every block computes rmsnorm(x_out) (1 + w) into its own shared memory (the fp32 values xf, then the staged
 // pairs at smem), with residual_rmsnorm_mb's operations in its order (the same bits). `load` issues the first loads
 // (x_in, 1 + w, the first plane), so that a kernel can issue its first weight loads behind them before `finish`.

@@ -71,9 +71,10 @@ def generate_step(
     so a seed reproduces the same tokens. `cancel` is checked before every token. GPU engines that draw on
     the device (`decode_stream`, engine.device_sampling) take every token after the first from the graph,
     the device a step ahead of this loop; the others feed each token back when the next one is asked for.
-    With `sampler.constraint` set, every step takes the full logits on the host (the mask may allow ids
-    the sparse read-back or the device sampler never sees), and a complete grammar ends with its stop id
-    without another model step.
+    With `sampler.constraint` set, an engine with `decode_masked` draws each token on the device under the
+    grammar's bitmask when its top-k sampler takes the sampler (engine.device_sampling.masked_params); otherwise
+    every step takes the full logits on the host (the mask may allow ids the sparse read-back or the device
+    sampler never sees). A complete grammar ends with its stop id without another model step.
     """
     if max_tokens == 0 or (cancel is not None and cancel.is_set()):
         return

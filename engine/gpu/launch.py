@@ -341,8 +341,8 @@ class Launch:
         self.fn(self.grid, (self.block,), self.args, shared_mem=self.smem)
 
 
-# Streams whose next launch follows a join (wait_join): that launch goes without programmatic serialization. Measured
-# (s20b): a programmatic launch right after a join does not wait for the other stream's kernel (its griddepcontrol.wait
+# Streams whose next launch follows a join (wait_join): that launch goes without programmatic serialization. Measured:
+# a programmatic launch right after a join does not wait for the other stream's kernel (its griddepcontrol.wait
 # covers the launch's own stream), so what the kernel after it reads from the joined branch can be stale (the MoE
 # engine test with moe_down: the shared expert's SwiGLU row of the previous layer).
 _JOINED: dict[int, bool] = {}
