@@ -46,7 +46,8 @@ class ServeConfig:
     model_aliases: tuple[str, ...] = ()  # other names a request may give for the model (e.g. name:tag)
 
 
-def constraint_for(request_format, tools=None, tool_choice=None, api: str = "openai"):
+def constraint_for(request_format, tools=None, tool_choice=None, api: str = "openai", *, parallel_tool_calls=None,
+                   structured_outputs=None):
     """The output constraint a request asks for (`response_format`, Responses `text.format`, Anthropic
     `output_config.format`, or a tool choice that forces a call; `ninfer_cli.serve_formats`), None for free text;
     a format the grammar library cannot enforce is a 400 naming the field."""
@@ -54,7 +55,8 @@ def constraint_for(request_format, tools=None, tool_choice=None, api: str = "ope
     from ninfer_cli.serve_formats import constraint_for as mapped  # noqa: PLC0415
 
     try:
-        return mapped(_plain(request_format), _plain(tools), _plain(tool_choice), api)
+        return mapped(_plain(request_format), _plain(tools), _plain(tool_choice), api,
+                      parallel_tool_calls=parallel_tool_calls, structured_outputs=_plain(structured_outputs))
     except ConstraintError as exc:
         message = f"{exc.message} ({exc.next_action})" if exc.next_action else exc.message
         raise ApiError(400, f"{exc.param}: {message}" if exc.param else message, param=exc.param,
@@ -362,7 +364,9 @@ def _routes(app: FastAPI, state: ServeState) -> None:
         host, req = await parse(request, schema)
         job = to_job(req)
         job.constraint = constraint_for(request_format(req), getattr(req, "tools", None),
-                                        getattr(req, "tool_choice", None), api)
+                                        getattr(req, "tool_choice", None), api,
+                                        parallel_tool_calls=getattr(req, "parallel_tool_calls", None),
+                                        structured_outputs=getattr(req, "structured_outputs", None))
         rid, created = new_id(prefix), int(time.time())
 
         async def respond(run: Run):

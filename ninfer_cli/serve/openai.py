@@ -82,6 +82,8 @@ class ChatRequest(Sampling):
     chat_template_kwargs: dict | None = None
     thinking_budget: int | None = Field(None, ge=0)
     response_format: dict | None = None
+    parallel_tool_calls: bool | None = None
+    structured_outputs: dict | None = None  # vLLM's extension: {json | regex | choice | grammar | json_object}
     logprobs: bool | None = None
 
 

@@ -129,6 +129,7 @@ def test_constraint_hook():
     assert exc.value.status == 400 and exc.value.param and exc.value.param.startswith("response_format")
     tools = [{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}]
     assert isinstance(constraint_for(None, tools, "required", "responses"), Constraint)
+    assert constraint_for(None, structured_outputs={"choice": ["yes", "no"]}) == Constraint.choice(["yes", "no"])
 
 
 def test_gate_is_a_bounded_fifo():
