@@ -171,26 +171,29 @@ def test_engine_decode_sampled_equals_host_sampling():
         assert a.position == b.position == 29
 
 
+class HostOnly:
+    """An engine with its device paths hidden: the generate loop samples on the host from full logits."""
+
+    def __init__(self, e):
+        self.e = e
+
+    def prefill(self, ids):
+        return self.e.prefill(ids)
+
+    def decode_step(self, t):
+        return self.e.decode_step(t)
+
+    @property
+    def position(self):
+        return self.e.position
+
+
 def test_generate_step_device_path_equals_host_path():
     from engine.generate import generate_step
 
     a, b = _engines()
     s1 = Sampler(seed=9, temperature=0.7, top_p=0.95, domain=a.domain)
     s2 = Sampler(seed=9, temperature=0.7, top_p=0.95, domain=a.domain)
-
-    class HostOnly:  # the same engine with the device sampler hidden
-        def __init__(self, e):
-            self.e = e
-
-        def prefill(self, ids):
-            return self.e.prefill(ids)
-
-        def decode_step(self, t):
-            return self.e.decode_step(t)
-
-        @property
-        def position(self):
-            return self.e.position
 
     dev = list(generate_step(a, [2, 7, 1], s1, max_tokens=20))
     host = list(generate_step(HostOnly(b), [2, 7, 1], s2, max_tokens=20))

@@ -4,11 +4,10 @@ import numpy as np
 import pytest
 
 from engine import gpu_engine  # noqa: F401  (imported up front, as test_device_sampling does)
-from engine.gpu import weights as gpu_weights
 from engine.device_sampling import SAMPLE_PARAMS, TOPK_MAX, pack_params
 from engine.gpu.sampling import TOPK_TILE
 from engine.sampling import Sampler
-from test_device_sampling import emu  # noqa: E402  (tests/gpu is on sys.path under pytest)
+from test_device_sampling import HostOnly, _engines, emu  # noqa: E402  (tests/gpu is on sys.path under pytest)
 
 pytestmark = pytest.mark.gpu
 
@@ -141,17 +140,6 @@ def test_constrained_stream_equals_the_host_path():
         assert re.fullmatch("(t[0-9])+", text), text
 
 
-def _engines(n=2):
-    from engine.config import ModelArgs
-    from engine.gpu_engine import build_engine
-    from engine.models.qwen3_5 import random_weights
-    from engine.synthetic import TINY_CUDA as CFG
-
-    args = ModelArgs.from_config(CFG)
-    w = gpu_weights.from_logical(args, gpu_weights.as_stored(random_weights(args, seed=3), "groupwise-int"))
-    return [build_engine(args, w, CFG, max_context=256, prefill_cols=1) for _ in range(n)]
-
-
 @pytest.mark.parametrize("st", [dict(temperature=0.0), dict(temperature=0.7, top_k=20, top_p=0.8, presence_penalty=1.5),
                                 dict(temperature=0.8, top_p=0.9), dict(temperature=1.0, top_k=40, frequency_penalty=0.7)])
 def test_stream_equals_host_loop(st):
@@ -159,20 +147,6 @@ def test_stream_equals_host_loop(st):
     from engine.generate import generate_step
 
     a, b = _engines()
-
-    class HostOnly:  # the same engine with the device paths hidden
-        def __init__(self, e):
-            self.e = e
-
-        def prefill(self, ids):
-            return self.e.prefill(ids)
-
-        def decode_step(self, t):
-            return self.e.decode_step(t)
-
-        @property
-        def position(self):
-            return self.e.position
 
     dev = list(generate_step(a, [2, 7, 1], Sampler(seed=9, domain=a.domain, **st), max_tokens=40))
     host = list(generate_step(HostOnly(b), [2, 7, 1], Sampler(seed=9, domain=b.domain, **st), max_tokens=40))
