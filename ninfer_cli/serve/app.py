@@ -28,7 +28,7 @@ from ninfer_cli.serve import anthropic, openai, responses
 from ninfer_cli.serve.errors import ApiError, api_of_path, from_validation
 from ninfer_cli.serve.generation import ModelHost, Run
 from ninfer_cli.serve.logs import RequestLog, usage_of
-from ninfer_cli.serve.schema import new_id, sse
+from ninfer_cli.serve.schema import constraint_for, new_id, sse
 
 MIB = 1 << 20
 
@@ -44,32 +44,6 @@ class ServeConfig:
     pending_timeout_s: float = 600.0
     request_log: str | None = None
     model_aliases: tuple[str, ...] = ()  # other names a request may give for the model (e.g. name:tag)
-
-
-def constraint_for(request_format, tools=None, tool_choice=None, api: str = "openai", *, parallel_tool_calls=None,
-                   structured_outputs=None):
-    """The output constraint a request asks for (`response_format`, Responses `text.format`, Anthropic
-    `output_config.format`, or a tool choice that forces a call; `ninfer_cli.serve_formats`), None for free text;
-    a format the grammar library cannot enforce is a 400 naming the field."""
-    from engine.constraints import ConstraintError  # noqa: PLC0415
-    from ninfer_cli.serve_formats import constraint_for as mapped  # noqa: PLC0415
-
-    try:
-        return mapped(_plain(request_format), _plain(tools), _plain(tool_choice), api,
-                      parallel_tool_calls=parallel_tool_calls, structured_outputs=_plain(structured_outputs))
-    except ConstraintError as exc:
-        message = f"{exc.message} ({exc.next_action})" if exc.next_action else exc.message
-        raise ApiError(400, f"{exc.param}: {message}" if exc.param else message, param=exc.param,
-                       code=exc.code) from None
-
-
-def _plain(value):
-    """Request fields as the plain dicts and lists they arrived as (pydantic models dumped)."""
-    if hasattr(value, "model_dump"):
-        return value.model_dump(exclude_none=True)
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value
 
 
 class Gate:

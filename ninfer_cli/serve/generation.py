@@ -29,7 +29,7 @@ class Job:
     think: bool | None = None
     effort: str | None = None
     thinking_budget: int | None = None
-    constraint: object = None  # engine.constraints.Constraint from app.constraint_for (None: free text)
+    constraint: object = None  # engine.constraints.Constraint from schema.constraint_for (None: free text)
 
 
 @dataclass

@@ -10,7 +10,8 @@ import pytest
 pytest.importorskip("fastapi")
 
 from ninfer_cli.serve import anthropic, openai, responses  # noqa: E402
-from ninfer_cli.serve.app import Gate, constraint_for  # noqa: E402
+from ninfer_cli.serve.app import Gate  # noqa: E402
+from ninfer_cli.serve.schema import constraint_for  # noqa: E402
 from ninfer_cli.serve.errors import ApiError  # noqa: E402
 
 
