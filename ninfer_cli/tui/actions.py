@@ -91,7 +91,7 @@ class SlashHandler:
     async def do_model(self, args: list[str]) -> None:
         app = self.app
         if args:
-            await app.switch_model(args[0])
+            await self.switch_model(args[0])
             return
         models = app._installed_models()
         current = app.session.info.name
@@ -207,3 +207,19 @@ class SlashHandler:
                 raise ValueError("the last answer has no code block")
         app.copy_to_clipboard(answer)
         app.notify(f"copied the {what} ({len(answer)} characters)", timeout=2)
+
+    async def switch_model(self, ref: str) -> None:
+        """`/model REF`: load another model for the rest of the conversation."""
+        app = self.app
+        if app.open_model is None:
+            raise ValueError("this chat runs one model; start `ninfer chat MODEL` for another")
+        if app.generating:
+            raise ValueError("still answering: press Esc first")
+        if not app.loaded and app.load_error is None:
+            raise ValueError("the model is still loading: switch once it is ready")
+        session = app.open_model(ref)  # resolves now: an unknown name fails here, the old model stays
+        app.session, app.loaded, app.load_error, app._load_failed = session, False, None, None
+        app.conversation.model = session.info.name
+        app.status.show_model(session.info, "[dim]loading…[/dim]")
+        await app.note(f"Switching to **{session.info.name}**…")
+        app._load()

@@ -12,6 +12,17 @@ from dataclasses import dataclass, field
 
 from textual.message import Message
 
+from engine.errors import NinferError
+
+
+def error_text(exc: BaseException) -> str:
+    """One line for the chat: the message and, for NinferError, what to do next."""
+    if isinstance(exc, NinferError):
+        return exc.message + (f" → {exc.next_action}" if exc.next_action else "")
+    if isinstance(exc, MemoryError) or "OutOfMemory" in type(exc).__name__:
+        return "out of memory → lower --ctx or --max-tokens, or close other programs"
+    return f"{type(exc).__name__}: {exc}"
+
 
 @dataclass
 class TurnStats:
@@ -70,6 +81,19 @@ class TurnBuffer:
             self._text.clear()
             self._woken = False
             return r, t
+
+    def stats(self, final, cancelled: bool) -> TurnStats:
+        """The turn's figures: the last Response's where the engine gave them, else what the buffer timed."""
+        first, last = self.first_token_at, self.last_token_at
+        rate = getattr(final, "generation_tps", 0.0) if final is not None else 0.0
+        if not rate and first is not None and last is not None and self.tokens > 1:
+            rate = (self.tokens - 1) / max(last - first, 1e-6)
+        reason = getattr(final, "finish_reason", None) or ("cancelled" if cancelled else "stop")
+        return TurnStats(prompt_tokens=getattr(final, "prompt_tokens", 0) or 0,
+                         generation_tokens=getattr(final, "generation_tokens", 0) or self.tokens,
+                         ttft=(first - self.started) if first is not None else 0.0,
+                         tokens_per_second=rate, prompt_tps=getattr(final, "prompt_tps", 0.0) or 0.0,
+                         seconds=time.perf_counter() - self.started, finish_reason=reason)
 
     def live_rate(self, now: float | None = None) -> float:
         """Tokens per second since the first token (0 before the second one)."""
