@@ -210,13 +210,15 @@ __global__ void __launch_bounds__(256) gdn_delta_raw_rw(GDN_RAW_PARAMS) {
 // verification checks). The conv window and the recurrent state row stay in registers across the T tokens,
 // so the state is read and written once per chunk instead of once per token.
 // Inputs are [T, ...] rows as in the lane form; conv_state [3, C] and state [Hv, 128, 128] of the sequence.
-extern "C" __global__ void gdn_prep_cols(const float* __restrict__ qk, int ldqk, const float* __restrict__ vv, int ldv,
-                                         const float* __restrict__ ab, int ldab, float* __restrict__ conv_state,
-                                         const float* __restrict__ conv_w, const float* __restrict__ a_log,
-                                         const float* __restrict__ dt_bias, float* __restrict__ qn,
-                                         float* __restrict__ kn, float* __restrict__ vo, float* __restrict__ g,
-                                         float* __restrict__ beta, int Hk, int Hv, float q_scale, int T) {
-  NI_PDL_ENTRY();
+// conv_rec (speculative verification, cuda/spec.cu): each token's conv inputs are recorded into conv_rec [T, C] and
+// the conv state is left as it was (the fold shifts the accepted ones in).
+#define GDN_PREP_COLS_PARAMS                                                                                        \
+  const float *__restrict__ qk, int ldqk, const float *__restrict__ vv, int ldv, const float *__restrict__ ab,     \
+      int ldab, float *__restrict__ conv_state, const float *__restrict__ conv_w, const float *__restrict__ a_log, \
+      const float *__restrict__ dt_bias, float *__restrict__ qn, float *__restrict__ kn, float *__restrict__ vo,    \
+      float *__restrict__ g, float *__restrict__ beta, int Hk, int Hv, float q_scale, int T
+#define GDN_PREP_COLS_ARGS qk, ldqk, vv, ldv, ab, ldab, conv_state, conv_w, a_log, dt_bias, qn, kn, vo, g, beta, Hk, Hv, q_scale, T
+__device__ __forceinline__ void gdn_prep_cols_body(GDN_PREP_COLS_PARAMS, float* __restrict__ conv_rec) {
   const int lane = threadIdx.x & 31;
   const int head = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int nheads = 2 * Hk + Hv;
@@ -253,6 +255,7 @@ extern "C" __global__ void gdn_prep_cols(const float* __restrict__ qk, int ldqk,
         asm volatile("prefetch.global.L1 [%0];" ::"l"(ab + (size_t)(t + 1) * ldab + lane * Hv + head - 2 * Hk));
     }
     const float xi[4] = {xin.x, xin.y, xin.z, xin.w};
+    if (conv_rec != nullptr) *reinterpret_cast<float4*>(conv_rec + (size_t)t * C + c0) = xin;
     float y[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -261,11 +264,16 @@ extern "C" __global__ void gdn_prep_cols(const float* __restrict__ qk, int ldqk,
     }
     prep_store(y, head, t, lane, Hk, Hv, q_scale, ab, ldab, a_log, dt_bias, qn, kn, vo, g, beta);
   }
-  if (gridDim.y > 1) return;
+  if (gridDim.y > 1 || conv_rec != nullptr) return;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     conv_state[c0 + i] = s0[i]; conv_state[C + c0 + i] = s1[i]; conv_state[2 * C + c0 + i] = s2[i];
   }
+}
+
+extern "C" __global__ void gdn_prep_cols(GDN_PREP_COLS_PARAMS) {
+  NI_PDL_ENTRY();
+  gdn_prep_cols_body(GDN_PREP_COLS_ARGS, nullptr);
 }
 
 // After a token-split gdn_prep_cols: the conv state becomes the last three inputs of [state, x_0..x_T-1].
@@ -286,11 +294,13 @@ extern "C" __global__ void gdn_conv_tail(const float* __restrict__ qk, int ldqk,
   conv_state[c] = nw[0]; conv_state[C + c] = nw[1]; conv_state[2 * C + c] = nw[2];
 }
 
-extern "C" __global__ void __launch_bounds__(256) gdn_delta_cols(const float* __restrict__ qn, const float* __restrict__ kn,
-                                                      const float* __restrict__ vo, const float* __restrict__ g,
-                                                      const float* __restrict__ beta, float* __restrict__ state,
-                                                      float* __restrict__ o, int Hk, int Hv, int tiled, int T) {
-  NI_PDL_ENTRY();
+// write_state false (speculative verification): the state is read, never written; o may be null (the fold).
+#define GDN_DELTA_COLS_PARAMS                                                                                     \
+  const float *__restrict__ qn, const float *__restrict__ kn, const float *__restrict__ vo,                      \
+      const float *__restrict__ g, const float *__restrict__ beta, float *__restrict__ state, float *__restrict__ o, \
+      int Hk, int Hv, int tiled, int T
+#define GDN_DELTA_COLS_ARGS qn, kn, vo, g, beta, state, o, Hk, Hv, tiled, T
+__device__ __forceinline__ void gdn_delta_cols_body(GDN_DELTA_COLS_PARAMS, bool write_state) {
   const int lane = threadIdx.x & 31;
   const int rowid = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (rowid >= Hv * 128) return;
@@ -314,10 +324,15 @@ extern "C" __global__ void __launch_bounds__(256) gdn_delta_cols(const float* __
     float g2, b2, v2;
     ld(t + 1 < T ? t + 1 : t, q2, k2, g2, b2, v2);
     const float ov = delta_reg(s, q, k, __expf(gt), bt, vt);
-    if (lane == 0) o[((size_t)t * Hv + h) * 128 + dv] = ov;
+    if (lane == 0 && o != nullptr) o[((size_t)t * Hv + h) * 128 + dv] = ov;
     q = q2; k = k2; gt = g2; bt = b2; vt = v2;
   }
-  *sp = s;
+  if (write_state) *sp = s;
+}
+
+extern "C" __global__ void __launch_bounds__(256) gdn_delta_cols(GDN_DELTA_COLS_PARAMS) {
+  NI_PDL_ENTRY();
+  gdn_delta_cols_body(GDN_DELTA_COLS_ARGS, true);
 }
 
 // gdn_delta_cols with R state rows a warp (32 / R lanes a row, 4R values a lane): the dot products over a

@@ -101,6 +101,8 @@ class CudaModel:
                  kv: str = "bf16", prefill_cols: int = PREFILL_COLS, prefill_gemm: int = PREFILL_GEMM,
                  prefill_cap: int | None = None):
         self.args = args
+        self.mtp_weights = {n: w for n, w in weights.items() if n.startswith("mtp/")}  # (speculation: gpu/verify.py)
+        self.speculator = None
         self.executor = CudaQwen35(args, weights, max_context=max_context, gemv_cfg=gemv_cfg, kv=kv)
         self.weight_bytes = self.executor.weight_bytes()
         self.weight_bytes_per_token = self.executor.weight_bytes_per_token()
@@ -335,6 +337,20 @@ class CudaEngine(Engine):
             vals = row[ids]
             out = SparseLogits(ids.get(), vals.get(), self.domain)
         return out
+
+    def speculator(self, k: int):
+        """The MTP speculation graphs for k drafts (engine.gpu.verify.Speculator), built on first use: building
+        captures graphs, which drops the sequence held for prefix reuse."""
+        self._settle()
+        sp = self.model.speculator
+        if sp is None or sp.k != k:
+            from engine.gpu.verify import Speculator  # noqa: PLC0415
+
+            self.model.speculator = None  # (the old graphs' buffers go before the new ones are made)
+            super().reset()
+            self.model.speculator = sp = Speculator(self.model.executor, self.model.mtp_weights, k)
+            super().reset()
+        return sp
 
     def seek_synthetic(self, n: int) -> None:
         """Move a fresh sequence to position `n` without computing the `n` tokens (bench `-d` on a

@@ -236,6 +236,12 @@ def speculative_generate_step(
     """
     if not 1 <= k <= MAX_DRAFT:
         raise ValueError(f"k must be 1..{MAX_DRAFT}, not {k}")
+    if hasattr(engine, "speculator"):  # the CUDA engine: its rounds are graphs (engine/gpu_spec.py)
+        from engine.gpu_spec import cuda_speculative_generate_step  # noqa: PLC0415
+
+        yield from cuda_speculative_generate_step(engine, prompt_ids, sampler, k=k, max_tokens=max_tokens,
+                                                  cancel=cancel, draft=draft, stats=stats, mtp=mtp)
+        return
     if getattr(sampler, "constraint", None) is not None:  # per-column masks are not built: decode plainly
         yield from generate_step(engine, prompt_ids, sampler, max_tokens=max_tokens, cancel=cancel)
         return
@@ -305,8 +311,17 @@ def check_spec(engine, spec: str | None) -> tuple[str, int]:
     kind, k = parse_spec(spec or "off")
     if kind == "off":
         return kind, k
+    if hasattr(engine, "speculator"):  # the CUDA engine
+        model = getattr(engine, "model", None)
+        if getattr(getattr(model, "args", None), "is_moe", False):
+            raise NinferError(f"--spec {spec}: the CUDA engine verifies dense models only for now",
+                              "use --spec off, or NINFER_DEVICE=cpu")
+        if not getattr(model, "mtp_weights", None):
+            raise NinferError(f"--spec {spec} needs a model with an MTP head",
+                              "use --spec off, or a model whose artifact carries the mtp weights")
+        return kind, k
     if getattr(engine, "device", "cpu") != "cpu":
-        raise NinferError(f"--spec {spec} is not built for the CUDA engine yet", "use --spec off")
+        raise NinferError(f"--spec {spec} is not built for this engine", "use --spec off")
     if getattr(getattr(engine, "model", None), "mtp_layer", None) is None:
         raise NinferError(f"--spec {spec} needs a model with an MTP head",
                           "use --spec off, or a model whose artifact carries the mtp weights")

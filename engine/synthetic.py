@@ -11,7 +11,7 @@ _DENSE_27B = {
     "num_attention_heads": 24, "num_key_value_heads": 4, "head_dim": 256, "attn_output_gate": True,
     "linear_num_key_heads": 16, "linear_key_head_dim": 128, "linear_num_value_heads": 48,
     "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "full_attention_interval": 4,
-    "max_position_embeddings": 262144, "tie_word_embeddings": False,
+    "max_position_embeddings": 262144, "tie_word_embeddings": False, "mtp_num_hidden_layers": 1,
     "rope_parameters": {"rope_theta": 10000000.0, "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10]},
 }
 # A small Qwen3.5 with the real head sizes (attention 256, GDN 128): what the CUDA kernels accept,
@@ -19,7 +19,7 @@ _DENSE_27B = {
 TINY_CUDA = {
     **_DENSE_27B, "hidden_size": 512, "num_hidden_layers": 4, "vocab_size": 1000, "intermediate_size": 1024,
     "num_attention_heads": 4, "num_key_value_heads": 2, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
-    "full_attention_interval": 2, "max_position_embeddings": 4096,
+    "full_attention_interval": 2, "max_position_embeddings": 4096, "mtp_num_hidden_layers": 0,
 }
 GEOMETRIES = {
     "qwen3.6-27b": (_DENSE_27B, "groupwise-int"),
@@ -31,7 +31,7 @@ GEOMETRIES = {
         "linear_key_head_dim": 128, "linear_num_value_heads": 32, "linear_value_head_dim": 128,
         "linear_conv_kernel_dim": 4, "full_attention_interval": 4, "num_experts": 256,
         "num_experts_per_tok": 8, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
-        "max_position_embeddings": 262144, "tie_word_embeddings": False,
+        "max_position_embeddings": 262144, "tie_word_embeddings": False, "mtp_num_hidden_layers": 1,
         "rope_parameters": {"rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
     }, "groupwise-int-moe"),
 }

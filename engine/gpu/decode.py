@@ -292,14 +292,7 @@ class CudaQwen35(NormOps, AttentionOps, GdnOps, MlpOps, MoeOps, SamplingOps):
     def _plan(self):
         a, M, H = self.args, self.M, self.H
         eps = float(a.rms_norm_eps)
-        ops = self._pre_ops()
-        emb = self.embed
-        if emb.fmt in K.FMT_IDS:
-            ops.append(K.prepared(f"embed_rs<{K.FMT_IDS[emb.fmt]}>", (M,),
-                                  (np.uint64(emb.ptr(emb.base)), np.uint64(emb.ptr(emb.high)),
-                                   np.uint64(emb.ptr(emb.scales)), emb.gpr, H, self.tokens, self.x, H)))
-        else:
-            ops.append(K.prepared("embed_bf16", (M,), (np.uint64(emb.ptr(emb.base)), H, self.tokens, self.x, H)))
+        ops = self._pre_ops() + self._embed_ops()
         prev_splits = 0
         self._res = (self.x, self.x2)
         log2_theta = float(math.log2(a.rope_theta))
@@ -421,6 +414,17 @@ class CudaQwen35(NormOps, AttentionOps, GdnOps, MlpOps, MoeOps, SamplingOps):
 
     def _pre_ops(self):
         return []
+
+    def _embed_ops(self, out=None):
+        """The token rows' embeddings into x (`out`: another [M, H] buffer; the MTP head's executor puts its
+        own input stage here)."""
+        emb, M, H = self.embed, self.M, self.H
+        out = self.x if out is None else out
+        if emb.fmt in K.FMT_IDS:
+            return [K.prepared(f"embed_rs<{K.FMT_IDS[emb.fmt]}>", (M,),
+                               (np.uint64(emb.ptr(emb.base)), np.uint64(emb.ptr(emb.high)),
+                                np.uint64(emb.ptr(emb.scales)), emb.gpr, H, self.tokens, out, H))]
+        return [K.prepared("embed_bf16", (M,), (np.uint64(emb.ptr(emb.base)), H, self.tokens, out, H))]
 
     def _tail_ops(self):
         """Head and device argmax: the next input token, the position and the history advance."""

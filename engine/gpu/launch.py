@@ -27,7 +27,7 @@ from engine.gpu.kernel_names import (  # noqa: F401  (the variant tables: kernel
 
 SOURCES = ("common.cuh", "gemv_decode.cu", "gemv.cu", "gemv_variants.cu", "rows.cu", "norm.cu", "norm_cluster.cu",
            "attention.cu", "attn_combine.cu", "gdn.cu", "gdn_cluster.cu", "sample.cu", "sampler.cu", "sample_topk.cu", "moe.cu",
-           "attn_prefill.cu", "attn_decode_mma.cu", "persistent.cu", "mlp_fused.cu", "moe_fused.cu")
+           "attn_prefill.cu", "attn_decode_mma.cu", "persistent.cu", "mlp_fused.cu", "moe_fused.cu", "spec.cu")
 FMT_IDS = {"q4_g64_fp16": 0, "q5_g64_fp16": 1, "q6_g64_fp16": 2, "q8_g32_fp16": 3}
 EPI = {"store": 0, "partial": 1, "swiglu": 2, "add": 3, "conv": 4}
 WARPS = 8  # every kernel runs 256-thread blocks

@@ -35,7 +35,8 @@ GROUPWISE_INT_MOE.update({"text/output_head": "q6_g64_fp16", "moe/router": "bf16
                           "moe/shared/up": "q8_g32_fp16", "moe/shared/down": "q8_g32_fp16"})
 RECIPES["groupwise-int-moe"] = GROUPWISE_INT_MOE
 VECTORS = ("input_norm", "post_attention_norm", "final_norm", "query_norm", "key_norm", "gdn/norm",
-           "gdn/a_log", "gdn/dt_bias", "gdn/convolution")
+           "gdn/a_log", "gdn/dt_bias", "gdn/convolution", "mtp/embedding_norm", "mtp/hidden_norm")
+DEVICE_PREFIXES = ("text/", "mtp/")  # the components the CUDA engine uploads (the MTP head: speculative decoding)
 
 
 def concat_rows(cp, mats: list[DevMatrix]) -> DevMatrix:
@@ -126,7 +127,7 @@ def from_logical(args, weights: dict, recipe: str = "groupwise-int") -> dict:
     table = RECIPES[recipe]
     out = {}
     for name, value in weights.items():
-        if not name.startswith("text/"):
+        if not name.startswith(DEVICE_PREFIXES):
             continue
         if is_vector(name):
             out[name] = cp.asarray(np.asarray(value, dtype=np.float32))
@@ -139,7 +140,7 @@ def upload_bytes(artifact) -> int:
     """Bytes of the packed text objects a GPU load copies (each object once; the vectors are negligible)."""
     seen, total = set(), 0
     for name in artifact.bindings:
-        if not name.startswith("text/") or is_vector(name):
+        if not name.startswith(DEVICE_PREFIXES) or is_vector(name):
             continue
         for s in artifact.packed(name):
             if s.object_id not in seen:
@@ -161,7 +162,7 @@ def from_artifact(artifact, progress=None, xp=None) -> dict:
     objects = {}
     out = {}
     for name in artifact.bindings:
-        if not name.startswith("text/"):
+        if not name.startswith(DEVICE_PREFIXES):
             continue
         if is_vector(name):
             out[name] = cp.asarray(artifact.parameter(name).astype(np.float32))
@@ -226,8 +227,8 @@ def synthetic(args, recipe: str = "groupwise-int", seed: int = 0) -> dict:
     qd, kvd = a.num_attention_heads * a.head_dim, a.num_key_value_heads * a.head_dim
     kd, vd = a.linear_num_key_heads * a.linear_key_head_dim, a.linear_num_value_heads * a.linear_value_head_dim
     hv = a.linear_num_value_heads
-    for i, kind in enumerate(a.layer_types):
-        p = f"text/layers/{i}/"
+
+    def layer(p: str, kind: str) -> None:
         if a.is_moe:
             shapes = {"moe/shared/gate": (a.shared_expert_intermediate_size, H),
                       "moe/shared/up": (a.shared_expert_intermediate_size, H),
@@ -271,6 +272,14 @@ def synthetic(args, recipe: str = "groupwise-int", seed: int = 0) -> dict:
             out[p + r] = random_matrix(cp, rng, table[r], n, k)
         out[p + "input_norm"] = cp.zeros(H, dtype=cp.float32)
         out[p + "post_attention_norm"] = cp.zeros(H, dtype=cp.float32)
+
+    for i, kind in enumerate(a.layer_types):
+        layer(f"text/layers/{i}/", kind)
+    if a.mtp_num_hidden_layers:  # the MTP head: one full-attention block, its input projection and norms
+        layer("mtp/layers/0/", "full_attention")
+        out["mtp/input_projection"] = random_matrix(cp, rng, table.get("mtp/input_projection", "q8_g32_fp16"), H, 2 * H)
+        for n in ("embedding_norm", "hidden_norm", "final_norm"):
+            out[f"mtp/{n}"] = cp.zeros(H, dtype=cp.float32)
     return out
 
 

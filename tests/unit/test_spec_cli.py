@@ -21,5 +21,12 @@ def test_which_engines_can_speculate():
     assert check_spec(numpy_mtp, "mtp:2") == ("mtp", 2) and check_spec(numpy_mtp, None) == ("off", 0)
     with pytest.raises(NinferError, match="needs a model with an MTP head"):
         check_spec(types.SimpleNamespace(device="cpu", model=types.SimpleNamespace(mtp_layer=None)), "mtp:3")
-    with pytest.raises(NinferError, match="not built for the CUDA engine yet"):
-        check_spec(types.SimpleNamespace(device="gpu", model=None), "mtp:3")
+    def cuda(moe=False, mtp=True):
+        model = types.SimpleNamespace(args=types.SimpleNamespace(is_moe=moe), mtp_weights={"mtp/fc": 0} if mtp else {})
+        return types.SimpleNamespace(device="gpu", model=model, speculator=lambda k: None)
+
+    assert check_spec(cuda(), "mtp:3") == ("mtp", 3)
+    with pytest.raises(NinferError, match="dense models only"):
+        check_spec(cuda(moe=True), "mtp:3")
+    with pytest.raises(NinferError, match="needs a model with an MTP head"):
+        check_spec(cuda(mtp=False), "mtp:3")

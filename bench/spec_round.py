@@ -1,0 +1,120 @@
+"""MTP speculation on the CUDA engine against plain streamed decode, synthetic weights (GPU machine only):
+
+    python bench/spec_round.py [--geometry qwen3.8-27b] [-k 3] [-n 128] [--depth 0] [--kv bf16]
+                               [--accept 0.88,0.77,0.67] [--json OUT]
+
+For each run: plain greedy decode through Engine.stream's path (generate_step, the device one step ahead): tok/s and
+the step time; the round alone (K drafts by the MTP head, verification of K + 1 columns, accept, fold: one graph
+and one host read), timed over rounds whose drafts the synthetic weights reject; and speculative decode with forced
+acceptance: the drafts are the plain run's own continuation, position i kept with the probability that makes the
+per-position acceptance `--accept` (cumulative, as published: Qwen3.6-27B MTP 0.88/0.77/0.67), corrupted otherwise,
+the MTP head still run every round. Its output must equal the plain run's token for token.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+
+def forced(prompt_len: int, cont: list[int], accept: list[float], vocab: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    cond = [accept[0]] + [accept[i] / accept[i - 1] for i in range(1, len(accept))]
+
+    def draft(tokens, k):
+        start = len(tokens) - prompt_len
+        out, keep = [], True
+        for i in range(k):
+            t = cont[start + i] if start + i < len(cont) else 0
+            keep = keep and rng.random() < cond[i]
+            out.append(t if keep else (t + 1) % vocab)
+        return out
+    return draft
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--geometry", default="qwen3.8-27b")
+    ap.add_argument("-k", type=int, default=3)
+    ap.add_argument("-n", type=int, default=128)
+    ap.add_argument("--depth", type=int, default=0)
+    ap.add_argument("--kv", default="bf16")
+    ap.add_argument("--accept", default="0.88,0.77,0.67")
+    ap.add_argument("--rounds", type=int, default=64)
+    ap.add_argument("--json")
+    a = ap.parse_args(argv)
+    from engine.generate import generate_step
+    from engine.sampling import Sampler
+    from engine.speculative import SpecStats, speculative_generate_step
+    from engine.synthetic import build_engine
+
+    accept = [float(x) for x in a.accept.split(",")][: a.k]
+    eng = build_engine(a.geometry, max_context=a.depth + 1024, kv=a.kv)
+    t0 = time.perf_counter()
+    sp = eng.speculator(a.k)
+    build_s = time.perf_counter() - t0
+    V = eng.model.args.vocab_size
+    prompt = [0] * a.depth + [5, 6, 7, 8]
+
+    def fresh():
+        eng.reset()
+        if a.depth:
+            eng.seek_synthetic(a.depth)
+
+    def plain(n):
+        fresh()
+        g = generate_step(eng, prompt, Sampler(temperature=0.0), max_tokens=n)
+        first = next(g)
+        t = time.perf_counter()
+        out = [first] + list(g)
+        return out, time.perf_counter() - t
+
+    plain(16)  # warm
+    cont, dt = plain(a.n)
+    step_ms = dt / (a.n - 1) * 1e3
+    # the round alone: MTP drafts (rejected), verify, accept, fold
+    fresh()
+    list(speculative_generate_step(eng, prompt, Sampler(temperature=0.0), k=a.k, max_tokens=4))
+    ts = []
+    for _ in range(a.rounds):
+        t = time.perf_counter()
+        sp.round(None)
+        ts.append(time.perf_counter() - t)
+    round_ms = float(np.median(ts)) * 1e3
+    # forced acceptance
+    res = []
+    for rep in range(2):
+        fresh()
+        stats = SpecStats(a.k)
+        g = speculative_generate_step(eng, prompt, Sampler(temperature=0.0), k=a.k, max_tokens=a.n, stats=stats,
+                                      draft=forced(len(prompt), cont, accept, V, seed=rep), mtp=True)
+        first = next(g)
+        t = time.perf_counter()
+        out = [first] + list(g)
+        res.append((time.perf_counter() - t, out, stats))
+    sdt, out, stats = min(res, key=lambda r: r[0])
+    info = eng.info()
+    gbs = info["weight_bytes_per_token"] / (step_ms / 1e3) / 1e9
+    row = {"geometry": a.geometry, "k": a.k, "depth": a.depth, "kv": a.kv, "n": a.n,
+           "plain_tok_s": (a.n - 1) / dt, "plain_step_ms": step_ms, "plain_gb_s": gbs,
+           "round_ms": round_ms, "round_over_step": round_ms / step_ms,
+           "forced_accept": accept, "spec_tok_s": (a.n - 1) / sdt, "speedup": dt / sdt,
+           "identical": out == cont, "stats": stats.as_dict(),
+           "measured_accept_per_position": [x / max(stats.rounds, 1) for x in stats.accepted_at],
+           "speculator_build_s": build_s, "path": "stream", "gpu": info.get("device_name", "")}
+    print(json.dumps(row))
+    print(f"{a.geometry} d{a.depth} {a.kv} mtp:{a.k}: plain {row['plain_tok_s']:.2f} tok/s ({step_ms:.3f} ms/step, "
+          f"{gbs:.0f} GB/s); round {round_ms:.3f} ms = {row['round_over_step']:.2f} x step; forced "
+          f"{'/'.join(f'{x:.2f}' for x in accept)}: {row['spec_tok_s']:.2f} tok/s ({row['speedup']:.2f}x), "
+          f"{stats.tokens_per_round:.2f} tok/round, identical={row['identical']}", file=sys.stderr)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(row, f, indent=1)
+    return 0 if row["identical"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

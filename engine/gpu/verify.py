@@ -1,0 +1,218 @@
+"""Speculative decoding on the CUDA engine: the verification of K + 1 columns, the fold, the MTP head, one graph a
+round (the semantics: spec/runtime.md §3.5-3.6; the NumPy form: engine/speculative.py, engine/models/replay_ssm.py).
+
+A round is one CUDA graph on the decode executor's stream:
+1. fold: the previous round's accepted columns replayed into the GDN state (`gdn_fold`, `gdn_conv_fold`: the
+   delta rule over the recorded key, value, g and beta; the conv history shifted), the position moved;
+2. the MTP head catches up over those columns (one row each: the target's final hidden state and the token
+   after it), then drafts K tokens by greedy argmax of the shared head (its own one-layer KV cache);
+3. the verification: the columns step over [t, d_1..d_K] whose GDN layers read the committed state and record
+   (`gdn_prep_verify`, `gdn_delta_verify`), the head over every column, an argmax a column, the greedy accept
+   (`spec_accept_greedy`: m, the emitted tokens, the next round's first id), all on the device.
+The host reads [m, picks] once a round. A consumer that stops inside a round commits the columns it took:
+the fold graph alone runs with that count. The kernels: cuda/spec.cu.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from engine.gpu import kernel_names as KN
+from engine.gpu import launch as K
+from engine.gpu.columns import CudaQwen35Columns
+from engine.gpu.decode import GDN_HEAD_DIM, CudaQwen35
+from engine.gpu.gemv import GemvPlan
+
+NULL = np.uint64(0)
+
+
+def row_kernel_names(mats, rows: int) -> list[str]:
+    """The GEMV instantiations for `rows` token rows over matrices `mats` (compiled beside the plan's own)."""
+    fmts = {m.fmt for m in mats}
+    rs = sorted(K.FMT_IDS[f] for f in fmts if f in K.FMT_IDS)
+    return KN.gemv_names(rs, (rows,), pair=False, bf16="bf16" in fmts, conv=[], xs=[])
+
+
+def argmax_launch(logits, rows: int, vocab: int, am_v, am_i, ticket, tokens, pos, history, step, hist_len: int):
+    """argmax_step_mb over `rows` rows of logits: tokens[r] = the row's argmax, pos[r] += 1, history and step."""
+    return K.prepared("argmax_step_mb", (CudaQwen35.ARGMAX_BLOCKS, rows),
+                      (logits, vocab, vocab, am_v, am_i, ticket, tokens, pos, history, step, hist_len), block=256)
+
+
+def copy_rows(src, dst, n: int):
+    return K.prepared("spec_copy_f32", (-(-n // 256),), (src, dst, n), block=256)
+
+
+class CudaVerify(CudaQwen35Columns):
+    """The K + 1 verified columns over the decode executor's sequence, GDN state read only and recorded."""
+
+    def __init__(self, decode: CudaQwen35, k: int):
+        self.k = k
+        K.require(row_kernel_names(decode._matrices(), k + 1))
+        super().__init__(decode, k + 1)
+
+    def _alloc_state(self):
+        super()._alloc_state()
+        cp, T, i32 = self.cp, self.M, self.cp.int32
+        self.am_out = cp.zeros(T, dtype=i32)  # the target's pick after each column
+        self.ctl = cp.zeros(4, dtype=i32)  # [columns to fold, MTP rows to catch up, the round's first position]
+        self.out = cp.zeros(1 + T, dtype=i32)  # [m, picks]: what the host reads
+        self.ovr = cp.zeros(1 + self.k, dtype=i32)  # host drafts: [set, d_1..d_K]
+        self.am_pos, self.am_step, self.am_hist = cp.zeros(T, i32), cp.zeros(T, i32), cp.zeros((T, 1), i32)
+        self.am_v = cp.zeros((T, self.ARGMAX_BLOCKS), dtype=cp.float32)
+        self.am_i = cp.zeros((T, self.ARGMAX_BLOCKS), dtype=i32)
+        self.am_ticket = cp.zeros(T, dtype=cp.uint32)
+        self.records = {}
+
+    def _record(self, L) -> dict:
+        """What the fold of this GDN layer needs, a row a column: conv inputs, normed key, value, g, beta."""
+        if id(L) not in self.records:
+            cp, T, f32 = self.cp, self.M, self.cp.float32
+            C = (2 * self.Hk + self.Hv) * GDN_HEAD_DIM
+            self.records[id(L)] = {"conv": cp.zeros((T, C), dtype=f32),
+                                   "k": cp.zeros((T, self.Hk, GDN_HEAD_DIM), dtype=f32),
+                                   "v": cp.zeros((T, self.Hv, GDN_HEAD_DIM), dtype=f32),
+                                   "g": cp.zeros((T, self.Hv), dtype=f32), "beta": cp.zeros((T, self.Hv), dtype=f32)}
+        return self.records[id(L)]
+
+    def _gdn_core_ops(self, L, lda, ldb):
+        Hk, Hv, T = self.Hk, self.Hv, self.M
+        r = self._record(L)
+        prep = K.prepared("gdn_prep_verify", (-(-(2 * Hk + Hv) // K.WARPS), 1),
+                          (self.buf_a, lda, self.buf_b, ldb, self.ab, self.ab.shape[1], L["conv_state"], L["conv"],
+                           L["a_log"], L["dt_bias"], self.gdn_q, r["k"], r["v"], r["g"], r["beta"], Hk, Hv,
+                           float(1.0 / math.sqrt(GDN_HEAD_DIM)), T, r["conv"]))
+        delta = K.prepared("gdn_delta_verify", (-(-Hv * GDN_HEAD_DIM // K.WARPS),),
+                           (self.gdn_q, r["k"], r["v"], r["g"], r["beta"], L["state"], self.att2, Hk, Hv, 0, T))
+        return [prep, delta]
+
+    def _tail_ops(self):
+        """The head over every column, an argmax a column, the greedy accept."""
+        T = self.M
+        head = GemvPlan(self.head, self.xn, self.H, self.logits, self.V, m=T, unroll=2, xpre=(self.xh_n, self.xinv_n))
+        return [head.launch,
+                argmax_launch(self.logits, T, self.V, self.am_v, self.am_i, self.am_ticket, self.am_out, self.am_pos,
+                              self.am_hist, self.am_step, 1),
+                K.prepared("spec_accept_greedy", (1,), (self.am_out, self.tokens, T, self.out, self.ctl, self.pos),
+                           block=32)]
+
+    def fold_ops(self) -> list:
+        """ctl[0] recorded columns into every GDN layer's state and conv history; the position moves by as many."""
+        Hk, Hv = self.Hk, self.Hv
+        C = (2 * Hk + Hv) * GDN_HEAD_DIM
+        ops = []
+        for L in self.layers:
+            if L["kind"] == "full_attention":
+                continue
+            r = self._record(L)
+            ops += [K.prepared("gdn_fold", (-(-Hv * GDN_HEAD_DIM // K.WARPS),),
+                               (r["k"], r["v"], r["g"], r["beta"], L["state"], Hk, Hv, 0, self.ctl)),
+                    K.prepared("gdn_conv_fold", (-(-C // 256),), (r["conv"], L["conv_state"], C, self.ctl), block=256)]
+        return ops + [K.prepared("spec_advance", (1,), (self.pos, self.ctl), block=32)]
+
+
+class CudaMtp(CudaQwen35):
+    """The MTP head as one-row steps: input stage [rmsnorm(embedding), rmsnorm(hidden)] -> input projection, its
+    full-attention block, its final norm, and (drafting rows) the target's head and argmax. Shares the target's
+    embedding and head; its KV cache is its own, at the target's positions."""
+
+    def __init__(self, verify: CudaVerify, weights: dict):
+        d = verify.decode
+        self.verify, self.T, self.k = verify, verify.M, verify.k
+        self._mode = ("row", 0)
+        self.fc = weights["mtp/input_projection"]
+        self.e_norm, self.h_norm = weights["mtp/embedding_norm"], weights["mtp/hidden_norm"]
+        w = {"text/" + n[4:]: v for n, v in weights.items() if n.startswith("mtp/layers/0/")}
+        w.update({"text/token_embedding": d.embed, "text/output_head": d.head, "text/final_norm": weights["mtp/final_norm"]})
+        args = dataclasses.replace(d.args, num_hidden_layers=1, layer_types=("full_attention",))
+        K.require(row_kernel_names([self.fc], 1))
+        super().__init__(args, w, max_context=d.max_context, lanes=1, kv=d.kv, plan=d.plan)
+
+    def _alloc_state(self):
+        super()._alloc_state()
+        cp, H, f32 = self.cp, self.H, self.cp.float32
+        self.e_raw, self.cat, self.g = cp.zeros((1, H), f32), cp.zeros((1, 2 * H), f32), cp.zeros((1, H), f32)
+        self.dh = cp.zeros((self.T, H), f32)  # the final hidden state of each caught-up row
+
+    def _embed_ops(self, out=None):
+        kind, j = self._mode
+        v = self.verify
+        if kind == "row":  # row j: the verified column j's hidden state and the target's pick after it
+            setup = K.prepared("spec_mtp_setup", (1,), (v.am_out[j:], self.tokens, v.ctl[2:], j, self.pos), block=32)
+            hid = v.xn[j:]
+        else:  # draft j >= 2: the last draft's hidden state and id, a position further
+            setup = K.prepared("spec_mtp_setup", (1,), (NULL, self.tokens, v.pos, j - 2, self.pos), block=32)
+            hid = self.g
+        stage = K.prepared("mtp_input", (1,), (self.e_raw, hid, self.e_norm, self.h_norm, self.H,
+                                                float(self.args.rms_norm_eps), self.cat), block=1024)
+        fc = GemvPlan(self.fc, self.cat, 2 * self.H, self.x, self.H, m=1).launch
+        return [setup] + super()._embed_ops(out=self.e_raw) + [stage, fc]
+
+    def _draft_tail(self, i: int, x, xpre) -> list:
+        """Head and argmax of one MTP row: draft i into the verified ids and the next MTP step's input."""
+        head = GemvPlan(self.head, x, self.H, self.logits, self.V, m=1, unroll=2, xpre=xpre)
+        return [head.launch,
+                argmax_launch(self.logits, 1, self.V, self.am_v, self.am_i, self.am_ticket, self.tokens, self.pos,
+                              self.history, self.step, self.hist_len),
+                K.prepared("spec_copy_i32", (1,), (self.tokens, self.verify.tokens[i:], 1), block=32)]
+
+    def _tail_ops(self):
+        kind, j = self._mode
+        keep = copy_rows(self.xn, self.dh[j:] if kind == "row" else self.g, self.H)
+        if kind == "row":
+            return [keep]
+        return [keep] + self._draft_tail(j, self.xn, (self.xh_n, self.xinv_n))
+
+    def round_ops(self) -> list:
+        """T catch-up rows (those past ctl[1] compute what the next round overwrites), the first draft from row
+        ctl[1] - 1, drafts 2..K."""
+        ops = []
+        for j in range(self.T):
+            self._mode = ("row", j)
+            ops += self._plan()
+        ops.append(K.prepared("spec_gather_row", (-(-self.H // 256),), (self.dh, self.H, self.verify.ctl, self.g),
+                              block=256))
+        ops += self._draft_tail(1, self.g, None)
+        for i in range(2, self.k + 1):
+            self._mode = ("draft", i)
+            ops += self._plan()
+        return ops
+
+
+class Speculator:
+    """The round and fold graphs of MTP speculation with K drafts over a one-lane decode executor."""
+
+    def __init__(self, decode: CudaQwen35, mtp_weights: dict, k: int):
+        self.k, self.decode = k, decode
+        self.verify = v = CudaVerify(decode, k)
+        self.mtp = CudaMtp(v, mtp_weights)
+        override = K.prepared("spec_override", (1,), (v.ovr, v.tokens, k), block=32)
+        fold = v.fold_ops()
+        self.graph = v._capture(fold + self.mtp.round_ops() + [override] + v.ops)
+        self.fold_graph = v._capture(fold)
+        self._first = K.prepared("spec_first", (1,), (decode.xn, v.xn, decode.H, decode.tokens, v.am_out, v.tokens,
+                                                      v.ctl, decode.pos), block=256)
+        self.stream = decode.stream
+
+    def start(self) -> None:
+        """After a plain decode step: the first round catches the MTP up on that step's row."""
+        with self.stream:
+            self._first()
+
+    def round(self, drafts=None) -> tuple[int, list[int]]:
+        """One round (drafts: K host ids in place of the MTP's); returns (m, the target's picks)."""
+        v = self.verify
+        v.ovr.set(np.asarray([0] * (1 + self.k) if drafts is None else [1, *drafts], dtype=np.int32),
+                  stream=self.stream)
+        self.graph.launch(self.stream)
+        out = v.out.get(stream=self.stream)
+        return int(out[0]), [int(t) for t in out[1:]]
+
+    def commit(self, m: int) -> None:
+        """Fold m columns of the last verification (fewer than it accepted: a consumer stopped inside it)."""
+        v = self.verify
+        v.ctl[:1].set(np.asarray([m], dtype=np.int32), stream=self.stream)
+        self.fold_graph.launch(self.stream)
+        self.stream.synchronize()

@@ -1,0 +1,108 @@
+"""MTP speculation on the CUDA engine: the generation loop over `engine.gpu.verify.Speculator`'s rounds, with the
+contract of `engine.speculative.speculative_generate_step` (which hands CUDA engines to it).
+
+The loop: the first token from the prompt's logits (the host sampler), one plain decode step (its hidden state
+and its pick start the MTP), then rounds: one graph and one host read each, the accepted tokens yielded one by one.
+The sequence's bookkeeping (`engine._tokens`, the cache position) follows the committed columns; a consumer that
+stops inside a round commits what it took (the fold graph), as the NumPy loop does. Fewer than K + 2 free positions:
+plain decode for the rest. Greedy only: sampled acceptance runs on the NumPy engine for now.
+"""
+from __future__ import annotations
+
+from engine.errors import NinferError
+
+
+def cuda_speculative_generate_step(engine, prompt_ids, sampler, *, k: int, max_tokens: int = -1, cancel=None,
+                                   draft=None, stats=None, mtp=None):
+    from engine.speculative import SpecStats  # noqa: PLC0415
+
+    if not sampler.is_greedy or getattr(sampler, "constraint", None) is not None:
+        raise NinferError("speculation on the CUDA engine is greedy for now",
+                          "use --temperature 0, or --spec off to sample")
+    stats = stats if stats is not None else SpecStats(k)
+    spec = engine.speculator(k)  # (built on first use: the held sequence is dropped then)
+    ex = engine.model.executor
+    n = 0
+
+    def done() -> bool:
+        return n == max_tokens or (cancel is not None and cancel.is_set())
+
+    if done():
+        return
+    logits = engine._resume([int(t) for t in prompt_ids])
+    fed = sampler(logits, engine.position)  # the last token yielded, not yet fed to the target
+    sampler.accept(fed)
+    yield fed
+    n = 1
+    started = False
+    pending = None  # (columns verified, their ids, accepted) of the round whose fold has not run
+    try:
+        while not done():
+            room = engine.max_context - engine.position if engine.max_context else 1 << 30
+            if room < k + 2:  # the context edge: plain steps
+                if pending is not None:
+                    spec.commit(_settle(engine, pending))
+                    pending = None
+                for tok in engine.decode_stream(fed, room if max_tokens < 0 else min(room, max_tokens - n), sampler):
+                    stats.plain_steps += 1
+                    sampler.accept(tok)
+                    yield tok
+                    n += 1
+                    if done():
+                        break
+                return
+            if not started:  # one plain step: the MTP's first row is its hidden state and its pick
+                ex.set_token(fed)
+                ex.graph.launch(ex.stream)
+                engine.cache.position += 1
+                engine._tokens.append(fed)
+                engine._last = None
+                spec.start()
+                fed = int(ex.tokens[:1].get(stream=ex.stream)[0])
+                started = True
+                stats.plain_steps += 1
+                sampler.accept(fed)
+                yield fed
+                n += 1
+                continue
+            drafts = None
+            if draft is not None:
+                before = pending[1][:pending[2]] if pending is not None else []
+                drafts = [int(d) for d in draft(engine._tokens + before + [fed], k)]
+                if len(drafts) != k:
+                    raise ValueError(f"the draft gave {len(drafts)} ids, not {k}")
+            if pending is not None:  # (the round's graph folds the last round's columns first)
+                _settle(engine, pending)
+                pending = None
+            try:
+                m, picks = spec.round(drafts)
+            except BaseException:
+                engine.reset()  # a round cut short leaves the layers out of step with each other
+                raise
+            ids = [fed] + picks[: k]  # the verified columns' inputs as far as they were accepted
+            pending = (m, ids, 0)
+            stats.rounds += 1
+            stats.drafted += k
+            for i in range(m):
+                if i < m - 1:
+                    stats.accepted += 1
+                    stats.accepted_at[i] += 1
+                pending = (m, ids, i + 1)
+                fed = picks[i]
+                sampler.accept(fed)
+                yield fed
+                n += 1
+                if done():
+                    break
+    finally:
+        if pending is not None:
+            spec.commit(_settle(engine, pending))
+
+
+def _settle(engine, pending) -> int:
+    """The host's record of a round's committed columns (the first `taken` of its `ids`); returns their count."""
+    _, ids, taken = pending
+    engine._tokens.extend(ids[:taken])
+    engine.cache.position += taken
+    engine._last = None
+    return taken

@@ -1,0 +1,113 @@
+"""MTP speculation on the CUDA engine (engine/gpu/verify.py, engine/gpu_spec.py) against plain greedy decode on the
+same engine: a tiny Qwen3.5 with the real head sizes and a random MTP head (which rejects almost everything), and
+oracle drafts (the plain continuation, corrupted at a chosen position) that accept all or reject at each position.
+Greedy speculation must give plain decode's tokens exactly, commit the columns it yields (the fold equals the step
+by step state) and leave a sequence that plain decode continues."""
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+from engine.synthetic import TINY_CUDA  # noqa: E402
+
+CFG = dict(TINY_CUDA, mtp_num_hidden_layers=1)
+PROMPT = [11, 305, 7, 42, 999, 3, 87, 150]
+N = 40
+
+
+@pytest.fixture(scope="module")
+def eng():
+    from engine.config import ModelArgs
+    from engine.gpu import weights as gpu_weights
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5 import random_weights
+
+    args = ModelArgs.from_config(CFG)
+    w = gpu_weights.from_logical(args, random_weights(args, seed=7, mtp=True))
+    return build_engine(args, w, CFG, max_context=512, prefill_gemm=0)
+
+
+def _plain(eng, prompt, n):
+    from engine.generate import generate_step
+    from engine.sampling import Sampler
+
+    eng.reset()
+    return list(generate_step(eng, prompt, Sampler(temperature=0.0), max_tokens=n))
+
+
+def _spec(eng, prompt, n, k=3, draft=None):
+    from engine.sampling import Sampler
+    from engine.speculative import SpecStats, speculative_generate_step
+
+    eng.reset()
+    stats = SpecStats(k)
+    out = list(speculative_generate_step(eng, prompt, Sampler(temperature=0.0), k=k, max_tokens=n, draft=draft,
+                                         stats=stats))
+    return out, stats
+
+
+def _oracle(prompt, cont, corrupt_at=None, vocab=CFG["vocab_size"]):
+    """Drafts from the plain continuation `cont` (cont[j]: the token at position len(prompt) + j); draft position
+    `corrupt_at` (1-based) replaced by another id every round."""
+    def draft(tokens, k):
+        start = len(tokens) - len(prompt)  # the drafts are the tokens after the last one in `tokens`
+        out = [cont[start + i] if start + i < len(cont) else 0 for i in range(k)]
+        if corrupt_at is not None:
+            out[corrupt_at - 1] = (out[corrupt_at - 1] + 1) % vocab
+        return out
+    return draft
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_greedy_speculation_equals_plain_decode(eng, k):
+    plain = _plain(eng, PROMPT, N)
+    out, stats = _spec(eng, PROMPT, N, k=k)
+    assert out == plain
+    assert stats.rounds > 0 and stats.drafted == k * stats.rounds
+
+
+def test_oracle_drafts_accept_everything_and_the_fold_equals_the_steps(eng):
+    plain = _plain(eng, PROMPT, N)
+    states = [{key: L[key].get() for key in ("state", "conv_state") if key in L} for L in eng.model.executor.layers]
+    pos = eng.position
+    out, stats = _spec(eng, PROMPT, N, draft=_oracle(PROMPT, plain))
+    assert out == plain
+    # every round takes all three drafts (the last one as far as max_tokens lets it)
+    assert min(stats.accepted_at) >= stats.rounds - 1 and stats.rounds <= -(-(N - 2) // 4) + 1, stats.as_dict()
+    assert eng.position == pos
+    for L, ref in zip(eng.model.executor.layers, states):
+        for key, want in ref.items():
+            np.testing.assert_allclose(L[key].get(), want, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("at", [1, 2, 3])
+def test_oracle_drafts_rejected_at_each_position(eng, at):
+    plain = _plain(eng, PROMPT, N)
+    out, stats = _spec(eng, PROMPT, N, draft=_oracle(PROMPT, plain, corrupt_at=at))
+    assert out == plain
+    assert stats.accepted_at[at - 1:] == [0] * (3 - at + 1)
+    assert min(stats.accepted_at[:at - 1], default=stats.rounds) >= stats.rounds - 1
+
+
+@pytest.mark.parametrize("n", [3, 4, 5, 6, 7])
+def test_a_stop_inside_a_round_leaves_a_sequence_plain_decode_continues(eng, n):
+    plain = _plain(eng, PROMPT, n + 12)
+    out, _ = _spec(eng, PROMPT, n, draft=_oracle(PROMPT, plain))
+    assert out == plain[:n] and eng.position == len(PROMPT) + n - 1
+    from engine.generate import generate_step
+    from engine.sampling import Sampler
+
+    more = list(generate_step(eng, PROMPT + out, Sampler(temperature=0.0), max_tokens=12))  # (prefix reuse)
+    assert more == plain[n:n + 12]
+
+
+def test_the_context_edge_falls_back_to_plain_steps(eng):
+    from engine.sampling import Sampler
+    from engine.speculative import SpecStats, speculative_generate_step
+
+    long = list(np.random.default_rng(1).integers(0, CFG["vocab_size"], 490))
+    plain = _plain(eng, long, 20)
+    eng.reset()
+    stats = SpecStats(3)
+    out = list(speculative_generate_step(eng, long, Sampler(temperature=0.0), k=3, max_tokens=20, stats=stats))
+    assert out == plain[:len(out)] and stats.plain_steps > 1
