@@ -57,7 +57,8 @@ def main(argv=None) -> int:
     sp = eng.speculator(a.k)
     build_s = time.perf_counter() - t0
     V = eng.model.args.vocab_size
-    prompt = [0] * a.depth + [5, 6, 7, 8]
+    seed_ids = [5, 6, 7, 8]
+    prompt = [0] * a.depth + seed_ids  # (the speculative loop resumes from the sought context: prefix reuse)
 
     def fresh():
         eng.reset()
@@ -66,7 +67,7 @@ def main(argv=None) -> int:
 
     def plain(n):
         fresh()
-        g = generate_step(eng, prompt, Sampler(temperature=0.0), max_tokens=n)
+        g = generate_step(eng, seed_ids, Sampler(temperature=0.0), max_tokens=n)  # (prefilled after the context)
         first = next(g)
         t = time.perf_counter()
         out = [first] + list(g)
