@@ -15,14 +15,14 @@ import numpy as np
 from engine.gpu import plan as gpu_plan
 from engine.gpu.weights import concat_rows
 from engine.gpu import launch as K
-from engine.gpu.gemv import GemvPlan, pair_launch
+from engine.gpu.gemv import GemvPlan, embed_rows, pair_launch
 from engine.gpu.attention import (  # noqa: F401  (KV_PAGE: also imported from here)
-    ATTN_HEAD_DIM, KV_PAGE, AttentionOps, _ptr, combine_chunks, combine_stage)
+    ATTN_HEAD_DIM, KV_PAGE, AttentionOps, combine_chunks, combine_stage, qk_norm_rope_kv)
 from engine.gpu.gdn import GDN_HEAD_DIM, GdnOps
 from engine.gpu.mlp import MlpOps
 from engine.gpu.moe import MoeOps
-from engine.gpu.norm import NormOps
-from engine.gpu.sampling import SamplingOps
+from engine.gpu.norm import NormOps, stage_rows
+from engine.gpu.sampling import SamplingOps, argmax_step
 
 
 def _four_projections(cp, L: dict, parts: list, merged: str, second: str) -> None:
@@ -278,9 +278,8 @@ class CudaQwen35(NormOps, AttentionOps, GdnOps, MlpOps, MoeOps, SamplingOps):
 
     def _stage(self, x, k, kpad, xh, xinv, ldh=None):
         """x[:, :k] as the int16 pairs of kpad values (ldh pairs a row of xh: kpad / 2 unless a slice)."""
-        return K.prepared("stage_x_mb", (self.NORM_BLOCKS, self.M),
-                          (x, x.strides[0] // x.itemsize, k, kpad, xh, kpad // 2 if ldh is None else ldh, xinv),
-                          block=1024)
+        return stage_rows(x=x, ld=x.strides[0] // x.itemsize, k=k, kpad=kpad, xh=xh,
+                          ldh=kpad // 2 if ldh is None else ldh, xinv=xinv, rows=self.M, blocks=self.NORM_BLOCKS)
 
     def _splits(self, w) -> int:
         cfg = self.gemv_cfg.get((w.fmt, w.n, w.k), {})
@@ -293,13 +292,7 @@ class CudaQwen35(NormOps, AttentionOps, GdnOps, MlpOps, MoeOps, SamplingOps):
         a, M, H = self.args, self.M, self.H
         eps = float(a.rms_norm_eps)
         ops = self._pre_ops()
-        emb = self.embed
-        if emb.fmt in K.FMT_IDS:
-            ops.append(K.prepared(f"embed_rs<{K.FMT_IDS[emb.fmt]}>", (M,),
-                                  (np.uint64(emb.ptr(emb.base)), np.uint64(emb.ptr(emb.high)),
-                                   np.uint64(emb.ptr(emb.scales)), emb.gpr, H, self.tokens, self.x, H)))
-        else:
-            ops.append(K.prepared("embed_bf16", (M,), (np.uint64(emb.ptr(emb.base)), H, self.tokens, self.x, H)))
+        ops.append(embed_rows(self.embed, tokens=self.tokens, out=self.x, ld=H, rows=M))
         prev_splits = 0
         self._res = (self.x, self.x2)
         log2_theta = float(math.log2(a.rope_theta))
@@ -330,12 +323,11 @@ class CudaQwen35(NormOps, AttentionOps, GdnOps, MlpOps, MoeOps, SamplingOps):
                     gv = self._gemv(L["gv"], self.xn, buf_b, xpre=xn)
                     pair = self._pair(gv, qk)  # (one grid for both)
                     ops.extend([pair] if pair is not None else self._concurrent([gv], [qk]))
-                nh = self.Hq + self.Hkv
-                core = [K.prepared("qk_norm_rope_kv", (-(-nh // K.WARPS), M),
-                                   (buf_a, lda, buf_a[:, qw:], lda, buf_b[:, qw:], ldb,
-                                    L["qn"], L["kn"], self.qpos, self.page_table, self.pt_stride,
-                                    L["kc"], L["vc"], self.qbuf, self.Hq, self.Hkv, rot, log2_theta, eps,
-                                    _ptr(L["ks"]), _ptr(L["vs"])))]
+                core = [qk_norm_rope_kv(q=buf_a, ld_q=lda, k=buf_a[:, qw:], ld_k=lda, v=buf_b[:, qw:], ld_v=ldb,
+                                        q_norm=L["qn"], k_norm=L["kn"], pos=self.qpos, page_table=self.page_table,
+                                        pt_stride=self.pt_stride, k_cache=L["kc"], v_cache=L["vc"], q_out=self.qbuf,
+                                        q_heads=self.Hq, kv_heads=self.Hkv, rotary_dim=rot, log2_theta=log2_theta,
+                                        eps=eps, rows=M, k_scales=L["ks"], v_scales=L["vs"])]
                 core += self._attn_core_ops(L, ldb, buf_b)
                 # the combine stages the o-projection's input itself: a 32-value chunk at a time (over the splits
                 # that hold tokens) where the o-projection (or the fused MLP's o-phase) takes chunk scales, else
@@ -425,9 +417,9 @@ class CudaQwen35(NormOps, AttentionOps, GdnOps, MlpOps, MoeOps, SamplingOps):
     def _tail_ops(self):
         """Head and device argmax: the next input token, the position and the history advance."""
         M = self.M
-        self._argmax_op = K.prepared("argmax_step_mb", (self.ARGMAX_BLOCKS, M),
-                                     (self.logits, self.V, self.V, self.am_v, self.am_i, self.am_ticket, self.tokens,
-                                      self.pos, self.history, self.step, self.hist_len), block=256)
+        self._argmax_op = argmax_step(logits=self.logits, ld=self.V, vocab=self.V, best_v=self.am_v, best_i=self.am_i,
+                                      tickets=self.am_ticket, tokens=self.tokens, pos=self.pos, history=self.history,
+                                      step=self.step, hist_len=self.hist_len, rows=M, blocks=self.ARGMAX_BLOCKS)
         return [self._gemv(self.head, self.xn, self.logits, xpre=(self.xh_n, self.xinv_n)), self._argmax_op]
 
     def run_eager(self):

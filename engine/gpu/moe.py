@@ -11,6 +11,31 @@ from engine.gpu import launch as K
 from engine.gpu.gemv import GemvPlan
 
 
+def moe_route(*, logits, ld: int, experts: int, topk: int, eidx, ewts, ld_w: int, rows: int) -> K.Launch:
+    """moe_route: each of `rows` rows' top-k of the router logits [rows, ld] (the first `experts`; column `experts` the
+    shared expert's gate logit), their ids into eidx [rows, topk] and softmax weights into ewts [rows, ld_w] (column
+    topk: the shared expert's sigmoid gate). A warp a row."""
+    return K.prepared("moe_route", (rows,), (logits, ld, experts, topk, eidx, ewts, ld_w))
+
+
+def moe_down(routed, shared, *, eidx, act_routed, act_shared, planes, plane_stride: int, ewts, topk: int,
+             name: str | None = None) -> K.Launch | None:
+    """moe_down (cuda/moe.cu): every down-projection of an MoE block in one launch, grid.z a slot: the routed stack
+    `routed` [E * H, I] for the topk slots (expert eidx [1, topk], its fp32 SwiGLU row act_routed [topk, I]) and the
+    shared expert's `shared` [H, I_s] (its row the first I_s values of act_shared [1, .]), each into its partial plane
+    planes[z] (plane_stride floats apart) weighted by ewts [1, topk + 1]; rows a half-warp as `name` says (the
+    compiled form for the two formats by default), or None where none is compiled."""
+    name = name or K.moe_down_name(K.FMT_IDS[routed.fmt], K.FMT_IDS[shared.fmt])
+    if not name:
+        return None
+    r = int(name.split(",")[2])
+    P = lambda m, a: np.uint64(m.ptr(a))  # noqa: E731
+    return K.prepared(name, (-(-shared.n // (2 * K.WARPS * r)), 1, topk + 1),
+                      (P(routed, routed.base), P(routed, routed.high), P(routed, routed.scales), routed.gpr, eidx,
+                       act_routed, routed.k, P(shared, shared.base), P(shared, shared.high), P(shared, shared.scales),
+                       shared.gpr, act_shared, shared.k, shared.n, routed.k, planes, plane_stride, ewts, topk))
+
+
 class MoeOps:
     # MoE decode outside the persistent launch (formats it is not compiled for): the router GEMV and the top-k, the
     # routed experts' gate|up by slot, then every down-projection (the routed slots' and the shared expert's) in one
@@ -24,16 +49,8 @@ class MoeOps:
         if not (self.M == 1 and dn.fmt in K.FMT_IDS and sd.fmt in K.FMT_IDS
                 and dn.k % 32 == 0 and sd.k % 32 == 0 and sd.n == H and self.act.shape[1] % 4 == 0):
             return None
-        name = K.moe_down_name(K.FMT_IDS[dn.fmt], K.FMT_IDS[sd.fmt])
-        if not name:
-            return None
-        r = int(name.split(",")[2])
-        rows_per_block = 2 * K.WARPS * r
-        return K.prepared(name, (-(-H // rows_per_block), 1, k + 1),
-                          (np.uint64(dn.ptr(dn.base)), np.uint64(dn.ptr(dn.high)), np.uint64(dn.ptr(dn.scales)),
-                           dn.gpr, self.eidx, self.act_e, self.inter_e,
-                           np.uint64(sd.ptr(sd.base)), np.uint64(sd.ptr(sd.high)), np.uint64(sd.ptr(sd.scales)),
-                           sd.gpr, self.act, sd.k, H, dn.k, self.part, self.M * H, self.ewts, k))
+        return moe_down(dn, sd, eidx=self.eidx, act_routed=self.act_e, act_shared=self.act, planes=self.part,
+                        plane_stride=self.M * H, ewts=self.ewts, topk=k)
 
     # The post-attention norm and the MoE block of one token as one persistent launch where the plan's moe_fused is on
     # (cuda/moe_fused.cu: the layer's w8 o-projection first (split-K items over every warp, at least 2 planes, a slice at
@@ -126,7 +143,8 @@ class MoeOps:
         E, k, H, ie = self.args.num_experts, self.topk, self.H, self.inter_e
         rw = L["router"]
         route = [self._gemv(rw, self.xn, self.rlog),
-                 K.prepared("moe_route", (self.M,), (self.rlog, E + 1, E, k, self.eidx, self.ewts, k + 1))]
+                 moe_route(logits=self.rlog, ld=E + 1, experts=E, topk=k, eidx=self.eidx, ewts=self.ewts, ld_w=k + 1,
+                           rows=self.M)]
         gu, dn = L["experts_gu"], L["experts_down"]
         gu1, dn1 = gu.row_slice(0, 2 * ie), dn.row_slice(0, H)  # expert 0's rows (the kernel offsets by eidx)
         routed = [GemvPlan(gu1, self.xn, H, self.act_e, ie, epi="swiglu", unroll=2, xpre=xn,

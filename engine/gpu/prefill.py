@@ -19,12 +19,33 @@ from __future__ import annotations
 import numpy as np
 
 from engine.gpu import launch as K
-from engine.gpu.decode import ATTN_HEAD_DIM
+from engine.gpu.attention import _ptr
 from engine.gpu.columns import CudaQwen35Columns
+from engine.gpu.gdn import chunk_prep, chunk_scan
+from engine.gpu.mlp import swiglu_rows
 from engine.gpu.prefill_attention import (  # noqa: F401 (kv_rows, attention_cublas: the GPU tests' reference)
-    _COMPUTE_32F, _GEMM_DEFAULT, _OP_N, _OP_T, _R_16F, _r, attention_cublas, kv_rows)
+    _COMPUTE_32F, _GEMM_DEFAULT, _OP_N, _OP_T, _R_16F, _r, attention_cublas, flash_attention, kv_rows)
 from engine.gpu.prefill_weights import PrefillWeights16
 from engine.gpu.prefill_moe import PrefillMoeOps
+
+
+
+def residual_norm_f16(*, x_in, x_out, planes, nplanes: int, plane_stride: int, weight, out16, hidden: int, eps: float,
+                      rows: int, out=None, offset: int = 1) -> K.Launch:
+    """residual_rmsnorm_f16: norm.residual_norm's residual sum and rmsnorm of `rows` rows (a block of 256 a row), the
+    normed rows written as the next GEMM's fp16 input out16 [rows, hidden] (and in fp32 into out where given: the
+    MoE's routed gather reads them)."""
+    return K.prepared("residual_rmsnorm_f16", (rows,),
+                      (x_in, x_out, planes, nplanes, plane_stride, weight, _ptr(out) if out is None else out, out16,
+                       hidden, float(eps), offset), block=256)
+
+
+def gated_norm_f16(*, o, z, ld_z: int, weight, out16, v_heads: int, eps: float, rows: int) -> K.Launch:
+    """gated_rmsnorm_f16: rmsnorm(o) w silu(z) a head (a warp a head) of `rows` rows, written as the o-projection
+    GEMM's fp16 input out16 [rows, v_heads * 128]."""
+    return K.prepared("gated_rmsnorm_f16", (-(-v_heads // K.WARPS), rows),
+                      (o, z, ld_z, weight, out16, v_heads, float(eps)))
+
 
 class CudaQwen35Prefill(PrefillWeights16, PrefillMoeOps, CudaQwen35Columns):
     """T-token prefill chunks over the sequence of `decode` (a one-lane CudaQwen35)."""
@@ -176,18 +197,17 @@ class CudaQwen35Prefill(PrefillWeights16, PrefillMoeOps, CudaQwen35Columns):
             return super()._norm(splits, w)
         x_in, x_out = self._res
         self._res = (x_out, x_in)
-        args = (x_in, x_out, self.part, splits, self.M * H, w, self.xn if self.args.is_moe else np.uint64(0))
-        return self._writes_x16(lambda: K.prepared(
-            "residual_rmsnorm_f16", (self.M,), args + (self._x16, H, float(self.args.rms_norm_eps), 1), block=256),
-            self.xn, "residual_rmsnorm_f16")
+        return self._writes_x16(lambda: residual_norm_f16(
+            x_in=x_in, x_out=x_out, planes=self.part, nplanes=splits, plane_stride=self.M * H, weight=w,
+            out=self.xn if self.args.is_moe else None, out16=self._x16, hidden=H, eps=self.args.rms_norm_eps,
+            rows=self.M), self.xn, "residual_rmsnorm_f16")
 
     def _gated_norm(self, L, ldb, zoff, att_stage, buf_b=None, chunk: bool = False):
         Hv = self.Hv
         buf_b = self.buf_b if buf_b is None else buf_b
-        return self._writes_x16(lambda: K.prepared(
-            "gated_rmsnorm_f16", (-(-Hv // K.WARPS), self.M),
-            (self.att2, buf_b[:, zoff:], ldb, L["norm"], self._x16, Hv, float(self.args.rms_norm_eps))),
-            self.att, "gated_rmsnorm_f16")
+        return self._writes_x16(lambda: gated_norm_f16(
+            o=self.att2, z=buf_b[:, zoff:], ld_z=ldb, weight=L["norm"], out16=self._x16, v_heads=Hv,
+            eps=self.args.rms_norm_eps, rows=self.M), self.att, "gated_rmsnorm_f16")
 
     def _writes_x16(self, build, of, name: str):
         """An op whose kernel writes _x16 as the fp16 copy of `of` (built at its first run: _plan runs
@@ -216,18 +236,10 @@ class CudaQwen35Prefill(PrefillWeights16, PrefillMoeOps, CudaQwen35Columns):
         return [last_row, head, self._valid_len(advance)]
 
     # ---- SwiGLU between the gate|up and down GEMMs ----
-    @staticmethod
-    def _swiglu_rows(gu, inter: int, rows: int, out16):
-        """out16 [rows, inter] (fp16) = silu(gate) * up of the rows of gu (fp32 or fp16 [gate | up], any row
-        stride)."""
-        name = "swiglu_rows_h" if gu.dtype == np.float16 else "swiglu_rows_f16"
-        K.kernel(name)((max(1, min(-(-rows * inter // 4 // 256), K.sm_count() * 16)),), (256,),
-                       (gu, np.int64(gu.shape[1]), np.int32(inter), np.int32(rows), out16))
-
     def _swiglu(self, inter: int, rows: int, of):
         """SwiGLU of `rows` rows of the gate|up product (_gu) into _x16 as the fp16 input of the next GEMM,
         which takes it for `of` (the rows it stands for; never written)."""
-        self._swiglu_rows(self._gu, inter, rows, self._x16)
+        swiglu_rows(gu=self._gu, inter=inter, rows=rows, out16=self._x16)
         self._x16_of = of
 
     def _valid_len(self, launch):
@@ -258,7 +270,6 @@ class CudaQwen35Prefill(PrefillWeights16, PrefillMoeOps, CudaQwen35Columns):
         if form is None:
             return ops
         cp, T, Hk, Hv = self.cp, self.M, self.Hk, self.Hv
-        rb = int(form.split("<")[1].split(",")[0])
         pieces = -(-T // 64)
         if getattr(self, "_gdn_scratch", None) is None:  # one set for every layer (they run in turn)
             self._gdn_scratch = (cp.empty(pieces * Hv * 64 * 128, dtype=cp.float32),
@@ -266,12 +277,10 @@ class CudaQwen35Prefill(PrefillWeights16, PrefillMoeOps, CudaQwen35Columns):
                                  cp.empty(pieces * Hv * 64 * 64, dtype=cp.float32),
                                  cp.empty(pieces * Hv * 64, dtype=cp.float32))
         w, u, m, g = self._gdn_scratch
-        prep = K.prepared("gdn_chunk_prep", (pieces, Hv),
-                          (self.gdn_q, self.gdn_k, self.gdn_v, self.gdn_g, self.gdn_beta, w, u, m, g, Hk, Hv, 0, T),
-                          smem=K.GDN_PREP_SMEM)
-        scan = K.prepared(form, (Hv, 128 // rb),
-                          (self.gdn_q, self.gdn_k, w, u, m, g, L["state"], self.att2, Hk, Hv, 0, T),
-                          smem=K.gdn_scan_smem(rb))
+        prep = chunk_prep(q=self.gdn_q, k=self.gdn_k, v=self.gdn_v, g=self.gdn_g, beta=self.gdn_beta, w=w, u=u, m=m,
+                          gamma=g, k_heads=Hk, v_heads=Hv, tokens=T)
+        scan = chunk_scan(form, q=self.gdn_q, k=self.gdn_k, w=w, u=u, m=m, gamma=g, state=L["state"], o=self.att2,
+                          k_heads=Hk, v_heads=Hv, tokens=T)
         return ops[:-1] + [prep, scan]
 
     def _gdn_chunked_form(self):
@@ -283,22 +292,6 @@ class CudaQwen35Prefill(PrefillWeights16, PrefillMoeOps, CudaQwen35Columns):
         """Warps a block of the flash prefill (the plan's: 8 where their shared memory fits, else 4)."""
         return self.plan.flash_warps
 
-    flash_smem = staticmethod(K.flash_smem)
-
-    @staticmethod
-    def flash_attention(q, ldq: int, kc, vc, ks, vs, page_table, hq: int, hkv: int, start: int, nq: int,
-                        gate, ldg: int, out, ldo: int, kv8: bool, warps: int = 4):
-        """out[t, h*256:(h+1)*256] = causal attention of query t < nq (q: [nq, Hq*256] fp32 rows of stride
-        ldq, at position start + t) over cache positions 0..start + t (pages page_table[0..], K/V caches
-        kc/vc, int8 scales ks/vs or None), times sigmoid(gate[t, h*256 + d]): one attn_prefill_fa launch."""
-        if ATTN_HEAD_DIM != 256 or warps not in (4, 8):
-            raise NotImplementedError("attn_prefill_fa takes head_dim 256 and 4 or 8 warps")
-        ptr = lambda a: np.uint64(0 if a is None else a.data.ptr)  # noqa: E731
-        smem = CudaQwen35Prefill.flash_smem(warps)
-        K.prepared(f"attn_prefill_fa<{warps},{'true' if kv8 else 'false'}>", (hq, -(-nq // (16 * warps))),
-                   (q, ldq, kc, vc, ptr(ks), ptr(vs), page_table, hq, hkv, int(start), int(nq),
-                    float(1.0 / np.sqrt(ATTN_HEAD_DIM)), gate, ldg, out, ldo), block=32 * warps, smem=smem)()
-
     def _attn_core_ops(self, L, ldb, buf_b=None):
         buf_b = self.buf_b if buf_b is None else buf_b  # (the gate's columns: AttentionOps._attn_core_ops)
         hq = self.Hq
@@ -307,9 +300,10 @@ class CudaQwen35Prefill(PrefillWeights16, PrefillMoeOps, CudaQwen35Columns):
         def flash():
             # the chunk's valid rows only (a padded chunk's other rows of att are never read for the prompt: causal
             # attention, GDN state stopping at the valid rows)
-            self.flash_attention(self.qbuf, self.qbuf.shape[1], L["kc"], L["vc"], L["ks"], L["vs"],
-                                 self.page_table, hq, self.Hkv, self.start, self._valid, buf_b, ldb,
-                                 self.att, self.att.shape[1], self.kv == "int8", warps)
+            flash_attention(q=self.qbuf, ld_q=self.qbuf.shape[1], k_cache=L["kc"], v_cache=L["vc"],
+                            k_scales=L["ks"], v_scales=L["vs"], page_table=self.page_table, q_heads=hq,
+                            kv_heads=self.Hkv, start=self.start, tokens=self._valid, gate=buf_b, ld_gate=ldb,
+                            out=self.att, ld_out=self.att.shape[1], kv8=self.kv == "int8", warps=warps)()
         flash.name = "attention (flash kernel over the paged cache)"
         return [flash]
 
