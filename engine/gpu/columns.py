@@ -12,8 +12,16 @@ import numpy as np
 
 from engine.gpu.gemv import GemvPlan
 from engine.gpu.decode import CudaQwen35
-from engine.gpu.gdn import delta_step, gdn_conv_tail, gdn_prep
+from engine.gpu.gdn import delta_bufs, delta_step, gdn_conv_tail, gdn_prep, prep_bufs
 from engine.gpu.sampling import advance_positions, column_positions
+
+
+def last_row_head(head, *, xn, xh, xinv, logits):
+    """The head GEMV of the last of T normed rows (xn [T, H], staged as xh, xinv) into logits[0]: the columns step's
+    and the prefill's logits."""
+    T = xn.shape[0]
+    return GemvPlan(head, xn[T - 1:], xn.shape[1], logits[:1], logits.shape[1], m=1, unroll=2,
+                    xpre=(xh[T - 1:], xinv[T - 1:])).launch
 
 
 class CudaQwen35Columns(CudaQwen35):
@@ -22,7 +30,7 @@ class CudaQwen35Columns(CudaQwen35):
     def __init__(self, decode: CudaQwen35, cols: int):
         if decode.M != 1:
             raise ValueError("the columns step extends a one-lane decode executor")
-        if decode.args.is_moe and not self.MOE_ROWS:
+        if decode.args.is_moe:
             raise NotImplementedError("the columns step does not run MoE models yet")
         self.decode = decode
         self.stream = decode.stream
@@ -48,18 +56,16 @@ class CudaQwen35Columns(CudaQwen35):
     def _gdn_core_ops(self, L, lda, ldb):
         T = self.M
         split = max(1, min(self.PREP_SPLIT, T // 8))
-        prep = [gdn_prep(**self._prep_bufs(L, lda, ldb), rows=1, tokens=T, slices=split)]
+        prep = [gdn_prep(**prep_bufs(self, L, lda, ldb), rows=1, tokens=T, slices=split)]
         if split > 1:
             prep.append(gdn_conv_tail(qk=self.buf_a, ld_qk=lda, v=self.buf_b, ld_v=ldb, conv_state=L["conv_state"],
                                       k_heads=self.Hk, v_heads=self.Hv, tokens=T))
-        return prep + [delta_step(**self._delta_bufs(L), rows=1, tokens=T, rows_a_warp=self.DELTA_ROWS)]
+        return prep + [delta_step(**delta_bufs(self, L), rows=1, tokens=T, rows_a_warp=self.DELTA_ROWS)]
 
     def _tail_ops(self):
         """Logits of the last column only; then the position advances by T."""
-        T = self.M
-        head = GemvPlan(self.head, self.xn[T - 1:], self.H, self.logits[:1], self.V, m=1, unroll=2,
-                        xpre=(self.xh_n[T - 1:], self.xinv_n[T - 1:]))
-        return [head.launch, advance_positions(pos=self.pos, tokens=T)]
+        head = last_row_head(self.head, xn=self.xn, xh=self.xh_n, xinv=self.xinv_n, logits=self.logits)
+        return [head, advance_positions(pos=self.pos, tokens=self.M)]
 
     def run_chunk(self, token_ids) -> None:
         """Queue one T-token step on the shared stream (no sync)."""

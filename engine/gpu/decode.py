@@ -59,7 +59,7 @@ class CudaQwen35(NormOps, AttentionOps, GdnOps, MlpOps, MoeOps, SamplingOps):
         K.require(self.plan.kernels)
         K.PDL = self.plan.pdl
         a = args
-        if a.is_moe and lanes != 1 and not self.MOE_ROWS:
+        if a.is_moe and lanes != 1:
             raise NotImplementedError("the GPU MoE decode path runs one lane for now")
         if a.head_dim != ATTN_HEAD_DIM or (a.linear_key_head_dim or GDN_HEAD_DIM) != GDN_HEAD_DIM:
             raise ValueError("GPU kernels need attention head_dim 256 and GDN head dims 128")
@@ -180,7 +180,7 @@ class CudaQwen35(NormOps, AttentionOps, GdnOps, MlpOps, MoeOps, SamplingOps):
         self.att = cp.zeros((M, att_w), dtype=f32)
         self.att2 = cp.zeros((M, att_w), dtype=f32)
         self.qbuf = cp.zeros((M, self.Hq * ATTN_HEAD_DIM), dtype=f32)
-        self.logits = cp.zeros((self._logit_rows(), self.V), dtype=f32)
+        self.logits = cp.zeros((M, self.V), dtype=f32)
         # x pre-staged as fp16 pairs for the q4/q5/q6 GEMVs (written once by the producer kernel)
         kp = lambda k: -(-k // K.XPAD) * K.XPAD  # noqa: E731  (whole slot-major blocks)
         self.kpad_h, self.kpad_att, self.kpad_act = kp(H), kp(att_w), kp(self.inter)
@@ -198,9 +198,6 @@ class CudaQwen35(NormOps, AttentionOps, GdnOps, MlpOps, MoeOps, SamplingOps):
         self.attn_tick = cp.zeros(2 * M, dtype=cp.uint32)  # attn_combine_stage: row max bits, head tickets
         self._alloc_state()
         self._alloc_attention()
-
-    def _logit_rows(self) -> int:
-        return self.M
 
     def _alloc_state(self):
         """Per-lane sequence state: positions, the paged KV pool, GDN conv history and recurrent state."""
@@ -262,7 +259,6 @@ class CudaQwen35(NormOps, AttentionOps, GdnOps, MlpOps, MoeOps, SamplingOps):
                         rows=cfg.get("rows"), unroll=cfg.get("unroll", 2), xpre=xpre, pre2=cfg.get("pre2", False),
                         amax_out=amax_out, xs=xs)
 
-    MOE_ROWS = False  # several token rows of an MoE model (the tensor-core prefill's own MoE ops)
     ARGMAX_BLOCKS = 64  # blocks a row of the greedy argmax over the vocabulary
 
     def _prep_fused(self) -> bool:
@@ -297,8 +293,6 @@ class CudaQwen35(NormOps, AttentionOps, GdnOps, MlpOps, MoeOps, SamplingOps):
         self._res = (self.x, self.x2)
         log2_theta = float(math.log2(a.rope_theta))
         rot = a.rotary_dim
-        # the decode step's own attention core (the prefill's takes its flash kernel and GEMMs)
-        own_attn = type(self)._attn_core_ops is CudaQwen35._attn_core_ops
         for L in self.layers:
             ops.append(self._norm(prev_splits, L["in_norm"]))
             xn = (self.xh_n, self.xinv_n)
@@ -313,7 +307,7 @@ class CudaQwen35(NormOps, AttentionOps, GdnOps, MlpOps, MoeOps, SamplingOps):
                 qw = self.Hq * ATTN_HEAD_DIM
                 buf_a, buf_b = self.buf_a, self.buf_b
                 lda, ldb = buf_a.shape[1], buf_b.shape[1]
-                if "qkgv" in L and own_attn:  # (q|k and gate|v as one GEMV over their shared object)
+                if "qkgv" in L:  # (q|k and gate|v as one GEMV over their shared object)
                     buf_a = self._merged_buf()
                     buf_b = buf_a[:, L["qk"].n:]
                     lda = ldb = buf_a.shape[1]
@@ -332,18 +326,16 @@ class CudaQwen35(NormOps, AttentionOps, GdnOps, MlpOps, MoeOps, SamplingOps):
                 # the combine stages the o-projection's input itself: a 32-value chunk at a time (over the splits
                 # that hold tokens) where the o-projection (or the fused MLP's o-phase) takes chunk scales, else
                 # with one scale for the row (its last head)
-                o_plan = o_gemv(self._gated_chunk_scales() if own_attn else None)
+                o_plan = o_gemv(self._gated_chunk_scales())
                 comb = dict(ml=self.attn_ml, acc=self.attn_acc, nsplit=self.nsplit, gate=buf_b, ld_gate=ldb,
                             out=self.att, ld_out=self.att.shape[1], heads=self.Hq, k=att_k, kpad=att_kpad,
                             xh=self.xh_att, xinv=self.xinv_att, rows=M)
-                if own_attn and (o_plan.xs or moe_chunk):
+                if o_plan.xs or moe_chunk:
                     staged_chunks = True
                     core.append(combine_chunks(**comb, xsc=self.xsc_att, pos=self.qpos,
                                                round_to=16 if self._attn_mma() else 1))
-                elif own_attn:
-                    core.append(combine_stage(**comb, amax=self.attn_tick[:M], tickets=self.attn_tick[M:]))
                 else:
-                    core.append(self._stage(self.att, att_k, att_kpad, self.xh_att, self.xinv_att))
+                    core.append(combine_stage(**comb, amax=self.attn_tick[:M], tickets=self.attn_tick[M:]))
             else:
                 # the o-projection reads the gated norm's output staged a chunk at a time where its GEMV takes chunk
                 # scales
@@ -391,13 +383,10 @@ class CudaQwen35(NormOps, AttentionOps, GdnOps, MlpOps, MoeOps, SamplingOps):
         ops.extend(self._tail_ops())
         return ops
 
-    # Independent projections of a layer on two streams (`Concurrent`, where the plan's `branches` is on).
-    # Subclasses whose projections are not kernel launches (cuBLAS prefill) run them in order on one.
-    BRANCHES = True
-
     def _concurrent(self, main: list, side: list) -> list:
-        """The ops of `main` (the larger work) and `side` as one Concurrent op, or in order."""
-        if not (self.BRANCHES and self.plan.branches):
+        """The ops of `main` (the larger work) and `side` as one Concurrent op (on two streams), or in order where the
+        plan's `branches` is off."""
+        if not self.plan.branches:
             return side + main
         if getattr(self, "side_stream", None) is None:
             self.side_stream = self.cp.cuda.Stream(non_blocking=True)

@@ -74,6 +74,21 @@ def chunk_scan(form: str, *, q, k, w, u, m, gamma, state, o, k_heads: int, v_hea
                       smem=K.gdn_scan_smem(rb))
 
 
+def prep_bufs(ex, L, lda: int, ldb: int) -> dict:
+    """gdn_prep's buffers in an executor `ex` (decode, columns, prefill: buf_a, buf_b, ab, the gdn_* rows): layer L's
+    projections in (row strides lda, ldb), its conv history, the delta rule's inputs out."""
+    return dict(qk=ex.buf_a, ld_qk=lda, v=ex.buf_b, ld_v=ldb, ab=ex.ab, ld_ab=ex.ab.shape[1], conv_state=L["conv_state"],
+                conv=L["conv"], a_log=L["a_log"], dt_bias=L["dt_bias"], q_out=ex.gdn_q, k_out=ex.gdn_k, v_out=ex.gdn_v,
+                g=ex.gdn_g, beta=ex.gdn_beta, k_heads=ex.Hk, v_heads=ex.Hv, q_scale=1.0 / math.sqrt(GDN_HEAD_DIM))
+
+
+def delta_bufs(ex, L) -> dict:
+    """The delta rule's buffers after gdn_prep in an executor `ex`: its inputs, layer L's state, the output rows
+    (att2)."""
+    return dict(q=ex.gdn_q, k=ex.gdn_k, v=ex.gdn_v, g=ex.gdn_g, beta=ex.gdn_beta, state=L["state"], o=ex.att2,
+                k_heads=ex.Hk, v_heads=ex.Hv)
+
+
 def delta_rule(*, qk, ld_qk: int, v, ld_v: int, ab, ld_ab: int, a_log, dt_bias, q_scale: float, state, o,
                k_heads: int, v_heads: int, rows: int) -> K.Launch:
     """gdn_delta_raw_rw<4>: the delta rule from the projections' conv outputs (qk [rows, ld_qk]: q heads, then k
@@ -212,17 +227,5 @@ class GdnOps:
 
     def _gdn_core_ops(self, L, lda, ldb):
         """Conv + SiLU + norms + gates, then the delta rule: one token per lane row."""
-        return [gdn_prep(**self._prep_bufs(L, lda, ldb), rows=self.M),
-                delta_step(**self._delta_bufs(L), rows=self.M)]
-
-    def _prep_bufs(self, L, lda, ldb) -> dict:
-        """gdn_prep's buffers: layer L's projections in, its conv history, the delta rule's inputs out."""
-        return dict(qk=self.buf_a, ld_qk=lda, v=self.buf_b, ld_v=ldb, ab=self.ab, ld_ab=self.ab.shape[1],
-                    conv_state=L["conv_state"], conv=L["conv"], a_log=L["a_log"], dt_bias=L["dt_bias"], q_out=self.gdn_q,
-                    k_out=self.gdn_k, v_out=self.gdn_v, g=self.gdn_g, beta=self.gdn_beta, k_heads=self.Hk,
-                    v_heads=self.Hv, q_scale=1.0 / math.sqrt(GDN_HEAD_DIM))
-
-    def _delta_bufs(self, L) -> dict:
-        """The delta rule's buffers after gdn_prep: its inputs, layer L's state, the output rows."""
-        return dict(q=self.gdn_q, k=self.gdn_k, v=self.gdn_v, g=self.gdn_g, beta=self.gdn_beta, state=L["state"],
-                    o=self.att2, k_heads=self.Hk, v_heads=self.Hv)
+        return [gdn_prep(**prep_bufs(self, L, lda, ldb), rows=self.M),
+                delta_step(**delta_bufs(self, L), rows=self.M)]

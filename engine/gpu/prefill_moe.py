@@ -46,8 +46,6 @@ def combine_rows(*, y, ld_y: int, inverse, ewts, ld_w: int, topk: int, out, ld_o
 
 
 class PrefillMoeOps:
-    MOE_ROWS = True  # several token rows of an MoE model: this block's own MoE ops
-
     def _ffn(self, gu, dn, x, n: int, y):
         """y[:n] = down(silu(gate x) * up x) for the first n rows of x (fp32): a GEMM, the one-pass SwiGLU
         into the fp16 input of the second GEMM, a GEMM."""
@@ -55,7 +53,7 @@ class PrefillMoeOps:
         self._swiglu(gu.n // 2, n, self.act)
         self._matmul(dn, self.act, y, y.shape[1], rows=n)
 
-    def _moe_ops(self, L, xn):
+    def _moe_ops(self, L):
         """The chunk's MoE block (`_moe_chunk`): router GEMM and top-k, the (token, slot) pairs grouped by
         expert on the device, every expert's weights dequantized in one launch, the experts' GEMMs, the
         weighted sum back into token rows; the shared expert as plain GEMMs. All of it lands in partial
