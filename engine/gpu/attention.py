@@ -19,6 +19,18 @@ def _ptr(a) -> np.uint64:
     return np.uint64(0 if a is None else a.data.ptr)
 
 
+def qk_norm_rope_kv(*, q, ld_q: int, k, ld_k: int, v, ld_v: int, q_norm, k_norm, pos, page_table, pt_stride: int,
+                    k_cache, v_cache, q_out, q_heads: int, kv_heads: int, rotary_dim: int, log2_theta: float, eps: float,
+                    rows: int, k_scales=None, v_scales=None) -> K.Launch:
+    """qk_norm_rope_kv: each of `rows` token rows' q heads (q [rows, ld_q]) and k heads rmsnormed (q_norm, k_norm
+    [256]) and rotated (the first rotary_dim dims, theta = 2 ** log2_theta) at position pos[r]; q into q_out
+    [rows, q_heads * 256], k and v (v [rows, ld_v]) into the paged caches at that position (pages page_table, row r's
+    at r * pt_stride; int8: with k_scales, v_scales). A warp a head."""
+    return K.prepared("qk_norm_rope_kv", (-(-(q_heads + kv_heads) // K.WARPS), rows),
+                      (q, ld_q, k, ld_k, v, ld_v, q_norm, k_norm, pos, page_table, pt_stride, k_cache, v_cache, q_out,
+                       q_heads, kv_heads, rotary_dim, float(log2_theta), float(eps), _ptr(k_scales), _ptr(v_scales)))
+
+
 def decode_attention(name: str, *, threads: int, smem: int, q, k_cache, v_cache, pos, page_table, pt_stride: int,
                      kv_heads: int, chunk: int, scale: float, ml, acc, nsplit: int, rows: int, k_scales=None,
                      v_scales=None) -> K.Launch:

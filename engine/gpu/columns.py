@@ -8,13 +8,20 @@ needs. It shares weights, KV pool, GDN state, position and stream with the decod
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from engine.gpu import launch as K
 from engine.gpu.gemv import GemvPlan
-from engine.gpu.decode import GDN_HEAD_DIM, CudaQwen35
+from engine.gpu.decode import CudaQwen35
+from engine.gpu.gdn import delta_bufs, delta_step, gdn_conv_tail, gdn_prep, prep_bufs
+from engine.gpu.sampling import advance_positions, column_positions
+
+
+def last_row_head(head, *, xn, xh, xinv, logits):
+    """The head GEMV of the last of T normed rows (xn [T, H], staged as xh, xinv) into logits[0]: the columns step's
+    and the prefill's logits."""
+    T = xn.shape[0]
+    return GemvPlan(head, xn[T - 1:], xn.shape[1], logits[:1], logits.shape[1], m=1, unroll=2,
+                    xpre=(xh[T - 1:], xinv[T - 1:])).launch
 
 
 class CudaQwen35Columns(CudaQwen35):
@@ -23,7 +30,7 @@ class CudaQwen35Columns(CudaQwen35):
     def __init__(self, decode: CudaQwen35, cols: int):
         if decode.M != 1:
             raise ValueError("the columns step extends a one-lane decode executor")
-        if decode.args.is_moe and not self.MOE_ROWS:
+        if decode.args.is_moe:
             raise NotImplementedError("the columns step does not run MoE models yet")
         self.decode = decode
         self.stream = decode.stream
@@ -41,34 +48,24 @@ class CudaQwen35Columns(CudaQwen35):
         self.qpos, self.pt_stride = self.posc, 0  # every column reads lane 0's page table
 
     def _pre_ops(self):
-        return [K.prepared("cols_positions", (1,), (self.pos, self.posc, self.M), block=32)]
+        return [column_positions(pos=self.pos, out=self.posc, tokens=self.M)]
 
     PREP_SPLIT = 1  # token slices of gdn_prep_cols (grid.y); more than one leaves the conv state to gdn_conv_tail
     DELTA_ROWS = 1  # GDN state rows a warp in the recurrence (gdn_delta_rows for > 1)
 
     def _gdn_core_ops(self, L, lda, ldb):
-        Hk, Hv, T = self.Hk, self.Hv, self.M
+        T = self.M
         split = max(1, min(self.PREP_SPLIT, T // 8))
-        prep = [K.prepared("gdn_prep_cols", (-(-(2 * Hk + Hv) // K.WARPS), split),
-                           (self.buf_a, lda, self.buf_b, ldb, self.ab, self.ab.shape[1], L["conv_state"], L["conv"],
-                            L["a_log"], L["dt_bias"], self.gdn_q, self.gdn_k, self.gdn_v, self.gdn_g, self.gdn_beta,
-                            Hk, Hv, float(1.0 / math.sqrt(GDN_HEAD_DIM)), T))]
+        prep = [gdn_prep(**prep_bufs(self, L, lda, ldb), rows=1, tokens=T, slices=split)]
         if split > 1:
-            prep.append(K.prepared("gdn_conv_tail", (-(-(2 * Hk + Hv) * GDN_HEAD_DIM // 256),),
-                                   (self.buf_a, lda, self.buf_b, ldb, L["conv_state"], Hk, Hv, T), block=256))
-        rows = self.DELTA_ROWS  # state rows a warp (1: gdn_delta_cols)
-        name = "gdn_delta_cols" if rows == 1 else f"gdn_delta_rows<{rows}>"
-        return prep + [
-                K.prepared(name, (-(-Hv * GDN_HEAD_DIM // (K.WARPS * rows)),),
-                           (self.gdn_q, self.gdn_k, self.gdn_v, self.gdn_g, self.gdn_beta, L["state"], self.att2,
-                            Hk, Hv, 0, T))]
+            prep.append(gdn_conv_tail(qk=self.buf_a, ld_qk=lda, v=self.buf_b, ld_v=ldb, conv_state=L["conv_state"],
+                                      k_heads=self.Hk, v_heads=self.Hv, tokens=T))
+        return prep + [delta_step(**delta_bufs(self, L), rows=1, tokens=T, rows_a_warp=self.DELTA_ROWS)]
 
     def _tail_ops(self):
         """Logits of the last column only; then the position advances by T."""
-        T = self.M
-        head = GemvPlan(self.head, self.xn[T - 1:], self.H, self.logits[:1], self.V, m=1, unroll=2,
-                        xpre=(self.xh_n[T - 1:], self.xinv_n[T - 1:]))
-        return [head.launch, K.prepared("advance_pos", (1,), (self.pos, T), block=32)]
+        head = last_row_head(self.head, xn=self.xn, xh=self.xh_n, xinv=self.xinv_n, logits=self.logits)
+        return [head, advance_positions(pos=self.pos, tokens=self.M)]
 
     def run_chunk(self, token_ids) -> None:
         """Queue one T-token step on the shared stream (no sync)."""

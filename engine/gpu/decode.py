@@ -15,14 +15,14 @@ import numpy as np
 from engine.gpu import plan as gpu_plan
 from engine.gpu.weights import concat_rows
 from engine.gpu import launch as K
-from engine.gpu.gemv import GemvPlan, pair_launch
+from engine.gpu.gemv import GemvPlan, embed_rows, pair_launch
 from engine.gpu.attention import (  # noqa: F401  (KV_PAGE: also imported from here)
-    ATTN_HEAD_DIM, KV_PAGE, AttentionOps, _ptr, combine_chunks, combine_stage)
+    ATTN_HEAD_DIM, KV_PAGE, AttentionOps, combine_chunks, combine_stage, qk_norm_rope_kv)
 from engine.gpu.gdn import GDN_HEAD_DIM, GdnOps
 from engine.gpu.mlp import MlpOps
 from engine.gpu.moe import MoeOps
-from engine.gpu.norm import NormOps
-from engine.gpu.sampling import SamplingOps
+from engine.gpu.norm import NormOps, stage_rows
+from engine.gpu.sampling import SamplingOps, argmax_step
 
 
 def _four_projections(cp, L: dict, parts: list, merged: str, second: str) -> None:
@@ -59,7 +59,7 @@ class CudaQwen35(NormOps, AttentionOps, GdnOps, MlpOps, MoeOps, SamplingOps):
         K.require(self.plan.kernels)
         K.PDL = self.plan.pdl
         a = args
-        if a.is_moe and lanes != 1 and not self.MOE_ROWS:
+        if a.is_moe and lanes != 1:
             raise NotImplementedError("the GPU MoE decode path runs one lane for now")
         if a.head_dim != ATTN_HEAD_DIM or (a.linear_key_head_dim or GDN_HEAD_DIM) != GDN_HEAD_DIM:
             raise ValueError("GPU kernels need attention head_dim 256 and GDN head dims 128")
@@ -180,7 +180,7 @@ class CudaQwen35(NormOps, AttentionOps, GdnOps, MlpOps, MoeOps, SamplingOps):
         self.att = cp.zeros((M, att_w), dtype=f32)
         self.att2 = cp.zeros((M, att_w), dtype=f32)
         self.qbuf = cp.zeros((M, self.Hq * ATTN_HEAD_DIM), dtype=f32)
-        self.logits = cp.zeros((self._logit_rows(), self.V), dtype=f32)
+        self.logits = cp.zeros((M, self.V), dtype=f32)
         # x pre-staged as fp16 pairs for the q4/q5/q6 GEMVs (written once by the producer kernel)
         kp = lambda k: -(-k // K.XPAD) * K.XPAD  # noqa: E731  (whole slot-major blocks)
         self.kpad_h, self.kpad_att, self.kpad_act = kp(H), kp(att_w), kp(self.inter)
@@ -198,9 +198,6 @@ class CudaQwen35(NormOps, AttentionOps, GdnOps, MlpOps, MoeOps, SamplingOps):
         self.attn_tick = cp.zeros(2 * M, dtype=cp.uint32)  # attn_combine_stage: row max bits, head tickets
         self._alloc_state()
         self._alloc_attention()
-
-    def _logit_rows(self) -> int:
-        return self.M
 
     def _alloc_state(self):
         """Per-lane sequence state: positions, the paged KV pool, GDN conv history and recurrent state."""
@@ -262,7 +259,6 @@ class CudaQwen35(NormOps, AttentionOps, GdnOps, MlpOps, MoeOps, SamplingOps):
                         rows=cfg.get("rows"), unroll=cfg.get("unroll", 2), xpre=xpre, pre2=cfg.get("pre2", False),
                         amax_out=amax_out, xs=xs)
 
-    MOE_ROWS = False  # several token rows of an MoE model (the tensor-core prefill's own MoE ops)
     ARGMAX_BLOCKS = 64  # blocks a row of the greedy argmax over the vocabulary
 
     def _prep_fused(self) -> bool:
@@ -278,9 +274,8 @@ class CudaQwen35(NormOps, AttentionOps, GdnOps, MlpOps, MoeOps, SamplingOps):
 
     def _stage(self, x, k, kpad, xh, xinv, ldh=None):
         """x[:, :k] as the int16 pairs of kpad values (ldh pairs a row of xh: kpad / 2 unless a slice)."""
-        return K.prepared("stage_x_mb", (self.NORM_BLOCKS, self.M),
-                          (x, x.strides[0] // x.itemsize, k, kpad, xh, kpad // 2 if ldh is None else ldh, xinv),
-                          block=1024)
+        return stage_rows(x=x, ld=x.strides[0] // x.itemsize, k=k, kpad=kpad, xh=xh,
+                          ldh=kpad // 2 if ldh is None else ldh, xinv=xinv, rows=self.M, blocks=self.NORM_BLOCKS)
 
     def _splits(self, w) -> int:
         cfg = self.gemv_cfg.get((w.fmt, w.n, w.k), {})
@@ -297,8 +292,6 @@ class CudaQwen35(NormOps, AttentionOps, GdnOps, MlpOps, MoeOps, SamplingOps):
         self._res = (self.x, self.x2)
         log2_theta = float(math.log2(a.rope_theta))
         rot = a.rotary_dim
-        # the decode step's own attention core (the prefill's takes its flash kernel and GEMMs)
-        own_attn = type(self)._attn_core_ops is CudaQwen35._attn_core_ops
         for L in self.layers:
             ops.append(self._norm(prev_splits, L["in_norm"]))
             xn = (self.xh_n, self.xinv_n)
@@ -313,7 +306,7 @@ class CudaQwen35(NormOps, AttentionOps, GdnOps, MlpOps, MoeOps, SamplingOps):
                 qw = self.Hq * ATTN_HEAD_DIM
                 buf_a, buf_b = self.buf_a, self.buf_b
                 lda, ldb = buf_a.shape[1], buf_b.shape[1]
-                if "qkgv" in L and own_attn:  # (q|k and gate|v as one GEMV over their shared object)
+                if "qkgv" in L:  # (q|k and gate|v as one GEMV over their shared object)
                     buf_a = self._merged_buf()
                     buf_b = buf_a[:, L["qk"].n:]
                     lda = ldb = buf_a.shape[1]
@@ -323,28 +316,25 @@ class CudaQwen35(NormOps, AttentionOps, GdnOps, MlpOps, MoeOps, SamplingOps):
                     gv = self._gemv(L["gv"], self.xn, buf_b, xpre=xn)
                     pair = self._pair(gv, qk)  # (one grid for both)
                     ops.extend([pair] if pair is not None else self._concurrent([gv], [qk]))
-                nh = self.Hq + self.Hkv
-                core = [K.prepared("qk_norm_rope_kv", (-(-nh // K.WARPS), M),
-                                   (buf_a, lda, buf_a[:, qw:], lda, buf_b[:, qw:], ldb,
-                                    L["qn"], L["kn"], self.qpos, self.page_table, self.pt_stride,
-                                    L["kc"], L["vc"], self.qbuf, self.Hq, self.Hkv, rot, log2_theta, eps,
-                                    _ptr(L["ks"]), _ptr(L["vs"])))]
+                core = [qk_norm_rope_kv(q=buf_a, ld_q=lda, k=buf_a[:, qw:], ld_k=lda, v=buf_b[:, qw:], ld_v=ldb,
+                                        q_norm=L["qn"], k_norm=L["kn"], pos=self.qpos, page_table=self.page_table,
+                                        pt_stride=self.pt_stride, k_cache=L["kc"], v_cache=L["vc"], q_out=self.qbuf,
+                                        q_heads=self.Hq, kv_heads=self.Hkv, rotary_dim=rot, log2_theta=log2_theta,
+                                        eps=eps, rows=M, k_scales=L["ks"], v_scales=L["vs"])]
                 core += self._attn_core_ops(L, ldb, buf_b)
                 # the combine stages the o-projection's input itself: a 32-value chunk at a time (over the splits
                 # that hold tokens) where the o-projection (or the fused MLP's o-phase) takes chunk scales, else
                 # with one scale for the row (its last head)
-                o_plan = o_gemv(self._gated_chunk_scales() if own_attn else None)
+                o_plan = o_gemv(self._gated_chunk_scales())
                 comb = dict(ml=self.attn_ml, acc=self.attn_acc, nsplit=self.nsplit, gate=buf_b, ld_gate=ldb,
                             out=self.att, ld_out=self.att.shape[1], heads=self.Hq, k=att_k, kpad=att_kpad,
                             xh=self.xh_att, xinv=self.xinv_att, rows=M)
-                if own_attn and (o_plan.xs or moe_chunk):
+                if o_plan.xs or moe_chunk:
                     staged_chunks = True
                     core.append(combine_chunks(**comb, xsc=self.xsc_att, pos=self.qpos,
                                                round_to=16 if self._attn_mma() else 1))
-                elif own_attn:
-                    core.append(combine_stage(**comb, amax=self.attn_tick[:M], tickets=self.attn_tick[M:]))
                 else:
-                    core.append(self._stage(self.att, att_k, att_kpad, self.xh_att, self.xinv_att))
+                    core.append(combine_stage(**comb, amax=self.attn_tick[:M], tickets=self.attn_tick[M:]))
             else:
                 # the o-projection reads the gated norm's output staged a chunk at a time where its GEMV takes chunk
                 # scales
@@ -392,13 +382,10 @@ class CudaQwen35(NormOps, AttentionOps, GdnOps, MlpOps, MoeOps, SamplingOps):
         ops.extend(self._tail_ops())
         return ops
 
-    # Independent projections of a layer on two streams (`Concurrent`, where the plan's `branches` is on).
-    # Subclasses whose projections are not kernel launches (cuBLAS prefill) run them in order on one.
-    BRANCHES = True
-
     def _concurrent(self, main: list, side: list) -> list:
-        """The ops of `main` (the larger work) and `side` as one Concurrent op, or in order."""
-        if not (self.BRANCHES and self.plan.branches):
+        """The ops of `main` (the larger work) and `side` as one Concurrent op (on two streams), or in order where the
+        plan's `branches` is off."""
+        if not self.plan.branches:
             return side + main
         if getattr(self, "side_stream", None) is None:
             self.side_stream = self.cp.cuda.Stream(non_blocking=True)
@@ -418,20 +405,15 @@ class CudaQwen35(NormOps, AttentionOps, GdnOps, MlpOps, MoeOps, SamplingOps):
     def _embed_ops(self, out=None):
         """The token rows' embeddings into x (`out`: another [M, H] buffer; the MTP head's executor puts its
         own input stage here)."""
-        emb, M, H = self.embed, self.M, self.H
-        out = self.x if out is None else out
-        if emb.fmt in K.FMT_IDS:
-            return [K.prepared(f"embed_rs<{K.FMT_IDS[emb.fmt]}>", (M,),
-                               (np.uint64(emb.ptr(emb.base)), np.uint64(emb.ptr(emb.high)),
-                                np.uint64(emb.ptr(emb.scales)), emb.gpr, H, self.tokens, out, H))]
-        return [K.prepared("embed_bf16", (M,), (np.uint64(emb.ptr(emb.base)), H, self.tokens, out, H))]
+        return [embed_rows(self.embed, tokens=self.tokens, out=self.x if out is None else out, ld=self.H,
+                           rows=self.M)]
 
     def _tail_ops(self):
         """Head and device argmax: the next input token, the position and the history advance."""
         M = self.M
-        self._argmax_op = K.prepared("argmax_step_mb", (self.ARGMAX_BLOCKS, M),
-                                     (self.logits, self.V, self.V, self.am_v, self.am_i, self.am_ticket, self.tokens,
-                                      self.pos, self.history, self.step, self.hist_len), block=256)
+        self._argmax_op = argmax_step(logits=self.logits, ld=self.V, vocab=self.V, best_v=self.am_v, best_i=self.am_i,
+                                      tickets=self.am_ticket, tokens=self.tokens, pos=self.pos, history=self.history,
+                                      step=self.step, hist_len=self.hist_len, rows=M, blocks=self.ARGMAX_BLOCKS)
         return [self._gemv(self.head, self.xn, self.logits, xpre=(self.xh_n, self.xinv_n)), self._argmax_op]
 
     def run_eager(self):

@@ -14,6 +14,88 @@ from engine.gpu import launch as K
 GDN_HEAD_DIM = 128
 
 
+def gdn_prep(*, qk, ld_qk: int, v, ld_v: int, ab, ld_ab: int, conv_state, conv, a_log, dt_bias, q_out, k_out, v_out,
+             g, beta, k_heads: int, v_heads: int, q_scale: float, rows: int, tokens: int | None = None,
+             slices: int = 1, record=None) -> K.Launch:
+    """gdn_prep (one token a row of `rows`) or, with `tokens`, gdn_prep_cols (that many consecutive tokens of one
+    sequence, in `slices` token slices: grid.y): the causal conv over the conv history conv_state (weights `conv`) and
+    SiLU of q|k (qk [., ld_qk]) and v (v [., ld_v]), q and k l2-normed (q times q_scale) into q_out, k_out, v into v_out,
+    the gates g and beta from a|b (ab [., ld_ab], a_log, dt_bias). A warp a channel group of 128. `record` (with
+    `tokens`, one slice: speculative verification's gdn_prep_verify): each token's conv inputs into record
+    [tokens, C], the conv history left as it was."""
+    args = (qk, ld_qk, v, ld_v, ab, ld_ab, conv_state, conv, a_log, dt_bias, q_out, k_out, v_out, g, beta, k_heads,
+            v_heads, float(q_scale))
+    grid_x = -(-(2 * k_heads + v_heads) // K.WARPS)
+    if tokens is None:
+        return K.prepared("gdn_prep", (grid_x, rows), args)
+    if record is not None:
+        return K.prepared("gdn_prep_verify", (grid_x, 1), args + (tokens, record))
+    return K.prepared("gdn_prep_cols", (grid_x, slices), args + (tokens,))
+
+
+def gdn_conv_tail(*, qk, ld_qk: int, v, ld_v: int, conv_state, k_heads: int, v_heads: int, tokens: int) -> K.Launch:
+    """gdn_conv_tail: the conv history after `tokens` columns (their last 3 q|k and v rows into conv_state), where
+    gdn_prep_cols ran in more than one token slice."""
+    return K.prepared("gdn_conv_tail", (-(-(2 * k_heads + v_heads) * GDN_HEAD_DIM // 256),),
+                      (qk, ld_qk, v, ld_v, conv_state, k_heads, v_heads, tokens), block=256)
+
+
+def delta_step(*, q, k, v, g, beta, state, o, k_heads: int, v_heads: int, rows: int, tokens: int | None = None,
+               rows_a_warp: int = 1, write_state: bool = True) -> K.Launch:
+    """The delta rule from gdn_prep's outputs (q, k [., k_heads, 128], v [., v_heads, 128], g, beta [., v_heads]):
+    state [., v_heads, 128, 128] updated and o [., v_heads * 128] written. gdn_delta: one token a row of `rows`; with
+    `tokens`, that many consecutive tokens of one sequence, gdn_delta_cols (a state row a warp) or
+    gdn_delta_rows<rows_a_warp>; write_state False (with tokens: speculative verification's gdn_delta_verify): the
+    state read, not written."""
+    args = (q, k, v, g, beta, state, o, k_heads, v_heads, 0)
+    if tokens is None:
+        return K.prepared("gdn_delta", (-(-v_heads * GDN_HEAD_DIM // K.WARPS), rows), args)
+    name = "gdn_delta_cols" if rows_a_warp == 1 else f"gdn_delta_rows<{rows_a_warp}>"
+    if not write_state:
+        name = "gdn_delta_verify"
+    return K.prepared(name, (-(-v_heads * GDN_HEAD_DIM // (K.WARPS * rows_a_warp)),), args + (tokens,))
+
+
+def gated_norm_stage(*, o, z, ld_z: int, weight, out, ld_out: int, v_heads: int, eps: float, k: int, kpad: int, xh,
+                     xinv, rows: int) -> K.Launch:
+    """gated_rmsnorm_stage: out = rmsnorm(o) w silu(z) a head (o [rows, v_heads * 128], z [rows, ld_z]), its first k
+    values staged as the o-projection's int16 pairs with one scale a row (xh [rows, kpad / 2], xinv [rows]): a block
+    of 1,024 a row."""
+    return K.prepared("gated_rmsnorm_stage", (rows,),
+                      (o, z, ld_z, weight, out, ld_out, v_heads, float(eps), k, kpad, xh, xinv), block=1024)
+
+
+def chunk_prep(*, q, k, v, g, beta, w, u, m, gamma, k_heads: int, v_heads: int, tokens: int) -> K.Launch:
+    """gdn_chunk_prep, the chunked delta rule's first pass: for every 64-token piece of `tokens` at once, W and U'
+    (w, u [pieces, v_heads, 64, 128]), M [pieces, v_heads, 64, 64] and the cumulative decay gamma [pieces, v_heads, 64]
+    from gdn_prep's outputs (cuda/gdn_tc.cu)."""
+    return K.prepared("gdn_chunk_prep", (-(-tokens // 64), v_heads),
+                      (q, k, v, g, beta, w, u, m, gamma, k_heads, v_heads, 0, tokens), smem=K.GDN_PREP_SMEM)
+
+
+def chunk_scan(form: str, *, q, k, w, u, m, gamma, state, o, k_heads: int, v_heads: int, tokens: int) -> K.Launch:
+    """The chunked delta rule's in-order pass `form` (gdn_chunk_scan_tc<RB, 1>: RB state rows a block) over
+    chunk_prep's pieces: state [v_heads, 128, 128] carried through them, o [tokens, v_heads * 128] written."""
+    rb = int(form.split("<")[1].split(",")[0])
+    return K.prepared(form, (v_heads, 128 // rb), (q, k, w, u, m, gamma, state, o, k_heads, v_heads, 0, tokens),
+                      smem=K.gdn_scan_smem(rb))
+
+
+def prep_bufs(ex, L, lda: int, ldb: int) -> dict:
+    """gdn_prep's buffers in an executor `ex` (decode, columns, prefill: buf_a, buf_b, ab, the gdn_* rows): layer L's
+    projections in (row strides lda, ldb), its conv history, the delta rule's inputs out."""
+    return dict(qk=ex.buf_a, ld_qk=lda, v=ex.buf_b, ld_v=ldb, ab=ex.ab, ld_ab=ex.ab.shape[1], conv_state=L["conv_state"],
+                conv=L["conv"], a_log=L["a_log"], dt_bias=L["dt_bias"], q_out=ex.gdn_q, k_out=ex.gdn_k, v_out=ex.gdn_v,
+                g=ex.gdn_g, beta=ex.gdn_beta, k_heads=ex.Hk, v_heads=ex.Hv, q_scale=1.0 / math.sqrt(GDN_HEAD_DIM))
+
+
+def delta_bufs(ex, L) -> dict:
+    """The delta rule's buffers after gdn_prep in an executor `ex`: its inputs, layer L's state, the output rows
+    (att2)."""
+    return dict(q=ex.gdn_q, k=ex.gdn_k, v=ex.gdn_v, g=ex.gdn_g, beta=ex.gdn_beta, state=L["state"], o=ex.att2,
+                k_heads=ex.Hk, v_heads=ex.Hv)
+
+
 def delta_rule(*, qk, ld_qk: int, v, ld_v: int, ab, ld_ab: int, a_log, dt_bias, q_scale: float, state, o,
                k_heads: int, v_heads: int, rows: int) -> K.Launch:
     """gdn_delta_raw_rw<4>: the delta rule from the projections' conv outputs (qk [rows, ld_qk]: q heads, then k
@@ -145,17 +227,12 @@ class GdnOps:
             return gated_norm_chunks(o=self.att2, z=buf_b[:, zoff:], ld_z=ldb, weight=L["norm"], out=self.att,
                                      ld_out=self.att.shape[1], v_heads=self.Hv, eps=self.args.rms_norm_eps, k=k,
                                      kpad=kpad, xh=xh, xinv=xinv, xsc=self.xsc_att, rows=self.M)
-        return K.prepared("gated_rmsnorm_stage", (self.M,),
-                          (self.att2, buf_b[:, zoff:], ldb, L["norm"], self.att, self.att.shape[1], self.Hv,
-                           float(self.args.rms_norm_eps)) + att_stage, block=1024)
+        k, kpad, xh, xinv = att_stage
+        return gated_norm_stage(o=self.att2, z=buf_b[:, zoff:], ld_z=ldb, weight=L["norm"], out=self.att,
+                                ld_out=self.att.shape[1], v_heads=self.Hv, eps=self.args.rms_norm_eps, k=k, kpad=kpad,
+                                xh=xh, xinv=xinv, rows=self.M)
 
     def _gdn_core_ops(self, L, lda, ldb):
         """Conv + SiLU + norms + gates, then the delta rule: one token per lane row."""
-        Hk, Hv, M = self.Hk, self.Hv, self.M
-        return [K.prepared("gdn_prep", (-(-(2 * Hk + Hv) // K.WARPS), M),
-                           (self.buf_a, lda, self.buf_b, ldb, self.ab, self.ab.shape[1], L["conv_state"], L["conv"],
-                            L["a_log"], L["dt_bias"], self.gdn_q, self.gdn_k, self.gdn_v, self.gdn_g, self.gdn_beta,
-                            Hk, Hv, float(1.0 / math.sqrt(GDN_HEAD_DIM)))),
-                K.prepared("gdn_delta", (-(-Hv * GDN_HEAD_DIM // K.WARPS), M),
-                           (self.gdn_q, self.gdn_k, self.gdn_v, self.gdn_g, self.gdn_beta, L["state"], self.att2,
-                            Hk, Hv, 0))]
+        return [gdn_prep(**prep_bufs(self, L, lda, ldb), rows=self.M),
+                delta_step(**delta_bufs(self, L), rows=self.M)]

@@ -160,6 +160,16 @@ class GemvPlan:
         self._go()
 
 
+def embed_rows(table: DevMatrix, *, tokens, out, ld: int, rows: int) -> Launch:
+    """embed_rs<format> (row-split tables) or embed_bf16: row tokens[r] of `table` decoded into out[r, :table.k] (row
+    stride ld) for each of `rows` token rows, a block a row."""
+    if table.fmt in FMT_IDS:
+        return kernels.prepared(f"embed_rs<{FMT_IDS[table.fmt]}>", (rows,),
+                                (np.uint64(table.ptr(table.base)), np.uint64(table.ptr(table.high)),
+                                 np.uint64(table.ptr(table.scales)), table.gpr, table.k, tokens, out, ld))
+    return kernels.prepared("embed_bf16", (rows,), (np.uint64(table.ptr(table.base)), table.k, tokens, out, ld))
+
+
 def prestaged_slices(span: int, splits: int, blk: int = 32) -> tuple[int, int]:
     """(16-byte chunks a split-K slice, slices) of a pre-staged GEMV over `span` chunks a row asked for `splits`
     slices: each slice whole blocks of `blk` chunks of the slot-major staged pairs (w8: 64)."""

@@ -427,3 +427,9 @@ def prepared(name: str, grid, args, block: int = WARPS * 32, smem: int = 0, coop
     _allow_smem(fn, name, smem)
     return Launch(fn, grid, block, tuple(_arg(a) for a in args), smem=smem, name=name, cooperative=cooperative,
                   coop_pdl=coop_pdl)
+
+
+def now(name: str, grid, args, block: int = WARPS * 32) -> None:
+    """Launch kernel `name` at once with `args` as given (typed already; a plain launch, no programmatic
+    serialization): the eager prefill's kernels whose arguments change every chunk."""
+    kernel(name)(tuple(grid), (block,), args)

@@ -4,8 +4,25 @@ staging, down into split-K partials. The methods build graph ops from the execut
 (`_plan_gemv`, `_stage`, `_splits`)."""
 from __future__ import annotations
 
+import numpy as np
+
 from engine.gpu import launch as K
 from engine.gpu.gemv import mlp_fused_help_words, mlp_fused_launch
+
+
+def stage_amax(*, x, k: int, kpad: int, xh, xinv, slot, blocks: int = 16) -> K.Launch:
+    """stage_x_amax: one row's first k values (x [1, >= k]) as the GEMVs' int16 pairs (xh [kpad / 2]) with the scale of
+    the row maximum the gate|up GEMV folded into slot (2 uint32: max bits, block tickets; left at zero), xinv [1] its
+    inverse; `blocks` blocks of 1,024, each its slice."""
+    return K.prepared("stage_x_amax", (blocks,), (x, k, kpad, xh, xinv, slot), block=1024)
+
+
+def swiglu_rows(*, gu, inter: int, rows: int, out16) -> None:
+    """Launched at once: out16 [rows, inter] (fp16) = silu(gate) * up of the rows of gu (fp32 or fp16 [gate | up], any
+    row stride): swiglu_rows_h or swiglu_rows_f16."""
+    name = "swiglu_rows_h" if gu.dtype == np.float16 else "swiglu_rows_f16"
+    K.now(name, (max(1, min(-(-rows * inter // 4 // 256), K.sm_count() * 16)),),
+          (gu, np.int64(gu.shape[1]), np.int32(inter), np.int32(rows), out16))
 
 
 class MlpOps:
@@ -77,9 +94,8 @@ class MlpOps:
         d_plan = self._plan_gemv(dn, self.act, self.part, "partial", self._splits(dn), (self.xh_act, self.xinv_act))
         ops = [gu_plan.launch]
         if gu_plan.tracks_amax:
-            ops.append(K.prepared("stage_x_amax", (self.NORM_BLOCKS,),
-                                  (self.act, self.inter, self.kpad_act, self.xh_act, self.xinv_act, self.stage_slot),
-                                  block=1024))
+            ops.append(stage_amax(x=self.act, k=self.inter, kpad=self.kpad_act, xh=self.xh_act, xinv=self.xinv_act,
+                                  slot=self.stage_slot, blocks=self.NORM_BLOCKS))
         else:
             ops.append(self._stage(self.act, self.inter, self.kpad_act, self.xh_act, self.xinv_act))
         return ops + [d_plan.launch], d_plan.splits

@@ -11,6 +11,55 @@ from engine.gpu import launch as K
 from engine.gpu.gemv import GemvPlan
 
 
+def moe_route(*, logits, ld: int, experts: int, topk: int, eidx, ewts, ld_w: int, rows: int) -> K.Launch:
+    """moe_route: each of `rows` rows' top-k of the router logits [rows, ld] (the first `experts`; column `experts` the
+    shared expert's gate logit), their ids into eidx [rows, topk] and softmax weights into ewts [rows, ld_w] (column
+    topk: the shared expert's sigmoid gate). A warp a row."""
+    return K.prepared("moe_route", (rows,), (logits, ld, experts, topk, eidx, ewts, ld_w))
+
+
+def moe_down(routed, shared, *, eidx, act_routed, act_shared, planes, plane_stride: int, ewts, topk: int,
+             name: str | None = None) -> K.Launch | None:
+    """moe_down (cuda/moe.cu): every down-projection of an MoE block in one launch, grid.z a slot: the routed stack
+    `routed` [E * H, I] for the topk slots (expert eidx [1, topk], its fp32 SwiGLU row act_routed [topk, I]) and the
+    shared expert's `shared` [H, I_s] (its row the first I_s values of act_shared [1, .]), each into its partial plane
+    planes[z] (plane_stride floats apart) weighted by ewts [1, topk + 1]; rows a half-warp as `name` says (the
+    compiled form for the two formats by default), or None where none is compiled."""
+    name = name or K.moe_down_name(K.FMT_IDS[routed.fmt], K.FMT_IDS[shared.fmt])
+    if not name:
+        return None
+    r = int(name.split(",")[2])
+    P = lambda m, a: np.uint64(m.ptr(a))  # noqa: E731
+    return K.prepared(name, (-(-shared.n // (2 * K.WARPS * r)), 1, topk + 1),
+                      (P(routed, routed.base), P(routed, routed.high), P(routed, routed.scales), routed.gpr, eidx,
+                       act_routed, routed.k, P(shared, shared.base), P(shared, shared.high), P(shared, shared.scales),
+                       shared.gpr, act_shared, shared.k, shared.n, routed.k, planes, plane_stride, ewts, topk))
+
+
+def moe_fused(form, *, x_in, x_out, planes, nplanes: int, plane_stride: int, norm, eps: float, kpad: int, router,
+              experts: int, topk: int, logits, eidx, ewts, gate_up, inter: int, xh, xsc, shared_gu, shared_inter: int,
+              act, down, shared_down, barrier, tstamp=None, oproj: tuple | None = None) -> K.Launch:
+    """moe_fused (cuda/moe_fused.cu) in `form` (MoeOps._moe_fused_form: name, grid, shared memory): one token's
+    post-attention norm (x_out = x_in + the first nplanes planes, normed by `norm`), bf16 router and top-k (logits,
+    eidx, ewts), the routed experts' gate|up (staged by chunks into xh, xsc) and the shared expert's (its SwiGLU row
+    into act), and every down-projection into moe_down's topk + 1 planes, in one persistent launch with grid barriers
+    (`barrier`); tstamp: a probe's phase timestamps or None. oproj: the o-projection's 8 arguments (its w8 matrix
+    first, then the norm: MoeOps._moe_fused_ops) or None. Launched programmatically without the cooperative
+    attribute (mode 2): its grid is sized to be resident."""
+    name, grid, smem = form
+    P, I = (lambda m, a: np.uint64(m.ptr(a))), np.int32
+    rw, gu, sg, dn, sd = router, gate_up, shared_gu, down, shared_down
+    o_args = oproj if oproj is not None else (np.uint64(0), np.uint64(0), I(0), I(0), I(0), np.uint64(0),
+                                              np.uint64(0), np.uint64(0))
+    args = (x_in, x_out, planes, I(nplanes), I(plane_stride), norm, I(rw.k), np.float32(eps), I(kpad),
+            P(rw, rw.base), I(experts), I(topk), logits, eidx, ewts, P(gu, gu.base), P(gu, gu.high), P(gu, gu.scales),
+            I(gu.gpr), I(inter), xh, xsc, P(sg, sg.base), P(sg, sg.high), P(sg, sg.scales), I(sg.gpr), I(shared_inter),
+            act, P(dn, dn.base), P(dn, dn.high), P(dn, dn.scales), I(dn.gpr), P(sd, sd.base), P(sd, sd.high),
+            P(sd, sd.scales), I(sd.gpr), barrier, np.uint64(0) if tstamp is None else tstamp,
+            I(K.MOE_FUSED_OPTS)) + o_args
+    return K.prepared(name, (grid,), args, block=1024, smem=smem, cooperative=True, coop_pdl=2)
+
+
 class MoeOps:
     # MoE decode outside the persistent launch (formats it is not compiled for): the router GEMV and the top-k, the
     # routed experts' gate|up by slot, then every down-projection (the routed slots' and the shared expert's) in one
@@ -24,16 +73,8 @@ class MoeOps:
         if not (self.M == 1 and dn.fmt in K.FMT_IDS and sd.fmt in K.FMT_IDS
                 and dn.k % 32 == 0 and sd.k % 32 == 0 and sd.n == H and self.act.shape[1] % 4 == 0):
             return None
-        name = K.moe_down_name(K.FMT_IDS[dn.fmt], K.FMT_IDS[sd.fmt])
-        if not name:
-            return None
-        r = int(name.split(",")[2])
-        rows_per_block = 2 * K.WARPS * r
-        return K.prepared(name, (-(-H // rows_per_block), 1, k + 1),
-                          (np.uint64(dn.ptr(dn.base)), np.uint64(dn.ptr(dn.high)), np.uint64(dn.ptr(dn.scales)),
-                           dn.gpr, self.eidx, self.act_e, self.inter_e,
-                           np.uint64(sd.ptr(sd.base)), np.uint64(sd.ptr(sd.high)), np.uint64(sd.ptr(sd.scales)),
-                           sd.gpr, self.act, sd.k, H, dn.k, self.part, self.M * H, self.ewts, k))
+        return moe_down(dn, sd, eidx=self.eidx, act_routed=self.act_e, act_shared=self.act, planes=self.part,
+                        plane_stride=self.M * H, ewts=self.ewts, topk=k)
 
     # The post-attention norm and the MoE block of one token as one persistent launch where the plan's moe_fused is on
     # (cuda/moe_fused.cu: the layer's w8 o-projection first (split-K items over every warp, at least 2 planes, a slice at
@@ -88,11 +129,9 @@ class MoeOps:
         form = self._moe_fused_form(L)
         if form is None:
             return None
-        name, grid, smem = form
         rw, gu, dn, sg, sd = (L[k] for k in ("router", "experts_gu", "experts_down", "shared_gu", "shared_down"))
         H, E, k, ie, si = self.H, self.args.num_experts, self.topk, self.inter_e, self.inter_sh
-        o_args = (np.uint64(0), np.uint64(0), np.int32(0), np.int32(0), np.int32(0), np.uint64(0), np.uint64(0),
-                  np.uint64(0))
+        o_args = None
         if oproj is not None:
             o, xh_o, xinv_o, xsc_o = oproj
             sl = self._moe_o_slices(o)
@@ -109,16 +148,12 @@ class MoeOps:
             self.moe_xsc = cp.zeros(kp // 32, dtype=cp.float32)
         x_in, x_out = self._res
         self._res = (x_out, x_in)
-        P, I = (lambda m, a: np.uint64(m.ptr(a))), np.int32
-        args = (x_in, x_out, self.part, I(splits), I(self.M * H), L["post_norm"], I(H),
-                np.float32(self.args.rms_norm_eps), I(self.kpad_h), P(rw, rw.base), I(E), I(k), self.rlog, self.eidx,
-                self.ewts, P(gu, gu.base), P(gu, gu.high), P(gu, gu.scales), I(gu.gpr), I(ie), self.moe_xh,
-                self.moe_xsc, P(sg, sg.base), P(sg, sg.high), P(sg, sg.scales), I(sg.gpr), I(si), self.act,
-                P(dn, dn.base), P(dn, dn.high), P(dn, dn.scales), I(dn.gpr),
-                P(sd, sd.base), P(sd, sd.high), P(sd, sd.scales), I(sd.gpr), self.moe_bar,
-                np.uint64(0) if self.moe_tstamp is None else self.moe_tstamp, I(K.MOE_FUSED_OPTS)) + o_args
-        # (programmatic, without the cooperative attribute: launch mode 2; its grid is sized to be resident)
-        return [K.prepared(name, (grid,), args, block=1024, smem=smem, cooperative=True, coop_pdl=2)], k + 1
+        launch = moe_fused(form, x_in=x_in, x_out=x_out, planes=self.part, nplanes=splits, plane_stride=self.M * H,
+                           norm=L["post_norm"], eps=self.args.rms_norm_eps, kpad=self.kpad_h, router=rw, experts=E,
+                           topk=k, logits=self.rlog, eidx=self.eidx, ewts=self.ewts, gate_up=gu, inter=ie,
+                           xh=self.moe_xh, xsc=self.moe_xsc, shared_gu=sg, shared_inter=si, act=self.act, down=dn,
+                           shared_down=sd, barrier=self.moe_bar, tstamp=self.moe_tstamp, oproj=o_args)
+        return [launch], k + 1
 
     def _moe_ops(self, L, xn):
         """Router -> top-k on the device -> routed experts (grid.z = slot) writing weighted partials
@@ -126,7 +161,8 @@ class MoeOps:
         E, k, H, ie = self.args.num_experts, self.topk, self.H, self.inter_e
         rw = L["router"]
         route = [self._gemv(rw, self.xn, self.rlog),
-                 K.prepared("moe_route", (self.M,), (self.rlog, E + 1, E, k, self.eidx, self.ewts, k + 1))]
+                 moe_route(logits=self.rlog, ld=E + 1, experts=E, topk=k, eidx=self.eidx, ewts=self.ewts, ld_w=k + 1,
+                           rows=self.M)]
         gu, dn = L["experts_gu"], L["experts_down"]
         gu1, dn1 = gu.row_slice(0, 2 * ie), dn.row_slice(0, H)  # expert 0's rows (the kernel offsets by eidx)
         routed = [GemvPlan(gu1, self.xn, H, self.act_e, ie, epi="swiglu", unroll=2, xpre=xn,

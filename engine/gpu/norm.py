@@ -27,6 +27,13 @@ def residual_norm(name: str, *, x_in, x_out, planes, nplanes: int, plane_stride:
     return K.prepared(name, (blocks, rows), args, block=1024)
 
 
+def stage_rows(*, x, ld: int, k: int, kpad: int, xh, ldh: int, xinv, rows: int, blocks: int = 16) -> K.Launch:
+    """stage_x_mb: the first k values of each of `rows` rows of x (row stride ld) as the GEMVs' int16 pairs, kpad values
+    a row (xh [rows, ldh] pairs, zero past k), one inverse scale a row (xinv [rows]); `blocks` blocks of 1,024 a row,
+    each reducing the whole row and staging its slice."""
+    return K.prepared("stage_x_mb", (blocks, rows), (x, ld, k, kpad, xh, ldh, xinv), block=1024)
+
+
 class NormOps:
     NORM_BLOCKS = 16  # blocks a token row of the multi-block norms and stagings (each reduces the whole row)
     NORM_CL = NORM_CL

@@ -6,9 +6,11 @@ once per chunk (`dequant_rs`; ahead of its GEMM on a second stream: engine.gpu.p
 multiplied by the chunk's activations with cuBLAS (`gemmEx`, fp16 inputs, fp32 accumulation). Attention is
 one flash kernel over the paged cache (`flash_attention`, the plan's warps a block), the GDN recurrence
 the chunked form on tensor cores (`gdn_chunk_prep`, the plan's `gdn_scan`), or token by token where that
-does not fit the GPU's shared memory (`gdn_delta_rows`). The rest
-is the columns step's: norms, the GDN conv and gates over the T tokens (`gdn_prep_cols`), the q/k norm
-+ RoPE + paged KV write, and the head on the chunk's last row.
+does not fit the GPU's shared memory (`gdn_delta_rows`). The rest are the decode step's kernels over T
+columns: the GDN conv and gates over the T tokens (`gdn_prep_cols`), the q/k norm + RoPE + paged KV write,
+and the head on the chunk's last row; the norms write the GEMMs' fp16 input. The executor is its own (no
+decode step inherited): it holds the decode executor and reads its weights, KV pool, GDN state, position
+and stream.
 
 Not graph-captured (cuBLAS calls cannot be captured through CuPy); one chunk is a few hundred launches.
 On by default where the free memory allows (`engine.gpu_engine.PREFILL_GEMM`), with smaller chunks for
@@ -16,21 +18,46 @@ the rest of a prompt (`PREFILL_TAILS`).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from engine.gpu import launch as K
-from engine.gpu.decode import ATTN_HEAD_DIM
-from engine.gpu.columns import CudaQwen35Columns
+from engine.gpu.attention import ATTN_HEAD_DIM, _ptr, qk_norm_rope_kv
+from engine.gpu.columns import last_row_head
+from engine.gpu.gdn import (GDN_HEAD_DIM, chunk_prep, chunk_scan, delta_bufs, delta_step, gdn_conv_tail, gdn_prep,
+                            prep_bufs)
+from engine.gpu.gemv import embed_rows
+from engine.gpu.mlp import swiglu_rows
+from engine.gpu.norm import residual_norm
+from engine.gpu.sampling import advance_positions, column_positions
 from engine.gpu.prefill_attention import (  # noqa: F401 (kv_rows, attention_cublas: the GPU tests' reference)
-    _COMPUTE_32F, _GEMM_DEFAULT, _OP_N, _OP_T, _R_16F, _r, attention_cublas, kv_rows)
+    _COMPUTE_32F, _GEMM_DEFAULT, _OP_N, _OP_T, _R_16F, _r, attention_cublas, flash_attention, kv_rows)
 from engine.gpu.prefill_weights import PrefillWeights16
 from engine.gpu.prefill_moe import PrefillMoeOps
 
-class CudaQwen35Prefill(PrefillWeights16, PrefillMoeOps, CudaQwen35Columns):
-    """T-token prefill chunks over the sequence of `decode` (a one-lane CudaQwen35)."""
 
-    BRANCHES = False  # cuBLAS calls through CuPy's handle stay on one stream
-    NORM_BLOCKS = 1  # T rows give the norms their parallelism; more blocks a row would re-read it
+def residual_norm_f16(*, x_in, x_out, planes, nplanes: int, plane_stride: int, weight, out16, hidden: int, eps: float,
+                      rows: int, out=None, offset: int = 1) -> K.Launch:
+    """residual_rmsnorm_f16: norm.residual_norm's residual sum and rmsnorm of `rows` rows (a block of 256 a row), the
+    normed rows written as the next GEMM's fp16 input out16 [rows, hidden] (and in fp32 into out where given: the
+    MoE's routed gather reads them)."""
+    return K.prepared("residual_rmsnorm_f16", (rows,),
+                      (x_in, x_out, planes, nplanes, plane_stride, weight, _ptr(out) if out is None else out, out16,
+                       hidden, float(eps), offset), block=256)
+
+
+def gated_norm_f16(*, o, z, ld_z: int, weight, out16, v_heads: int, eps: float, rows: int) -> K.Launch:
+    """gated_rmsnorm_f16: rmsnorm(o) w silu(z) a head (a warp a head) of `rows` rows, written as the o-projection
+    GEMM's fp16 input out16 [rows, v_heads * 128]."""
+    return K.prepared("gated_rmsnorm_f16", (-(-v_heads // K.WARPS), rows),
+                      (o, z, ld_z, weight, out16, v_heads, float(eps)))
+
+
+class CudaQwen35Prefill(PrefillWeights16, PrefillMoeOps):
+    """T-token prefill chunks over the sequence of `decode` (a one-lane CudaQwen35): an executor of its own (GEMMs and
+    the prefill's kernels, run eagerly) on the decode executor's weights, KV pool, GDN state, position and stream."""
+
     PREP_SPLIT = 64  # token slices of the GDN conv/norm kernel (16 tokens each at T = 1024)
     # state rows a warp in the token-by-token recurrence (where the chunked form does not fit). 27B pp8192 at
     # chunk 8192 (H200): 1 row 363 ms, 2 rows 287 ms, 4 rows 471 ms (the recurrence's total)
@@ -43,10 +70,17 @@ class CudaQwen35Prefill(PrefillWeights16, PrefillMoeOps, CudaQwen35Columns):
     def __init__(self, decode, chunk: int, share: "CudaQwen35Prefill | None" = None):
         """`share`: a larger-chunk executor over the same sequence whose fp16 weight, fp16 input and
         gate|up scratch this one uses too (the executors of one engine never run at the same time)."""
-        self._w16 = None
+        if decode.M != 1:
+            raise ValueError("the prefill chunks extend a one-lane decode executor")
+        self.decode = d = decode
+        self.cp, self.args, self.plan, self.kv, self.M = d.cp, d.args, d.plan, d.kv, int(chunk)
+        self.H, self.V, self.Hq, self.Hkv, self.Hk, self.Hv = d.H, d.V, d.Hq, d.Hkv, d.Hk, d.Hv
+        # the sequence: weights, KV pool, GDN state and position are the decode executor's
+        self.layers, self.embed, self.head, self.final_norm = d.layers, d.embed, d.head, d.final_norm
+        self.pos, self.page_table, self.stream = d.pos, d.page_table, d.stream
+        self._alloc(d)
         self._gdn_scratch = share._gdn_scratch if share is not None and share.M >= chunk else None
         self._moe_bufs = share._moe_bufs if share is not None else {}
-        super().__init__(decode, chunk)
         cp = self.cp
         if share is not None and share.M >= chunk:
             self._wbufs, self._x16, self._gu = share._wbufs, share._x16, share._gu[:chunk]
@@ -68,13 +102,196 @@ class CudaQwen35Prefill(PrefillWeights16, PrefillMoeOps, CudaQwen35Columns):
         self._one = np.array(1.0, dtype=np.float32)
         self._zero = np.array(0.0, dtype=np.float32)
         self.start = 0
+        self.ops = self._plan()
 
-    # ---- allocation hooks: no split-K attention partials, one logits row ----
-    def _alloc_attention(self):
-        self.nsplit, self.chunk, self.attn_ml, self.attn_acc = 1, self.max_context, None, None
+    def _alloc(self, d):
+        """The chunk's rows of the decode step's buffers (engine.gpu.memory.workspace_bytes counts them), one logits
+        row; the positions of its T columns (posc)."""
+        cp, M, H, f32 = self.cp, self.M, self.H, self.cp.float32
+        self.tokens, self.posc = cp.zeros(M, dtype=cp.int32), cp.zeros(M, dtype=cp.int32)
+        self.x, self.x2, self.xn = (cp.zeros((M, H), dtype=f32) for _ in range(3))
+        self.inter = d.inter
+        self.part = cp.zeros((d.part.shape[0], M, H), dtype=f32)
+        self.buf_a = cp.zeros((M, d.buf_a.shape[1]), dtype=f32)
+        self.buf_b = cp.zeros((M, d.buf_b.shape[1]), dtype=f32)
+        self.ab = cp.zeros((M, d.ab.shape[1]), dtype=f32)
+        if self.args.is_moe:
+            self.topk, self.inter_e = d.topk, d.inter_e
+            self.rlog = cp.zeros((M, d.rlog.shape[1]), dtype=f32)
+            self.eidx = cp.zeros((M, self.topk), dtype=cp.int32)
+            self.ewts = cp.zeros((M, self.topk + 1), dtype=f32)
+        self.act = cp.zeros((M, self.inter), dtype=f32)
+        self.att = cp.zeros((M, d.att.shape[1]), dtype=f32)
+        self.att2 = cp.zeros((M, d.att.shape[1]), dtype=f32)
+        self.qbuf = cp.zeros((M, d.qbuf.shape[1]), dtype=f32)
+        self.logits = cp.zeros((1, self.V), dtype=f32)
+        self.kpad_h = d.kpad_h
+        self.xh_n, self.xinv_n = cp.zeros((M, self.kpad_h // 2), dtype=cp.uint32), cp.ones(M, dtype=f32)
+        self.gdn_q = cp.zeros((M, self.Hk, GDN_HEAD_DIM), dtype=f32)
+        self.gdn_k = cp.zeros((M, self.Hk, GDN_HEAD_DIM), dtype=f32)
+        self.gdn_v = cp.zeros((M, self.Hv, GDN_HEAD_DIM), dtype=f32)
+        self.gdn_g = cp.zeros((M, self.Hv), dtype=f32)
+        self.gdn_beta = cp.zeros((M, self.Hv), dtype=f32)
 
-    def _logit_rows(self) -> int:
-        return 1
+    # ---- the chunk's op list ----
+    def _plan(self) -> list:
+        """Positions and embedding; each layer's norm, projections, core and o-projection, norm, MLP or MoE; the final
+        norm, the head on the last valid row and the position advance."""
+        a, T, H = self.args, self.M, self.H
+        ops = [column_positions(pos=self.pos, out=self.posc, tokens=T),
+               embed_rows(self.embed, tokens=self.tokens, out=self.x, ld=H, rows=T)]
+        self._res = (self.x, self.x2)
+        splits = 0
+        for L in self.layers:
+            ops.append(self._norm(splits, L["in_norm"]))
+            if L["kind"] == "full_attention":
+                ops += [self._gemm(L["qk"], self.xn, self.buf_a), self._gemm(L["gv"], self.xn, self.buf_b)]
+                ops += self._attention_ops(L)
+            else:
+                ops += [self._gemm(L["qk"], self.xn, self.buf_a), self._gemm(L["ab"], self.xn, self.ab),
+                        self._gemm(L["vz"], self.xn, self.buf_b)]
+                ops += self._gdn_core_ops(L, self.buf_a.shape[1], self.buf_b.shape[1])
+                ops.append(self._gated_norm(L, self.buf_b.shape[1], self.Hv * GDN_HEAD_DIM))
+            ops.append(self._residual_gemm(L["o"], self.att))
+            ops.append(self._norm(self._out_splits(), L["post_norm"]))
+            if a.is_moe:
+                ops += self._moe_ops(L)
+                splits = self._moe_splits()
+            else:
+                ops += [self._gemm_swiglu(L["gate_up"], self.xn), self._residual_gemm(L["down"], self.act)]
+                splits = self._out_splits()
+        ops.append(self._norm(splits, self.final_norm))
+        return ops + self._tail_ops()
+
+    def _gemm(self, w, x, y):
+        """y[:, :w.n] = x @ W^T over the chunk's rows: one tensor-core GEMM."""
+        return self._named(lambda: self._matmul(w, x, y, y.shape[1]), f"gemm {w.fmt} {w.n}x{w.k}")
+
+    def _gemm_swiglu(self, w, x):
+        """gate|up GEMM (fp32), then SwiGLU in one pass straight into the fp16 input of the next GEMM, the down
+        projection over `act` (not itself written: nothing else reads it)."""
+        if (w.n // 2) % 4:
+            raise NotImplementedError(f"prefill SwiGLU needs the intermediate size a multiple of 4, not {w.n // 2}")
+
+        def go():
+            self._matmul(w, x, self._gu, self._gu.shape[1])
+            self._swiglu(w.n // 2, self.M, self.act)
+        go.name = f"gemm+swiglu {w.fmt} {w.n}x{w.k}"
+        return go
+
+    def _residual_gemm(self, w, x):
+        """The out- and down-projections: their product added to the residual stream x itself (beta = 1,
+        `_residual_in_place`: the next norm reads no partial), else put into partial 0 (the next norm adds it)."""
+        if self._residual_in_place():
+            return self._named(lambda: self._matmul(w, x, self.x, self.x.shape[1], acc=True),
+                               f"gemm {w.fmt} {w.n}x{w.k}")
+        return self._named(lambda: self._matmul(w, x, self.part[0], self.part.shape[-1]), f"gemm {w.fmt} {w.n}x{w.k}")
+
+    def _out_splits(self) -> int:
+        """Partial planes an out- or down-projection leaves for the next norm."""
+        return 0 if self._residual_in_place() else 1
+
+    # The norms write the GEMMs' fp16 input rows themselves (residual_rmsnorm_f16, gated_rmsnorm_f16): no
+    # staged pairs, no fp32 normed rows (but for the MoE's routed gather), no fp32 -> fp16 cast before the
+    # projections. The final norm keeps the decode step's kernel (the head is a GEMV of its staged last
+    # row). The gate|up GEMMs (dense, shared and routed experts) write their product in fp16 (fp32
+    # accumulation): half the bytes for the GEMM to write and the SwiGLU pass to read.
+
+    def _norm(self, splits: int, w):
+        H = self.H
+        if self._residual_in_place():  # (the final norm, the decode step's kernel, writes the other buffer)
+            self._res = (self.x, self.x2) if w is self.final_norm else (self.x, self.x)
+        x_in, x_out = self._res
+        self._res = (x_out, x_in)
+        norm = dict(x_in=x_in, x_out=x_out, planes=self.part, nplanes=splits, plane_stride=self.M * H, weight=w,
+                    hidden=H, eps=self.args.rms_norm_eps, rows=self.M)
+        if w is self.final_norm or H % 4 or H > 4 * 256 * 8:
+            if H > 8 * 1024:  # residual_rmsnorm_mb holds a row in registers: 8 values a thread
+                raise NotImplementedError(f"hidden size {H} > 8192 in the CUDA norm kernel")
+            # (one block a row: T rows give the norm its parallelism; more blocks a row would re-read it)
+            return residual_norm(self.plan.norm, **norm, out=self.xn, xh=self.xh_n, xinv=self.xinv_n, kpad=self.kpad_h,
+                                 blocks=1)
+        return self._writes_x16(residual_norm_f16(**norm, out=self.xn if self.args.is_moe else None, out16=self._x16),
+                                self.xn, "residual_rmsnorm_f16")
+
+    def _gated_norm(self, L, ldb: int, zoff: int):
+        return self._writes_x16(gated_norm_f16(o=self.att2, z=self.buf_b[:, zoff:], ld_z=ldb, weight=L["norm"],
+                                               out16=self._x16, v_heads=self.Hv, eps=self.args.rms_norm_eps,
+                                               rows=self.M), self.att, "gated_rmsnorm_f16")
+
+    def _writes_x16(self, launch, of, name: str):
+        """An op whose kernel (`launch`, kept as the op's .launch) writes _x16 as the fp16 copy of `of`."""
+        def go():
+            launch()
+            self._x16_of = of
+        go.launch = launch
+        return self._named(go, name)
+
+    def _attention_ops(self, L) -> list:
+        """The q/k norms, RoPE and the paged K/V write of the chunk's columns, then the flash kernel over the cache (the
+        gate's columns: the first Hq * 256 of buf_b)."""
+        a, qw = self.args, self.Hq * ATTN_HEAD_DIM
+        lda, ldb = self.buf_a.shape[1], self.buf_b.shape[1]
+        rope = qk_norm_rope_kv(q=self.buf_a, ld_q=lda, k=self.buf_a[:, qw:], ld_k=lda, v=self.buf_b[:, qw:], ld_v=ldb,
+                               q_norm=L["qn"], k_norm=L["kn"], pos=self.posc, page_table=self.page_table, pt_stride=0,
+                               k_cache=L["kc"], v_cache=L["vc"], q_out=self.qbuf, q_heads=self.Hq, kv_heads=self.Hkv,
+                               rotary_dim=a.rotary_dim, log2_theta=math.log2(a.rope_theta), eps=a.rms_norm_eps,
+                               rows=self.M, k_scales=L["ks"], v_scales=L["vs"])
+        warps = self.plan.flash_warps  # (8 where their shared memory fits, else 4)
+
+        def flash():
+            # the chunk's valid rows only (a padded chunk's other rows of att are never read for the prompt: causal
+            # attention, GDN state stopping at the valid rows)
+            flash_attention(q=self.qbuf, ld_q=self.qbuf.shape[1], k_cache=L["kc"], v_cache=L["vc"],
+                            k_scales=L["ks"], v_scales=L["vs"], page_table=self.page_table, q_heads=self.Hq,
+                            kv_heads=self.Hkv, start=self.start, tokens=self._valid, gate=self.buf_b, ld_gate=ldb,
+                            out=self.att, ld_out=self.att.shape[1], kv8=self.kv == "int8", warps=warps)()
+        flash.name = "attention (flash kernel over the paged cache)"
+        return [rope, flash]
+
+    def _gdn_core_ops(self, L, lda: int, ldb: int) -> list:
+        """The conv and gates over the chunk's columns (gdn_prep_cols in token slices, gdn_conv_tail), then the delta
+        rule token by token (gdn_delta_rows) or, with the plan's chunked form, in 64-token pieces (gdn_chunk_prep,
+        gdn_scan); the conv history and the delta rule over the chunk's valid tokens only (run_chunk's `valid`)."""
+        T, Hk, Hv = self.M, self.Hk, self.Hv
+        split = max(1, min(self.PREP_SPLIT, T // 8))
+        ops = [gdn_prep(**prep_bufs(self, L, lda, ldb), rows=1, tokens=T, slices=split)]
+        if split > 1:
+            ops.append(self._valid_len(gdn_conv_tail(qk=self.buf_a, ld_qk=lda, v=self.buf_b, ld_v=ldb,
+                                                     conv_state=L["conv_state"], k_heads=Hk, v_heads=Hv, tokens=T)))
+        form = self._gdn_chunked_form()
+        if form is None:
+            return ops + [self._valid_len(delta_step(**delta_bufs(self, L), rows=1, tokens=T,
+                                                     rows_a_warp=self.DELTA_ROWS))]
+        cp, pieces = self.cp, -(-T // 64)
+        if getattr(self, "_gdn_scratch", None) is None:  # one set for every layer (they run in turn)
+            self._gdn_scratch = (cp.empty(pieces * Hv * 64 * 128, dtype=cp.float32),
+                                 cp.empty(pieces * Hv * 64 * 128, dtype=cp.float32),
+                                 cp.empty(pieces * Hv * 64 * 64, dtype=cp.float32),
+                                 cp.empty(pieces * Hv * 64, dtype=cp.float32))
+        w, u, m, g = self._gdn_scratch
+        ops.append(self._valid_len(chunk_prep(q=self.gdn_q, k=self.gdn_k, v=self.gdn_v, g=self.gdn_g,
+                                              beta=self.gdn_beta, w=w, u=u, m=m, gamma=g, k_heads=Hk, v_heads=Hv,
+                                              tokens=T)))
+        if self._dq_bufs() > 2:
+            ops.append(self._dq_window_op())  # (before the in-order pass)
+        ops.append(self._valid_len(chunk_scan(form, q=self.gdn_q, k=self.gdn_k, w=w, u=u, m=m, gamma=g,
+                                              state=L["state"], o=self.att2, k_heads=Hk, v_heads=Hv, tokens=T)))
+        return ops
+
+    def _tail_ops(self):
+        """The head on the chunk's last valid row (a padded chunk's is copied to row T - 1, where the head reads, first)
+        and the position advance by the valid rows."""
+        T = self.M
+
+        def last_row():
+            v = self._valid
+            if v < T:
+                for a in (self.xn, self.xh_n, self.xinv_n):
+                    a[T - 1] = a[v - 1]
+        last_row.name = "last valid row"
+        head = last_row_head(self.head, xn=self.xn, xh=self.xh_n, xinv=self.xinv_n, logits=self.logits)
+        return [last_row, head, self._valid_len(advance_positions(pos=self.pos, tokens=T))]
 
     # ---- the projections: dequantize once per chunk (PrefillWeights16), then one tensor-core GEMM ----
     def _matmul(self, w, x, y, ldy: int, rows: int | None = None, acc: bool = False):
@@ -114,120 +331,21 @@ class CudaQwen35Prefill(PrefillWeights16, PrefillMoeOps, CudaQwen35Columns):
                                     self._zero.ctypes.data, y.data.ptr, _r(y), n, rows * n, batch,
                                     _COMPUTE_32F, _GEMM_DEFAULT)
 
-    def _gemv(self, w, x, y, epi="store", splits=1, y_offset=0, xpre=None):
-        # (the head on the chunk's last row stays a GEMV: the columns step's _tail_ops)
-        if epi == "swiglu":
-            if (w.n // 2) % 4:
-                raise NotImplementedError(f"prefill SwiGLU needs the intermediate size a multiple of 4, not {w.n // 2}")
-
-            def go():
-                # gate|up GEMM (fp32), then SwiGLU in one pass straight into the fp16 input of the next
-                # GEMM, the down projection over `y`: y itself (fp32) is not written, nothing else reads it
-                self._matmul(w, x, self._gu, self._gu.shape[1])
-                self._swiglu(w.n // 2, self.M, y)
-            go.name = f"gemm+swiglu {w.fmt} {w.n}x{w.k}"
-            return go
-        if epi != "store" or y_offset:
-            raise NotImplementedError(f"prefill GEMM epilogue {epi!r}")
-        return self._named(lambda: self._matmul(w, x, y, y.shape[1]), f"gemm {w.fmt} {w.n}x{w.k}")
-
     @staticmethod
     def _named(fn, name: str):
         fn.name = name  # what bench/prefill_profile.py groups op times by
         return fn
 
-    def _plan_gemv(self, w, x, y, epi, splits, xpre, amax_out=None, xs=None):
-        """Projections as GEMMs. SwiGLU (gate|up) goes through `_gemv`'s GEMM + SwiGLU; the out- and
-        down-projections add their product to the residual stream x itself (beta = 1, `_residual_in_place`:
-        the next norm reads no partial), else put it into split 0 of the partials (the next norm adds it).
-        (xs, the decode step's chunk scales: never taken here.)"""
-        plan = type("PrefillPlan", (), {})()
-        plan.splits, plan.tracks_amax, plan.xs = 1, False, False
-        if epi == "swiglu":
-            plan.launch = self._gemv(w, x, y, epi="swiglu")
-            return plan
-        if self._residual_in_place():
-            plan.splits = 0
-            plan.launch = self._named(lambda: self._matmul(w, x, self.x, self.x.shape[1], acc=True),
-                                      f"gemm {w.fmt} {w.n}x{w.k}")
-            return plan
-        plan.launch = self._named(lambda: self._matmul(w, x, y[0], y.shape[-1]), f"gemm {w.fmt} {w.n}x{w.k}")
-        return plan
 
     def _residual_in_place(self) -> bool:
         """The residual stream stays in one buffer (x) through the chunk: the out- and down-projection GEMMs add
         into it, the norms read it in place (no partial plane written and read back, no copy to a second buffer)."""
         return self.H % 4 == 0 and self.H <= 4 * 256 * 8
 
-    def _stage(self, x, k, kpad, xh, xinv):
-        return lambda: None  # the GEMMs read fp32 rows; nothing to stage
-
-    # The norms write the GEMMs' fp16 input rows themselves (residual_rmsnorm_f16, gated_rmsnorm_f16): no
-    # staged pairs, no fp32 normed rows (but for the MoE's routed gather), no fp32 -> fp16 cast before the
-    # projections. The final norm keeps the decode step's kernel (the head is a GEMV of its staged last
-    # row). The gate|up GEMMs (dense, shared and routed experts) write their product in fp16 (fp32
-    # accumulation): half the bytes for the GEMM to write and the SwiGLU pass to read.
-
-    def _norm(self, splits, w):
-        H = self.H
-        if self._residual_in_place():  # (the final norm, the decode step's kernel, writes the other buffer)
-            self._res = (self.x, self.x2) if w is self.final_norm else (self.x, self.x)
-        if w is self.final_norm or H % 4 or H > 4 * 256 * 8:
-            return super()._norm(splits, w)
-        x_in, x_out = self._res
-        self._res = (x_out, x_in)
-        args = (x_in, x_out, self.part, splits, self.M * H, w, self.xn if self.args.is_moe else np.uint64(0))
-        return self._writes_x16(lambda: K.prepared(
-            "residual_rmsnorm_f16", (self.M,), args + (self._x16, H, float(self.args.rms_norm_eps), 1), block=256),
-            self.xn, "residual_rmsnorm_f16")
-
-    def _gated_norm(self, L, ldb, zoff, att_stage, buf_b=None, chunk: bool = False):
-        Hv = self.Hv
-        buf_b = self.buf_b if buf_b is None else buf_b
-        return self._writes_x16(lambda: K.prepared(
-            "gated_rmsnorm_f16", (-(-Hv // K.WARPS), self.M),
-            (self.att2, buf_b[:, zoff:], ldb, L["norm"], self._x16, Hv, float(self.args.rms_norm_eps))),
-            self.att, "gated_rmsnorm_f16")
-
-    def _writes_x16(self, build, of, name: str):
-        """An op whose kernel writes _x16 as the fp16 copy of `of` (built at its first run: _plan runs
-        before __init__ has _x16)."""
-        launch = []
-
-        def go():
-            if not launch:
-                launch.append(build())
-            launch[0]()
-            self._x16_of = of
-        return self._named(go, name)
-
-    def _tail_ops(self):
-        """The columns step's head on the last row and position advance, for the valid rows: a padded
-        chunk's last prompt row is copied to row T - 1 (where the head reads) first."""
-        head, advance = super()._tail_ops()
-        T = self.M
-
-        def last_row():
-            v = self._valid
-            if v < T:
-                for a in (self.xn, self.xh_n, self.xinv_n):
-                    a[T - 1] = a[v - 1]
-        last_row.name = "last valid row"
-        return [last_row, head, self._valid_len(advance)]
-
-    # ---- SwiGLU between the gate|up and down GEMMs ----
-    @staticmethod
-    def _swiglu_rows(gu, inter: int, rows: int, out16):
-        """out16 [rows, inter] (fp16) = silu(gate) * up of the rows of gu (fp32 or fp16 [gate | up], any row
-        stride)."""
-        name = "swiglu_rows_h" if gu.dtype == np.float16 else "swiglu_rows_f16"
-        K.kernel(name)((max(1, min(-(-rows * inter // 4 // 256), K.sm_count() * 16)),), (256,),
-                       (gu, np.int64(gu.shape[1]), np.int32(inter), np.int32(rows), out16))
-
     def _swiglu(self, inter: int, rows: int, of):
         """SwiGLU of `rows` rows of the gate|up product (_gu) into _x16 as the fp16 input of the next GEMM,
         which takes it for `of` (the rows it stands for; never written)."""
-        self._swiglu_rows(self._gu, inter, rows, self._x16)
+        swiglu_rows(gu=self._gu, inter=inter, rows=rows, out16=self._x16)
         self._x16_of = of
 
     def _valid_len(self, launch):
@@ -242,76 +360,14 @@ class CudaQwen35Prefill(PrefillWeights16, PrefillMoeOps, CudaQwen35Columns):
         go.name = launch.name
         return go
 
-    def _gdn_core_ops(self, L, lda, ldb):
-        """The columns step's conv/gates, then the delta rule token by token (gdn_delta_rows) or, with
-        the plan's chunked form, in 64-token pieces (gdn_chunk_prep, gdn_scan); the conv history and the
-        delta rule over the chunk's valid tokens only (run_chunk's `valid`)."""
-        ops = self._gdn_ops_full(L, lda, ldb)
-        ops = ops[:1] + [self._valid_len(op) for op in ops[1:]]
-        if self._dq_bufs() > 2 and self._gdn_chunked_form() is not None:
-            ops.insert(len(ops) - 1, self._dq_window_op())  # (before the in-order pass)
-        return ops
-
-    def _gdn_ops_full(self, L, lda, ldb):
-        ops = super()._gdn_core_ops(L, lda, ldb)
-        form = self._gdn_chunked_form()
-        if form is None:
-            return ops
-        cp, T, Hk, Hv = self.cp, self.M, self.Hk, self.Hv
-        rb = int(form.split("<")[1].split(",")[0])
-        pieces = -(-T // 64)
-        if getattr(self, "_gdn_scratch", None) is None:  # one set for every layer (they run in turn)
-            self._gdn_scratch = (cp.empty(pieces * Hv * 64 * 128, dtype=cp.float32),
-                                 cp.empty(pieces * Hv * 64 * 128, dtype=cp.float32),
-                                 cp.empty(pieces * Hv * 64 * 64, dtype=cp.float32),
-                                 cp.empty(pieces * Hv * 64, dtype=cp.float32))
-        w, u, m, g = self._gdn_scratch
-        prep = K.prepared("gdn_chunk_prep", (pieces, Hv),
-                          (self.gdn_q, self.gdn_k, self.gdn_v, self.gdn_g, self.gdn_beta, w, u, m, g, Hk, Hv, 0, T),
-                          smem=K.GDN_PREP_SMEM)
-        scan = K.prepared(form, (Hv, 128 // rb),
-                          (self.gdn_q, self.gdn_k, w, u, m, g, L["state"], self.att2, Hk, Hv, 0, T),
-                          smem=K.gdn_scan_smem(rb))
-        return ops[:-1] + [prep, scan]
-
     def _gdn_chunked_form(self):
         """The chunked GDN's in-order pass this plan runs (engine.gpu.plan.gdn_scan_form), or None for the token-by-token
         recurrence."""
         return self.plan.gdn_scan or None
 
-    def _flash_warps(self) -> int:
-        """Warps a block of the flash prefill (the plan's: 8 where their shared memory fits, else 4)."""
-        return self.plan.flash_warps
-
-    flash_smem = staticmethod(K.flash_smem)
-
-    @staticmethod
-    def flash_attention(q, ldq: int, kc, vc, ks, vs, page_table, hq: int, hkv: int, start: int, nq: int,
-                        gate, ldg: int, out, ldo: int, kv8: bool, warps: int = 4):
-        """out[t, h*256:(h+1)*256] = causal attention of query t < nq (q: [nq, Hq*256] fp32 rows of stride
-        ldq, at position start + t) over cache positions 0..start + t (pages page_table[0..], K/V caches
-        kc/vc, int8 scales ks/vs or None), times sigmoid(gate[t, h*256 + d]): one attn_prefill_fa launch."""
-        if ATTN_HEAD_DIM != 256 or warps not in (4, 8):
-            raise NotImplementedError("attn_prefill_fa takes head_dim 256 and 4 or 8 warps")
-        ptr = lambda a: np.uint64(0 if a is None else a.data.ptr)  # noqa: E731
-        smem = CudaQwen35Prefill.flash_smem(warps)
-        K.prepared(f"attn_prefill_fa<{warps},{'true' if kv8 else 'false'}>", (hq, -(-nq // (16 * warps))),
-                   (q, ldq, kc, vc, ptr(ks), ptr(vs), page_table, hq, hkv, int(start), int(nq),
-                    float(1.0 / np.sqrt(ATTN_HEAD_DIM)), gate, ldg, out, ldo), block=32 * warps, smem=smem)()
-
-    def _attn_core_ops(self, L, ldb, buf_b=None):
-        buf_b = self.buf_b if buf_b is None else buf_b  # (the gate's columns: AttentionOps._attn_core_ops)
-        hq = self.Hq
-        warps = self._flash_warps()
-
-        def flash():
-            # the chunk's valid rows only (a padded chunk's other rows of att are never read for the prompt: causal
-            # attention, GDN state stopping at the valid rows)
-            self.flash_attention(self.qbuf, self.qbuf.shape[1], L["kc"], L["vc"], L["ks"], L["vs"],
-                                 self.page_table, hq, self.Hkv, self.start, self._valid, buf_b, ldb,
-                                 self.att, self.att.shape[1], self.kv == "int8", warps)
-        flash.name = "attention (flash kernel over the paged cache)"
-        return [flash]
+    def run_eager(self):
+        for op in self.ops:
+            op()
 
     def run_chunk(self, token_ids, start: int, valid: int | None = None) -> None:
         """One T-token chunk at positions start.. (eager launches on the shared stream). `valid`: only the

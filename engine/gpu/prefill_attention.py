@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.gpu import launch as K
+from engine.gpu.attention import ATTN_HEAD_DIM, _ptr
 
 # cublas / library_types constants
 _OP_N, _OP_T = 0, 1
@@ -18,6 +19,21 @@ SCORE_BYTES = 1 << 30  # bound on one query block's scores (fp32 and fp16)
 def _r(y) -> int:
     """cuBLAS data type of a GEMM output: fp16 or fp32."""
     return _R_16F if y.dtype == np.float16 else _R_32F
+
+
+def flash_attention(*, q, ld_q: int, k_cache, v_cache, k_scales, v_scales, page_table, q_heads: int, kv_heads: int,
+                    start: int, tokens: int, gate, ld_gate: int, out, ld_out: int, kv8: bool,
+                    warps: int = 4) -> K.Launch:
+    """attn_prefill_fa<warps, kv8>: out[t, h*256:(h+1)*256] = causal attention of query t < tokens (q [tokens,
+    q_heads * 256] fp32, row stride ld_q, at position start + t) over cache positions 0..start + t (pages page_table[0..],
+    the paged caches, int8 scales or None), times sigmoid(gate[t, h*256 + d]); a block of `warps` warps a query head
+    and 16 * warps queries."""
+    if ATTN_HEAD_DIM != 256 or warps not in (4, 8):
+        raise NotImplementedError("attn_prefill_fa takes head_dim 256 and 4 or 8 warps")
+    return K.prepared(f"attn_prefill_fa<{warps},{'true' if kv8 else 'false'}>", (q_heads, -(-tokens // (16 * warps))),
+                      (q, ld_q, k_cache, v_cache, _ptr(k_scales), _ptr(v_scales), page_table, q_heads, kv_heads,
+                       int(start), int(tokens), float(1.0 / np.sqrt(ATTN_HEAD_DIM)), gate, ld_gate, out, ld_out),
+                      block=32 * warps, smem=K.flash_smem(warps))
 
 
 def kv_rows(xp, codes, scales, pages, length: int):
@@ -54,7 +70,6 @@ def attention_cublas(cp, q, k16, v16, gate, start: int, score_bytes: int = SCORE
     cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)  # alpha and beta live on the host
     scale = np.array(1.0 / np.sqrt(d), dtype=np.float32)
     one, zero = np.array(1.0, dtype=np.float32), np.array(0.0, dtype=np.float32)
-    softmax = K.kernel("causal_softmax_f16")
     for h in range(hkv):
         for b0 in range(0, t, tb):
             m = min(t, b0 + tb) - b0
@@ -65,7 +80,7 @@ def attention_cublas(cp, q, k16, v16, gate, start: int, score_bytes: int = SCORE
                                         k16[h].data.ptr, _R_16F, d, 0, q_ptr, _R_16F, d, t * d,
                                         zero.ctypes.data, s.data.ptr, _R_32F, nk, m * nk, grp, _COMPUTE_32F,
                                         _GEMM_DEFAULT)
-            softmax((grp * m,), (256,), (s, p, np.int32(nk), np.int32(m), np.int32(start + b0)))
+            K.now("causal_softmax_f16", (grp * m,), (s, p, np.int32(nk), np.int32(m), np.int32(start + b0)))
             # O_g [D, m] (column-major) = V (op N of [D, nk]) . P_g (op N of [nk, m])
             cublas.gemmStridedBatchedEx(handle, _OP_N, _OP_N, d, m, nk, one.ctypes.data,
                                         v16[h].data.ptr, _R_16F, d, 0, p.data.ptr, _R_16F, nk, m * nk,
@@ -74,7 +89,7 @@ def attention_cublas(cp, q, k16, v16, gate, start: int, score_bytes: int = SCORE
     if out is None:
         out = cp.empty((t, hq * d), dtype=cp.float32)
     n = t * hq * d
-    K.kernel("gate_heads")((min(-(-n // 256), K.sm_count() * 16),), (256,),
-                           (og, np.int32(t), np.int32(hq), np.int32(d), gate, np.int32(gate.strides[0] // 4), out,
-                            np.int32(out.strides[0] // 4)))
+    K.now("gate_heads", (min(-(-n // 256), K.sm_count() * 16),),
+          (og, np.int32(t), np.int32(hq), np.int32(d), gate, np.int32(gate.strides[0] // 4), out,
+           np.int32(out.strides[0] // 4)))
     return out

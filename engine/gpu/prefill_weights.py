@@ -12,6 +12,14 @@ from engine.gpu.memory import PREFILL_DQ_BUFS
 from engine.gpu import launch as K
 
 
+def dequant_rows(w, *, out, ld: int) -> None:
+    """Launched at once: dequant_rs<format>, the row-split matrix w as fp16 out [w.n, ld] (its first w.k columns), a
+    block a row."""
+    K.now(f"dequant_rs<{K.FMT_IDS[w.fmt]}>", (w.n,), (np.uint64(w.ptr(w.base)), np.uint64(w.ptr(w.high)),
+                                                       np.uint64(w.ptr(w.scales)), np.int32(w.gpr), np.int32(w.k), out,
+                                                       np.int32(ld)))
+
+
 class PrefillWeights16:
     # Dense models: the GEMMs' weights are dequantized to fp16 on a second stream ahead of their GEMMs (the
     # chunk's weight order recorded on its first run); the GEMMs are bound by the tensor cores, the
@@ -92,9 +100,7 @@ class PrefillWeights16:
         elif w.fmt == "fp32":
             out[...] = w.buf[w.base: w.base + 4 * w.n * w.k].view(cp.float32).reshape(w.n, w.k)
         else:
-            K.kernel(f"dequant_rs<{K.FMT_IDS[w.fmt]}>")(
-                (w.n,), (256,), (np.uint64(w.ptr(w.base)), np.uint64(w.ptr(w.high)), np.uint64(w.ptr(w.scales)),
-                                 np.int32(w.gpr), np.int32(w.k), out, np.int32(w.k)))
+            dequant_rows(w, out=out, ld=w.k)
         return out
 
     def _init_weights16(self):

@@ -14,6 +14,53 @@ TOPK_TILE = 8192  # ids a block of the top-k sampler; it takes rows of up to 32 
 STREAM_RING = 4  # pinned token slots of a stream (the steps in flight are at most 2)
 
 
+def argmax_step(*, logits, ld: int, vocab: int, best_v, best_i, tickets, tokens, pos, history, step, hist_len: int,
+                rows: int, blocks: int = 64) -> K.Launch:
+    """argmax_step_mb, the greedy step's commit: each of `rows` rows' argmax over logits [rows, ld] (the first `vocab`
+    ids; the lowest id of a tie), `blocks` blocks a row (their bests in best_v, best_i [rows, blocks], the last block
+    by its ticket in tickets [rows] reduces them and leaves the ticket at zero) written as the next input tokens[r],
+    into history[r, step[r] % hist_len]; pos[r] and step[r] advance."""
+    return K.prepared("argmax_step_mb", (blocks, rows),
+                      (logits, ld, vocab, best_v, best_i, tickets, tokens, pos, history, step, hist_len), block=256)
+
+
+def sample_max(*, logits, ld: int, domain: int, best_v, best_i, rows: int, blocks: int) -> K.Launch:
+    """sample_max_mb: the histogram sampler's first pass, each row's largest logit of the first `domain` ids, `blocks`
+    blocks a row (their bests in best_v, best_i [rows, blocks])."""
+    return K.prepared("sample_max_mb", (blocks, rows), (logits, ld, domain, best_v, best_i), block=256)
+
+
+def sample_step(*, logits, ld: int, domain: int, params, best_v, best_i, hist_c, hist_w, cand, cand_n, cand_cap: int,
+                tickets, tokens, pos, history, step, hist_len: int, rows: int, blocks: int) -> K.Launch:
+    """sample_step_mb: the histogram sampler's draw (params [rows, SAMPLE_PARAMS], engine.device_sampling) from
+    sample_max's bests, through the per-block histograms hist_c, hist_w and the candidates cand (cand_cap a row, their
+    count cand_n), committed as argmax_step commits; tickets and cand_n left at zero."""
+    return K.prepared("sample_step_mb", (blocks, rows),
+                      (logits, ld, domain, params, best_v, best_i, hist_c, hist_w, cand, cand_n, cand_cap, tickets,
+                       tokens, pos, history, step, hist_len), block=1024)
+
+
+def sample_topk(*, logits, ld: int, domain: int, params, counts, vocab: int, cand_key, cand_id, tickets, tokens, pos,
+                history, step, hist_len: int, allow, allow_on, allow_words: int, rows: int) -> K.Launch:
+    """sample_topk_mb: the top-k sampler with penalties (counts [rows, vocab] of generated ids), a block a TOPK_TILE
+    of the first `domain` ids (their candidates in cand_key, cand_id [rows, blocks, TOPK_MAX]), under the grammar mask
+    allow [rows, allow_words] where allow_on[r]; committed as argmax_step commits."""
+    return K.prepared("sample_topk_mb", (-(-domain // TOPK_TILE), rows),
+                      (logits, ld, domain, params, counts, vocab, cand_key, cand_id, tickets, tokens, pos, history, step,
+                       hist_len, allow, allow_on, allow_words), block=1024)
+
+
+def column_positions(*, pos, out, tokens: int) -> K.Launch:
+    """cols_positions: out[t] = pos[0] + t for the `tokens` columns of a step over lane 0's sequence."""
+    return K.prepared("cols_positions", (1,), (pos, out, tokens), block=32)
+
+
+def advance_positions(*, pos, tokens: int) -> K.Launch:
+    """advance_pos: pos[0] += tokens (a step of that many columns; the last argument, so a padded chunk can launch it
+    with its valid length)."""
+    return K.prepared("advance_pos", (1,), (pos, tokens), block=32)
+
+
 class StreamState:
     """The steps a stream has launched: `first` was fed to the first one, `out[i]` is step i's token (read or not)."""
 
@@ -43,11 +90,12 @@ class SamplingOps:
         self.sp_cand_n, self.sp_ticket = cp.zeros(M, dtype=cp.uint32), cp.zeros(M, dtype=cp.uint32)
         self._sp_host = None
         D = self._domain()
-        return [K.prepared("sample_max_mb", (nb, M), (self.logits, self.V, D, self.sp_v, self.sp_i), block=256),
-                K.prepared("sample_step_mb", (nb, M),
-                           (self.logits, self.V, D, self.sp_params, self.sp_v, self.sp_i, self.sp_hist_c,
-                            self.sp_hist_w, self.sp_cand, self.sp_cand_n, ds.SAMPLE_CAND, self.sp_ticket,
-                            self.tokens, self.pos, self.history, self.step, self.hist_len), block=1024)]
+        return [sample_max(logits=self.logits, ld=self.V, domain=D, best_v=self.sp_v, best_i=self.sp_i, rows=M, blocks=nb),
+                sample_step(logits=self.logits, ld=self.V, domain=D, params=self.sp_params, best_v=self.sp_v,
+                            best_i=self.sp_i, hist_c=self.sp_hist_c, hist_w=self.sp_hist_w, cand=self.sp_cand,
+                            cand_n=self.sp_cand_n, cand_cap=ds.SAMPLE_CAND, tickets=self.sp_ticket, tokens=self.tokens,
+                            pos=self.pos, history=self.history, step=self.step, hist_len=self.hist_len, rows=M,
+                            blocks=nb)]
 
     def _topk_ops(self):
         """The top-k sampler with penalties (generated-token counts in `sp_counts`, one row a lane)."""
@@ -61,11 +109,11 @@ class SamplingOps:
         self.tk_allow = cp.zeros((M, words), dtype=cp.uint32)  # a grammar's mask (engine.constraints), one row a lane
         self.tk_allow_on = cp.zeros(M, dtype=cp.int32)
         self._allow_on = False
-        return [K.prepared("sample_topk_mb", (nb, M),
-                           (self.logits, self.V, D, self.sp_params, self.sp_counts, self.V, self.tk_key, self.tk_id,
-                            self.tk_ticket, self.tokens, self.pos, self.history, self.step, self.hist_len,
-                            self.tk_allow, self.tk_allow_on, words),
-                           block=1024)]
+        return [sample_topk(logits=self.logits, ld=self.V, domain=D, params=self.sp_params, counts=self.sp_counts,
+                            vocab=self.V, cand_key=self.tk_key, cand_id=self.tk_id, tickets=self.tk_ticket,
+                            tokens=self.tokens, pos=self.pos, history=self.history, step=self.step,
+                            hist_len=self.hist_len, allow=self.tk_allow, allow_on=self.tk_allow_on, allow_words=words,
+                            rows=M)]
 
     def _domain(self) -> int:
         return int(getattr(self.args, "domain", self.V) or self.V)

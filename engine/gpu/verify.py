@@ -23,7 +23,9 @@ from engine.gpu import kernel_names as KN
 from engine.gpu import launch as K
 from engine.gpu.columns import CudaQwen35Columns
 from engine.gpu.decode import GDN_HEAD_DIM, CudaQwen35
+from engine.gpu.gdn import delta_step, gdn_prep
 from engine.gpu.gemv import GemvPlan
+from engine.gpu.sampling import argmax_step
 
 NULL = np.uint64(0)
 
@@ -33,12 +35,6 @@ def row_kernel_names(mats, rows: int) -> list[str]:
     fmts = {m.fmt for m in mats}
     rs = sorted(K.FMT_IDS[f] for f in fmts if f in K.FMT_IDS)
     return KN.gemv_names(rs, (rows,), pair=False, bf16="bf16" in fmts, conv=[], xs=[])
-
-
-def argmax_launch(logits, rows: int, vocab: int, am_v, am_i, ticket, tokens, pos, history, step, hist_len: int):
-    """argmax_step_mb over `rows` rows of logits: tokens[r] = the row's argmax, pos[r] += 1, history and step."""
-    return K.prepared("argmax_step_mb", (CudaQwen35.ARGMAX_BLOCKS, rows),
-                      (logits, vocab, vocab, am_v, am_i, ticket, tokens, pos, history, step, hist_len), block=256)
 
 
 def copy_rows(src, dst, n: int):
@@ -80,12 +76,12 @@ class CudaVerify(CudaQwen35Columns):
     def _gdn_core_ops(self, L, lda, ldb):
         Hk, Hv, T = self.Hk, self.Hv, self.M
         r = self._record(L)
-        prep = K.prepared("gdn_prep_verify", (-(-(2 * Hk + Hv) // K.WARPS), 1),
-                          (self.buf_a, lda, self.buf_b, ldb, self.ab, self.ab.shape[1], L["conv_state"], L["conv"],
-                           L["a_log"], L["dt_bias"], self.gdn_q, r["k"], r["v"], r["g"], r["beta"], Hk, Hv,
-                           float(1.0 / math.sqrt(GDN_HEAD_DIM)), T, r["conv"]))
-        delta = K.prepared("gdn_delta_verify", (-(-Hv * GDN_HEAD_DIM // K.WARPS),),
-                           (self.gdn_q, r["k"], r["v"], r["g"], r["beta"], L["state"], self.att2, Hk, Hv, 0, T))
+        prep = gdn_prep(qk=self.buf_a, ld_qk=lda, v=self.buf_b, ld_v=ldb, ab=self.ab, ld_ab=self.ab.shape[1],
+                        conv_state=L["conv_state"], conv=L["conv"], a_log=L["a_log"], dt_bias=L["dt_bias"],
+                        q_out=self.gdn_q, k_out=r["k"], v_out=r["v"], g=r["g"], beta=r["beta"], k_heads=Hk,
+                        v_heads=Hv, q_scale=1.0 / math.sqrt(GDN_HEAD_DIM), rows=T, tokens=T, record=r["conv"])
+        delta = delta_step(q=self.gdn_q, k=r["k"], v=r["v"], g=r["g"], beta=r["beta"], state=L["state"], o=self.att2,
+                           k_heads=Hk, v_heads=Hv, rows=T, tokens=T, write_state=False)
         return [prep, delta]
 
     def _tail_ops(self):
@@ -93,8 +89,9 @@ class CudaVerify(CudaQwen35Columns):
         T = self.M
         head = GemvPlan(self.head, self.xn, self.H, self.logits, self.V, m=T, unroll=2, xpre=(self.xh_n, self.xinv_n))
         return [head.launch,
-                argmax_launch(self.logits, T, self.V, self.am_v, self.am_i, self.am_ticket, self.am_out, self.am_pos,
-                              self.am_hist, self.am_step, 1),
+                argmax_step(logits=self.logits, ld=self.V, vocab=self.V, best_v=self.am_v, best_i=self.am_i,
+                            tickets=self.am_ticket, tokens=self.am_out, pos=self.am_pos, history=self.am_hist,
+                            step=self.am_step, hist_len=1, rows=T, blocks=self.ARGMAX_BLOCKS),
                 K.prepared("spec_accept_greedy", (1,), (self.am_out, self.tokens, T, self.out, self.ctl, self.pos),
                            block=32)]
 
@@ -154,8 +151,9 @@ class CudaMtp(CudaQwen35):
         """Head and argmax of one MTP row: draft i into the verified ids and the next MTP step's input."""
         head = GemvPlan(self.head, x, self.H, self.logits, self.V, m=1, unroll=2, xpre=xpre)
         return [head.launch,
-                argmax_launch(self.logits, 1, self.V, self.am_v, self.am_i, self.am_ticket, self.tokens, self.pos,
-                              self.history, self.step, self.hist_len),
+                argmax_step(logits=self.logits, ld=self.V, vocab=self.V, best_v=self.am_v, best_i=self.am_i,
+                            tickets=self.am_ticket, tokens=self.tokens, pos=self.pos, history=self.history,
+                            step=self.step, hist_len=self.hist_len, rows=1, blocks=self.ARGMAX_BLOCKS),
                 K.prepared("spec_copy_i32", (1,), (self.tokens, self.verify.tokens[i:], 1), block=32)]
 
     def _tail_ops(self):

@@ -41,6 +41,7 @@ def staged_case(cp, fmt, n, k, m, xscale=3.0):
     by stage_x_mb as the producer kernels stage it: (dm, wq, x, x on the device, pairs, inverse scales)."""
     from engine.gpu.weights import upload_matrix
     from engine.gpu import launch as K
+    from engine.gpu.norm import stage_rows
 
     w = (RNG.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
     dm = upload_matrix(cp, fmt, w)
@@ -49,7 +50,7 @@ def staged_case(cp, fmt, n, k, m, xscale=3.0):
     xd = cp.asarray(x)
     kpad = -(-k // K.XPAD) * K.XPAD
     xh, xinv = cp.zeros((m, kpad // 2), dtype=cp.uint32), cp.zeros(m, dtype=cp.float32)
-    K.prepared("stage_x_mb", (3, m), (xd, k, k, kpad, xh, kpad // 2, xinv))()
+    stage_rows(x=xd, ld=k, k=k, kpad=kpad, xh=xh, ldh=kpad // 2, xinv=xinv, rows=m, blocks=3)()
     return dm, wq, x, xd, xh, xinv
 
 

@@ -54,7 +54,7 @@ def _paged_cache(cp, x, kv, perm, pages):
 def test_flash_attention_matches_reference(t, start, hq, hkv, kv, warps):
     import cupy as cp
 
-    from engine.gpu.prefill import CudaQwen35Prefill
+    from engine.gpu.prefill_attention import flash_attention
 
     rng = np.random.default_rng(t * 7 + start)
     n = start + t
@@ -68,9 +68,9 @@ def test_flash_attention_matches_reference(t, start, hq, hkv, kv, warps):
     ldg, ldo = hq * D + 96, hq * D + 64  # gate and output rows wider than the heads
     gate = rng.standard_normal((t, ldg)).astype(np.float32)
     out = poisoned(cp, (t + 2, ldo))  # two rows past the queries: left alone
-    CudaQwen35Prefill.flash_attention(cp.asarray(q.reshape(t, hq * D)), hq * D, kc, vc, ks, vs,
-                                      cp.asarray(perm[None]), hq, hkv, start, t, cp.asarray(gate), ldg, out, ldo,
-                                      kv == "int8", warps)
+    flash_attention(q=cp.asarray(q.reshape(t, hq * D)), ld_q=hq * D, k_cache=kc, v_cache=vc, k_scales=ks, v_scales=vs,
+                    page_table=cp.asarray(perm[None]), q_heads=hq, kv_heads=hkv, start=start, tokens=t,
+                    gate=cp.asarray(gate), ld_gate=ldg, out=out, ld_out=ldo, kv8=kv == "int8", warps=warps)()
     got = out.get()
     want = ref.attention(q, k_st, v_st, 1 / np.sqrt(D), q_start=start).reshape(t, -1) * ref.sigmoid(gate[:, : hq * D])
     check(f"flash attention {kv}", got[:t, : hq * D], want, **(ATT_INT8 if kv == "int8" else ATT_BF16))
@@ -81,7 +81,7 @@ def test_flash_attention_matches_cublas_path():
     """The same chunk through attention_cublas (the path it replaces) on the gathered cache."""
     import cupy as cp
 
-    from engine.gpu.prefill import CudaQwen35Prefill, attention_cublas, kv_rows
+    from engine.gpu.prefill_attention import attention_cublas, flash_attention, kv_rows
 
     rng = np.random.default_rng(9)
     hq, hkv, t, start = 24, 4, 300, 200
@@ -97,8 +97,9 @@ def test_flash_attention_matches_cublas_path():
     v16 = kv_rows(cp, vc, None, pt, n).transpose(1, 0, 2).astype(cp.float16, order="C")
     want = attention_cublas(cp, q.reshape(t, hq, D), k16, v16, gate, start).get()
     out = poisoned(cp, (t, hq * D))
-    CudaQwen35Prefill.flash_attention(q, hq * D, kc, vc, None, None, pt[None], hq, hkv, start, t, gate, hq * D,
-                                      out, hq * D, False)
+    flash_attention(q=q, ld_q=hq * D, k_cache=kc, v_cache=vc, k_scales=None, v_scales=None, page_table=pt[None],
+                    q_heads=hq, kv_heads=hkv, start=start, tokens=t, gate=gate, ld_gate=hq * D, out=out, ld_out=hq * D,
+                    kv8=False)()
     check("flash vs cublas", out.get(), want, **ATT_BF16)
 
 
@@ -152,7 +153,7 @@ def test_flash_attention_timing(capsys):
     and int8 caches) against gather + cuBLAS + softmax, in ms and TFLOP/s (4 T^2/2 D Hq flops)."""
     import cupy as cp
 
-    from engine.gpu.prefill import CudaQwen35Prefill, attention_cublas, kv_rows
+    from engine.gpu.prefill_attention import attention_cublas, flash_attention, kv_rows
 
     hq, hkv, t = 24, 4, 8192
     pages = t // PAGE
@@ -182,8 +183,11 @@ def test_flash_attention_timing(capsys):
     for warps in (4, 8):
         for kv8 in (False, True):
             caches = (k8, k8, s8, s8) if kv8 else (kc, vc, None, None)
-            m = ms(lambda: CudaQwen35Prefill.flash_attention(q, hq * D, *caches, pt, hq, hkv, 0, t, gate, hq * D,
-                                                             out, hq * D, kv8, warps))
+            kc_, vc_, ks_, vs_ = caches
+            launch = flash_attention(q=q, ld_q=hq * D, k_cache=kc_, v_cache=vc_, k_scales=ks_, v_scales=vs_,
+                                     page_table=pt, q_heads=hq, kv_heads=hkv, start=0, tokens=t, gate=gate,
+                                     ld_gate=hq * D, out=out, ld_out=hq * D, kv8=kv8, warps=warps)
+            m = ms(launch)
             rows.append(f"flash warps={warps} {'int8' if kv8 else 'bf16'}: {m:.2f} ms, {flops / m / 1e9:.0f} TFLOP/s")
 
     def cublas():

@@ -63,17 +63,17 @@ class Device:
 
     def sample(self, logits, D, params, positions):
         """Tokens drawn for rows of `logits` at `positions` (the kernel draws at pos + 1)."""
-        from engine.gpu import launch as K
+        from engine.gpu.sampling import sample_max, sample_step
 
         cp = self.cp
         lg = cp.asarray(np.ascontiguousarray(logits, np.float32))
         self.params.set(np.asarray(params, np.uint64))
         self.pos.set(np.asarray(positions, np.int32) - 1)
-        K.prepared("sample_max_mb", (NB, self.M), (lg, lg.shape[1], D, self.pv, self.pi), block=256)()
-        K.prepared("sample_step_mb", (NB, self.M),
-                   (lg, lg.shape[1], D, self.params, self.pv, self.pi, self.hc, self.hw, self.cand, self.cand_n,
-                    SAMPLE_CAND, self.ticket, self.tokens, self.pos, self.hist, self.step, self.hist_len),
-                   block=1024)()
+        sample_max(logits=lg, ld=lg.shape[1], domain=D, best_v=self.pv, best_i=self.pi, rows=self.M, blocks=NB)()
+        sample_step(logits=lg, ld=lg.shape[1], domain=D, params=self.params, best_v=self.pv, best_i=self.pi,
+                    hist_c=self.hc, hist_w=self.hw, cand=self.cand, cand_n=self.cand_n, cand_cap=SAMPLE_CAND,
+                    tickets=self.ticket, tokens=self.tokens, pos=self.pos, history=self.hist, step=self.step,
+                    hist_len=self.hist_len, rows=self.M, blocks=NB)()
         cp.cuda.Device().synchronize()
         toks = self.tokens.get()
         assert not self.ticket.get().any() and not self.cand_n.get().any()  # ready for the next launch

@@ -42,6 +42,8 @@ def test_gemv_prestaged(cp, fmt, n, k, splits, pre2, rows):
     (gemv_rs, and gemv_rs_pre with pre2)."""
     from engine.gpu.weights import upload_matrix
     from engine.gpu import launch as K
+    from engine.gpu.mlp import stage_amax
+    from engine.gpu.norm import stage_rows
 
     m = 2
     w = (RNG.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
@@ -50,7 +52,7 @@ def test_gemv_prestaged(cp, fmt, n, k, splits, pre2, rows):
     x = RNG.standard_normal((m, k)).astype(np.float32)
     kpad = -(-k // K.XPAD) * K.XPAD
     xh, xinv = cp.zeros((m, kpad // 2), dtype=cp.uint32), cp.zeros(m, dtype=cp.float32)
-    K.prepared("stage_x_mb", (3, m), (cp.asarray(x), k, k, kpad, xh, kpad // 2, xinv))()
+    stage_rows(x=cp.asarray(x), ld=k, k=k, kpad=kpad, xh=xh, ldh=kpad // 2, xinv=xinv, rows=m, blocks=3)()
     part = poisoned(cp, (splits, m, n))
     plan = GemvPlan(dm, None, k, part, n, m=m, epi="partial", splits=splits, xpre=(xh, xinv), rows=rows, unroll=2,
                     pre2=pre2)
@@ -74,9 +76,9 @@ def test_gemv_prestaged(cp, fmt, n, k, splits, pre2, rows):
         for _ in range(2):  # the second launch finds the slot reset by stage_x_amax
             plan.launch()
             sh, sinv = cp.zeros((1, kp2 // 2), cp.uint32), cp.zeros(1, cp.float32)
-            K.prepared("stage_x_amax", (16,), (y1, k2, kp2, sh, sinv, slot), block=1024)()
+            stage_amax(x=y1, k=k2, kpad=kp2, xh=sh, xinv=sinv, slot=slot)()
             rh, rinv = cp.zeros_like(sh), cp.zeros_like(sinv)
-            K.prepared("stage_x_mb", (3, 1), (y1, k2, k2, kp2, rh, kp2 // 2, rinv), block=1024)()
+            stage_rows(x=y1, ld=k2, k=k2, kpad=kp2, xh=rh, ldh=kp2 // 2, xinv=rinv, rows=1, blocks=3)()
             assert np.array_equal(sh.get(), rh.get()) and np.array_equal(sinv.get(), rinv.get())
             assert not slot.get().any()
 

@@ -118,14 +118,15 @@ def test_moe_fused_opts_give_the_same_logits(monkeypatch):
 def test_moe_route_kernel():
     import cupy as cp
 
-    from engine.gpu import launch as K
+    from engine.gpu.moe import moe_route
     from engine.ops import ref
 
     rng = np.random.default_rng(11)
     for e_count, k in ((256, 8), (8, 2), (40, 5)):
         logits = rng.standard_normal(e_count + 1).astype(np.float32)
         idx, wts = cp.zeros(k, cp.int32), cp.zeros(k + 1, cp.float32)
-        K.prepared("moe_route", (1,), (cp.asarray(logits[None]), e_count + 1, e_count, k, idx, wts, k + 1))()
+        moe_route(logits=cp.asarray(logits[None]), ld=e_count + 1, experts=e_count, topk=k, eidx=idx, ewts=wts,
+                  ld_w=k + 1, rows=1)()
         want_i, want_w = ref.moe_route(logits[:e_count], k)
         assert sorted(idx.get().tolist()) == sorted(np.asarray(want_i).tolist())
         got = dict(zip(idx.get().tolist(), wts.get()[:k].tolist()))

@@ -18,8 +18,8 @@ from kernel_checks import ELEM, GDN_STATE, QFMTS, RNG, check, poisoned, rel_l2  
 
 @pytest.mark.parametrize("fmt", QFMTS)
 def test_embed(cp, fmt):
+    from engine.gpu.gemv import embed_rows
     from engine.gpu.weights import upload_matrix
-    from engine.gpu import launch as K
 
     r, k = 50, 320
     w = RNG.standard_normal((r, k)).astype(np.float32)
@@ -27,14 +27,14 @@ def test_embed(cp, fmt):
     wq = formats.decode(fmt, "row_split_k128_v1", (r, k), cp.asnumpy(dm.buf))
     toks = cp.asarray(np.array([7, 49], dtype=np.int32))
     out = poisoned(cp, (2, k))
-    K.prepared(f"embed_rs<{K.FMT_IDS[fmt]}>", (2,), (np.uint64(dm.ptr(dm.base)), np.uint64(dm.ptr(dm.high)),
-                                                   np.uint64(dm.ptr(dm.scales)), dm.gpr, k, toks, out, k))()
+    embed_rows(dm, tokens=toks, out=out, ld=k, rows=2)()
     assert np.array_equal(out.get(), wq[[7, 49]])
 
 
 def test_residual_rmsnorm_and_gated(cp):
     from engine.gpu import launch as K
-    from engine.gpu.norm import residual_norm
+    from engine.gpu.gdn import gated_norm_stage
+    from engine.gpu.norm import residual_norm, stage_rows
 
     m, h, s = 2, 1000, 3
     x = RNG.standard_normal((m, h)).astype(np.float32)
@@ -111,17 +111,17 @@ def test_residual_rmsnorm_and_gated(cp):
         ld2 = k2 + 256
         g2 = poisoned(cp, (m, ld2))
         xh3, xinv3 = cp.zeros((m, kp2 // 2), dtype=cp.uint32), cp.zeros(m, dtype=cp.float32)
-        K.prepared("gated_rmsnorm_stage", (m,), (cp.asarray(o2), cp.asarray(z2), k2, cp.asarray(gw), g2, ld2, hv2,
-                                                 1e-6, k2, kp2, xh3, xinv3), block=1024)()
+        gated_norm_stage(o=cp.asarray(o2), z=cp.asarray(z2), ld_z=k2, weight=cp.asarray(gw), out=g2, ld_out=ld2,
+                         v_heads=hv2, eps=1e-6, k=k2, kpad=kp2, xh=xh3, xinv=xinv3, rows=m)()
         check(f"gated_rmsnorm_stage {hv2}", g2.get()[:, :k2],
               ref.gated_rmsnorm(o2, z2.reshape(m, hv2, 128), gw, 1e-6).reshape(m, -1), **ELEM)
         xh4, xinv4 = cp.zeros_like(xh3), cp.zeros_like(xinv3)
-        K.prepared("stage_x_mb", (3, m), (g2, ld2, k2, kp2, xh4, kp2 // 2, xinv4), block=1024)()
+        stage_rows(x=g2, ld=ld2, k=k2, kpad=kp2, xh=xh4, ldh=kp2 // 2, xinv=xinv4, rows=m, blocks=3)()
         assert np.array_equal(xh3.get(), xh4.get()) and np.array_equal(xinv3.get(), xinv4.get())
 
 
 def test_gdn_step(cp):
-    from engine.gpu import launch as K
+    from engine.gpu.gdn import delta_step, gdn_prep
 
     hk, hv = 2, 6
     c = (2 * hk + hv) * 128
@@ -136,11 +136,12 @@ def test_gdn_step(cp):
     bufs = {n: cp.zeros(s, dtype=cp.float32) for n, s in
             {"q": (1, hk, 128), "k": (1, hk, 128), "v": (1, hv, 128), "g": (1, hv), "b": (1, hv), "o": (1, hv, 128)}.items()}
     cs, st = cp.asarray(conv_state), cp.asarray(state)
-    K.prepared("gdn_prep", (2, 1), (cp.asarray(qk), qk.shape[1], cp.asarray(vz), vz.shape[1], cp.asarray(ab), 2 * hv,
-                                    cs, cp.asarray(conv_w), cp.asarray(a_log), cp.asarray(dt_bias), bufs["q"],
-                                    bufs["k"], bufs["v"], bufs["g"], bufs["b"], hk, hv, 1.0 / math.sqrt(128)))()
-    K.prepared("gdn_delta", (hv * 128 // 8, 1), (bufs["q"], bufs["k"], bufs["v"], bufs["g"], bufs["b"], st,
-                                                 bufs["o"], hk, hv, 0))()
+    gdn_prep(qk=cp.asarray(qk), ld_qk=qk.shape[1], v=cp.asarray(vz), ld_v=vz.shape[1], ab=cp.asarray(ab), ld_ab=2 * hv,
+             conv_state=cs, conv=cp.asarray(conv_w), a_log=cp.asarray(a_log), dt_bias=cp.asarray(dt_bias),
+             q_out=bufs["q"], k_out=bufs["k"], v_out=bufs["v"], g=bufs["g"], beta=bufs["b"], k_heads=hk, v_heads=hv,
+             q_scale=1.0 / math.sqrt(128), rows=1)()
+    delta_step(q=bufs["q"], k=bufs["k"], v=bufs["v"], g=bufs["g"], beta=bufs["b"], state=st, o=bufs["o"], k_heads=hk,
+               v_heads=hv, rows=1)()
     # reference
     xin = np.concatenate([qk[0], vz[0]])
     y, new_cs = ref.causal_conv1d_step(xin, conv_state[0].T, conv_w)
@@ -167,7 +168,7 @@ def test_attention_decode(cp, g, length, kv, form):
     if form == "vraw" and kv != "int8":
         pytest.skip("raw codes: int8 caches only")
     from engine.gpu import launch as K
-    from engine.gpu.attention import decode_attention
+    from engine.gpu.attention import decode_attention, qk_norm_rope_kv
     from engine.ops.kvquant import dequantize_kv_int8_g64, quantize_kv_int8_g64
 
     hkv, d, page = 2, 256, 64
@@ -181,7 +182,6 @@ def test_attention_decode(cp, g, length, kv, form):
     vc = cp.zeros_like(kc)
     ksc = cp.zeros((pages, page, hkv, d // 64), dtype=cp.float16) if int8 else None
     vsc = cp.zeros_like(ksc) if int8 else None
-    ptr = lambda a: np.uint64(0 if a is None else a.data.ptr)  # noqa: E731
     perm = np.array([2, 0, 3, 1], dtype=np.int32) if pages == 4 else RNG.permutation(pages).astype(np.int32)
     pt = cp.asarray(perm[None])
     qn_w = RNG.standard_normal(d).astype(np.float32) * 0.1
@@ -193,10 +193,10 @@ def test_attention_decode(cp, g, length, kv, form):
         k = RNG.standard_normal((1, hkv * d)).astype(np.float32)
         v = RNG.standard_normal((1, hkv * d)).astype(np.float32)
         pos = cp.asarray(np.array([t], dtype=np.int32))
-        K.prepared("qk_norm_rope_kv", (-(-(hq + hkv) // 8), 1),
-                   (cp.asarray(q), hq * d, cp.asarray(k), hkv * d, cp.asarray(v), hkv * d, cp.asarray(qn_w),
-                    cp.asarray(kn_w), pos, pt, pages, kc, vc, qbuf, hq, hkv, 64, math.log2(1e7), 1e-6,
-                    ptr(ksc), ptr(vsc)))()
+        qk_norm_rope_kv(q=cp.asarray(q), ld_q=hq * d, k=cp.asarray(k), ld_k=hkv * d, v=cp.asarray(v), ld_v=hkv * d,
+                        q_norm=cp.asarray(qn_w), k_norm=cp.asarray(kn_w), pos=pos, page_table=pt, pt_stride=pages,
+                        k_cache=kc, v_cache=vc, q_out=qbuf, q_heads=hq, kv_heads=hkv, rotary_dim=64,
+                        log2_theta=math.log2(1e7), eps=1e-6, rows=1, k_scales=ksc, v_scales=vsc)()
         kr = ref.rope(ref.rmsnorm(k.reshape(1, hkv, d), kn_w, 1e-6), np.array([t]), 64, 1e7)
         ks.append(kr[0])
         vs.append(v.reshape(hkv, d))
@@ -239,6 +239,7 @@ def test_attention_decode(cp, g, length, kv, form):
 
 def test_argmax_step(cp):
     from engine.gpu import launch as K
+    from engine.gpu.sampling import argmax_step
 
     v = 248320
     logits = RNG.standard_normal((2, v)).astype(np.float32)
@@ -253,8 +254,8 @@ def test_argmax_step(cp):
     pv, pi, ticket = cp.zeros((2, nb), cp.float32), cp.zeros((2, nb), cp.int32), cp.zeros(2, cp.uint32)
     toks2, pos2, step2, hist2 = cp.zeros(2, cp.int32), cp.zeros(2, cp.int32), cp.zeros(2, cp.int32), cp.zeros((2, 8), cp.int32)
     for n in (1, 2):
-        K.prepared("argmax_step_mb", (nb, 2), (cp.asarray(logits), v, v, pv, pi, ticket, toks2, pos2, hist2, step2, 8),
-                   block=256)()
+        argmax_step(logits=cp.asarray(logits), ld=v, vocab=v, best_v=pv, best_i=pi, tickets=ticket, tokens=toks2,
+                    pos=pos2, history=hist2, step=step2, hist_len=8, rows=2, blocks=nb)()
         assert toks2.get().tolist() == toks.get().tolist() and pos2.get().tolist() == [n, n]
         assert not ticket.get().any() and hist2.get()[:, n - 1].tolist() == toks.get().tolist()
 
@@ -273,16 +274,16 @@ def _gdn_inputs(t, hk, hv):
 @pytest.mark.parametrize("rows", [2])
 def test_gdn_delta_rows_matches_delta_cols(cp, rows):
     """The prefill's recurrence with several state rows a warp against the row-a-warp kernel."""
-    from engine.gpu import launch as K
+    from engine.gpu.gdn import delta_step
 
     hk, hv, t = 2, 6, 37
     q, k, v, g, beta, s0 = _gdn_inputs(t, hk, hv)
     outs = []
-    for name, per in (("gdn_delta_cols", 1), (f"gdn_delta_rows<{rows}>", rows)):
+    for per in (1, rows):  # gdn_delta_cols, gdn_delta_rows<rows>
         st = cp.asarray(s0)
         o = poisoned(cp, (t, hv, 128))
-        K.prepared(name, (-(-hv * 128 // (8 * per)),), (cp.asarray(q), cp.asarray(k), cp.asarray(v), cp.asarray(g),
-                                                       cp.asarray(beta), st, o, hk, hv, 0, t))()
+        delta_step(q=cp.asarray(q), k=cp.asarray(k), v=cp.asarray(v), g=cp.asarray(g), beta=cp.asarray(beta), state=st,
+                   o=o, k_heads=hk, v_heads=hv, rows=1, tokens=t, rows_a_warp=per)()
         outs.append((st.get(), o.get()))
     check("gdn_delta_rows state", outs[1][0], outs[0][0], **GDN_STATE)
     check("gdn_delta_rows out", outs[1][1], outs[0][1], **ELEM)
@@ -294,22 +295,21 @@ def test_gdn_chunked_matches_delta_cols(cp, t, rb):
     """The chunked delta rule (gdn_chunk_prep over the 64-token pieces on tensor cores, then gdn_chunk_scan_tc<RB, 1>
     in order, the output's products in 1xTF32) against the token-by-token kernel: outputs and final state, pieces
     whole and partial."""
-    from engine.gpu import launch as K
+    from engine.gpu.gdn import chunk_prep, chunk_scan, delta_step
 
     hk, hv = 2, 6
     q, k, v, g, beta, s0 = _gdn_inputs(t, hk, hv)
     dq, dk, dv, dg, db = (cp.asarray(a) for a in (q, k, v, g, beta))
     st, o = cp.asarray(s0), poisoned(cp, (t, hv, 128))
-    K.prepared("gdn_delta_cols", (-(-hv * 128 // 8),), (dq, dk, dv, dg, db, st, o, hk, hv, 0, t))()
+    delta_step(q=dq, k=dk, v=dv, g=dg, beta=db, state=st, o=o, k_heads=hk, v_heads=hv, rows=1, tokens=t)()
     want_s, want_o = st.get(), o.get()
     pieces = -(-t // 64)
     # scratch poisoned: pass 1 writes every value pass 2 reads (W, U' and M past the prompt's end included)
     w, u = cp.full(pieces * hv * 64 * 128, cp.nan, cp.float32), cp.full(pieces * hv * 64 * 128, cp.nan, cp.float32)
     m, gg = cp.full(pieces * hv * 64 * 64, cp.nan, cp.float32), cp.full(pieces * hv * 64, cp.nan, cp.float32)
     st, o = cp.asarray(s0), poisoned(cp, (t, hv, 128))
-    K.prepared("gdn_chunk_prep", (pieces, hv), (dq, dk, dv, dg, db, w, u, m, gg, hk, hv, 0, t),
-               smem=K.GDN_PREP_SMEM)()
-    K.prepared(f"gdn_chunk_scan_tc<{rb}, 1>", (hv, 128 // rb),
-               (dq, dk, w, u, m, gg, st, o, hk, hv, 0, t), smem=K.gdn_scan_smem(rb))()
+    chunk_prep(q=dq, k=dk, v=dv, g=dg, beta=db, w=w, u=u, m=m, gamma=gg, k_heads=hk, v_heads=hv, tokens=t)()
+    chunk_scan(f"gdn_chunk_scan_tc<{rb}, 1>", q=dq, k=dk, w=w, u=u, m=m, gamma=gg, state=st, o=o, k_heads=hk,
+               v_heads=hv, tokens=t)()
     check("gdn_chunked state", st.get(), want_s, **GDN_STATE)
     check("gdn_chunked out", o.get(), want_o, **ELEM)

@@ -37,7 +37,8 @@ def mlp_case(cp, h, inter, nplanes):
 # (the grid barriers' form; red: arrivals by a release reduction, the targets from the count read at entry)
 @pytest.mark.parametrize("light", [0, 1, 2], ids=["fence", "light", "red"])
 def test_mlp_fused_matches_the_four_kernels(cp, h, inter, nplanes, splits, local, light):
-    from engine.gpu import launch as K
+    from engine.gpu.mlp import stage_amax
+    from engine.gpu.norm import residual_norm
 
     gu, dn, x_host, planes, nw_, kp_h, kp_i = mlp_case(cp, h, inter, max(nplanes, 1))
 
@@ -49,13 +50,13 @@ def test_mlp_fused_matches_the_four_kernels(cp, h, inter, nplanes, splits, local
     # the four kernels, as the executor launches them
     a = bufs()
     xn, xh_n, xinv_n = poisoned(cp, (1, h)), cp.asarray(np.zeros((1, kp_h // 2), np.uint32)), poisoned(cp, (1,))
-    K.prepared("residual_rmsnorm_mb", (16, 1), (a["x_in"], a["x_out"], planes, nplanes, h, nw_, xn, h, 1e-6, 1, xh_n,
-                                                 xinv_n, kp_h), block=1024)()
+    residual_norm("residual_rmsnorm_mb", x_in=a["x_in"], x_out=a["x_out"], planes=planes, nplanes=nplanes, plane_stride=h,
+                  weight=nw_, out=xn, hidden=h, eps=1e-6, xh=xh_n, xinv=xinv_n, kpad=kp_h, rows=1)()
     g = GemvPlan(gu, xn, h, a["act"], inter, epi="swiglu", rows=2, unroll=2, xpre=(xh_n, xinv_n), pre2=True,
                  amax_out=a["slot"])
     assert g.tracks_amax
     g.launch()
-    K.prepared("stage_x_amax", (16,), (a["act"], inter, kp_i, a["xh"], a["xinv"], a["slot"]), block=1024)()
+    stage_amax(x=a["act"], k=inter, kpad=kp_i, xh=a["xh"], xinv=a["xinv"], slot=a["slot"])()
     d = GemvPlan(dn, a["act"], inter, a["y"], h, epi="partial", splits=splits, rows=1, unroll=2,
                  xpre=(a["xh"], a["xinv"]), pre2=True)
     d.launch()

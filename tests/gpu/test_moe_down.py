@@ -18,6 +18,7 @@ from kernel_checks import LINEAR, QFMTS, RNG, check, poisoned  # noqa: E402  (te
 def test_moe_down(cp, fr, fs, n, k, sk, rows):
     from engine.gpu.weights import upload_matrix
     from engine.gpu import launch as K
+    from engine.gpu.moe import moe_down
 
     experts, slots = 6, 3
     wr = (RNG.standard_normal((experts * n, k)) / np.sqrt(k)).astype(np.float32)
@@ -31,14 +32,10 @@ def test_moe_down(cp, fr, fs, n, k, sk, rows):
     ld = max(k, sk) + 8  # the shared expert's row is a prefix of a wider buffer, as in the executor
     act = (RNG.standard_normal((1, ld)) * 3).astype(np.float32)
     part = poisoned(cp, (slots + 2, 1, n))
-    rpb = 2 * K.WARPS * rows
     name = f"moe_down<{K.FMT_IDS[fr]},{K.FMT_IDS[fs]},{rows},false>"
     assert name in K.MOE_DOWN_NAMES
-    K.prepared(name, (-(-n // rpb), 1, slots + 1),
-               (np.uint64(dr.ptr(dr.base)), np.uint64(dr.ptr(dr.high)), np.uint64(dr.ptr(dr.scales)), dr.gpr,
-                cp.asarray(eidx), cp.asarray(act_e), k, np.uint64(ds.ptr(ds.base)), np.uint64(ds.ptr(ds.high)),
-                np.uint64(ds.ptr(ds.scales)), ds.gpr, cp.asarray(act), sk, n, k, part, n, cp.asarray(wts),
-                slots))()
+    moe_down(dr, ds, eidx=cp.asarray(eidx), act_routed=cp.asarray(act_e), act_shared=cp.asarray(act), planes=part,
+             plane_stride=n, ewts=cp.asarray(wts), topk=slots, name=name)()
     got = part.get()
     for z in range(slots):
         e = int(eidx[0, z])

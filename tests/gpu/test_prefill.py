@@ -24,17 +24,15 @@ def test_dequant_rs_is_the_stored_codes_times_scales(fmt):
     import cupy as cp
 
     from engine.artifact import formats
+    from engine.gpu.prefill_weights import dequant_rows
     from engine.gpu.weights import upload_matrix
-    from engine.gpu import launch as K
 
     n, k = 37, 1000
     w = np.random.default_rng(2).standard_normal((n, k)).astype(np.float32)
     dm = upload_matrix(cp, fmt, w)
     want = formats.decode(fmt, "row_split_k128_v1", (n, k), cp.asnumpy(dm.buf))
     out = cp.asarray(np.full((n, k), np.nan, np.float16))  # (no CuPy kernel: see test_kernels.poisoned)
-    K.kernel(f"dequant_rs<{K.FMT_IDS[fmt]}>")((n,), (256,), (np.uint64(dm.ptr(dm.base)), np.uint64(dm.ptr(dm.high)),
-                                                           np.uint64(dm.ptr(dm.scales)), np.int32(dm.gpr), np.int32(k),
-                                                           out, np.int32(k)))
+    dequant_rows(dm, out=out, ld=k)
     assert np.array_equal(out.get(), want.astype(np.float16))
 
 
@@ -137,14 +135,13 @@ def test_swiglu_rows_f16_is_silu_gate_times_up(half):
     fp16 [T, n] (the down GEMM's input)."""
     import cupy as cp
 
-    from engine.gpu import launch as K
+    from engine.gpu.mlp import swiglu_rows
     from engine.ops import ref as R
 
     t, n, ld = 37, 1028, 2 * 1028 + 12
     gu = (np.random.default_rng(5).standard_normal((t, ld)) * 4).astype(np.float16 if half else np.float32)
     out = cp.asarray(np.full(t * n, np.nan, np.float16))
-    K.kernel("swiglu_rows_h" if half else "swiglu_rows_f16")(
-        (7,), (256,), (cp.asarray(gu), np.int64(ld), np.int32(n), np.int32(t), out))
+    swiglu_rows(gu=cp.asarray(gu), inter=n, rows=t, out16=out)
     gu = gu.astype(np.float32)
     want = R.swiglu(gu[:, :n], gu[:, n: 2 * n]).astype(np.float16).astype(np.float32)
     got = out.get().reshape(t, n).astype(np.float32)

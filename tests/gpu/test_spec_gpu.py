@@ -108,9 +108,9 @@ def test_the_context_edge_falls_back_to_plain_steps(eng):
     from engine.sampling import Sampler
     from engine.speculative import SpecStats, speculative_generate_step
 
-    long = list(np.random.default_rng(1).integers(0, CFG["vocab_size"], 490))
-    plain = _plain(eng, long, 20)
+    long = [int(t) for t in np.random.default_rng(1).integers(0, CFG["vocab_size"], 496)]
+    plain = _plain(eng, long, 14)  # (to position 509 of 512)
     eng.reset()
     stats = SpecStats(3)
-    out = list(speculative_generate_step(eng, long, Sampler(temperature=0.0), k=3, max_tokens=20, stats=stats))
+    out = list(speculative_generate_step(eng, long, Sampler(temperature=0.0), k=3, max_tokens=14, stats=stats))
     assert out == plain[:len(out)] and stats.plain_steps > 1

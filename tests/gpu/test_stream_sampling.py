@@ -44,7 +44,7 @@ class TopK:
         self.allow, self.allow_on = cp.zeros((M, self.words), cp.uint32), cp.zeros(M, cp.int32)
 
     def sample(self, logits, D, samplers, positions, masks=None):
-        from engine.gpu import launch as K
+        from engine.gpu.sampling import sample_topk
 
         cp = self.cp
         lg = cp.asarray(np.ascontiguousarray(logits, np.float32))
@@ -61,10 +61,10 @@ class TopK:
             packed[:, :bits.shape[1]] = bits
             self.allow.set(packed.view(np.uint32))
         self.allow_on.fill(int(masks is not None))
-        K.prepared("sample_topk_mb", (-(-D // TOPK_TILE), self.M),
-                   (lg, lg.shape[1], D, self.params, self.counts, self.V, self.key, self.id, self.ticket,
-                    self.tokens, self.pos, self.hist, self.step, 8, self.allow, self.allow_on, self.words),
-                   block=1024)()
+        sample_topk(logits=lg, ld=lg.shape[1], domain=D, params=self.params, counts=self.counts, vocab=self.V,
+                    cand_key=self.key, cand_id=self.id, tickets=self.ticket, tokens=self.tokens, pos=self.pos,
+                    history=self.hist, step=self.step, hist_len=8, allow=self.allow, allow_on=self.allow_on,
+                    allow_words=self.words, rows=self.M)()
         cp.cuda.Device().synchronize()
         assert not self.ticket.get().any()
         toks = self.tokens.get().tolist()
