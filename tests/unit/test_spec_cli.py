@@ -83,3 +83,20 @@ def test_turn_stats_add_up_the_streams_of_a_turn_and_reach_the_request_log():
     assert logged["accepted_per_position"] == [3, 2, 2] and logged["rounds"] == 3 and logged["drafted"] == 9
     assert "spec" not in usage_of(types.SimpleNamespace(final=Delta(done=True, stats=TurnStats()),
                                                         prepared=run.prepared, queued_s=0.0))
+
+
+def test_chat_takes_spec_into_the_app(monkeypatch):
+    """In a terminal `ninfer chat --spec mtp:2` opens the app with speculation in its settings (no --plain needed)."""
+    import sys
+
+    from ninfer_cli.tui import launch
+
+    seen = {}
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True, raising=False)
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True, raising=False)
+    monkeypatch.setattr(launch, "run_chat_tui", lambda model, **kw: seen.update(kw))
+    from ninfer_cli.commands.chat import chat
+
+    chat(spec="mtp:2")  # (CliRunner would swap in a stdin that is no terminal)
+    assert seen["sampling"]["spec"] == "mtp:2"
+    assert launch.settings_from_flags(None, sampling=seen["sampling"]).spec == "mtp:2"
