@@ -32,11 +32,11 @@ def test_profile_ls_lists_every_catalog_model():
     rows = json.loads(r.stdout)
     by = {(x["model"], x["name"]): x for x in rows}
     assert by[("qwen38-27b", "long")]["kv"] == "int8" and by[("qwen38-27b", "default")]["ctx"] is None
-    assert by[("qwen36-35b-a3b", "fast")]["spec"] == "mtp" and "not implemented yet" in by[("qwen36-35b-a3b",
-                                                                                                "fast")]["status"]
+    fast = by[("qwen36-35b-a3b", "fast")]
+    assert fast["spec"] == "mtp" and fast["draft_tokens"] == 3 and "MTP head" in fast["status"]
     assert ("smollm2-135m", "default") in by and ("smollm2-135m", "long") not in by
     table = invoke("profile")  # ls is the default action
-    assert table.exit_code == 0 and "qwen36-27b" in table.stdout and "mtp3" in table.stdout
+    assert table.exit_code == 0 and "qwen36-27b" in table.stdout and "mtp:3" in table.stdout
 
 
 def test_profile_show():
