@@ -219,6 +219,8 @@ def bench(
     Examples: [b]ninfer bench smollm2-135m -p 64 -n 32 -r 3[/b] ·
     [b]ninfer bench --synthetic qwen3.8-27b -p 0 -n 128 --temp 0.7 --top-p 0.8 --top-k 20 --presence-penalty 1.5[/b] ·
     [b]ninfer bench --synthetic qwen3.8-27b -p 512 -n 128 --baseline transformers -o json --out r.json[/b] ·
+    [b]ninfer bench --synthetic tiny -p 0 --spec off,mtp:3 --spec-accept 0.88,0.77,0.67[/b] (speculative rounds at a
+    forced acceptance beside plain decode) ·
     [b]ninfer bench --roofline[/b] (measure and store the copy bandwidth and matmul rate)
     """
     from engine.bench import expand_instances, expand_matrix, parse_pairs  # noqa: PLC0415
