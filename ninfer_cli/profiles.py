@@ -227,6 +227,9 @@ def resolve_launch(ref: str | None, args, weights: dict | None, *, profile: str 
                                 "are still capped")
         return launch
     comps, optional = components_for(values)
+    if "mtp" in comps and "mtp" not in weights:  # a head the geometry has, with no size in the table (a recipe)
+        comps, optional = tuple(c for c in comps if c != "mtp"), (*optional, "mtp")
+        launch.notes.append("the MTP head's weights have no size in this table: the plan leaves them out")
     plan = mp.plan_memory(args, weights, model=ref or "", source=weights_source, kv=values["kv"],
                           lanes=values["lanes"], components=comps, optional=optional, spec=values["spec"],
                           draft_tokens=values["draft_tokens"], prefill_chunk=values["prefill_chunk"],

@@ -130,7 +130,8 @@ def memory_report(ref: str, *, ctx: int | None = None, kv: str | None = None, pr
     from ninfer_cli.profiles import INT8_NOT_IN_LOAD, components_for, get_profile, load_takes_kv, merge  # noqa: PLC0415
 
     label, args, weights, source = _plan_source(ref)
-    prof = get_profile(ref, profile, has_mtp="mtp" in weights)
+    has_mtp = "mtp" in weights or bool(getattr(args, "mtp_num_hidden_layers", 0))
+    prof = get_profile(ref, profile, has_mtp=has_mtp)
     values, sources = merge(prof, ctx=ctx, kv=getattr(kv, "value", kv))
     notes = []
     if values["kv"] not in mp.GPU_KV_FORMATS:
@@ -139,9 +140,12 @@ def memory_report(ref: str, *, ctx: int | None = None, kv: str | None = None, pr
         notes.append(f"{INT8_NOT_IN_LOAD}: run/chat would use bf16")
     from ninfer_cli.profiles import spec_unavailable  # noqa: PLC0415
 
-    why = spec_unavailable(values, "mtp" in weights, label)
+    why = spec_unavailable(values, has_mtp, label)
     if why:
         notes.append(f"{why}: profile {prof.name} runs without speculation, and the plan has no parts for it")
+        values["spec"] = None
+    elif values["spec"] and "mtp" not in weights:
+        notes.append("the MTP head's weights have no size in this table: the plan leaves them out")
     from ninfer_cli.profiles import _cuda_runs  # noqa: PLC0415
 
     if not _cuda_runs(args):
@@ -151,7 +155,7 @@ def memory_report(ref: str, *, ctx: int | None = None, kv: str | None = None, pr
     comps = tuple(c for c in comps if c in weights)
     short = "artifact header" if source.startswith("object sizes") else "recipe estimate"
     plan = mp.plan_memory(args, weights, model=label, source=short, kv=values["kv"], lanes=values["lanes"],
-                          components=comps, optional=optional, spec=values["spec"] if "mtp" in comps else None,
+                          components=comps, optional=optional, spec=values["spec"],
                           draft_tokens=values["draft_tokens"], prefill_chunk=values["prefill_chunk"],
                           **mp.engine_prefill_executors())
     b = mb.budget(vram_limit, memory)

@@ -114,21 +114,27 @@ def test_flag_beats_profile_in_a_launch():
     assert launch.values["kv"] == "bf16" and not any("int8" in n for n in launch.notes)
 
 
-def test_fast_profile_without_an_mtp_head_runs_without_speculation_and_plans_no_mtp():
-    launch = _launch(profile="fast", vram_limit=24 * GIB)  # (the synthetic recipe has no mtp component)
-    assert launch.values["spec"] is None and P.spec_flag(launch.values) is None
-    assert "qwen3.8-27b carries no MTP head (no mtp weights in the artifact): profile fast runs without " \
-           "speculation" in launch.notes
-    assert not any("mtp" in i.name.lower() for i in launch.plan.items(4096))
+def _with_mtp(device="gpu", mtp=True, **kw):
+    import dataclasses
 
-
-def _with_mtp(device="gpu", **kw):
     from engine.config import ModelArgs
     from engine.synthetic import geometry_config
 
     args = ModelArgs.from_config(geometry_config("qwen3.8-27b"))
-    weights = {**mp.weights_from_recipe(args, "groupwise-int"), "mtp": 900 * 2**20}
+    weights = mp.weights_from_recipe(args, "groupwise-int")
+    if mtp:
+        weights["mtp"] = 900 * 2**20
+    else:
+        args = dataclasses.replace(args, mtp_num_hidden_layers=0)
     return P.resolve_launch("qwen38-27b", args, weights, profile="fast", device=device, memory=CARD_24, **kw)
+
+
+def test_fast_profile_without_an_mtp_head_runs_without_speculation_and_plans_no_mtp():
+    launch = _with_mtp(mtp=False, vram_limit=24 * GIB)
+    assert launch.values["spec"] is None and P.spec_flag(launch.values) is None
+    assert "qwen38-27b carries no MTP head (no mtp weights in the artifact): profile fast runs without " \
+           "speculation" in launch.notes
+    assert not any("mtp" in i.name.lower() for i in launch.plan.items(4096))
 
 
 def test_fast_profile_with_an_mtp_head_keeps_mtp3_and_plans_its_parts():
@@ -136,8 +142,9 @@ def test_fast_profile_with_an_mtp_head_keeps_mtp3_and_plans_its_parts():
     assert P.spec_flag(launch.values) == "mtp:3" and not any("speculation" in n for n in launch.notes)
     names = " ".join(i.name.lower() for i in launch.plan.items(4096))
     assert "mtp" in names
-    without = _launch(vram_limit=24 * GIB).plan
+    without = _with_mtp(mtp=False, vram_limit=24 * GIB).plan
     assert launch.plan.total(4096) > without.total(4096)  # the head and its arenas cost memory
+    assert P.spec_flag(_launch(profile="fast", vram_limit=24 * GIB).values) == "mtp:3"  # the geometry has a head
     cpu = _with_mtp(device="cpu")
     assert P.spec_flag(cpu.values) == "mtp:3" and cpu.plan is None  # the NumPy engine speculates too
 
@@ -148,17 +155,27 @@ def test_a_spec_kind_that_is_not_built_is_dropped_with_a_note():
     assert P.spec_unavailable({"spec": None, "draft_tokens": 0}, False) is None
 
 
-class _Engine:
-    def __init__(self, device="cpu", mtp=True):
+class _NumpyEngine:
+    def __init__(self):
         import types
 
-        self.device, self.model = device, types.SimpleNamespace(mtp_layer=object() if mtp else None)
+        self.device, self.model = "cpu", types.SimpleNamespace(mtp_layer=object())
+
+
+class _CudaMoeEngine:
+    """What check_spec sees of the CUDA engine over a MoE model (its rounds verify dense models only)."""
+
+    def __init__(self):
+        import types
+
+        self.device, self.speculator = "gpu", object()
+        self.model = types.SimpleNamespace(args=types.SimpleNamespace(is_moe=True), mtp_weights={"mtp/fc": 0})
 
 
 @pytest.mark.parametrize("eng, spec, note", [
-    (_Engine(), "mtp:3", "speculative decoding mtp:3 (profile fast)"),
-    (_Engine(device="gpu"), None, "--spec mtp:3 is not built for the CUDA engine yet: profile fast runs without "
-                                  "speculation"),
+    (_NumpyEngine(), "mtp:3", "speculative decoding mtp:3 (profile fast)"),
+    (_CudaMoeEngine(), None, "--spec mtp:3: the CUDA engine verifies dense models only for now: profile fast runs "
+                             "without speculation"),
 ])
 def test_load_fitted_leaves_the_engine_to_check_spec(monkeypatch, eng, spec, note):
     """After loading, the profile's mtp:3 becomes the engine's default `--spec` where check_spec allows it (what

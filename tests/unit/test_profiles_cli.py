@@ -103,3 +103,11 @@ def test_show_memory_of_a_stored_artifact_uses_its_object_sizes(tmp_path):
     assert next(i for i in d["items"] if i["name"] == "KV pool: text")["bytes"] == 16 * 64 * 256
     fast = _memory("tinyq", "--ctx", "1024", "--profile", "fast")  # the artifact has MTP: fast exists
     assert "weights: mtp" in {i["name"] for i in fast["items"]}
+
+
+def test_show_memory_of_the_fast_profile_plans_the_speculation_parts():
+    fast, default = _memory("qwen38-27b", "--profile", "fast"), _memory("qwen38-27b")
+    names = {i["name"] for i in fast["items"]}
+    assert {"ReplaySSM arena", "KV pool: mtp"} <= names and "KV pool: mtp" not in {i["name"] for i in default["items"]}
+    assert "4 decode row(s)" in next(i["detail"] for i in fast["items"] if i["name"] == "activations/workspace")
+    assert any("the plan leaves them out" in n for n in fast["notes"])  # (the recipe table has no mtp sizes)
