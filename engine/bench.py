@@ -468,8 +468,12 @@ def run_test(
     if memory is not None:
         memory.reset()
     streamed = hasattr(engine, "stream")
-    if spec is not None and test.n_gen and spec.accept is not None:
-        spec = SpecRun(spec.k, spec.accept, spec_oracle(engine, test, tokens, spec.k))
+    if spec is not None and test.n_gen:
+        # a one-token speculative run first: what the rounds need is built before any sequence is held (the CUDA
+        # engine's speculator drops the held one when it is built, a synthetic depth's seek with it)
+        _speculated(engine, tokens[:1], 0, Sampling(), SpecRun(spec.k))
+        if spec.accept is not None:
+            spec = SpecRun(spec.k, spec.accept, spec_oracle(engine, test, tokens, spec.k))
     for i in range(warmup + repetitions):
         try:
             r = run_once(engine, test, tokens, lanes, sampling=sampling,
