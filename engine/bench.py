@@ -10,6 +10,7 @@ synthetic engine and the baseline are measured by the same code.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import resource
@@ -316,10 +317,77 @@ def _streamed(engine, ids: list[int], n_gen: int, sampling: Sampling) -> tuple[f
     return t_first - t0, t1 - t_first
 
 
+@dataclass(frozen=True)
+class SpecRun:
+    """How a speculative instance decodes: K drafts a round; with `accept` (forced acceptance) the drafts are
+    `oracle`, the plain greedy continuation, kept right with these cumulative per-position probabilities
+    (engine.speculative.forced_draft) while the MTP head still runs every round."""
+
+    k: int
+    accept: tuple[float, ...] | None = None
+    oracle: tuple[int, ...] = ()
+    seed: int = TOKEN_SEED  # of the forced coins: each repetition draws its own
+
+
+class SpecMismatch(RuntimeError):
+    """Speculative greedy output that is not the plain greedy output (a bug, reported as an error row)."""
+
+
+def _speculated(engine, ids: list[int], n_gen: int, sampling: Sampling, spec: SpecRun):
+    """(time to the first token, time from it to the last, SpecStats) of speculative rounds generating 1 + n_gen
+    tokens after `ids`, each token handed through `stream_generate` as `Engine.stream` hands them. Forced
+    acceptance checks every token against the oracle."""
+    from engine.generate import stream_generate  # noqa: PLC0415
+    from engine.sampling import make_sampler  # noqa: PLC0415
+    from engine.speculative import SpecStats, forced_draft, speculative_generate_step  # noqa: PLC0415
+
+    config = sampling.config(n_gen + 1)
+    sampler = make_sampler(config, domain=engine.domain)
+    stats = SpecStats(spec.k)
+    draft = None
+    if spec.accept is not None:
+        draft = forced_draft(spec.oracle, len(ids), spec.accept, seed=spec.seed)
+    steps = speculative_generate_step(engine, ids, sampler, k=spec.k, max_tokens=n_gen + 1, draft=draft, stats=stats,
+                                      mtp=True if draft is not None else None)
+    tok = getattr(engine, "tokenizer", None)
+    clock = time.perf_counter
+    t0 = clock()
+    t_first, out, last = None, [], None
+    for rec in stream_generate(None, ids, config, sampler, steps=steps, memory_fn=engine.memory_bytes,
+                               detokenizer=tok.detokenizer() if tok is not None else None):
+        if t_first is None:
+            t_first = clock()
+        out.append(rec.token)
+        last = rec
+    t1 = clock()
+    if len(out) != n_gen + 1 or last.finish_reason != "length":
+        raise RuntimeError(f"the speculative stream gave {len(out)} tokens ({last.finish_reason}), asked for "
+                           f"{n_gen + 1}")
+    if spec.accept is not None and out != list(spec.oracle[: n_gen + 1]):
+        i = next(i for i, (a, b) in enumerate(zip(out, spec.oracle)) if a != b)
+        raise SpecMismatch(f"greedy identity broken: speculative token {i} is {out[i]}, plain decode gave "
+                           f"{spec.oracle[i]}")
+    return t_first - t0, t1 - t_first, stats
+
+
+def spec_oracle(engine, test: Test, tokens: list[int], k: int) -> tuple[int, ...]:
+    """The plain greedy continuation a forced-acceptance run of `test` drafts from: 1 + n_gen tokens after its
+    prompt, and k more so the last round has drafts to propose (untimed)."""
+    d, p = test.depth, test.n_prompt
+    engine.reset()
+    seek = 0
+    if d and getattr(engine, "synthetic_depth", False):
+        engine.seek_synthetic(d)
+        seek, d = d, 0
+    ids = [0] * seek + tokens[:d] + tokens[d : d + max(p, 1)]
+    return tuple(int(r.token) for r in engine.stream(ids, Sampling().config(test.n_gen + 1 + k)))
+
+
 def run_once(engine, test: Test, tokens: list[int], lanes: int = 1, sampling: Sampling | None = None,
-             burst: bool = False) -> dict:
+             burst: bool = False, spec: SpecRun | None = None) -> dict:
     """Run one repetition of `test`; return its timings in seconds (untimed setup excluded). Decode goes through
-    `engine.stream` with `sampling` unless `burst` (or the engine has no stream): then `decode_greedy`."""
+    `engine.stream` with `sampling` unless `burst` (or the engine has no stream): then `decode_greedy`. With
+    `spec`, decode runs speculative rounds (and the result carries their SpecStats as "spec")."""
     clock = time.perf_counter
     d, p, g = test.depth, test.n_prompt, test.n_gen
     ctx, prompt = tokens[:d], tokens[d : d + max(p, 1)]
@@ -338,6 +406,13 @@ def run_once(engine, test: Test, tokens: list[int], lanes: int = 1, sampling: Sa
         # content, so the depth is skipped to instead of prefilled (see `CudaEngine.seek_synthetic`)
         engine.seek_synthetic(d)
         seek, d, ctx = d, 0, []
+    if spec is not None and g and streamed:
+        if test.kind == "pg" and d:  # the context through the MTP head's capture too, untimed
+            _speculated(engine, ctx, 0, sampling, SpecRun(spec.k))
+        pre, dt, stats = _speculated(engine, [0] * seek + ctx + prompt, g, sampling, spec)
+        if test.kind == "tg":
+            return {"total": dt, "decode": dt, "spec": stats}
+        return {"total": pre + dt, "prefill": pre, "decode": dt, "spec": stats}
     if test.kind == "tg":
         if streamed:  # the context and the one-token seed are prefilled inside the stream, before its first token
             _, dt = _streamed(engine, [0] * seek + ctx + prompt, g, sampling)
@@ -381,17 +456,31 @@ def run_test(
     memory=None,
     sampling: Sampling | None = None,
     burst: bool = False,
+    spec: SpecRun | None = None,
 ) -> Result:
     """Time `test` `repetitions` times after `warmup` dropped runs; derive tok/s, TTFT and bounds. With `burst`, a
-    decoding test is also timed through `decode_greedy` (`burst_ts` beside the streamed figures)."""
+    decoding test is also timed through `decode_greedy` (`burst_ts` beside the streamed figures). With `spec`, decode
+    runs speculative rounds; forced acceptance (`spec.accept`) first decodes the plain greedy oracle, and a
+    speculative output that differs from it gives a row whose `extra["error"]` says where."""
     lanes = instance.lanes
     runs = []
     peak = None
     if memory is not None:
         memory.reset()
     streamed = hasattr(engine, "stream")
+    if spec is not None and test.n_gen:
+        # a one-token speculative run first: what the rounds need is built before any sequence is held (the CUDA
+        # engine's speculator drops the held one when it is built, a synthetic depth's seek with it)
+        _speculated(engine, tokens[:1], 0, Sampling(), SpecRun(spec.k))
+        if spec.accept is not None:
+            spec = SpecRun(spec.k, spec.accept, spec_oracle(engine, test, tokens, spec.k))
     for i in range(warmup + repetitions):
-        r = run_once(engine, test, tokens, lanes, sampling=sampling)
+        try:
+            r = run_once(engine, test, tokens, lanes, sampling=sampling,
+                         spec=spec and dataclasses.replace(spec, seed=TOKEN_SEED + i))
+        except SpecMismatch as e:
+            nan = Stats.of([])
+            return Result(test, instance, nan, nan, extra={"error": str(e), **_spec_fields(spec, [])})
         if i >= warmup:
             runs.append(r)
         if memory is not None:
@@ -415,8 +504,27 @@ def run_test(
         if bursts:
             b = Stats.of(bursts)
             res.extra |= {"burst_ts": b.mean, "burst_ts_std": b.std}
+    if any("spec" in r for r in runs):
+        res.extra |= _spec_fields(spec, runs)
     _add_bounds(res, costs, roofline or {})
     return res
+
+
+def _spec_fields(spec: SpecRun, runs: list[dict]) -> dict:
+    """A speculative row's counters, summed over the timed repetitions, and the mean round time."""
+    from engine.speculative import SpecStats  # noqa: PLC0415
+
+    total = SpecStats(spec.k)
+    for r in runs:
+        total = total + r["spec"]
+    decode_s = sum(r["decode"] for r in runs)
+    return {"spec_forced": list(spec.accept) if spec.accept is not None else None,
+            "greedy_identity": "checked" if spec.accept is not None and runs else None,
+            "drafted": total.drafted, "accepted": total.accepted, "rounds": total.rounds,
+            "accepted_per_position": list(total.accepted_at), "plain_steps": total.plain_steps,
+            "acceptance": total.acceptance, "acceptance_per_position": total.acceptance_at(),
+            "tokens_per_round": total.tokens_per_round,
+            "round_ms": 1e3 * decode_s / total.rounds if total.rounds else None}
 
 
 def _add_bounds(res: Result, costs: Costs, roofline: dict) -> None:
@@ -426,7 +534,12 @@ def _add_bounds(res: Result, costs: Costs, roofline: dict) -> None:
         # step i of n attends over depth + prompt + i + 2 positions (seed or prompt, then fed tokens)
         mean_ctx = t.depth + max(t.n_prompt, 1) + (t.n_gen + 1) / 2
         per_step = costs.decode_bytes(mean_ctx)
-        if per_step is not None:
+        if per_step is not None and res.extra.get("round_ms"):  # a round reads the weights once for its columns
+            res.gbps = per_step / (res.extra["round_ms"] / 1e3) / 1e9
+            bw = roofline.get("copy_gbps")
+            if bw:
+                res.pct_copy = 100.0 * res.gbps / bw
+        elif per_step is not None:
             # lanes share one read of the weights per step; each lane reads its own state and KV
             lanes = res.instance.lanes
             shared = costs.weight_bytes_per_token

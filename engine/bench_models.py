@@ -29,6 +29,7 @@ TINY = {
     "linear_value_head_dim": 32,
     "vocab_size": 2048,
     "max_position_embeddings": 65536,
+    "mtp_num_hidden_layers": 1,  # the MTP head real Qwen3.5 artifacts carry: `--spec mtp:K` runs on tiny
 }
 
 
@@ -141,7 +142,9 @@ def _call_with_options(factory, what: str, *args, **opts):
     for key, value in list(opts.items()):
         if key in params or takes_kwargs:
             continue
-        if value is None or (key, value) in (("lanes", 1), ("spec", "off")):
+        # speculation is a decode mode (engine.speculative): a factory that does not size anything for it
+        # builds the same engine
+        if value is None or (key, value) == ("lanes", 1) or key == "spec":
             opts.pop(key)
             continue
         flag = {"kv": "--kv", "lanes": "--lanes", "spec": "--spec"}.get(key, key)
@@ -173,7 +176,8 @@ def build_tiny(device: str, max_context: int, instance: Instance):
 
 
 def tiny_weights(args, rng) -> dict:
-    """Random weights of a Qwen3.5 geometry under the v3 logical names (container.md §2.3)."""
+    """Random weights of a Qwen3.5 geometry under the v3 logical names (container.md §2.3), with the MTP
+    head when the geometry has one (drawn after the text weights, which stay those of a head-less model)."""
     import numpy as np  # noqa: PLC0415
 
     h, f32 = args.hidden_size, np.float32
@@ -184,15 +188,12 @@ def tiny_weights(args, rng) -> dict:
     def vec(n, scale=0.1):
         return (scale * rng.standard_normal(n)).astype(f32)
 
-    w = {"text/token_embedding": mat(args.vocab_size, h), "text/final_norm": vec(h)}
-    if not args.tie_word_embeddings:
-        w["text/output_head"] = mat(args.vocab_size, h)
     hq, hkv, d = args.num_attention_heads, args.num_key_value_heads, args.head_dim
     kdim = args.linear_num_key_heads * args.linear_key_head_dim
     vdim, hv = args.linear_value_dim, args.linear_num_value_heads
-    for i, kind in enumerate(args.layer_types):
-        p = f"text/layers/{i}/"
-        w[p + "input_norm"], w[p + "post_attention_norm"] = vec(h), vec(h)
+
+    def block(p: str, kind: str) -> dict:
+        w = {p + "input_norm": vec(h), p + "post_attention_norm": vec(h)}
         if kind == "full_attention":
             w |= {p + "attention/query": mat(hq * d, h), p + "attention/gate": mat(hq * d, h),
                   p + "attention/key": mat(hkv * d, h), p + "attention/value": mat(hkv * d, h),
@@ -205,8 +206,18 @@ def tiny_weights(args, rng) -> dict:
                   p + "gdn/dt_bias": vec(hv, 0.5),
                   p + "gdn/convolution": mat(args.linear_conv_kernel_dim, 2 * kdim + vdim),
                   p + "gdn/norm": 1 + vec(args.linear_value_head_dim), p + "gdn/output": mat(h, vdim)}
-        w |= {p + "mlp/gate": mat(args.intermediate_size, h), p + "mlp/up": mat(args.intermediate_size, h),
-              p + "mlp/down": mat(h, args.intermediate_size)}
+        return w | {p + "mlp/gate": mat(args.intermediate_size, h), p + "mlp/up": mat(args.intermediate_size, h),
+                    p + "mlp/down": mat(h, args.intermediate_size)}
+
+    w = {"text/token_embedding": mat(args.vocab_size, h), "text/final_norm": vec(h)}
+    if not args.tie_word_embeddings:
+        w["text/output_head"] = mat(args.vocab_size, h)
+    for i, kind in enumerate(args.layer_types):
+        w |= block(f"text/layers/{i}/", kind)
+    if args.mtp_num_hidden_layers:
+        w |= {"mtp/input_projection": mat(h, 2 * h), "mtp/embedding_norm": vec(h), "mtp/hidden_norm": vec(h),
+              "mtp/final_norm": vec(h)}
+        w |= block("mtp/layers/0/", "full_attention")
     return w
 
 

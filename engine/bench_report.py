@@ -76,6 +76,7 @@ def build_report(
 ) -> dict:
     """Assemble the report; when a baseline ran, each of our rows gets `baseline_ts` and `ratio`."""
     rows = [result_row(r) for r in results]
+    _compare_spec(rows)
     base_rows = [result_row(r, "transformers") for r in baseline_results or []]
     by_key = {(b["test"], b["lanes"]): b for b in base_rows}
     if baseline is not None:
@@ -96,6 +97,40 @@ def build_report(
         "results": rows,
         "baseline": None if baseline is None else dict(baseline, results=base_rows),
     }
+
+
+def _compare_spec(rows: list[dict]) -> None:
+    """Each speculative row's decode against the plain row of the same test and engine settings: `speedup`
+    (decode tok/s over plain) and `round_vs_step` (a round's time over a plain decode step's)."""
+    plain = {(r["test"], r["kv"], r["lanes"]): r for r in rows if r["spec"] == "off"}
+    for row in rows:
+        base = plain.get((row["test"], row["kv"], row["lanes"])) if row["spec"] != "off" else None
+        ours, theirs = row.get("avg_decode_ts"), base.get("avg_decode_ts") if base else None
+        if ours and theirs:
+            row["speedup"] = ours / theirs
+            if row.get("round_ms"):
+                row["round_vs_step"] = row["round_ms"] / (1e3 / theirs)
+
+
+def spec_note(rows: list[dict]) -> str | None:
+    """The line under the header saying how speculative rows drafted (forced acceptance is said plainly)."""
+    forced = next((r["spec_forced"] for r in rows if r.get("spec_forced")), None)
+    if forced:
+        return (f"speculation: acceptance forced {'/'.join(f'{a:g}' for a in forced)} per draft position (drafts: the "
+                "plain greedy continuation, corrupted where a coin says; the MTP head still runs every round); "
+                "speculative output checked token for token against plain greedy")
+    if any(r.get("rounds") for r in rows):
+        return "speculation: drafts from the model's MTP head (random weights accept almost nothing)"
+    return None
+
+
+def _spec_cells(row: dict) -> list[str]:
+    if row["spec"] == "off" or not row.get("rounds"):
+        return ["-"] * 5
+    per = "/".join(f"{a:.2f}" for a in row["acceptance_per_position"])
+    return [f"{100 * row['acceptance']:.0f}% ({per})", f"{row['tokens_per_round']:.2f}", _num(row.get("round_ms")),
+            "-" if row.get("round_vs_step") is None else f"{row['round_vs_step']:.2f}x",
+            "-" if row.get("speedup") is None else f"{row['speedup']:.2f}x"]
 
 
 # ---------------------------------------------------------------------------------- writers
@@ -177,6 +212,9 @@ def to_markdown(report: dict) -> str:
         what = "greedy" if not st.get("temperature") else ", ".join(
             f"{k} {v}" for k, v in st.items() if v not in (0, 0.0, 1.0) or k == "temperature")
         lines.append(f"decode timed through {'Engine.stream' if path == 'stream' else 'decode_greedy (burst)'}: {what}")
+    note = spec_note(rows)
+    if note:
+        lines.append(note)
     lines.append("")
     burst = any(r.get("burst_ts") is not None for r in rows)
     varied = [k for k in ("kv", "lanes", "spec") if len({r[k] for r in rows}) > 1
@@ -189,6 +227,9 @@ def to_markdown(report: dict) -> str:
             "TFLOP/s", "% matmul", mem_head]
     if burst:
         head += ["burst t/s"]
+    speculated = any(r["spec"] != "off" for r in rows)
+    if speculated:
+        head += ["acceptance (per position)", "tok/round", "round ms", "round/step", "vs plain"]
     if base:
         head += ["HF t/s", "ours/HF"]
     table = [head]
@@ -199,12 +240,16 @@ def to_markdown(report: dict) -> str:
                  _num(r["pct_matmul"], 1), _bytes(r["peak_mem_bytes"])]
         if burst:
             cells += [_num(r.get("burst_ts"))]
+        if speculated:
+            cells += _spec_cells(r)
+        if r.get("error"):
+            cells[head.index("t/s")] = "error (below)"
         if base:
             cells += [_num(r.get("baseline_ts")), "-" if r.get("ratio") is None else f"{r['ratio']:.2f}x"]
         table.append(cells)
     widths = [max(len(str(row[i])) for row in table) for i in range(len(head))]
     right = {"size", "t/s", "TTFT ms", "GB/s", "% copy BW", "TFLOP/s", "% matmul", mem_head, "burst t/s", "HF t/s",
-             "ours/HF"}
+             "ours/HF", "tok/round", "round ms", "round/step", "vs plain"}
     def fmt(row):
         return "| " + " | ".join(
             str(c).rjust(w) if h in right else str(c).ljust(w) for c, w, h in zip(row, widths, head)
@@ -213,6 +258,7 @@ def to_markdown(report: dict) -> str:
     lines.append("| " + " | ".join(("-" * (w - 1) + ":") if h in right else "-" * w
                                    for w, h in zip(widths, head)) + " |")
     lines += [fmt(row) for row in table[1:]]
+    lines += [f"error: {r['test']} spec={r['spec']}: {r['error']}" for r in rows if r.get("error")]
     return "\n".join(lines) + "\n"
 
 

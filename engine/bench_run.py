@@ -9,7 +9,7 @@ from typing import Callable
 
 from engine import bench_device
 from engine.bench import (
-    TOKEN_SEED, Instance, Result, Sampling, Test, bench_tokens, memory_probe, run_test,
+    TOKEN_SEED, Instance, Result, Sampling, SpecRun, Test, bench_tokens, memory_probe, run_test,
 )
 from engine.bench_models import (
     build_model, build_synthetic, default_recipe, engine_costs, geometry_costs, hf_config_of,
@@ -46,6 +46,11 @@ def _line(r: Result, who: str = "") -> str:
     parts = [f"{who}{r.test.name}", f"{r.tps.fmt()} tok/s"]
     if r.instance != Instance():
         parts.insert(0, f"[kv={r.instance.kv} lanes={r.instance.lanes} spec={r.instance.spec}]")
+    if r.extra.get("error"):
+        parts.append(f"error: {r.extra['error']}")
+    if r.extra.get("rounds"):
+        parts.append(f"acceptance {100 * r.extra['acceptance']:.0f}% · {r.extra['tokens_per_round']:.2f} tok/round · "
+                     f"round {r.extra['round_ms']:.2f} ms")
     if r.gbps is not None:
         parts.append(f"{r.gbps:.4g} GB/s" + (f" ({r.pct_copy:.1f}% of copy)" if r.pct_copy is not None else ""))
     if r.tflops is not None:
@@ -72,11 +77,14 @@ def run_bench(
     fit: Callable[[str | None], int | None] | None = None,
     sampling: Sampling | None = None,
     burst: bool = False,
+    spec_accept: tuple[float, ...] | None = None,
 ) -> dict:
     """Run every test on every instance (one engine each), then the baseline; return the report dict.
 
     `fit(kv)` (from `ninfer_cli.profiles.bench_fitter`) gives the context to build an instance with
-    (fitted to memory); None, or no `fit`, builds with what the tests need."""
+    (fitted to memory); None, or no `fit`, builds with what the tests need. An instance with `spec` mtp:K decodes
+    in speculative rounds; `spec_accept` forces their acceptance per draft position (greedy only; see
+    `engine.bench.SpecRun`)."""
     say = progress or (lambda _text: None)
     preload_error = None
     if baseline:
@@ -94,7 +102,8 @@ def run_bench(
         if roof.get("load_average", 0) > 0.5 * (env.get("cpu_count") or 1):
             say(f"warning: the CPU was busy (load {roof['load_average']}), so these bounds are low; "
                 "run `ninfer bench --roofline` again when it is idle")
-    max_context = max(t.context_needed for t in tests) + 16
+    # speculative rounds verify K + 1 columns, and a forced run's oracle decodes K more tokens
+    max_context = max(t.context_needed for t in tests) + 16 + max(_draft_tokens(i.spec) for i in instances)
     memory = memory_probe(device)
     results: list[Result] = []
     meta: dict = {"model": model, "synthetic": synthetic,
@@ -113,6 +122,11 @@ def run_bench(
                                       instance=inst)
             else:
                 eng = build_model(model_path, device=device, max_context=build_ctx, instance=inst)
+            spec = None
+            if inst.spec != "off":
+                from engine.speculative import check_spec  # noqa: PLC0415
+
+                spec = SpecRun(check_spec(eng, inst.spec)[1], spec_accept)
             info = dict(eng.info()) if hasattr(eng, "info") else {}
             costs, sources = engine_costs(eng, info)
             env["backend"] = info.get("backend", env["backend"])
@@ -128,7 +142,7 @@ def run_bench(
             tokens = bench_tokens(max_context, _domain(eng, info))
             for t in tests:
                 r = run_test(eng, t, inst, repetitions=repetitions, warmup=warmup, tokens=tokens, costs=costs,
-                             roofline=roof, memory=memory, sampling=sampling, burst=burst)
+                             roofline=roof, memory=memory, sampling=sampling, burst=burst, spec=spec)
                 results.append(r)
                 say(_line(r))
             del eng
@@ -156,11 +170,18 @@ def run_bench(
                 "prompt_tokens": f"PCG64 seed {TOKEN_SEED:#x}", "stops": "off", "prefix_reuse": "off",
                 "decode_path": "burst" if not any(r.extra.get("path") == "stream" for r in results) else "stream",
                 "sampling": (sampling or Sampling()).as_dict(),
+                "spec_accept": list(spec_accept) if spec_accept is not None else None,
                 "interrupted": interrupted, "contexts": contexts,
                 "depth_fill": "seek (synthetic weights: KV below the depth not computed)"
                 if synthetic and device == "gpu" else "prefill"}
     return build_report(command=command, env=env, roofline=roof, model=meta, settings=settings,
                         results=results, baseline=base_meta, baseline_results=base_results)
+
+
+def _draft_tokens(spec: str) -> int:
+    from engine.speculative import parse_spec  # noqa: PLC0415
+
+    return 2 * parse_spec(spec)[1]
 
 
 def _run_baseline(model_path, synthetic, tests, repetitions, warmup, device, tokens, roof, say):

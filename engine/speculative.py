@@ -33,6 +33,7 @@ from engine.sampling import PURPOSE_ACCEPT, PURPOSE_BONUS, PURPOSE_CORRECTION, S
 MAX_DRAFT = 5
 DEFAULT_DRAFT = 3  # "MTP3", the published setting
 Draft = Callable[[list, int], Sequence[int]]
+PURPOSE_FORCED = 0x464F5243  # "FORC": forced_draft's coins, apart from the sampler's purposes
 
 
 def parse_spec(value: str) -> tuple[str, int]:
@@ -75,6 +76,18 @@ class SpecStats:
     def tokens_per_round(self) -> float:
         return 1.0 + self.accepted / self.rounds if self.rounds else 0.0
 
+    def __add__(self, other: "SpecStats") -> "SpecStats":
+        """The counters of two runs together (a turn the thinking budget split into two streams)."""
+        k = max(self.k, other.k)
+        at = [a + b for a, b in zip(self.accepted_at + [0] * (k - self.k), other.accepted_at + [0] * (k - other.k))]
+        return SpecStats(k, self.drafted + other.drafted, self.accepted + other.accepted, self.rounds + other.rounds,
+                         at, self.plain_steps + other.plain_steps)
+
+    def acceptance_at(self) -> list[float]:
+        """The share of rounds whose draft position i was accepted, for i = 1..k (cumulative: a position
+        stands only when every one before it does)."""
+        return [a / self.rounds if self.rounds else 0.0 for a in self.accepted_at]
+
     def snapshot(self) -> "SpecStats":
         return dataclasses.replace(self, accepted_at=list(self.accepted_at))
 
@@ -82,6 +95,39 @@ class SpecStats:
         return {"k": self.k, "drafted": self.drafted, "accepted": self.accepted, "rounds": self.rounds,
                 "accepted_per_position": list(self.accepted_at), "plain_steps": self.plain_steps,
                 "acceptance": self.acceptance, "tokens_per_round": self.tokens_per_round}
+
+
+def forced_draft(oracle: Sequence[int], start: int, accept: Sequence[float], seed: int = 0) -> Draft:
+    """A Draft that proposes `oracle`'s tokens (oracle[j] is the token at sequence position start + j, the
+    target's own greedy continuation), kept right with the cumulative per-position probabilities `accept`
+    (accept[i-1]: the share of rounds whose position i stands, non-increasing) and corrupted otherwise.
+
+    Within a round, position i stays right with probability accept[i-1] / accept[i-2] while every position
+    before it did; from the first corrupted one on, each id is replaced by another. The coin of a draft is
+    keyed by (seed, its sequence position): a position is drafted in at most one round whose outcome it
+    decides, so rounds are independent, and a run reproduces. Past the oracle's end it proposes id 0.
+    """
+    probs = [float(a) for a in accept]
+    if not probs or any(not 0.0 <= a <= 1.0 for a in probs) or any(b > a for a, b in zip(probs, probs[1:])):
+        raise ValueError(f"accept must be non-increasing probabilities in [0, 1], not {list(accept)}")
+    oracle = [int(t) for t in oracle]
+
+    def draft(tokens: list, k: int) -> list[int]:
+        if k > len(probs):
+            raise ValueError(f"forced_draft has {len(probs)} acceptance probabilities, the round drafts {k}")
+        base = len(tokens)  # draft i sits at sequence position base - 1 + i
+        out, right, prev = [], True, 1.0
+        for i in range(k):
+            j = base + i - start
+            tok = oracle[j] if 0 <= j < len(oracle) else 0
+            if right:
+                keep = probs[i] / prev if prev > 0 else 0.0
+                right = counter_uniform(seed, base + i, PURPOSE_FORCED) < keep
+                prev = probs[i]
+            out.append(tok if right else (tok - 1 if tok > 0 else tok + 1))
+        return out
+
+    return draft
 
 
 # --- accept -------------------------------------------------------------------------------------------

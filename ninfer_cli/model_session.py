@@ -181,6 +181,9 @@ def generation_config(session, overrides: dict):
     kwargs = template_kwargs(source, think=session.think, effort=session.effort)
     thinking = supports_thinking(source) and kwargs.get("enable_thinking", True) is not False
     fields = {**sampling_preset(getattr(session.engine, "config", {}), thinking), **overrides}
+    launch_spec = getattr(session.engine, "launch_spec", None)  # a launch profile's (ninfer_cli.profiles)
+    if launch_spec and "spec" not in overrides:
+        fields["spec"] = launch_spec
     return GenerationConfig(**fields)
 
 

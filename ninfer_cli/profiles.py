@@ -5,9 +5,10 @@ lanes, speculative decoding, prefill chunk. `ninfer run MODEL --profile long` ap
 user gives always wins over the profile, and the profile over the built-in defaults (`merge`).
 
 `resolve_launch` turns (model, profile, flags, device, --vram-limit) into the `max_context` the engine
-is built with, before anything is loaded, and the lines saying what it chose and why. What the GPU
-engine cannot do yet is said plainly: int8 KV (asked by a flag: an error; by a profile: bf16 is used
-and the note says so) and speculative decoding (the `fast` profile runs without it).
+is built with, before anything is loaded, and the lines saying what it chose and why. What a launch
+cannot do is said plainly: int8 KV where the engine lacks it (asked by a flag: an error; by a profile:
+bf16 is used and the note says so), and speculation (the `fast` profile's mtp:3) on a model without
+the MTP head, or on an engine `engine.speculative.check_spec` refuses (off, with a note).
 
 Only the standard library is imported at module level (`ninfer profile ls` and completion stay fast).
 """
@@ -20,7 +21,6 @@ from engine.errors import NinferError
 from ninfer_cli.output import human_gib as _gib
 
 FIELDS = ("ctx", "kv", "lanes", "spec", "draft_tokens", "prefill_chunk", "vision")
-SPEC_NOT_IMPLEMENTED = "speculative decoding is not implemented yet"
 INT8_NOT_ON_GPU = "int8 KV is not implemented on the GPU yet (the CUDA engine stores bf16 KV)"
 INT8_NOT_IN_LOAD = ("int8 KV is not reachable through engine.load yet (the CUDA engine has it: "
                     "`ninfer bench --synthetic ... --kv int8` uses it)")
@@ -53,8 +53,13 @@ LONG = Profile("long", "the longest context: int8 KV (half the bytes of bf16), c
 
 
 def _fast(spec: str, draft: int) -> Profile:
-    return Profile("fast", f"speculative decoding ({spec}, {draft} draft tokens) when available", spec=spec,
-                   draft_tokens=draft, status=f"{SPEC_NOT_IMPLEMENTED}: fast runs like default until it is")
+    return Profile("fast", f"speculative decoding ({spec}:{draft}: {draft} draft tokens a round from the model's MTP "
+                           "head)", spec=spec, draft_tokens=draft)
+
+
+def spec_flag(values: dict) -> str | None:
+    """The `--spec` value of a launch's spec fields ("mtp", 3 -> "mtp:3"), None when it has none."""
+    return f"{values['spec']}:{values['draft_tokens']}" if values.get("spec") else None
 
 
 # Per catalog model (surfaces.md §4.3 launchers: MTP3 is upstream's int8/mtp setting; the 35B tuned too).
@@ -126,7 +131,7 @@ def flags_of(profile: Profile) -> str:
     if profile.lanes != 1:
         parts.append(f"--lanes {profile.lanes}")
     if profile.spec:
-        parts.append(f"--spec {profile.spec}{profile.draft_tokens}")
+        parts.append(f"--spec {spec_flag(profile.values())}")
     return " ".join(parts)
 
 
@@ -157,11 +162,23 @@ def components_for(values: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return tuple(comps), ("draft_head",)
 
 
+def spec_unavailable(values: dict, has_mtp: bool, ref: str | None = None) -> str | None:
+    """Why a launch's speculation cannot run on this model (None when it can, or asks for none); whether the
+    engine runs it is `engine.speculative.check_spec`'s to say once it is loaded (`load_fitted`)."""
+    if not values["spec"]:
+        return None
+    if values["spec"] != "mtp":
+        return f"{values['spec']} speculation is not built (mtp is)"
+    if not has_mtp:
+        return f"{ref or 'this model'} carries no MTP head (no mtp weights in the artifact)"
+    return None
+
+
 def resolve_launch(ref: str | None, args, weights: dict | None, *, profile: str | None = None, ctx: int | None = None,
                    kv: str | None = None, vram_limit: int | None = None, device: str = "gpu",
                    weights_source: str = "", planned: bool = True, memory="probe",
                    kv_formats: tuple[str, ...] | None = None) -> Launch:
-    """Settle a launch before loading: merge profile and flags, drop what the GPU cannot do yet (saying
+    """Settle a launch before loading: merge profile and flags, drop what the model or the GPU cannot do (saying
     so), and on the GPU fit the context to the free memory (or `vram_limit`) with the memory plan.
 
     `weights` is the per-component byte table (None: no plan); `planned` False means the engine for this
@@ -190,8 +207,9 @@ def resolve_launch(ref: str | None, args, weights: dict | None, *, profile: str 
                                                         "allow)" if gpu else ""))
         launch.notes.append(f"{what}: profile {prof.name} uses bf16 KV")
         values["kv"] = "bf16"
-    if values["spec"]:
-        launch.notes.append(f"{SPEC_NOT_IMPLEMENTED}: profile {prof.name} runs without {values['spec']}")
+    why = spec_unavailable(values, has_mtp, ref)
+    if why:
+        launch.notes.append(f"{why}: profile {prof.name} runs without speculation")
         values["spec"], values["draft_tokens"] = None, 0
     if values["lanes"] != 1:
         launch.notes.append(f"one lane only for now: profile {prof.name} asks for {values['lanes']}")
@@ -209,6 +227,9 @@ def resolve_launch(ref: str | None, args, weights: dict | None, *, profile: str 
                                 "are still capped")
         return launch
     comps, optional = components_for(values)
+    if "mtp" in comps and "mtp" not in weights:  # a head the geometry has, with no size in the table (a recipe)
+        comps, optional = tuple(c for c in comps if c != "mtp"), (*optional, "mtp")
+        launch.notes.append("the MTP head's weights have no size in this table: the plan leaves them out")
     plan = mp.plan_memory(args, weights, model=ref or "", source=weights_source, kv=values["kv"],
                           lanes=values["lanes"], components=comps, optional=optional, spec=values["spec"],
                           draft_tokens=values["draft_tokens"], prefill_chunk=values["prefill_chunk"],
@@ -305,7 +326,7 @@ def load_fitted(path, ref: str | None, load, *, device: str = "auto", profile: s
 
         load = load_kv
     if launch.plan is None or launch.values["ctx"] or launch.max_context is None:
-        return load(launch.max_context)
+        return _with_spec(load(launch.max_context), launch, say)
     rungs = [launch.max_context] + [r for r in mp.ladder_for(launch.plan) if r < launch.max_context]
 
     def step(ctx_now, ctx_next, _err):
@@ -313,6 +334,26 @@ def load_fitted(path, ref: str | None, load, *, device: str = "auto", profile: s
             say(f"the GPU refused context {ctx_now:,}: trying {ctx_next:,}")
 
     engine, _ = mb.build_with_ladder(load, rungs, on_step=step)
+    return _with_spec(engine, launch, say)
+
+
+def _with_spec(engine, launch: Launch, say):
+    """The loaded engine, speculating as the launch's profile asks (`engine.launch_spec`, the default of every
+    request's `--spec`: `ninfer_cli.model_session.generation_config`) when `check_spec` lets it; else a note."""
+    spec = spec_flag(launch.values)
+    if spec is None:
+        return engine
+    from engine.speculative import check_spec  # noqa: PLC0415
+
+    try:
+        check_spec(engine, spec)
+    except NinferError as e:
+        if say is not None:
+            say(f"{e.message}: profile {launch.profile} runs without speculation")
+        return engine
+    engine.launch_spec = spec
+    if say is not None:
+        say(f"speculative decoding {spec} (profile {launch.profile})")
     return engine
 
 

@@ -48,11 +48,16 @@ class TurnStats:
     generation_tps: float = 0.0
     total_s: float = 0.0
     finish_reason: str | None = None
+    spec: dict | None = None  # engine.speculative.SpecStats.as_dict() of the turn's rounds, when it speculated
 
     def line(self) -> str:
         """The one-line summary printed after an answer."""
         think = f" ({self.reasoning_tokens} thinking)" if self.reasoning_tokens else ""
-        return (f"{self.generation_tokens} tokens{think} · {self.generation_tps:.1f} tok/s · "
+        spec = ""
+        if self.spec and self.spec["rounds"]:
+            spec = (f" · mtp:{self.spec['k']} acceptance {100 * self.spec['acceptance']:.0f}% "
+                    f"{self.spec['tokens_per_round']:.2f} tok/round")
+        return (f"{self.generation_tokens} tokens{think} · {self.generation_tps:.1f} tok/s{spec} · "
                 f"prompt {self.prompt_tokens} tokens at {self.prompt_tps:.1f} tok/s · "
                 f"first token {self.ttft_s:.2f} s · {self.finish_reason or 'stop'}")
 
@@ -140,8 +145,10 @@ class ChatSession:
         t0 = time.perf_counter()
         generated: list[int] = []
         finish = None
+        spec = None  # the rounds of the streams before this one (a spent thinking budget starts another)
         while True:
             inner_cancel = threading.Event()
+            last_spec = None
             forced = False
             watch = _Linked(cancel, inner_cancel)
             remaining = config.max_tokens - len(generated)
@@ -159,10 +166,13 @@ class ChatSession:
                 if r or c:
                     yield Delta(reasoning=r, content=c)
                 stats.generation_tps = resp.generation_tps or stats.generation_tps
+                last_spec = getattr(resp, "spec", None) or last_spec
                 finish = resp.finish_reason
                 if finish is None and budget.count(splitter.thinking) and splitter.thinking:
                     inner_cancel.set()
                     forced = True
+            if last_spec is not None:
+                spec = last_spec if spec is None else spec + last_spec
             if not forced or (cancel is not None and cancel.is_set()):
                 break
             # Budget spent: close the think block ourselves and let the model answer.
@@ -185,6 +195,7 @@ class ChatSession:
         if r or c:
             yield Delta(reasoning=r, content=c)
         stats.generation_tokens = len(generated)
+        stats.spec = spec.as_dict() if spec is not None else None
         stats.total_s = time.perf_counter() - t0
         stats.finish_reason = finish or ("cancelled" if cancel is not None and cancel.is_set() else "stop")
         final = Delta(done=True, finish_reason=stats.finish_reason, stats=stats, tool_calls=calls, answer=content,

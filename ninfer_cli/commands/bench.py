@@ -45,6 +45,46 @@ def _words(values, allowed, flag):
     return list(dict.fromkeys(words))
 
 
+def _specs(values) -> list[str]:
+    """`--spec off,mtp:3` (mtp3 and mtp read as mtp:3 too) -> canonical modes, "off" or "mtp:K"."""
+    from engine.errors import NinferError  # noqa: PLC0415
+    from engine.speculative import parse_spec  # noqa: PLC0415
+
+    out = []
+    for word in _words(values, (), "--spec") or ["off"]:
+        if word.lower().startswith("mtp") and word[3:].isdigit():
+            word = f"mtp:{word[3:]}"
+        try:
+            kind, k = parse_spec(word)
+        except NinferError as e:
+            raise typer.BadParameter(f"{e.message} ({e.next_action})", param_hint="--spec") from None
+        out.append("off" if kind == "off" else f"{kind}:{k}")
+    return list(dict.fromkeys(out))
+
+
+def _spec_accept(text: str | None, specs: list[str], temperature: float) -> tuple[float, ...] | None:
+    """`--spec-accept 0.88,0.77,0.67`: K non-increasing probabilities for the mtp:K being compared."""
+    if text is None:
+        return None
+    ks = {int(s.split(":")[1]) for s in specs if s != "off"}
+    usage = "e.g. --spec mtp:3 --spec-accept 0.88,0.77,0.67 (K values for mtp:K, each at most the one before)"
+    if not ks:
+        raise typer.BadParameter(f"forces the acceptance of speculative rounds: give --spec mtp:K too ({usage})",
+                                 param_hint="--spec-accept")
+    if temperature:
+        raise typer.BadParameter("forced acceptance checks the output against plain greedy decode: drop --temp",
+                                 param_hint="--spec-accept")
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if (len(ks) != 1 or len(values) != next(iter(ks)) or any(not 0 <= v <= 1 for v in values)
+            or any(b > a for a, b in zip(values, values[1:]))):
+        raise typer.BadParameter(f"{text!r} is not one non-increasing probability per draft position of "
+                                 f"{', '.join(s for s in specs if s != 'off')} ({usage})", param_hint="--spec-accept")
+    return values
+
+
 def _command_line(ctx: typer.Context) -> str:
     """The command as typed (flags the user gave, long spellings), for the report's provenance."""
     parts = ["ninfer", "bench"]
@@ -123,7 +163,13 @@ def bench(
         help="KV cache formats to compare (default: the engine's).")] = None,
     spec: Annotated[Optional[list[str]], typer.Option(
         "--spec", metavar="LIST", rich_help_panel=ENGINE, show_default=False,
-        help="Speculative decoding modes to compare, e.g. off,mtp3 (default off).")] = None,
+        help="Speculative decoding modes to compare, e.g. off,mtp:3 (default off): acceptance, tokens per round, "
+             "round time and the speedup over the plain row of each test.")] = None,
+    spec_accept: Annotated[Optional[str], typer.Option(
+        "--spec-accept", metavar="P1,P2,..", rich_help_panel=ENGINE, show_default=False,
+        help="Force the acceptance of draft position i to Pi of the rounds (cumulative, e.g. 0.88,0.77,0.67 for "
+             "mtp:3): the drafts are the plain greedy continuation, corrupted where a coin says, the MTP head still "
+             "runs every round, and the output is checked against plain greedy. Greedy only.")] = None,
     lanes: Annotated[Optional[list[str]], typer.Option(
         "--lanes", metavar="LIST", rich_help_panel=ENGINE, show_default=False,
         help="Concurrent sequences, e.g. 1,2,4,8 (aggregate tok/s). Default 1.")] = None,
@@ -173,6 +219,8 @@ def bench(
     Examples: [b]ninfer bench smollm2-135m -p 64 -n 32 -r 3[/b] ·
     [b]ninfer bench --synthetic qwen3.8-27b -p 0 -n 128 --temp 0.7 --top-p 0.8 --top-k 20 --presence-penalty 1.5[/b] ·
     [b]ninfer bench --synthetic qwen3.8-27b -p 512 -n 128 --baseline transformers -o json --out r.json[/b] ·
+    [b]ninfer bench --synthetic tiny -p 0 --spec off,mtp:3 --spec-accept 0.88,0.77,0.67[/b] (speculative rounds at a
+    forced acceptance beside plain decode) ·
     [b]ninfer bench --roofline[/b] (measure and store the copy bandwidth and matmul rate)
     """
     from engine.bench import expand_instances, expand_matrix, parse_pairs  # noqa: PLC0415
@@ -189,12 +237,10 @@ def bench(
     except NinferError as e:
         raise typer.BadParameter(f"{e.message} ({e.next_action})", param_hint="-pg") from None
     kvs = _words(kv, ("bf16", "int8"), "--kv") or [None]
-    specs = _words(spec, (), "--spec") or ["off"]
+    specs = _specs(spec)
     if any(n > 1 for n in lane_list):
         raise NinferError(f"--lanes {max(lane_list)}: the engines run one sequence at a time", "use --lanes 1")
-    if any(sp != "off" for sp in specs):
-        raise NinferError(f"--spec {next(sp for sp in specs if sp != 'off')}: speculative decoding is not built yet",
-                          "use --spec off")
+    accept = _spec_accept(spec_accept, specs, temperature)
     if model and synthetic:
         raise typer.BadParameter("give a MODEL or --synthetic GEOMETRY, not both", param_hint="MODEL")
     tests = expand_matrix(prompts, gens, pairs, depths)
@@ -248,7 +294,7 @@ def bench(
         instances=expand_instances(kvs, lane_list, specs), repetitions=repetitions, warmup=warmup,
         device=dev, env=env, remeasure=roofline, baseline=baseline is not None,
         progress=(lambda text: output.stderr().print(text, markup=False, highlight=False)) if progress else None,
-        command=_command_line(ctx), fit=fit, burst=burst,
+        command=_command_line(ctx), fit=fit, burst=burst, spec_accept=accept,
         sampling=Sampling(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                           presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, regex=regex),
     )
@@ -263,3 +309,7 @@ def bench(
         sys.stdout.write(render(report, fmt))
     if report["settings"].get("interrupted"):
         raise typer.Exit(130)
+    if any(r.get("error") for r in report["results"]):
+        output.stderr().print("error: a speculative row broke greedy identity (see the table)", markup=False,
+                              highlight=False)
+        raise typer.Exit(1)

@@ -34,7 +34,7 @@ def chat(model: ModelArg = None, plain: Plain = False, system: System = None, th
          prefill_chunk: PrefillChunk = None, format: FormatOpt = None, json_schema: JsonSchemaOpt = None,
          regex: RegexOpt = None, grammar: GrammarOpt = None, choice: ChoiceOpt = None, spec: SpecOpt = None) -> None:
     """Chat with a model (the default model, pulled on first use, when none is named). The output-format
-    flags hold for every answer; `/format` changes them."""
+    flags hold for every answer; `/format` changes them, and `/spec` changes --spec."""
     import sys
 
     from ninfer_cli.commands.run import _read_at_file, use_template_file
@@ -46,10 +46,6 @@ def chat(model: ModelArg = None, plain: Plain = False, system: System = None, th
     constraint = parse_format(fmt)  # checked before the model loads
     effort = reasoning_choice(reasoning_effort, think)
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
-    if spec not in (None, "off") and interactive and not plain and not listing:
-        from engine.errors import NinferError
-
-        raise NinferError(f"--spec {spec} runs in the plain REPL for now", "add --plain, or use --spec off")
     if listing or (interactive and not plain):  # the full-screen app (ninfer_cli/tui)
         from ninfer_cli.tui.launch import list_conversations, run_chat_tui
 
@@ -61,7 +57,8 @@ def chat(model: ModelArg = None, plain: Plain = False, system: System = None, th
 
         return list_conversations() if listing else run_chat_tui(
             model, system=_read_at_file(system), effort=effort, thinking_budget=thinking_budget,
-            sampling=sampling_overrides(temperature=temperature, seed=seed, format=fmt), ctx=ctx, device=device,
+            sampling=sampling_overrides(temperature=temperature, seed=seed, format=fmt, spec=spec), ctx=ctx,
+            device=device,
             resume=resume,
             think=think if effort is None else effort.value != "off", preserve_thinking=preserve_thinking,
             profile=profile, kv=kv, vram_limit=vram_limit, prefill_chunk=prefill_chunk)

@@ -33,7 +33,7 @@ def profile(
     [b]ninfer profile show qwen38-27b long[/b]
     """
     from ninfer_cli import output  # noqa: PLC0415
-    from ninfer_cli.profiles import PROFILES, flags_of, get_profile, model_key, profiles_for  # noqa: PLC0415
+    from ninfer_cli.profiles import PROFILES, flags_of, get_profile, model_key, profiles_for, spec_flag  # noqa: PLC0415
 
     if action is Action.show:
         if not model:
@@ -46,7 +46,7 @@ def profile(
         output.key_values([
             ("model", data["model"]), ("profile", p.name), ("summary", p.summary),
             ("context", _ctx(p.ctx)), ("kv", p.kv), ("lanes", p.lanes),
-            ("speculation", f"{p.spec} ({p.draft_tokens} draft tokens)" if p.spec else "off"),
+            ("speculation", f"{spec_flag(p.values())} ({p.draft_tokens} draft tokens a round)" if p.spec else "off"),
             ("prefill chunk", p.prefill_chunk), ("same as", flags_of(p)),
             ("status", p.status or _status(p)),
             ("memory", f"ninfer show {data['model']} --memory --profile {p.name}"),
@@ -62,7 +62,7 @@ def profile(
         return
     output.table(("model", "profile", "context", "kv", "lanes", "speculation", "status"),
                  [(r["model"], r["name"], _ctx(r["ctx"]), r["kv"], r["lanes"],
-                   f"{r['spec']}{r['draft_tokens']}" if r["spec"] else "off", r["status"]) for r in rows])
+                   spec_flag(r) or "off", r["status"]) for r in rows])
 
 
 def _profile_dict(p) -> dict:
@@ -78,6 +78,9 @@ def _status(p) -> str:
         return f"{INT8_NOT_ON_GPU}: runs with bf16 KV until it is"
     if p.kv == "int8" and not load_takes_kv():
         return f"run/chat: {INT8_NOT_IN_LOAD}; they use bf16 KV until it is"
+    if p.spec:
+        return ("speculates where the model carries the MTP head and the engine runs it; else off, with a note "
+                "(`--spec` says the same as an error)")
     return "available"
 
 
@@ -127,15 +130,22 @@ def memory_report(ref: str, *, ctx: int | None = None, kv: str | None = None, pr
     from ninfer_cli.profiles import INT8_NOT_IN_LOAD, components_for, get_profile, load_takes_kv, merge  # noqa: PLC0415
 
     label, args, weights, source = _plan_source(ref)
-    prof = get_profile(ref, profile, has_mtp="mtp" in weights)
+    has_mtp = "mtp" in weights or bool(getattr(args, "mtp_num_hidden_layers", 0))
+    prof = get_profile(ref, profile, has_mtp=has_mtp)
     values, sources = merge(prof, ctx=ctx, kv=getattr(kv, "value", kv))
     notes = []
     if values["kv"] not in mp.GPU_KV_FORMATS:
         notes.append(f"{values['kv']} KV is not implemented on the GPU yet: this is what it would take")
     elif values["kv"] != "bf16" and not load_takes_kv():
         notes.append(f"{INT8_NOT_IN_LOAD}: run/chat would use bf16")
-    if values["spec"]:
-        notes.append(f"speculative decoding ({values['spec']}) is not implemented yet: its parts are planned anyway")
+    from ninfer_cli.profiles import spec_unavailable  # noqa: PLC0415
+
+    why = spec_unavailable(values, has_mtp, label)
+    if why:
+        notes.append(f"{why}: profile {prof.name} runs without speculation, and the plan has no parts for it")
+        values["spec"] = None
+    elif values["spec"] and "mtp" not in weights:
+        notes.append("the MTP head's weights have no size in this table: the plan leaves them out")
     from ninfer_cli.profiles import _cuda_runs  # noqa: PLC0415
 
     if not _cuda_runs(args):
@@ -145,7 +155,7 @@ def memory_report(ref: str, *, ctx: int | None = None, kv: str | None = None, pr
     comps = tuple(c for c in comps if c in weights)
     short = "artifact header" if source.startswith("object sizes") else "recipe estimate"
     plan = mp.plan_memory(args, weights, model=label, source=short, kv=values["kv"], lanes=values["lanes"],
-                          components=comps, optional=optional, spec=values["spec"] if "mtp" in comps else None,
+                          components=comps, optional=optional, spec=values["spec"],
                           draft_tokens=values["draft_tokens"], prefill_chunk=values["prefill_chunk"],
                           **mp.engine_prefill_executors())
     b = mb.budget(vram_limit, memory)

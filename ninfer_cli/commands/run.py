@@ -232,4 +232,5 @@ def _print_json(name, final, stats, first_token_s, total_s, backend: str = "?") 
                     "prompt_tokens_per_s": round(stats.prompt_tps, 2),
                     "generation_tokens_per_s": round(stats.generation_tps, 2),
                     "total_s": round(total_s, 4)},
+        **({"spec": stats.spec} if stats.spec is not None else {}),
     })

@@ -56,4 +56,5 @@ def usage_of(run) -> dict | None:
                            "queue": round(run.queued_s * 1e3, 2),
                            "prefill": round(s.ttft_s * 1e3, 2),
                            "decode": round(max(s.total_s - s.ttft_s, 0.0) * 1e3, 2),
-                           "generate": round(s.total_s * 1e3, 2)}}
+                           "generate": round(s.total_s * 1e3, 2)},
+            **({"spec": s.spec} if getattr(s, "spec", None) is not None else {})}

@@ -9,6 +9,7 @@ from engine.errors import NinferError
 from ninfer_cli.model_session import NO_THINKING
 from ninfer_cli.tui import slash
 from ninfer_cli.tui.conversations import Conversation, to_markdown
+from ninfer_cli.tui.messages import error_text
 from ninfer_cli.tui.session import EFFORTS, SETTABLE, normalize_effort, set_param
 from ninfer_cli.tui.widgets import AssistantMessage, human_tokens, stats_line
 
@@ -129,6 +130,38 @@ class SlashHandler:
             settings.format = args[0] if constraint is not None else None
         await self.app.note(f"Output format: **{settings.format or 'free text'}**.")
 
+    async def do_spec(self, args: list[str]) -> None:
+        from engine.speculative import parse_spec
+
+        app = self.app
+        if not args:
+            await app.note(f"Speculative decoding: **{app.settings.spec or 'off'}** (`/spec mtp:K` drafts K = 1..5 "
+                           "tokens a round with the model's MTP head and verifies them in one pass; `/spec off`).")
+            return
+        kind, k = parse_spec(args[0])
+        spec = None if kind == "off" else f"{kind}:{k}"
+        if spec is not None and app.loaded:
+            check = getattr(app.session, "check_spec", None)
+            if check is not None:
+                check(spec)  # an engine or model that cannot run it is an error note now, not at the next answer
+        app.settings.spec = spec
+        app.status.show_spec(spec)
+        await app.note(f"Speculative decoding: **{spec or 'off'}**" + (" from the next answer." if spec else "."))
+
+    async def check_spec(self) -> None:
+        """Once the model is loaded: speculation asked for (--spec, a resumed conversation's settings) that this
+        engine or model cannot run is turned off, and a note says why."""
+        app = self.app
+        check = getattr(app.session, "check_spec", None)
+        if app.settings.spec in (None, "off") or check is None:
+            return
+        try:
+            check(app.settings.spec)
+        except NinferError as exc:
+            app.settings.spec = None
+            app.status.show_spec(None)
+            await app.note(f"Note: speculative decoding is off: {error_text(exc)}.")
+
     async def do_stats(self, args: list[str]) -> None:
         app = self.app
         info = app.session.info
@@ -142,6 +175,11 @@ class SlashHandler:
             lines += [f"- last answer: {stats_line(s)}",
                       f"- prompt: {s.prompt_tokens} tokens" + (f" at {s.prompt_tps:.1f} tok/s" if s.prompt_tps else ""),
                       f"- wall time: {s.seconds:.2f} s"]
+            if s.spec and s.spec.get("rounds"):
+                per = ", ".join(f"{a / s.spec['rounds']:.0%}" for a in s.spec["accepted_per_position"])
+                lines.append(f"- speculation: mtp:{s.spec['k']}, {s.spec['rounds']} rounds, acceptance "
+                             f"{s.spec['acceptance']:.0%} (by draft position {per}), "
+                             f"{s.spec['tokens_per_round']:.2f} tokens a round")
         turns = [m for m in app.conversation.messages if m.get("stats")]
         if turns:
             total = sum(m["stats"]["generation_tokens"] for m in turns)
@@ -179,6 +217,7 @@ class SlashHandler:
 
             app.settings = ChatSettings.from_dict(conv.settings)
             app.status.show_effort(app.settings.effort, app.session.info.thinking)
+            app.status.show_spec(app.settings.spec)
         await app.show_conversation()
         await app.note(f"Loaded `{conv.id}`: {conv.title}")
 

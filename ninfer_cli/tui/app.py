@@ -115,6 +115,7 @@ class ChatApp(App):
         self.chat.anchor()
         self.status.show_model(self.session.info, "[dim]loading…[/dim]")
         self.status.show_effort(self.settings.effort, self.session.info.thinking)
+        self.status.show_spec(self.settings.spec)
         self.status.show_context(0, self.session.info.context_max)
         self.status.show_rate(None)
         self.refresh_memory()
@@ -168,6 +169,7 @@ class ChatApp(App):
         self.context_used = self.last_stats.prompt_tokens + self.last_stats.generation_tokens if last else 0
         self.status.show_context(self.context_used, self.session.info.context_max)
         self.status.show_last(self.last_stats)
+        self.status.show_spec(self.settings.spec, self.last_stats.spec if self.last_stats else None)
 
     async def note(self, text: str, *, error: bool = False) -> None:
         """Show app text (help, stats, errors) in the chat log."""
@@ -234,6 +236,7 @@ class ChatApp(App):
         if not info.thinking and (self.asked_reasoning or self.settings.effort is not None
                                   or self.settings.thinking_budget is not None):
             await self.note(f"Note: {NO_THINKING}.")
+        await self._slash.check_spec()
         await self._send_queued()
 
     async def on_model_failed(self, message: ModelFailed) -> None:
@@ -387,6 +390,7 @@ class ChatApp(App):
         self.last_stats = stats
         self.context_used = stats.prompt_tokens + stats.generation_tokens
         self.status.show_last(stats)
+        self.status.show_spec(self.settings.spec, stats.spec)
         self.status.show_rate(None)
         self.status.show_context(self.context_used, self.session.info.context_max)
 

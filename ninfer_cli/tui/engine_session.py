@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from ninfer_cli.tui.session import ChatSettings, Chunk, Memory, ModelInfo, process_memory
+from ninfer_cli.tui.session import ChatSettings, Chunk, Memory, ModelInfo, process_memory, spec_on
 
 _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "seed")
 
@@ -57,6 +57,8 @@ class EngineSession:
         chat.thinking_budget = settings.thinking_budget
         overrides = {k: getattr(settings, k) for k in _SAMPLING if getattr(settings, k) is not None}
         overrides["max_tokens"] = settings.max_tokens
+        if spec_on(settings.spec):
+            overrides["spec"] = settings.spec
         if getattr(settings, "format", None):
             from ninfer_cli.options import parse_format
 
@@ -73,7 +75,14 @@ class EngineSession:
             st = delta.stats
             yield Chunk(prompt_tokens=st.prompt_tokens, generation_tokens=st.generation_tokens,
                         prompt_tps=st.prompt_tps, generation_tps=st.generation_tps,
-                        finish_reason=delta.finish_reason or "stop")
+                        finish_reason=delta.finish_reason or "stop", spec=st.spec)
+
+    def check_spec(self, spec: str) -> None:
+        """NinferError, with the next action, when the loaded engine or model cannot run `spec`."""
+        from engine.speculative import check_spec
+
+        if self.engine is not None:
+            check_spec(self.engine, spec)
 
     def memory(self) -> Memory:
         if self.info.device == "gpu":

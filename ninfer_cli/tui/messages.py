@@ -35,6 +35,7 @@ class TurnStats:
     prompt_tps: float = 0.0
     seconds: float = 0.0
     finish_reason: str = ""
+    spec: dict | None = None  # engine.speculative.SpecStats.as_dict() of the answer's rounds, when it speculated
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -93,7 +94,8 @@ class TurnBuffer:
                          generation_tokens=getattr(final, "generation_tokens", 0) or self.tokens,
                          ttft=(first - self.started) if first is not None else 0.0,
                          tokens_per_second=rate, prompt_tps=getattr(final, "prompt_tps", 0.0) or 0.0,
-                         seconds=time.perf_counter() - self.started, finish_reason=reason)
+                         seconds=time.perf_counter() - self.started, finish_reason=reason,
+                         spec=getattr(final, "spec", None))
 
     def live_rate(self, now: float | None = None) -> float:
         """Tokens per second since the first token (0 before the second one)."""

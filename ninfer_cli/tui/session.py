@@ -52,6 +52,7 @@ class ChatSettings:
     frequency_penalty: float | None = None
     seed: int | None = None
     format: str | None = None  # a `/format` argument (json, schema FILE, choice a,b ...); None: free text
+    spec: str | None = None  # speculative decoding, "mtp:K" (engine.speculative.parse_spec); None or "off": none
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -123,6 +124,11 @@ class Chunk:
     generation_tps: float = 0.0
     memory: int = 0
     finish_reason: str | None = None
+    spec: dict | None = None  # the final record's: engine.speculative.SpecStats.as_dict() of the answer's rounds
+
+
+def spec_on(spec: str | None) -> bool:
+    return spec not in (None, "off")
 
 
 class ChatSession(Protocol):
@@ -187,6 +193,7 @@ class FakeSession:
     load_error: Exception | None = None
     send_error: Exception | None = None
     memory_reading: Memory = field(default_factory=lambda: Memory("RAM", 512 << 20, 8 << 30))
+    spec_stats: dict | None = None  # what the final record says of speculative rounds, while settings.spec is on
     calls: list = field(default_factory=list)
 
     def load(self, progress=None) -> None:
@@ -237,4 +244,4 @@ class FakeSession:
         reason = "cancelled" if cancel.is_set() else ("length" if n >= limit and n < len(pieces) else "stop")
         elapsed = max(time.perf_counter() - start, 1e-9)
         yield Chunk(prompt_tokens=prompt_tokens, generation_tokens=n, generation_tps=n / elapsed,
-                    finish_reason=reason)
+                    finish_reason=reason, spec=self.spec_stats if spec_on(settings.spec) else None)

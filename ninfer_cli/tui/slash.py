@@ -23,6 +23,8 @@ COMMANDS: tuple[Command, ...] = (
     Command("/set", "<param> <value>", "set a sampling parameter", tuple(SETTABLE)),
     Command("/format", "[json|schema|regex|grammar|choice <value>|off]", "constrain the answers' format",
             ("json", "schema", "regex", "grammar", "choice", "off")),
+    Command("/spec", "[off|mtp:K]", "speculative decoding: K drafts a round from the model's MTP head",
+            ("off", "mtp:1", "mtp:2", "mtp:3", "mtp:4", "mtp:5")),
     Command("/stats", "", "timings of the last answer"),
     Command("/save", "[title]", "save now (conversations save themselves)"),
     Command("/load", "[id]", "open a saved conversation"),

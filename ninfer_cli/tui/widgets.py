@@ -276,12 +276,12 @@ def stats_line(s: TurnStats) -> str:
 
 
 class StatusBar(Horizontal):
-    """Model · effort · context gauge · live tok/s · last TTFT and tok/s · memory gauge."""
+    """Model · effort · speculation · context gauge · live tok/s · last TTFT and tok/s · memory gauge."""
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self._items = {name: Static("", id=f"st-{name}", classes="status-item")
-                       for name in ("model", "effort", "ctx", "rate", "last", "mem")}
+                       for name in ("model", "effort", "spec", "ctx", "rate", "last", "mem")}
         self._texts: dict[str, str] = {}
 
     def compose(self):
@@ -302,6 +302,16 @@ class StatusBar(Horizontal):
 
     def show_effort(self, effort: str | None, supported: bool = True) -> None:
         self._set("effort", f"think:[b]{effort or 'auto'}[/b]" if supported else "[dim]think:n/a[/dim]")
+
+    def show_spec(self, spec: str | None, stats: dict | None = None) -> None:
+        """`mtp:3 acc 71% 2.9 tok/rnd` (the last answer's rounds) while speculation is on; nothing when off."""
+        if spec in (None, "off"):
+            self._set("spec", "")
+            return
+        text = f"[b]{_esc(spec)}[/b]"
+        if stats and stats.get("rounds"):
+            text += f" acc {100 * stats['acceptance']:.0f}% {stats['tokens_per_round']:.1f} tok/rnd"
+        self._set("spec", text)
 
     def show_context(self, used: int, total: int) -> None:
         total_text = human_tokens(total) if total else "?"

@@ -11,7 +11,7 @@ from engine.errors import NinferError
 from engine.generate import GenerationConfig
 from engine.models.qwen3_5 import Model, random_weights
 from engine.models.replay_ssm import Verification
-from engine.speculative import MTPDrafter, SpecStats, parse_spec, speculative_generate_step
+from engine.speculative import MTPDrafter, SpecStats, forced_draft, parse_spec, speculative_generate_step
 from engine.sampling import Sampler
 from tests.model.conftest import rel_l2
 from tests.model.test_mtp import _args
@@ -108,6 +108,36 @@ def test_oracle_drafts_accept_exactly_the_prefix_before_the_corruption(dense, ba
     ref = _engine(dense)
     ref.prefill(PROMPT + want[: n - 1])
     _assert_same_sequence(eng, ref)
+
+
+@pytest.mark.parametrize("accept", [(1.0, 1.0, 1.0), (0.88, 0.77, 0.67), (0.0, 0.0, 0.0)])
+def test_forced_drafts_with_the_mtp_head_running_keep_greedy_identity(dense, accept):
+    """forced_draft over the plain continuation, with the MTP head still run every round (mtp=True): output
+    equals plain greedy, and all-or-nothing acceptance shows in the counters."""
+    k, n = 3, 40
+    want = _plain(dense, n + k + 1)
+    eng, stats = _engine(dense), SpecStats(k)
+    ran = []
+    orig = MTPDrafter.__call__
+
+    def spy(self, tokens, k):
+        ran.append(len(tokens))
+        return orig(self, tokens, k)
+
+    MTPDrafter.__call__ = spy
+    try:
+        got = list(speculative_generate_step(eng, PROMPT, Sampler(temperature=0.0), k=k, max_tokens=n, mtp=True,
+                                             draft=forced_draft(want, len(PROMPT), accept, seed=0), stats=stats))
+    finally:
+        MTPDrafter.__call__ = orig
+    assert got == want[:n]
+    assert len(ran) == stats.rounds > 0  # the head drafted every round, its proposals overridden
+    if accept[0] == 1.0:
+        assert stats.accepted_at[:2] == [stats.rounds] * 2  # (the last round may be cut by max_tokens)
+    elif accept[0] == 0.0:
+        assert stats.accepted == 0 and stats.rounds == n - 1
+    else:
+        assert 0 < stats.accepted < stats.drafted
 
 
 def test_mtp_drafts_follow_the_sequence_across_streams(dense):

@@ -249,5 +249,11 @@ def test_engine_settings_reach_the_factory_or_fail_clearly():
 
     assert _call_with_options(factory, "f", 1, kv="int8") == (1, "int8")
     assert _call_with_options(factory, "f", 1, lanes=1, spec="off") == (1, "bf16")
+    assert _call_with_options(factory, "f", 1, spec="mtp:3") == (1, "bf16")  # a decode mode: built the same
+
+    def sizes_spec(x, *, spec=None):
+        return (x, spec)
+
+    assert _call_with_options(sizes_spec, "f", 1, spec="mtp:3") == (1, "mtp:3")
     with pytest.raises(NinferError, match="does not support --lanes 4"):
         _call_with_options(factory, "f", 1, lanes=4)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from typer.testing import CliRunner
@@ -40,12 +41,20 @@ def home(tmp_path, monkeypatch):
         (["--synthetic", "tiny", "-p", "0", "-n", "0"], "nothing to run"),
         (["model.ninfer", "--synthetic", "tiny"], "not both"),
         (["--synthetic", "tiny", "--baseline", "vllm"], "vllm"),
+        (["--synthetic", "tiny", "--spec", "mtp:9"], "1..5"),
+        (["--synthetic", "tiny", "--spec", "eagle"], "--spec mtp:K"),
+        (["--synthetic", "tiny", "--spec-accept", "0.9"], "give --spec mtp:K too"),
+        (["--synthetic", "tiny", "--spec", "mtp:3", "--spec-accept", "0.9,0.8"], "one non-increasing probability"),
+        (["--synthetic", "tiny", "--spec", "mtp:2", "--spec-accept", "0.7,0.8"], "one non-increasing probability"),
+        (["--synthetic", "tiny", "--spec", "mtp:1", "--spec-accept", "1.5"], "one non-increasing probability"),
+        (["--synthetic", "tiny", "--spec", "mtp:1,mtp:2", "--spec-accept", "0.5"], "one non-increasing probability"),
+        (["--synthetic", "tiny", "--spec", "mtp:1", "--spec-accept", "0.5", "--temp", "0.7"], "drop --temp"),
     ],
 )
 def test_usage_errors_exit_2_and_name_the_flag(args, needle):
     r = invoke(*args)
     assert r.exit_code == 2, r.output
-    assert needle in r.output
+    assert needle in re.sub(r"[\s│]+", " ", r.output)  # (the error box wraps long lines)
 
 
 @pytest.mark.parametrize(
@@ -55,7 +64,6 @@ def test_usage_errors_exit_2_and_name_the_flag(args, needle):
         (["--synthetic", "qwen3.6-35b-a3b", "--device", "cpu"], "needs a CUDA GPU"),
         (["--synthetic", "llama-7b"], "unknown synthetic geometry"),
         (["--synthetic", "tiny", "--lanes", "2", "-p", "8", "-n", "0", "-r", "1"], "--lanes 2"),
-        (["--synthetic", "tiny", "--spec", "mtp3", "-p", "8", "-n", "0", "-r", "1"], "--spec mtp3"),
         (["no-such-model", "-p", "8", "-n", "0"], "no-such-model"),
     ],
 )
@@ -208,3 +216,64 @@ def test_environment_records_the_engine_switches(monkeypatch):
     env = bench_device.environment("cpu")
     assert env["engine_env"].get("NINFER_PLAN") == '{"branches": false}'
     assert "NINFER_HOME" not in env["engine_env"] and "NINFER_DEVICE" not in env["engine_env"]
+
+
+def _rows(stdout: str) -> list[dict]:
+    table = [line for line in stdout.splitlines() if line.startswith("|")]
+    head = [c.strip() for c in table[0].strip("|").split("|")]
+    return [dict(zip(head, [c.strip() for c in line.strip("|").split("|")])) for line in table[2:]]
+
+
+def test_spec_with_forced_acceptance_beside_the_plain_rows(home):
+    """`--spec off,mtp:3 --spec-accept ...` on tiny (random weights with an MTP head): the spec row says the
+    acceptance was forced, measures it per position, and keeps greedy identity; JSON rows carry the counters."""
+    path = home / "r" / "spec.json"
+    r = invoke("--synthetic", "tiny", "-p", "0", "-n", "48", "-r", "3", "--warmup", "0", "--spec", "off,mtp3",
+               "--spec-accept", "0.9,0.6,0.3", "-o", "json", "--out", str(path), "--no-progress")
+    assert r.exit_code == 0, r.output
+    assert "acceptance forced 0.9/0.6/0.3 per draft position" in r.stdout
+    plain, spec = _rows(r.stdout)
+    assert (plain["spec"], spec["spec"]) == ("off", "mtp:3") and plain["tok/round"] == "-"
+    assert float(spec["tok/round"]) > 1.5 and float(spec["round ms"]) > 0 and spec["vs plain"].endswith("x")
+    off, row = json.loads(path.read_text())["results"]
+    assert "rounds" not in off and row["spec_forced"] == [0.9, 0.6, 0.3] and row["greedy_identity"] == "checked"
+    assert row["drafted"] == 3 * row["rounds"] and sum(row["accepted_per_position"]) == row["accepted"]
+    at = row["acceptance_per_position"]
+    assert at == [a / row["rounds"] for a in row["accepted_per_position"]]
+    assert at[0] > at[2] and abs(at[0] - 0.9) < 0.2 and abs(at[2] - 0.3) < 0.2  # ~50 rounds: loose
+    assert row["tokens_per_round"] == 1 + row["accepted"] / row["rounds"]
+    assert row["speedup"] == row["avg_decode_ts"] / off["avg_decode_ts"]
+
+
+def test_spec_with_the_mtp_head_reports_its_rounds():
+    r = invoke("--synthetic", "tiny", "-p", "8", "-n", "6", "-pg", "8,6", "-d", "0,8", "-r", "1", "--warmup", "0",
+               "--spec", "mtp:2", "-o", "json", "--no-progress")
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)["results"]
+    assert [x["test"] for x in rows] == ["pp8", "tg6", "pp8+tg6", "pp8 @ d8", "tg6 @ d8", "pp8+tg6 @ d8"]
+    for x in rows:
+        assert x["spec"] == "mtp:2"
+        if x["n_gen"]:
+            assert x["rounds"] > 0 and x["drafted"] == 2 * x["rounds"] and x["spec_forced"] is None
+            assert x["rounds"] + x["accepted"] + x["plain_steps"] == 6  # every decoded token came from a round
+        else:
+            assert "rounds" not in x
+
+
+def test_a_speculative_output_that_differs_from_plain_greedy_is_an_error_row(monkeypatch):
+    import engine.bench as B
+
+    real = B.spec_oracle
+
+    def wrong(engine, test, tokens, k):
+        oracle = list(real(engine, test, tokens, k))
+        oracle[5] = (oracle[5] + 1) % 2048
+        return tuple(oracle)
+
+    monkeypatch.setattr(B, "spec_oracle", wrong)
+    r = invoke("--synthetic", "tiny", "-p", "0", "-n", "12", "-r", "1", "--warmup", "0", "--spec", "mtp:2",
+               "--spec-accept", "1,1")
+    assert r.exit_code == 1
+    (row,) = _rows(r.stdout)
+    assert row["t/s"] == "error (below)"
+    assert "error: tg12 spec=mtp:2: greedy identity broken: speculative token 5 is" in r.stdout

@@ -18,7 +18,7 @@ def test_catalog_models_have_default_long_fast():
     assert P.get_profile("qwen38-27b", "long").kv == "int8"
     assert P.get_profile("qwen38-27b:latest", None).name == "default"
     fast = P.get_profile("qwen36-35b-a3b", "FAST")
-    assert fast.spec == "mtp" and fast.draft_tokens == 3 and "not implemented yet" in fast.status
+    assert fast.spec == "mtp" and fast.draft_tokens == 3 and fast.status is None and "mtp:3" in fast.summary
 
 
 def test_model_key_maps_refs_paths_and_synthetic_names():
@@ -54,7 +54,7 @@ def test_merge_flags_win_none_means_not_given():
 
 def test_flags_of():
     assert P.flags_of(P.get_profile("qwen38-27b", "long")) == "--ctx auto --kv int8"
-    assert P.flags_of(P.get_profile("qwen38-27b", "fast")) == "--ctx auto --kv bf16 --spec mtp3"
+    assert P.flags_of(P.get_profile("qwen38-27b", "fast")) == "--ctx auto --kv bf16 --spec mtp:3"
 
 
 # ---- resolving a launch (synthetic 27B, a 24 GiB budget, no device needed)
@@ -114,11 +114,85 @@ def test_flag_beats_profile_in_a_launch():
     assert launch.values["kv"] == "bf16" and not any("int8" in n for n in launch.notes)
 
 
-def test_fast_profile_runs_without_speculation_and_plans_no_mtp():
-    launch = _launch(profile="fast", vram_limit=24 * GIB)
-    assert launch.values["spec"] is None
-    assert any("speculative decoding is not implemented yet" in n for n in launch.notes)
-    assert not any("mtp" in i.name for i in launch.plan.items(4096))
+def _with_mtp(device="gpu", mtp=True, **kw):
+    import dataclasses
+
+    from engine.config import ModelArgs
+    from engine.synthetic import geometry_config
+
+    args = ModelArgs.from_config(geometry_config("qwen3.8-27b"))
+    weights = mp.weights_from_recipe(args, "groupwise-int")
+    if mtp:
+        weights["mtp"] = 900 * 2**20
+    else:
+        args = dataclasses.replace(args, mtp_num_hidden_layers=0)
+    return P.resolve_launch("qwen38-27b", args, weights, profile="fast", device=device, memory=CARD_24, **kw)
+
+
+def test_fast_profile_without_an_mtp_head_runs_without_speculation_and_plans_no_mtp():
+    launch = _with_mtp(mtp=False, vram_limit=24 * GIB)
+    assert launch.values["spec"] is None and P.spec_flag(launch.values) is None
+    assert "qwen38-27b carries no MTP head (no mtp weights in the artifact): profile fast runs without " \
+           "speculation" in launch.notes
+    assert not any("mtp" in i.name.lower() for i in launch.plan.items(4096))
+
+
+def test_fast_profile_with_an_mtp_head_keeps_mtp3_and_plans_its_parts():
+    launch = _with_mtp(vram_limit=24 * GIB)
+    assert P.spec_flag(launch.values) == "mtp:3" and not any("speculation" in n for n in launch.notes)
+    names = " ".join(i.name.lower() for i in launch.plan.items(4096))
+    assert "mtp" in names
+    without = _with_mtp(mtp=False, vram_limit=24 * GIB).plan
+    assert launch.plan.total(4096) > without.total(4096)  # the head and its arenas cost memory
+    assert P.spec_flag(_launch(profile="fast", vram_limit=24 * GIB).values) == "mtp:3"  # the geometry has a head
+    cpu = _with_mtp(device="cpu")
+    assert P.spec_flag(cpu.values) == "mtp:3" and cpu.plan is None  # the NumPy engine speculates too
+
+
+def test_a_spec_kind_that_is_not_built_is_dropped_with_a_note():
+    why = P.spec_unavailable({"spec": "dflash", "draft_tokens": 7}, True)
+    assert why == "dflash speculation is not built (mtp is)"
+    assert P.spec_unavailable({"spec": None, "draft_tokens": 0}, False) is None
+
+
+class _NumpyEngine:
+    def __init__(self):
+        import types
+
+        self.device, self.model = "cpu", types.SimpleNamespace(mtp_layer=object())
+
+
+class _CudaMoeEngine:
+    """What check_spec sees of the CUDA engine over a MoE model (its rounds verify dense models only)."""
+
+    def __init__(self):
+        import types
+
+        self.device, self.speculator = "gpu", object()
+        self.model = types.SimpleNamespace(args=types.SimpleNamespace(is_moe=True), mtp_weights={"mtp/fc": 0})
+
+
+@pytest.mark.parametrize("eng, spec, note", [
+    (_NumpyEngine(), "mtp:3", "speculative decoding mtp:3 (profile fast)"),
+    (_CudaMoeEngine(), None, "--spec mtp:3: the CUDA engine verifies dense models only for now: profile fast runs "
+                             "without speculation"),
+])
+def test_load_fitted_leaves_the_engine_to_check_spec(monkeypatch, eng, spec, note):
+    """After loading, the profile's mtp:3 becomes the engine's default `--spec` where check_spec allows it (what
+    `generation_config` uses when no --spec is given); where it refuses, a note and no speculation."""
+    import engine.backend
+    from ninfer_cli.model_session import generation_config
+
+    monkeypatch.setattr(engine.backend, "resolve_device", lambda d: "cpu")
+    monkeypatch.setattr(P, "launch_for_artifact", lambda *a, **k: _with_mtp(device="cpu"))
+    said = []
+    got = P.load_fitted("m.ninfer", "qwen38-27b", lambda n: eng, profile="fast", say=said.append)
+    assert got is eng and getattr(eng, "launch_spec", None) == spec and note in said
+    import types
+
+    session = types.SimpleNamespace(engine=eng, template=None, think=None, effort=None)
+    assert generation_config(session, {}).spec == (spec or "off")
+    assert generation_config(session, {"spec": "off"}).spec == "off"  # the flag wins
 
 
 def test_big_card_without_limit_takes_the_model_maximum():

@@ -32,11 +32,11 @@ def test_profile_ls_lists_every_catalog_model():
     rows = json.loads(r.stdout)
     by = {(x["model"], x["name"]): x for x in rows}
     assert by[("qwen38-27b", "long")]["kv"] == "int8" and by[("qwen38-27b", "default")]["ctx"] is None
-    assert by[("qwen36-35b-a3b", "fast")]["spec"] == "mtp" and "not implemented yet" in by[("qwen36-35b-a3b",
-                                                                                                "fast")]["status"]
+    fast = by[("qwen36-35b-a3b", "fast")]
+    assert fast["spec"] == "mtp" and fast["draft_tokens"] == 3 and "MTP head" in fast["status"]
     assert ("smollm2-135m", "default") in by and ("smollm2-135m", "long") not in by
     table = invoke("profile")  # ls is the default action
-    assert table.exit_code == 0 and "qwen36-27b" in table.stdout and "mtp3" in table.stdout
+    assert table.exit_code == 0 and "qwen36-27b" in table.stdout and "mtp:3" in table.stdout
 
 
 def test_profile_show():
@@ -103,3 +103,11 @@ def test_show_memory_of_a_stored_artifact_uses_its_object_sizes(tmp_path):
     assert next(i for i in d["items"] if i["name"] == "KV pool: text")["bytes"] == 16 * 64 * 256
     fast = _memory("tinyq", "--ctx", "1024", "--profile", "fast")  # the artifact has MTP: fast exists
     assert "weights: mtp" in {i["name"] for i in fast["items"]}
+
+
+def test_show_memory_of_the_fast_profile_plans_the_speculation_parts():
+    fast, default = _memory("qwen38-27b", "--profile", "fast"), _memory("qwen38-27b")
+    names = {i["name"] for i in fast["items"]}
+    assert {"ReplaySSM arena", "KV pool: mtp"} <= names and "KV pool: mtp" not in {i["name"] for i in default["items"]}
+    assert "4 decode row(s)" in next(i["detail"] for i in fast["items"] if i["name"] == "activations/workspace")
+    assert any("the plan leaves them out" in n for n in fast["notes"])  # (the recipe table has no mtp sizes)

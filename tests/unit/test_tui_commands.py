@@ -9,7 +9,7 @@ from engine.errors import NinferError
 from ninfer_cli.tui import slash
 from ninfer_cli.tui.actions import last_code_block
 from ninfer_cli.tui.conversations import Conversation, ConversationStore, to_markdown
-from ninfer_cli.tui.session import ChatSettings, normalize_effort, set_param
+from ninfer_cli.tui.session import ChatSettings, FakeSession, normalize_effort, set_param
 from ninfer_cli.tui.widgets import AssistantMessage, NoteMessage, PromptInput, UserMessage, gauge, human_tokens
 
 from tui_helpers import make_app, run, send, submit, type_text, wait_for
@@ -33,14 +33,15 @@ def test_parse_and_complete():
     assert slash.parse("/exit") == ("/bye", [])
     assert slash.parse("/nothink") == ("/think", ["off"])
     assert slash.complete("/th") == ["/think"]
-    assert slash.complete("/s") == ["/system", "/set", "/stats", "/save"]
+    assert slash.complete("/s") == ["/system", "/set", "/spec", "/stats", "/save"]
+    assert slash.complete("/spec m") == [f"/spec mtp:{k}" for k in range(1, 6)]
     assert slash.complete("/think m") == ["/think medium"]
     assert slash.complete("/export ") == ["/export md", "/export json"]
     assert slash.complete("/set top") == ["/set top_p", "/set top_k"]
     assert slash.complete("plain") == [] and slash.complete("/regen now") == []
     assert {c.name for c in slash.COMMANDS} == {
         "/help", "/clear", "/regen", "/think", "/system", "/set", "/format", "/stats", "/save", "/load",
-        "/model", "/export", "/copy", "/bye"}
+        "/model", "/export", "/copy", "/bye", "/spec"}
 
 
 def test_settings_parsing():
@@ -199,3 +200,67 @@ def test_cli_list_prints_saved_conversations(tmp_path, monkeypatch):
     listed = runner.invoke(cli, ["chat", "--list"])
     assert listed.exit_code == 0
     assert "20260102-0304-beef" in listed.output and "hello there" in listed.output
+
+
+SPEC = {"k": 3, "drafted": 30, "accepted": 19, "rounds": 10, "accepted_per_position": [8, 6, 5], "plain_steps": 0,
+        "acceptance": 19 / 30, "tokens_per_round": 2.9}
+
+
+def _status(app, name: str) -> str:
+    item = app.query_one(f"#st-{name}")
+    return str(item.render()) if item.display else ""
+
+
+def test_spec_command_sets_the_mode_and_the_status_bar_shows_the_rounds(tmp_path):
+    """/spec mtp:3 reaches the session's settings; after an answer the status bar shows its acceptance and
+    tokens per round, /stats the per-position figures; /spec off hides them; a bad mode is an error note."""
+    async def body():
+        session = FakeSession(spec_stats=SPEC)
+        app = make_app(tmp_path, session)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.loaded)
+            assert _status(app, "spec") == ""
+            assert "**off**" in await command(pilot, "/spec")
+            assert "1..5" in await command(pilot, "/spec mtp:9")
+            assert "use --spec off or --spec mtp:K" in await command(pilot, "/spec eagle")
+            assert "**mtp:3** from the next answer" in await command(pilot, "/spec mtp:3")
+            assert app.settings.spec == "mtp:3" and _status(app, "spec") == "mtp:3"
+            await send(pilot, "hi")
+            assert session.calls[-1][1].spec == "mtp:3"
+            assert _status(app, "spec") == "mtp:3 acc 63% 2.9 tok/rnd"
+            assert app.conversation.messages[-1]["stats"]["spec"] == SPEC
+            stats = await command(pilot, "/stats")
+            assert "speculation: mtp:3, 10 rounds, acceptance 63% (by draft position 80%, 60%, 50%)" in stats
+            await command(pilot, "/spec mtp")  # mtp alone is mtp:3
+            assert app.settings.spec == "mtp:3"
+            await command(pilot, "/spec off")
+            assert app.settings.spec is None and _status(app, "spec") == ""
+            await send(pilot, "again")
+            assert session.calls[-1][1].spec is None
+            assert app.conversation.messages[-1]["stats"]["spec"] is None
+    run(body())
+
+
+class _NoMtpSession(FakeSession):
+    def check_spec(self, spec):
+        raise NinferError(f"--spec {spec} needs a model with an MTP head", "use --spec off")
+
+
+def test_spec_the_model_cannot_run_is_turned_off_with_a_note(tmp_path):
+    async def body():
+        app = make_app(tmp_path, _NoMtpSession(), settings=ChatSettings(spec="mtp:2"))
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.loaded and app.settings.spec is None)
+            await pilot.pause()
+            notes = [n.source for n in app.query(NoteMessage)]
+            assert any("speculative decoding is off: --spec mtp:2 needs a model with an MTP head" in n for n in notes)
+            assert _status(app, "spec") == ""
+            assert "needs a model with an MTP head" in await command(pilot, "/spec mtp:3")
+            assert app.settings.spec is None
+    run(body())
+
+
+def test_palette_and_help_list_spec():
+    titles = [e[0] for e in slash.palette_entries()]
+    assert "/spec" in titles and "/spec mtp:3" in titles and "/spec off" in titles
+    assert "`/spec [off\\|mtp:K]`" in slash.help_text()

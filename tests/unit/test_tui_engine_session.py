@@ -111,3 +111,36 @@ def test_think_flag_applies_while_the_effort_is_the_model_default():
     assert engine.prompts[-1].endswith("<think>\n\n</think>\n\n")
     list(session.send([{"role": "user", "content": "q"}], ChatSettings(effort="high"), threading.Event()))
     assert engine.prompts[-1].endswith("<|im_start|>assistant\n<think>\n")
+
+
+class SpecByteEngine(ByteEngine):
+    """ByteEngine whose Responses carry `.spec` snapshots, as Engine.stream's do under config.spec."""
+
+    def __init__(self, reply: str) -> None:
+        super().__init__(reply)
+        self.last_specs = []
+
+    def stream(self, prompt_ids, config, *, cancel=None):
+        from engine.speculative import SpecStats, parse_spec
+
+        k = parse_spec(config.spec)[1]
+        self.last_specs.append(None)
+        for r in super().stream(prompt_ids, config, cancel=cancel):
+            if k:
+                n = r.generation_tokens
+                r.spec = SpecStats(k, drafted=k * n, accepted=n, rounds=n, accepted_at=[n] + [0] * (k - 1))
+                self.last_specs[-1] = r.spec
+            yield r
+
+
+def test_the_spec_setting_reaches_the_engine_and_the_rounds_of_every_stream_come_back():
+    engine = SpecByteEngine("a b c d e f g h i j k l m n o p</think>done")
+    session, _ = _session("")
+    session.engine, session.chat = engine, TextSession(engine, template=ChatTemplate(TEMPLATE))
+    out = list(session.send([{"role": "user", "content": "q"}],
+                            ChatSettings(thinking_budget=4, max_tokens=200, spec="mtp:2"), threading.Event()))
+    assert [c.spec for c in engine.configs] == ["mtp:2", "mtp:2"]  # the budget's forced close: a second stream
+    want = engine.last_specs[0] + engine.last_specs[1]
+    assert out[-1].spec == want.as_dict() and out[-1].spec["rounds"] > engine.last_specs[1].rounds
+    out = list(session.send([{"role": "user", "content": "q"}], ChatSettings(spec="off"), threading.Event()))
+    assert engine.configs[-1].spec == "off" and out[-1].spec is None
