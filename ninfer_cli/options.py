@@ -240,7 +240,7 @@ ProfileOpt = Annotated[
 KvOpt = Annotated[
     Optional[KvFormat],
     typer.Option("--kv", case_sensitive=False, rich_help_panel=RUNTIME, show_default=False,
-                 help="KV cache format: bf16, or int8 (half the bytes; not on the GPU yet). Default: the profile's."),
+                 help="KV cache format: bf16, or int8 (half the bytes). Default: the profile's."),
 ]
 def _spec(value: str | None) -> str | None:
     if value is None:
@@ -259,7 +259,7 @@ SpecOpt = Annotated[
     Optional[str],
     typer.Option("--spec", metavar="off|mtp:K", rich_help_panel=RUNTIME, callback=_spec, show_default=False,
                  help="Speculative decoding: mtp:K drafts K tokens a round with the model's MTP head and verifies "
-                      "them in one pass (greedy output unchanged; NumPy engine for now). Default off."),
+                      "them in one pass (greedy output unchanged; the CUDA engine: greedy, dense models). Default off."),
 ]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print JSON on stdout instead of a table.")]
 Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
