@@ -140,7 +140,7 @@ def _call_with_options(factory, what: str, *args, **opts):
     except (TypeError, ValueError):
         params, takes_kwargs = {}, True
     for key, value in list(opts.items()):
-        if key in params or takes_kwargs:
+        if key in params or (takes_kwargs and key != "spec"):  # (**kw of builders pass to engines: no spec there)
             continue
         # speculation is a decode mode (engine.speculative): a factory that does not size anything for it
         # builds the same engine

@@ -38,7 +38,8 @@ def cuda_speculative_generate_step(engine, prompt_ids, sampler, *, k: int, max_t
     pending = None  # (columns verified, their ids, accepted) of the round whose fold has not run
     try:
         while not done():
-            room = engine.max_context - engine.position if engine.max_context else 1 << 30
+            held = engine.position + (pending[2] if pending is not None else 0)  # (the device is ahead by pending)
+            room = engine.max_context - held if engine.max_context else 1 << 30
             if room < k + 2:  # the context edge: plain steps
                 if pending is not None:
                     spec.commit(_settle(engine, pending))

@@ -205,9 +205,9 @@ def weights_from_recipe(args, recipe: str) -> dict[str, int]:
     a, h = args, args.hidden_size
     q, kvw = a.num_attention_heads * a.head_dim, a.num_key_value_heads * a.head_dim
     kd, vd, hv = a.linear_num_key_heads * a.linear_key_head_dim, a.linear_value_dim, a.linear_num_value_heads
-    total = mat("text/token_embedding", a.vocab_size, h) + mat("text/output_head", a.vocab_size, h) + 4 * h
-    for kind in a.layer_types:
-        total += 2 * 4 * h  # input and post-attention norms
+
+    def layer(kind: str) -> int:
+        total = 2 * 4 * h  # input and post-attention norms
         if a.is_moe:
             e, ie, si = a.num_experts, a.moe_intermediate_size, a.shared_expert_intermediate_size
             total += (mat("moe/router", e + 1, h) + mat("moe/experts/gate", e * 2 * ie, h)
@@ -223,7 +223,14 @@ def weights_from_recipe(args, recipe: str) -> dict[str, int]:
             total += (mat("gdn/query", 2 * kd, h) + mat("gdn/value", 2 * vd, h) + mat("gdn/a_projection", 2 * hv, h)
                       + mat("gdn/output", h, vd) + 4 * (a.linear_conv_kernel_dim * a.gdn_conv_channels
                                                         + 2 * hv + a.linear_value_head_dim))
-    return {"text": total}
+        return total
+
+    text = mat("text/token_embedding", a.vocab_size, h) + mat("text/output_head", a.vocab_size, h) + 4 * h
+    out = {"text": text + sum(layer(kind) for kind in a.layer_types)}
+    if a.mtp_num_hidden_layers:  # the MTP head: a full-attention block, its input projection and three norms
+        fc = table.get("mtp/input_projection", "q8_g32_fp16")
+        out["mtp"] = layer("full_attention") + encoded_size(fc, "row_split_k128_v1", (h, 2 * h)) + 3 * 4 * h
+    return out
 
 
 # ---------------------------------------------------------------------------------- the plan

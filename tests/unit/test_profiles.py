@@ -126,6 +126,7 @@ def _with_mtp(device="gpu", mtp=True, **kw):
         weights["mtp"] = 900 * 2**20
     else:
         args = dataclasses.replace(args, mtp_num_hidden_layers=0)
+        weights.pop("mtp", None)
     return P.resolve_launch("qwen38-27b", args, weights, profile="fast", device=device, memory=CARD_24, **kw)
 
 

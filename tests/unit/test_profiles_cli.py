@@ -110,4 +110,4 @@ def test_show_memory_of_the_fast_profile_plans_the_speculation_parts():
     names = {i["name"] for i in fast["items"]}
     assert {"ReplaySSM arena", "KV pool: mtp"} <= names and "KV pool: mtp" not in {i["name"] for i in default["items"]}
     assert "4 decode row(s)" in next(i["detail"] for i in fast["items"] if i["name"] == "activations/workspace")
-    assert any("the plan leaves them out" in n for n in fast["notes"])  # (the recipe table has no mtp sizes)
+    assert "weights: mtp" in names  # (the recipe table sizes the head: engine.gpu.memory.weights_from_recipe)
