@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.errors import NinferError
+from engine.bench_spec import SpecMismatch, SpecRun, spec_fields, spec_oracle, speculated
 
 TOKEN_SEED = 0x6E696E66  # "ninf": the prompt tokens are the same on every machine and every run
 FIRST_TOKEN = 1000  # stay clear of the low ids some vocabularies reserve for controls
@@ -317,72 +318,6 @@ def _streamed(engine, ids: list[int], n_gen: int, sampling: Sampling) -> tuple[f
     return t_first - t0, t1 - t_first
 
 
-@dataclass(frozen=True)
-class SpecRun:
-    """How a speculative instance decodes: K drafts a round; with `accept` (forced acceptance) the drafts are
-    `oracle`, the plain greedy continuation, kept right with these cumulative per-position probabilities
-    (engine.speculative.forced_draft) while the MTP head still runs every round."""
-
-    k: int
-    accept: tuple[float, ...] | None = None
-    oracle: tuple[int, ...] = ()
-    seed: int = TOKEN_SEED  # of the forced coins: each repetition draws its own
-
-
-class SpecMismatch(RuntimeError):
-    """Speculative greedy output that is not the plain greedy output (a bug, reported as an error row)."""
-
-
-def _speculated(engine, ids: list[int], n_gen: int, sampling: Sampling, spec: SpecRun):
-    """(time to the first token, time from it to the last, SpecStats) of speculative rounds generating 1 + n_gen
-    tokens after `ids`, each token handed through `stream_generate` as `Engine.stream` hands them. Forced
-    acceptance checks every token against the oracle."""
-    from engine.generate import stream_generate  # noqa: PLC0415
-    from engine.sampling import make_sampler  # noqa: PLC0415
-    from engine.speculative import SpecStats, forced_draft, speculative_generate_step  # noqa: PLC0415
-
-    config = sampling.config(n_gen + 1)
-    sampler = make_sampler(config, domain=engine.domain)
-    stats = SpecStats(spec.k)
-    draft = None
-    if spec.accept is not None:
-        draft = forced_draft(spec.oracle, len(ids), spec.accept, seed=spec.seed)
-    steps = speculative_generate_step(engine, ids, sampler, k=spec.k, max_tokens=n_gen + 1, draft=draft, stats=stats,
-                                      mtp=True if draft is not None else None)
-    tok = getattr(engine, "tokenizer", None)
-    clock = time.perf_counter
-    t0 = clock()
-    t_first, out, last = None, [], None
-    for rec in stream_generate(None, ids, config, sampler, steps=steps, memory_fn=engine.memory_bytes,
-                               detokenizer=tok.detokenizer() if tok is not None else None):
-        if t_first is None:
-            t_first = clock()
-        out.append(rec.token)
-        last = rec
-    t1 = clock()
-    if len(out) != n_gen + 1 or last.finish_reason != "length":
-        raise RuntimeError(f"the speculative stream gave {len(out)} tokens ({last.finish_reason}), asked for "
-                           f"{n_gen + 1}")
-    if spec.accept is not None and out != list(spec.oracle[: n_gen + 1]):
-        i = next(i for i, (a, b) in enumerate(zip(out, spec.oracle)) if a != b)
-        raise SpecMismatch(f"greedy identity broken: speculative token {i} is {out[i]}, plain decode gave "
-                           f"{spec.oracle[i]}")
-    return t_first - t0, t1 - t_first, stats
-
-
-def spec_oracle(engine, test: Test, tokens: list[int], k: int) -> tuple[int, ...]:
-    """The plain greedy continuation a forced-acceptance run of `test` drafts from: 1 + n_gen tokens after its
-    prompt, and k more so the last round has drafts to propose (untimed)."""
-    d, p = test.depth, test.n_prompt
-    engine.reset()
-    seek = 0
-    if d and getattr(engine, "synthetic_depth", False):
-        engine.seek_synthetic(d)
-        seek, d = d, 0
-    ids = [0] * seek + tokens[:d] + tokens[d : d + max(p, 1)]
-    return tuple(int(r.token) for r in engine.stream(ids, Sampling().config(test.n_gen + 1 + k)))
-
-
 def run_once(engine, test: Test, tokens: list[int], lanes: int = 1, sampling: Sampling | None = None,
              burst: bool = False, spec: SpecRun | None = None) -> dict:
     """Run one repetition of `test`; return its timings in seconds (untimed setup excluded). Decode goes through
@@ -408,8 +343,8 @@ def run_once(engine, test: Test, tokens: list[int], lanes: int = 1, sampling: Sa
         seek, d, ctx = d, 0, []
     if spec is not None and g and streamed:
         if test.kind == "pg" and d:  # the context through the MTP head's capture too, untimed
-            _speculated(engine, ctx, 0, sampling, SpecRun(spec.k))
-        pre, dt, stats = _speculated(engine, [0] * seek + ctx + prompt, g, sampling, spec)
+            speculated(engine, ctx, 0, sampling, SpecRun(spec.k))
+        pre, dt, stats = speculated(engine, [0] * seek + ctx + prompt, g, sampling, spec)
         if test.kind == "tg":
             return {"total": dt, "decode": dt, "spec": stats}
         return {"total": pre + dt, "prefill": pre, "decode": dt, "spec": stats}
@@ -471,7 +406,7 @@ def run_test(
     if spec is not None and test.n_gen:
         # a one-token speculative run first: what the rounds need is built before any sequence is held (the CUDA
         # engine's speculator drops the held one when it is built, a synthetic depth's seek with it)
-        _speculated(engine, tokens[:1], 0, Sampling(), SpecRun(spec.k))
+        speculated(engine, tokens[:1], 0, Sampling(), SpecRun(spec.k))
         if spec.accept is not None:
             spec = SpecRun(spec.k, spec.accept, spec_oracle(engine, test, tokens, spec.k))
     for i in range(warmup + repetitions):
@@ -480,7 +415,7 @@ def run_test(
                          spec=spec and dataclasses.replace(spec, seed=TOKEN_SEED + i))
         except SpecMismatch as e:
             nan = Stats.of([])
-            return Result(test, instance, nan, nan, extra={"error": str(e), **_spec_fields(spec, [])})
+            return Result(test, instance, nan, nan, extra={"error": str(e), **spec_fields(spec, [])})
         if i >= warmup:
             runs.append(r)
         if memory is not None:
@@ -505,26 +440,9 @@ def run_test(
             b = Stats.of(bursts)
             res.extra |= {"burst_ts": b.mean, "burst_ts_std": b.std}
     if any("spec" in r for r in runs):
-        res.extra |= _spec_fields(spec, runs)
+        res.extra |= spec_fields(spec, runs)
     _add_bounds(res, costs, roofline or {})
     return res
-
-
-def _spec_fields(spec: SpecRun, runs: list[dict]) -> dict:
-    """A speculative row's counters, summed over the timed repetitions, and the mean round time."""
-    from engine.speculative import SpecStats  # noqa: PLC0415
-
-    total = SpecStats(spec.k)
-    for r in runs:
-        total = total + r["spec"]
-    decode_s = sum(r["decode"] for r in runs)
-    return {"spec_forced": list(spec.accept) if spec.accept is not None else None,
-            "greedy_identity": "checked" if spec.accept is not None and runs else None,
-            "drafted": total.drafted, "accepted": total.accepted, "rounds": total.rounds,
-            "accepted_per_position": list(total.accepted_at), "plain_steps": total.plain_steps,
-            "acceptance": total.acceptance, "acceptance_per_position": total.acceptance_at(),
-            "tokens_per_round": total.tokens_per_round,
-            "round_ms": 1e3 * decode_s / total.rounds if total.rounds else None}
 
 
 def _add_bounds(res: Result, costs: Costs, roofline: dict) -> None:
