@@ -193,6 +193,7 @@ class Speculator:
         self._first = K.prepared("spec_first", (1,), (decode.xn, v.xn, decode.H, decode.tokens, v.am_out, v.tokens,
                                                       v.ctl, decode.pos), block=256)
         self.stream = decode.stream
+        self._host_drafts = False
 
     def start(self) -> None:
         """After a plain decode step: the first round catches the MTP up on that step's row."""
@@ -202,8 +203,10 @@ class Speculator:
     def round(self, drafts=None) -> tuple[int, list[int]]:
         """One round (drafts: K host ids in place of the MTP's); returns (m, the target's picks)."""
         v = self.verify
-        v.ovr.set(np.asarray([0] * (1 + self.k) if drafts is None else [1, *drafts], dtype=np.int32),
-                  stream=self.stream)
+        if drafts is not None or self._host_drafts:  # (the flag word stays off while the MTP's drafts stand)
+            v.ovr.set(np.asarray([0] * (1 + self.k) if drafts is None else [1, *drafts], dtype=np.int32),
+                      stream=self.stream)
+            self._host_drafts = drafts is not None
         self.graph.launch(self.stream)
         out = v.out.get(stream=self.stream)
         return int(out[0]), [int(t) for t in out[1:]]
