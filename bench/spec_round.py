@@ -35,6 +35,27 @@ def forced(prompt_len: int, cont: list[int], accept: list[float], vocab: int, se
     return draft
 
 
+def round_breakdown(sp) -> dict:
+    """{part: {"total": ms, op name: [ms, launches]}} of the round's ops replayed alone (bench/gpu_decode.py's
+    time_graph), slowest first."""
+    from gpu_decode import time_graph  # (bench/ is on the path of a script run from it)
+
+    from engine.gpu import launch as K
+
+    out = {}
+    for part, ops in (("fold", sp.verify.fold_ops()), ("mtp", sp.mtp.round_ops()), ("verify", sp.verify.ops)):
+        per: dict[str, list] = {}
+        for op in ops:
+            e = per.setdefault(K.op_name(op), [0.0, 0])
+            e[0] += time_graph(op)
+            e[1] += 1
+        ranked = sorted(per.items(), key=lambda kv: -kv[1][0])
+        out[part] = {"total": round(sum(v[0] for _, v in ranked), 4), **{k: [round(v[0], 4), v[1]] for k, v in ranked}}
+        print(f"{part}: {out[part]['total']:.3f} ms; " + ", ".join(f"{k} {v[0]:.3f}/{v[1]}" for k, v in ranked[:10]),
+              file=sys.stderr)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--geometry", default="qwen3.8-27b")
@@ -45,6 +66,7 @@ def main(argv=None) -> int:
     ap.add_argument("--accept", default="0.88,0.77,0.67")
     ap.add_argument("--rounds", type=int, default=64)
     ap.add_argument("--json")
+    ap.add_argument("--breakdown", action="store_true", help="each op of the round replayed alone: fold, MTP, verify")
     a = ap.parse_args(argv)
     from engine.generate import generate_step
     from engine.sampling import Sampler
@@ -85,6 +107,7 @@ def main(argv=None) -> int:
         sp.round(None)
         ts.append(time.perf_counter() - t)
     round_ms = float(np.median(ts)) * 1e3
+    parts = round_breakdown(sp) if a.breakdown else None
     # forced acceptance
     res = []
     for rep in range(2):
@@ -106,6 +129,8 @@ def main(argv=None) -> int:
            "identical": out == cont, "stats": stats.as_dict(),
            "measured_accept_per_position": [x / max(stats.rounds, 1) for x in stats.accepted_at],
            "speculator_build_s": build_s, "path": "stream", "gpu": info.get("device_name", "")}
+    if parts:
+        row["breakdown_ms"] = parts
     print(json.dumps(row))
     print(f"{a.geometry} d{a.depth} {a.kv} mtp:{a.k}: plain {row['plain_tok_s']:.2f} tok/s ({step_ms:.3f} ms/step, "
           f"{gbs:.0f} GB/s); round {round_ms:.3f} ms = {row['round_over_step']:.2f} x step; forced "

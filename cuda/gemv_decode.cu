@@ -54,32 +54,38 @@ __device__ __forceinline__ unsigned int q6_spread(unsigned int h) {
   return ((h & 0x3u) << 6) | ((h & 0x30u) << 10) | ((h & 0x300u) << 14) | ((h & 0x3000u) << 18);
 }
 
+// Word c of a chunk's codes as two words of signed bytes F x code: e the even codes (0, 2, 4, 6), o the odd ones;
+// hi: the chunk's high bits (q5: 32, q6: 64; see below). (dot_i16's decoder, and gemv_tc's A fragments.)
+template <int FMT>
+__device__ __forceinline__ void code_bytes(unsigned int q, uint2 hi, int c, unsigned int& e, unsigned int& o) {
+  if constexpr (FMT == FMT_Q4) {  // two's-complement nibbles at the top of each byte
+    e = (q << 4) & 0xf0f0f0f0u;
+    o = q & 0xf0f0f0f0u;
+  } else if constexpr (FMT == FMT_Q5) {
+    // low nibble at bits 3..6, the high (sign) bit at 7: the 4 bits of byte c of he (the even codes' high bits, at
+    // even positions) at 0, 2, 4, 6 spread by one multiply to 7, 15, 23, 31 (the other copies collide only below
+    // those, see the emulator)
+    const unsigned int he = hi.x & 0x55555555u, ho = (hi.x >> 1) & 0x55555555u;
+    const unsigned int me = __byte_perm(he, 0u, 0x4440u | c) * 0x02082080u;
+    const unsigned int mo = __byte_perm(ho, 0u, 0x4440u | c) * 0x02082080u;
+    e = ((q << 3) & 0x78787878u) | (me & 0x80808080u);
+    o = ((q >> 1) & 0x78787878u) | (mo & 0x80808080u);
+  } else {  // q6: low nibble at bits 2..5, the two high bits at 6..7
+    const unsigned int hh = ((c < 2 ? hi.x : hi.y) >> (16 * (c & 1))) & 0xffffu;
+    e = ((q << 2) & 0x3c3c3c3cu) | q6_spread(hh & 0x3333u);
+    o = ((q >> 2) & 0x3c3c3c3cu) | q6_spread((hh >> 2) & 0x3333u);
+  }
+}
+
 template <int FMT, typename XAt>
 __device__ __forceinline__ float dot_i16(uint4 w, uint2 hi, XAt xat) {
   const unsigned int ws[4] = {w.x, w.y, w.z, w.w};
-  // q5: the chunk's high bits of even / odd codes, each at even bit positions
-  const unsigned int he = hi.x & 0x55555555u, ho = (hi.x >> 1) & 0x55555555u;
   int se = 0, so = 0;
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
     const uint4 xv = xat(c);
-    const unsigned int q = ws[c];
     unsigned int e, o;
-    if constexpr (FMT == FMT_Q4) {  // two's-complement nibbles at the top of each byte
-      e = (q << 4) & 0xf0f0f0f0u;
-      o = q & 0xf0f0f0f0u;
-    } else if constexpr (FMT == FMT_Q5) {
-      // low nibble at bits 3..6, the high (sign) bit at 7: the 4 bits of byte c of he at 0, 2, 4, 6
-      // spread by one multiply to 7, 15, 23, 31 (the other copies collide only below those, see the emulator)
-      const unsigned int me = __byte_perm(he, 0u, 0x4440u | c) * 0x02082080u;
-      const unsigned int mo = __byte_perm(ho, 0u, 0x4440u | c) * 0x02082080u;
-      e = ((q << 3) & 0x78787878u) | (me & 0x80808080u);
-      o = ((q >> 1) & 0x78787878u) | (mo & 0x80808080u);
-    } else {  // q6: low nibble at bits 2..5, the two high bits at 6..7
-      const unsigned int hh = ((c < 2 ? hi.x : hi.y) >> (16 * (c & 1))) & 0xffffu;
-      e = ((q << 2) & 0x3c3c3c3cu) | q6_spread(hh & 0x3333u);
-      o = ((q >> 2) & 0x3c3c3c3cu) | q6_spread((hh >> 2) & 0x3333u);
-    }
+    code_bytes<FMT>(ws[c], hi, c, e, o);
     se = dp2a_lo(xv.x, e, se);
     se = dp2a_hi(xv.y, e, se);
     so = dp2a_lo(xv.z, o, so);

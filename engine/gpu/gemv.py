@@ -11,6 +11,7 @@ import numpy as np
 
 from engine.artifact import formats
 from engine.gpu import launch as kernels
+from engine.gpu import kernel_names as KN
 from engine.gpu.launch import EPI, FMT_IDS, GEMV_CONV_ROWS, GEMV_PRE_MAIN, WARPS, Launch, _allow_smem, kernel, sm_count
 
 
@@ -97,6 +98,9 @@ class GemvPlan:
             self._go = Launch(self.fn, self.grid, WARPS * 32, self.args, name=f"gemv_bf16<{m}>")
             return
         f = FMT_IDS[w.fmt]
+        if 1 < m <= 8 and experts is None and epi in ("store", "partial", "add", "swiglu"):
+            self._tensor_cores(f, x, ldx, y, ldy, splits, y_offset, xpre)
+            return
         if rows is None or epi == "swiglu":
             rows = 2
         if epi == "conv":  # (compiled for one token, GEMV_CONV_ROWS)
@@ -156,8 +160,49 @@ class GemvPlan:
         self.splits = splits
         self._go = Launch(self.fn, self.grid, WARPS * 32, self.args, self.smem, name=kname)
 
+    def _tensor_cores(self, f, x, ldx, y, ldy, splits, y_offset, xpre):
+        """gemv_tc (cuda/gemv_tc.cu): 2..8 columns, each weight read once for all of them on the int8 MMAs; the
+        arguments are gemv_rs's and the warps a 16-row tile (`tc_warps`)."""
+        w, m = self.w, self.m
+        u4_per_row, pre = w.gpr * 2, xpre is not None
+        w8 = w.fmt == "q8_g32_fp16"
+        if pre:
+            u4ps, splits = prestaged_slices(u4_per_row, splits, 64 if w8 else 32)
+        else:  # whole groups (two chunks) a slice
+            u4ps = -(-u4_per_row // max(splits, 1))
+            u4ps += u4ps & 1
+            splits = -(-u4_per_row // u4ps)
+        xchunks = u4ps // 2 if w8 else u4ps  # 32-value x chunks a slice
+        red = WARPS * 128 * 4
+        self.smem = red if pre else m * (-(-xchunks // 32) * 32) * 64 + red
+        ps = w.n // 2 if self.epi == EPI["swiglu"] else 0
+        tiles = -(-(w.n - ps) // (8 if ps else 16))
+        wt = tc_warps(tiles * splits)
+        per_sm = max(1, min(4, (200 * 1024) // self.smem))
+        turns = -(-tiles // (WARPS // wt))
+        self.grid = (max(1, min(turns, sm_count() * per_sm // splits)), splits, 1)
+        self.kname = KN.gemv_tc_name(f, m)
+        self.f, self.rows, self.unroll, self.splits = f, 16, 1, splits
+        self.fn = kernel(self.kname)
+        _allow_smem(self.fn, self.kname, self.smem)
+        self.args = (np.uint64(w.ptr(w.base)), np.uint64(w.ptr(w.high)), np.uint64(w.ptr(w.scales)),
+                     np.int32(w.n), np.int32(w.gpr), np.int32(ps),
+                     np.uint64(_p(xpre[0]) if pre else _p(x)), np.int32(ldx), np.int32(w.k), np.int32(u4ps),
+                     np.uint64(_p(y) + 4 * y_offset), np.int32(ldy), np.int32(self.epi),
+                     np.uint64(_p(xpre[1]) if pre else 0), np.uint64(0), np.int32(0), np.int64(0), np.int32(0),
+                     np.uint64(0), np.int32(0), np.uint64(0), np.uint64(0), np.int32(0), np.int32(0), np.int32(0),
+                     np.int32(wt))
+        self._go = Launch(self.fn, self.grid, WARPS * 32, self.args, self.smem, name=self.kname)
+
     def launch(self):
         self._go()
+
+
+def tc_warps(tiles: int) -> int:
+    """Warps a 16-row tile of gemv_tc (the block's 8 warps take 8 / that tiles a turn). All 8 split K where the tiles
+    are not many (each warp's share of a row is short; measured on the H200 at 4 columns: the 27B's projections of up
+    to 2,176 tiles fastest so), 2 for the head's 15,520 (512 against 540 us with all eight)."""
+    return 2 if tiles >= 16 * sm_count() else WARPS
 
 
 def embed_rows(table: DevMatrix, *, tokens, out, ld: int, rows: int) -> Launch:

@@ -19,6 +19,15 @@ GEMV_PAIR_NAMES = ("gemv_rs_pre_pair<1,1,0,2,true,4>", "gemv_rs_pre_pair<1,1,0,1
 GEMV_PRE_XS_NAMES = tuple(f"gemv_rs_pre<{f},{r},1,{u},false,true>" for f in range(3) for r, u in GEMV_PRE_MAIN)
 
 
+# gemv_tc<FMT, M, GU> (cuda/gemv_tc.cu): M = 2..8 token columns on the int8 tensor cores, GU groups a warp's run of
+# loads
+GEMV_TC_GU = 2
+
+
+def gemv_tc_name(fmt: int, m: int) -> str:
+    return f"gemv_tc<{fmt},{m},{GEMV_TC_GU}>"
+
+
 def gemv_names(fmts, cols=(1, 8), pair: bool = True, bf16: bool = True, conv=None, xs=None) -> list[str]:
     """The GEMVs of row-split formats `fmts` (ids) for token rows `cols`: the register kernel and the pre-staged one
     (rows 1 and 2, unroll 2), their conv-epilogue forms (one token; formats `conv`, default all), the chunk-scaled
@@ -26,12 +35,14 @@ def gemv_names(fmts, cols=(1, 8), pair: bool = True, bf16: bool = True, conv=Non
     fmts = list(fmts)
     conv = fmts if conv is None else list(conv)
     xs = fmts if xs is None else list(xs)
-    names = [f"gemv_rs<{f},{r},{m},2>" for f in fmts for r in (1, 2) for m in cols]
-    names += [f"gemv_rs_pre<{f},{r},{m},{u}>" for f in fmts for r, u in GEMV_PRE_MAIN for m in cols]
+    one = [1] if 1 in cols else []  # (more columns take gemv_tc)
+    names = [f"gemv_rs<{f},{r},{m},2>" for f in fmts for r in (1, 2) for m in one]
+    names += [f"gemv_rs_pre<{f},{r},{m},{u}>" for f in fmts for r, u in GEMV_PRE_MAIN for m in one]
     names += [f"gemv_rs<{f},{r},1,2,true>" for f in conv for r in GEMV_CONV_ROWS]
     names += [f"gemv_rs_pre<{f},{r},1,{u},true>" for f in conv for r, u in GEMV_PRE_MAIN]
     names += [n for n in GEMV_PRE_XS_NAMES if int(n[12]) in xs]
     names += [n for n in GEMV_PAIR_NAMES if pair and {0, 1} <= set(fmts)]
+    names += [gemv_tc_name(f, m) for f in fmts for m in cols if 1 < m <= 8]
     names += [f"gemv_bf16<{m}>" for m in cols] if bf16 else []
     return names
 
@@ -168,7 +179,7 @@ def moe_down_name(fr: int, fs: int) -> str:
 
 def all_names() -> list[str]:
     """Every instantiation some plan can take (every format, KV format, query group, GPU class)."""
-    names = gemv_names(range(4), (1, 2, 8))
+    names = gemv_names(range(4), (1, 2, 3, 4, 5, 6, 8))
     names += [f"embed_rs<{f}>" for f in range(4)] + [f"dequant_rs<{f}>" for f in range(4)]
     names += attn_names() + [f"attn_prefill_fa<{w},{kv8}>" for w in (4, 8) for kv8 in ("false", "true")]
     names += ["gdn_delta_raw_rw<4>", "gdn_delta_rows<2>"] + [gdn_scan_name(rb) for rb in GDN_SCAN_TC_RB]

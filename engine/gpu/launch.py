@@ -25,7 +25,7 @@ from engine.gpu.kernel_names import (  # noqa: F401  (the variant tables: kernel
     MLP_FUSED_VPT, MOE_DOWN_NAMES, MOE_FUSED_CHUNKS, MOE_FUSED_NAMES, MOE_FUSED_OPTS, MOE_FUSED_OT, MOE_FUSED_VPT,
     XPAD, all_names, attn_mma_form, attn_mma_smem, attn_mma_vraw_name, flash_smem, gdn_scan_smem, moe_down_name)
 
-SOURCES = ("common.cuh", "gemv_decode.cu", "gemv.cu", "gemv_variants.cu", "rows.cu", "norm.cu", "norm_cluster.cu",
+SOURCES = ("common.cuh", "gemv_decode.cu", "gemv.cu", "gemv_tc.cu", "gemv_variants.cu", "rows.cu", "norm.cu", "norm_cluster.cu",
            "attention.cu", "attn_combine.cu", "gdn.cu", "gdn_cluster.cu", "sample.cu", "sampler.cu", "sample_topk.cu", "moe.cu",
            "attn_prefill.cu", "attn_decode_mma.cu", "persistent.cu", "mlp_fused.cu", "moe_fused.cu", "spec.cu")
 FMT_IDS = {"q4_g64_fp16": 0, "q5_g64_fp16": 1, "q6_g64_fp16": 2, "q8_g32_fp16": 3}

@@ -18,7 +18,7 @@ from kernel_checks import LINEAR, QFMTS, RNG, check, poisoned, staged_case  # no
 
 @pytest.mark.parametrize("fmt", QFMTS)
 @pytest.mark.parametrize("n,k", [(512, 5120), (37, 1000), (300, 130)], ids=["512x5120", "37x1000", "300x130"])
-@pytest.mark.parametrize("m", [1, 2, 8])
+@pytest.mark.parametrize("m", [1, 2, 4, 8])
 @pytest.mark.parametrize("rows", [1, 2])
 def test_gemv_store(cp, fmt, n, k, m, rows):
     from engine.gpu.weights import upload_matrix
@@ -37,15 +37,15 @@ def test_gemv_store(cp, fmt, n, k, m, rows):
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("pre2", [False, True])
 @pytest.mark.parametrize("rows", [1, 2])
-def test_gemv_prestaged(cp, fmt, n, k, splits, pre2, rows):
+@pytest.mark.parametrize("m", [1, 3])
+def test_gemv_prestaged(cp, fmt, n, k, splits, pre2, rows, m):
     """x staged once by stage_x (as the producer kernels do), read by the GEMV from global memory
-    (gemv_rs, and gemv_rs_pre with pre2)."""
+    (one token: gemv_rs, and gemv_rs_pre with pre2; more: gemv_tc)."""
     from engine.gpu.weights import upload_matrix
     from engine.gpu import launch as K
     from engine.gpu.mlp import stage_amax
     from engine.gpu.norm import stage_rows
 
-    m = 2
     w = (RNG.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
     dm = upload_matrix(cp, fmt, w)
     wq = formats.decode(fmt, "row_split_k128_v1", (n, k), cp.asnumpy(dm.buf))
@@ -56,7 +56,7 @@ def test_gemv_prestaged(cp, fmt, n, k, splits, pre2, rows):
     part = poisoned(cp, (splits, m, n))
     plan = GemvPlan(dm, None, k, part, n, m=m, epi="partial", splits=splits, xpre=(xh, xinv), rows=rows, unroll=2,
                     pre2=pre2)
-    assert plan.pre2 == pre2
+    assert plan.pre2 == (pre2 and m == 1) and plan.kname.startswith("gemv_tc<") == (m > 1)
     part = part[: plan.splits]
     plan.launch()
     check(f"gemv prestaged {fmt}", part.get().sum(axis=0), ref.linear(x, wq), **LINEAR)
@@ -86,15 +86,15 @@ def test_gemv_prestaged(cp, fmt, n, k, splits, pre2, rows):
 @pytest.mark.parametrize("n,k", [(512, 5120), (37, 1000), (300, 130), (96, 2048)],
                          ids=["512x5120", "37x1000", "300x130", "96x2048"])
 @pytest.mark.parametrize("splits", [1, 3])
-@pytest.mark.parametrize("m", [1, 2])
+@pytest.mark.parametrize("m", [1, 2, 5])
 @pytest.mark.parametrize("rows", [1, 2])
 def test_gemv_w8_prestaged(cp, n, k, splits, m, rows):
     """w8 on the pre-staged int16 pairs (gemv_rs_pre<3, ...>, a chunk half a staged block; split-K slices of 64
-    chunks), partial planes and SwiGLU."""
+    chunks; more tokens: gemv_tc), partial planes and SwiGLU."""
     dm, wq, x, xd, xh, xinv = staged_case(cp, "q8_g32_fp16", n, k, m)  # (xd: read when the GEMV stages x itself)
     part = poisoned(cp, (splits, m, n))
     plan = GemvPlan(dm, xd, k, part, n, m=m, epi="partial", splits=splits, xpre=(xh, xinv), rows=rows)
-    assert plan.pre2
+    assert plan.pre2 == (m == 1)
     plan.launch()
     check(f"gemv w8 prestaged {n}x{k}", part[: plan.splits].get().sum(axis=0), ref.linear(x, wq), **LINEAR)
     if n % 2 == 0:
@@ -167,3 +167,41 @@ def test_gemv_pair_matches_the_two_launches(cp):
         outs[paired] = (ya.get(), yb.get())
     assert all(np.array_equal(a, b) for a, b in zip(outs[True], outs[False]))
     assert not any(np.isnan(a).any() for a in outs[True])
+
+
+@pytest.mark.parametrize("fmt", QFMTS)
+@pytest.mark.parametrize("m", [2, 4, 6])
+@pytest.mark.parametrize("n,k", [(4096, 5120), (300, 1000), (80, 17408)], ids=["4096x5120", "300x1000", "80x17408"])
+def test_gemv_columns_epilogues(cp, fmt, m, n, k):
+    """gemv_tc (2..8 columns on the int8 MMAs) staging x itself: store, add, SwiGLU, split-K partial planes; and
+    q4-q6 against the one-token GEMV column by column (the same staged integers, only the fp32 order differs; its w8
+    multiplies fp16 pairs)."""
+    from engine.gpu.weights import upload_matrix
+
+    w = (RNG.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
+    dm = upload_matrix(cp, fmt, w)
+    wq = formats.decode(fmt, "row_split_k128_v1", (n, k), cp.asnumpy(dm.buf))
+    x = RNG.standard_normal((m, k)).astype(np.float32)
+    xd, h = cp.asarray(x), ref.linear(x, wq)
+    y = poisoned(cp, (m, n))
+    plan = GemvPlan(dm, xd, k, y, n, m=m)
+    assert plan.kname.startswith("gemv_tc<")
+    plan.launch()
+    check(f"gemv_tc store {fmt}", y.get(), h, **LINEAR)
+    if fmt != "q8_g32_fp16":
+        one = poisoned(cp, (m, n))
+        for r in range(m):
+            GemvPlan(dm, xd[r:r + 1], k, one[r:r + 1], n, m=1).launch()
+        np.testing.assert_allclose(y.get(), one.get(), rtol=1e-4, atol=1e-5 * float(np.abs(h).max()))
+    base = RNG.standard_normal((m, n)).astype(np.float32)
+    ya = cp.asarray(base)
+    GemvPlan(dm, xd, k, ya, n, m=m, epi="add").launch()
+    check(f"gemv_tc add {fmt}", ya.get(), base + h, **LINEAR)
+    part = poisoned(cp, (3, m, n))
+    plan = GemvPlan(dm, xd, k, part, n, m=m, epi="partial", splits=3)
+    plan.launch()
+    check(f"gemv_tc split {fmt}", part[: plan.splits].get().sum(axis=0), h, **LINEAR)
+    if n % 2 == 0:
+        ys = poisoned(cp, (m, n // 2))
+        GemvPlan(dm, xd, k, ys, n // 2, m=m, epi="swiglu").launch()
+        check(f"gemv_tc swiglu {fmt}", ys.get(), ref.swiglu(h[:, : n // 2], h[:, n // 2:]), **LINEAR)
