@@ -1,7 +1,7 @@
 """Qwen3.5 hybrid decode on the GPU: packed weights, static buffers, one CUDA graph per step.
 
 The step is shaped for M token rows (`lanes`; later also the K+1 columns of speculative
-verification); wave one runs M = 1. Every buffer is allocated once here; the step is a fixed list of
+verification); wave one runs M = 1. Every buffer is allocated once, at build; the step is a fixed list of
 prepared kernel launches captured into a CUDA graph; per-step scalars (input token, position, step
 counter) live in device memory and are advanced by the last kernel, so a burst of greedy tokens needs
 no host synchronisation at all. The NumPy model (`qwen3_5.py`) is the reference for every number here.

@@ -39,12 +39,12 @@ def moe_down(routed, shared, *, eidx, act_routed, act_shared, planes, plane_stri
 def moe_fused(form, *, x_in, x_out, planes, nplanes: int, plane_stride: int, norm, eps: float, kpad: int, router,
               experts: int, topk: int, logits, eidx, ewts, gate_up, inter: int, xh, xsc, shared_gu, shared_inter: int,
               act, down, shared_down, barrier, tstamp=None, oproj: tuple | None = None) -> K.Launch:
-    """moe_fused (cuda/moe_fused.cu) in `form` (MoeOps._moe_fused_form: name, grid, shared memory): one token's
+    """moe_fused (cuda/moe_fused.cu) in `form` (MoeBlock.fused_form: name, grid, shared memory): one token's
     post-attention norm (x_out = x_in + the first nplanes planes, normed by `norm`), bf16 router and top-k (logits,
     eidx, ewts), the routed experts' gate|up (staged by chunks into xh, xsc) and the shared expert's (its SwiGLU row
     into act), and every down-projection into moe_down's topk + 1 planes, in one persistent launch with grid barriers
     (`barrier`); tstamp: a probe's phase timestamps or None. oproj: the o-projection's 8 arguments (its w8 matrix
-    first, then the norm: MoeOps._moe_fused_ops) or None. Launched programmatically without the cooperative
+    first, then the norm: MoeBlock.fused_ops) or None. Launched programmatically without the cooperative
     attribute (mode 2): its grid is sized to be resident."""
     name, grid, smem = form
     P, I = (lambda m, a: np.uint64(m.ptr(a))), np.int32
