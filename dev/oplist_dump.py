@@ -137,6 +137,8 @@ def main(out_path: str) -> None:
             cases.append(("moe256", gpu, kv, {}))
     cases.append(("moe256", "sm_90", "bf16", {"moe_fused": False}))
     cases.append(("moe128", "sm_90", "bf16", {"moe_fused": False}))
+    for gpu in ("sm_90", "sm_86"):  # (the speculation graphs: verify columns, fold, the MTP head's rounds)
+        cases.append(("dense-mtp", gpu, "bf16", {}))
     for model, gpu, kv, override in cases:
         with pytest.MonkeyPatch.context() as mp:
             REG.__init__()
@@ -159,8 +161,18 @@ def main(out_path: str) -> None:
 
             cuda_smoke.on_gpu(mp, gpu, **override)
             cfg = cuda_smoke.CFG if model.startswith("dense") else cuda_smoke.moe_cfg(int(model[3:]))
+            if model == "dense-mtp":
+                cfg = dict(cfg, mtp_num_hidden_layers=1)
             args, w = cuda_smoke.weights(cfg)
-            if model == "dense":
+            if model == "dense-mtp":  # (as tests/test_cuda_spec_smoke.py builds it: the MTP head's weights kept)
+                from engine.config import ModelArgs
+                from engine.gpu import weights as gpu_weights
+                from engine.models.qwen3_5 import random_weights
+
+                args = ModelArgs.from_config(cfg)
+                w = gpu_weights.from_logical(args, random_weights(args, seed=1, mtp=True))
+                eng = build_engine(args, w, cfg, max_context=256, kv=kv, prefill_cols=8, prefill_gemm=0)
+            elif model == "dense":
                 eng = build_engine(args, w, cfg, max_context=512, kv=kv, prefill_cols=8, prefill_gemm=64)
             elif model == "dense-share":
                 eng = build_engine(args, w, cfg, max_context=1024, kv=kv, prefill_cols=8, prefill_gemm=256)
@@ -172,6 +184,10 @@ def main(out_path: str) -> None:
             graphs = [("decode", ex.ops), ("sampled", ex.ops_sampled), ("topk", getattr(ex, "ops_topk", []))]
             if m.cols is not None:
                 graphs.append(("columns", m.cols.ops))
+            spec = eng.speculator(3) if model == "dense-mtp" else None
+            if spec is not None:
+                graphs += [("spec fold", spec.verify.fold_ops()), ("spec mtp", spec.mtp.round_ops()),
+                           ("spec verify", spec.verify.ops)]
             graphs += [(f"prefill{g.M}", g.ops) for g in m.gemms]
             for name, ops in graphs:
                 lines.append(f"--- {name} ops ({len(ops)})")
@@ -188,6 +204,12 @@ def main(out_path: str) -> None:
                     lines.append("--- columns run")
                     log.clear()
                     m.cols.run_eager()
+                    lines += log
+                for name, ops in graphs[-3:] if spec is not None else []:
+                    lines.append(f"--- {name} run")
+                    log.clear()
+                    for op in ops:
+                        op()
                     lines += log
             for g in m.gemms:
                 if args.is_moe:  # (the stand-in's kernels write nothing: distinct experts, as top-k gives)

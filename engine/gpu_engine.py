@@ -206,7 +206,7 @@ class CudaEngine(Engine):
         """Finish an open stream: wait for its steps, count what they consumed."""
         st, self._stream_state = self._stream_state, None
         if st is not None:
-            self.model.executor.finish_stream(st)
+            self.model.executor.sampler.finish_stream(st)
             self.cache.position = st.base + st.launched
             self._tokens.extend(st.consumed())
             self._last = None
@@ -277,7 +277,7 @@ class CudaEngine(Engine):
         st = StreamState(first_token, self.position)
         self._stream_state = st
         try:
-            for tok in ex.stream_tokens(graph, st, n):
+            for tok in ex.sampler.stream_tokens(graph, st, n):
                 self.cache.position = st.base + st.launched
                 yield tok
         finally:
@@ -296,12 +296,12 @@ class CudaEngine(Engine):
             raise ValueError("this engine has no top-k sampler graph")
         if self.max_context:
             n = min(int(n), self.max_context - self.position)
-        ex.set_sampling(params)
-        ex.set_counts(counts)
+        ex.sampler.set_sampling(params)
+        ex.sampler.set_counts(counts)
         st = StreamState(first_token, self.position)
         self._stream_state = st
         try:
-            for tok in ex.masked_tokens(ex.graph_topk, st, n, next_mask):
+            for tok in ex.sampler.masked_tokens(ex.graph_topk, st, n, next_mask):
                 self.cache.position = st.base + st.launched
                 yield tok
         finally:

@@ -52,12 +52,12 @@ def test_attention_launch_plumbing(cp, monkeypatch, gpu, kv):
     ops = _flat(ex.ops)
     att = [op for op in ops if getattr(op, "name", "").startswith("attn_decode")]
     assert att and {op.name for op in att} == {plan.attn}
-    assert all(op.grid == (2, ex.nsplit, ex.M) and op.block == plan.attn_threads and op.smem == plan.attn_smem
+    assert all(op.grid == (2, ex.attention.nsplit, ex.M) and op.block == plan.attn_threads and op.smem == plan.attn_smem
                for op in att)
     waves = K.blocks_per_sm(plan.attn, plan.attn_threads, plan.attn_smem)
-    assert ex.nsplit == min(2048 // 64, (waves * K.sm_count()) // 2) == ex.attn_ml.shape[2]
+    assert ex.attention.nsplit == min(2048 // 64, (waves * K.sm_count()) // 2) == ex.attention.attn_ml.shape[2]
     comb = [op for op in ops if getattr(op, "name", "").startswith("attn_combine")]
-    assert len(comb) == len(att) and all(int(op.args[2]) == ex.nsplit for op in comb)
+    assert len(comb) == len(att) and all(int(op.args[2]) == ex.attention.nsplit for op in comb)
 
 
 def test_attention_override_is_checked(cp, monkeypatch):

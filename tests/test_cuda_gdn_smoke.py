@@ -16,7 +16,7 @@ def _gdn_step(monkeypatch, gpu, **override):
     on_gpu(monkeypatch, gpu, **override)
     args, w = _weights(CFG)
     ex = build_engine(args, w, CFG, max_context=256, prefill_cols=1, prefill_gemm=0).model.executor
-    ex.gemv_cfg = {(L["o"].fmt, L["o"].n, L["o"].k): {"pre2": True} for L in ex.layers}
+    ex.ctx.gemv_cfg = {(L["o"].fmt, L["o"].n, L["o"].k): {"pre2": True} for L in ex.layers}
     ex.ops = ex._plan()
     return args, ex, _flat(ex.ops)
 
@@ -46,7 +46,7 @@ def test_gdn_gated_cl_plumbing(cp, monkeypatch):
     assert ex.plan.gdn_ab_in and not base_ex.plan.gdn_ab_in
     assert all(int(op.args[-1]) == args.hidden_size for op in cl)
     assert [int(op.args[-4]) for op in cl] == [L["ab"].ptr(L["ab"].base) for L in gdn_layers]
-    assert all(int(op.args[-3]) == ex.xn.data.ptr and int(op.args[-2]) == ex.xn.shape[1] for op in cl)
+    assert all(int(op.args[-3]) == ex.ctx.xn.data.ptr and int(op.args[-2]) == ex.ctx.xn.shape[1] for op in cl)
 
     def ab_gemvs(e, ops_):  # (the bf16 GEMVs of the executor's a|b weights)
         ab = {L["ab"].ptr(L["ab"].base) for L in e.layers if "ab" in L}
@@ -84,7 +84,7 @@ def test_gdn_merge_plumbing(cp, monkeypatch):
     # (conv_w, conv_st, C, base, rows) follow the 20 common arguments: every channel of q|k|v from row 0
     assert all(p.w.n == gdn[0]["qkvz"].n and int(p.args[22]) == int(p.args[24]) > 0 == int(p.args[23]) for p in m)
     delta = [op for op in _flat(on.ops) if getattr(op, "name", "") == "gdn_delta_raw_rw<4>"]
-    assert delta and all(int(op.args[0]) == on.buf_qkvz.data.ptr for op in delta)
+    assert delta and all(int(op.args[0]) == on.ctx.buf_qkvz.data.ptr for op in delta)
     args_d, wd = _weights(CFG)
     dense = build_engine(args_d, wd, CFG, max_context=256, prefill_cols=1, prefill_gemm=0).model.executor
     q = conv_plans(dense)
@@ -132,11 +132,12 @@ def test_conv_epilogue_is_refused_where_it_is_not_compiled(cp):
     L = next(L for L in ex.layers if L["kind"] != "full_attention")
     hk, hv = args.linear_num_key_heads, args.linear_num_value_heads
     conv = (L["conv"], L["conv_state"], (2 * hk + hv) * 128, 0, 2 * hk * 128)
-    xpre = (ex.xh_n, ex.xinv_n)
+    c = ex.ctx
+    xpre = (c.xh_n, c.xinv_n)
     with pytest.raises(ValueError, match="one token"):
-        GemvPlan(L["qk"], ex.xn, ex.xn.shape[-1], ex.buf_a, ex.buf_a.shape[-1], m=2, epi="conv", xpre=xpre, conv=conv)
+        GemvPlan(L["qk"], c.xn, c.xn.shape[-1], c.buf_a, c.buf_a.shape[-1], m=2, epi="conv", xpre=xpre, conv=conv)
     assert L["ab"].fmt == "bf16"
     with pytest.raises(ValueError, match="row-split"):
-        GemvPlan(L["ab"], ex.xn, ex.xn.shape[-1], ex.ab, ex.ab.shape[-1], epi="conv", conv=conv)
-    launch = ex._gemv(L["qk"], ex.xn, ex.buf_a, xpre=xpre, epi="conv", conv=conv)
+        GemvPlan(L["ab"], c.xn, c.xn.shape[-1], c.ab, c.ab.shape[-1], epi="conv", conv=conv)
+    launch = c.gemv(L["qk"], c.xn, c.buf_a, xpre=xpre, epi="conv", conv=conv)
     assert launch.__self__._go.name.endswith(",true>") and launch.__self__.splits == 1

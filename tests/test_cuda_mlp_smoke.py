@@ -12,7 +12,7 @@ def _step(monkeypatch, pre2=False, **override):
     args, w = _weights(CFG)
     ex = build_engine(args, w, CFG, max_context=256, prefill_cols=1, prefill_gemm=0).model.executor
     if pre2:  # (the o-projections on gemv_rs_pre, as the 27B's table has them: the GDN layers' o input by chunks)
-        ex.gemv_cfg = {(L["o"].fmt, L["o"].n, L["o"].k): {"pre2": True} for L in ex.layers}
+        ex.ctx.gemv_cfg = {(L["o"].fmt, L["o"].n, L["o"].k): {"pre2": True} for L in ex.layers}
         ex.ops = ex._plan()
     return args, ex, [getattr(getattr(op, "__self__", None), "_go", op) for op in _flat(ex.ops)]
 
@@ -36,17 +36,18 @@ def test_mlp_fused_plumbing(cp, monkeypatch):
     n_attn = sum(L["kind"] == "full_attention" for L in ex.layers)
     assert sum(op.name.endswith(",true,true,true,3>") for op in fused) == n_attn  # (the o-projection inside)
     assert sum(op.name == "mlp_fused<0,1,1,1,true>" for op in fused) == layers - n_attn
-    bufs = {ex.x.data.ptr, ex.x2.data.ptr}
+    c = ex.ctx
+    bufs = {c.x.data.ptr, c.x2.data.ptr}
     for op in fused:
-        assert op.block == 1024 and op.grid == (K.sm_count(),) and op.smem == ex.kpad_h * 6
+        assert op.block == 1024 and op.grid == (K.sm_count(),) and op.smem == c.kpad_h * 6
         assert {int(op.args[0]), int(op.args[1])} == bufs  # reads one residual buffer, writes the other
-        assert int(op.args[2]) == int(op.args[25]) == ex.part.data.ptr
-        assert int(op.args[18]) == ex.stage_slot.data.ptr and int(op.args[13]) == ex.act.data.ptr
+        assert int(op.args[2]) == int(op.args[25]) == c.part.data.ptr
+        assert int(op.args[18]) == c.stage_slot.data.ptr and int(op.args[13]) == c.act.data.ptr
         assert int(op.args[28]) == 0 and int(op.args[29]) == 7  # (no timestamps; local staging, the red barriers)
-        assert int(op.args[30]) == ex.xsc_act.data.ptr  # (chunk scales)
-        o = op.name.endswith(",3>")
-        assert int(op.args[31]) == getattr(ex, "mlp_help" + ("_o" if o else "")).data.ptr
-        assert int(op.args[27]) == getattr(ex, "mlp_bar_help" + ("_o" if o else "")).data.ptr
+        assert int(op.args[30]) == ex.mlp.xsc_act.data.ptr  # (chunk scales)
+        _, bar_help, help_ = ex.mlp.barriers[op.name.endswith(",3>")]  # (the launches with the o-projection: theirs)
+        assert int(op.args[31]) == help_.data.ptr
+        assert int(op.args[27]) == bar_help.data.ptr
     # the next norm reads what the fused launch wrote, and sums its planes
     i = names_on.index(fused[0].name)
     nxt = next(op for op in on[i + 1:] if getattr(op, "name", "").startswith("residual_rmsnorm"))

@@ -36,14 +36,14 @@ def test_moe_fused_plumbing(cp, monkeypatch):
     norms = lambda ops: sum(n.startswith("residual_rmsnorm") for n in _names(ops))  # noqa: E731
     assert norms(on) == norms(off) - L
     for op in fused:
-        assert op.cooperative and op.block == 1024 and op.smem == ex.kpad_h * 6 and op.grid == (K.sm_count(),)
+        assert op.cooperative and op.block == 1024 and op.smem == ex.ctx.kpad_h * 6 and op.grid == (K.sm_count(),)
         a = [int(v) for v in op.args[:12]]
-        assert a[2] == ex.part.data.ptr and a[4] == H and a[6] == H and a[10] == args.num_experts and a[11] == k
+        assert a[2] == ex.ctx.part.data.ptr and a[4] == H and a[6] == H and a[10] == args.num_experts and a[11] == k
         tail = [int(v) for v in op.args[-11:-8]]  # (the barrier counter, no timestamps, the options; then the o's)
-        assert tail == [ex.moe_bar.data.ptr, 0, K.MOE_FUSED_OPTS]
+        assert tail == [ex.moe.bar.data.ptr, 0, K.MOE_FUSED_OPTS]
     after = [on[i + 1] for i, op in enumerate(on[:-1]) if op in fused]
     assert all(int(op.args[3]) == k + 1 for op in after if getattr(op, "name", "").startswith("residual_rmsnorm"))
-    bufs = {ex.x.data.ptr, ex.x2.data.ptr}
+    bufs = {ex.ctx.x.data.ptr, ex.ctx.x2.data.ptr}
     assert all({int(op.args[0]), int(op.args[1])} == bufs for op in fused)
     assert len(eng.decode_greedy(3, 2)) == 2
 
@@ -81,13 +81,13 @@ def test_moe_fused_o_plumbing(cp, monkeypatch):
             assert int(op.args[-8]) == int(o.ptr(o.base)) and int(op.args[-7]) == int(o.ptr(o.scales))
             assert ou4ps % 64 == 0 and ou4ps <= 32 * K.MOE_FUSED_OT and osplits == -(-ou4 // ou4ps)
             assert int(op.args[3]) == osplits  # (the norm sums the o-projection's planes)
-            assert int(op.args[-3]) == ex.xh_att.data.ptr and int(op.args[-1]) == ex.xsc_att.data.ptr
+            assert int(op.args[-3]) == ex.ctx.xh_att.data.ptr and int(op.args[-1]) == ex.ctx.xsc_att.data.ptr
         names = _names(ops)
         gdn = sum(L["kind"] != "full_attention" for L in ex.layers)
         attn = len(ex.layers) - gdn
         assert names.count("attn_combine_chunks_b") == attn and "gated_rmsnorm_stage" not in names
         staged = "gdn_delta_gated_cl" if gpu == "sm_90" else "gated_rmsnorm_chunks"
         assert names.count(staged) == gdn
-        assert all(int(op.args[-6]) == ex.xsc_att.data.ptr and int(op.args[-5]) == 1 for op in ops
+        assert all(int(op.args[-6]) == ex.ctx.xsc_att.data.ptr and int(op.args[-5]) == 1 for op in ops
                    if getattr(op, "name", "") == "gdn_delta_gated_cl")  # (the scales, then the early-state flag)
         assert len(eng.decode_greedy(3, 2)) == 2

@@ -133,7 +133,7 @@ def test_engine_captures_the_sampled_graphs(cp, monkeypatch):
     s = Sampler(temperature=0.8, top_p=0.9, seed=4)
     out = eng.decode_sampled(5, 3, s)
     assert len(out) == 3 and eng.position == 6
-    assert ds.unpack_params(ex.sp_params.get()[0]) == ds.unpack_params(ds.pack_params(s))
+    assert ds.unpack_params(ex.sampler.sp_params.get()[0]) == ds.unpack_params(ds.pack_params(s))
     with pytest.raises(ValueError):
         eng.decode_sampled(5, 1, Sampler(temperature=0.8, frequency_penalty=1.0))
     assert ex.sampled_graph(ds.pack_params(temperature=0.0)) is ex.graph
@@ -150,7 +150,7 @@ def test_penalty_counts_reach_the_device(cp, monkeypatch):
     s = Sampler(temperature=0.7, top_k=20, presence_penalty=1.5, seed=4)
     s.accept(7), s.accept(7), s.accept(9)
     list(eng.decode_stream(5, 2, s))
-    row = ex.sp_counts.get()[0]
+    row = ex.sampler.sp_counts.get()[0]
     assert row[7] == 2 and row[9] == 1 and row.sum() == 3
 
 
@@ -361,6 +361,6 @@ def test_masked_stream_accounting(cp, monkeypatch):
     masks = iter([np.array([1], np.int32)] * 3 + [None])
     got = list(eng.decode_masked(5, 10, ds.masked_params(Sampler(temperature=0.0)), lambda: next(masks)))
     assert len(got) == 3 and eng.position == 6 and len(eng._tokens) == 6
-    assert ex._allow_on is False  # the mask is off again for the next stream
+    assert ex.sampler._allow_on is False  # the mask is off again for the next stream
     assert ds.unpack_params(ds.masked_params(Sampler(temperature=0.0)))["top_k"] == 1
     assert ds.masked_params(Sampler(temperature=0.7, top_p=0.9)) is None

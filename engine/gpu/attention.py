@@ -1,7 +1,7 @@
-"""The attention of the CUDA decode step (`CudaQwen35` takes it as a base): the split-K partials'
-allocation and the core op (the plan's decode attention kernel over the paged cache; the combine with the
-sigmoid gate follows it in `CudaQwen35._plan`). The methods use the executor's buffers (`_alloc`: qbuf,
-page_table, qpos, att, the layers' caches)."""
+"""The attention layers of the CUDA decode step (`AttentionBlock`, held by `CudaQwen35`): the projections, the q/k
+norm with RoPE and the paged KV write, the plan's decode attention kernel over the paged cache into split-K partials,
+the combine with the sigmoid gate. The block holds its partials and uses the step's shared buffers (engine.gpu.step:
+buf_a, buf_b, qbuf, att, the positions and page table) and the layers' caches."""
 from __future__ import annotations
 
 import math
@@ -64,45 +64,89 @@ def combine_chunks(*, ml, acc, nsplit: int, gate, ld_gate: int, out, ld_out: int
                       block=256)
 
 
-class AttentionOps:
+class AttentionBlock:
+    """A full-attention layer of the step over the shared buffers of `c` (a StepContext): the q|k and gate|v
+    projections, q/k norm + RoPE + the paged KV write, the plan's decode attention into split-K partials (held here),
+    and the combine with the sigmoid gate that stages the o-projection's input."""
+
     # The decode attention is the plan's (engine.gpu.plan.attention_form): attn_decode_mma, a KV head's query group as
     # one m16 tile, 16 tokens a warp a round through two MMA chains, the next rounds' K/V in flight through cp.async,
     # in the first form that fits the device's shared memory (int8 KV on sm_90: K's and V's codes straight into the
     # MMAs); the split kernel (CUDA cores, a warp a token) for query groups it is not compiled for.
 
-    def _attn_mma(self):
-        """(kernel name, threads, dynamic shared memory) of the plan's attention when it is attn_decode_mma, else
-        None (the split kernels)."""
-        if not self.plan.attn.startswith("attn_decode_mma<"):
-            return None
-        return self.plan.attn, self.plan.attn_threads, self.plan.attn_smem
-
-    def _alloc_attention(self):
+    def __init__(self, c):
         """Split-K attention partials (per token row, query head and split): as many splits as fill the SMs
         once with attn_decode_mma's resident blocks (one an SM), two waves' worth of the split kernels."""
-        cp, M, f32 = self.cp, self.M, self.cp.float32
+        cp, M, f32 = c.cp, c.M, c.cp.float32
+        self.c = c
+        self.attn_ml = None
         self._set_nsplit()
         cap = self.nsplit
-        self.attn_ml = cp.zeros((M, self.Hq, cap, 2), dtype=f32)
-        self.attn_acc = cp.zeros((M, self.Hq, cap, ATTN_HEAD_DIM), dtype=f32)
+        self.attn_ml = cp.zeros((M, c.Hq, cap, 2), dtype=f32)
+        self.attn_acc = cp.zeros((M, c.Hq, cap, ATTN_HEAD_DIM), dtype=f32)
+        self.attn_tick = cp.zeros(2 * M, dtype=cp.uint32)  # attn_combine_stage: row max bits, head tickets
+
+    def mma(self):
+        """(kernel name, threads, dynamic shared memory) of the plan's attention when it is attn_decode_mma, else
+        None (the split kernels)."""
+        p = self.c.plan
+        if not p.attn.startswith("attn_decode_mma<"):
+            return None
+        return p.attn, p.attn_threads, p.attn_smem
 
     def _set_nsplit(self):
         """nsplit (and chunk) for the attention form the plan takes: its resident blocks an SM's worth of splits."""
-        mma = self._attn_mma()
+        c, mma = self.c, self.mma()
         waves = K.blocks_per_sm(*mma) if mma is not None else 2
-        self.nsplit = max(1, min(self.max_context // KV_PAGE, (waves * K.sm_count()) // max(self.Hkv, 1)))
-        if getattr(self, "attn_ml", None) is not None:
+        self.nsplit = max(1, min(c.max_context // KV_PAGE, (waves * K.sm_count()) // max(c.Hkv, 1)))
+        if self.attn_ml is not None:
             self.nsplit = min(self.nsplit, self.attn_ml.shape[2])
-        self.chunk = -(-self.max_context // self.nsplit)
+        self.chunk = -(-c.max_context // self.nsplit)
 
-    def _attn_core_ops(self, L, ldb, buf_b=None):
+    def core_ops(self, L, ldb, buf_b=None):
         """Attention of each token row over its sequence's cache (q in qbuf, K/V already written) into the split-K
         partials (attn_ml, attn_acc) that the combine after it reduces (with the sigmoid gate, the first Hq*256
         columns of buf_b)."""
         self._set_nsplit()  # (the combine after this takes the same nsplit)
-        p = self.plan
-        return [decode_attention(p.attn, threads=p.attn_threads, smem=p.attn_smem, q=self.qbuf, k_cache=L["kc"],
-                                 v_cache=L["vc"], pos=self.qpos, page_table=self.page_table, pt_stride=self.pt_stride,
-                                 kv_heads=self.Hkv, chunk=self.chunk, scale=1.0 / math.sqrt(ATTN_HEAD_DIM),
-                                 ml=self.attn_ml, acc=self.attn_acc, nsplit=self.nsplit, rows=self.M,
+        c, p = self.c, self.c.plan
+        return [decode_attention(p.attn, threads=p.attn_threads, smem=p.attn_smem, q=c.qbuf, k_cache=L["kc"],
+                                 v_cache=L["vc"], pos=c.qpos, page_table=c.page_table, pt_stride=c.pt_stride,
+                                 kv_heads=c.Hkv, chunk=self.chunk, scale=1.0 / math.sqrt(ATTN_HEAD_DIM),
+                                 ml=self.attn_ml, acc=self.attn_acc, nsplit=self.nsplit, rows=c.M,
                                  k_scales=L["ks"], v_scales=L["vs"])]
+
+    def ops(self, L, xn, att_stage, chunk: bool = False) -> tuple[list, list]:
+        """Layer L's (projection ops, core ops up to the o-projection's staged input): xn the staged normed row
+        (pairs, inverse scales), att_stage (k, kpad, xh, xinv) the o-projection's staging; chunk: the combine stages
+        a 32-value chunk at a time (over the splits that hold tokens) into the context's chunk scales, where the
+        o-projection (or the fused MLP's o-phase) takes them, else with one scale for the row (its last head)."""
+        c, M = self.c, self.c.M
+        a = c.args
+        qw = c.Hq * ATTN_HEAD_DIM
+        buf_a, buf_b = c.buf_a, c.buf_b
+        lda, ldb = buf_a.shape[1], buf_b.shape[1]
+        if "qkgv" in L:  # (q|k and gate|v as one GEMV over their shared object)
+            buf_a = c.merged_buf()
+            buf_b = buf_a[:, L["qk"].n:]
+            lda = ldb = buf_a.shape[1]
+            proj = [c.gemv(L["qkgv"], c.xn, buf_a, xpre=xn)]
+        else:
+            qk = c.gemv(L["qk"], c.xn, buf_a, xpre=xn)
+            gv = c.gemv(L["gv"], c.xn, buf_b, xpre=xn)
+            pair = c.pair(gv, qk)  # (one grid for both)
+            proj = [pair] if pair is not None else c.concurrent([gv], [qk])
+        core = [qk_norm_rope_kv(q=buf_a, ld_q=lda, k=buf_a[:, qw:], ld_k=lda, v=buf_b[:, qw:], ld_v=ldb,
+                                q_norm=L["qn"], k_norm=L["kn"], pos=c.qpos, page_table=c.page_table,
+                                pt_stride=c.pt_stride, k_cache=L["kc"], v_cache=L["vc"], q_out=c.qbuf,
+                                q_heads=c.Hq, kv_heads=c.Hkv, rotary_dim=a.rotary_dim,
+                                log2_theta=float(math.log2(a.rope_theta)), eps=float(a.rms_norm_eps), rows=M,
+                                k_scales=L["ks"], v_scales=L["vs"])]
+        core += self.core_ops(L, ldb, buf_b)
+        k, kpad, xh, xinv = att_stage
+        comb = dict(ml=self.attn_ml, acc=self.attn_acc, nsplit=self.nsplit, gate=buf_b, ld_gate=ldb, out=c.att,
+                    ld_out=c.att.shape[1], heads=c.Hq, k=k, kpad=kpad, xh=xh, xinv=xinv, rows=M)
+        if chunk:
+            core.append(combine_chunks(**comb, xsc=c.xsc_att, pos=c.qpos, round_to=16 if self.mma() else 1))
+        else:
+            core.append(combine_stage(**comb, amax=self.attn_tick[:M], tickets=self.attn_tick[M:]))
+        return proj, core

@@ -12,7 +12,7 @@ import numpy as np
 
 from engine.gpu.gemv import GemvPlan
 from engine.gpu.decode import CudaQwen35
-from engine.gpu.gdn import delta_bufs, delta_step, gdn_conv_tail, gdn_prep, prep_bufs
+from engine.gpu.gdn import GdnBlock, delta_bufs, delta_step, gdn_conv_tail, gdn_prep, prep_bufs
 from engine.gpu.sampling import advance_positions, column_positions
 
 
@@ -24,8 +24,29 @@ def last_row_head(head, *, xn, xh, xinv, logits):
                     xpre=(xh[T - 1:], xinv[T - 1:])).launch
 
 
+class ColumnsGdn(GdnBlock):
+    """The GDN layers over T consecutive tokens of one sequence: gdn_prep_cols, then the recurrence through the T
+    tokens with the state row in registers."""
+
+    FUSES_PREP = False
+    PREP_SPLIT = 1  # token slices of gdn_prep_cols (grid.y); more than one leaves the conv state to gdn_conv_tail
+    DELTA_ROWS = 1  # GDN state rows a warp in the recurrence (gdn_delta_rows for > 1)
+
+    def core_ops(self, L, lda, ldb):
+        c = self.c
+        T = c.M
+        split = max(1, min(self.PREP_SPLIT, T // 8))
+        prep = [gdn_prep(**prep_bufs(c, L, lda, ldb), rows=1, tokens=T, slices=split)]
+        if split > 1:
+            prep.append(gdn_conv_tail(qk=c.buf_a, ld_qk=lda, v=c.buf_b, ld_v=ldb, conv_state=L["conv_state"],
+                                      k_heads=c.Hk, v_heads=c.Hv, tokens=T))
+        return prep + [delta_step(**delta_bufs(c, L), rows=1, tokens=T, rows_a_warp=self.DELTA_ROWS)]
+
+
 class CudaQwen35Columns(CudaQwen35):
     """T-token step over the sequence of `decode` (a one-lane CudaQwen35)."""
+
+    GDN = ColumnsGdn
 
     def __init__(self, decode: CudaQwen35, cols: int):
         if decode.M != 1:
@@ -33,7 +54,6 @@ class CudaQwen35Columns(CudaQwen35):
         if decode.args.is_moe:
             raise NotImplementedError("the columns step does not run MoE models yet")
         self.decode = decode
-        self.stream = decode.stream
         super().__init__(decode.args, {}, max_context=decode.max_context, lanes=cols, gemv_cfg=None,
                          kv=decode.kv, plan=decode.plan)
 
@@ -42,29 +62,23 @@ class CudaQwen35Columns(CudaQwen35):
         self.embed, self.head, self.final_norm, self.layers = d.embed, d.head, d.final_norm, d.layers
 
     def _alloc_state(self):
-        d = self.decode
-        self.pos, self.step, self.history, self.page_table = d.pos, d.step, d.history, d.page_table
+        """The decode executor's sequence (positions, history, page table, stream); each column's position its own."""
+        c, d = self.ctx, self.decode.ctx
+        c.pos, c.step, c.hist_len, c.history, c.page_table = d.pos, d.step, d.hist_len, d.history, d.page_table
+        c.stream = d.stream
         self.posc = self.cp.zeros(self.M, dtype=self.cp.int32)
-        self.qpos, self.pt_stride = self.posc, 0  # every column reads lane 0's page table
+        c.qpos, c.pt_stride = self.posc, 0  # every column reads lane 0's page table
+
+    def _sampler(self):
+        return None
 
     def _pre_ops(self):
         return [column_positions(pos=self.pos, out=self.posc, tokens=self.M)]
 
-    PREP_SPLIT = 1  # token slices of gdn_prep_cols (grid.y); more than one leaves the conv state to gdn_conv_tail
-    DELTA_ROWS = 1  # GDN state rows a warp in the recurrence (gdn_delta_rows for > 1)
-
-    def _gdn_core_ops(self, L, lda, ldb):
-        T = self.M
-        split = max(1, min(self.PREP_SPLIT, T // 8))
-        prep = [gdn_prep(**prep_bufs(self, L, lda, ldb), rows=1, tokens=T, slices=split)]
-        if split > 1:
-            prep.append(gdn_conv_tail(qk=self.buf_a, ld_qk=lda, v=self.buf_b, ld_v=ldb, conv_state=L["conv_state"],
-                                      k_heads=self.Hk, v_heads=self.Hv, tokens=T))
-        return prep + [delta_step(**delta_bufs(self, L), rows=1, tokens=T, rows_a_warp=self.DELTA_ROWS)]
-
     def _tail_ops(self):
         """Logits of the last column only; then the position advances by T."""
-        head = last_row_head(self.head, xn=self.xn, xh=self.xh_n, xinv=self.xinv_n, logits=self.logits)
+        c = self.ctx
+        head = last_row_head(self.head, xn=c.xn, xh=c.xh_n, xinv=c.xinv_n, logits=self.logits)
         return [head, advance_positions(pos=self.pos, tokens=self.M)]
 
     def run_chunk(self, token_ids) -> None:

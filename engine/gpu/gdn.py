@@ -1,8 +1,8 @@
-"""The Gated DeltaNet layers of the CUDA decode step (`CudaQwen35` takes it as a base): the projections
+"""The Gated DeltaNet layers of the CUDA decode step (`GdnBlock`, held by `CudaQwen35`): the projections
 (q|k, v|z and a|b on two streams; the causal conv + SiLU in their epilogue where that is fused; q|k|v|z as one
 GEMV where they share a format), the delta rule, and the gated norm with the o-projection's staging, in the
-plan's forms. The methods use the executor's buffers (`_alloc`: buf_a, buf_b, ab, the gdn_*
-buffers, att, att2) and helpers (`_gemv`, `_concurrent`, `_prep_fused`)."""
+plan's forms. The block uses the step's shared buffers (engine.gpu.step: buf_a, buf_b, ab, the gdn_* rows, att,
+att2, xsc_att) and its GEMV helpers."""
 from __future__ import annotations
 
 import math
@@ -81,17 +81,26 @@ def chunk_scan(form: str, *, q, k, w, u, m, gamma, state, o, k_heads: int, v_hea
                       smem=K.gdn_scan_smem(rb))
 
 
+def gdn_rows(cp, rows: int, k_heads: int, v_heads: int) -> tuple:
+    """gdn_prep's outputs for `rows` token rows (fp32): q, k [rows, k_heads, 128], v [rows, v_heads, 128], g, beta
+    [rows, v_heads]."""
+    f32 = cp.float32
+    return (cp.zeros((rows, k_heads, GDN_HEAD_DIM), dtype=f32), cp.zeros((rows, k_heads, GDN_HEAD_DIM), dtype=f32),
+            cp.zeros((rows, v_heads, GDN_HEAD_DIM), dtype=f32), cp.zeros((rows, v_heads), dtype=f32),
+            cp.zeros((rows, v_heads), dtype=f32))
+
+
 def prep_bufs(ex, L, lda: int, ldb: int) -> dict:
-    """gdn_prep's buffers in an executor `ex` (decode, columns, prefill: buf_a, buf_b, ab, the gdn_* rows): layer L's
-    projections in (row strides lda, ldb), its conv history, the delta rule's inputs out."""
+    """gdn_prep's buffers in `ex` (a step's StepContext, or the prefill executor: buf_a, buf_b, ab, the gdn_* rows):
+    layer L's projections in (row strides lda, ldb), its conv history, the delta rule's inputs out."""
     return dict(qk=ex.buf_a, ld_qk=lda, v=ex.buf_b, ld_v=ldb, ab=ex.ab, ld_ab=ex.ab.shape[1], conv_state=L["conv_state"],
                 conv=L["conv"], a_log=L["a_log"], dt_bias=L["dt_bias"], q_out=ex.gdn_q, k_out=ex.gdn_k, v_out=ex.gdn_v,
                 g=ex.gdn_g, beta=ex.gdn_beta, k_heads=ex.Hk, v_heads=ex.Hv, q_scale=1.0 / math.sqrt(GDN_HEAD_DIM))
 
 
 def delta_bufs(ex, L) -> dict:
-    """The delta rule's buffers after gdn_prep in an executor `ex`: its inputs, layer L's state, the output rows
-    (att2)."""
+    """The delta rule's buffers after gdn_prep in `ex` (as prep_bufs takes it): its inputs, layer L's state, the
+    output rows (att2)."""
     return dict(q=ex.gdn_q, k=ex.gdn_k, v=ex.gdn_v, g=ex.gdn_g, beta=ex.gdn_beta, state=L["state"], o=ex.att2,
                 k_heads=ex.Hk, v_heads=ex.Hv)
 
@@ -131,7 +140,11 @@ def delta_gated_cl(*, qk, ld_qk: int, v, ld_v: int, ab, ld_ab: int, a_log, dt_bi
                       + ab_in, block=256)
 
 
-class GdnOps:
+class GdnBlock:
+    """A Gated DeltaNet layer of the step over the shared buffers of `c` (a StepContext). The core after the
+    projections (`core_ops`: conv, norms and gates, then the delta rule) is one token a row here; the columns and
+    verification steps take a block of their own for it (engine.gpu.columns, engine.gpu.verify)."""
+
     # A GDN layer of the decode step: q|k, v|z (and a|b) projected from the normed row, one GEMV where q|k and v|z
     # share a row-split format (the 35B-A3B's w8: one [q|k|v|z] row), else two (a gemv_rs_pre_pair grid where the plan
     # pairs them); the causal conv and SiLU in the projections' epilogue (EPI_CONV); then the plan's delta rule: on
@@ -140,99 +153,101 @@ class GdnOps:
     # computed inside from its bf16 weights where the plan says gdn_ab_in), elsewhere gdn_delta_raw_rw<4> (4 state
     # rows a warp) and gated_rmsnorm_chunks (the o-projection's input a 32-value chunk at a time, a scale each).
 
+    FUSES_PREP = True  # core_ops is this block's: the conv may go into the projections' epilogue (one token row)
+
+    def __init__(self, c):
+        self.c = c
+
+    def _prep_fused(self) -> bool:
+        """The GDN projections' epilogue applies the causal conv and SiLU, the delta rule the q/k norms and gates (no
+        gdn_prep launch): one token row, this block's own core."""
+        return self.c.M == 1 and self.FUSES_PREP
+
     def _cl_core(self, chunk: bool) -> bool:
         """Whether _raw_core takes gdn_delta_gated_cl (a cluster of 4 blocks a value head)."""
-        return bool(chunk and self.plan.gdn == "gdn_delta_gated_cl")
+        return bool(chunk and self.c.plan.gdn == "gdn_delta_gated_cl")
 
     def _ab_in(self, L, chunk: bool) -> bool:
         """gdn_delta_gated_cl computes layer L's a|b projection (bf16, H <= 8,192; the plan's gdn_ab_in)."""
-        ab = L["ab"]
-        return bool(self.plan.gdn_ab_in and self._cl_core(chunk) and ab.fmt == "bf16" and ab.k == self.H
-                    and self.H % 8 == 0 and self.H <= 8192)
-
-    def _gated_chunk_scales(self):
-        """The o-projection's chunk scales (fp32, a value a 32-value chunk of the staged row) or None (off)."""
-        if self.M != 1:
-            return None
-        if getattr(self, "xsc_att", None) is None:
-            self.xsc_att = self.cp.zeros(self.xh_att.shape[-1] * 2 // 32, dtype=self.cp.float32)
-        return self.xsc_att
+        ab, H = L["ab"], self.c.H
+        return bool(self.c.plan.gdn_ab_in and self._cl_core(chunk) and ab.fmt == "bf16" and ab.k == H
+                    and H % 8 == 0 and H <= 8192)
 
     def _raw_core(self, L, buf_a, lda, buf_b, ldb, att_stage, chunk: bool = False):
         """The delta rule over the projections' conv outputs, then the gated norm and staging (one cluster launch on
         sm_90 where the o input is staged by chunks)."""
-        Hv = self.Hv
-        delta = dict(qk=buf_a, ld_qk=lda, v=buf_b, ld_v=ldb, ab=self.ab, ld_ab=self.ab.shape[1], a_log=L["a_log"],
-                     dt_bias=L["dt_bias"], q_scale=1.0 / math.sqrt(GDN_HEAD_DIM), state=L["state"], o=self.att2,
-                     k_heads=self.Hk, v_heads=Hv, rows=self.M)
+        c = self.c
+        Hv = c.Hv
+        delta = dict(qk=buf_a, ld_qk=lda, v=buf_b, ld_v=ldb, ab=c.ab, ld_ab=c.ab.shape[1], a_log=L["a_log"],
+                     dt_bias=L["dt_bias"], q_scale=1.0 / math.sqrt(GDN_HEAD_DIM), state=L["state"], o=c.att2,
+                     k_heads=c.Hk, v_heads=Hv, rows=c.M)
         if self._cl_core(chunk):  # (a cluster of 4 blocks a value head)
             ab, ab_in = L["ab"], self._ab_in(L, chunk)
             k, kpad, xh, xinv = att_stage
-            return [delta_gated_cl(**delta, z=buf_b[:, Hv * GDN_HEAD_DIM:], ld_z=ldb, weight=L["norm"], out=self.att,
-                                   ld_out=self.att.shape[1], eps=self.args.rms_norm_eps, k=k, kpad=kpad, xh=xh,
-                                   xinv=xinv, xsc=self.xsc_att, ab_weights=ab.ptr(ab.base) if ab_in else None,
-                                   x=self.xn if ab_in else None, ld_x=self.xn.shape[1] if ab_in else 0,
-                                   hidden=self.H if ab_in else 0)]
+            return [delta_gated_cl(**delta, z=buf_b[:, Hv * GDN_HEAD_DIM:], ld_z=ldb, weight=L["norm"], out=c.att,
+                                   ld_out=c.att.shape[1], eps=c.args.rms_norm_eps, k=k, kpad=kpad, xh=xh,
+                                   xinv=xinv, xsc=c.xsc_att, ab_weights=ab.ptr(ab.base) if ab_in else None,
+                                   x=c.xn if ab_in else None, ld_x=c.xn.shape[1] if ab_in else 0,
+                                   hidden=c.H if ab_in else 0)]
         return [delta_rule(**delta), self._gated_norm(L, ldb, Hv * GDN_HEAD_DIM, att_stage, buf_b, chunk=chunk)]
 
-    def _gdn_ops(self, L, xn, att_stage, chunk: bool = False) -> tuple[list, list]:
-        """A GDN layer's (projection ops, core ops up to the o-projection's staged input) for one decode step;
-        xn: the staged normed row (pairs, inverse scales), att_stage: the o-projection's staging arguments; chunk:
-        staged a 32-value chunk at a time into xsc_att's scales."""
+    def ops(self, L, xn, att_stage, chunk: bool = False) -> tuple[list, list]:
+        """A GDN layer's (projection ops, core ops up to the o-projection's staged input) for one step; xn: the
+        staged normed row (pairs, inverse scales), att_stage: the o-projection's staging arguments; chunk: staged a
+        32-value chunk at a time into the context's chunk scales (xsc_att)."""
+        c = self.c
         ops = []
-        Hk, Hv = self.Hk, self.Hv
-        lda, ldb = self.buf_a.shape[1], self.buf_b.shape[1]
+        Hk, Hv = c.Hk, c.Hv
+        lda, ldb = c.buf_a.shape[1], c.buf_b.shape[1]
         fuse_prep = self._prep_fused() and L["qk"].fmt in K.FMT_IDS and L["vz"].fmt in K.FMT_IDS
-        buf_a, buf_b = self.buf_a, self.buf_b
+        buf_a, buf_b = c.buf_a, c.buf_b
         if fuse_prep:  # the conv + SiLU in the q|k and v projections' epilogue, the rest in the delta rule
             C, qkc = (2 * Hk + Hv) * GDN_HEAD_DIM, 2 * Hk * GDN_HEAD_DIM
             if "qkvz" in L and L["qk"].n == qkc:
                 qkvz = L["qkvz"]
-                buf_a = self._merged_buf()
+                buf_a = c.merged_buf()
                 buf_b = buf_a[:, qkc:]
                 lda = ldb = buf_a.shape[1]
-                merged = self._gemv(qkvz, self.xn, buf_a, xpre=xn, epi="conv",
-                                    conv=(L["conv"], L["conv_state"], C, 0, C))
+                merged = c.gemv(qkvz, c.xn, buf_a, xpre=xn, epi="conv", conv=(L["conv"], L["conv_state"], C, 0, C))
                 if self._ab_in(L, chunk):  # (the delta rule's launch computes a|b)
                     ops.append(merged)
                 else:
-                    ops.extend(self._concurrent([merged], [self._gemv(L["ab"], self.xn, self.ab)]))
+                    ops.extend(c.concurrent([merged], [c.gemv(L["ab"], c.xn, c.ab)]))
             else:
-                qk = self._gemv(L["qk"], self.xn, self.buf_a, xpre=xn, epi="conv",
-                                conv=(L["conv"], L["conv_state"], C, 0, qkc))
-                vz = self._gemv(L["vz"], self.xn, self.buf_b, xpre=xn, epi="conv",
-                                conv=(L["conv"], L["conv_state"], C, qkc, Hv * GDN_HEAD_DIM))
-                pair = self._pair(vz, qk)  # (one grid for both)
-                ab_gemv = [] if self._ab_in(L, chunk) else [self._gemv(L["ab"], self.xn, self.ab)]
+                qk = c.gemv(L["qk"], c.xn, c.buf_a, xpre=xn, epi="conv", conv=(L["conv"], L["conv_state"], C, 0, qkc))
+                vz = c.gemv(L["vz"], c.xn, c.buf_b, xpre=xn, epi="conv",
+                            conv=(L["conv"], L["conv_state"], C, qkc, Hv * GDN_HEAD_DIM))
+                pair = c.pair(vz, qk)  # (one grid for both)
+                ab_gemv = [] if self._ab_in(L, chunk) else [c.gemv(L["ab"], c.xn, c.ab)]
                 if pair is not None:
-                    ops.extend(self._concurrent([pair], ab_gemv) if ab_gemv else [pair])
+                    ops.extend(c.concurrent([pair], ab_gemv) if ab_gemv else [pair])
                 else:
-                    ops.extend(self._concurrent([vz], [qk] + ab_gemv))
+                    ops.extend(c.concurrent([vz], [qk] + ab_gemv))
         else:
-            qk = self._gemv(L["qk"], self.xn, self.buf_a, xpre=xn)
-            vz = self._gemv(L["vz"], self.xn, self.buf_b, xpre=xn)
-            ops.extend(self._concurrent([vz], [qk, self._gemv(L["ab"], self.xn, self.ab)]))
+            qk = c.gemv(L["qk"], c.xn, c.buf_a, xpre=xn)
+            vz = c.gemv(L["vz"], c.xn, c.buf_b, xpre=xn)
+            ops.extend(c.concurrent([vz], [qk, c.gemv(L["ab"], c.xn, c.ab)]))
         if fuse_prep:
             return ops, self._raw_core(L, buf_a, lda, buf_b, ldb, att_stage, chunk)
-        core = self._gdn_core_ops(L, lda, ldb)
+        core = self.core_ops(L, lda, ldb)
         core.append(self._gated_norm(L, ldb, Hv * GDN_HEAD_DIM, att_stage, chunk=chunk))
         return ops, core
 
     def _gated_norm(self, L, ldb, zoff, att_stage, buf_b=None, chunk: bool = False):
         """GDN output: gated norm and the o-projection's staging in one launch (one block a token row); z at
-        column zoff of buf_b (self.buf_b unless given)."""
-        buf_b = self.buf_b if buf_b is None else buf_b
-        if chunk:  # (a warp a head, each chunk with its own scale)
-            k, kpad, xh, xinv = att_stage
-            return gated_norm_chunks(o=self.att2, z=buf_b[:, zoff:], ld_z=ldb, weight=L["norm"], out=self.att,
-                                     ld_out=self.att.shape[1], v_heads=self.Hv, eps=self.args.rms_norm_eps, k=k,
-                                     kpad=kpad, xh=xh, xinv=xinv, xsc=self.xsc_att, rows=self.M)
+        column zoff of buf_b (the context's buf_b unless given)."""
+        c = self.c
+        buf_b = c.buf_b if buf_b is None else buf_b
         k, kpad, xh, xinv = att_stage
-        return gated_norm_stage(o=self.att2, z=buf_b[:, zoff:], ld_z=ldb, weight=L["norm"], out=self.att,
-                                ld_out=self.att.shape[1], v_heads=self.Hv, eps=self.args.rms_norm_eps, k=k, kpad=kpad,
-                                xh=xh, xinv=xinv, rows=self.M)
+        if chunk:  # (a warp a head, each chunk with its own scale)
+            return gated_norm_chunks(o=c.att2, z=buf_b[:, zoff:], ld_z=ldb, weight=L["norm"], out=c.att,
+                                     ld_out=c.att.shape[1], v_heads=c.Hv, eps=c.args.rms_norm_eps, k=k,
+                                     kpad=kpad, xh=xh, xinv=xinv, xsc=c.xsc_att, rows=c.M)
+        return gated_norm_stage(o=c.att2, z=buf_b[:, zoff:], ld_z=ldb, weight=L["norm"], out=c.att,
+                                ld_out=c.att.shape[1], v_heads=c.Hv, eps=c.args.rms_norm_eps, k=k, kpad=kpad,
+                                xh=xh, xinv=xinv, rows=c.M)
 
-    def _gdn_core_ops(self, L, lda, ldb):
+    def core_ops(self, L, lda, ldb):
         """Conv + SiLU + norms + gates, then the delta rule: one token per lane row."""
-        return [gdn_prep(**prep_bufs(self, L, lda, ldb), rows=self.M),
-                delta_step(**delta_bufs(self, L), rows=self.M)]
+        c = self.c
+        return [gdn_prep(**prep_bufs(c, L, lda, ldb), rows=c.M), delta_step(**delta_bufs(c, L), rows=c.M)]

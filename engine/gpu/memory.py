@@ -71,7 +71,7 @@ def replay_arena_bytes(args, lanes: int, columns: int) -> int:
 
 
 def workspace_bytes(args, rows: int, prefill_chunk: int = 0) -> int:
-    """Activations: the decode step's static buffers for `rows` token rows (as `CudaQwen35._alloc` makes
+    """Activations: the decode step's static buffers for `rows` token rows (as `StepContext.alloc` makes
     them, fp32), plus chunked-prefill scratch for `prefill_chunk` rows (an estimate)."""
     h, v = args.hidden_size, args.vocab_size
     q = args.num_attention_heads * args.head_dim

@@ -1,8 +1,8 @@
-"""The MoE block of the CUDA decode step (`CudaQwen35` takes it as a base): one persistent launch (the layer's
+"""The MoE block of the CUDA decode step (`MoeBlock`, held by `CudaQwen35`): one persistent launch (the layer's
 o-projection, the post-attention norm, router and top-k, routed experts by slot, the shared expert, every
 down-projection), or the router GEMV and top-k, the routed gate|up by slot and moe_down (the shared expert beside
-them). The methods build graph ops from the executor's buffers (`_alloc`) and helpers (`_gemv`, `_concurrent`,
-`_gated_chunk_scales`)."""
+them). The block builds graph ops from the step's shared buffers and GEMV helpers (engine.gpu.step) and its own
+routing buffers."""
 from __future__ import annotations
 
 import numpy as np
@@ -39,12 +39,12 @@ def moe_down(routed, shared, *, eidx, act_routed, act_shared, planes, plane_stri
 def moe_fused(form, *, x_in, x_out, planes, nplanes: int, plane_stride: int, norm, eps: float, kpad: int, router,
               experts: int, topk: int, logits, eidx, ewts, gate_up, inter: int, xh, xsc, shared_gu, shared_inter: int,
               act, down, shared_down, barrier, tstamp=None, oproj: tuple | None = None) -> K.Launch:
-    """moe_fused (cuda/moe_fused.cu) in `form` (MoeOps._moe_fused_form: name, grid, shared memory): one token's
+    """moe_fused (cuda/moe_fused.cu) in `form` (MoeBlock.fused_form: name, grid, shared memory): one token's
     post-attention norm (x_out = x_in + the first nplanes planes, normed by `norm`), bf16 router and top-k (logits,
     eidx, ewts), the routed experts' gate|up (staged by chunks into xh, xsc) and the shared expert's (its SwiGLU row
     into act), and every down-projection into moe_down's topk + 1 planes, in one persistent launch with grid barriers
     (`barrier`); tstamp: a probe's phase timestamps or None. oproj: the o-projection's 8 arguments (its w8 matrix
-    first, then the norm: MoeOps._moe_fused_ops) or None. Launched programmatically without the cooperative
+    first, then the norm: MoeBlock.fused_ops) or None. Launched programmatically without the cooperative
     attribute (mode 2): its grid is sized to be resident."""
     name, grid, smem = form
     P, I = (lambda m, a: np.uint64(m.ptr(a))), np.int32
@@ -60,21 +60,14 @@ def moe_fused(form, *, x_in, x_out, planes, nplanes: int, plane_stride: int, nor
     return K.prepared(name, (grid,), args, block=1024, smem=smem, cooperative=True, coop_pdl=2)
 
 
-class MoeOps:
+class MoeBlock:
+    """The MoE block of the step (one token row) over the shared buffers of `c` (a StepContext); it holds the router's
+    logits, the top-k ids and weights, the routed SwiGLU rows, and the persistent launch's barrier and staged rows."""
+
     # MoE decode outside the persistent launch (formats it is not compiled for): the router GEMV and the top-k, the
     # routed experts' gate|up by slot, then every down-projection (the routed slots' and the shared expert's) in one
     # moe_down launch (cuda/moe.cu: a half-warp a row, the fp32 SwiGLU rows read directly, no staging; 3 rows a
     # half-warp for the 35B-A3B's formats, one wave), else the routed and shared down GEMVs on two branches.
-
-    def _moe_down_op(self, dn, sd):
-        """The moe_down launch for the routed stack `dn` and the shared down-projection `sd`, or None where its
-        rules do not hold (one token row, row-split formats, whole 32-value chunks, the same output width)."""
-        H, k = self.H, self.topk
-        if not (self.M == 1 and dn.fmt in K.FMT_IDS and sd.fmt in K.FMT_IDS
-                and dn.k % 32 == 0 and sd.k % 32 == 0 and sd.n == H and self.act.shape[1] % 4 == 0):
-            return None
-        return moe_down(dn, sd, eidx=self.eidx, act_routed=self.act_e, act_shared=self.act, planes=self.part,
-                        plane_stride=self.M * H, ewts=self.ewts, topk=k)
 
     # The post-attention norm and the MoE block of one token as one persistent launch where the plan's moe_fused is on
     # (cuda/moe_fused.cu: the layer's w8 o-projection first (split-K items over every warp, at least 2 planes, a slice at
@@ -83,100 +76,128 @@ class MoeOps:
     # every down-projection into moe_down's k + 1 planes, down rows 2 a half-warp): no launch ramp before the routed
     # weights.
     MOE_FUSED_O_SPLITS = 2
-    moe_tstamp = None  # (bench/: 8 uint64 a block of phase timestamps, read by a probe)
+    tstamp = None  # (a probe's 8 uint64 a block of phase timestamps)
 
-    def _moe_fused_form(self, L):
+    def __init__(self, c):
+        a, cp, M, f32 = c.args, c.cp, c.M, c.cp.float32
+        self.c = c
+        self.topk, self.inter_e, self.inter_sh = a.num_experts_per_tok, a.moe_intermediate_size, \
+            a.shared_expert_intermediate_size
+        self.rlog = cp.zeros((M, a.num_experts + 1), dtype=f32)
+        self.eidx = cp.zeros((M, self.topk), dtype=cp.int32)
+        self.ewts = cp.zeros((M, self.topk + 1), dtype=f32)
+        self.act_e = cp.zeros((self.topk, self.inter_e), dtype=f32)
+        self.bar = self.xh = self.xsc = None  # (the persistent launch's, made with its first launch)
+
+    def splits(self) -> int:
+        """Partial planes the MoE block leaves for the next norm to sum: the routed slots and the shared expert.
+        (One kernel summing the slots measured slower: 35B-A3B 338.9 against 345.1 tok/s.)"""
+        return self.topk + 1
+
+    def _down_op(self, dn, sd):
+        """The moe_down launch for the routed stack `dn` and the shared down-projection `sd`, or None where its
+        rules do not hold (one token row, row-split formats, whole 32-value chunks, the same output width)."""
+        c = self.c
+        H, k = c.H, self.topk
+        if not (c.M == 1 and dn.fmt in K.FMT_IDS and sd.fmt in K.FMT_IDS
+                and dn.k % 32 == 0 and sd.k % 32 == 0 and sd.n == H and c.act.shape[1] % 4 == 0):
+            return None
+        return moe_down(dn, sd, eidx=self.eidx, act_routed=self.act_e, act_shared=c.act, planes=c.part,
+                        plane_stride=c.M * H, ewts=self.ewts, topk=k)
+
+    def fused_form(self, L):
         """(kernel name, grid, shared memory) of the layer's moe_fused launch, or None where the plan has it off or its
         rules do not hold (one token, int16 pairs, the compiled formats, a bf16 router of E + 1 rows, widths on 32-value
         chunks, every block's routed chunks in its shared memory). No side effects."""
+        c = self.c
         rw, gu, dn, sg, sd = (L[k] for k in ("router", "experts_gu", "experts_down", "shared_gu", "shared_down"))
-        H, E, k, ie, si = self.H, self.args.num_experts, self.topk, self.inter_e, self.inter_sh
+        H, E, k, ie, si = c.H, c.args.num_experts, self.topk, self.inter_e, self.inter_sh
         fmts = [K.FMT_IDS.get(m.fmt) for m in (gu, dn, sg, sd)]
         vpt = min((v for v in K.MOE_FUSED_VPT if v * 1024 >= H), default=0)
         name = f"moe_fused<{','.join(map(str, fmts))},{vpt},2>"
-        if not (self.plan.moe_fused and self.M == 1 and name in K.MOE_FUSED_NAMES and rw.fmt == "bf16"
+        if not (c.plan.moe_fused and c.M == 1 and name in K.MOE_FUSED_NAMES and rw.fmt == "bf16"
                 and rw.n == E + 1 and rw.k == H and H % 256 == 0 and ie % 32 == 0 and si % 32 == 0 and k <= 16
                 and E <= 512 and gu.n == E * 2 * ie and dn.n == E * H and dn.k == ie and sg.n == 2 * si
                 and sd.n == H and sd.k == si):
             return None
-        smem = self.kpad_h * 6  # (the normed row's pairs and fp32 values)
+        smem = c.kpad_h * 6  # (the normed row's pairs and fp32 values)
         grid = K.sm_count() * K.resident_blocks(name, 1024, smem)
         if -(-(k * ie // 32) // grid) > K.MOE_FUSED_CHUNKS or si // 32 > grid:
             return None
         return name, grid, smem
 
-    def _moe_o_slices(self, o):
+    def _o_slices(self, o):
         """(16-value chunks a slice, slices) of the w8 o-projection inside moe_fused, or None where it cannot go in
         (another format or width, more slices than partial planes). A slice: whole 64-chunk blocks, at most
         MOE_FUSED_OT chunks a lane."""
-        if o.fmt != "q8_g32_fp16" or o.n != self.H:
+        if o.fmt != "q8_g32_fp16" or o.n != self.c.H:
             return None
         ou4 = o.gpr * 2
         ou4ps = min(-(-(-(-ou4 // max(1, self.MOE_FUSED_O_SPLITS))) // 64) * 64, 32 * K.MOE_FUSED_OT)
         splits = -(-ou4 // ou4ps)
-        return None if splits > self.max_splits else (ou4ps, splits)
+        return None if splits > self.c.max_splits else (ou4ps, splits)
 
-    def _moe_o_chunked(self, L) -> bool:
+    def o_chunked(self, L) -> bool:
         """Whether the layer's o-projection runs inside moe_fused from chunk-scaled pairs: its stager (the gated norm,
         the attention combine) then stages a chunk at a time."""
-        return bool(self.args.is_moe and self._gated_chunk_scales() is not None and self._moe_fused_form(L) is not None
-                    and self._moe_o_slices(L["o"]) is not None)
+        return bool(self.c.gated_chunk_scales() is not None and self.fused_form(L) is not None
+                    and self._o_slices(L["o"]) is not None)
 
-    def _moe_fused_ops(self, L, splits: int, oproj=None):
+    def fused_ops(self, L, splits: int, oproj=None):
         """(ops, partial planes) of the post-attention norm and the MoE block as one moe_fused launch, or None where
-        `_moe_fused_form` says it does not apply. oproj: (o, xh_o, xinv_o, xsc_o), the layer's w8 o-projection [H, K]
+        `fused_form` says it does not apply. oproj: (o, xh_o, xinv_o, xsc_o), the layer's w8 o-projection [H, K]
         first, from one-scale staged pairs (xsc_o None) or chunk-scaled ones."""
-        form = self._moe_fused_form(L)
+        form = self.fused_form(L)
         if form is None:
             return None
+        c = self.c
         rw, gu, dn, sg, sd = (L[k] for k in ("router", "experts_gu", "experts_down", "shared_gu", "shared_down"))
-        H, E, k, ie, si = self.H, self.args.num_experts, self.topk, self.inter_e, self.inter_sh
+        H, E, k, ie, si = c.H, c.args.num_experts, self.topk, self.inter_e, self.inter_sh
         o_args = None
         if oproj is not None:
             o, xh_o, xinv_o, xsc_o = oproj
-            sl = self._moe_o_slices(o)
+            sl = self._o_slices(o)
             if sl is None:
                 return None
             ou4ps, splits = sl
             o_args = (np.uint64(o.ptr(o.base)), np.uint64(o.ptr(o.scales)), np.int32(o.gpr), np.int32(splits),
                       np.int32(ou4ps), xh_o, xinv_o, np.uint64(0) if xsc_o is None else xsc_o)
-        cp = self.cp
-        if getattr(self, "moe_bar", None) is None:
-            self.moe_bar = cp.zeros(1, dtype=cp.uint64)
+        cp = c.cp
+        if self.bar is None:
+            self.bar = cp.zeros(1, dtype=cp.uint64)
             kp = -(-(k * ie + si) // K.XPAD) * K.XPAD  # (the down's staged input: the k slots', then the shared one)
-            self.moe_xh = cp.zeros(kp // 2, dtype=cp.uint32)
-            self.moe_xsc = cp.zeros(kp // 32, dtype=cp.float32)
-        x_in, x_out = self._res
-        self._res = (x_out, x_in)
-        launch = moe_fused(form, x_in=x_in, x_out=x_out, planes=self.part, nplanes=splits, plane_stride=self.M * H,
-                           norm=L["post_norm"], eps=self.args.rms_norm_eps, kpad=self.kpad_h, router=rw, experts=E,
+            self.xh = cp.zeros(kp // 2, dtype=cp.uint32)
+            self.xsc = cp.zeros(kp // 32, dtype=cp.float32)
+        x_in, x_out = c.swap_residual()
+        launch = moe_fused(form, x_in=x_in, x_out=x_out, planes=c.part, nplanes=splits, plane_stride=c.M * H,
+                           norm=L["post_norm"], eps=c.args.rms_norm_eps, kpad=c.kpad_h, router=rw, experts=E,
                            topk=k, logits=self.rlog, eidx=self.eidx, ewts=self.ewts, gate_up=gu, inter=ie,
-                           xh=self.moe_xh, xsc=self.moe_xsc, shared_gu=sg, shared_inter=si, act=self.act, down=dn,
-                           shared_down=sd, barrier=self.moe_bar, tstamp=self.moe_tstamp, oproj=o_args)
+                           xh=self.xh, xsc=self.xsc, shared_gu=sg, shared_inter=si, act=c.act, down=dn,
+                           shared_down=sd, barrier=self.bar, tstamp=self.tstamp, oproj=o_args)
         return [launch], k + 1
 
-    def _moe_ops(self, L, xn):
+    def ops(self, L, xn) -> tuple[list, int]:
         """Router -> top-k on the device -> routed experts (grid.z = slot) writing weighted partials
-        part[0..k), shared expert into part[k]; the next norm sums the k + 1 partials."""
-        E, k, H, ie = self.args.num_experts, self.topk, self.H, self.inter_e
+        part[0..k), shared expert into part[k]; the next norm sums the k + 1 partials (the second of the pair)."""
+        c = self.c
+        E, k, H, ie = c.args.num_experts, self.topk, c.H, self.inter_e
         rw = L["router"]
-        route = [self._gemv(rw, self.xn, self.rlog),
+        route = [c.gemv(rw, c.xn, self.rlog),
                  moe_route(logits=self.rlog, ld=E + 1, experts=E, topk=k, eidx=self.eidx, ewts=self.ewts, ld_w=k + 1,
-                           rows=self.M)]
+                           rows=c.M)]
         gu, dn = L["experts_gu"], L["experts_down"]
         gu1, dn1 = gu.row_slice(0, 2 * ie), dn.row_slice(0, H)  # expert 0's rows (the kernel offsets by eidx)
-        routed = [GemvPlan(gu1, self.xn, H, self.act_e, ie, epi="swiglu", unroll=2, xpre=xn,
+        routed = [GemvPlan(gu1, c.xn, H, self.act_e, ie, epi="swiglu", unroll=2, xpre=xn,
                            experts=(self.eidx, 2 * ie, 0, ie, None, k)).launch]
-        shared_gu = self._gemv(L["shared_gu"], self.xn, self.act, epi="swiglu", xpre=xn)
-        down = self._moe_down_op(dn, L["shared_down"])
+        shared_gu = c.gemv(L["shared_gu"], c.xn, c.act, epi="swiglu", xpre=xn)
+        down = self._down_op(dn, L["shared_down"])
         if down is not None:  # routed gate|up, then every down-projection in one launch
-            return self._concurrent(route, [shared_gu]) + routed + [down]
+            return c.concurrent(route, [shared_gu]) + routed + [down], self.splits()
         # each block of the routed down-projection stages its slot's fp32 row itself
-        routed.append(GemvPlan(dn1, self.act_e, ie, self.part, H, epi="store", unroll=2, rows=1,
-                               experts=(self.eidx, H, ie * 4, self.M * H, self.ewts, k)).launch)
+        routed.append(GemvPlan(dn1, self.act_e, ie, c.part, H, epi="store", unroll=2, rows=1,
+                               experts=(self.eidx, H, ie * 4, c.M * H, self.ewts, k)).launch)
         # the shared expert beside the routed ones: its gate|up beside the router and top-k, its
         # down-projection (weighted by what moe_route computes) beside the routed experts
-        shared_down = GemvPlan(L["shared_down"], self.act, self.act.shape[1], self.part[k], H, epi="store",
+        shared_down = GemvPlan(L["shared_down"], c.act, c.act.shape[1], c.part[k], H, epi="store",
                                unroll=2, experts=(None, 0, 0, 0, self.ewts[0, k:], 1)).launch
-        return (self._concurrent(route, [shared_gu])
-                + self._concurrent(routed, [shared_down]))
+        return c.concurrent(route, [shared_gu]) + c.concurrent(routed, [shared_down]), self.splits()

@@ -1,11 +1,11 @@
-"""The residual norms of the CUDA decode step (`CudaQwen35` takes it as a base): x += the split-K partial planes the
+"""The residual norms of the CUDA decode step (`NormBlock`, held by `CudaQwen35`): x += the split-K partial planes the
 last projection left, then rmsnorm(x) (1 + w), pre-staged as the next GEMVs' pairs, in the plan's form: the cluster
 form on sm_90 (cuda/norm_cluster.cu: a cluster of 8 blocks a row, each block its slice of the row and of every plane,
 the sums of squares pushed into every block's shared memory before one cluster barrier), else residual_rmsnorm_mb2
 (rows of at most 2,048 values: 8 partial planes a round of loads), residual_rmsnorm_mb5_1r (rows of up to 5,120: 5
 values a thread, every plane in the first round of loads) or residual_rmsnorm_mb (cuda/norm.cu: each of the row's
-blocks reduces the whole row and stages its slice). The method uses the executor's buffers (`_alloc`: part, xn, xh_n,
-xinv_n; the residual pair _res, which it swaps)."""
+blocks reduces the whole row and stages its slice). The block uses the step's shared buffers (engine.gpu.step: part,
+xn, xh_n, xinv_n; the residual pair, which it swaps)."""
 from __future__ import annotations
 
 from engine.gpu import launch as K
@@ -34,17 +34,22 @@ def stage_rows(*, x, ld: int, k: int, kpad: int, xh, ldh: int, xinv, rows: int, 
     return K.prepared("stage_x_mb", (blocks, rows), (x, ld, k, kpad, xh, ldh, xinv), block=1024)
 
 
-class NormOps:
-    NORM_BLOCKS = 16  # blocks a token row of the multi-block norms and stagings (each reduces the whole row)
+class NormBlock:
+    """The step's residual norms over the shared buffers of `c` (a StepContext: the split-K planes, the residual pair,
+    the normed row xn and its staged pairs xh_n, xinv_n), in the plan's form."""
+
     NORM_CL = NORM_CL
 
-    def _norm(self, splits, w):
-        """x += split-K partials; xn = rmsnorm(x) (1 + w), also pre-staged as int16 pairs for the GEMVs."""
-        if self.H > 8 * 1024:  # residual_rmsnorm_mb holds a row in registers: 8 values a thread
-            raise NotImplementedError(f"hidden size {self.H} > 8192 in the CUDA norm kernel")
-        x_in, x_out = self._res
-        self._res = (x_out, x_in)
-        return residual_norm(self.plan.norm, x_in=x_in, x_out=x_out, planes=self.part, nplanes=splits,
-                             plane_stride=self.M * self.H, weight=w, out=self.xn, hidden=self.H,
-                             eps=self.args.rms_norm_eps, xh=self.xh_n, xinv=self.xinv_n, kpad=self.kpad_h, rows=self.M,
-                             blocks=self.NORM_BLOCKS)
+    def __init__(self, c):
+        if c.H > 8 * 1024:  # residual_rmsnorm_mb holds a row in registers: 8 values a thread
+            raise NotImplementedError(f"hidden size {c.H} > 8192 in the CUDA norm kernel")
+        self.c = c
+
+    def op(self, splits: int, w) -> K.Launch:
+        """x += the first `splits` split-K partials; xn = rmsnorm(x) (1 + w), also pre-staged as int16 pairs for the
+        GEMVs."""
+        c = self.c
+        x_in, x_out = c.swap_residual()
+        return residual_norm(c.plan.norm, x_in=x_in, x_out=x_out, planes=c.part, nplanes=splits,
+                             plane_stride=c.M * c.H, weight=w, out=c.xn, hidden=c.H, eps=c.args.rms_norm_eps,
+                             xh=c.xh_n, xinv=c.xinv_n, kpad=c.kpad_h, rows=c.M, blocks=c.NORM_BLOCKS)

@@ -26,7 +26,7 @@ from engine.gpu import launch as K
 from engine.gpu.attention import ATTN_HEAD_DIM, _ptr, qk_norm_rope_kv
 from engine.gpu.columns import last_row_head
 from engine.gpu.gdn import (GDN_HEAD_DIM, chunk_prep, chunk_scan, delta_bufs, delta_step, gdn_conv_tail, gdn_prep,
-                            prep_bufs)
+                            gdn_rows, prep_bufs)
 from engine.gpu.gemv import embed_rows
 from engine.gpu.mlp import swiglu_rows
 from engine.gpu.norm import residual_norm
@@ -74,10 +74,11 @@ class CudaQwen35Prefill(PrefillWeights16, PrefillMoeOps):
             raise ValueError("the prefill chunks extend a one-lane decode executor")
         self.decode = d = decode
         self.cp, self.args, self.plan, self.kv, self.M = d.cp, d.args, d.plan, d.kv, int(chunk)
-        self.H, self.V, self.Hq, self.Hkv, self.Hk, self.Hv = d.H, d.V, d.Hq, d.Hkv, d.Hk, d.Hv
+        c = d.ctx
+        self.H, self.V, self.Hq, self.Hkv, self.Hk, self.Hv = d.H, d.V, c.Hq, c.Hkv, c.Hk, c.Hv
         # the sequence: weights, KV pool, GDN state and position are the decode executor's
         self.layers, self.embed, self.head, self.final_norm = d.layers, d.embed, d.head, d.final_norm
-        self.pos, self.page_table, self.stream = d.pos, d.page_table, d.stream
+        self.pos, self.page_table, self.stream = d.pos, c.page_table, d.stream
         self._alloc(d)
         self._gdn_scratch = share._gdn_scratch if share is not None and share.M >= chunk else None
         self._moe_bufs = share._moe_bufs if share is not None else {}
@@ -108,30 +109,27 @@ class CudaQwen35Prefill(PrefillWeights16, PrefillMoeOps):
         """The chunk's rows of the decode step's buffers (engine.gpu.memory.workspace_bytes counts them), one logits
         row; the positions of its T columns (posc)."""
         cp, M, H, f32 = self.cp, self.M, self.H, self.cp.float32
+        c = d.ctx
         self.tokens, self.posc = cp.zeros(M, dtype=cp.int32), cp.zeros(M, dtype=cp.int32)
         self.x, self.x2, self.xn = (cp.zeros((M, H), dtype=f32) for _ in range(3))
-        self.inter = d.inter
-        self.part = cp.zeros((d.part.shape[0], M, H), dtype=f32)
-        self.buf_a = cp.zeros((M, d.buf_a.shape[1]), dtype=f32)
-        self.buf_b = cp.zeros((M, d.buf_b.shape[1]), dtype=f32)
-        self.ab = cp.zeros((M, d.ab.shape[1]), dtype=f32)
+        self.inter = c.inter
+        self.part = cp.zeros((c.part.shape[0], M, H), dtype=f32)
+        self.buf_a = cp.zeros((M, c.buf_a.shape[1]), dtype=f32)
+        self.buf_b = cp.zeros((M, c.buf_b.shape[1]), dtype=f32)
+        self.ab = cp.zeros((M, c.ab.shape[1]), dtype=f32)
         if self.args.is_moe:
-            self.topk, self.inter_e = d.topk, d.inter_e
-            self.rlog = cp.zeros((M, d.rlog.shape[1]), dtype=f32)
+            self.topk, self.inter_e = d.moe.topk, d.moe.inter_e
+            self.rlog = cp.zeros((M, d.moe.rlog.shape[1]), dtype=f32)
             self.eidx = cp.zeros((M, self.topk), dtype=cp.int32)
             self.ewts = cp.zeros((M, self.topk + 1), dtype=f32)
         self.act = cp.zeros((M, self.inter), dtype=f32)
-        self.att = cp.zeros((M, d.att.shape[1]), dtype=f32)
-        self.att2 = cp.zeros((M, d.att.shape[1]), dtype=f32)
-        self.qbuf = cp.zeros((M, d.qbuf.shape[1]), dtype=f32)
+        self.att = cp.zeros((M, c.att.shape[1]), dtype=f32)
+        self.att2 = cp.zeros((M, c.att.shape[1]), dtype=f32)
+        self.qbuf = cp.zeros((M, c.qbuf.shape[1]), dtype=f32)
         self.logits = cp.zeros((1, self.V), dtype=f32)
-        self.kpad_h = d.kpad_h
+        self.kpad_h = c.kpad_h
         self.xh_n, self.xinv_n = cp.zeros((M, self.kpad_h // 2), dtype=cp.uint32), cp.ones(M, dtype=f32)
-        self.gdn_q = cp.zeros((M, self.Hk, GDN_HEAD_DIM), dtype=f32)
-        self.gdn_k = cp.zeros((M, self.Hk, GDN_HEAD_DIM), dtype=f32)
-        self.gdn_v = cp.zeros((M, self.Hv, GDN_HEAD_DIM), dtype=f32)
-        self.gdn_g = cp.zeros((M, self.Hv), dtype=f32)
-        self.gdn_beta = cp.zeros((M, self.Hv), dtype=f32)
+        self.gdn_q, self.gdn_k, self.gdn_v, self.gdn_g, self.gdn_beta = gdn_rows(cp, M, self.Hk, self.Hv)
 
     # ---- the chunk's op list ----
     def _plan(self) -> list:

@@ -23,9 +23,9 @@ from engine.gpu import kernel_names as KN
 from engine.gpu import launch as K
 from engine.gpu.columns import CudaQwen35Columns
 from engine.gpu.decode import GDN_HEAD_DIM, CudaQwen35
-from engine.gpu.gdn import delta_step, gdn_prep
+from engine.gpu.gdn import GdnBlock, delta_step, gdn_prep
 from engine.gpu.gemv import GemvPlan
-from engine.gpu.sampling import argmax_step
+from engine.gpu.sampling import ARGMAX_BLOCKS, argmax_step
 
 NULL = np.uint64(0)
 
@@ -41,8 +41,45 @@ def copy_rows(src, dst, n: int):
     return K.prepared("spec_copy_f32", (-(-n // 256),), (src, dst, n), block=256)
 
 
+class VerifyGdn(GdnBlock):
+    """The GDN layers of the verified columns: they read the committed state and record, a row a column, what the
+    fold needs (conv inputs, normed key, value, g, beta), the state and conv history left as they were."""
+
+    FUSES_PREP = False
+
+    def __init__(self, c):
+        super().__init__(c)
+        self.records = {}
+
+    def record(self, L) -> dict:
+        """What the fold of GDN layer L needs, a row a column: conv inputs, normed key, value, g, beta."""
+        if id(L) not in self.records:
+            c = self.c
+            cp, T, f32 = c.cp, c.M, c.cp.float32
+            C = (2 * c.Hk + c.Hv) * GDN_HEAD_DIM
+            self.records[id(L)] = {"conv": cp.zeros((T, C), dtype=f32),
+                                   "k": cp.zeros((T, c.Hk, GDN_HEAD_DIM), dtype=f32),
+                                   "v": cp.zeros((T, c.Hv, GDN_HEAD_DIM), dtype=f32),
+                                   "g": cp.zeros((T, c.Hv), dtype=f32), "beta": cp.zeros((T, c.Hv), dtype=f32)}
+        return self.records[id(L)]
+
+    def core_ops(self, L, lda, ldb):
+        c = self.c
+        Hk, Hv, T = c.Hk, c.Hv, c.M
+        r = self.record(L)
+        prep = gdn_prep(qk=c.buf_a, ld_qk=lda, v=c.buf_b, ld_v=ldb, ab=c.ab, ld_ab=c.ab.shape[1],
+                        conv_state=L["conv_state"], conv=L["conv"], a_log=L["a_log"], dt_bias=L["dt_bias"],
+                        q_out=c.gdn_q, k_out=r["k"], v_out=r["v"], g=r["g"], beta=r["beta"], k_heads=Hk,
+                        v_heads=Hv, q_scale=1.0 / math.sqrt(GDN_HEAD_DIM), rows=T, tokens=T, record=r["conv"])
+        delta = delta_step(q=c.gdn_q, k=r["k"], v=r["v"], g=r["g"], beta=r["beta"], state=L["state"], o=c.att2,
+                           k_heads=Hk, v_heads=Hv, rows=T, tokens=T, write_state=False)
+        return [prep, delta]
+
+
 class CudaVerify(CudaQwen35Columns):
     """The K + 1 verified columns over the decode executor's sequence, GDN state read only and recorded."""
+
+    GDN = VerifyGdn
 
     def __init__(self, decode: CudaQwen35, k: int):
         self.k = k
@@ -56,54 +93,32 @@ class CudaVerify(CudaQwen35Columns):
         self.ctl = cp.zeros(4, dtype=i32)  # [columns to fold, MTP rows to catch up, the round's first position]
         self.out = cp.zeros(1 + T, dtype=i32)  # [m, picks]: what the host reads
         self.ovr = cp.zeros(1 + self.k, dtype=i32)  # host drafts: [set, d_1..d_K]
+        # the argmax a column: its commit into picks of its own (am_out), not the sequence's
         self.am_pos, self.am_step, self.am_hist = cp.zeros(T, i32), cp.zeros(T, i32), cp.zeros((T, 1), i32)
-        self.am_v = cp.zeros((T, self.ARGMAX_BLOCKS), dtype=cp.float32)
-        self.am_i = cp.zeros((T, self.ARGMAX_BLOCKS), dtype=i32)
+        self.am_v = cp.zeros((T, ARGMAX_BLOCKS), dtype=cp.float32)
+        self.am_i = cp.zeros((T, ARGMAX_BLOCKS), dtype=i32)
         self.am_ticket = cp.zeros(T, dtype=cp.uint32)
-        self.records = {}
-
-    def _record(self, L) -> dict:
-        """What the fold of this GDN layer needs, a row a column: conv inputs, normed key, value, g, beta."""
-        if id(L) not in self.records:
-            cp, T, f32 = self.cp, self.M, self.cp.float32
-            C = (2 * self.Hk + self.Hv) * GDN_HEAD_DIM
-            self.records[id(L)] = {"conv": cp.zeros((T, C), dtype=f32),
-                                   "k": cp.zeros((T, self.Hk, GDN_HEAD_DIM), dtype=f32),
-                                   "v": cp.zeros((T, self.Hv, GDN_HEAD_DIM), dtype=f32),
-                                   "g": cp.zeros((T, self.Hv), dtype=f32), "beta": cp.zeros((T, self.Hv), dtype=f32)}
-        return self.records[id(L)]
-
-    def _gdn_core_ops(self, L, lda, ldb):
-        Hk, Hv, T = self.Hk, self.Hv, self.M
-        r = self._record(L)
-        prep = gdn_prep(qk=self.buf_a, ld_qk=lda, v=self.buf_b, ld_v=ldb, ab=self.ab, ld_ab=self.ab.shape[1],
-                        conv_state=L["conv_state"], conv=L["conv"], a_log=L["a_log"], dt_bias=L["dt_bias"],
-                        q_out=self.gdn_q, k_out=r["k"], v_out=r["v"], g=r["g"], beta=r["beta"], k_heads=Hk,
-                        v_heads=Hv, q_scale=1.0 / math.sqrt(GDN_HEAD_DIM), rows=T, tokens=T, record=r["conv"])
-        delta = delta_step(q=self.gdn_q, k=r["k"], v=r["v"], g=r["g"], beta=r["beta"], state=L["state"], o=self.att2,
-                           k_heads=Hk, v_heads=Hv, rows=T, tokens=T, write_state=False)
-        return [prep, delta]
 
     def _tail_ops(self):
         """The head over every column, an argmax a column, the greedy accept."""
-        T = self.M
-        head = GemvPlan(self.head, self.xn, self.H, self.logits, self.V, m=T, unroll=2, xpre=(self.xh_n, self.xinv_n))
+        T, c = self.M, self.ctx
+        head = GemvPlan(self.head, c.xn, self.H, self.logits, self.V, m=T, unroll=2, xpre=(c.xh_n, c.xinv_n))
         return [head.launch,
                 argmax_step(logits=self.logits, ld=self.V, vocab=self.V, best_v=self.am_v, best_i=self.am_i,
                             tickets=self.am_ticket, tokens=self.am_out, pos=self.am_pos, history=self.am_hist,
-                            step=self.am_step, hist_len=1, rows=T, blocks=self.ARGMAX_BLOCKS),
+                            step=self.am_step, hist_len=1, rows=T, blocks=ARGMAX_BLOCKS),
                 K.prepared("spec_accept_greedy", (1,), (self.am_out, self.tokens, T, self.out, self.ctl, self.pos),
                            block=32)]
 
     def fold_ops(self) -> list:
         """ctl[0] recorded columns into every GDN layer's state and conv history; the position moves by as many."""
-        Hk, Hv = self.Hk, self.Hv
+        Hk, Hv = self.ctx.Hk, self.ctx.Hv
         C = (2 * Hk + Hv) * GDN_HEAD_DIM
         ops = []
         for L in self.layers:
             if L["kind"] == "full_attention":
                 continue
-            r = self._record(L)
+            r = self.gdn.record(L)
             ops += [K.prepared("gdn_fold", (-(-Hv * GDN_HEAD_DIM // K.WARPS),),
                                (r["k"], r["v"], r["g"], r["beta"], L["state"], Hk, Hv, 0, self.ctl)),
                     K.prepared("gdn_conv_fold", (-(-C // 256),), (r["conv"], L["conv_state"], C, self.ctl), block=256)]
@@ -138,30 +153,28 @@ class CudaMtp(CudaQwen35):
         v = self.verify
         if kind == "row":  # row j: the verified column j's hidden state and the target's pick after it
             setup = K.prepared("spec_mtp_setup", (1,), (v.am_out[j:], self.tokens, v.ctl[2:], j, self.pos), block=32)
-            hid = v.xn[j:]
+            hid = v.ctx.xn[j:]
         else:  # draft j >= 2: the last draft's hidden state and id, a position further
             setup = K.prepared("spec_mtp_setup", (1,), (NULL, self.tokens, v.pos, j - 2, self.pos), block=32)
             hid = self.g
         stage = K.prepared("mtp_input", (1,), (self.e_raw, hid, self.e_norm, self.h_norm, self.H,
                                                 float(self.args.rms_norm_eps), self.cat), block=1024)
-        fc = GemvPlan(self.fc, self.cat, 2 * self.H, self.x, self.H, m=1).launch
+        fc = GemvPlan(self.fc, self.cat, 2 * self.H, self.ctx.x, self.H, m=1).launch
         return [setup] + super()._embed_ops(out=self.e_raw) + [stage, fc]
 
     def _draft_tail(self, i: int, x, xpre) -> list:
         """Head and argmax of one MTP row: draft i into the verified ids and the next MTP step's input."""
         head = GemvPlan(self.head, x, self.H, self.logits, self.V, m=1, unroll=2, xpre=xpre)
-        return [head.launch,
-                argmax_step(logits=self.logits, ld=self.V, vocab=self.V, best_v=self.am_v, best_i=self.am_i,
-                            tickets=self.am_ticket, tokens=self.tokens, pos=self.pos, history=self.history,
-                            step=self.step, hist_len=self.hist_len, rows=1, blocks=self.ARGMAX_BLOCKS),
+        return [head.launch, self.sampler.argmax_op(),
                 K.prepared("spec_copy_i32", (1,), (self.tokens, self.verify.tokens[i:], 1), block=32)]
 
     def _tail_ops(self):
         kind, j = self._mode
-        keep = copy_rows(self.xn, self.dh[j:] if kind == "row" else self.g, self.H)
+        c = self.ctx
+        keep = copy_rows(c.xn, self.dh[j:] if kind == "row" else self.g, self.H)
         if kind == "row":
             return [keep]
-        return [keep] + self._draft_tail(j, self.xn, (self.xh_n, self.xinv_n))
+        return [keep] + self._draft_tail(j, c.xn, (c.xh_n, c.xinv_n))
 
     def round_ops(self) -> list:
         """T catch-up rows (those past ctl[1] compute what the next round overwrites), the first draft from row
@@ -190,8 +203,8 @@ class Speculator:
         fold = v.fold_ops()
         self.graph = v._capture(fold + self.mtp.round_ops() + [override] + v.ops)
         self.fold_graph = v._capture(fold)
-        self._first = K.prepared("spec_first", (1,), (decode.xn, v.xn, decode.H, decode.tokens, v.am_out, v.tokens,
-                                                      v.ctl, decode.pos), block=256)
+        self._first = K.prepared("spec_first", (1,), (decode.ctx.xn, v.ctx.xn, decode.H, decode.tokens, v.am_out,
+                                                      v.tokens, v.ctl, decode.pos), block=256)
         self.stream = decode.stream
         self._host_drafts = False
 

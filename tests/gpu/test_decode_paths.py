@@ -33,7 +33,7 @@ def engine_with_o_on_pre2(eng):
     """`eng` with every o-projection on gemv_rs_pre (the 27B table's choice for its GDN out: where the gated norm's
     chunk scales and the fused o-projection apply), re-planned and captured; (eng, its ops' kernel names)."""
     ex = eng.model.executor
-    ex.gemv_cfg = {**ex.gemv_cfg, **{(L["o"].fmt, L["o"].n, L["o"].k): {"pre2": True} for L in ex.layers}}
+    ex.ctx.gemv_cfg = {**ex.ctx.gemv_cfg, **{(L["o"].fmt, L["o"].n, L["o"].k): {"pre2": True} for L in ex.layers}}
     ex.ops = ex._plan()
     ex.capture()
     eng.reset()
@@ -209,8 +209,8 @@ def test_gemv_pair_gives_the_same_logits(monkeypatch):
         eng = build_engine(args, w, CFG, max_context=512, prefill_cols=1)
         ex = eng.model.executor
         rows = {"vz": 1, "qk": 2, "gv": 2}
-        ex.gemv_cfg = {**ex.gemv_cfg, **{(L[k].fmt, L[k].n, L[k].k): {"pre2": True, "rows": r} for L in ex.layers
-                                         for k, r in rows.items() if k in L}}
+        ex.ctx.gemv_cfg = {**ex.ctx.gemv_cfg, **{(L[k].fmt, L[k].n, L[k].k): {"pre2": True, "rows": r}
+                                                 for L in ex.layers for k, r in rows.items() if k in L}}
         eng, names = engine_with_o_on_pre2(eng)
         pairs = [n for n in names_of(ex) if n.startswith("gemv_rs_pre_pair<")]
         assert len(pairs) == (len(ex.layers) if on else 0)

@@ -167,7 +167,7 @@ def test_attn_combine_stage_leaves_its_words_at_zero(monkeypatch):
     assert "attn_combine_stage" in {getattr(op, "name", "") for op in eng.model.executor.ops}
     first = int(np.argmax(eng.prefill(prompt)))
     eng.decode_greedy(first, 40)
-    assert not eng.model.executor.attn_tick.get().any()
+    assert not eng.model.executor.attention.attn_tick.get().any()
 
 
 def test_attention_query_group_cut_over_blocks_gives_the_same_tokens(monkeypatch):

@@ -86,13 +86,13 @@ def test_moe_fused_matches_numpy_engine(gpu, monkeypatch):
     assert len(fused) == args.num_hidden_layers
     assert_moe_gates(ref_eng, gpu_eng)
     grid = fused[0].grid[0]
-    assert int(ex.moe_bar.get()[0]) % grid == 0 and int(ex.moe_bar.get()[0]) > 0
+    assert int(ex.moe.bar.get()[0]) % grid == 0 and int(ex.moe.bar.get()[0]) > 0
     assert all(int(op.args[-8]) != 0 and int(op.args[-1]) != 0 for op in fused)  # (the o-projection, chunk scales)
     k = MOE_CFG["num_experts_per_tok"]
-    logits = ex.rlog.get()[0]
+    logits = ex.moe.rlog.get()[0]
     want_i, want_w = ref.moe_route(logits[:MOE_CFG["num_experts"]], k)
-    assert sorted(ex.eidx.get()[0].tolist()) == sorted(np.asarray(want_i).tolist())
-    assert abs(float(ex.ewts.get()[0][k]) - 1 / (1 + np.exp(-logits[MOE_CFG["num_experts"]]))) < 1e-6
+    assert sorted(ex.moe.eidx.get()[0].tolist()) == sorted(np.asarray(want_i).tolist())
+    assert abs(float(ex.moe.ewts.get()[0][k]) - 1 / (1 + np.exp(-logits[MOE_CFG["num_experts"]]))) < 1e-6
 
 
 def test_moe_fused_opts_give_the_same_logits(monkeypatch):

@@ -29,7 +29,7 @@ def cp():
 
 
 class TopK:
-    """sample_topk_mb over M rows with its own buffers (as SamplingOps lays them out)."""
+    """sample_topk_mb over M rows with its own buffers (as the Sampler lays them out)."""
 
     def __init__(self, cp, M, v=V):
         self.cp, self.M, self.V = cp, M, v
