@@ -202,7 +202,7 @@ def tc_warps(tiles: int) -> int:
     """Warps a 16-row tile of gemv_tc (the block's 8 warps take 8 / that tiles a turn). All 8 split K where the tiles
     are not many (each warp's share of a row is short; measured on the H200 at 4 columns: the 27B's projections of up
     to 2,176 tiles fastest so), 2 for the head's 15,520 (512 against 540 us with all eight)."""
-    return 2 if tiles >= 16 * sm_count() else WARPS
+    return 2 if tiles >= 64 * sm_count() else WARPS
 
 
 def embed_rows(table: DevMatrix, *, tokens, out, ld: int, rows: int) -> Launch:
