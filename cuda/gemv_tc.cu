@@ -12,8 +12,9 @@
 // Fragments (m16n8k32, row.col): lane = 4 g + t holds A rows g and g + 8 at MMA k 4t..4t+3 (a0, a1) and
 // 16+4t..16+4t+3 (a2, a3), B column g at the same k (b0, b1), C rows g and g + 8 at columns 2t, 2t+1. The MMA's k is
 // any permutation of the group's values that A and B share: lane t loads bytes 8t..8t+7 of the group's codes (two
-// 32-bit words of 8 codes each), a step s takes word s; a0/a1 are the even codes of that word (rows g, g + 8), a2/a3
-// the odd ones, and b0/b1 the matching staged pairs (x0, x2, x4, x6) and (x1, x3, x5, x7) of that word's slot.
+// 32-bit words of 8 codes each; w8: of 4, the 8 codes one step), a step s takes word s; a0/a1 are the even codes of
+// that word (rows g, g + 8), a2/a3 the odd ones, and b0/b1 the matching staged pairs (x0, x2, x4, x6) and
+// (x1, x3, x5, x7) of that word's slot.
 //
 // A block: 8 warps over one K slice (grid.y, as gemv_rs: EPI_PARTIAL planes), looping over turns of 8 / wt tiles of
 // 16 rows (SwiGLU: 8 gate rows and their 8 up rows a tile); a tile's wt warps take every wt-th run of GU groups of
