@@ -1,7 +1,7 @@
 """The GEMVs of a synthetic model over 1 and M token columns (GPU machine only): what verification of K + 1 columns
 pays for its projections against one decode token.
 
-    python bench/gemv_columns.py [--geometry qwen3.8-27b] [--cols 4] [--iters 50] [--json OUT]
+    python bench/gemv_columns.py [--geometry qwen3.8-27b] [--cols 4] [--iters 50] [--warps 2,4,8 --gu 2,4] [--json OUT]
 
 For every distinct packed matrix of the decode executor (format, rows, K: the merged projections, the head), x
 pre-staged as the producers stage it: the time of GemvPlan for one column (gemv_rs_pre, the decode's form without
@@ -39,13 +39,12 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     import cupy as cp
 
+    from engine.gpu import gemv
     from engine.gpu import kernel_names as KN
     from engine.gpu import launch as K
     from engine.gpu.gemv import GemvPlan
     from engine.gpu.norm import stage_rows
     from engine.synthetic import build_engine
-
-    from engine.gpu import gemv
 
     warps = [int(v) for v in a.warps.split(",") if v]
     gus = [int(v) for v in a.gu.split(",") if v] or [KN.GEMV_TC_GU]
