@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check: on a machine with an NVIDIA GPU and CuPy, from any directory:
 #
-#   bash bench/gpu_check.sh [coldstart] [tests] [bench] [breakdown]     (no part: all four)
+#   bash bench/gpu_check.sh [coldstart] [tests] [bench] [breakdown] [spec]     (no part: the first four)
 #
 #   coldstart  `ninfer run --synthetic qwen3.8-27b` twice with a CuPy cache of its own: first empty (the first run's
 #              compile of the plan's kernels), then warm; the start-to-first-token figures of both
@@ -11,6 +11,8 @@
 #              both (BENCH_ARGS: more options for each)
 #   breakdown  bench/gpu_decode.py --breakdown: the decode step's kernels one by one, 27B at depth 0 and at 32768
 #              (int8 KV), 35B-A3B at depth 0
+#   spec       bench/spec_round.py (MTP speculation, mtp:3, acceptance forced to 0.88/0.77/0.67): 27B at depth 0 (with
+#              the round's breakdown) and at 32768 with int8 KV, 35B-A3B at depth 0 (SPEC_RUNS: a subset, e.g. "35b")
 #
 # Raw output goes to $OUT (default /tmp/gpu_check), named by what it measures and the GPU (GPU_TAG, else from
 # nvidia-smi: h200): gpu_tests_h200.txt, tg128_qwen38-27b_h200.json, ..., breakdown_tg128_qwen38-27b_h200.json; the
@@ -30,9 +32,9 @@ export NINFER_HOME=${NINFER_HOME:-/tmp/ninfer-home}  # (the store needs platform
 PARTS=()
 for arg in "$@"; do
   case $arg in
-    coldstart|tests|bench|breakdown) PARTS+=("$arg") ;;
+    coldstart|tests|bench|breakdown|spec) PARTS+=("$arg") ;;
     -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
-    *) echo "error: unknown part '$arg'"; echo "-> use coldstart, tests, bench or breakdown"; exit 2 ;;
+    *) echo "error: unknown part '$arg'"; echo "-> use coldstart, tests, bench, breakdown or spec"; exit 2 ;;
   esac
 done
 [ ${#PARTS[@]} -eq 0 ] && PARTS=(coldstart tests bench breakdown)
@@ -129,6 +131,16 @@ if want breakdown; then
   bd breakdown_tg128_qwen36-35b-a3b --synthetic qwen3.6-35b-a3b
 fi
 
+if want spec; then
+  sr() { local name=$1; shift; log "bench/spec_round.py $*"
+    timeout 300 python3 bench/spec_round.py "$@" --json "$OUT/${name}_$GPU.json" 2>&1 | grep -v "^{" | tail -4; }
+  runs=${SPEC_RUNS:-"27b 27b-d32768 35b"}
+  [[ " $runs " == *" 35b "* ]] && sr spec_round_qwen36-35b-a3b --geometry qwen3.6-35b-a3b -k 3
+  [[ " $runs " == *" 27b "* ]] && sr spec_round_qwen38-27b --geometry qwen3.8-27b -k 3 --breakdown
+  [[ " $runs " == *" 27b-d32768 "* ]] && sr spec_round_d32768_int8_qwen38-27b --geometry qwen3.8-27b -k 3 --depth 32768 \
+    --kv int8
+fi
+
 log "summary"
 python3 - "$OUT" "$GPU" <<'PY'
 import json
@@ -160,6 +172,11 @@ for f in sorted(out.glob(f"*_{gpu}.json")):
                      f"{r['avg_ts']:,.2f} ± {r['stddev_ts']:.2f} tok/s", pct, ttft or burst))
     for r in (d.get("baseline") or {}).get("results", []):
         rows.append((f.name, f"{r.get('test')} (transformers)", f"{r.get('avg_ts', 0):,.2f} tok/s", "", ""))
+    if "round_ms" in d:  # spec_round.py
+        rows.append((f.name, f"mtp:{d['k']} d{d['depth']} {d['kv']} KV",
+                     f"{d['spec_tok_s']:,.2f} tok/s forced ({d['speedup']:.2f}x of {d['plain_tok_s']:,.2f})",
+                     f"round {d['round_ms']:.2f} ms = {d['round_over_step']:.2f}x step",
+                     f"{d['stats']['tokens_per_round']:.2f} tok/round, identical {d['identical']}"))
     for r in d.get("decode", []):  # gpu_decode.py
         bd = r.get("breakdown_ms") or {}
         top = ", ".join(f"{k[:32]} {v[0]:.3f} ms" for k, v in list(bd.items())[:2])

@@ -120,6 +120,31 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int ldl, 
   route_row(logits + (size_t)blockIdx.x * ldl, E, topk, idx, wts, ldw, blockIdx.x);
 }
 
+// The MoE block over M token rows (speculation's verified columns, engine/gpu/moe.py column_ops): the M * k routed
+// slots in slot order z = j * M + r (slot j of row r), so one gate|up and one down launch over grid.z = M * k read row
+// r's staged x at xrep[z] and write slot j of row r into partial plane j, row r. From moe_route's eidx [M, k] and
+// ewts [M, k + 1]: eidx_t[z], ewts_t[z]; xrep [M * k, W] and xinv_rep [M * k] copy the staged rows xh [M, W] (u32
+// words) and their inverse scales xinv [M]; the shared expert's SwiGLU rows act [M, lda] (their first inter_sh values)
+// are scaled by its gate ewts[r, k]. One block a slot.
+extern "C" __global__ void moe_cols_prep(const int* __restrict__ eidx, const float* __restrict__ ewts, int k, int M,
+                                         int* __restrict__ eidx_t, float* __restrict__ ewts_t, float* __restrict__ act,
+                                         int lda, int inter_sh, const unsigned int* __restrict__ xh, int W,
+                                         const float* __restrict__ xinv, unsigned int* __restrict__ xrep,
+                                         float* __restrict__ xinv_rep) {
+  NI_PDL_ENTRY();
+  const int z = blockIdx.x, j = z / M, r = z % M;
+  if (threadIdx.x == 0) {
+    eidx_t[z] = eidx[r * k + j];
+    ewts_t[z] = ewts[(size_t)r * (k + 1) + j];
+    xinv_rep[z] = xinv[r];
+  }
+  for (int i = threadIdx.x; i < W; i += blockDim.x) xrep[(size_t)z * W + i] = xh[(size_t)r * W + i];
+  if (j == 0) {
+    const float gate = ewts[(size_t)r * (k + 1) + k];
+    for (int i = threadIdx.x; i < inter_sh; i += blockDim.x) act[(size_t)r * lda + i] *= gate;
+  }
+}
+
 // Word c of a 16-byte chunk of codes (format FMT, the chunk's high bits hb) against its PER fp32 x values:
 // sum of code * x. A code becomes an exact float by OR-ing its offset-binary form into the mantissa of 2^23
 // and subtracting 2^23 + offset (no int->float conversions, which are quarter-rate). Value i of the word

@@ -2,7 +2,7 @@
 //
 // A round verifies T = K + 1 columns [t, d_1..d_K] through the target in one columns step whose GDN layers
 // read the committed state and record what a replay needs (ReplaySSM): each column's conv input, and its
-// normed key, value, g and beta. The greedy accept finds m (the columns to commit: t and the drafts that
+// normed key, value, g and beta. The accept finds m (the columns to commit: t and the drafts that
 // match the target's picks), and the next round starts by folding those m columns into the state in place
 // and moving the position by m. The round's control words `ctl`: [0] columns to fold, [1] MTP rows to catch
 // up, [2] the verified round's first position.
@@ -56,11 +56,11 @@ extern "C" __global__ void spec_advance(int* __restrict__ pos, const int* __rest
   if (threadIdx.x == 0) pos[0] += ctl[0];
 }
 
-// Greedy accept. am [T]: the target's pick after each verified column; ids [T]: the verified inputs. m = 1 + the
-// leading drafts equal to the target's pick before them; the tokens emitted are am[0..m) (the last: the
-// correction, or the bonus when every draft stood). out = [m, am[0..T)]; the next round verifies from am[m-1]
-// (ids[0]); ctl = [m, m, pos[0]].
-extern "C" __global__ void spec_accept_greedy(const int* __restrict__ am, int* __restrict__ ids, int T,
+// The accept. am [T]: the target's pick after each verified column (its argmax, or its draw with the coin plain
+// decode takes at that position); ids [T]: the verified inputs. m = 1 + the leading drafts equal to the target's
+// pick before them; the tokens emitted are am[0..m) (the last: the correction, or the bonus when every draft
+// stood). out = [m, am[0..T)]; the next round verifies from am[m-1] (ids[0]); ctl = [m, m, pos[0]].
+extern "C" __global__ void spec_accept(const int* __restrict__ am, int* __restrict__ ids, int T,
                                               int* __restrict__ out, int* __restrict__ ctl, const int* __restrict__ pos) {
   NI_PDL_ENTRY();
   if (threadIdx.x != 0) return;

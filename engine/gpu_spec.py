@@ -5,20 +5,27 @@ The loop: the first token from the prompt's logits (the host sampler), one plain
 and its pick start the MTP), then rounds: one graph and one host read each, the accepted tokens yielded one by one.
 The sequence's bookkeeping (`engine._tokens`, the cache position) follows the committed columns; a consumer that
 stops inside a round commits what it took (the fold graph), as the NumPy loop does. Fewer than K + 2 free positions:
-plain decode for the rest. Greedy only: sampled acceptance runs on the NumPy engine for now.
+plain decode for the rest. Sampled rounds draw each column's token on the device with the coin plain decode takes
+at its position (engine.gpu.verify.Speculator.round_graph); a grammar, penalties or a logit bias decode plainly.
 """
 from __future__ import annotations
 
-from engine.errors import NinferError
 
 
 def cuda_speculative_generate_step(engine, prompt_ids, sampler, *, k: int, max_tokens: int = -1, cancel=None,
                                    draft=None, stats=None, mtp=None):
     from engine.speculative import SpecStats  # noqa: PLC0415
 
-    if not sampler.is_greedy or getattr(sampler, "constraint", None) is not None:
-        raise NinferError("speculation on the CUDA engine is greedy for now",
-                          "use --temperature 0, or --spec off to sample")
+    from engine.device_sampling import device_params  # noqa: PLC0415
+
+    params = None if sampler.is_greedy else device_params(sampler)
+    if getattr(sampler, "constraint", None) is not None or (not sampler.is_greedy and (
+            params is None or sampler.presence or sampler.frequency)):
+        # a grammar, penalties, a logit bias: the host's draws (the columns' samplers take none of them)
+        from engine.generate import generate_step  # noqa: PLC0415
+
+        yield from generate_step(engine, prompt_ids, sampler, max_tokens=max_tokens, cancel=cancel)
+        return
     stats = stats if stats is not None else SpecStats(k)
     spec = engine.speculator(k)  # (built on first use: the held sequence is dropped then)
     ex = engine.model.executor
@@ -53,8 +60,9 @@ def cuda_speculative_generate_step(engine, prompt_ids, sampler, *, k: int, max_t
                         break
                 return
             if not started:  # one plain step: the MTP's first row is its hidden state and its pick
+                graph = ex.graph if params is None else ex.prepare_draws(params)
                 ex.set_token(fed)
-                ex.graph.launch(ex.stream)
+                graph.launch(ex.stream)
                 engine.cache.position += 1
                 engine._tokens.append(fed)
                 engine._last = None
@@ -76,7 +84,7 @@ def cuda_speculative_generate_step(engine, prompt_ids, sampler, *, k: int, max_t
                 _settle(engine, pending)
                 pending = None
             try:
-                m, picks = spec.round(drafts)
+                m, picks = spec.round(drafts, params)
             except BaseException:
                 engine.reset()  # a round cut short leaves the layers out of step with each other
                 raise

@@ -4,16 +4,17 @@ A round starts from the last sampled token t (not yet fed to the target) and K d
 1. verify [t, d_1..d_K] through the target in one forward of K+1 columns at positions p..p+K; attention
    layers append their KV, GDN layers read the committed state and record what a fold needs
    (engine.models.replay_ssm);
-2. accept column by column: d_i stands when it is the target's pick at column i-1 (greedy), or with
-   probability p_{i-1}(d_i) (sampling); the first rejection emits the target's own token (greedy) or a draw
-   from p_{i-1} without d_i, renormalized; with every draft accepted, a bonus token comes from column K;
+2. accept column by column: d_i stands when it is the target's own pick at column i-1 (its argmax, or its draw
+   with the decode coin of that position), which accepts a one-hot proposal with probability p_{i-1}(d_i) and
+   otherwise emits a draw from p_{i-1} without d_i, renormalized; with every draft accepted, a bonus token comes
+   from column K;
 3. commit the columns whose tokens the consumer took: t and the accepted drafts, or fewer when a stop,
    max_tokens or a cancel lands inside the round (the cache then holds exactly the consumed tokens, as after
    plain decode); KV lengths move to p+m, one fold replays the m columns into the GDN state;
 4. the MTP layer runs over the committed columns with the target's final hidden states (and the token that
    follows each), then drafts the next K tokens autoregressively by greedy argmax of the shared head.
-Randomness is the sampler's counter RNG keyed by (seed, position, purpose): accept, correction and bonus
-each have their purpose, so the output distribution is the target's whatever the drafts are.
+Randomness is the sampler's counter RNG keyed by (seed, position, purpose), with the decode purpose: a sampled
+speculative run emits the tokens plain sampling emits with the same seed, whatever the drafts are.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import numpy as np
 from engine.errors import NinferError
 from engine.generate import generate_step
 from engine.models.replay_ssm import Verification
-from engine.sampling import PURPOSE_ACCEPT, PURPOSE_BONUS, PURPOSE_CORRECTION, Sampler, counter_uniform, greedy
+from engine.sampling import Sampler, counter_uniform, greedy
 
 MAX_DRAFT = 5
 DEFAULT_DRAFT = 3  # "MTP3", the published setting
@@ -133,31 +134,20 @@ def forced_draft(oracle: Sequence[int], start: int, accept: Sequence[float], see
 # --- accept -------------------------------------------------------------------------------------------
 
 
-def _draw(ids: np.ndarray, probs: np.ndarray, u: float) -> int:
-    i = int(np.searchsorted(np.cumsum(probs), u, side="right"))
-    return int(ids[min(i, ids.size - 1)])
-
-
 def verify_column(sampler: Sampler, logits, draft: int, position: int) -> tuple[int, bool]:
-    """(token at `position`, whether it is `draft`): the target's pick when greedy; otherwise `draft` with
-    probability p(draft), else a draw from p without `draft`, renormalized (a one-hot proposal's residual)."""
-    if sampler.is_greedy:
-        tok = greedy(logits, sampler.domain)
-        return tok, tok == draft
-    ids, probs = sampler.distribution(logits)
-    hit = np.flatnonzero(ids == draft)
-    p = float(probs[hit[0]]) if hit.size else 0.0
-    if counter_uniform(sampler.seed, position, PURPOSE_ACCEPT) < p:
-        return int(draft), True
-    if hit.size:
-        ids, probs = np.delete(ids, hit[0]), np.delete(probs, hit[0])
-        probs = probs / probs.sum()
-    return _draw(ids, probs, counter_uniform(sampler.seed, position, PURPOSE_CORRECTION)), False
+    """(token at `position`, whether it is `draft`): the target's own draw at `position` (its argmax when greedy),
+    `draft` standing when the two agree.
+
+    For a one-hot proposal this is the rejection rule of spec/runtime.md §3.5 in another order: the draft stands with
+    probability p(d), and when it does not, the token is distributed as p without d, renormalized. Drawing with the
+    decode coin of (seed, position) makes the speculative tokens the ones plain sampling draws with the same seed."""
+    tok = sampler(logits, position)
+    return tok, tok == draft
 
 
 def bonus_token(sampler: Sampler, logits, position: int) -> int:
     """The token after a round whose drafts were all accepted, from the last verified column."""
-    return sampler(logits, position, PURPOSE_BONUS)
+    return sampler(logits, position)
 
 
 # --- drafts -------------------------------------------------------------------------------------------
@@ -359,9 +349,6 @@ def check_spec(engine, spec: str | None) -> tuple[str, int]:
         return kind, k
     if hasattr(engine, "speculator"):  # the CUDA engine
         model = getattr(engine, "model", None)
-        if getattr(getattr(model, "args", None), "is_moe", False):
-            raise NinferError(f"--spec {spec}: the CUDA engine verifies dense models only for now",
-                              "use --spec off, or NINFER_DEVICE=cpu")
         if not getattr(model, "mtp_weights", None):
             raise NinferError(f"--spec {spec} needs a model with an MTP head",
                               "use --spec off, or a model whose artifact carries the mtp weights")

@@ -4,21 +4,22 @@ position) to the columns each round commits, a stop inside a round included. The
 import numpy as np
 import pytest
 
-from cuda_smoke import CFG, cp, flat, on_gpu  # noqa: F401
+from cuda_smoke import CFG, cp, flat, moe_cfg, on_gpu  # noqa: F401
 
 MTP_CFG = dict(CFG, mtp_num_hidden_layers=1)
 
 
-def _engine(gpu, monkeypatch):
+def _engine(gpu, monkeypatch, cfg=MTP_CFG):
     from engine.config import ModelArgs
     from engine.gpu import weights as gpu_weights
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5 import random_weights
 
     on_gpu(monkeypatch, gpu)
-    args = ModelArgs.from_config(MTP_CFG)
-    w = gpu_weights.from_logical(args, random_weights(args, seed=1, mtp=True))
-    return build_engine(args, w, MTP_CFG, max_context=256, prefill_cols=8, prefill_gemm=0)
+    args = ModelArgs.from_config(cfg)
+    recipe = "groupwise-int-moe" if args.is_moe else "groupwise-int"
+    w = gpu_weights.from_logical(args, random_weights(args, seed=1, mtp=True), recipe=recipe)
+    return build_engine(args, w, cfg, max_context=256, prefill_cols=8, prefill_gemm=0)
 
 
 @pytest.mark.parametrize("gpu", ["sm_90", "sm_86"])
@@ -31,7 +32,7 @@ def test_round_graph_holds_verify_fold_and_the_mtp_head(cp, gpu, monkeypatch):
     verify = [getattr(op, "name", "gemv") for op in flat(sp.verify.ops)]
     n_gdn = sum(t != "full_attention" for t in eng.model.args.layer_types)
     assert verify.count("gdn_prep_verify") == verify.count("gdn_delta_verify") == n_gdn
-    assert "gdn_delta_cols" not in verify and verify[-1] == "spec_accept_greedy"
+    assert "gdn_delta_cols" not in verify and verify[-1] == "spec_accept"
     fold = [op.name for op in sp.verify.fold_ops()]
     assert fold.count("gdn_fold") == fold.count("gdn_conv_fold") == n_gdn and fold[-1] == "spec_advance"
 
@@ -54,3 +55,69 @@ def test_the_loop_commits_what_its_consumer_takes(cp, monkeypatch):
     assert eng.position == len(prompt) + 1 + 3 + 3 + 1 == len(eng._tokens)
     assert eng._tokens[len(prompt) + 1:] == [out[1], 11, 12, out[4], 11, 12, out[7]]
     assert int(sp.verify.ctl[0]) == 1  # the last fold ran with the columns taken
+
+
+def _names(ops):
+    return [getattr(op, "name", "gemv") for op in flat(ops)]
+
+
+def test_a_round_graph_for_each_way_the_columns_pick(cp, monkeypatch):
+    """Greedy, the histogram sampler and the top-k sampler over the K + 1 rows, each drawing at its column's own
+    position (copied from the columns' positions: the samplers advance theirs) and ending in the same accept."""
+    sp = _engine("sm_90", monkeypatch).speculator(3)
+    tails = sp.verify.tails()
+    assert set(sp.graphs) == set(tails) == {"greedy", "sample", "topk"}
+    body = len(tails["greedy"]) - 2
+    assert _names(tails["greedy"][body:]) == ["argmax_step_mb", "spec_accept"]
+    assert _names(tails["sample"][body:]) == ["spec_copy_i32", "sample_max_mb", "sample_step_mb", "spec_accept"]
+    assert _names(tails["topk"][body:]) == ["spec_copy_i32", "sample_topk_mb", "spec_accept"]
+    assert all(t[:body] == tails["greedy"][:body] for t in tails.values())
+
+
+def test_the_round_graph_follows_the_sampler(cp, monkeypatch):
+    from engine.device_sampling import pack_params, unpack_params
+
+    sp = _engine("sm_90", monkeypatch).speculator(3)
+    assert sp.round_graph(None) is sp.graph is sp.round_graph(pack_params(temperature=0.0))
+    row = pack_params(temperature=0.8, top_k=20, seed=5)
+    assert sp.round_graph(row) is sp.graphs["topk"]
+    assert np.array_equal(np.asarray(sp.verify.sampler.sp_params), np.tile(row, (4, 1)))  # a row a column
+    assert sp.round_graph(pack_params(temperature=0.8, top_p=0.9, seed=5)) is sp.graphs["sample"]
+    assert unpack_params(np.asarray(sp.verify.sampler.sp_params)[3])["top_p"] == 0.9
+    with pytest.raises(ValueError, match="penalties"):
+        sp.round_graph(pack_params(temperature=0.8, top_k=20, presence=0.5))
+
+
+def test_sampled_rounds_run_and_penalties_decode_plainly(cp, monkeypatch):
+    from engine.sampling import Sampler
+    from engine.speculative import SpecStats, speculative_generate_step
+
+    eng = _engine("sm_90", monkeypatch)
+    sp = eng.speculator(3)
+    sp.verify.out[...] = np.asarray([2, 21, 22, 23, 24], dtype=np.int32)
+    stats = SpecStats(3)
+    out = list(speculative_generate_step(eng, [1, 2, 3], Sampler(temperature=0.7, top_p=0.9, seed=3), k=3,
+                                         max_tokens=6, stats=stats))
+    assert out[2:] == [21, 22, 21, 22] and stats.rounds == 2
+    stats = SpecStats(3)
+    out = list(speculative_generate_step(eng, [1, 2, 3], Sampler(temperature=0.7, presence_penalty=0.5, seed=3), k=3,
+                                         max_tokens=6, stats=stats))
+    assert len(out) == 6 and stats.rounds == 0  # (the host's draws: plain decode)
+
+
+@pytest.mark.parametrize("gpu", ["sm_90", "sm_86"])
+def test_moe_verification_runs_every_row_through_the_routed_experts(cp, gpu, monkeypatch):
+    """The MoE block over the K + 1 columns: the router and top-k for every row, the slots reordered with their rows'
+    staged x (moe_cols_prep), one routed gate|up and one down launch over all K + 1 rows' slots."""
+    cfg = dict(moe_cfg(), mtp_num_hidden_layers=1)
+    eng = _engine(gpu, monkeypatch, cfg)
+    sp = eng.speculator(3)
+    n = len(eng.model.args.layer_types)
+    verify = flat(sp.verify.ops)
+    names = _names(sp.verify.ops)
+    assert names.count("moe_cols_prep") == names.count("moe_route") == n
+    assert not any(m.startswith("moe_fused") or m.startswith("moe_down") for m in names)
+    prep = [op for op in verify if getattr(op, "name", "") == "moe_cols_prep"][0]
+    assert prep.grid == (4 * 2,)  # K + 1 rows, 2 experts a token
+    assert verify[-1].name == "spec_accept"
+    assert "moe_cols_prep" not in _names(sp.mtp.round_ops())  # (the MTP head's rows: the one-token block)

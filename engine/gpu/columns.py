@@ -51,8 +51,6 @@ class CudaQwen35Columns(CudaQwen35):
     def __init__(self, decode: CudaQwen35, cols: int):
         if decode.M != 1:
             raise ValueError("the columns step extends a one-lane decode executor")
-        if decode.args.is_moe:
-            raise NotImplementedError("the columns step does not run MoE models yet")
         self.decode = decode
         super().__init__(decode.args, {}, max_context=decode.max_context, lanes=cols, gemv_cfg=None,
                          kv=decode.kv, plan=decode.plan)

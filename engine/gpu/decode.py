@@ -66,8 +66,6 @@ class CudaQwen35:
         K.require(self.plan.kernels)
         K.PDL = self.plan.pdl
         a = args
-        if a.is_moe and lanes != 1:
-            raise NotImplementedError("the GPU MoE decode path runs one lane for now")
         if a.head_dim != ATTN_HEAD_DIM or (a.linear_key_head_dim or GDN_HEAD_DIM) != GDN_HEAD_DIM:
             raise ValueError("GPU kernels need attention head_dim 256 and GDN head dims 128")
         self.H, self.V = a.hidden_size, a.vocab_size

@@ -86,8 +86,12 @@ class MoeBlock:
         self.rlog = cp.zeros((M, a.num_experts + 1), dtype=f32)
         self.eidx = cp.zeros((M, self.topk), dtype=cp.int32)
         self.ewts = cp.zeros((M, self.topk + 1), dtype=f32)
-        self.act_e = cp.zeros((self.topk, self.inter_e), dtype=f32)
+        self.act_e = cp.zeros((M * self.topk, self.inter_e), dtype=f32)  # (M rows: slot z = j * M + r)
         self.bar = self.xh = self.xsc = None  # (the persistent launch's, made with its first launch)
+        if M > 1:  # the routed slots of M rows in slot order, each with its row's staged x (moe_cols_prep)
+            n, W = M * self.topk, c.xh_n.shape[1]
+            self.eidx_t, self.ewts_t = cp.zeros(n, dtype=cp.int32), cp.zeros(n, dtype=f32)
+            self.xrep, self.xinv_rep = cp.zeros((n, W), dtype=cp.uint32), cp.ones(n, dtype=f32)
 
     def splits(self) -> int:
         """Partial planes the MoE block leaves for the next norm to sum: the routed slots and the shared expert.
@@ -180,6 +184,8 @@ class MoeBlock:
         """Router -> top-k on the device -> routed experts (grid.z = slot) writing weighted partials
         part[0..k), shared expert into part[k]; the next norm sums the k + 1 partials (the second of the pair)."""
         c = self.c
+        if c.M > 1:
+            return self.column_ops(L, xn)
         E, k, H, ie = c.args.num_experts, self.topk, c.H, self.inter_e
         rw = L["router"]
         route = [c.gemv(rw, c.xn, self.rlog),
@@ -201,3 +207,28 @@ class MoeBlock:
         shared_down = GemvPlan(L["shared_down"], c.act, c.act.shape[1], c.part[k], H, epi="store",
                                unroll=2, experts=(None, 0, 0, 0, self.ewts[0, k:], 1)).launch
         return c.concurrent(route, [shared_gu]) + c.concurrent(routed, [shared_down]), self.splits()
+
+    def column_ops(self, L, xn) -> tuple[list, int]:
+        """The block over M token rows (the verified columns): router GEMV and top-k for every row, moe_cols_prep (the
+        M * k routed slots in slot order z = j * M + r, each with its row's staged x; the shared expert's rows scaled by
+        its gate), the routed gate|up and down launches over all the slots (grid.z: each expert of the rows' union is
+        read by the slots that chose it), the shared expert's down over the M rows beside them. Partials as `ops`:
+        slot j of every row into part[j], the shared expert into part[k]."""
+        c = self.c
+        E, k, H, ie, M = c.args.num_experts, self.topk, c.H, self.inter_e, c.M
+        rw, gu, dn, sd = L["router"], L["experts_gu"], L["experts_down"], L["shared_down"]
+        route = [c.gemv(rw, c.xn, self.rlog),
+                 moe_route(logits=self.rlog, ld=E + 1, experts=E, topk=k, eidx=self.eidx, ewts=self.ewts, ld_w=k + 1,
+                           rows=M)]
+        shared_gu = c.gemv(L["shared_gu"], c.xn, c.act, epi="swiglu", xpre=xn)
+        W = self.xrep.shape[1]
+        prep = K.prepared("moe_cols_prep", (M * k,), (self.eidx, self.ewts, k, M, self.eidx_t, self.ewts_t, c.act,
+                                                      c.act.shape[1], self.inter_sh, xn[0], W, xn[1], self.xrep,
+                                                      self.xinv_rep), block=256)
+        gu1, dn1 = gu.row_slice(0, 2 * ie), dn.row_slice(0, H)  # expert 0's rows (the kernel offsets by eidx)
+        routed = [GemvPlan(gu1, self.xrep, H, self.act_e, ie, epi="swiglu", unroll=2, xpre=(self.xrep, self.xinv_rep),
+                           experts=(self.eidx_t, 2 * ie, W * 4, ie, None, M * k)).launch,
+                  GemvPlan(dn1, self.act_e, ie, c.part, H, epi="store", unroll=2, rows=1,
+                           experts=(self.eidx_t, H, ie * 4, H, self.ewts_t, M * k)).launch]
+        shared_down = GemvPlan(sd, c.act, c.act.shape[1], c.part[k], H, m=M, epi="store").launch
+        return c.concurrent(route, [shared_gu]) + [prep] + c.concurrent(routed, [shared_down]), self.splits()

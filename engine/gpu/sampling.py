@@ -82,9 +82,12 @@ class Sampler:
 
     SAMPLE_BLOCKS = 64  # blocks a row of the histogram sampler
 
-    def __init__(self, c):
+    def __init__(self, c, commit=None):
+        """commit: (tokens, pos, history, step, hist_len) the draws go into in place of the context's sequence (the
+        verified columns' picks: their own positions and rings)."""
         cp, M = c.cp, c.M
         self.c = c
+        self.commit = commit or (c.tokens, c.pos, c.history, c.step, c.hist_len)
         # argmax_step_mb's per-block bests and per-row tickets (zero between launches)
         self.am_v = cp.zeros((M, ARGMAX_BLOCKS), dtype=cp.float32)
         self.am_i = cp.zeros((M, ARGMAX_BLOCKS), dtype=cp.int32)
@@ -95,9 +98,10 @@ class Sampler:
     def argmax_op(self) -> K.Launch:
         """Device argmax as the step's commit: the next input token, the position and the history advance."""
         c = self.c
+        tokens, pos, history, step, hist_len = self.commit
         return argmax_step(logits=c.logits, ld=c.V, vocab=c.V, best_v=self.am_v, best_i=self.am_i,
-                           tickets=self.am_ticket, tokens=c.tokens, pos=c.pos, history=c.history, step=c.step,
-                           hist_len=c.hist_len, rows=c.M, blocks=ARGMAX_BLOCKS)
+                           tickets=self.am_ticket, tokens=tokens, pos=pos, history=history, step=step,
+                           hist_len=hist_len, rows=c.M, blocks=ARGMAX_BLOCKS)
 
     def sample_ops(self):
         """The histogram sampler in place of the argmax (parameters in `sp_params`, one row a lane, written by
@@ -114,11 +118,12 @@ class Sampler:
         self.sp_cand_n, self.sp_ticket = cp.zeros(M, dtype=cp.uint32), cp.zeros(M, dtype=cp.uint32)
         self._sp_host = None
         D = self.domain()
+        tokens, pos, history, step, hist_len = self.commit
         return [sample_max(logits=c.logits, ld=c.V, domain=D, best_v=self.sp_v, best_i=self.sp_i, rows=M, blocks=nb),
                 sample_step(logits=c.logits, ld=c.V, domain=D, params=self.sp_params, best_v=self.sp_v,
                             best_i=self.sp_i, hist_c=self.sp_hist_c, hist_w=self.sp_hist_w, cand=self.sp_cand,
-                            cand_n=self.sp_cand_n, cand_cap=ds.SAMPLE_CAND, tickets=self.sp_ticket, tokens=c.tokens,
-                            pos=c.pos, history=c.history, step=c.step, hist_len=c.hist_len, rows=M, blocks=nb)]
+                            cand_n=self.sp_cand_n, cand_cap=ds.SAMPLE_CAND, tickets=self.sp_ticket, tokens=tokens,
+                            pos=pos, history=history, step=step, hist_len=hist_len, rows=M, blocks=nb)]
 
     def topk_ops(self):
         """The top-k sampler with penalties (generated-token counts in `sp_counts`, one row a lane)."""
@@ -133,9 +138,10 @@ class Sampler:
         self.tk_allow = cp.zeros((M, words), dtype=cp.uint32)  # a grammar's mask (engine.constraints), one row a lane
         self.tk_allow_on = cp.zeros(M, dtype=cp.int32)
         self._allow_on = False
+        tokens, pos, history, step, hist_len = self.commit
         return [sample_topk(logits=c.logits, ld=c.V, domain=D, params=self.sp_params, counts=self.sp_counts,
                             vocab=c.V, cand_key=self.tk_key, cand_id=self.tk_id, tickets=self.tk_ticket,
-                            tokens=c.tokens, pos=c.pos, history=c.history, step=c.step, hist_len=c.hist_len,
+                            tokens=tokens, pos=pos, history=history, step=step, hist_len=hist_len,
                             allow=self.tk_allow, allow_on=self.tk_allow_on, allow_words=words, rows=M)]
 
     def domain(self) -> int:

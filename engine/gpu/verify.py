@@ -7,8 +7,9 @@ A round is one CUDA graph on the decode executor's stream:
 2. the MTP head catches up over those columns (one row each: the target's final hidden state and the token
    after it), then drafts K tokens by greedy argmax of the shared head (its own one-layer KV cache);
 3. the verification: the columns step over [t, d_1..d_K] whose GDN layers read the committed state and record
-   (`gdn_prep_verify`, `gdn_delta_verify`), the head over every column, an argmax a column, the greedy accept
-   (`spec_accept_greedy`: m, the emitted tokens, the next round's first id), all on the device.
+   (`gdn_prep_verify`, `gdn_delta_verify`), the head over every column, the target's own pick a column (the argmax,
+   or a device sampler's draw with the coin plain decode takes at that position), the accept (`spec_accept`: m,
+   the emitted tokens, the next round's first id), all on the device.
 The host reads [m, picks] once a round. A consumer that stops inside a round commits the columns it took:
 the fold graph alone runs with that count. The kernels: cuda/spec.cu.
 """
@@ -25,7 +26,7 @@ from engine.gpu.columns import CudaQwen35Columns
 from engine.gpu.decode import GDN_HEAD_DIM, CudaQwen35
 from engine.gpu.gdn import GdnBlock, delta_step, gdn_prep
 from engine.gpu.gemv import GemvPlan
-from engine.gpu.sampling import ARGMAX_BLOCKS, argmax_step
+from engine.gpu.sampling import TOPK_MAX, TOPK_TILE, Sampler
 
 NULL = np.uint64(0)
 
@@ -39,6 +40,10 @@ def row_kernel_names(mats, rows: int) -> list[str]:
 
 def copy_rows(src, dst, n: int):
     return K.prepared("spec_copy_f32", (-(-n // 256),), (src, dst, n), block=256)
+
+
+def copy_ints(src, dst, n: int):
+    return K.prepared("spec_copy_i32", (1,), (src, dst, n), block=32)
 
 
 class VerifyGdn(GdnBlock):
@@ -93,22 +98,31 @@ class CudaVerify(CudaQwen35Columns):
         self.ctl = cp.zeros(4, dtype=i32)  # [columns to fold, MTP rows to catch up, the round's first position]
         self.out = cp.zeros(1 + T, dtype=i32)  # [m, picks]: what the host reads
         self.ovr = cp.zeros(1 + self.k, dtype=i32)  # host drafts: [set, d_1..d_K]
-        # the argmax a column: its commit into picks of its own (am_out), not the sequence's
+        # each column's pick commits into rings of its own (am_out, at the column's position), not the sequence's
         self.am_pos, self.am_step, self.am_hist = cp.zeros(T, i32), cp.zeros(T, i32), cp.zeros((T, 1), i32)
-        self.am_v = cp.zeros((T, ARGMAX_BLOCKS), dtype=cp.float32)
-        self.am_i = cp.zeros((T, ARGMAX_BLOCKS), dtype=i32)
-        self.am_ticket = cp.zeros(T, dtype=cp.uint32)
+
+    def _sampler(self):
+        return Sampler(self.ctx, commit=(self.am_out, self.am_pos, self.am_hist, self.am_step, 1))
 
     def _tail_ops(self):
-        """The head over every column, an argmax a column, the greedy accept."""
+        """The head over every column, the greedy pick a column, the accept."""
         T, c = self.M, self.ctx
         head = GemvPlan(self.head, c.xn, self.H, self.logits, self.V, m=T, unroll=2, xpre=(c.xh_n, c.xinv_n))
-        return [head.launch,
-                argmax_step(logits=self.logits, ld=self.V, vocab=self.V, best_v=self.am_v, best_i=self.am_i,
-                            tickets=self.am_ticket, tokens=self.am_out, pos=self.am_pos, history=self.am_hist,
-                            step=self.am_step, hist_len=1, rows=T, blocks=ARGMAX_BLOCKS),
-                K.prepared("spec_accept_greedy", (1,), (self.am_out, self.tokens, T, self.out, self.ctl, self.pos),
-                           block=32)]
+        self._accept = K.prepared("spec_accept", (1,), (self.am_out, self.tokens, T, self.out, self.ctl, self.pos),
+                                  block=32)
+        self._greedy_tail = [self.sampler.argmax_op(), self._accept]
+        return [head.launch] + self._greedy_tail
+
+    def tails(self) -> dict:
+        """The verification's ops for each way a column picks its token: "greedy" (the argmax), "sample" (the histogram
+        sampler) and, where the vocabulary allows, "topk"; the draws are keyed by each column's own position (the
+        coin plain decode takes there), so m counts the drafts equal to the target's own draws."""
+        body = self.ops[:-len(self._greedy_tail)]
+        at = copy_ints(self.posc, self.am_pos, self.M)  # (the samplers advance their positions)
+        out = {"greedy": self.ops, "sample": body + [at] + self.sampler.sample_ops() + [self._accept]}
+        if self.sampler.domain() <= 32 * TOPK_TILE:
+            out["topk"] = body + [at] + self.sampler.topk_ops() + [self._accept]
+        return out
 
     def fold_ops(self) -> list:
         """ctl[0] recorded columns into every GDN layer's state and conv history; the position moves by as many."""
@@ -166,7 +180,7 @@ class CudaMtp(CudaQwen35):
         """Head and argmax of one MTP row: draft i into the verified ids and the next MTP step's input."""
         head = GemvPlan(self.head, x, self.H, self.logits, self.V, m=1, unroll=2, xpre=xpre)
         return [head.launch, self.sampler.argmax_op(),
-                K.prepared("spec_copy_i32", (1,), (self.tokens, self.verify.tokens[i:], 1), block=32)]
+                copy_ints(self.tokens, self.verify.tokens[i:], 1)]
 
     def _tail_ops(self):
         kind, j = self._mode
@@ -193,7 +207,8 @@ class CudaMtp(CudaQwen35):
 
 
 class Speculator:
-    """The round and fold graphs of MTP speculation with K drafts over a one-lane decode executor."""
+    """The round graphs (one for each way the columns pick: greedy, sampled, top-k) and the fold graph of MTP
+    speculation with K drafts over a one-lane decode executor."""
 
     def __init__(self, decode: CudaQwen35, mtp_weights: dict, k: int):
         self.k, self.decode = k, decode
@@ -201,7 +216,9 @@ class Speculator:
         self.mtp = CudaMtp(v, mtp_weights)
         override = K.prepared("spec_override", (1,), (v.ovr, v.tokens, k), block=32)
         fold = v.fold_ops()
-        self.graph = v._capture(fold + self.mtp.round_ops() + [override] + v.ops)
+        head = fold + self.mtp.round_ops() + [override]
+        self.graphs = {kind: v._capture(head + ops) for kind, ops in v.tails().items()}
+        self.graph = self.graphs["greedy"]
         self.fold_graph = v._capture(fold)
         self._first = K.prepared("spec_first", (1,), (decode.ctx.xn, v.ctx.xn, decode.H, decode.tokens, v.am_out,
                                                       v.tokens, v.ctl, decode.pos), block=256)
@@ -213,14 +230,32 @@ class Speculator:
         with self.stream:
             self._first()
 
-    def round(self, drafts=None) -> tuple[int, list[int]]:
-        """One round (drafts: K host ids in place of the MTP's); returns (m, the target's picks)."""
+    def round_graph(self, params=None):
+        """The round graph that picks as `params` (engine.device_sampling.pack_params; None: greedy) asks, its
+        parameters written to the columns' sampler."""
+        from engine import device_sampling as ds  # noqa: PLC0415
+
+        if params is None:
+            return self.graph
+        settings = ds.unpack_params(params)
+        if not settings["temperature"] > 0.0:
+            return self.graph
+        if settings["presence"] or settings["frequency"]:
+            raise ValueError("the verified columns draw without penalties")
+        kind = "topk" if 0 < settings["top_k"] <= TOPK_MAX and "topk" in self.graphs else "sample"
+        self.verify.sampler.set_sampling(params)
+        return self.graphs[kind]
+
+    def round(self, drafts=None, params=None) -> tuple[int, list[int]]:
+        """One round (drafts: K host ids in place of the MTP's; params: the draws', None for greedy); returns (m,
+        the target's picks)."""
         v = self.verify
+        graph = self.round_graph(params)
         if drafts is not None or self._host_drafts:  # (the flag word stays off while the MTP's drafts stand)
             v.ovr.set(np.asarray([0] * (1 + self.k) if drafts is None else [1, *drafts], dtype=np.int32),
                       stream=self.stream)
             self._host_drafts = drafts is not None
-        self.graph.launch(self.stream)
+        graph.launch(self.stream)
         out = v.out.get(stream=self.stream)
         return int(out[0]), [int(t) for t in out[1:]]
 

@@ -2,7 +2,8 @@
 same engine: a tiny Qwen3.5 with the real head sizes and a random MTP head (which rejects almost everything), and
 oracle drafts (the plain continuation, corrupted at a chosen position) that accept all or reject at each position.
 Greedy speculation must give plain decode's tokens exactly, commit the columns it yields (the fold equals the step
-by step state) and leave a sequence that plain decode continues."""
+by step state) and leave a sequence that plain decode continues; the tiny MoE config the same. Sampled rounds:
+test_spec_sampling_gpu.py."""
 import numpy as np
 import pytest
 
@@ -27,22 +28,37 @@ def eng():
     return build_engine(args, w, CFG, max_context=512, prefill_gemm=0)
 
 
-def _plain(eng, prompt, n):
+@pytest.fixture(scope="module")
+def moe_eng():
+    """The tiny MoE config (8 experts, 2 a token) with an MTP head whose layer is a MoE block too."""
+    from engine.config import ModelArgs
+    from engine.gpu import weights as gpu_weights
+    from engine.gpu_engine import build_engine
+    from engine.models.qwen3_5 import random_weights
+    from test_gpu_engine import MOE_CFG  # (tests/gpu is on sys.path under pytest)
+
+    cfg = dict(MOE_CFG, mtp_num_hidden_layers=1)
+    args = ModelArgs.from_config(cfg)
+    w = gpu_weights.from_logical(args, random_weights(args, seed=7, mtp=True), recipe="groupwise-int-moe")
+    return build_engine(args, w, cfg, max_context=512, prefill_gemm=0)
+
+
+def _plain(eng, prompt, n, sampler=None):
     from engine.generate import generate_step
     from engine.sampling import Sampler
 
     eng.reset()
-    return list(generate_step(eng, prompt, Sampler(temperature=0.0), max_tokens=n))
+    return list(generate_step(eng, prompt, sampler or Sampler(temperature=0.0), max_tokens=n))
 
 
-def _spec(eng, prompt, n, k=3, draft=None):
+def _spec(eng, prompt, n, k=3, draft=None, sampler=None):
     from engine.sampling import Sampler
     from engine.speculative import SpecStats, speculative_generate_step
 
     eng.reset()
     stats = SpecStats(k)
-    out = list(speculative_generate_step(eng, prompt, Sampler(temperature=0.0), k=k, max_tokens=n, draft=draft,
-                                         stats=stats))
+    out = list(speculative_generate_step(eng, prompt, sampler or Sampler(temperature=0.0), k=k, max_tokens=n,
+                                         draft=draft, stats=stats))
     return out, stats
 
 
@@ -114,3 +130,17 @@ def test_the_context_edge_falls_back_to_plain_steps(eng):
     stats = SpecStats(3)
     out = list(speculative_generate_step(eng, long, Sampler(temperature=0.0), k=3, max_tokens=14, stats=stats))
     assert out == plain[:len(out)] and stats.plain_steps > 1
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_moe_greedy_speculation_equals_plain_decode(moe_eng, k):
+    """The MoE block over the verified columns (every row's experts, moe_cols_prep): MTP drafts, and oracle drafts
+    that accept everything or are rejected at the second position."""
+    plain = _plain(moe_eng, PROMPT, N)
+    out, stats = _spec(moe_eng, PROMPT, N, k=k)
+    assert out == plain and stats.rounds > 0
+    out, stats = _spec(moe_eng, PROMPT, N, k=k, draft=_oracle(PROMPT, plain))
+    assert out == plain and min(stats.accepted_at) >= stats.rounds - 1
+    if k > 1:
+        out, stats = _spec(moe_eng, PROMPT, N, k=k, draft=_oracle(PROMPT, plain, corrupt_at=2))
+        assert out == plain and stats.accepted_at[1:] == [0] * (k - 1)

@@ -158,6 +158,11 @@ def test_sampled_tokens_follow_the_target_distribution(target, k):
     assert k == 1 or 0.02 * stats.rounds < stats.accepted_at[1] < 0.9 * stats.accepted_at[0]
 
 
+def _draw(ids: np.ndarray, probs: np.ndarray, u: float) -> int:
+    i = int(np.searchsorted(np.cumsum(probs), u, side="right"))
+    return int(ids[min(i, ids.size - 1)])
+
+
 def _always_accept(sampler, logits, draft, position):
     return int(draft), True
 
@@ -168,7 +173,7 @@ def _resample_from_p(sampler, logits, draft, position):
     hit = np.flatnonzero(ids == draft)
     if counter_uniform(sampler.seed, position, PURPOSE_ACCEPT) < (float(probs[hit[0]]) if hit.size else 0.0):
         return int(draft), True
-    return spec._draw(ids, probs, counter_uniform(sampler.seed, position, PURPOSE_CORRECTION)), False
+    return _draw(ids, probs, counter_uniform(sampler.seed, position, PURPOSE_CORRECTION)), False
 
 
 def _shared_uniform(sampler, logits, draft, position):
@@ -181,7 +186,7 @@ def _shared_uniform(sampler, logits, draft, position):
     if hit.size:
         ids, probs = np.delete(ids, hit[0]), np.delete(probs, hit[0])
         probs = probs / probs.sum()
-    return spec._draw(ids, probs, u), False
+    return _draw(ids, probs, u), False
 
 
 @pytest.mark.parametrize("rule,draws", [(_always_accept, 400), (_resample_from_p, 800), (_shared_uniform, 1500)],

@@ -163,20 +163,20 @@ class _NumpyEngine:
         self.device, self.model = "cpu", types.SimpleNamespace(mtp_layer=object())
 
 
-class _CudaMoeEngine:
-    """What check_spec sees of the CUDA engine over a MoE model (its rounds verify dense models only)."""
+class _CudaEngineWithoutMtp:
+    """What check_spec sees of the CUDA engine over a model whose artifact carries no MTP weights."""
 
     def __init__(self):
         import types
 
         self.device, self.speculator = "gpu", object()
-        self.model = types.SimpleNamespace(args=types.SimpleNamespace(is_moe=True), mtp_weights={"mtp/fc": 0})
+        self.model = types.SimpleNamespace(args=types.SimpleNamespace(is_moe=True), mtp_weights={})
 
 
 @pytest.mark.parametrize("eng, spec, note", [
     (_NumpyEngine(), "mtp:3", "speculative decoding mtp:3 (profile fast)"),
-    (_CudaMoeEngine(), None, "--spec mtp:3: the CUDA engine verifies dense models only for now: profile fast runs "
-                             "without speculation"),
+    (_CudaEngineWithoutMtp(), None, "--spec mtp:3 needs a model with an MTP head: profile fast runs without "
+                                    "speculation"),
 ])
 def test_load_fitted_leaves_the_engine_to_check_spec(monkeypatch, eng, spec, note):
     """After loading, the profile's mtp:3 becomes the engine's default `--spec` where check_spec allows it (what
