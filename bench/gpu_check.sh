@@ -11,8 +11,9 @@
 #              both (BENCH_ARGS: more options for each)
 #   breakdown  bench/gpu_decode.py --breakdown: the decode step's kernels one by one, 27B at depth 0 and at 32768
 #              (int8 KV), 35B-A3B at depth 0
-#   spec       bench/spec_round.py (MTP speculation, mtp:3, acceptance forced to 0.88/0.77/0.67): 27B at depth 0 (with
-#              the round's breakdown) and at 32768 with int8 KV, 35B-A3B at depth 0 (SPEC_RUNS: a subset, e.g. "35b")
+#   spec       bench/spec_round.py (MTP speculation, mtp:3, acceptance forced to 0.88/0.77/0.67): 27B at depth 0 and
+#              at 32768 with int8 KV, 35B-A3B at depth 0 (with the rounds' breakdown at depth 0; SPEC_RUNS: a subset,
+#              e.g. "35b"), then `ninfer bench --spec off,mtp:3` of both at depth 0
 #
 # Raw output goes to $OUT (default /tmp/gpu_check), named by what it measures and the GPU (GPU_TAG, else from
 # nvidia-smi: h200): gpu_tests_h200.txt, tg128_qwen38-27b_h200.json, ..., breakdown_tg128_qwen38-27b_h200.json; the
@@ -93,7 +94,7 @@ done
 if want tests; then
   log "every GPU test"
   T=$OUT/gpu_tests_$GPU.txt
-  timeout 420 python3 -m pytest -q -p no:cacheprovider --tb=short -m gpu tests/gpu tests/model \
+  timeout 540 python3 -m pytest -q -p no:cacheprovider --tb=short -m gpu tests/gpu tests/model \
     tests/unit/test_cli_env.py tests/test_*.py > "$T" 2>&1
   # tests that failed because a file read on a fresh machine saw junk run once more in a fresh process
   if grep -q "null bytes\|unrecognized token" "$T"; then
@@ -134,11 +135,18 @@ fi
 if want spec; then
   sr() { local name=$1; shift; log "bench/spec_round.py $*"
     timeout 300 python3 bench/spec_round.py "$@" --json "$OUT/${name}_$GPU.json" 2>&1 | grep -v "^{" | tail -4; }
-  runs=${SPEC_RUNS:-"27b 27b-d32768 35b"}
-  [[ " $runs " == *" 35b "* ]] && sr spec_round_qwen36-35b-a3b --geometry qwen3.6-35b-a3b -k 3
+  runs=${SPEC_RUNS:-"27b 27b-d32768 35b bench"}
+  [[ " $runs " == *" 35b "* ]] && sr spec_round_qwen36-35b-a3b --geometry qwen3.6-35b-a3b -k 3 --breakdown
   [[ " $runs " == *" 27b "* ]] && sr spec_round_qwen38-27b --geometry qwen3.8-27b -k 3 --breakdown
   [[ " $runs " == *" 27b-d32768 "* ]] && sr spec_round_d32768_int8_qwen38-27b --geometry qwen3.8-27b -k 3 --depth 32768 \
     --kv int8
+  for g in qwen3.8-27b qwen3.6-35b-a3b; do
+    [[ " $runs " == *" bench "* ]] || break
+    log "ninfer bench --synthetic $g --spec off,mtp:3 --spec-accept 0.88,0.77,0.67"
+    timeout 240 python3 -m ninfer_cli.main bench --synthetic $g -p 0 -n 128 -r 2 --spec off,mtp:3 \
+      --spec-accept 0.88,0.77,0.67 -o json --out "$OUT/tg128_spec_mtp3_forced_${g//./}_$GPU.json" 2>&1 \
+      | grep -E "^\||rror" | tail -3
+  done
 fi
 
 log "summary"

@@ -1,7 +1,7 @@
 """MTP speculation on the CUDA engine against plain streamed decode, synthetic weights (GPU machine only):
 
     python bench/spec_round.py [--geometry qwen3.8-27b] [-k 3] [-n 128] [--depth 0] [--kv bf16]
-                               [--accept 0.88,0.77,0.67] [--json OUT]
+                               [--accept 0.88,0.77,0.67] [--breakdown] [--prompt 2048] [--json OUT]
 
 For each run: plain greedy decode through Engine.stream's path (generate_step, the device one step ahead): tok/s and
 the step time; the round alone (K drafts by the MTP head, verification of K + 1 columns, accept, fold: one graph
@@ -9,7 +9,9 @@ and one host read), timed over rounds whose drafts the synthetic weights reject,
 by the top-k sampler (temperature 0.7, top-k 20); and speculative decode with forced
 acceptance: the drafts are the plain run's own continuation, position i kept with the probability that makes the
 per-position acceptance `--accept` (cumulative, as published: Qwen3.6-27B MTP 0.88/0.77/0.67), corrupted otherwise,
-the MTP head still run every round. Its output must equal the plain run's token for token.
+the MTP head still run every round. Its output must equal the plain run's token for token. Last, the prefill of a
+`--prompt`-token prompt with the MTP head's rows over it (what a speculative stream's first token waits for) and
+without.
 """
 from __future__ import annotations
 
@@ -68,6 +70,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=64)
     ap.add_argument("--json")
     ap.add_argument("--breakdown", action="store_true", help="each op of the round replayed alone: fold, MTP, verify")
+    ap.add_argument("--prompt", type=int, default=2048, help="prompt tokens of the prefill timed with and without the "
+                    "MTP head's rows over it")
     a = ap.parse_args(argv)
     from engine.generate import generate_step
     from engine.sampling import Sampler
@@ -75,7 +79,7 @@ def main(argv=None) -> int:
     from engine.synthetic import build_engine
 
     accept = [float(x) for x in a.accept.split(",")][: a.k]
-    eng = build_engine(a.geometry, max_context=a.depth + 1024, kv=a.kv)
+    eng = build_engine(a.geometry, max_context=a.depth + max(1024, a.prompt + 64), kv=a.kv)
     t0 = time.perf_counter()
     sp = eng.speculator(a.k)
     build_s = time.perf_counter() - t0
@@ -130,6 +134,25 @@ def main(argv=None) -> int:
         out = [first] + list(g)
         res.append((time.perf_counter() - t, out, stats))
     sdt, out, stats = min(res, key=lambda r: r[0])
+    # the prefill of a prompt with the MTP head's rows over it (speculation's first token) and without
+    ids = [int(t) for t in np.random.default_rng(0).integers(0, V, a.prompt)]
+
+    def prefill(with_mtp: bool) -> float:
+        eng.reset()
+        sp.prompt.restart()
+        eng.model.hidden_sink = sp.prompt.absorb if with_mtp else None
+        try:
+            t = time.perf_counter()
+            eng._resume(ids)
+            if with_mtp:
+                sp.prompt.flush(0)
+            eng.model.executor.stream.synchronize()
+            return time.perf_counter() - t
+        finally:
+            eng.model.hidden_sink = None
+
+    prefill(True)
+    pf_plain, pf_mtp = min(prefill(False) for _ in range(2)), min(prefill(True) for _ in range(2))
     info = eng.info()
     gbs = info["weight_bytes_per_token"] / (step_ms / 1e3) / 1e9
     row = {"geometry": a.geometry, "k": a.k, "depth": a.depth, "kv": a.kv, "n": a.n,
@@ -138,7 +161,8 @@ def main(argv=None) -> int:
            "forced_accept": accept, "spec_tok_s": (a.n - 1) / sdt, "speedup": dt / sdt,
            "identical": out == cont, "stats": stats.as_dict(),
            "measured_accept_per_position": [x / max(stats.rounds, 1) for x in stats.accepted_at],
-           "speculator_build_s": build_s, "path": "stream", "gpu": info.get("device_name", "")}
+           "speculator_build_s": build_s, "path": "stream", "gpu": info.get("device_name", ""),
+           "prompt": a.prompt, "prefill_ms": pf_plain * 1e3, "prefill_with_mtp_ms": pf_mtp * 1e3}
     if parts:
         row["breakdown_ms"] = parts
     print(json.dumps(row))
@@ -146,7 +170,8 @@ def main(argv=None) -> int:
           f"{gbs:.0f} GB/s); round {round_ms:.3f} ms = {row['round_over_step']:.2f} x step (sampled top-k 20: "
           f"{sampled_round_ms:.3f} ms); forced "
           f"{'/'.join(f'{x:.2f}' for x in accept)}: {row['spec_tok_s']:.2f} tok/s ({row['speedup']:.2f}x), "
-          f"{stats.tokens_per_round:.2f} tok/round, identical={row['identical']}", file=sys.stderr)
+          f"{stats.tokens_per_round:.2f} tok/round, identical={row['identical']}; prefill of {a.prompt} tokens "
+          f"{pf_plain * 1e3:.1f} ms, with the MTP head's rows {pf_mtp * 1e3:.1f} ms", file=sys.stderr)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(row, f, indent=1)

@@ -99,13 +99,16 @@ extern "C" __global__ void spec_mtp_setup(const int* __restrict__ tok_src, int* 
   pos[0] = base[0] + off;
 }
 
-// The MTP head's input row: [rmsnorm(e) (1 + we), rmsnorm(h) (1 + wh)] (2H values; the embedding half first).
-// One block of 1,024 threads.
+// The MTP head's input rows: [rmsnorm(e) (1 + we), rmsnorm(h) (1 + wh)] (2H values; the embedding half first), row
+// r of e [., H], h [., H] into out [., 2H]. One block of 1,024 threads a row.
 extern "C" __global__ void __launch_bounds__(1024) mtp_input(const float* __restrict__ e, const float* __restrict__ h,
                                                              const float* __restrict__ we, const float* __restrict__ wh,
                                                              int H, float eps, float* __restrict__ out) {
   NI_PDL_ENTRY();
   __shared__ float red[32];
+  e += (size_t)blockIdx.x * H;
+  h += (size_t)blockIdx.x * H;
+  out += (size_t)blockIdx.x * 2 * H;
   const float* src[2] = {e, h};
   const float* w[2] = {we, wh};
   for (int half = 0; half < 2; ++half) {

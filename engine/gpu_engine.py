@@ -103,6 +103,8 @@ class CudaModel:
         self.args = args
         self.mtp_weights = {n: w for n, w in weights.items() if n.startswith("mtp/")}  # (speculation: gpu/verify.py)
         self.speculator = None
+        # fn(xn, rows, position, next ids) for every chunk fed: its final hidden rows (speculation's MTP prompt pass)
+        self.hidden_sink = None
         self.executor = CudaQwen35(args, weights, max_context=max_context, gemv_cfg=gemv_cfg, kv=kv)
         self.weight_bytes = self.executor.weight_bytes()
         self.weight_bytes_per_token = self.executor.weight_bytes_per_token()
@@ -139,6 +141,7 @@ class CudaModel:
         big = self.gemms[0]
         while len(ids) - i >= big.M:
             big.run_chunk(ids[i:i + big.M], cache.position)
+            self._sink(big.xn, big.M, cache.position, ids, i)
             i += big.M
             cache.position += big.M
             last = big.logits
@@ -148,10 +151,16 @@ class CudaModel:
                 break
             g = by_rows[m]
             g.run_chunk(ids[i:i + valid] + [0] * (m - valid), cache.position, valid=None if valid == m else valid)
+            self._sink(g.xn, valid, cache.position, ids, i)
             i += valid
             cache.position += valid
             last = g.logits
         return i, last
+
+    def _sink(self, xn, rows: int, position: int, ids, i: int) -> None:
+        """Hand rows [0, rows) of a chunk's final hidden states (ids[i:], from `position`) to `hidden_sink`."""
+        if self.hidden_sink is not None:
+            self.hidden_sink(xn, rows, position, ids[i + 1:i + rows + 1])
 
     def __call__(self, tokens, cache, last_only: bool = True):
         """Feed tokens: whole chunks of T through the columns graph (prompts), the rest one per replay."""
@@ -164,6 +173,7 @@ class CudaModel:
             T = gemm.M
             while len(ids) - i >= T:
                 gemm.run_chunk(ids[i:i + T], cache.position)
+                self._sink(gemm.xn, T, cache.position, ids, i)
                 i += T
                 cache.position += T
                 last = gemm.logits
@@ -171,12 +181,14 @@ class CudaModel:
             T = self.cols.M
             while len(ids) - i >= T:
                 self.cols.run_chunk(ids[i:i + T])
+                self._sink(self.cols.ctx.xn, T, cache.position, ids, i)
                 i += T
                 cache.position += T
                 last = self.cols.logits
-        for t in ids[i:]:
+        for j, t in enumerate(ids[i:], i):
             ex.set_token(t)
             ex.graph.launch(ex.stream)
+            self._sink(ex.ctx.xn, 1, cache.position, ids, j)
             cache.position += 1
             last = ex.logits
             if not last_only:

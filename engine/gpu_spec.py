@@ -1,8 +1,11 @@
 """MTP speculation on the CUDA engine: the generation loop over `engine.gpu.verify.Speculator`'s rounds, with the
 contract of `engine.speculative.speculative_generate_step` (which hands CUDA engines to it).
 
-The loop: the first token from the prompt's logits (the host sampler), one plain decode step (its hidden state
-and its pick start the MTP), then rounds: one graph and one host read each, the accepted tokens yielded one by one.
+The loop: the prompt through the target, its final hidden rows through the MTP head as they come
+(engine.gpu.verify.MtpPrompt; a held sequence the MTP's pool does not cover is prefilled again), the first token from
+the prompt's logits (the host sampler), one plain decode step (its hidden state and its pick start the MTP), then
+rounds: one graph and one host read each, the accepted tokens yielded one by one; at the end the MTP's rows over the
+last round's columns, so the next prompt that extends the sequence reuses it.
 The sequence's bookkeeping (`engine._tokens`, the cache position) follows the committed columns; a consumer that
 stops inside a round commits what it took (the fold graph), as the NumPy loop does. Fewer than K + 2 free positions:
 plain decode for the rest. Sampled rounds draw each column's token on the device with the coin plain decode takes
@@ -11,12 +14,10 @@ at its position (engine.gpu.verify.Speculator.round_graph); a grammar, penalties
 from __future__ import annotations
 
 
-
 def cuda_speculative_generate_step(engine, prompt_ids, sampler, *, k: int, max_tokens: int = -1, cancel=None,
                                    draft=None, stats=None, mtp=None):
-    from engine.speculative import SpecStats  # noqa: PLC0415
-
     from engine.device_sampling import device_params  # noqa: PLC0415
+    from engine.speculative import SpecStats  # noqa: PLC0415
 
     params = None if sampler.is_greedy else device_params(sampler)
     if getattr(sampler, "constraint", None) is not None or (not sampler.is_greedy and (
@@ -36,8 +37,17 @@ def cuda_speculative_generate_step(engine, prompt_ids, sampler, *, k: int, max_t
 
     if done():
         return
-    logits = engine._resume([int(t) for t in prompt_ids])
+    if not spec.follows(engine):  # the MTP's pool lacks rows of the held sequence: prefill it all again
+        engine.reset()
+    spec.cache = engine.cache
+    engine.model.hidden_sink = spec.prompt.absorb  # (the MTP's rows over the prompt, chunk by chunk)
+    try:
+        logits = engine._resume([int(t) for t in prompt_ids])
+    finally:
+        engine.model.hidden_sink = None
+    spec.cache = engine.cache  # (a prompt that diverges from the held one starts a new sequence)
     fed = sampler(logits, engine.position)  # the last token yielded, not yet fed to the target
+    spec.prompt.flush(fed)
     sampler.accept(fed)
     yield fed
     n = 1
@@ -47,7 +57,8 @@ def cuda_speculative_generate_step(engine, prompt_ids, sampler, *, k: int, max_t
         while not done():
             held = engine.position + (pending[2] if pending is not None else 0)  # (the device is ahead by pending)
             room = engine.max_context - held if engine.max_context else 1 << 30
-            if room < k + 2:  # the context edge: plain steps
+            if room < k + 2:  # the context edge: plain steps (the MTP's pool then lacks their rows)
+                spec.prompt.lost = True
                 if pending is not None:
                     spec.commit(_settle(engine, pending))
                     pending = None
@@ -67,6 +78,7 @@ def cuda_speculative_generate_step(engine, prompt_ids, sampler, *, k: int, max_t
                 engine._tokens.append(fed)
                 engine._last = None
                 spec.start()
+                spec.prompt.lost = True  # (until a round catches the MTP up on that step)
                 fed = int(ex.tokens[:1].get(stream=ex.stream)[0])
                 started = True
                 stats.plain_steps += 1
@@ -104,8 +116,9 @@ def cuda_speculative_generate_step(engine, prompt_ids, sampler, *, k: int, max_t
                 if done():
                     break
     finally:
-        if pending is not None:
-            spec.commit(_settle(engine, pending))
+        if pending is not None:  # fold what the consumer took, the MTP's rows over it
+            spec.finish(_settle(engine, pending), engine.position)
+            spec.prompt.lost = False
 
 
 def _settle(engine, pending) -> int:

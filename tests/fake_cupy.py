@@ -147,7 +147,7 @@ def make() -> types.ModuleType:
                                          driverGetVersion=lambda: 13000,
                                          memGetInfo=lambda: (100 << 30, 141 << 30),
                                          memsetAsync=lambda *a: None, memcpyAsync=lambda *a: None,
-                                         memcpyDeviceToHost=2)
+                                         memcpyDeviceToHost=2, memcpyDeviceToDevice=3)
     cuda.alloc_pinned_memory = lambda n: bytearray(n)
     cuda.Device = lambda *a: types.SimpleNamespace(attributes={"MultiProcessorCount": 132}, synchronize=lambda: None,
                                                    mem_info=(100 << 30, 141 << 30), id=0)

@@ -121,3 +121,33 @@ def test_moe_verification_runs_every_row_through_the_routed_experts(cp, gpu, mon
     assert prep.grid == (4 * 2,)  # K + 1 rows, 2 experts a token
     assert verify[-1].name == "spec_accept"
     assert "moe_cols_prep" not in _names(sp.mtp.round_ops())  # (the MTP head's rows: the one-token block)
+
+
+def test_the_mtp_head_reads_the_prompt_and_follows_the_sequence_across_turns(cp, monkeypatch):
+    """The prompt's final hidden rows go through the MTP head T = 8 positions a pass as the prefill hands them over
+    (the last one with the first sampled token); the stream's end runs the MTP over the last round's columns, so a
+    prompt that extends the sequence reuses it; after plain decode the next speculative turn prefills again."""
+    from engine.generate import generate_step
+    from engine.sampling import Sampler
+    from engine.speculative import speculative_generate_step
+
+    eng = _engine("sm_90", monkeypatch)
+    sp = eng.speculator(3)
+    passes = []
+    graph = sp.prompt.cols.graph
+    monkeypatch.setattr(graph, "launch", lambda stream=None: passes.append(sp.prompt.base), raising=False)
+    sp.verify.out[...] = np.asarray([2, 21, 22, 23, 24], dtype=np.int32)
+    prompt = list(range(1, 22))  # 21 ids: two columns chunks of 8, then 5 decode steps
+    out = list(speculative_generate_step(eng, prompt, Sampler(temperature=0.0), k=3, max_tokens=6))
+    assert passes == [0, 8, 16]  # rows 0-7, 8-15, then 16-20 with the first sampled token after row 20
+    assert sp.follows(eng) and eng.position == len(eng._tokens) == 21 + len(out) - 1
+    held = list(eng._tokens)
+    passes.clear()
+    more = held + [out[-1], 7, 8]
+    list(speculative_generate_step(eng, more, Sampler(temperature=0.0), k=3, max_tokens=2))
+    assert passes == [len(held)]  # (prefix reuse: the three new positions only)
+    list(generate_step(eng, more, Sampler(temperature=0.0), max_tokens=2))  # plain decode
+    assert not sp.follows(eng)
+    passes.clear()
+    list(speculative_generate_step(eng, more, Sampler(temperature=0.0), k=3, max_tokens=2))
+    assert passes == list(range(0, len(more), 8))  # all of it again

@@ -107,7 +107,7 @@ def as_stored(weights: dict, recipe: str = "groupwise-int") -> dict:
     table = RECIPES[recipe]
     out = {}
     for name, v in weights.items():
-        if not name.startswith("text/"):
+        if not name.startswith(DEVICE_PREFIXES):
             continue
         v = np.asarray(v, np.float32)
         fmt = None if is_vector(name) or v.ndim != 2 else table.get(role(name), "q8_g32_fp16")

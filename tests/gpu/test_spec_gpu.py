@@ -144,3 +144,39 @@ def test_moe_greedy_speculation_equals_plain_decode(moe_eng, k):
     if k > 1:
         out, stats = _spec(moe_eng, PROMPT, N, k=k, draft=_oracle(PROMPT, plain, corrupt_at=2))
         assert out == plain and stats.accepted_at[1:] == [0] * (k - 1)
+
+
+def test_the_mtp_head_drafts_what_the_reference_drafts(eng, monkeypatch):
+    """The MTP head on the GPU (the prompt's rows through it 8 positions a pass, the catch-up rows, the drafts) against
+    the NumPy reference (Model.forward's final hidden rows of the whole sequence, then Model.mtp over all of them) on
+    the same stored weights: with oracle drafts every round accepts all, so round i verifies from generated token
+    1 + 4i, and its first draft is the MTP's pick after the sequence up to that token. They agree at 75% of the rounds
+    or more (a near tie among random logits may go either way; an MTP that missed the prompt or read another position
+    would agree about never)."""
+    from engine.config import ModelArgs
+    from engine.gpu import weights as gpu_weights
+    from engine.models.qwen3_5 import Model, random_weights
+
+    prompt = [int(t) for t in np.random.default_rng(3).integers(0, CFG["vocab_size"], 37)]
+    plain = _plain(eng, prompt, N)
+    sp = eng.speculator(3)
+    gpu, real_round = [], sp.round
+
+    def recorded(drafts=None, params=None):
+        out = real_round(drafts, params)
+        gpu.append(int(sp.drafted[0].get()))
+        return out
+
+    monkeypatch.setattr(sp, "round", recorded)
+    out, stats = _spec(eng, prompt, N, draft=_oracle(prompt, plain))
+    assert out == plain and min(stats.accepted_at) >= stats.rounds - 1
+    args = ModelArgs.from_config(CFG)
+    model = Model(args).load(gpu_weights.as_stored(random_weights(args, seed=7, mtp=True)))
+    ref = []
+    for i in range(len(gpu) - 1):  # (the last round may stop short of all four)
+        f = 1 + 4 * i
+        seq = prompt + plain[:f]  # the target's consumed ids; plain[f] is the verified round's first
+        _, hidden = model.forward(np.asarray(seq), model.make_cache())
+        logits, _ = model.mtp(hidden, seq[1:] + [plain[f]], model.make_mtp_cache())
+        ref.append(int(np.argmax(logits[-1][: CFG["vocab_size"]])))
+    assert len(ref) >= 4 and sum(a == b for a, b in zip(gpu, ref)) >= 0.75 * len(ref), (gpu, ref)
