@@ -360,7 +360,8 @@ class CudaEngine(Engine):
 
             self.model.speculator = None  # (the old graphs' buffers go before the new ones are made)
             super().reset()
-            self.model.speculator = sp = Speculator(self.model.executor, self.model.mtp_weights, k)
+            self.model.speculator = sp = Speculator(self.model.executor, self.model.mtp_weights, k,
+                                                    prefill=self.model.gemm)
             super().reset()
         return sp
 

@@ -124,30 +124,41 @@ def test_moe_verification_runs_every_row_through_the_routed_experts(cp, gpu, mon
 
 
 def test_the_mtp_head_reads_the_prompt_and_follows_the_sequence_across_turns(cp, monkeypatch):
-    """The prompt's final hidden rows go through the MTP head T = 8 positions a pass as the prefill hands them over
-    (the last one with the first sampled token); the stream's end runs the MTP over the last round's columns, so a
-    prompt that extends the sequence reuses it; after plain decode the next speculative turn prefills again."""
+    """The prompt's final hidden rows are staged as the prefill hands them over and go through the MTP head when the
+    first token is sampled (the last row's next one): 8 positions a pass below GEMM_MIN rows, else tensor-core chunks
+    of GEMM_ROWS (a short one padded); the stream's end runs the MTP over the last round's columns, so a prompt that
+    extends the sequence reuses it; after plain decode the next speculative turn prefills again."""
     from engine.generate import generate_step
+    from engine.gpu import mtp_prompt
     from engine.sampling import Sampler
     from engine.speculative import speculative_generate_step
 
     eng = _engine("sm_90", monkeypatch)
     sp = eng.speculator(3)
-    passes = []
-    graph = sp.prompt.cols.graph
-    monkeypatch.setattr(graph, "launch", lambda stream=None: passes.append(sp.prompt.base), raising=False)
+    passes, chunks = [], []
+    monkeypatch.setattr(sp.prompt.cols.graph, "launch", lambda stream=None: passes.append(1), raising=False)
+    real_chunk = sp.prompt.gemm.run_chunk
+    monkeypatch.setattr(sp.prompt.gemm, "run_chunk", lambda ids, start, valid=None: (
+        chunks.append((start, valid)), real_chunk(ids, start, valid)))
     sp.verify.out[...] = np.asarray([2, 21, 22, 23, 24], dtype=np.int32)
     prompt = list(range(1, 22))  # 21 ids: two columns chunks of 8, then 5 decode steps
     out = list(speculative_generate_step(eng, prompt, Sampler(temperature=0.0), k=3, max_tokens=6))
-    assert passes == [0, 8, 16]  # rows 0-7, 8-15, then 16-20 with the first sampled token after row 20
+    assert len(passes) == 3 and not chunks and sp.prompt.base > 21  # 21 rows (the last one's next: the first token)
     assert sp.follows(eng) and eng.position == len(eng._tokens) == 21 + len(out) - 1
     held = list(eng._tokens)
     passes.clear()
     more = held + [out[-1], 7, 8]
     list(speculative_generate_step(eng, more, Sampler(temperature=0.0), k=3, max_tokens=2))
-    assert passes == [len(held)]  # (prefix reuse: the three new positions only)
+    assert len(passes) == 1  # (prefix reuse: the three new positions only)
     list(generate_step(eng, more, Sampler(temperature=0.0), max_tokens=2))  # plain decode
     assert not sp.follows(eng)
     passes.clear()
     list(speculative_generate_step(eng, more, Sampler(temperature=0.0), k=3, max_tokens=2))
-    assert passes == list(range(0, len(more), 8))  # all of it again
+    assert len(passes) == -(-len(more) // 8)  # all of it again
+    passes.clear()
+    long = list(range(1, 1 + mtp_prompt.GEMM_ROWS + 100))
+    for i in range(0, len(long), 200):  # prompt pieces as the engine's chunks would hand them over
+        sp.prompt.absorb(eng.model.executor.ctx.xn.reshape(1, -1).repeat(200, 0), min(200, len(long) - i), i,
+                         long[i + 1:i + 201])
+    sp.prompt.flush(5)
+    assert chunks == [(0, None), (mtp_prompt.GEMM_ROWS, 100)] and not passes and sp.prompt.done == len(long)

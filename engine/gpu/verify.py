@@ -23,7 +23,7 @@ import numpy as np
 from engine.gpu import kernel_names as KN
 from engine.gpu import launch as K
 from engine.gpu.columns import CudaQwen35Columns
-from engine.gpu.attention import KV_PAGE
+from engine.gpu import mtp_prompt
 from engine.gpu.decode import GDN_HEAD_DIM, CudaQwen35
 from engine.gpu.gdn import GdnBlock, delta_step, gdn_prep
 from engine.gpu.gemv import GemvPlan
@@ -155,9 +155,9 @@ class CudaMtp(CudaQwen35):
         w.update({"text/token_embedding": d.embed, "text/output_head": d.head, "text/final_norm": weights["mtp/final_norm"]})
         args = dataclasses.replace(d.args, num_hidden_layers=1, layer_types=("full_attention",))
         K.require(row_kernel_names([self.fc], 1))
-        # (a page past the target's context: rows past the last real one, the prompt pass's padding and the catch-up
+        # (pages past the target's context: rows past the last real one, the prompt passes' padding and the catch-up
         # rows past ctl[1], write their K/V there at most)
-        super().__init__(args, w, max_context=d.max_context + KV_PAGE, lanes=1, kv=d.kv, plan=d.plan)
+        super().__init__(args, w, max_context=d.max_context + mtp_prompt.GEMM_ROWS, lanes=1, kv=d.kv, plan=d.plan)
         self.ctx.stream = d.stream
 
     def _alloc_state(self):
@@ -215,102 +215,18 @@ class CudaMtp(CudaQwen35):
         return ops
 
 
-class CudaMtpColumns(CudaQwen35Columns):
-    """The MTP head over T consecutive target positions (the prompt's): row t takes the target's final hidden state
-    at position pos + t (`hid`) and the token after it (`tokens`), through the MTP input stage, the input projection,
-    its full-attention block (its K/V into the MTP's pool at those positions) and its final norm; no head. The
-    decode executor it extends is the MTP's (`CudaMtp`): its layer, pool and position."""
-
-    def __init__(self, mtp: CudaMtp, cols: int):
-        self.mtp = mtp
-        K.require(row_kernel_names(list(mtp._matrices()) + [mtp.fc], cols))
-        super().__init__(mtp, cols)
-
-    def _alloc_state(self):
-        super()._alloc_state()
-        cp, T, H, f32 = self.cp, self.M, self.H, self.cp.float32
-        self.hid, self.e_raw, self.cat = cp.zeros((T, H), f32), cp.zeros((T, H), f32), cp.zeros((T, 2 * H), f32)
-
-    def _embed_ops(self, out=None):
-        m = self.mtp
-        stage = K.prepared("mtp_input", (self.M,), (self.e_raw, self.hid, m.e_norm, m.h_norm, self.H,
-                                                     float(self.args.rms_norm_eps), self.cat), block=1024)
-        fc = GemvPlan(m.fc, self.cat, 2 * self.H, self.ctx.x, self.H, m=self.M).launch
-        return super()._embed_ops(out=self.e_raw) + [stage, fc]
-
-    def _tail_ops(self):
-        return []
-
-
-class MtpPrompt:
-    """The MTP head's rows over what the target prefills (spec/runtime.md §3.6: the MTP reads every position's hidden
-    state): the prefill hands each chunk's final hidden rows to `absorb` (CudaModel.hidden_sink), which stages them
-    with the token after each and runs `CudaMtpColumns` on every T staged rows; the prompt's last row waits for the
-    first sampled token (`flush`). `done` is the number of target positions whose MTP rows are in its pool (staged
-    ones included), for the sequence it follows."""
-
-    COLS = 8  # target positions a pass
-
-    def __init__(self, mtp: CudaMtp, cols: int = COLS):
-        self.cols = CudaMtpColumns(mtp, cols)
-        self.cols.capture()
-        self.mtp, self.T = mtp, cols
-        self.done, self.base, self.toks = 0, 0, []  # staged rows: positions base.., their next tokens (None: unknown)
-        self.lost = False  # a chunk that does not continue the sequence: the MTP no longer follows it
-
-    def restart(self) -> None:
-        self.done, self.base, self.toks, self.lost = 0, 0, [], False
-
-    def absorb(self, xn, rows: int, position: int, nxt) -> None:
-        """Stage rows [0, rows) of xn [., H] (the target's final hidden states at positions position..), each with the
-        token after it (nxt[r]; past its end: not known yet)."""
-        if position == 0:
-            self.restart()
-        if self.lost or position != self.base + len(self.toks) or (self.toks and self.toks[-1] is None):
-            self.lost = True
-            return
-        cp, H, c = self.cols.cp, self.cols.H, self.cols
-        r = 0
-        while r < rows:
-            n = min(rows - r, self.T - len(self.toks))
-            j = len(self.toks)
-            cp.cuda.runtime.memcpyAsync(c.hid[j:].data.ptr, xn[r:].data.ptr, n * H * 4,
-                                        cp.cuda.runtime.memcpyDeviceToDevice, c.stream.ptr)
-            self.toks += [int(t) for t in nxt[r:r + n]] + [None] * (n - len(nxt[r:r + n]))
-            r += n
-            if len(self.toks) == self.T and self.toks[-1] is not None:
-                self._run()
-        self.done = self.base + len(self.toks)
-
-    def flush(self, token: int) -> None:
-        """The staged rows through the MTP, the last one's next token `token` (the first one sampled)."""
-        if self.lost or not self.toks:
-            return
-        if self.toks[-1] is None:
-            self.toks[-1] = int(token)
-        self._run()
-
-    def _run(self) -> None:
-        c = self.cols
-        n = len(self.toks)
-        c.tokens.set(np.asarray(self.toks + [0] * (self.T - n), dtype=np.int32), stream=c.stream)
-        c.pos[:1].set(np.asarray([self.base], dtype=np.int32), stream=c.stream)
-        c.graph.launch(c.stream)
-        self.base += n
-        self.toks = []
-        self.done = self.base
-
-
 class Speculator:
     """The round graphs (one for each way the columns pick: greedy, sampled, top-k) and the fold graph of MTP
     speculation with K drafts over a one-lane decode executor."""
 
-    def __init__(self, decode: CudaQwen35, mtp_weights: dict, k: int):
+    def __init__(self, decode: CudaQwen35, mtp_weights: dict, k: int, prefill=None):
+        """prefill: the target's largest tensor-core prefill executor (the MTP's prompt chunks share its scratch)."""
         self.k, self.decode = k, decode
         # (every instantiation its executors take, asked for at once: one module compiled for them)
         mtp_mats = [decode.head, decode.embed] + [w for w in mtp_weights.values() if hasattr(w, "fmt")]
         K.require(row_kernel_names(list(decode._matrices()), k + 1) + row_kernel_names(mtp_mats, 1)
-                  + row_kernel_names(mtp_mats, MtpPrompt.COLS))
+                  + row_kernel_names(mtp_mats, mtp_prompt.COLS)
+                  + [f"dequant_rs<{K.FMT_IDS[m.fmt]}>" for m in mtp_mats if m.fmt in K.FMT_IDS])
         self.verify = v = CudaVerify(decode, k)
         self.mtp = CudaMtp(v, mtp_weights)
         override = K.prepared("spec_override", (1,), (v.ovr, v.tokens, k), block=32)
@@ -321,7 +237,7 @@ class Speculator:
         self.graph = self.graphs["greedy"]
         self.fold_graph = v._capture(fold)
         self.catch_up_graph = v._capture(self.mtp.catch_up_ops())
-        self.prompt = MtpPrompt(self.mtp)
+        self.prompt = mtp_prompt.MtpPrompt(self.mtp, share=prefill)
         self.cache = None  # the engine cache whose sequence the MTP's pool follows
         self._first = K.prepared("spec_first", (1,), (decode.ctx.xn, v.ctx.xn, decode.H, decode.tokens, v.am_out,
                                                       v.tokens, v.ctl, decode.pos), block=256)

@@ -146,18 +146,23 @@ def test_moe_greedy_speculation_equals_plain_decode(moe_eng, k):
         assert out == plain and stats.accepted_at[1:] == [0] * (k - 1)
 
 
-def test_the_mtp_head_drafts_what_the_reference_drafts(eng, monkeypatch):
+@pytest.mark.parametrize("model,length", [("dense", 37), ("dense", 150), ("moe", 150)])
+def test_the_mtp_head_drafts_what_the_reference_drafts(request, monkeypatch, model, length):
     """The MTP head on the GPU (the prompt's rows through it 8 positions a pass, the catch-up rows, the drafts) against
     the NumPy reference (Model.forward's final hidden rows of the whole sequence, then Model.mtp over all of them) on
     the same stored weights: with oracle drafts every round accepts all, so round i verifies from generated token
     1 + 4i, and its first draft is the MTP's pick after the sequence up to that token. They agree at 75% of the rounds
     or more (a near tie among random logits may go either way; an MTP that missed the prompt or read another position
-    would agree about never)."""
+    would agree about never). A prompt of 37 takes the 8-position passes over it, one of 150 a tensor-core chunk."""
     from engine.config import ModelArgs
     from engine.gpu import weights as gpu_weights
     from engine.models.qwen3_5 import Model, random_weights
+    from test_gpu_engine import MOE_CFG
 
-    prompt = [int(t) for t in np.random.default_rng(3).integers(0, CFG["vocab_size"], 37)]
+    eng = request.getfixturevalue("eng" if model == "dense" else "moe_eng")
+    cfg, recipe = (CFG, "groupwise-int") if model == "dense" else (dict(MOE_CFG, mtp_num_hidden_layers=1),
+                                                                   "groupwise-int-moe")
+    prompt = [int(t) for t in np.random.default_rng(3).integers(0, CFG["vocab_size"], length)]
     plain = _plain(eng, prompt, N)
     sp = eng.speculator(3)
     gpu, real_round = [], sp.round
@@ -170,8 +175,8 @@ def test_the_mtp_head_drafts_what_the_reference_drafts(eng, monkeypatch):
     monkeypatch.setattr(sp, "round", recorded)
     out, stats = _spec(eng, prompt, N, draft=_oracle(prompt, plain))
     assert out == plain and min(stats.accepted_at) >= stats.rounds - 1
-    args = ModelArgs.from_config(CFG)
-    model = Model(args).load(gpu_weights.as_stored(random_weights(args, seed=7, mtp=True)))
+    args = ModelArgs.from_config(cfg)
+    model = Model(args).load(gpu_weights.as_stored(random_weights(args, seed=7, mtp=True), recipe))
     ref = []
     for i in range(len(gpu) - 1):  # (the last round may stop short of all four)
         f = 1 + 4 * i
