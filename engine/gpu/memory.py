@@ -102,6 +102,9 @@ PREFILL_COLS = 8
 PREFILL_DQ_BUFS = 3
 
 
+MTP_PROMPT_ROWS = 512  # rows of the MTP head's tensor-core prompt chunk (engine.gpu.mtp_prompt.GEMM_ROWS)
+
+
 def prefill_executor_bytes(args, cols: int = 0, gemm: int = 0) -> int:
     """The CUDA engine's prefill executors beside the decode step: the columns step (`cols` token rows of
     the same buffers) and the tensor-core chunk (`gemm` rows, one logits row, plus its fp16 copies of the
@@ -361,9 +364,12 @@ def plan_memory(args, weights: dict[str, int], *, model: str = "", source: str =
         if args.linear_num_value_heads:
             fixed.append(PlanItem("ReplaySSM arena", replay_arena_bytes(args, lanes, columns),
                                   f"{lanes} lane(s) x {columns} columns"))
-        if spec == "mtp":
+        if spec == "mtp":  # (its pool's extra pages: the drafts' rows and the prompt chunk's padding)
             pools.append(KVPool("mtp", kv_bytes_per_token(args, kv, layers=1),
-                                lanes * math.ceil(max(draft_tokens - 1, 0) / KV_PAGE)))
+                                lanes * (math.ceil(max(draft_tokens - 1, 0) / KV_PAGE) + MTP_PROMPT_ROWS // KV_PAGE)))
+            fixed.append(PlanItem("MTP prompt chunk", workspace_bytes(args, MTP_PROMPT_ROWS)
+                                  + 16 * MTP_PROMPT_ROWS * args.hidden_size,
+                                  f"the MTP head over {MTP_PROMPT_ROWS} prompt rows at a time"))
         elif spec in DRAFT_STATE:
             fixed.append(PlanItem(f"{spec} draft state", DRAFT_STATE[spec].fixed_bytes, DRAFT_STATE[spec].detail))
             if DRAFT_STATE[spec].full_bytes_per_token:

@@ -16,9 +16,10 @@ import numpy as np
 from engine.gpu import launch as K
 from engine.gpu.columns import CudaQwen35Columns
 from engine.gpu.gemv import GemvPlan, embed_rows
+from engine.gpu.memory import MTP_PROMPT_ROWS
 from engine.gpu.prefill import CudaQwen35Prefill
 
-GEMM_ROWS = 512  # rows a tensor-core MTP chunk (its padding's K/V land in the MTP pool's pages past the context)
+GEMM_ROWS = MTP_PROMPT_ROWS  # rows a tensor-core MTP chunk (its padding's K/V: the MTP pool's pages past the context)
 GEMM_MIN = 64  # staged rows worth a tensor-core chunk (fewer: 8-position passes)
 COLS = 8  # positions a columns pass
 

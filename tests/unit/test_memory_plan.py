@@ -133,9 +133,10 @@ def test_mtp_spec_adds_weights_pool_and_arena(a27):
     p = _plan(a27, components=("text", "mtp"), spec="mtp", draft_tokens=3)
     names = [i.name for i in p.items(64)]
     assert "weights: mtp" in names and "ReplaySSM arena" in names and "KV pool: mtp" in names
+    assert "MTP prompt chunk" in names
     assert p.kv_bytes_per_token == 65_536 + 4096
-    # MTP pool: the context's pages + ceil((K - 1) / 64) per lane
-    assert p.kv_bytes(64) == 64 * 65_536 + 2 * 64 * 4096
+    # MTP pool: the context's pages + ceil((K - 1) / 64) per lane + the prompt chunk's padding (512 rows: 8 pages)
+    assert p.kv_bytes(64) == 64 * 65_536 + (1 + 1 + 8) * 64 * 4096
 
 
 def test_missing_component_is_an_error_optional_is_skipped(a27):
