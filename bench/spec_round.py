@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -162,7 +163,8 @@ def main(argv=None) -> int:
            "identical": out == cont, "stats": stats.as_dict(),
            "measured_accept_per_position": [x / max(stats.rounds, 1) for x in stats.accepted_at],
            "speculator_build_s": build_s, "path": "stream", "gpu": info.get("device_name", ""),
-           "prompt": a.prompt, "prefill_ms": pf_plain * 1e3, "prefill_with_mtp_ms": pf_mtp * 1e3}
+           "prompt": a.prompt, "prefill_ms": pf_plain * 1e3, "prefill_with_mtp_ms": pf_mtp * 1e3,
+           "commit": os.environ.get("NINFER_GIT_COMMIT")}
     if parts:
         row["breakdown_ms"] = parts
     print(json.dumps(row))
