@@ -25,6 +25,10 @@ def cuda_speculative_generate_step(engine, prompt_ids, sampler, *, k: int, max_t
         # a grammar, penalties, a logit bias: the host's draws (the columns' samplers take none of them)
         from engine.generate import generate_step  # noqa: PLC0415
 
+        if stats is not None:
+            stats.plain_why = ("an output constraint decodes plainly" if getattr(sampler, "constraint", None) is not None
+                               else "the GPU's speculative rounds draw without presence or frequency penalties and "
+                                    "logit biases: decoded plainly")
         yield from generate_step(engine, prompt_ids, sampler, max_tokens=max_tokens, cancel=cancel)
         return
     stats = stats if stats is not None else SpecStats(k)

@@ -64,6 +64,7 @@ class SpecStats:
     rounds: int = 0
     accepted_at: list[int] = field(default_factory=list)
     plain_steps: int = 0
+    plain_why: str = ""  # why the whole stream decoded plainly (a sampler the rounds cannot draw for), or ""
 
     def __post_init__(self):
         if not self.accepted_at:
@@ -82,7 +83,7 @@ class SpecStats:
         k = max(self.k, other.k)
         at = [a + b for a, b in zip(self.accepted_at + [0] * (k - self.k), other.accepted_at + [0] * (k - other.k))]
         return SpecStats(k, self.drafted + other.drafted, self.accepted + other.accepted, self.rounds + other.rounds,
-                         at, self.plain_steps + other.plain_steps)
+                         at, self.plain_steps + other.plain_steps, self.plain_why or other.plain_why)
 
     def acceptance_at(self) -> list[float]:
         """The share of rounds whose draft position i was accepted, for i = 1..k (cumulative: a position
@@ -95,7 +96,8 @@ class SpecStats:
     def as_dict(self) -> dict:
         return {"k": self.k, "drafted": self.drafted, "accepted": self.accepted, "rounds": self.rounds,
                 "accepted_per_position": list(self.accepted_at), "plain_steps": self.plain_steps,
-                "acceptance": self.acceptance, "tokens_per_round": self.tokens_per_round}
+                "acceptance": self.acceptance, "tokens_per_round": self.tokens_per_round,
+                **({"plain": self.plain_why} if self.plain_why else {})}
 
 
 def forced_draft(oracle: Sequence[int], start: int, accept: Sequence[float], seed: int = 0) -> Draft:
@@ -279,6 +281,8 @@ def speculative_generate_step(
                                                   cancel=cancel, draft=draft, stats=stats, mtp=mtp)
         return
     if getattr(sampler, "constraint", None) is not None:  # per-column masks are not built: decode plainly
+        if stats is not None:
+            stats.plain_why = "an output constraint decodes plainly"
         yield from generate_step(engine, prompt_ids, sampler, max_tokens=max_tokens, cancel=cancel)
         return
 

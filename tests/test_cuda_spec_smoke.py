@@ -102,7 +102,7 @@ def test_sampled_rounds_run_and_penalties_decode_plainly(cp, monkeypatch):
     stats = SpecStats(3)
     out = list(speculative_generate_step(eng, [1, 2, 3], Sampler(temperature=0.7, presence_penalty=0.5, seed=3), k=3,
                                          max_tokens=6, stats=stats))
-    assert len(out) == 6 and stats.rounds == 0  # (the host's draws: plain decode)
+    assert len(out) == 6 and stats.rounds == 0 and "penalties" in stats.as_dict()["plain"]  # (the host's draws)
 
 
 @pytest.mark.parametrize("gpu", ["sm_90", "sm_86"])

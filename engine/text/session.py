@@ -57,6 +57,8 @@ class TurnStats:
         if self.spec and self.spec["rounds"]:
             spec = (f" · mtp:{self.spec['k']} acceptance {100 * self.spec['acceptance']:.0f}% "
                     f"{self.spec['tokens_per_round']:.2f} tok/round")
+        elif self.spec and self.spec.get("plain"):
+            spec = f" · mtp:{self.spec['k']} off: {self.spec['plain']}"
         return (f"{self.generation_tokens} tokens{think} · {self.generation_tps:.1f} tok/s{spec} · "
                 f"prompt {self.prompt_tokens} tokens at {self.prompt_tps:.1f} tok/s · "
                 f"first token {self.ttft_s:.2f} s · {self.finish_reason or 'stop'}")

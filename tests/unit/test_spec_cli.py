@@ -83,6 +83,16 @@ def test_turn_stats_add_up_the_streams_of_a_turn_and_reach_the_request_log():
                                                         prepared=run.prepared, queued_s=0.0))
 
 
+def test_a_stream_that_decoded_plainly_says_why_on_the_answer_line():
+    from engine.speculative import SpecStats
+    from engine.text.session import TurnStats
+
+    spec = SpecStats(3, plain_why="an output constraint decodes plainly").as_dict()
+    assert spec["plain"] == "an output constraint decodes plainly" and "plain" not in SpecStats(3).as_dict()
+    line = TurnStats(generation_tokens=4, spec=spec).line()
+    assert "mtp:3 off: an output constraint decodes plainly" in line and "acceptance" not in line
+
+
 def test_chat_takes_spec_into_the_app(monkeypatch):
     """In a terminal `ninfer chat --spec mtp:2` opens the app with speculation in its settings (no --plain needed)."""
     import sys
