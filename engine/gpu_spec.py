@@ -2,7 +2,7 @@
 contract of `engine.speculative.speculative_generate_step` (which hands CUDA engines to it).
 
 The loop: the prompt through the target, its final hidden rows through the MTP head as they come
-(engine.gpu.verify.MtpPrompt; a held sequence the MTP's pool does not cover is prefilled again), the first token from
+(engine.gpu.mtp_prompt.MtpPrompt; a held sequence the MTP's pool does not cover is prefilled again), the first token from
 the prompt's logits (the host sampler), one plain decode step (its hidden state and its pick start the MTP), then
 rounds: one graph and one host read each, the accepted tokens yielded one by one; at the end the MTP's rows over the
 last round's columns, so the next prompt that extends the sequence reuses it.
@@ -52,6 +52,7 @@ def cuda_speculative_generate_step(engine, prompt_ids, sampler, *, k: int, max_t
     spec.cache = engine.cache  # (a prompt that diverges from the held one starts a new sequence)
     fed = sampler(logits, engine.position)  # the last token yielded, not yet fed to the target
     spec.prompt.flush(fed)
+    covered = not spec.prompt.lost  # (the MTP's pool holds every row of the prompt)
     sampler.accept(fed)
     yield fed
     n = 1
@@ -122,7 +123,7 @@ def cuda_speculative_generate_step(engine, prompt_ids, sampler, *, k: int, max_t
     finally:
         if pending is not None:  # fold what the consumer took, the MTP's rows over it
             spec.finish(_settle(engine, pending), engine.position)
-            spec.prompt.lost = False
+            spec.prompt.lost = not covered
 
 
 def _settle(engine, pending) -> int:

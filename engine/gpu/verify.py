@@ -22,8 +22,8 @@ import numpy as np
 
 from engine.gpu import kernel_names as KN
 from engine.gpu import launch as K
-from engine.gpu.columns import CudaQwen35Columns
 from engine.gpu import mtp_prompt
+from engine.gpu.columns import CudaQwen35Columns
 from engine.gpu.decode import GDN_HEAD_DIM, CudaQwen35
 from engine.gpu.gdn import GdnBlock, delta_step, gdn_prep
 from engine.gpu.gemv import GemvPlan
