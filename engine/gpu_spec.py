@@ -17,7 +17,7 @@ from __future__ import annotations
 def cuda_speculative_generate_step(engine, prompt_ids, sampler, *, k: int, max_tokens: int = -1, cancel=None,
                                    draft=None, stats=None, mtp=None):
     from engine.device_sampling import device_params  # noqa: PLC0415
-    from engine.speculative import SpecStats  # noqa: PLC0415
+    from engine.speculative import PLAIN_CONSTRAINT, SpecStats  # noqa: PLC0415
 
     params = None if sampler.is_greedy else device_params(sampler)
     if getattr(sampler, "constraint", None) is not None or (not sampler.is_greedy and (
@@ -26,7 +26,7 @@ def cuda_speculative_generate_step(engine, prompt_ids, sampler, *, k: int, max_t
         from engine.generate import generate_step  # noqa: PLC0415
 
         if stats is not None:
-            stats.plain_why = ("an output constraint decodes plainly" if getattr(sampler, "constraint", None) is not None
+            stats.plain_why = (PLAIN_CONSTRAINT if getattr(sampler, "constraint", None) is not None
                                else "the GPU's speculative rounds draw without presence or frequency penalties and "
                                     "logit biases: decoded plainly")
         yield from generate_step(engine, prompt_ids, sampler, max_tokens=max_tokens, cancel=cancel)

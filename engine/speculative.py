@@ -35,6 +35,7 @@ MAX_DRAFT = 5
 DEFAULT_DRAFT = 3  # "MTP3", the published setting
 Draft = Callable[[list, int], Sequence[int]]
 PURPOSE_FORCED = 0x464F5243  # "FORC": forced_draft's coins, apart from the sampler's purposes
+PLAIN_CONSTRAINT = "an output constraint decodes plainly"  # (SpecStats.plain_why of a constrained stream)
 
 
 def parse_spec(value: str) -> tuple[str, int]:
@@ -140,7 +141,7 @@ def verify_column(sampler: Sampler, logits, draft: int, position: int) -> tuple[
     """(token at `position`, whether it is `draft`): the target's own draw at `position` (its argmax when greedy),
     `draft` standing when the two agree.
 
-    For a one-hot proposal this is the rejection rule of spec/runtime.md §3.5 in another order: the draft stands with
+    For a one-hot proposal this is the rejection rule of spec/runtime.md §3.6 in another order: the draft stands with
     probability p(d), and when it does not, the token is distributed as p without d, renormalized. Drawing with the
     decode coin of (seed, position) makes the speculative tokens the ones plain sampling draws with the same seed."""
     tok = sampler(logits, position)
@@ -282,7 +283,7 @@ def speculative_generate_step(
         return
     if getattr(sampler, "constraint", None) is not None:  # per-column masks are not built: decode plainly
         if stats is not None:
-            stats.plain_why = "an output constraint decodes plainly"
+            stats.plain_why = PLAIN_CONSTRAINT
         yield from generate_step(engine, prompt_ids, sampler, max_tokens=max_tokens, cancel=cancel)
         return
 
