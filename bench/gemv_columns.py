@@ -1,7 +1,8 @@
 """The GEMVs of a synthetic model over 1 and M token columns (GPU machine only): what verification of K + 1 columns
 pays for its projections against one decode token.
 
-    python bench/gemv_columns.py [--geometry qwen3.8-27b] [--cols 4] [--iters 50] [--warps 2,4,8 --gu 2,4] [--json OUT]
+    python bench/gemv_columns.py [--geometry qwen3.8-27b] [--cols 4] [--iters 50] [--warps 2,4,8 --gu 2,4 --stages 3,4]
+                                 [--json OUT]
 
 For every distinct packed matrix of the decode executor (format, rows, K: the merged projections, the head), x
 pre-staged as the producers stage it: the time of GemvPlan for one column (gemv_rs_pre, the decode's form without
@@ -35,6 +36,7 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--warps", default="", help="gemv_tc warps a tile to time beside the launcher's choice (e.g. 1,2,8)")
     ap.add_argument("--gu", default="", help="gemv_tc groups a run (GU) to time with each --warps (e.g. 2,4)")
+    ap.add_argument("--stages", default="", help="gemv_tc ring stages (S) to time with each --warps and --gu (e.g. 3,4,6)")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
     import cupy as cp
@@ -49,7 +51,8 @@ def main(argv=None) -> int:
     warps = [int(v) for v in a.warps.split(",") if v]
     gus = [int(v) for v in a.gu.split(",") if v] or [KN.GEMV_TC_GU]
     K.require(KN.gemv_names(range(4), (a.cols,), pair=False, bf16=False, conv=[], xs=[]))  # (in the plan's module)
-    K.require(f"gemv_tc<{f},{a.cols},{gu}>" for f in range(4) for gu in gus)
+    stages = [int(v) for v in a.stages.split(",") if v] or [KN.GEMV_TC_STAGES]
+    K.require(f"gemv_tc<{f},{a.cols},{gu},{st}>" for f in range(4) for gu in gus for st in stages)
     eng = build_engine(a.geometry, max_context=1024)
     ex = eng.model.executor
     mats = [m for m in ex._matrices() if m.fmt in K.FMT_IDS and m is not ex.embed]
@@ -68,19 +71,35 @@ def main(argv=None) -> int:
         one = GemvPlan(w, None, w.k, y[:1], w.n, m=1, xpre=(xh[:1], xinv[:1]), pre2=True)
         many = GemvPlan(w, None, w.k, y, w.n, m=M, xpre=(xh, xinv))
         t1, tm = time_ms(cp, one.launch, a.iters), time_ms(cp, many.launch, a.iters)
-        chosen, gu0, other = gemv.tc_warps, KN.GEMV_TC_GU, {}
+        chosen, saved, other, diff = gemv.tc_warps, (KN.GEMV_TC_GU, KN.GEMV_TC_STAGES), {}, {}
+        want = cp.asnumpy(y)  # (the launcher's choice's output: every variant's is compared with it)
+        scale = float(abs(want).max()) or 1.0
         for gu in gus if warps else []:
-            KN.GEMV_TC_GU = gu
-            for wt in warps:
-                gemv.tc_warps = lambda tiles, wt=wt: wt
-                other[f"gu{gu}wt{wt}"] = time_ms(cp, GemvPlan(w, None, w.k, y, w.n, m=M, xpre=(xh, xinv)).launch,
-                                                 a.iters)
-        gemv.tc_warps, KN.GEMV_TC_GU = chosen, gu0
+            for st in stages:
+                KN.GEMV_TC_GU, KN.GEMV_TC_STAGES = gu, st
+                for wt in warps:
+                    gemv.tc_warps = lambda tiles, wt=wt: wt
+                    name = f"gu{gu}s{st}wt{wt}"
+                    try:
+                        plan = GemvPlan(w, None, w.k, y, w.n, m=M, xpre=(xh, xinv))
+                    except Exception as e:  # noqa: BLE001 (a ring too large for shared memory)
+                        print(f"  {name}: {str(e).splitlines()[-1][:100]}", file=sys.stderr)
+                        continue
+                    y.fill(float("nan"))
+                    other[name] = time_ms(cp, plan.launch, a.iters)
+                    diff[name] = float(abs(cp.asnumpy(y) - want).max()) / scale
+        gemv.tc_warps = chosen
+        KN.GEMV_TC_GU, KN.GEMV_TC_STAGES = saved
+        bad = {k: v for k, v in diff.items() if not v < 1e-5}
+        if bad:
+            print(f"  variants whose output differs from the launcher's choice (max |diff| / max |y|): {bad}",
+                  file=sys.stderr)
         n = count[key]
         tot1, totm, nbytes = tot1 + n * t1, totm + n * tm, nbytes + n * w.nbytes
         rows.append({"fmt": key[0], "n": key[1], "k": key[2], "count": n, "bytes": w.nbytes, "one_ms": t1,
                      "cols_ms": tm, "one_gb_s": w.nbytes / t1 / 1e6, "cols_gb_s": w.nbytes / tm / 1e6,
-                     "kernel": many.kname, "warps": many.args[-1].item(), "by_warps_ms": other})
+                     "kernel": many.kname, "warps": many.args[-1].item(), "by_warps_ms": other,
+                     "variant_rel_diff": diff})
         best = min(other, key=other.get) if other else ""
         print(f"{key[0]:12s} {key[1]:>7d} x {key[2]:>6d} x{n:<3d} 1 col {t1 * 1e3:8.1f} us ({w.nbytes / t1 / 1e6:6.0f} GB/s)"
               f"   {M} cols {tm * 1e3:8.1f} us ({w.nbytes / tm / 1e6:6.0f} GB/s) = {tm / t1:.2f}x (wt {int(many.args[-1])}) "

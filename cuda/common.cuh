@@ -115,6 +115,32 @@ __device__ __forceinline__ unsigned int ldw(const unsigned int* p) {
   return r;
 }
 
+// Asynchronous global -> shared copies (sm_80 and newer; empty below, see NI_PRE_SM80): 16 bytes through L2 only,
+// 4 bytes through L1; a thread's copies since the last commit form one group, wait<N> leaves N groups in flight.
+__device__ __forceinline__ void ni_cp16(void* dst, const void* src) {
+#if !NI_PRE_SM80
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void ni_cp4(void* dst, const void* src) {
+#if !NI_PRE_SM80
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void ni_cp_commit() {
+#if !NI_PRE_SM80
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void ni_cp_wait() {
+#if !NI_PRE_SM80
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
 __device__ __forceinline__ __half2 u32_as_half2(unsigned int u) {
   return *reinterpret_cast<__half2*>(&u);
 }

@@ -16,11 +16,7 @@
 // that word (rows g, g + 8), a2/a3 the odd ones, and b0/b1 the matching staged pairs (x0, x2, x4, x6) and
 // (x1, x3, x5, x7) of that word's slot.
 //
-// A block: 8 warps over one K slice (grid.y, as gemv_rs: EPI_PARTIAL planes), looping over turns of 8 / wt tiles of
-// 16 rows (SwiGLU: 8 gate rows and their 8 up rows a tile); a tile's wt warps take every wt-th run of GU groups of
-// the slice, each with the next run's loads in flight while it multiplies the current one (the loop is bound by the
-// latency of its loads, not by the MMAs), then the wt warps' sums meet in shared memory (a fixed order) for the
-// epilogue. wt (1, 2, 4 or 8) is chosen by the launcher: few warps a tile where there are many tiles.
+// gemv_tc<FMT, M, GU, S>: GU groups a run, S stages a warp's ring (see the kernel).
 #include "common.cuh"
 
 template <bool U8>
@@ -41,24 +37,6 @@ __device__ __forceinline__ void imma(int (&c)[4], unsigned a0, unsigned a1, unsi
 #endif
 }
 
-// One row's share of a group for lane t: its two words of codes, their high bits (q5: the 16 bits of the two words,
-// q6: their 32), the group's scale.
-template <int FMT>
-__device__ __forceinline__ void tc_load(const unsigned char* __restrict__ base, const unsigned char* __restrict__ high,
-                                        const __half* __restrict__ scales, int gpr, size_t row, int G, int t, uint2& q,
-                                        unsigned& h, float& sc) {
-  const size_t rg = row * gpr + G;
-  q = ldw(reinterpret_cast<const uint2*>(base + rg * 32 + 8 * t));
-  sc = __half2float(scales[rg]);
-  if constexpr (FMT == FMT_Q5) {
-    h = __ldg(reinterpret_cast<const unsigned short*>(high + rg * 8 + (t >> 1) * 4 + (t & 1) * 2));
-  } else if constexpr (FMT == FMT_Q6) {
-    h = ldw(reinterpret_cast<const unsigned int*>(high + rg * 16 + (t >> 1) * 8 + (t & 1) * 4));
-  } else {
-    h = 0u;
-  }
-}
-
 // Word s (0, 1) of a lane's loaded codes as signed bytes F x code: even codes in e, odd in o.
 template <int FMT>
 __device__ __forceinline__ void tc_bytes(uint2 q, unsigned h, int s, unsigned& e, unsigned& o) {
@@ -70,20 +48,178 @@ __device__ __forceinline__ void tc_bytes(uint2 q, unsigned h, int s, unsigned& e
   }
 }
 
-// A lane's loads of one run of GU groups: both rows of the tile, codes, high bits, scales.
+// A stage of a warp's ring: one run of GU groups of a tile of R = 16 rows, as cp.async left it. Codes: row r's
+// GU * 32 bytes at r * GU * 32, its group u at slot u ^ tc_swz(r) (so that the fragment reads below, 8 bytes a lane, a
+// half-warp reading one group of 4 rows, meet every bank once); then the high bits (row-major, GU * HB bytes a row)
+// and the scales (GU halves a row).
 template <int FMT, int GU>
-struct TcRun {
-  uint2 q[GU][2];
-  unsigned h[GU][2];
-  float sc[GU][2];
+struct TcStage {
+  static constexpr int R = 16;
+  static constexpr int HB = FMT == FMT_Q5 ? 8 : (FMT == FMT_Q6 ? 16 : 0);  // high-bit bytes a group
+  static constexpr int CODES = R * GU * 32, HIGH = R * GU * HB, SCALES = R * GU * 2;
+  static constexpr int BYTES = CODES + HIGH + SCALES;
+  static_assert(GU == 2 || GU == 4, "runs of 2 or 4 groups");
+};
+template <int GU>
+__device__ __forceinline__ int tc_swz(int r) {
+  return (r * GU / 4) & (GU - 1);
+}
+
+// A lane's copies of a run into its warp's stage: fixed pieces of the R x GU tile (the same for every run), each a
+// row of the tile, a byte offset in the stage and its first group in the run; the source offsets (bytes from the
+// plane's start, 32-bit: planes under 4 GiB) move on by a constant a run. Codes: 16-byte chunks, GU a lane; high
+// bits: 16-byte chunks (q5: two groups each, q6: one); scales: 4-byte pairs. A piece whose group is past the slice's
+// end is not copied (never read); one that covers two groups starts at an even group (the launcher's slices), so it
+// stays inside its row.
+template <int FMT, int GU>
+struct TcCopy {
+  using S = TcStage<FMT, GU>;
+  static constexpr int R = S::R;
+  static constexpr int HCPR = GU * S::HB / 16 > 0 ? GU * S::HB / 16 : 1;  // high-bit chunks a row
+  static constexpr int HV = S::HB > 0 ? (R * HCPR + 31) / 32 : 0;          // high-bit chunks a lane
+  static constexpr int SV = (R * GU / 2 + 31) / 32;                         // scale pairs a lane
+  static constexpr int CV = R * 2 * GU / 32;                                // code chunks a lane
+  unsigned co[CV], ho[HV > 0 ? HV : 1], so[SV];
+  short cdst[CV], hdst[HV > 0 ? HV : 1], sdst[SV];
+  signed char crow[CV], cg[CV], hrow[HV > 0 ? HV : 1], hg[HV > 0 ? HV : 1], srow[SV], sg[SV];
+
+  __device__ __forceinline__ void init(int lane) {
+#pragma unroll
+    for (int v = 0; v < CV; ++v) {
+      const int q = lane + 32 * v, r = q / (2 * GU), c = q % (2 * GU);
+      crow[v] = r;
+      cg[v] = c >> 1;
+      cdst[v] = r * GU * 32 + (((c >> 1) ^ tc_swz<GU>(r)) << 5) + (c & 1) * 16;
+    }
+#pragma unroll
+    for (int v = 0; v < HV; ++v) {
+      const int q = lane + 32 * v, r = q / HCPR, c = q % HCPR;
+      hrow[v] = r < R ? r : -1;
+      hg[v] = c * (S::HB > 0 ? 16 / S::HB : 1);
+      hdst[v] = S::CODES + q * 16;
+    }
+#pragma unroll
+    for (int v = 0; v < SV; ++v) {
+      const int q = lane + 32 * v;
+      srow[v] = q < R * GU / 2 ? q / (GU / 2) : -1;
+      sg[v] = 2 * (q % (GU / 2));
+      sdst[v] = S::CODES + S::HIGH + q * 4;
+    }
+  }
+  // the offsets of a tile's run whose first group is G0 (rows(r): the plane row of tile row r)
+  template <typename Rows>
+  __device__ __forceinline__ void at(int gpr, int G0, Rows rows) {
+#pragma unroll
+    for (int v = 0; v < CV; ++v) co[v] = ((unsigned)rows(crow[v]) * gpr + G0 + cg[v]) * 32u + (cdst[v] & 16);
+#pragma unroll
+    for (int v = 0; v < HV; ++v) ho[v] = ((unsigned)rows(max((int)hrow[v], 0)) * gpr + G0 + hg[v]) * S::HB;
+#pragma unroll
+    for (int v = 0; v < SV; ++v) so[v] = ((unsigned)rows(max((int)srow[v], 0)) * gpr + G0 + sg[v]) * 2u;
+  }
+  // the run whose first group is G (of the slice ending at ge) into stage st, then the offsets on by `step` groups
+  __device__ __forceinline__ void copy(unsigned char* st, const unsigned char* __restrict__ base,
+                                       const unsigned char* __restrict__ high, const __half* __restrict__ scales,
+                                       int G, int ge, int step) {
+#pragma unroll
+    for (int v = 0; v < CV; ++v) {
+      if (G + cg[v] < ge) ni_cp16(st + cdst[v], base + co[v]);
+      co[v] += step * 32;
+    }
+#pragma unroll
+    for (int v = 0; v < HV; ++v) {
+      if (hrow[v] >= 0 && G + hg[v] < ge) ni_cp16(st + hdst[v], high + ho[v]);
+      ho[v] += step * S::HB;
+    }
+#pragma unroll
+    for (int v = 0; v < SV; ++v) {
+      if (srow[v] >= 0 && G + sg[v] < ge) ni_cp4(st + sdst[v], reinterpret_cast<const unsigned char*>(scales) + so[v]);
+      so[v] += step * 2;
+    }
+  }
 };
 
-template <int FMT, int M, int GU>
-__global__ void __launch_bounds__(256) gemv_tc(GEMV_RS_PARAMS, int wt) {
+// A lane's share of group u of a stage for its A row ra (of the tile): the two code words and the high bits (q5: 16
+// bits, q6: 32); the same values the fragment layout above names.
+template <int FMT, int GU>
+__device__ __forceinline__ void tc_read(const unsigned char* st, int ra, int u, int t, uint2& q, unsigned& h) {
+  using S = TcStage<FMT, GU>;
+  q = *reinterpret_cast<const uint2*>(st + ra * GU * 32 + ((u ^ tc_swz<GU>(ra)) << 5) + 8 * t);
+  const unsigned char* hs = st + S::CODES + ra * GU * S::HB + u * S::HB;
+  if constexpr (FMT == FMT_Q5) h = *reinterpret_cast<const unsigned short*>(hs + 2 * t);
+  else if constexpr (FMT == FMT_Q6) h = *reinterpret_cast<const unsigned int*>(hs + 4 * t);
+  else h = 0u;
+}
+
+// Row ra's GU scales of a stage, as floats.
+template <int FMT, int GU>
+__device__ __forceinline__ void tc_scales(const unsigned char* st, int ra, float (&sc)[GU]) {
+  using S = TcStage<FMT, GU>;
+  const __half2* p = reinterpret_cast<const __half2*>(st + S::CODES + S::HIGH + ra * GU * 2);
+#pragma unroll
+  for (int u = 0; u < GU; u += 2) {
+    const float2 f = __half22float2(p[u / 2]);
+    sc[u] = f.x;
+    sc[u + 1] = f.y;
+  }
+}
+
+// The MMAs of one run (stage st, first group G0) for a lane's A rows g, g + 8 and B column g, into its accumulators (C
+// rows g, g + 8 at columns 2t, 2t + 1). x pairs of column g: uint4 xb[(jx >> 5) * 128 + slot * 32 + (jx & 31)], jx its
+// 32-value chunk less xoff; a run's chunks lie in one block of 32 (runs start at multiples of GU from a block's start).
+// FULL: every group of the run is below ge.
+template <int FMT, int M, int GU, bool FULL>
+__device__ __forceinline__ void tc_run(const unsigned char* st, int G0, int ge, int g, int t, bool col_live,
+                                       const uint4* __restrict__ xb, int xoff, float (&acc)[4]) {
+  constexpr bool W8 = FMT == FMT_W8;
+  constexpr int STEPS = W8 ? 1 : 2;  // MMAs (k = 32) a group, a plane
+  // this lane's x: chunk (q4-q6) 2 G + (t >> 1), slot 2 (t & 1) + s; (w8) chunk G, slot t
+  const int jx0 = (W8 ? G0 : 2 * G0 + (t >> 1)) - xoff;
+  const uint4* xr = xb + (jx0 >> 5) * 128 + (jx0 & 31) + (W8 ? t : 2 * (t & 1)) * 32;
+  uint4 xv[GU][STEPS];
+#pragma unroll
+  for (int u = 0; u < GU; ++u)
+#pragma unroll
+    for (int s = 0; s < STEPS; ++s)
+      xv[u][s] = col_live && (FULL || G0 + u < ge) ? xr[u * (W8 ? 1 : 2) + s * 32] : make_uint4(0u, 0u, 0u, 0u);
+  float s0[GU], s1[GU];
+  tc_scales<FMT, GU>(st, g, s0);
+  tc_scales<FMT, GU>(st, g + 8, s1);
+#pragma unroll
+  for (int u = 0; u < GU; ++u) {
+    if (!FULL && G0 + u >= ge) break;
+    uint2 q0, q1;
+    unsigned h0, h1;
+    tc_read<FMT, GU>(st, g, u, t, q0, h0);
+    tc_read<FMT, GU>(st, g + 8, u, t, q1, h1);
+    int chi[4] = {0, 0, 0, 0}, clo[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int s = 0; s < STEPS; ++s) {
+      const uint4 x = xv[u][s];
+      const unsigned b0h = __byte_perm(x.x, x.y, 0x7531), b0l = __byte_perm(x.x, x.y, 0x6420);
+      const unsigned b1h = __byte_perm(x.z, x.w, 0x7531), b1l = __byte_perm(x.z, x.w, 0x6420);
+      unsigned e0, o0, e1, o1;
+      tc_bytes<FMT>(q0, h0, s, e0, o0);
+      tc_bytes<FMT>(q1, h1, s, e1, o1);
+      imma<false>(chi, e0, e1, o0, o1, b0h, b1h);
+      imma<true>(clo, e0, e1, o0, o1, b0l, b1l);
+    }
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[c] = fmaf(c < 2 ? s0[u] : s1[u], (float)(chi[c] * 256 + clo[c]), acc[c]);
+  }
+}
+
+// A block: 8 warps over one K slice (grid.y, EPI_PARTIAL planes), looping over turns of 8 / wt tiles of 16 rows
+// (SwiGLU: 8 gate rows and their 8 up rows); a tile's wt warps take every wt-th run of GU groups of the slice. Each warp streams its runs, turn after turn, through its own ring of S stages in shared memory (cp.async: S - 1
+// runs in flight while it multiplies one, across the turns' boundaries; the first S - 1 before the PDL wait), then the
+// wt warps' sums meet in shared memory (a fixed order) for the epilogue.
+template <int FMT, int M, int GU, int S>
+// (4 blocks an SM, 64 registers; 3 and 80 for runs of 4 groups, which spill at 64)
+__global__ void __launch_bounds__(256, GU > 2 ? 3 : 4) gemv_tc(GEMV_RS_PARAMS, int wt) {
   static_assert(M >= 1 && M <= 8, "up to 8 columns (one MMA n-tile)");
+  static_assert(S >= 2, "a ring of at least two stages");
+  using ST = TcStage<FMT, GU>;
   constexpr bool W8 = FMT == FMT_W8;
   constexpr int GV = W8 ? 32 : 64;           // values a group
-  constexpr int STEPS = W8 ? 1 : 2;          // MMAs (k = 32) a group, a plane
   constexpr float INV = FMT == FMT_Q4 ? 1.f / 16 : (FMT == FMT_Q5 ? 1.f / 8 : (FMT == FMT_Q6 ? 1.f / 4 : 1.f));
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int per_turn = 8 / wt, sub = warp / wt, kw = warp % wt;  // tiles a turn, this warp's tile and K share
@@ -92,18 +228,55 @@ __global__ void __launch_bounds__(256) gemv_tc(GEMV_RS_PARAMS, int wt) {
   const int gs = js >> 1, ge = (je + 1) >> 1;  // the slice's groups
   const bool swiglu = epi == EPI_SWIGLU;
   const int outs = swiglu ? N - pair_stride : N;
-  const int rows_tile = swiglu ? 8 : 16;
+  const int rows_tile = swiglu ? 8 : 16;  // outputs a tile
   const int ntiles = (outs + rows_tile - 1) / rows_tile;
-  NI_PDL_ENTRY();
+  const int turns = (ntiles + per_turn - 1) / per_turn;
+  const int my_turns = (int)blockIdx.x < turns ? (turns - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+  const int g_first = gs + kw * GU, g_step = wt * GU;  // this warp's first group of a turn, groups between its runs
+  const int nruns = g_first < ge ? (ge - g_first + g_step - 1) / g_step : 0;  // its runs a turn
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const bool pre = xinv != nullptr;
   const int xc0 = gs * GV / 32, xc1 = ge * GV / 32;  // the slice's 32-value x chunks
   const int nloc_pad = (xc1 - xc0 + 31) & ~31;
-  float* red = reinterpret_cast<float*>(smem_raw + (pre ? 0 : (size_t)M * nloc_pad * 64));
-  __shared__ float inv_sc[8];  // a column's inverse staging scale
+  unsigned char* after_x = smem_raw + (pre ? 0 : (size_t)M * nloc_pad * 64);
+  float* red = reinterpret_cast<float*>(after_x);  // [warp][row of the tile][column]
+  unsigned char* ring = after_x + 8 * 16 * 8 * 4 + (size_t)warp * S * ST::BYTES;
+
+  // row r (0..15) of a tile: the rows lane g = r & 7 multiplies as A rows g (r < 8) and g + 8: output o and o + 8
+  // (SwiGLU: o's up row), clamped (duplicates are computed, never stored)
+  auto tile_rows = [&](int bt) {
+    const int tile = ((int)blockIdx.x + bt * (int)gridDim.x) * per_turn + sub;
+    return [=](int r) -> int {
+      const int o = min(tile * rows_tile + (r & 7), outs - 1);
+      return swiglu ? o + (r & 8 ? pair_stride : 0) : min(o + (r & 8), N - 1);
+    };
+  };
+  // the producer: the warp's runs in order, turn after turn, one stage each (weights depend on no kernel)
+  TcCopy<FMT, GU> cpy;
+  cpy.init(lane);
+  int p_bt = 0, p_left = nruns, p_G = g_first, p_slot = 0;
+  if (nruns > 0 && my_turns > 0) cpy.at(gpr, g_first, tile_rows(0));
+  auto issue = [&]() {
+    if (nruns > 0 && p_bt < my_turns) {
+      cpy.copy(ring + p_slot * ST::BYTES, base, high, scales, p_G, ge, g_step);
+      p_G += g_step;
+      if (--p_left == 0) {
+        p_left = nruns;
+        p_G = g_first;
+        if (++p_bt < my_turns) cpy.at(gpr, g_first, tile_rows(p_bt));
+      }
+    }
+    ni_cp_commit();
+    p_slot = p_slot + 1 == S ? 0 : p_slot + 1;
+  };
+#pragma unroll
+  for (int i = 0; i < S - 1; ++i) issue();
+  NI_PDL_ENTRY();
+
+  __shared__ float inv_sc[8];  // a column's inverse staging scale, times the codes' factor
   if (pre) {
-    if (threadIdx.x < M) inv_sc[threadIdx.x] = xinv[threadIdx.x];
+    if (threadIdx.x < M) inv_sc[threadIdx.x] = xinv[threadIdx.x] * INV;
   } else {  // stage x[m][xc0*32 : xc1*32) as gemv_rs stages q4-q6 (slot-major blocks of 32 chunks, int16 pairs)
     unsigned int* xs = reinterpret_cast<unsigned int*>(smem_raw);
 #pragma unroll 1
@@ -113,7 +286,7 @@ __global__ void __launch_bounds__(256) gemv_tc(GEMV_RS_PARAMS, int wt) {
       float mx = 0.f;
       for (int k = k0 + threadIdx.x; k < k1; k += blockDim.x) mx = fmaxf(mx, fabsf(xm[k]));
       const float sc = pow2_scale(block_max(mx, red));
-      if (threadIdx.x == 0) inv_sc[m] = 1.f / sc;
+      if (threadIdx.x == 0) inv_sc[m] = INV / sc;
       for (int p = threadIdx.x; p < (xc1 - xc0) * 16; p += blockDim.x) {
         const int jl = p >> 4, c = (p >> 2) & 3, jp = p & 3;
         const int ka = (xc0 + jl) * 32 + 8 * c + stage_a(jp), kb = ka + STAGE_GAP;
@@ -123,76 +296,46 @@ __global__ void __launch_bounds__(256) gemv_tc(GEMV_RS_PARAMS, int wt) {
     }
   }
   __syncthreads();
-  // x pairs of column g (the B fragment's column): uint4 xb[(jx >> 5) * 128 + slot * 32 + (jx & 31)], jx its chunk
+  // x pairs of column g (the B fragment's column, see tc_run)
   const uint4* xb = pre ? reinterpret_cast<const uint4*>(x) : reinterpret_cast<const uint4*>(smem_raw);
   const int xrow4 = pre ? ((gpr * GV / 32 + 31) & ~31) * 4 : nloc_pad * 4;
   const int xoff = pre ? 0 : xc0;
   const bool col_live = g < M;
   xb += (size_t)(col_live ? g : 0) * xrow4;
 
-  auto load = [&](TcRun<FMT, GU>& b, size_t r0, size_t r1, int G0) {
-#pragma unroll
-    for (int u = 0; u < GU; ++u) {
-      if (G0 + u < ge) {
-        tc_load<FMT>(base, high, scales, gpr, r0, G0 + u, t, b.q[u][0], b.h[u][0], b.sc[u][0]);
-        tc_load<FMT>(base, high, scales, gpr, r1, G0 + u, t, b.q[u][1], b.h[u][1], b.sc[u][1]);
-      }
-    }
-  };
-  const int turns = (ntiles + per_turn - 1) / per_turn;
-  for (int turn = blockIdx.x; turn < turns; turn += gridDim.x) {
-    const int tile = turn * per_turn + sub;
-    // this lane's A rows (g, g + 8), clamped (duplicates are computed, never stored)
-    const int o = min(tile * rows_tile + g, outs - 1);
-    const size_t r0 = swiglu ? o : min(o, N - 1), r1 = swiglu ? o + pair_stride : min(o + 8, N - 1);
+  int c_slot = 0;
+  for (int bt = 0; bt < my_turns; ++bt) {
+    const int turn = (int)blockIdx.x + bt * (int)gridDim.x;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    TcRun<FMT, GU> cur, nxt;
-    int G0 = gs + kw * GU;
-    if (G0 < ge) load(cur, r0, r1, G0);
-    for (; G0 < ge; G0 += wt * GU) {
-      if (G0 + wt * GU < ge) load(nxt, r0, r1, G0 + wt * GU);
-#pragma unroll
-      for (int u = 0; u < GU; ++u) {
-        const int G = G0 + u;
-        if (G >= ge) break;
-        int chi[4] = {0, 0, 0, 0}, clo[4] = {0, 0, 0, 0};
-#pragma unroll
-        for (int s = 0; s < STEPS; ++s) {
-          // this lane's slot of x: chunk G * GV / 32 + (q4-q6: t >> 1), slot (q4-q6: 2 (t & 1) + s; w8: t)
-          const int jx = G * GV / 32 + (W8 ? 0 : t >> 1) - xoff, slot = W8 ? t : 2 * (t & 1) + s;
-          uint4 xv = make_uint4(0u, 0u, 0u, 0u);
-          if (col_live) xv = xb[(jx >> 5) * 128 + slot * 32 + (jx & 31)];
-          const unsigned b0h = __byte_perm(xv.x, xv.y, 0x7531), b0l = __byte_perm(xv.x, xv.y, 0x6420);
-          const unsigned b1h = __byte_perm(xv.z, xv.w, 0x7531), b1l = __byte_perm(xv.z, xv.w, 0x6420);
-          unsigned e0, o0, e1, o1;
-          tc_bytes<FMT>(cur.q[u][0], cur.h[u][0], s, e0, o0);
-          tc_bytes<FMT>(cur.q[u][1], cur.h[u][1], s, e1, o1);
-          imma<false>(chi, e0, e1, o0, o1, b0h, b1h);
-          imma<true>(clo, e0, e1, o0, o1, b0l, b1l);
-        }
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[i] = fmaf(cur.sc[u][i >> 1], (float)(chi[i] * 256 + clo[i]) * INV, acc[i]);
-      }
-      cur = nxt;
+    for (int G0 = g_first; G0 < ge; G0 += g_step) {
+      ni_cp_wait<S - 2>();  // (this run's copies: every group but the S - 2 committed after it)
+      __syncwarp();
+      issue();  // (into the stage of the run before, which every lane has finished)
+      const unsigned char* st = ring + c_slot * ST::BYTES;
+      c_slot = c_slot + 1 == S ? 0 : c_slot + 1;
+      // (a whole run without a bound check, so that its groups' loads and MMAs interleave; the slice's last run
+      // checks each group)
+      if (G0 + GU <= ge) tc_run<FMT, M, GU, true>(st, G0, ge, g, t, col_live, xb, xoff, acc);
+      else tc_run<FMT, M, GU, false>(st, G0, ge, g, t, col_live, xb, xoff, acc);
     }
 
-    // the tile's wt warps: red[warp][row 0..15][column 0..7], then a thread an output adds them in order
+    // the tile's wt warps: red[warp][tile row 0..15][column 0..7], then a thread an output adds them in order
 #pragma unroll
-    for (int i = 0; i < 4; ++i) red[(warp * 16 + g + 8 * (i >> 1)) * 8 + 2 * t + (i & 1)] = acc[i];
+    for (int c = 0; c < 4; ++c) red[(warp * 16 + g + 8 * (c >> 1)) * 8 + 2 * t + (c & 1)] = acc[c];
     __syncthreads();
-    for (int idx = threadIdx.x; idx < per_turn * (swiglu ? 64 : 128); idx += blockDim.x) {
-      const int st = swiglu ? idx >> 6 : idx >> 7, r = (idx >> 3) & (swiglu ? 7 : 15), m = idx & 7;
-      const int oo = (turn * per_turn + st) * rows_tile + r;
+    for (int idx = threadIdx.x; idx < per_turn * rows_tile * 8; idx += blockDim.x) {
+      const int stl = idx / (rows_tile * 8), o = (idx >> 3) % rows_tile, m = idx & 7;
+      const int oo = (turn * per_turn + stl) * rows_tile + o;
       if (m >= M || oo >= outs) continue;
-      auto total = [&](int rr) {
+      auto sum = [&](int rr) {
         float v = 0.f;
-        for (int w = st * wt; w < (st + 1) * wt; ++w) v += red[(w * 16 + rr) * 8 + m];
+        for (int w = stl * wt; w < (stl + 1) * wt; ++w) v += red[(w * 16 + rr) * 8 + m];
         return v * inv_sc[m];
       };
-      if (swiglu) {
-        y[(size_t)m * ldy + oo] = silu(total(r)) * total(r + 8);
+      if (swiglu) {  // (output o's gate row o, its up row o + 8)
+        y[(size_t)m * ldy + oo] = silu(sum(o)) * sum(o + 8);
       } else {
-        const float v = total(r);
+        const float v = sum(o);
         if (epi == EPI_STORE) y[(size_t)m * ldy + oo] = v;
         else if (epi == EPI_ADD) y[(size_t)m * ldy + oo] += v;
         else y[((size_t)blockIdx.y * M + m) * ldy + oo] = v;
@@ -200,4 +343,5 @@ __global__ void __launch_bounds__(256) gemv_tc(GEMV_RS_PARAMS, int wt) {
     }
     __syncthreads();
   }
+  ni_cp_wait<0>();
 }

@@ -164,23 +164,48 @@ class GemvPlan:
         """gemv_tc (cuda/gemv_tc.cu): 2..8 columns, each weight read once for all of them on the int8 MMAs; the
         arguments are gemv_rs's and the warps a 16-row tile (`tc_warps`)."""
         w, m = self.w, self.m
-        u4_per_row, pre = w.gpr * 2, xpre is not None
+        u4_per_row = w.gpr * 2
         w8 = w.fmt == "q8_g32_fp16"
-        if pre:
-            u4ps, splits = prestaged_slices(u4_per_row, splits, 64 if w8 else 32)
-        else:  # whole groups (two chunks) a slice
-            u4ps = -(-u4_per_row // max(splits, 1))
-            u4ps += u4ps & 1
-            splits = -(-u4_per_row // u4ps)
-        xchunks = u4ps // 2 if w8 else u4ps  # 32-value x chunks a slice
+        if w.n * w.gpr * 32 >= 1 << 32:
+            raise ValueError(f"gemv_tc addresses planes under 4 GiB, not a {w.n} x {w.k} matrix")
         red = WARPS * 128 * 4
-        self.smem = red if pre else m * (-(-xchunks // 32) * 32) * 64 + red
+        ring = WARPS * KN.GEMV_TC_STAGES * KN.gemv_tc_stage_bytes(f, KN.GEMV_TC_GU)
+        stage = None
+        if xpre is None:  # x staged in the block: whole pairs of groups (four chunks) a slice (the ring's two-group
+            # copies start at even groups); split-K planes take as many slices as x's slice needs to fit beside
+            # the ring, other epilogues stage x first (stage_x_mb) where it does not
+            splits = max(splits, 1)
+            while True:
+                u4ps = -(-(-(-u4_per_row // splits)) // 4) * 4
+                xchunks = u4ps // 2 if w8 else u4ps  # 32-value x chunks a slice
+                self.smem = red + ring + m * (-(-xchunks // 32) * 32) * 64
+                if self.smem <= TC_SMEM_MAX or self.epi != EPI["partial"] or u4ps <= 64:
+                    break
+                splits += 1
+            if self.smem > TC_SMEM_MAX:
+                import cupy as cp  # noqa: PLC0415
+
+                from engine.gpu.norm import stage_rows  # noqa: PLC0415
+                kpad = -(-w.k // kernels.XPAD) * kernels.XPAD
+                xpre = (cp.zeros((m, kpad // 2), dtype=cp.uint32), cp.zeros(m, dtype=cp.float32))
+                stage = stage_rows(x=x, ld=ldx, k=w.k, kpad=kpad, xh=xpre[0], ldh=kpad // 2, xinv=xpre[1], rows=m,
+                                   blocks=4)
+                splits = 1
+            else:
+                splits = -(-u4_per_row // u4ps)
+        if xpre is not None:
+            u4ps, splits = prestaged_slices(u4_per_row, splits, 64 if w8 else 32)
+            self.smem = red + ring
+        pre = xpre is not None
         ps = w.n // 2 if self.epi == EPI["swiglu"] else 0
         tiles = -(-(w.n - ps) // (8 if ps else 16))
         wt = tc_warps(tiles * splits)
-        per_sm = max(1, min(4, (200 * 1024) // self.smem))
+        per_sm = max(1, min(3 if KN.GEMV_TC_GU > 2 else 4, (220 * 1024) // self.smem))  # (its launch bounds)
         turns = -(-tiles // (WARPS // wt))
-        self.grid = (max(1, min(turns, sm_count() * per_sm // splits)), splits, 1)
+        most = max(1, sm_count() * per_sm // splits)
+        # as many turns for every block: the blocks of one wave end together (the last wave's blocks would
+        # otherwise run alone)
+        self.grid = (-(-turns // -(-turns // most)), splits, 1)
         self.kname = KN.gemv_tc_name(f, m)
         self.f, self.rows, self.unroll, self.splits = f, 16, 1, splits
         self.fn = kernel(self.kname)
@@ -192,10 +217,15 @@ class GemvPlan:
                      np.uint64(_p(xpre[1]) if pre else 0), np.uint64(0), np.int32(0), np.int64(0), np.int32(0),
                      np.uint64(0), np.int32(0), np.uint64(0), np.uint64(0), np.int32(0), np.int32(0), np.int32(0),
                      np.int32(wt))
-        self._go = Launch(self.fn, self.grid, WARPS * 32, self.args, self.smem, name=self.kname)
+        go = Launch(self.fn, self.grid, WARPS * 32, self.args, self.smem, name=self.kname)
+        self._go = go if stage is None else (lambda: (stage(), go()))
+        self._staged = None if stage is None else xpre  # (its own staged x, kept alive)
 
     def launch(self):
         self._go()
+
+
+TC_SMEM_MAX = 200 * 1024  # gemv_tc's shared memory a block at most (its ring and, staging x itself, x's slice)
 
 
 def tc_warps(tiles: int) -> int:

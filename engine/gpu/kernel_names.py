@@ -19,13 +19,20 @@ GEMV_PAIR_NAMES = ("gemv_rs_pre_pair<1,1,0,2,true,4>", "gemv_rs_pre_pair<1,1,0,1
 GEMV_PRE_XS_NAMES = tuple(f"gemv_rs_pre<{f},{r},1,{u},false,true>" for f in range(3) for r, u in GEMV_PRE_MAIN)
 
 
-# gemv_tc<FMT, M, GU> (cuda/gemv_tc.cu): M = 2..8 token columns on the int8 tensor cores, GU groups a warp's run of
-# loads
+# gemv_tc<FMT, M, GU, S> (cuda/gemv_tc.cu): M = 2..8 token columns on the int8 tensor cores, GU groups a warp's run
+# of copies, S runs a warp's ring of shared memory holds (S - 1 in flight)
 GEMV_TC_GU = 2
+GEMV_TC_STAGES = 4
 
 
 def gemv_tc_name(fmt: int, m: int) -> str:
-    return f"gemv_tc<{fmt},{m},{GEMV_TC_GU}>"
+    return f"gemv_tc<{fmt},{m},{GEMV_TC_GU},{GEMV_TC_STAGES}>"
+
+
+def gemv_tc_stage_bytes(fmt: int, gu: int) -> int:
+    """Shared bytes of one stage of gemv_tc's ring (TcStage): a run of gu groups of a 16-row tile, codes (32 bytes a
+    group a row), high bits (q5 8, q6 16), scales (2)."""
+    return 16 * gu * (32 + {1: 8, 2: 16}.get(fmt, 0) + 2)
 
 
 def gemv_names(fmts, cols=(1, 8), pair: bool = True, bf16: bool = True, conv=None, xs=None) -> list[str]:
