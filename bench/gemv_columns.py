@@ -71,17 +71,16 @@ def main(argv=None) -> int:
         one = GemvPlan(w, None, w.k, y[:1], w.n, m=1, xpre=(xh[:1], xinv[:1]), pre2=True)
         many = GemvPlan(w, None, w.k, y, w.n, m=M, xpre=(xh, xinv))
         t1, tm = time_ms(cp, one.launch, a.iters), time_ms(cp, many.launch, a.iters)
-        chosen, saved, other, diff = gemv.tc_warps, (KN.GEMV_TC_GU, KN.GEMV_TC_STAGES), {}, {}
+        chosen, other, diff = gemv.tc_warps, {}, {}
         want = cp.asnumpy(y)  # (the launcher's choice's output: every variant's is compared with it)
         scale = float(abs(want).max()) or 1.0
         for gu in gus if warps else []:
             for st in stages:
-                KN.GEMV_TC_GU, KN.GEMV_TC_STAGES = gu, st
                 for wt in warps:
                     gemv.tc_warps = lambda tiles, wt=wt: wt
                     name = f"gu{gu}s{st}wt{wt}"
                     try:
-                        plan = GemvPlan(w, None, w.k, y, w.n, m=M, xpre=(xh, xinv))
+                        plan = GemvPlan(w, None, w.k, y, w.n, m=M, xpre=(xh, xinv), tc=(gu, st))
                     except Exception as e:  # noqa: BLE001 (a ring too large for shared memory)
                         print(f"  {name}: {str(e).splitlines()[-1][:100]}", file=sys.stderr)
                         continue
@@ -89,7 +88,6 @@ def main(argv=None) -> int:
                     other[name] = time_ms(cp, plan.launch, a.iters)
                     diff[name] = float(abs(cp.asnumpy(y) - want).max()) / scale
         gemv.tc_warps = chosen
-        KN.GEMV_TC_GU, KN.GEMV_TC_STAGES = saved
         bad = {k: v for k, v in diff.items() if not v < 1e-5}
         if bad:
             print(f"  variants whose output differs from the launcher's choice (max |diff| / max |y|): {bad}",

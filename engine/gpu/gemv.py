@@ -74,14 +74,15 @@ class GemvPlan:
 
     def __init__(self, w: DevMatrix, x, ldx: int, y, ldy: int, m: int = 1, epi: str = "store",
                  splits: int = 1, rows: int | None = None, unroll: int = 2, y_offset: int = 0, xpre=None,
-                 experts=None, pre2: bool = False, conv=None, amax_out=None, xs=None):
+                 experts=None, pre2: bool = False, conv=None, amax_out=None, xs=None, tc=None):
         """xpre: the pre-staged x (int16 pairs, inverse scales); pre2: gemv_rs_pre (x through the read-only path, row
         pointers advanced by constants: the tuning table's choice; w8 on pre-staged pairs always takes it). conv (epi
         "conv", one K slice): (weights [4, C], history [M, 3, C], C, the channel of row 0, rows that take the conv).
         amax_out (SwiGLU, gemv_rs_pre, one token, no split or routing): a slot of 2 zeroed uint32 words the row's
         largest |output| is folded into (`tracks_amax`, for stage_x_amax). xs: the chunk scales of the pre-staged x
         (fp32, a value a 32-value chunk), where gemv_rs_pre's chunk-scaled form is compiled (`self.xs` says whether
-        the plan takes it: the caller stages accordingly)."""
+        the plan takes it: the caller stages accordingly). tc (2..8 columns): gemv_tc's (groups a run, ring stages) in
+        place of the tuning table's (kernel_names.gemv_tc_form)."""
         self.w, self.m, self.epi = w, m, EPI[epi]
         self.pre2, self.tracks_amax, self.xs = False, False, False
         ps = w.n // 2
@@ -99,7 +100,7 @@ class GemvPlan:
             return
         f = FMT_IDS[w.fmt]
         if 1 < m <= 8 and experts is None and epi in ("store", "partial", "add", "swiglu"):
-            self._tensor_cores(f, x, ldx, y, ldy, splits, y_offset, xpre)
+            self._tensor_cores(f, x, ldx, y, ldy, splits, y_offset, xpre, tc or KN.gemv_tc_form(w.fmt, w.n, w.k))
             return
         if rows is None or epi == "swiglu":
             rows = 2
@@ -160,7 +161,7 @@ class GemvPlan:
         self.splits = splits
         self._go = Launch(self.fn, self.grid, WARPS * 32, self.args, self.smem, name=kname)
 
-    def _tensor_cores(self, f, x, ldx, y, ldy, splits, y_offset, xpre):
+    def _tensor_cores(self, f, x, ldx, y, ldy, splits, y_offset, xpre, form):
         """gemv_tc (cuda/gemv_tc.cu): 2..8 columns, each weight read once for all of them on the int8 MMAs; the
         arguments are gemv_rs's and the warps a 16-row tile (`tc_warps`)."""
         w, m = self.w, self.m
@@ -169,7 +170,8 @@ class GemvPlan:
         if w.n * w.gpr * 32 >= 1 << 32:
             raise ValueError(f"gemv_tc addresses planes under 4 GiB, not a {w.n} x {w.k} matrix")
         red = WARPS * 128 * 4
-        ring = WARPS * KN.GEMV_TC_STAGES * KN.gemv_tc_stage_bytes(f, KN.GEMV_TC_GU)
+        gu, stages = form
+        ring = WARPS * stages * KN.gemv_tc_stage_bytes(f, gu)
         stage = None
         if xpre is None:  # x staged in the block: whole pairs of groups (four chunks) a slice (the ring's two-group
             # copies start at even groups); split-K planes take as many slices as x's slice needs to fit beside
@@ -200,13 +202,13 @@ class GemvPlan:
         ps = w.n // 2 if self.epi == EPI["swiglu"] else 0
         tiles = -(-(w.n - ps) // (8 if ps else 16))
         wt = tc_warps(tiles * splits)
-        per_sm = max(1, min(3 if KN.GEMV_TC_GU > 2 else 4, (220 * 1024) // self.smem))  # (its launch bounds)
+        per_sm = max(1, min(3 if gu > 2 else 4, (220 * 1024) // self.smem))  # (its launch bounds)
         turns = -(-tiles // (WARPS // wt))
         most = max(1, sm_count() * per_sm // splits)
         # as many turns for every block: the blocks of one wave end together (the last wave's blocks would
         # otherwise run alone)
         self.grid = (-(-turns // -(-turns // most)), splits, 1)
-        self.kname = KN.gemv_tc_name(f, m)
+        self.kname = KN.gemv_tc_name(f, m, gu, stages)
         self.f, self.rows, self.unroll, self.splits = f, 16, 1, splits
         self.fn = kernel(self.kname)
         _allow_smem(self.fn, self.kname, self.smem)

@@ -22,6 +22,20 @@ H200 = {
     ("q8_g32_fp16", 248320, 5120): dict(rows=2, unroll=2, splits=1, pre2=True),  # (w8 reads the pre-staged pairs)
 }
 
+# gemv_tc (2..8 columns: the verified columns of speculative decoding): (groups a run, ring stages) by (format, N, K),
+# from `python bench/gemv_columns.py --cols 4 --warps 2,8 --gu 2,4 --stages 3,4,6` on the H200
+# (bench/results/gemv_columns4_qwen38-27b_h200.json: 4 groups a run against 2 at 4 stages, in us: the head 371 against
+# 489, down 33.2 / 41.3, the GDN projections 20.6 / 26.1 and 8.2 / 9.2, o 12.0 / 14.7, gate|up 48.7 / 50.3). Other
+# shapes take (kernel_names.GEMV_TC_GU, GEMV_TC_STAGES).
+H200_TC = {
+    ("q8_g32_fp16", 248320, 5120): (4, 3),
+    ("q4_g64_fp16", 34816, 5120): (4, 4),
+    ("q5_g64_fp16", 5120, 17408): (4, 3),
+    ("q5_g64_fp16", 12288, 5120): (4, 4),
+    ("q4_g64_fp16", 4096, 5120): (4, 4),
+    ("q5_g64_fp16", 5120, 6144): (4, 3),
+}
+
 
 def default_cfg() -> dict:
     """The table the executor starts from (a copy: callers may add to it)."""

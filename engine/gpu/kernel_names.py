@@ -4,6 +4,7 @@ that take it (the CUDA macros' sizes, written once here). engine.gpu.launch re-e
 from __future__ import annotations
 
 from engine.gpu.gemv_tuning import H200 as GEMV_TABLE  # noqa: F401  (the plan's GEMV table)
+from engine.gpu.gemv_tuning import H200_TC as GEMV_TC_TABLE
 
 # Pre-staged GEMV input rows (slot-major blocks of 32 chunks of 16-bit pairs) are padded to this many values.
 XPAD = 1024
@@ -25,8 +26,22 @@ GEMV_TC_GU = 2
 GEMV_TC_STAGES = 4
 
 
-def gemv_tc_name(fmt: int, m: int) -> str:
-    return f"gemv_tc<{fmt},{m},{GEMV_TC_GU},{GEMV_TC_STAGES}>"
+_FMT_IDS = {"q4_g64_fp16": 0, "q5_g64_fp16": 1, "q6_g64_fp16": 2, "q8_g32_fp16": 3}
+
+
+def gemv_tc_form(fmt: str, n: int, k: int) -> tuple[int, int]:
+    """(groups a run, ring stages) of gemv_tc for a [n, k] matrix of format `fmt`: the tuning table's, else the default."""
+    return GEMV_TC_TABLE.get((fmt, n, k), (GEMV_TC_GU, GEMV_TC_STAGES))
+
+
+def gemv_tc_name(fmt: int, m: int, gu: int | None = None, stages: int | None = None) -> str:
+    return f"gemv_tc<{fmt},{m},{gu or GEMV_TC_GU},{stages or GEMV_TC_STAGES}>"
+
+
+def gemv_tc_names(fmt: int, m: int) -> list[str]:
+    """Every gemv_tc form of format id `fmt` for m columns: the default and the tuning table's."""
+    forms = [(GEMV_TC_GU, GEMV_TC_STAGES)] + [f for (name, _, _), f in GEMV_TC_TABLE.items() if _FMT_IDS[name] == fmt]
+    return [gemv_tc_name(fmt, m, gu, st) for gu, st in dict.fromkeys(forms)]
 
 
 def gemv_tc_stage_bytes(fmt: int, gu: int) -> int:
@@ -49,7 +64,7 @@ def gemv_names(fmts, cols=(1, 8), pair: bool = True, bf16: bool = True, conv=Non
     names += [f"gemv_rs_pre<{f},{r},1,{u},true>" for f in conv for r, u in GEMV_PRE_MAIN]
     names += [n for n in GEMV_PRE_XS_NAMES if int(n[12]) in xs]
     names += [n for n in GEMV_PAIR_NAMES if pair and {0, 1} <= set(fmts)]
-    names += [gemv_tc_name(f, m) for f in fmts for m in cols if 1 < m <= 8]
+    names += [n for f in fmts for m in cols if 1 < m <= 8 for n in gemv_tc_names(f, m)]
     names += [f"gemv_bf16<{m}>" for m in cols] if bf16 else []
     return names
 

@@ -169,14 +169,20 @@ def test_gemv_pair_matches_the_two_launches(cp):
     assert not any(np.isnan(a).any() for a in outs[True])
 
 
+@pytest.mark.parametrize("tc", [(2, 4), (4, 3), (4, 4)], ids=["gu2s4", "gu4s3", "gu4s4"])
 @pytest.mark.parametrize("fmt", QFMTS)
 @pytest.mark.parametrize("m", [2, 4, 6])
 @pytest.mark.parametrize("n,k", [(4096, 5120), (300, 1000), (80, 17408)], ids=["4096x5120", "300x1000", "80x17408"])
-def test_gemv_columns_epilogues(cp, fmt, m, n, k):
-    """gemv_tc (2..8 columns on the int8 MMAs) staging x itself: store, add, SwiGLU, split-K partial planes; and
-    q4-q6 against the one-token GEMV column by column (the same staged integers, only the fp32 order differs; its w8
-    multiplies fp16 pairs)."""
+def test_gemv_columns_epilogues(cp, fmt, m, n, k, tc):
+    """gemv_tc (2..8 columns on the int8 MMAs) staging x itself, in each of its compiled forms (groups a run, ring
+    stages): store, add, SwiGLU, split-K partial planes; and q4-q6 against the one-token GEMV column by column (the same
+    staged integers, only the fp32 order differs; its w8 multiplies fp16 pairs)."""
+    from engine.gpu import kernel_names
+    from engine.gpu.launch import FMT_IDS
     from engine.gpu.weights import upload_matrix
+
+    if kernel_names.gemv_tc_name(FMT_IDS[fmt], m, *tc) not in kernel_names.all_names():
+        pytest.skip(f"gemv_tc form {tc} is not compiled for {fmt}")
 
     w = (RNG.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
     dm = upload_matrix(cp, fmt, w)
@@ -184,7 +190,7 @@ def test_gemv_columns_epilogues(cp, fmt, m, n, k):
     x = RNG.standard_normal((m, k)).astype(np.float32)
     xd, h = cp.asarray(x), ref.linear(x, wq)
     y = poisoned(cp, (m, n))
-    plan = GemvPlan(dm, xd, k, y, n, m=m)
+    plan = GemvPlan(dm, xd, k, y, n, m=m, tc=tc)
     assert plan.kname.startswith("gemv_tc<")
     plan.launch()
     check(f"gemv_tc store {fmt}", y.get(), h, **LINEAR)
@@ -195,13 +201,13 @@ def test_gemv_columns_epilogues(cp, fmt, m, n, k):
         np.testing.assert_allclose(y.get(), one.get(), rtol=1e-4, atol=1e-5 * float(np.abs(h).max()))
     base = RNG.standard_normal((m, n)).astype(np.float32)
     ya = cp.asarray(base)
-    GemvPlan(dm, xd, k, ya, n, m=m, epi="add").launch()
+    GemvPlan(dm, xd, k, ya, n, m=m, epi="add", tc=tc).launch()
     check(f"gemv_tc add {fmt}", ya.get(), base + h, **LINEAR)
     part = poisoned(cp, (3, m, n))
-    plan = GemvPlan(dm, xd, k, part, n, m=m, epi="partial", splits=3)
+    plan = GemvPlan(dm, xd, k, part, n, m=m, epi="partial", splits=3, tc=tc)
     plan.launch()
     check(f"gemv_tc split {fmt}", part[: plan.splits].get().sum(axis=0), h, **LINEAR)
     if n % 2 == 0:
         ys = poisoned(cp, (m, n // 2))
-        GemvPlan(dm, xd, k, ys, n // 2, m=m, epi="swiglu").launch()
+        GemvPlan(dm, xd, k, ys, n // 2, m=m, epi="swiglu", tc=tc).launch()
         check(f"gemv_tc swiglu {fmt}", ys.get(), ref.swiglu(h[:, : n // 2], h[:, n // 2:]), **LINEAR)
