@@ -163,7 +163,7 @@ class GemvPlan:
 
     def _tensor_cores(self, f, x, ldx, y, ldy, splits, y_offset, xpre, form):
         """gemv_tc (cuda/gemv_tc.cu): 2..8 columns, each weight read once for all of them on the int8 MMAs; the
-        arguments are gemv_rs's and the warps a 16-row tile (`tc_warps`)."""
+        arguments are gemv_rs's and the warps a 16-row tile (`tc_warps`); form: (groups a run, ring stages)."""
         w, m = self.w, self.m
         u4_per_row = w.gpr * 2
         w8 = w.fmt == "q8_g32_fp16"
@@ -178,7 +178,8 @@ class GemvPlan:
             # the ring, other epilogues stage x first (stage_x_mb) where it does not
             splits = max(splits, 1)
             while True:
-                u4ps = -(-(-(-u4_per_row // splits)) // 4) * 4
+                per = -(-u4_per_row // splits)  # (chunks a slice, rounded up to whole pairs of groups)
+                u4ps = -(-per // 4) * 4
                 xchunks = u4ps // 2 if w8 else u4ps  # 32-value x chunks a slice
                 self.smem = red + ring + m * (-(-xchunks // 32) * 32) * 64
                 if self.smem <= TC_SMEM_MAX or self.epi != EPI["partial"] or u4ps <= 64:
