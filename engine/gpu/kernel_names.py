@@ -26,7 +26,8 @@ GEMV_TC_GU = 2
 GEMV_TC_STAGES = 4
 
 
-_FMT_IDS = {"q4_g64_fp16": 0, "q5_g64_fp16": 1, "q6_g64_fp16": 2, "q8_g32_fp16": 3}
+# the row-split formats' ids in the kernels' FMT template argument (gemv_decode.cu FMT_Q4..FMT_W8)
+FMT_IDS = {"q4_g64_fp16": 0, "q5_g64_fp16": 1, "q6_g64_fp16": 2, "q8_g32_fp16": 3}
 
 
 def gemv_tc_form(fmt: str, n: int, k: int) -> tuple[int, int]:
@@ -40,7 +41,7 @@ def gemv_tc_name(fmt: int, m: int, gu: int | None = None, stages: int | None = N
 
 def gemv_tc_names(fmt: int, m: int) -> list[str]:
     """Every gemv_tc form of format id `fmt` for m columns: the default and the tuning table's."""
-    forms = [(GEMV_TC_GU, GEMV_TC_STAGES)] + [f for (name, _, _), f in GEMV_TC_TABLE.items() if _FMT_IDS[name] == fmt]
+    forms = [(GEMV_TC_GU, GEMV_TC_STAGES)] + [f for (name, _, _), f in GEMV_TC_TABLE.items() if FMT_IDS[name] == fmt]
     return [gemv_tc_name(fmt, m, gu, st) for gu, st in dict.fromkeys(forms)]
 
 

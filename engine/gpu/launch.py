@@ -20,7 +20,7 @@ import numpy as np
 
 from engine.backend import cupy_or_none
 from engine.gpu.kernel_names import (  # noqa: F401  (the variant tables: kernels.X reads them)
-    ATTN_GROUPS, ATTN_GSPLIT, ATTN_MMA_FORMS, ATTN_MMA_G, ATTN_MMA_VRAW_FORM, GDN_PREP_SMEM, GDN_SCAN_TC_RB,
+    ATTN_GROUPS, ATTN_GSPLIT, FMT_IDS, ATTN_MMA_FORMS, ATTN_MMA_G, ATTN_MMA_VRAW_FORM, GDN_PREP_SMEM, GDN_SCAN_TC_RB,
     GEMV_CONV_ROWS, GEMV_PAIR_NAMES, GEMV_PRE_MAIN, GEMV_PRE_XS_NAMES, MLP_FUSED_CHUNKS, MLP_FUSED_NAMES,
     MLP_FUSED_VPT, MOE_DOWN_NAMES, MOE_FUSED_CHUNKS, MOE_FUSED_NAMES, MOE_FUSED_OPTS, MOE_FUSED_OT, MOE_FUSED_VPT,
     XPAD, all_names, attn_mma_form, attn_mma_smem, attn_mma_vraw_name, flash_smem, gdn_scan_smem, moe_down_name)
@@ -28,7 +28,6 @@ from engine.gpu.kernel_names import (  # noqa: F401  (the variant tables: kernel
 SOURCES = ("common.cuh", "gemv_decode.cu", "gemv.cu", "gemv_tc.cu", "gemv_variants.cu", "rows.cu", "norm.cu", "norm_cluster.cu",
            "attention.cu", "attn_combine.cu", "gdn.cu", "gdn_cluster.cu", "sample.cu", "sampler.cu", "sample_topk.cu", "moe.cu",
            "attn_prefill.cu", "attn_decode_mma.cu", "persistent.cu", "mlp_fused.cu", "moe_fused.cu", "spec.cu")
-FMT_IDS = {"q4_g64_fp16": 0, "q5_g64_fp16": 1, "q6_g64_fp16": 2, "q8_g32_fp16": 3}
 EPI = {"store": 0, "partial": 1, "swiglu": 2, "add": 3, "conv": 4}
 WARPS = 8  # every kernel runs 256-thread blocks
 # Programmatic dependent launch: each kernel may start while the one before it finishes (its blocks
