@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     from engine.generate import generate_step
     from engine.sampling import Sampler
-    from engine.speculative import SpecStats, speculative_generate_step
+    from engine.speculative import SpecStats, draft_head, speculative_generate_step
     from engine.synthetic import build_engine
 
     accept = [float(x) for x in a.accept.split(",")][: a.k]
@@ -164,7 +164,7 @@ def main(argv=None) -> int:
            "measured_accept_per_position": [x / max(stats.rounds, 1) for x in stats.accepted_at],
            "speculator_build_s": build_s, "path": "stream", "gpu": info.get("device_name", ""),
            "prompt": a.prompt, "prefill_ms": pf_plain * 1e3, "prefill_with_mtp_ms": pf_mtp * 1e3,
-           "commit": os.environ.get("NINFER_GIT_COMMIT")}
+           "commit": os.environ.get("NINFER_GIT_COMMIT"), "draft_head": draft_head(eng)}
     if parts:
         row["breakdown_ms"] = parts
     print(json.dumps(row))

@@ -147,3 +147,13 @@ extern "C" __global__ void spec_override(const int* __restrict__ ovr, int* __res
   if (ovr[0] == 0) return;
   for (int k = threadIdx.x; k < K; k += blockDim.x) ids[1 + k] = ovr[1 + k];
 }
+
+// A proposal head's pick as a token id: tok[0] (a row of the shortlist) = ids[tok[0]], also into dst[0] (the
+// verified ids).
+extern "C" __global__ void spec_map_id(int* __restrict__ tok, const int* __restrict__ ids, int* __restrict__ dst) {
+  NI_PDL_ENTRY();
+  if (threadIdx.x != 0) return;
+  const int t = ids[tok[0]];
+  tok[0] = t;
+  dst[0] = t;
+}

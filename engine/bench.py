@@ -440,7 +440,9 @@ def run_test(
             b = Stats.of(bursts)
             res.extra |= {"burst_ts": b.mean, "burst_ts_std": b.std}
     if any("spec" in r for r in runs):
-        res.extra |= spec_fields(spec, runs)
+        from engine.speculative import draft_head  # noqa: PLC0415
+
+        res.extra |= spec_fields(spec, runs) | {"draft_head": draft_head(engine)}
     _add_bounds(res, costs, roofline or {})
     return res
 

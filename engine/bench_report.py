@@ -115,12 +115,16 @@ def _compare_spec(rows: list[dict]) -> None:
 def spec_note(rows: list[dict]) -> str | None:
     """The line under the header saying how speculative rows drafted (forced acceptance is said plainly)."""
     forced = next((r["spec_forced"] for r in rows if r.get("spec_forced")), None)
+    head = next((r["draft_head"] for r in rows if r.get("draft_head")), "target")
+    head = (f"a proposal head of {int(head.split()[1]):,} rows" if head.startswith("proposal ")
+            else "the target's head")
     if forced:
         return (f"speculation: acceptance forced {'/'.join(f'{a:g}' for a in forced)} per draft position (drafts: the "
-                "plain greedy continuation, corrupted where a coin says; the MTP head still runs every round); "
-                "speculative output checked token for token against plain greedy")
+                f"plain greedy continuation, corrupted where a coin says; the MTP head, drafting through {head}, "
+                "still runs every round); speculative output checked token for token against plain greedy")
     if any(r.get("rounds") for r in rows):
-        return "speculation: drafts from the model's MTP head (random weights accept almost nothing)"
+        return (f"speculation: drafts from the model's MTP head through {head} (random weights accept almost "
+                "nothing)")
     return None
 
 

@@ -101,7 +101,10 @@ class CudaModel:
                  kv: str = "bf16", prefill_cols: int = PREFILL_COLS, prefill_gemm: int = PREFILL_GEMM,
                  prefill_cap: int | None = None):
         self.args = args
-        self.mtp_weights = {n: w for n, w in weights.items() if n.startswith("mtp/")}  # (speculation: gpu/verify.py)
+        # (speculation, gpu/verify.py: the MTP head and the proposal head beside it)
+        self.mtp_weights = {n: w for n, w in weights.items() if n.startswith(("mtp/", "proposal/"))}
+        if "mtp/input_projection" not in self.mtp_weights:
+            self.mtp_weights = {}
         self.speculator = None
         # fn(xn, rows, position, next ids) for every chunk fed: its final hidden rows (speculation's MTP prompt pass)
         self.hidden_sink = None

@@ -12,7 +12,8 @@ A round starts from the last sampled token t (not yet fed to the target) and K d
    max_tokens or a cancel lands inside the round (the cache then holds exactly the consumed tokens, as after
    plain decode); KV lengths move to p+m, one fold replays the m columns into the GDN state;
 4. the MTP layer runs over the committed columns with the target's final hidden states (and the token that
-   follows each), then drafts the next K tokens autoregressively by greedy argmax of the shared head.
+   follows each), then drafts the next K tokens autoregressively by greedy argmax of its proposal head (the
+   artifact's shortlist of the target's head rows, mapped to their ids) or, without one, the target's head.
 Randomness is the sampler's counter RNG keyed by (seed, position, purpose), with the decode purpose: a sampled
 speculative run emits the tokens plain sampling emits with the same seed, whatever the drafts are.
 """
@@ -29,7 +30,7 @@ import numpy as np
 from engine.errors import NinferError
 from engine.generate import generate_step
 from engine.models.replay_ssm import Verification
-from engine.sampling import Sampler, counter_uniform, greedy
+from engine.sampling import Sampler, counter_uniform
 
 MAX_DRAFT = 5
 DEFAULT_DRAFT = 3  # "MTP3", the published setting
@@ -181,13 +182,13 @@ class MTPDrafter:
         q, n = self.mtp_cache.position, len(tokens) - 1
         xp = self.model.xp
         hidden = xp.concatenate(self.pending) if len(self.pending) > 1 else self.pending[0]
-        logits, h = self.model.mtp(hidden, tokens[q + 1 : n + 1], self.mtp_cache)
+        _, h = self.model.mtp(hidden, tokens[q + 1 : n + 1], self.mtp_cache, logits=False)
         self.pending = []
-        out = [greedy(_host(logits[-1]), self.domain)]
+        out = [self.model.propose(h[-1], self.domain)]
         h = h[-1:]
         for _ in range(k - 1):
-            logits, h = self.model.mtp(h, out[-1:], self.mtp_cache)
-            out.append(greedy(_host(logits[-1]), self.domain))
+            _, h = self.model.mtp(h, out[-1:], self.mtp_cache, logits=False)
+            out.append(self.model.propose(h[-1], self.domain))
         self.mtp_cache.trim(n)  # the autoregressive rows sit at positions the next round rewrites
         return out
 
@@ -364,6 +365,17 @@ def check_spec(engine, spec: str | None) -> tuple[str, int]:
         raise NinferError(f"--spec {spec} needs a model with an MTP head",
                           "use --spec off, or a model whose artifact carries the mtp weights")
     return kind, k
+
+
+def draft_head(engine) -> str:
+    """What the MTP head drafts through: "proposal N" (a shortlist head of N rows, the artifact's) or "target" (the
+    target's head over the whole vocabulary)."""
+    model = getattr(engine, "model", None)
+    head = (getattr(model, "mtp_weights", None) or {}).get("proposal/head")  # (the CUDA engine's weights)
+    if head is not None:
+        return f"proposal {head.n}"
+    proposal = getattr(model, "proposal", None)  # (the NumPy model's)
+    return f"proposal {proposal[0].shape[0]}" if proposal is not None else "target"
 
 
 def speculative_steps(engine, prompt: list[int], config, sampler: Sampler, cancel=None):

@@ -158,8 +158,8 @@ def components_for(values: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
         comps.append(values["spec"])
     if values["vision"]:
         comps.append("vision")
-    # the GPU loader uploads every text/ binding, the proposal head included, when the artifact has one
-    return tuple(comps), ("draft_head",)
+    # (the MTP's proposal head, which the GPU loader uploads beside it when the artifact carries one)
+    return tuple(comps), (("draft_head",) if values["spec"] == "mtp" else ())
 
 
 def spec_unavailable(values: dict, has_mtp: bool, ref: str | None = None) -> str | None:

@@ -9,7 +9,7 @@ from cuda_smoke import CFG, cp, flat, moe_cfg, on_gpu  # noqa: F401
 MTP_CFG = dict(CFG, mtp_num_hidden_layers=1)
 
 
-def _engine(gpu, monkeypatch, cfg=MTP_CFG):
+def _engine(gpu, monkeypatch, cfg=MTP_CFG, proposal=0):
     from engine.config import ModelArgs
     from engine.gpu import weights as gpu_weights
     from engine.gpu_engine import build_engine
@@ -18,17 +18,22 @@ def _engine(gpu, monkeypatch, cfg=MTP_CFG):
     on_gpu(monkeypatch, gpu)
     args = ModelArgs.from_config(cfg)
     recipe = "groupwise-int-moe" if args.is_moe else "groupwise-int"
-    w = gpu_weights.from_logical(args, random_weights(args, seed=1, mtp=True), recipe=recipe)
+    w = gpu_weights.from_logical(args, random_weights(args, seed=1, mtp=True, proposal=proposal), recipe=recipe)
     return build_engine(args, w, cfg, max_context=256, prefill_cols=8, prefill_gemm=0)
 
 
-@pytest.mark.parametrize("gpu", ["sm_90", "sm_86"])
-def test_round_graph_holds_verify_fold_and_the_mtp_head(cp, gpu, monkeypatch):
-    eng = _engine(gpu, monkeypatch)
+@pytest.mark.parametrize("gpu,proposal", [("sm_90", 0), ("sm_86", 0), ("sm_90", 300)])
+def test_round_graph_holds_verify_fold_and_the_mtp_head(cp, gpu, proposal, monkeypatch):
+    eng = _engine(gpu, monkeypatch, proposal=proposal)
     sp = eng.speculator(3)
     names = [getattr(op, "name", "gemv") for op in flat(sp.mtp.round_ops())]
-    assert names.count("mtp_input") == 4 + 2  # four caught-up rows, drafts 2 and 3
+    assert names.count("mtp_input") == 1 + 2  # the four caught-up rows in one pass, drafts 2 and 3
     assert names.count("spec_gather_row") == 1
+    # the three drafts' heads: the proposal head's argmax mapped to its ids, or the target's argmax copied
+    assert names.count("spec_map_id") == (3 if proposal else 0)
+    assert names.count("argmax_step_mb") == 3
+    if proposal:
+        assert sp.mtp.plogits.shape == (1, proposal) and sp.mtp.phead.n == proposal
     verify = [getattr(op, "name", "gemv") for op in flat(sp.verify.ops)]
     n_gdn = sum(t != "full_attention" for t in eng.model.args.layer_types)
     assert verify.count("gdn_prep_verify") == verify.count("gdn_delta_verify") == n_gdn
@@ -120,7 +125,9 @@ def test_moe_verification_runs_every_row_through_the_routed_experts(cp, gpu, mon
     prep = [op for op in verify if getattr(op, "name", "") == "moe_cols_prep"][0]
     assert prep.grid == (4 * 2,)  # K + 1 rows, 2 experts a token
     assert verify[-1].name == "spec_accept"
-    assert "moe_cols_prep" not in _names(sp.mtp.round_ops())  # (the MTP head's rows: the one-token block)
+    # the MTP head: the catch-up over the K + 1 columns in the columns form, the drafts 2..K one-token rows
+    mtp = _names(sp.mtp.round_ops())
+    assert mtp.count("moe_cols_prep") == 1 and sum(m.startswith("moe_fused") for m in mtp) == 2
 
 
 def test_the_mtp_head_reads_the_prompt_and_follows_the_sequence_across_turns(cp, monkeypatch):

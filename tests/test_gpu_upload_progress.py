@@ -37,3 +37,22 @@ def test_upload_progress_line(tmp_path):
     bar.close()
     text = buf.getvalue()
     assert "loaded 0.00 GB of weights to the GPU in" in text and text.count("loaded") == 1
+
+
+def test_the_proposal_head_loads_beside_the_mtp_head(tmp_path):
+    """The published files store the proposal head as text/draft_head (q4) and text/draft_head_token_ids (int32),
+    bound as proposal/head and proposal/token_ids: the GPU load uploads both (the ids as int32)."""
+    rows, H = 128, CFG["hidden_size"]
+    rng = np.random.default_rng(0)
+    ids = rng.permutation(CFG["vocab_size"])[:rows].astype(np.int32)
+    tensors = artifact_tensors(CFG) + [
+        ("text/draft_head", "q4_g64_fp16", "row_split_k128_v1", (rows, H), rng.standard_normal((rows, H)) * 0.05),
+        ("text/draft_head_token_ids", "int32", "contiguous_le_v1", (rows,), ids)]
+    bindings = {t[0]: {"object": t[0]} for t in tensors[:-2]}
+    bindings.update({"proposal/head": {"object": "text/draft_head"},
+                     "proposal/token_ids": {"object": "text/draft_head_token_ids"}})
+    art = open_artifact(write_artifact(tmp_path / "p.ninfer", {"text": {"config": CFG}}, tensors, bindings=bindings))
+    out = gpu_weights.from_artifact(art, xp=np)
+    head = out["proposal/head"]
+    assert isinstance(head, gpu_weights.DevMatrix) and (head.fmt, head.n, head.k) == ("q4_g64_fp16", rows, H)
+    assert out["proposal/token_ids"].dtype == np.int32 and np.array_equal(out["proposal/token_ids"], ids)

@@ -155,8 +155,9 @@ def engine_prefill_executors() -> dict:
 
 # ---------------------------------------------------------------------------------- weights
 def _component(name: str) -> str:
-    """Component an object belongs to; the proposal (draft) head is bound under text/ but loads apart."""
-    if name.startswith("text/draft_head"):
+    """Component an object belongs to; the proposal (draft) head (bound as proposal/*, stored as text/draft_head* in
+    the published files) loads apart."""
+    if name.startswith(("text/draft_head", "proposal/")):
         return "draft_head"
     return name.split("/", 1)[0]
 
@@ -193,9 +194,11 @@ def weights_from_inventory(inventory: dict) -> dict[str, int]:
 
 
 def weights_from_recipe(args, recipe: str) -> dict[str, int]:
-    """Device bytes of the text component that `engine.gpu.weights.synthetic` builds (same fused parents)."""
+    """Device bytes of the components that `engine.gpu.weights.synthetic` builds (same fused parents): text, and with
+    an MTP head mtp and draft_head."""
     from engine.artifact.formats import encoded_size  # noqa: PLC0415
     from engine.gpu.weights import RECIPES  # noqa: PLC0415
+    from engine.models.qwen3_5 import PROPOSAL_ROWS  # noqa: PLC0415
 
     if recipe not in RECIPES:
         raise NinferError(f"unknown recipe {recipe!r}", f"use one of {', '.join(RECIPES)}")
@@ -233,6 +236,9 @@ def weights_from_recipe(args, recipe: str) -> dict[str, int]:
     if a.mtp_num_hidden_layers:  # the MTP head: a full-attention block, its input projection and three norms
         fc = table.get("mtp/input_projection", "q8_g32_fp16")
         out["mtp"] = layer("full_attention") + encoded_size(fc, "row_split_k128_v1", (h, 2 * h)) + 3 * 4 * h
+        rows = min(PROPOSAL_ROWS, a.vocab_size)  # (and the proposal head beside it, with its token ids)
+        out["draft_head"] = encoded_size(table.get("proposal/head", "q4_g64_fp16"), "row_split_k128_v1",
+                                         (rows, h)) + 4 * rows
     return out
 
 

@@ -35,14 +35,17 @@ class CudaMtpColumns(CudaQwen35Columns):
     pos + t (`hid`) and the token after it (`tokens`). The decode executor it extends is the MTP's (engine.gpu.verify
     CudaMtp): its layer, pool and position."""
 
-    def __init__(self, mtp, cols: int = COLS):
-        self.mtp = mtp
+    def __init__(self, mtp, cols: int = COLS, hid=None):
+        """hid: the hidden rows [cols, H] to read in place (the verified columns' own, in a round); None: its own
+        buffer, which the caller fills."""
+        self.mtp, self._hid = mtp, hid
         super().__init__(mtp, cols)
 
     def _alloc_state(self):
         super()._alloc_state()
         cp, T, H, f32 = self.cp, self.M, self.H, self.cp.float32
-        self.hid, self.e_raw, self.cat = cp.zeros((T, H), f32), cp.zeros((T, H), f32), cp.zeros((T, 2 * H), f32)
+        self.hid = cp.zeros((T, H), f32) if self._hid is None else self._hid
+        self.e_raw, self.cat = cp.zeros((T, H), f32), cp.zeros((T, 2 * H), f32)
 
     def _embed_ops(self, out=None):
         fc = GemvPlan(self.mtp.fc, self.cat, 2 * self.H, self.ctx.x, self.H, m=self.M).launch

@@ -4,8 +4,9 @@ round (the semantics: spec/runtime.md §3.5-3.6; the NumPy form: engine/speculat
 A round is one CUDA graph on the decode executor's stream:
 1. fold: the previous round's accepted columns replayed into the GDN state (`gdn_fold`, `gdn_conv_fold`: the
    delta rule over the recorded key, value, g and beta; the conv history shifted), the position moved;
-2. the MTP head catches up over those columns (one row each: the target's final hidden state and the token
-   after it), then drafts K tokens by greedy argmax of the shared head (its own one-layer KV cache);
+2. the MTP head catches up over those columns (one columns pass: each column's final hidden state and the token
+   after it), then drafts K tokens one row each by greedy argmax of its proposal head, or of the target's head
+   where the weights carry none (its own one-layer KV cache);
 3. the verification: the columns step over [t, d_1..d_K] whose GDN layers read the committed state and record
    (`gdn_prep_verify`, `gdn_delta_verify`), the head over every column, the target's own pick a column (the argmax,
    or a device sampler's draw with the coin plain decode takes at that position), the accept (`spec_accept`: m,
@@ -27,7 +28,7 @@ from engine.gpu.columns import CudaQwen35Columns
 from engine.gpu.decode import GDN_HEAD_DIM, CudaQwen35
 from engine.gpu.gdn import GdnBlock, delta_step, gdn_prep
 from engine.gpu.gemv import GemvPlan
-from engine.gpu.sampling import TOPK_MAX, TOPK_TILE, Sampler
+from engine.gpu.sampling import ARGMAX_BLOCKS, TOPK_MAX, TOPK_TILE, Sampler, argmax_step
 
 NULL = np.uint64(0)
 
@@ -141,16 +142,21 @@ class CudaVerify(CudaQwen35Columns):
 
 
 class CudaMtp(CudaQwen35):
-    """The MTP head as one-row steps: input stage [rmsnorm(embedding), rmsnorm(hidden)] -> input projection, its
-    full-attention block, its final norm, and (drafting rows) the target's head and argmax. Shares the target's
-    embedding and head; its KV cache is its own, at the target's positions."""
+    """The MTP head: input stage [rmsnorm(embedding), rmsnorm(hidden)] -> input projection, its full-attention block,
+    its final norm; the catch-up over the verified columns as one columns pass (`CudaMtpColumns`), each draft a
+    one-row step whose head is the proposal head (a shortlist of the target's head rows, its argmax mapped to the
+    row's token id) where the weights carry one, else the target's head and argmax. Shares the target's embedding
+    and head; its KV cache is its own, at the target's positions."""
 
     def __init__(self, verify: CudaVerify, weights: dict):
         d = verify.decode
         self.verify, self.T, self.k = verify, verify.M, verify.k
-        self._mode = ("row", 0)
+        self._mode = ("draft", 2)
         self.fc = weights["mtp/input_projection"]
         self.e_norm, self.h_norm = weights["mtp/embedding_norm"], weights["mtp/hidden_norm"]
+        self.phead, self.pids = weights.get("proposal/head"), weights.get("proposal/token_ids")
+        if (self.phead is None) != (self.pids is None):
+            raise ValueError("a proposal head needs both proposal/head and proposal/token_ids")
         w = {"text/" + n[4:]: v for n, v in weights.items() if n.startswith("mtp/layers/0/")}
         w.update({"text/token_embedding": d.embed, "text/output_head": d.head, "text/final_norm": weights["mtp/final_norm"]})
         args = dataclasses.replace(d.args, num_hidden_layers=1, layer_types=("full_attention",))
@@ -159,55 +165,56 @@ class CudaMtp(CudaQwen35):
         # rows past ctl[1], write their K/V there at most)
         super().__init__(args, w, max_context=d.max_context + mtp_prompt.GEMM_ROWS, lanes=1, kv=d.kv, plan=d.plan)
         self.ctx.stream = d.stream
+        # the catch-up: the verified columns' final hidden rows (read in place) and the target's pick after each
+        self.cols = mtp_prompt.CudaMtpColumns(self, cols=self.T, hid=verify.ctx.xn)
 
     def _alloc_state(self):
         super()._alloc_state()
         cp, H, f32 = self.cp, self.H, self.cp.float32
         self.e_raw, self.cat, self.g = cp.zeros((1, H), f32), cp.zeros((1, 2 * H), f32), cp.zeros((1, H), f32)
-        self.dh = cp.zeros((self.T, H), f32)  # the final hidden state of each caught-up row
+        if self.phead is not None:
+            self.plogits = cp.zeros((1, self.phead.n), f32)
 
     def _embed_ops(self, out=None):
-        kind, j = self._mode
+        _, j = self._mode  # draft j >= 2: the last draft's hidden state and id, a position further
         v = self.verify
-        if kind == "row":  # row j: the verified column j's hidden state and the target's pick after it
-            setup = K.prepared("spec_mtp_setup", (1,), (v.am_out[j:], self.tokens, v.ctl[2:], j, self.pos), block=32)
-            hid = v.ctx.xn[j:]
-        else:  # draft j >= 2: the last draft's hidden state and id, a position further
-            setup = K.prepared("spec_mtp_setup", (1,), (NULL, self.tokens, v.pos, j - 2, self.pos), block=32)
-            hid = self.g
-        stage = K.prepared("mtp_input", (1,), (self.e_raw, hid, self.e_norm, self.h_norm, self.H,
+        setup = K.prepared("spec_mtp_setup", (1,), (NULL, self.tokens, v.pos, j - 2, self.pos), block=32)
+        stage = K.prepared("mtp_input", (1,), (self.e_raw, self.g, self.e_norm, self.h_norm, self.H,
                                                 float(self.args.rms_norm_eps), self.cat), block=1024)
         fc = GemvPlan(self.fc, self.cat, 2 * self.H, self.ctx.x, self.H, m=1).launch
         return [setup] + super()._embed_ops(out=self.e_raw) + [stage, fc]
 
     def _draft_tail(self, i: int, x, xpre) -> list:
         """Head and argmax of one MTP row: draft i into the verified ids and the next MTP step's input."""
-        head = GemvPlan(self.head, x, self.H, self.logits, self.V, m=1, unroll=2, xpre=xpre)
-        return [head.launch, self.sampler.argmax_op(),
-                copy_ints(self.tokens, self.verify.tokens[i:], 1)]
+        s = self.sampler
+        if self.phead is None:
+            head = GemvPlan(self.head, x, self.H, self.logits, self.V, m=1, unroll=2, xpre=xpre)
+            return [head.launch, s.argmax_op(), copy_ints(self.tokens, self.verify.tokens[i:], 1)]
+        R = self.phead.n
+        head = GemvPlan(self.phead, x, self.H, self.plogits, R, m=1, unroll=2, xpre=xpre)
+        tokens, pos, history, step, hist_len = s.commit
+        pick = argmax_step(logits=self.plogits, ld=R, vocab=R, best_v=s.am_v, best_i=s.am_i, tickets=s.am_ticket,
+                           tokens=tokens, pos=pos, history=history, step=step, hist_len=hist_len, rows=1,
+                           blocks=ARGMAX_BLOCKS)
+        return [head.launch, pick, K.prepared("spec_map_id", (1,), (self.tokens, self.pids, self.verify.tokens[i:]),
+                                              block=32)]
 
     def _tail_ops(self):
-        kind, j = self._mode
         c = self.ctx
-        keep = copy_rows(c.xn, self.dh[j:] if kind == "row" else self.g, self.H)
-        if kind == "row":
-            return [keep]
-        return [keep] + self._draft_tail(j, c.xn, (c.xh_n, c.xinv_n))
+        return [copy_rows(c.xn, self.g, self.H)] + self._draft_tail(self._mode[1], c.xn, (c.xh_n, c.xinv_n))
 
     def catch_up_ops(self) -> list:
-        """T catch-up rows: the verified columns' hidden states and the target's picks after them, at the verified
-        round's positions (those past ctl[1] compute what a later pass overwrites)."""
-        ops = []
-        for j in range(self.T):
-            self._mode = ("row", j)
-            ops += self._plan()
-        return ops
+        """The MTP over the T verified columns in one pass: column j's final hidden state and the target's pick after
+        it, at the round's positions ctl[2] + j (those past ctl[1] compute what a later pass overwrites)."""
+        v, c = self.verify, self.cols
+        setup = K.prepared("spec_mtp_setup", (1,), (NULL, self.tokens, v.ctl[2:], 0, self.pos), block=32)
+        return [setup, copy_ints(v.am_out, c.tokens, self.T)] + c._plan()
 
     def round_ops(self) -> list:
-        """The catch-up rows, the first draft from row ctl[1] - 1, drafts 2..K."""
+        """The catch-up, the first draft from its row ctl[1] - 1, drafts 2..K."""
         ops = self.catch_up_ops()
-        ops.append(K.prepared("spec_gather_row", (-(-self.H // 256),), (self.dh, self.H, self.verify.ctl, self.g),
-                              block=256))
+        ops.append(K.prepared("spec_gather_row", (-(-self.H // 256),), (self.cols.ctx.xn, self.H, self.verify.ctl,
+                                                                        self.g), block=256))
         ops += self._draft_tail(1, self.g, None)
         for i in range(2, self.k + 1):
             self._mode = ("draft", i)
@@ -223,9 +230,10 @@ class Speculator:
         """prefill: the target's largest tensor-core prefill executor (the MTP's prompt chunks share its scratch)."""
         self.k, self.decode = k, decode
         # (every instantiation its executors take, asked for at once: one module compiled for them)
-        mtp_mats = [decode.head, decode.embed] + [w for w in mtp_weights.values() if hasattr(w, "fmt")]
+        mtp_mats = [decode.head, decode.embed] + [w for n, w in mtp_weights.items()
+                                                  if hasattr(w, "fmt") and n.startswith("mtp/")]
         K.require(row_kernel_names(list(decode._matrices()), k + 1) + row_kernel_names(mtp_mats, 1)
-                  + row_kernel_names(mtp_mats, mtp_prompt.COLS)
+                  + row_kernel_names(mtp_mats, k + 1) + row_kernel_names(mtp_mats, mtp_prompt.COLS)
                   + [f"dequant_rs<{K.FMT_IDS[m.fmt]}>" for m in mtp_mats if m.fmt in K.FMT_IDS])
         self.verify = v = CudaVerify(decode, k)
         self.mtp = CudaMtp(v, mtp_weights)

@@ -10,7 +10,9 @@ import math
 import numpy as np
 
 from engine.artifact import formats
+from engine.config import QWEN_TOKEN_DOMAIN
 from engine.gpu.gemv import DevMatrix
+from engine.models.qwen3_5 import PROPOSAL_ROWS
 
 # The groupwise-int recipe (spec/container.md §2.8): format of each logical matrix by its role.
 GROUPWISE_INT = {
@@ -19,7 +21,7 @@ GROUPWISE_INT = {
     "gdn/query": "q4_g64_fp16", "gdn/key": "q4_g64_fp16", "gdn/value": "q5_g64_fp16", "gdn/z": "q5_g64_fp16",
     "gdn/output": "q5_g64_fp16", "gdn/a_projection": "bf16", "gdn/b_projection": "bf16",
     "mlp/gate": "q4_g64_fp16", "mlp/up": "q4_g64_fp16", "mlp/down": "q5_g64_fp16",
-    "text/token_embedding": "q6_g64_fp16", "text/output_head": "q6_g64_fp16",
+    "text/token_embedding": "q6_g64_fp16", "text/output_head": "q6_g64_fp16", "proposal/head": "q4_g64_fp16",
 }
 RECIPES = {
     "groupwise-int": GROUPWISE_INT,
@@ -32,11 +34,14 @@ GROUPWISE_INT_MOE = {k: ("bf16" if v == "bf16" else "q8_g32_fp16") for k, v in G
 GROUPWISE_INT_MOE.update({"text/output_head": "q6_g64_fp16", "moe/router": "bf16", "moe/shared_score": "bf16",
                           "moe/experts/gate": "q4_g64_fp16", "moe/experts/up": "q4_g64_fp16",
                           "moe/experts/down": "q5_g64_fp16", "moe/shared/gate": "q8_g32_fp16",
-                          "moe/shared/up": "q8_g32_fp16", "moe/shared/down": "q8_g32_fp16"})
+                          "moe/shared/up": "q8_g32_fp16", "moe/shared/down": "q8_g32_fp16",
+                          "proposal/head": "q4_g64_fp16"})
 RECIPES["groupwise-int-moe"] = GROUPWISE_INT_MOE
 VECTORS = ("input_norm", "post_attention_norm", "final_norm", "query_norm", "key_norm", "gdn/norm",
            "gdn/a_log", "gdn/dt_bias", "gdn/convolution", "mtp/embedding_norm", "mtp/hidden_norm")
-DEVICE_PREFIXES = ("text/", "mtp/")  # the components the CUDA engine uploads (the MTP head: speculative decoding)
+# the components the CUDA engine uploads (the MTP head and its proposal head: speculative decoding)
+DEVICE_PREFIXES = ("text/", "mtp/", "proposal/")
+IDS = ("proposal/token_ids",)  # int32 vectors, uploaded as they are
 
 
 def concat_rows(cp, mats: list[DevMatrix]) -> DevMatrix:
@@ -109,6 +114,9 @@ def as_stored(weights: dict, recipe: str = "groupwise-int") -> dict:
     for name, v in weights.items():
         if not name.startswith(DEVICE_PREFIXES):
             continue
+        if name in IDS:
+            out[name] = np.asarray(v, np.int32)
+            continue
         v = np.asarray(v, np.float32)
         fmt = None if is_vector(name) or v.ndim != 2 else table.get(role(name), "q8_g32_fp16")
         if fmt is None:
@@ -129,7 +137,9 @@ def from_logical(args, weights: dict, recipe: str = "groupwise-int") -> dict:
     for name, value in weights.items():
         if not name.startswith(DEVICE_PREFIXES):
             continue
-        if is_vector(name):
+        if name in IDS:
+            out[name] = cp.asarray(np.asarray(value, dtype=np.int32))
+        elif is_vector(name):
             out[name] = cp.asarray(np.asarray(value, dtype=np.float32))
         else:
             out[name] = upload_matrix(cp, table.get(role(name), "q8_g32_fp16"), value)
@@ -163,6 +173,9 @@ def from_artifact(artifact, progress=None, xp=None) -> dict:
     out = {}
     for name in artifact.bindings:
         if not name.startswith(DEVICE_PREFIXES):
+            continue
+        if name in IDS:
+            out[name] = cp.asarray(np.asarray(artifact.parameter(name, dtype=None), dtype=np.int32))
             continue
         if is_vector(name):
             out[name] = cp.asarray(artifact.parameter(name).astype(np.float32))
@@ -280,6 +293,11 @@ def synthetic(args, recipe: str = "groupwise-int", seed: int = 0) -> dict:
         out["mtp/input_projection"] = random_matrix(cp, rng, table.get("mtp/input_projection", "q8_g32_fp16"), H, 2 * H)
         for n in ("embedding_norm", "hidden_norm", "final_norm"):
             out[f"mtp/{n}"] = cp.zeros(H, dtype=cp.float32)
+        # and the proposal head the published artifacts carry beside it: a shortlist of the domain's ids
+        rows = min(PROPOSAL_ROWS, a.vocab_size)
+        out["proposal/head"] = random_matrix(cp, rng, table.get("proposal/head", "q4_g64_fp16"), rows, H)
+        ids = np.random.default_rng(seed + 1).permutation(min(a.vocab_size, QWEN_TOKEN_DOMAIN))[:rows]
+        out["proposal/token_ids"] = cp.asarray(ids.astype(np.int32))
     return out
 
 

@@ -173,8 +173,10 @@ def logical_shapes(args: ModelArgs, mtp: bool | None = None) -> dict[str, tuple[
     return shapes
 
 
-def random_weights(args: ModelArgs, seed: int = 0, mtp: bool | None = None) -> dict[str, np.ndarray]:
-    """Synthetic float32 weights with sane scales, for tests and benchmarks without a checkpoint."""
+def random_weights(args: ModelArgs, seed: int = 0, mtp: bool | None = None,
+                   proposal: int = 0) -> dict[str, np.ndarray]:
+    """Synthetic float32 weights with sane scales, for tests and benchmarks without a checkpoint; `proposal` rows of a
+    proposal (shortlist) head beside the MTP head (`proposal_weights`)."""
     rng = np.random.default_rng(seed)
     out = {}
     for name, shape in logical_shapes(args, mtp).items():
@@ -191,7 +193,24 @@ def random_weights(args: ModelArgs, seed: int = 0, mtp: bool | None = None) -> d
             a = rng.standard_normal(shape, dtype=np.float32)
             a *= np.float32(1.0 / np.sqrt(shape[-1]))
         out[name] = a.astype(np.float32, copy=False)
+    if proposal:
+        out.update(proposal_weights(out, proposal, seed=seed))
     return out
+
+
+PROPOSAL_ROWS = 131072  # rows of the published artifacts' proposal head (spec/runtime.md §3.6)
+
+
+def proposal_weights(weights, rows: int, seed: int = 0, domain: int | None = None) -> dict[str, np.ndarray]:
+    """A proposal head as the published artifacts derive theirs: `rows` token ids of the domain in rank order (here a
+    random ranking, where theirs count a corpus) and the target head's rows of those ids, in that order."""
+    head = np.asarray(weights["text/output_head"] if "text/output_head" in weights
+                      else weights["text/token_embedding"], dtype=np.float32)
+    n = min(domain or head.shape[0], head.shape[0])
+    if not 0 < rows <= n:
+        raise ValueError(f"a proposal head of {rows} rows over a domain of {n} ids")
+    ids = np.random.default_rng(seed + 1).permutation(n)[:rows].astype(np.int32)
+    return {"proposal/head": np.ascontiguousarray(head[ids]), "proposal/token_ids": ids}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,6 +228,7 @@ class Model:
         self.args, self.xp, self.gdn_mode = args, xp, gdn_mode
         self.layers: list[DecoderLayer] = []
         self.mtp_layer: DecoderLayer | None = None
+        self.proposal = None  # (head [rows, H], token ids [rows]): the MTP's shortlist head, when the weights carry one
 
     def load(self, weights: Mapping[str, Any]) -> "Model":
         """Take weights by logical name (arrays of any float dtype); keeps float32 copies on `xp`."""
@@ -224,6 +244,10 @@ class Model:
             self.mtp_fc = f32("mtp/input_projection")
             self.mtp_norms = tuple(f32(f"mtp/{n}") for n in ("embedding_norm", "hidden_norm", "final_norm"))
             self.mtp_layer = DecoderLayer(a, weights, "mtp/layers/0/", "full_attention", xp, self.gdn_mode)
+        if self.mtp_layer is not None and "proposal/head" in weights and "proposal/token_ids" in weights:
+            ids = weights["proposal/token_ids"]
+            ids = np.asarray(ids.get() if hasattr(ids, "get") else ids).astype(np.int64).reshape(-1)
+            self.proposal = (f32("proposal/head"), ids)
         return self
 
     def make_cache(self, max_len: int | None = None) -> Cache:
@@ -256,12 +280,13 @@ class Model:
             raise ValueError("this model has no MTP weights")
         return Cache([self.mtp_layer.make_state(max_len)])
 
-    def mtp(self, hidden, next_tokens, cache: Cache | None = None):
+    def mtp(self, hidden, next_tokens, cache: Cache | None = None, logits: bool = True):
         """Draft logits from target hidden states and the tokens that follow them.
 
         hidden [T, H] final-normed target states h_0..h_{T-1} (positions cache.position..),
-        next_tokens int[T] = x_1..x_T. Returns (draft logits [T, vocab], draft hidden [T, H]); the
-        draft hidden (after mtp/final_norm) is what a further draft step feeds back as `hidden`.
+        next_tokens int[T] = x_1..x_T. Returns (draft logits [T, vocab] through the target's head, or None when not
+        `logits`; draft hidden [T, H]); the draft hidden (after mtp/final_norm) is what a further draft step feeds
+        back as `hidden`, and what `propose` drafts from.
         """
         xp, eps = self.xp, self.args.rms_norm_eps
         if self.mtp_layer is None:
@@ -276,7 +301,19 @@ class Model:
         if cache is not None:
             cache.position += len(tok)
         d = ref.rmsnorm(u, f_norm, eps)
-        return ref.linear(d, self.head), d
+        return (ref.linear(d, self.head) if logits else None), d
+
+    def propose(self, d, domain: int | None = None) -> int:
+        """The MTP head's greedy draft from one draft hidden row d [H]: the argmax over the proposal head's rows
+        (the shortlist, mapped to its token ids; the first row of a tie) when the model has one, else over the
+        target's head (ids < domain; the lowest id of a tie)."""
+        xp = self.xp
+        d = xp.asarray(d, dtype=np.float32).reshape(1, -1)
+        if self.proposal is not None:
+            head, ids = self.proposal
+            return int(ids[int(xp.argmax(ref.linear(d, head)[0]))])
+        row = ref.linear(d, self.head)[0]
+        return int(xp.argmax(row[:domain] if domain else row))
 
     @property
     def weight_bytes(self) -> int:
@@ -285,6 +322,8 @@ class Model:
         arrays = top + [a for layer in self.layers for a in layer.arrays()]
         if self.mtp_layer is not None:
             arrays += [self.mtp_fc, *self.mtp_norms, *self.mtp_layer.arrays()]
+        if self.proposal is not None:
+            arrays.append(self.proposal[0])
         return int(sum(a.nbytes for a in arrays))
 
     @property

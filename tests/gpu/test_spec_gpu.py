@@ -16,16 +16,29 @@ PROMPT = [11, 305, 7, 42, 999, 3, 87, 150]
 N = 40
 
 
-@pytest.fixture(scope="module")
-def eng():
+SHORTLIST = 512  # rows of the proposal head of `short_eng` (of the 1,000 ids)
+
+
+def _dense(proposal=0):
     from engine.config import ModelArgs
     from engine.gpu import weights as gpu_weights
     from engine.gpu_engine import build_engine
     from engine.models.qwen3_5 import random_weights
 
     args = ModelArgs.from_config(CFG)
-    w = gpu_weights.from_logical(args, random_weights(args, seed=7, mtp=True))
+    w = gpu_weights.from_logical(args, random_weights(args, seed=7, mtp=True, proposal=proposal))
     return build_engine(args, w, CFG, max_context=512, prefill_gemm=0)
+
+
+@pytest.fixture(scope="module")
+def eng():
+    return _dense()
+
+
+@pytest.fixture(scope="module")
+def short_eng():
+    """The dense model with a proposal head: the MTP drafts from a shortlist of the target head's rows."""
+    return _dense(SHORTLIST)
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +93,16 @@ def test_greedy_speculation_equals_plain_decode(eng, k):
     out, stats = _spec(eng, PROMPT, N, k=k)
     assert out == plain
     assert stats.rounds > 0 and stats.drafted == k * stats.rounds
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_greedy_speculation_with_the_proposal_head_equals_plain_decode(short_eng, k):
+    plain = _plain(short_eng, PROMPT, N)
+    out, stats = _spec(short_eng, PROMPT, N, k=k)
+    assert out == plain
+    assert stats.rounds > 0 and stats.drafted == k * stats.rounds
+    sp = short_eng.speculator(k)
+    assert sp.mtp.phead is not None and set(sp.drafted.get().tolist()) <= set(sp.mtp.pids.get().tolist())
 
 
 def test_oracle_drafts_accept_everything_and_the_fold_equals_the_steps(eng):
@@ -146,7 +169,7 @@ def test_moe_greedy_speculation_equals_plain_decode(moe_eng, k):
         assert out == plain and stats.accepted_at[1:] == [0] * (k - 1)
 
 
-@pytest.mark.parametrize("model,length", [("dense", 37), ("dense", 150), ("moe", 150)])
+@pytest.mark.parametrize("model,length", [("dense", 37), ("dense", 150), ("moe", 150), ("shortlist", 37)])
 def test_the_mtp_head_drafts_what_the_reference_drafts(request, monkeypatch, model, length):
     """The MTP head on the GPU (the prompt's rows through it 8 positions a pass, the catch-up rows, the drafts) against
     the NumPy reference (Model.forward's final hidden rows of the whole sequence, then Model.mtp over all of them) on
@@ -159,9 +182,10 @@ def test_the_mtp_head_drafts_what_the_reference_drafts(request, monkeypatch, mod
     from engine.models.qwen3_5 import Model, random_weights
     from test_gpu_engine import MOE_CFG
 
-    eng = request.getfixturevalue("eng" if model == "dense" else "moe_eng")
-    cfg, recipe = (CFG, "groupwise-int") if model == "dense" else (dict(MOE_CFG, mtp_num_hidden_layers=1),
-                                                                   "groupwise-int-moe")
+    eng = request.getfixturevalue({"dense": "eng", "moe": "moe_eng", "shortlist": "short_eng"}[model])
+    cfg, recipe = (CFG, "groupwise-int") if model != "moe" else (dict(MOE_CFG, mtp_num_hidden_layers=1),
+                                                                 "groupwise-int-moe")
+    proposal = SHORTLIST if model == "shortlist" else 0
     prompt = [int(t) for t in np.random.default_rng(3).integers(0, CFG["vocab_size"], length)]
     plain = _plain(eng, prompt, N)
     sp = eng.speculator(3)
@@ -176,12 +200,12 @@ def test_the_mtp_head_drafts_what_the_reference_drafts(request, monkeypatch, mod
     out, stats = _spec(eng, prompt, N, draft=_oracle(prompt, plain))
     assert out == plain and min(stats.accepted_at) >= stats.rounds - 1
     args = ModelArgs.from_config(cfg)
-    model = Model(args).load(gpu_weights.as_stored(random_weights(args, seed=7, mtp=True), recipe))
+    model = Model(args).load(gpu_weights.as_stored(random_weights(args, seed=7, mtp=True, proposal=proposal), recipe))
     ref = []
     for i in range(len(gpu) - 1):  # (the last round may stop short of all four)
         f = 1 + 4 * i
         seq = prompt + plain[:f]  # the target's consumed ids; plain[f] is the verified round's first
         _, hidden = model.forward(np.asarray(seq), model.make_cache())
-        logits, _ = model.mtp(hidden, seq[1:] + [plain[f]], model.make_mtp_cache())
-        ref.append(int(np.argmax(logits[-1][: CFG["vocab_size"]])))
+        _, d = model.mtp(hidden, seq[1:] + [plain[f]], model.make_mtp_cache(), logits=False)
+        ref.append(model.propose(d[-1], CFG["vocab_size"]))
     assert len(ref) >= 4 and sum(a == b for a, b in zip(gpu, ref)) >= 0.75 * len(ref), (gpu, ref)

@@ -114,3 +114,29 @@ def test_mtp_uses_the_next_token_not_the_current_one():
     good, _ = model.mtp(hidden[:-1], tokens[1:])
     bad, _ = model.mtp(hidden[:-1], tokens[:-1])
     assert rel_l2(bad, good) > 1e-2
+
+
+def test_the_proposal_head_drafts_the_best_shortlisted_id():
+    """A proposal head (the target head's rows of a shortlist of ids, proposal_weights) drafts, from a draft hidden
+    row, the shortlisted id with the largest target logit; without one the draft is the target head's argmax."""
+    from engine.models.qwen3_5 import proposal_weights
+
+    args = _args(False)
+    w = random_weights(args, seed=8)
+    full = Model(args).load(w)
+    short = Model(args).load({**w, **proposal_weights(w, 64, seed=3)})
+    ids = short.proposal[1]
+    assert len(ids) == 64 == len(set(ids.tolist())) and ids.max() < args.vocab_size
+    tokens = np.random.default_rng(4).integers(0, args.vocab_size, 10)
+    _, hidden = full.forward(tokens)
+    logits, d = full.mtp(hidden[:-1], tokens[1:])
+    none, d2 = short.mtp(hidden[:-1], tokens[1:], logits=False)
+    assert none is None and rel_l2(d2, d) < 1e-6
+    hits = 0
+    for row, lg in zip(d, logits):
+        assert full.propose(row) == int(np.argmax(lg))
+        assert short.propose(row) == int(ids[np.argmax(lg[ids])])
+        hits += short.propose(row) == full.propose(row)
+    assert hits < len(d)  # (a shortlist of 64 of 200 ids misses some of the full head's picks)
+    with pytest.raises(ValueError, match="proposal head of 300 rows"):
+        proposal_weights(w, 300)

@@ -20,10 +20,11 @@ PROMPT = [5, 17, 33, 2, 9]
 TOL = 1e-5
 
 
-@pytest.fixture(scope="module", params=["dense", "moe"])
+@pytest.fixture(scope="module", params=["dense", "moe", "dense-shortlist"])
 def model(request):
+    """The tiny dense and MoE models; "dense-shortlist" drafts with a proposal head of 96 of its 200 ids."""
     args = _args(request.param == "moe")
-    return Model(args).load(random_weights(args, seed=1))
+    return Model(args).load(random_weights(args, seed=1, proposal=96 if "shortlist" in request.param else 0))
 
 
 @pytest.fixture(scope="module")

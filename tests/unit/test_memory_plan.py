@@ -68,6 +68,8 @@ def test_recipe_weights_equal_the_published_27b_inventories(a27):
     for model, recipe in (("qwen3.6-27b", "groupwise-int"), ("qwen3.8-27b", "groupwise-int-w8head")):
         published = mp.weights_from_inventory(_inventory(model))
         assert mp.weights_from_recipe(a27, recipe)["text"] == published["text"], model
+        # the proposal head the synthetic weights carry beside the MTP head: the published one's size
+        assert mp.weights_from_recipe(a27, recipe)["draft_head"] == published["draft_head"], model
 
 
 def test_recipe_35b_differs_from_the_inventory_by_three_q6_down_layers(a35):
