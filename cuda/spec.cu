@@ -157,3 +157,21 @@ extern "C" __global__ void spec_map_id(int* __restrict__ tok, const int* __restr
   tok[0] = t;
   dst[0] = t;
 }
+
+// The penalties' generated-token counts of the verified columns, counts [T, V]: between rounds every row holds the
+// counts of the tokens generated so far (the top-k sampler's input, cuda/sample_topk.cu). Before the columns' draws
+// (fix 0), row i adds the drafts ids[1..i] (what plain decode would have generated before that column's draw); after
+// the accept (fix 1), row i takes them back with its draw's own commit am[i], and adds the tokens the round emitted,
+// am[0..out[0]): every row again the counts so far. A thread a row (its updates in order).
+extern "C" __global__ void spec_counts(int* __restrict__ counts, int V, const int* __restrict__ ids,
+                                       const int* __restrict__ am, const int* __restrict__ out, int T, int fix) {
+  NI_PDL_ENTRY();
+  const int i = threadIdx.x;
+  if (i >= T) return;
+  int* row = counts + (size_t)i * V;
+  const int d = fix ? -1 : 1;
+  for (int j = 1; j <= i; ++j) row[ids[j]] += d;
+  if (!fix) return;
+  row[am[i]] -= 1;
+  for (int j = 0; j < out[0]; ++j) row[am[j]] += 1;
+}

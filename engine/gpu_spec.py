@@ -9,7 +9,9 @@ last round's columns, so the next prompt that extends the sequence reuses it.
 The sequence's bookkeeping (`engine._tokens`, the cache position) follows the committed columns; a consumer that
 stops inside a round commits what it took (the fold graph), as the NumPy loop does. Fewer than K + 2 free positions:
 plain decode for the rest. Sampled rounds draw each column's token on the device with the coin plain decode takes
-at its position (engine.gpu.verify.Speculator.round_graph); a grammar, penalties or a logit bias decode plainly.
+at its position (engine.gpu.verify.Speculator.round_graph), with presence and frequency penalties under the top-k
+sampler (its columns' counts kept on the device); a grammar, a logit bias, or penalties with another sampler decode
+plainly.
 """
 from __future__ import annotations
 
@@ -20,19 +22,23 @@ def cuda_speculative_generate_step(engine, prompt_ids, sampler, *, k: int, max_t
     from engine.speculative import PLAIN_CONSTRAINT, SpecStats  # noqa: PLC0415
 
     params = None if sampler.is_greedy else device_params(sampler)
+    penalties = not sampler.is_greedy and bool(sampler.presence or sampler.frequency)
+    spec = None
+    if params is not None and penalties:
+        spec = engine.speculator(k)  # (built on first use: the held sequence is dropped then)
     if getattr(sampler, "constraint", None) is not None or (not sampler.is_greedy and (
-            params is None or sampler.presence or sampler.frequency)):
-        # a grammar, penalties, a logit bias: the host's draws (the columns' samplers take none of them)
+            params is None or (penalties and not spec.penalties(params)))):
+        # a grammar, a logit bias, penalties beside a sampler other than top-k: the host's draws
         from engine.generate import generate_step  # noqa: PLC0415
 
         if stats is not None:
             stats.plain_why = (PLAIN_CONSTRAINT if getattr(sampler, "constraint", None) is not None
-                               else "the GPU's speculative rounds draw without presence or frequency penalties and "
-                                    "logit biases: decoded plainly")
+                               else "the GPU's speculative rounds draw with presence or frequency penalties only "
+                                    "under a top_k of 1-20, and without logit biases: decoded plainly")
         yield from generate_step(engine, prompt_ids, sampler, max_tokens=max_tokens, cancel=cancel)
         return
     stats = stats if stats is not None else SpecStats(k)
-    spec = engine.speculator(k)  # (built on first use: the held sequence is dropped then)
+    spec = spec or engine.speculator(k)
     ex = engine.model.executor
     n = 0
 
@@ -76,7 +82,7 @@ def cuda_speculative_generate_step(engine, prompt_ids, sampler, *, k: int, max_t
                         break
                 return
             if not started:  # one plain step: the MTP's first row is its hidden state and its pick
-                graph = ex.graph if params is None else ex.prepare_draws(params)
+                graph = ex.graph if params is None else ex.prepare_draws(params, sampler.counts)
                 ex.set_token(fed)
                 graph.launch(ex.stream)
                 engine.cache.position += 1
@@ -88,6 +94,8 @@ def cuda_speculative_generate_step(engine, prompt_ids, sampler, *, k: int, max_t
                 started = True
                 stats.plain_steps += 1
                 sampler.accept(fed)
+                if penalties:  # (the columns' counts: every token generated so far, this one included)
+                    spec.set_counts(sampler.counts)
                 yield fed
                 n += 1
                 continue

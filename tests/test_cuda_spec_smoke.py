@@ -1,6 +1,8 @@
 """MTP speculation on the CUDA engine, its Python on the CPU (tests/fake_cupy.py: kernels are no-ops): the round and
 fold graphs build for the plans of both GPU classes, and the loop keeps the sequence's bookkeeping (tokens,
 position) to the columns each round commits, a stop inside a round included. The numbers: tests/gpu/test_spec_gpu.py."""
+from collections import Counter
+
 import numpy as np
 import pytest
 
@@ -75,7 +77,9 @@ def test_a_round_graph_for_each_way_the_columns_pick(cp, monkeypatch):
     body = len(tails["greedy"]) - 2
     assert _names(tails["greedy"][body:]) == ["argmax_step_mb", "spec_accept"]
     assert _names(tails["sample"][body:]) == ["spec_copy_i32", "sample_max_mb", "sample_step_mb", "spec_accept"]
-    assert _names(tails["topk"][body:]) == ["spec_copy_i32", "sample_topk_mb", "spec_accept"]
+    # (the top-k sampler's penalties: a row of counts a column, kept by spec_counts around the draws and the accept)
+    assert _names(tails["topk"][body:]) == ["spec_copy_i32", "spec_counts", "sample_topk_mb", "spec_accept",
+                                            "spec_counts"]
     assert all(t[:body] == tails["greedy"][:body] for t in tails.values())
 
 
@@ -89,8 +93,10 @@ def test_the_round_graph_follows_the_sampler(cp, monkeypatch):
     assert np.array_equal(np.asarray(sp.verify.sampler.sp_params), np.tile(row, (4, 1)))  # a row a column
     assert sp.round_graph(pack_params(temperature=0.8, top_p=0.9, seed=5)) is sp.graphs["sample"]
     assert unpack_params(np.asarray(sp.verify.sampler.sp_params)[3])["top_p"] == 0.9
+    # penalties: the top-k sampler's rounds (a row of counts a column); the histogram sampler draws without them
+    assert sp.round_graph(pack_params(temperature=0.8, top_k=20, presence=0.5)) is sp.graphs["topk"]
     with pytest.raises(ValueError, match="penalties"):
-        sp.round_graph(pack_params(temperature=0.8, top_k=20, presence=0.5))
+        sp.round_graph(pack_params(temperature=0.8, top_p=0.9, presence=0.5))
 
 
 def test_sampled_rounds_run_and_penalties_decode_plainly(cp, monkeypatch):
@@ -108,6 +114,14 @@ def test_sampled_rounds_run_and_penalties_decode_plainly(cp, monkeypatch):
     out = list(speculative_generate_step(eng, [1, 2, 3], Sampler(temperature=0.7, presence_penalty=0.5, seed=3), k=3,
                                          max_tokens=6, stats=stats))
     assert len(out) == 6 and stats.rounds == 0 and "penalties" in stats.as_dict()["plain"]  # (the host's draws)
+    # with a top_k the rounds draw with the penalties, from the counts of the tokens generated before the first round
+    stats = SpecStats(3)
+    sampler = Sampler(temperature=0.7, top_k=20, presence_penalty=0.5, seed=3)
+    out = list(speculative_generate_step(eng, [1, 2, 3], sampler, k=3, max_tokens=6, stats=stats))
+    assert out[2:] == [21, 22, 21, 22] and stats.rounds == 2 and not stats.plain_why
+    counts = np.asarray(sp.verify.sampler.sp_counts)
+    first_two = Counter(out[:2])
+    assert all((counts[:, t] == n).all() for t, n in first_two.items()) and counts.sum() == 4 * 2
 
 
 @pytest.mark.parametrize("gpu", ["sm_90", "sm_86"])

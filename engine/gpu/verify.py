@@ -123,7 +123,10 @@ class CudaVerify(CudaQwen35Columns):
         at = copy_ints(self.posc, self.am_pos, self.M)  # (the samplers advance their positions)
         out = {"greedy": self.ops, "sample": body + [at] + self.sampler.sample_ops() + [self._accept]}
         if self.sampler.domain() <= 32 * TOPK_TILE:
-            out["topk"] = body + [at] + self.sampler.topk_ops() + [self._accept]
+            topk = self.sampler.topk_ops()  # (its penalties read a row of counts a column: spec_counts keeps them)
+            counts = [K.prepared("spec_counts", (1,), (self.sampler.sp_counts, self.V, self.tokens, self.am_out,
+                                                       self.out, self.M, fix), block=32) for fix in (0, 1)]
+            out["topk"] = body + [at, counts[0]] + topk + [self._accept, counts[1]]
         return out
 
     def fold_ops(self) -> list:
@@ -267,11 +270,23 @@ class Speculator:
         settings = ds.unpack_params(params)
         if not settings["temperature"] > 0.0:
             return self.graph
-        if settings["presence"] or settings["frequency"]:
-            raise ValueError("the verified columns draw without penalties")
         kind = "topk" if 0 < settings["top_k"] <= TOPK_MAX and "topk" in self.graphs else "sample"
+        if (settings["presence"] or settings["frequency"]) and kind != "topk":
+            raise ValueError("the verified columns draw with penalties only through the top-k sampler")
         self.verify.sampler.set_sampling(params)
         return self.graphs[kind]
+
+    def penalties(self, params) -> bool:
+        """Whether the rounds can draw with the penalties of `params` (the top-k sampler's rounds take them)."""
+        from engine import device_sampling as ds  # noqa: PLC0415
+
+        s = ds.unpack_params(params)
+        return 0 < s["top_k"] <= TOPK_MAX and "topk" in self.graphs
+
+    def set_counts(self, counts) -> None:
+        """The generated-token counts so far ({id: count}) into every verified column's row, before a stream's first
+        round with penalties (the rounds keep them after that: spec_counts)."""
+        self.verify.sampler.set_counts(counts)
 
     def round(self, drafts=None, params=None) -> tuple[int, list[int]]:
         """One round (drafts: K host ids in place of the MTP's; params: the draws', None for greedy); returns (m,

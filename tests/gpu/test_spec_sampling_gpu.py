@@ -1,6 +1,7 @@
 """Sampled MTP speculation on the CUDA engine: each verified column draws the target's token on the device with the
 coin plain decode takes at that position, so a seed gives plain sampling's tokens (the top-k and the histogram
-samplers, drafts accepted everywhere or rejected at each position), and the tokens follow the target's distribution:
+samplers, the top-k one with presence and frequency penalties, drafts accepted everywhere or rejected at each
+position), and the tokens follow the target's distribution:
 a chi-square test of the first five tokens over thousands of seeds against the exact probabilities from the target's
 own logits (top-k 4, or min-p 0.5: a vocabulary of at most a few ids at every step)."""
 from collections import Counter
@@ -14,7 +15,8 @@ from test_spec_gpu import PROMPT, _oracle, _plain, _spec, eng  # noqa: E402,F401
 
 # the top-k sampler, and the histogram one over a nucleus of some 20-35 ids (a wide one, top-p 0.9 at these logits'
 # scale, keeps ~500: a rounding flips a draw there every ~15 tokens)
-SETTINGS = {"topk": dict(temperature=0.9, top_k=8), "histogram": dict(temperature=0.5, top_p=0.5)}
+SETTINGS = {"topk": dict(temperature=0.9, top_k=8), "histogram": dict(temperature=0.5, top_p=0.5),
+            "topk-penalties": dict(temperature=0.9, top_k=8, presence_penalty=1.5, frequency_penalty=0.5)}
 
 
 def _sampler(seed, **settings):
@@ -51,8 +53,9 @@ def _chi2_p(counts: Counter, probs: dict, n: int) -> float:
     return chi2_p(counts, probs, n)
 
 
-@pytest.mark.parametrize("settings", [dict(temperature=1.0, top_k=4), dict(temperature=1.0, min_p=0.5)],
-                         ids=["topk", "histogram"])
+@pytest.mark.parametrize("settings", [dict(temperature=1.0, top_k=4), dict(temperature=1.0, min_p=0.5),
+                                      dict(temperature=1.0, top_k=4, presence_penalty=1.5)],
+                         ids=["topk", "histogram", "topk-presence"])
 def test_sampled_speculation_follows_the_target_distribution(eng, settings):
     """5 tokens a seed (the prompt's draw, the plain step's, then rounds of K = 3), drafts the target's favourite or
     runner-up by turns (so columns 1 and 2 and the bonus are reached), against the exact distribution of the tree of
@@ -65,7 +68,10 @@ def test_sampled_speculation_follows_the_target_distribution(eng, settings):
     def dist(prefix):
         if prefix not in tree:
             eng.reset()
-            ids, probs = Sampler(**settings).distribution(eng._resume(PROMPT + list(prefix)))
+            s = Sampler(**settings)
+            for t in prefix:  # (the penalties' counts: the tokens generated before this draw)
+                s.accept(t)
+            ids, probs = s.distribution(eng._resume(PROMPT + list(prefix)))
             tree[prefix] = dict(zip(ids.tolist(), probs.tolist()))
         return tree[prefix]
 
