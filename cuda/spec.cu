@@ -148,12 +148,13 @@ extern "C" __global__ void spec_override(const int* __restrict__ ovr, int* __res
   for (int k = threadIdx.x; k < K; k += blockDim.x) ids[1 + k] = ovr[1 + k];
 }
 
-// A proposal head's pick as a token id: tok[0] (a row of the shortlist) = ids[tok[0]], also into dst[0] (the
-// verified ids).
-extern "C" __global__ void spec_map_id(int* __restrict__ tok, const int* __restrict__ ids, int* __restrict__ dst) {
+// A proposal head's pick as a token id: row[0] (a row of the shortlist) mapped to ids[row[0]], into tok[0] (the next
+// MTP step's input) and dst[0] (the verified ids).
+extern "C" __global__ void spec_map_id(const int* __restrict__ row, const int* __restrict__ ids, int* __restrict__ tok,
+                                       int* __restrict__ dst) {
   NI_PDL_ENTRY();
   if (threadIdx.x != 0) return;
-  const int t = ids[tok[0]];
+  const int t = ids[row[0]];
   tok[0] = t;
   dst[0] = t;
 }

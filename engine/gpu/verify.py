@@ -177,6 +177,7 @@ class CudaMtp(CudaQwen35):
         self.e_raw, self.cat, self.g = cp.zeros((1, H), f32), cp.zeros((1, 2 * H), f32), cp.zeros((1, H), f32)
         if self.phead is not None:
             self.plogits = cp.zeros((1, self.phead.n), f32)
+            self.prow = cp.zeros(1, dtype=cp.int32)  # (the proposal head's pick: a row of its shortlist)
 
     def _embed_ops(self, out=None):
         _, j = self._mode  # draft j >= 2: the last draft's hidden state and id, a position further
@@ -195,12 +196,12 @@ class CudaMtp(CudaQwen35):
             return [head.launch, s.argmax_op(), copy_ints(self.tokens, self.verify.tokens[i:], 1)]
         R = self.phead.n
         head = GemvPlan(self.phead, x, self.H, self.plogits, R, m=1, unroll=2, xpre=xpre)
-        tokens, pos, history, step, hist_len = s.commit
+        _, pos, history, step, hist_len = s.commit
         pick = argmax_step(logits=self.plogits, ld=R, vocab=R, best_v=s.am_v, best_i=s.am_i, tickets=s.am_ticket,
-                           tokens=tokens, pos=pos, history=history, step=step, hist_len=hist_len, rows=1,
+                           tokens=self.prow, pos=pos, history=history, step=step, hist_len=hist_len, rows=1,
                            blocks=ARGMAX_BLOCKS)
-        return [head.launch, pick, K.prepared("spec_map_id", (1,), (self.tokens, self.pids, self.verify.tokens[i:]),
-                                              block=32)]
+        return [head.launch, pick, K.prepared("spec_map_id", (1,), (self.prow, self.pids, self.tokens,
+                                                                    self.verify.tokens[i:]), block=32)]
 
     def _tail_ops(self):
         c = self.ctx
