@@ -20,7 +20,8 @@ def test_plan_matches_the_pool_after_capture(kv):
     ctx = 32768
     args = ModelArgs.from_config(geometry_config("qwen3.8-27b"))
     plan = mp.plan_memory(args, mp.weights_from_recipe(args, "groupwise-int-w8head"), kv=kv, prefill_chunk=0,
-                          optional=("mtp",),  # (the CUDA engine uploads the MTP head the geometry has)
+                          # (the CUDA engine uploads the MTP head the geometry has, and its proposal head)
+                          optional=("mtp", "draft_head"),
                           **mp.engine_prefill_executors())
     pool = cp.get_default_memory_pool()
 
