@@ -197,34 +197,34 @@ def weights_from_recipe(args, recipe: str) -> dict[str, int]:
     """Device bytes of the components that `engine.gpu.weights.synthetic` builds (same fused parents): text, and with
     an MTP head mtp and draft_head."""
     from engine.artifact.formats import encoded_size  # noqa: PLC0415
-    from engine.gpu.weights import RECIPES  # noqa: PLC0415
+    from engine.gpu.weights import RECIPES, mtp_table  # noqa: PLC0415
     from engine.models.qwen3_5 import PROPOSAL_ROWS  # noqa: PLC0415
 
     if recipe not in RECIPES:
         raise NinferError(f"unknown recipe {recipe!r}", f"use one of {', '.join(RECIPES)}")
     table = RECIPES[recipe]
 
-    def mat(role: str, n: int, k: int) -> int:
-        fmt = table[role]
+    def mat(role: str, n: int, k: int, tbl=None) -> int:
+        fmt = (tbl or table)[role]
         return encoded_size(fmt, "contiguous_le_v1" if fmt == "bf16" else "row_split_k128_v1", (n, k))
 
     a, h = args, args.hidden_size
     q, kvw = a.num_attention_heads * a.head_dim, a.num_key_value_heads * a.head_dim
     kd, vd, hv = a.linear_num_key_heads * a.linear_key_head_dim, a.linear_value_dim, a.linear_num_value_heads
 
-    def layer(kind: str) -> int:
+    def layer(kind: str, t=None) -> int:
         total = 2 * 4 * h  # input and post-attention norms
         if a.is_moe:
             e, ie, si = a.num_experts, a.moe_intermediate_size, a.shared_expert_intermediate_size
-            total += (mat("moe/router", e + 1, h) + mat("moe/experts/gate", e * 2 * ie, h)
-                      + mat("moe/experts/down", e * h, ie) + mat("moe/shared/gate", 2 * si, h)
-                      + mat("moe/shared/down", h, si))
+            total += (mat("moe/router", e + 1, h, t) + mat("moe/experts/gate", e * 2 * ie, h, t)
+                      + mat("moe/experts/down", e * h, ie, t) + mat("moe/shared/gate", 2 * si, h, t)
+                      + mat("moe/shared/down", h, si, t))
         else:
             i = a.intermediate_size
-            total += mat("mlp/gate", 2 * i, h) + mat("mlp/down", h, i)
+            total += mat("mlp/gate", 2 * i, h, t) + mat("mlp/down", h, i, t)
         if kind == "full_attention":
-            total += (mat("attention/query", q + kvw, h) + mat("attention/gate", q + kvw, h)
-                      + mat("attention/output", h, q) + 2 * 4 * a.head_dim)
+            total += (mat("attention/query", q + kvw, h, t) + mat("attention/gate", q + kvw, h, t)
+                      + mat("attention/output", h, q, t) + 2 * 4 * a.head_dim)
         else:
             total += (mat("gdn/query", 2 * kd, h) + mat("gdn/value", 2 * vd, h) + mat("gdn/a_projection", 2 * hv, h)
                       + mat("gdn/output", h, vd) + 4 * (a.linear_conv_kernel_dim * a.gdn_conv_channels
@@ -235,7 +235,8 @@ def weights_from_recipe(args, recipe: str) -> dict[str, int]:
     out = {"text": text + sum(layer(kind) for kind in a.layer_types)}
     if a.mtp_num_hidden_layers:  # the MTP head: a full-attention block, its input projection and three norms
         fc = table.get("mtp/input_projection", "q8_g32_fp16")
-        out["mtp"] = layer("full_attention") + encoded_size(fc, "row_split_k128_v1", (h, 2 * h)) + 3 * 4 * h
+        out["mtp"] = (layer("full_attention", mtp_table(table)) + encoded_size(fc, "row_split_k128_v1", (h, 2 * h))
+                      + 3 * 4 * h)
         rows = min(PROPOSAL_ROWS, a.vocab_size)  # (and the proposal head beside it, with its token ids)
         out["draft_head"] = encoded_size(table.get("proposal/head", "q4_g64_fp16"), "row_split_k128_v1",
                                          (rows, h)) + 4 * rows

@@ -224,6 +224,12 @@ def random_matrix(cp, rng, fmt: str, n: int, k: int) -> DevMatrix:
     return DevMatrix.from_object(fmt, (n, k), buf[:geo.bytes])
 
 
+def mtp_table(table: dict) -> dict:
+    """The MTP head's formats beside a recipe's: its matrices in q8, as the published files store them (the bf16
+    ones, the router, stay bf16)."""
+    return {k: ("bf16" if v == "bf16" else "q8_g32_fp16") for k, v in table.items()}
+
+
 def synthetic(args, recipe: str = "groupwise-int", seed: int = 0) -> dict:
     """Random weights of the real geometry and recipe, made directly in device memory."""
     import cupy as cp  # noqa: PLC0415
@@ -241,7 +247,7 @@ def synthetic(args, recipe: str = "groupwise-int", seed: int = 0) -> dict:
     kd, vd = a.linear_num_key_heads * a.linear_key_head_dim, a.linear_num_value_heads * a.linear_value_head_dim
     hv = a.linear_num_value_heads
 
-    def layer(p: str, kind: str) -> None:
+    def layer(p: str, kind: str, table=table) -> None:
         if a.is_moe:
             shapes = {"moe/shared/gate": (a.shared_expert_intermediate_size, H),
                       "moe/shared/up": (a.shared_expert_intermediate_size, H),
@@ -289,7 +295,7 @@ def synthetic(args, recipe: str = "groupwise-int", seed: int = 0) -> dict:
     for i, kind in enumerate(a.layer_types):
         layer(f"text/layers/{i}/", kind)
     if a.mtp_num_hidden_layers:  # the MTP head: one full-attention block, its input projection and norms
-        layer("mtp/layers/0/", "full_attention")
+        layer("mtp/layers/0/", "full_attention", mtp_table(table))
         out["mtp/input_projection"] = random_matrix(cp, rng, table.get("mtp/input_projection", "q8_g32_fp16"), H, 2 * H)
         for n in ("embedding_norm", "hidden_norm", "final_norm"):
             out[f"mtp/{n}"] = cp.zeros(H, dtype=cp.float32)

@@ -68,8 +68,9 @@ def test_recipe_weights_equal_the_published_27b_inventories(a27):
     for model, recipe in (("qwen3.6-27b", "groupwise-int"), ("qwen3.8-27b", "groupwise-int-w8head")):
         published = mp.weights_from_inventory(_inventory(model))
         assert mp.weights_from_recipe(a27, recipe)["text"] == published["text"], model
-        # the proposal head the synthetic weights carry beside the MTP head: the published one's size
-        assert mp.weights_from_recipe(a27, recipe)["draft_head"] == published["draft_head"], model
+        # the MTP head (its matrices in q8) and the proposal head beside it: the published ones' sizes
+        ours = mp.weights_from_recipe(a27, recipe)
+        assert (ours["mtp"], ours["draft_head"]) == (published["mtp"], published["draft_head"]), model
 
 
 def test_recipe_35b_differs_from_the_inventory_by_three_q6_down_layers(a35):
@@ -77,6 +78,8 @@ def test_recipe_35b_differs_from_the_inventory_by_three_q6_down_layers(a35):
     ours = mp.weights_from_recipe(a35, "groupwise-int-moe")["text"]
     # the artifact keeps routed_down of 3 layers in q6 (8 more high bytes per 64-group) where the recipe has q5
     assert published["text"] - ours == 3 * 524288 * (512 // 64) * 8
+    mtp = mp.weights_from_recipe(a35, "groupwise-int-moe")
+    assert (mtp["mtp"], mtp["draft_head"]) == (published["mtp"], published["draft_head"])
 
 
 def test_inventory_components_and_draft_head():
