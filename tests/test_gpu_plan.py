@@ -127,3 +127,28 @@ def test_plan_override_checks_what_the_model_and_gpu_run(monkeypatch):
         monkeypatch.setenv("NINFER_PLAN", override)
         with pytest.raises(NinferError, match=what):
             _plan("qwen3.6-27b", gpu, kv)
+
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_the_mtp_heads_q8_formats_leave_the_targets_plan_alone(moe):
+    """The published files store the MTP head in q8 under the same roles as the target's layers (mlp/gate,
+    moe/experts/up, ...): the plan is the target's formats' (its fused MLP or MoE launch stays on)."""
+    from engine.gpu import weights as gpu_weights
+
+    cfg, recipe = GEOMETRIES["qwen3.6-35b-a3b" if moe else "qwen3.8-27b"]
+    args = ModelArgs.from_config(cfg)
+    table = gpu_weights.RECIPES[recipe]
+
+    class M:  # (a DevMatrix's format is all formats_of reads)
+        def __init__(self, fmt):
+            self.fmt = fmt
+
+    roles = ["moe/experts/0/gate", "moe/experts/0/up", "moe/experts/0/down", "moe/shared/gate", "moe/shared/up",
+             "moe/shared/down", "moe/router"] if moe else ["mlp/gate", "mlp/up", "mlp/down"]
+    text = {f"text/layers/0/{r}": M(table[gpu_weights.role("text/layers/0/" + r)]) for r in roles}
+    mtp = {f"mtp/layers/0/{r}": M(gpu_weights.mtp_table(table)[gpu_weights.role("text/layers/0/" + r)])
+           for r in roles}
+    assert gpu_plan.formats_of({**text, **mtp}) == gpu_plan.formats_of(text)
+    fmts = gpu_plan.formats_of({**text, **mtp})
+    ok = gpu_plan._moe_fused_ok(args, fmts) if moe else gpu_plan._mlp_fused_ok(args, fmts)
+    assert ok

@@ -314,10 +314,11 @@ def env_override() -> dict | None:
 
 
 def formats_of(weights: dict) -> dict:
-    """role -> format of a device weight mapping (the `DevMatrix` values)."""
+    """role -> format of the target's matrices in a device weight mapping (the `DevMatrix` values under text/; the
+    MTP head's, stored in q8, name the same roles and must not decide the target's plan)."""
     from engine.gpu.weights import role  # noqa: PLC0415
 
-    return {role(name): m.fmt for name, m in weights.items() if hasattr(m, "fmt")}
+    return {role(name): m.fmt for name, m in weights.items() if hasattr(m, "fmt") and name.startswith("text/")}
 
 
 def plan_for(args, weights: dict, kv: str, dev: Device | None = None) -> DecodePlan:
