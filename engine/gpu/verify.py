@@ -154,7 +154,7 @@ class CudaMtp(CudaQwen35):
     def __init__(self, verify: CudaVerify, weights: dict):
         d = verify.decode
         self.verify, self.T, self.k = verify, verify.M, verify.k
-        self._mode = ("draft", 2)
+        self._draft = 2  # (the draft whose row `_plan` builds: 2..K)
         self.fc = weights["mtp/input_projection"]
         self.e_norm, self.h_norm = weights["mtp/embedding_norm"], weights["mtp/hidden_norm"]
         self.phead, self.pids = weights.get("proposal/head"), weights.get("proposal/token_ids")
@@ -180,7 +180,7 @@ class CudaMtp(CudaQwen35):
             self.prow = cp.zeros(1, dtype=cp.int32)  # (the proposal head's pick: a row of its shortlist)
 
     def _embed_ops(self, out=None):
-        _, j = self._mode  # draft j >= 2: the last draft's hidden state and id, a position further
+        j = self._draft  # draft j >= 2: the last draft's hidden state and id, a position further
         v = self.verify
         setup = K.prepared("spec_mtp_setup", (1,), (NULL, self.tokens, v.pos, j - 2, self.pos), block=32)
         stage = K.prepared("mtp_input", (1,), (self.e_raw, self.g, self.e_norm, self.h_norm, self.H,
@@ -205,7 +205,7 @@ class CudaMtp(CudaQwen35):
 
     def _tail_ops(self):
         c = self.ctx
-        return [copy_rows(c.xn, self.g, self.H)] + self._draft_tail(self._mode[1], c.xn, (c.xh_n, c.xinv_n))
+        return [copy_rows(c.xn, self.g, self.H)] + self._draft_tail(self._draft, c.xn, (c.xh_n, c.xinv_n))
 
     def catch_up_ops(self) -> list:
         """The MTP over the T verified columns in one pass: column j's final hidden state and the target's pick after
@@ -221,7 +221,7 @@ class CudaMtp(CudaQwen35):
                                                                         self.g), block=256))
         ops += self._draft_tail(1, self.g, None)
         for i in range(2, self.k + 1):
-            self._mode = ("draft", i)
+            self._draft = i
             ops += self._plan()
         return ops
 
