@@ -48,6 +48,18 @@ __device__ __forceinline__ void tc_bytes(uint2 q, unsigned h, int s, unsigned& e
   }
 }
 
+// cp.async into a shared-window offset (the ring's stages are addressed as such)
+__device__ __forceinline__ void tc_cp16(unsigned dst, const void* src) {
+#if !NI_PRE_SM80
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+#endif
+}
+__device__ __forceinline__ void tc_cp4(unsigned dst, const void* src) {
+#if !NI_PRE_SM80
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
+#endif
+}
+
 // A stage of a warp's ring: one run of GU groups of a tile of R = 16 rows, as cp.async left it. Codes: row r's
 // GU * 32 bytes at r * GU * 32, its group u at slot u ^ tc_swz(r) (so that the fragment reads below, 8 bytes a lane, a
 // half-warp reading one group of 4 rows, meet every bank once); then the high bits (row-major, GU * HB bytes a row)
@@ -67,10 +79,12 @@ __device__ __forceinline__ int tc_swz(int r) {
 
 // A lane's copies of a run into its warp's stage: fixed pieces of the R x GU tile (the same for every run), each a
 // row of the tile, a byte offset in the stage and its first group in the run; the source offsets (bytes from the
-// plane's start, 32-bit: planes under 4 GiB) move on by a constant a run. Codes: 16-byte chunks, GU a lane; high
-// bits: 16-byte chunks (q5: two groups each, q6: one); scales: 4-byte pairs. A piece whose group is past the slice's
-// end is not copied (never read); one that covers two groups starts at an even group (the launcher's slices), so it
-// stays inside its row.
+// plane's start, 32-bit: planes under 4 GiB) move on by a constant a run. Codes: 16-byte chunks, CV a lane, chunk v
+// of row lane / (2 GU) + v 16 / GU at cdst + 512 v (the swizzle depends on the row only through lane / 8, the same
+// for every v), group cg of the run; high bits: 16-byte chunks (q5: two groups each, q6: one); scales: 4-byte pairs.
+// A piece whose group is past the slice's end is not copied (never read); one that covers two groups starts at an
+// even group (the launcher's slices), so it stays inside its row. Stage addresses are shared-window offsets (what
+// cp.async takes), so a copy is an add and the instruction.
 template <int FMT, int GU>
 struct TcCopy {
   using S = TcStage<FMT, GU>;
@@ -79,23 +93,23 @@ struct TcCopy {
   static constexpr int HV = S::HB > 0 ? (R * HCPR + 31) / 32 : 0;          // high-bit chunks a lane
   static constexpr int SV = (R * GU / 2 + 31) / 32;                         // scale pairs a lane
   static constexpr int CV = R * 2 * GU / 32;                                // code chunks a lane
+  static_assert(CV * 32 == R * 2 * GU, "whole code chunks a lane");
   unsigned co[CV], ho[HV > 0 ? HV : 1], so[SV];
-  short cdst[CV], hdst[HV > 0 ? HV : 1], sdst[SV];
-  signed char crow[CV], cg[CV], hrow[HV > 0 ? HV : 1], hg[HV > 0 ? HV : 1], srow[SV], sg[SV];
+  unsigned cdst;
+  int crow0, cg;
+  short hdst[HV > 0 ? HV : 1], sdst[SV];
+  signed char hrow[HV > 0 ? HV : 1], hg[HV > 0 ? HV : 1], srow[SV], sg[SV];
 
   __device__ __forceinline__ void init(int lane) {
-#pragma unroll
-    for (int v = 0; v < CV; ++v) {
-      const int q = lane + 32 * v, r = q / (2 * GU), c = q % (2 * GU);
-      crow[v] = r;
-      cg[v] = c >> 1;
-      cdst[v] = r * GU * 32 + (((c >> 1) ^ tc_swz<GU>(r)) << 5) + (c & 1) * 16;
-    }
+    const int r = lane / (2 * GU), c = lane % (2 * GU);
+    crow0 = r;
+    cg = c >> 1;
+    cdst = r * GU * 32 + (((c >> 1) ^ tc_swz<GU>(r)) << 5) + (c & 1) * 16;
 #pragma unroll
     for (int v = 0; v < HV; ++v) {
-      const int q = lane + 32 * v, r = q / HCPR, c = q % HCPR;
-      hrow[v] = r < R ? r : -1;
-      hg[v] = c * (S::HB > 0 ? 16 / S::HB : 1);
+      const int q = lane + 32 * v, hr = q / HCPR, hc = q % HCPR;
+      hrow[v] = hr < R ? hr : -1;
+      hg[v] = hc * (S::HB > 0 ? 16 / S::HB : 1);
       hdst[v] = S::CODES + q * 16;
     }
 #pragma unroll
@@ -110,87 +124,108 @@ struct TcCopy {
   template <typename Rows>
   __device__ __forceinline__ void at(int gpr, int G0, Rows rows) {
 #pragma unroll
-    for (int v = 0; v < CV; ++v) co[v] = ((unsigned)rows(crow[v]) * gpr + G0 + cg[v]) * 32u + (cdst[v] & 16);
+    for (int v = 0; v < CV; ++v) co[v] = ((unsigned)rows(crow0 + v * (16 / GU)) * gpr + G0 + cg) * 32u + (cdst & 16);
 #pragma unroll
     for (int v = 0; v < HV; ++v) ho[v] = ((unsigned)rows(max((int)hrow[v], 0)) * gpr + G0 + hg[v]) * S::HB;
 #pragma unroll
     for (int v = 0; v < SV; ++v) so[v] = ((unsigned)rows(max((int)srow[v], 0)) * gpr + G0 + sg[v]) * 2u;
   }
-  // the run whose first group is G (of the slice ending at ge) into stage st, then the offsets on by `step` groups
-  __device__ __forceinline__ void copy(unsigned char* st, const unsigned char* __restrict__ base,
+  // the run whose first group is G (of the slice ending at ge) into the stage at shared offset st, then the offsets
+  // on by `step` groups
+  __device__ __forceinline__ void copy(unsigned st, const unsigned char* __restrict__ base,
                                        const unsigned char* __restrict__ high, const __half* __restrict__ scales,
                                        int G, int ge, int step) {
+    const bool live = G + cg < ge;
 #pragma unroll
     for (int v = 0; v < CV; ++v) {
-      if (G + cg[v] < ge) ni_cp16(st + cdst[v], base + co[v]);
+      if (live) tc_cp16(st + cdst + 512 * v, base + co[v]);
       co[v] += step * 32;
     }
 #pragma unroll
     for (int v = 0; v < HV; ++v) {
-      if (hrow[v] >= 0 && G + hg[v] < ge) ni_cp16(st + hdst[v], high + ho[v]);
+      if (hrow[v] >= 0 && G + hg[v] < ge) tc_cp16(st + hdst[v], high + ho[v]);
       ho[v] += step * S::HB;
     }
 #pragma unroll
     for (int v = 0; v < SV; ++v) {
-      if (srow[v] >= 0 && G + sg[v] < ge) ni_cp4(st + sdst[v], reinterpret_cast<const unsigned char*>(scales) + so[v]);
+      if (srow[v] >= 0 && G + sg[v] < ge) tc_cp4(st + sdst[v], reinterpret_cast<const unsigned char*>(scales) + so[v]);
       so[v] += step * 2;
     }
   }
 };
 
-// A lane's share of group u of a stage for its A row ra (of the tile): the two code words and the high bits (q5: 16
+// A lane's offsets in a stage (its A rows g and g + 8: + 8 GU 32 codes, + 8 GU HB high bits, + 16 GU scales): the
+// code words of group u, its high bits' first group, its row's scales.
+template <int FMT, int GU>
+struct TcLane {
+  using S = TcStage<FMT, GU>;
+  unsigned code[GU], high, scale;
+  __device__ __forceinline__ void init(int g, int t) {
+#pragma unroll
+    for (int u = 0; u < GU; ++u) code[u] = g * GU * 32 + ((u ^ tc_swz<GU>(g)) << 5) + 8 * t;
+    high = S::CODES + g * GU * S::HB + (FMT == FMT_Q5 ? 2 * t : 4 * t);
+    scale = S::CODES + S::HIGH + g * GU * 2;
+  }
+};
+
+// Group u of a stage for a lane's A rows g (q0, h0) and g + 8 (q1, h1): the two code words and the high bits (q5: 16
 // bits, q6: 32); the same values the fragment layout above names.
 template <int FMT, int GU>
-__device__ __forceinline__ void tc_read(const unsigned char* st, int ra, int u, int t, uint2& q, unsigned& h) {
+__device__ __forceinline__ void tc_read(const unsigned char* st, const TcLane<FMT, GU>& ln, int u, uint2& q0,
+                                        uint2& q1, unsigned& h0, unsigned& h1) {
   using S = TcStage<FMT, GU>;
-  q = *reinterpret_cast<const uint2*>(st + ra * GU * 32 + ((u ^ tc_swz<GU>(ra)) << 5) + 8 * t);
-  const unsigned char* hs = st + S::CODES + ra * GU * S::HB + u * S::HB;
-  if constexpr (FMT == FMT_Q5) h = *reinterpret_cast<const unsigned short*>(hs + 2 * t);
-  else if constexpr (FMT == FMT_Q6) h = *reinterpret_cast<const unsigned int*>(hs + 4 * t);
-  else h = 0u;
+  q0 = *reinterpret_cast<const uint2*>(st + ln.code[u]);
+  q1 = *reinterpret_cast<const uint2*>(st + ln.code[u] + 8 * GU * 32);
+  const unsigned char* hs = st + ln.high + u * S::HB;
+  if constexpr (FMT == FMT_Q5) {
+    h0 = *reinterpret_cast<const unsigned short*>(hs);
+    h1 = *reinterpret_cast<const unsigned short*>(hs + 8 * GU * S::HB);
+  } else if constexpr (FMT == FMT_Q6) {
+    h0 = *reinterpret_cast<const unsigned int*>(hs);
+    h1 = *reinterpret_cast<const unsigned int*>(hs + 8 * GU * S::HB);
+  } else {
+    h0 = h1 = 0u;
+  }
 }
 
-// Row ra's GU scales of a stage, as floats.
-template <int FMT, int GU>
-__device__ __forceinline__ void tc_scales(const unsigned char* st, int ra, float (&sc)[GU]) {
-  using S = TcStage<FMT, GU>;
-  const __half2* p = reinterpret_cast<const __half2*>(st + S::CODES + S::HIGH + ra * GU * 2);
+// A row's GU scales of a stage (p: its first), as floats.
+template <int GU>
+__device__ __forceinline__ void tc_scales(const unsigned char* p, float (&sc)[GU]) {
+  const __half2* h = reinterpret_cast<const __half2*>(p);
 #pragma unroll
   for (int u = 0; u < GU; u += 2) {
-    const float2 f = __half22float2(p[u / 2]);
+    const float2 f = __half22float2(h[u / 2]);
     sc[u] = f.x;
     sc[u + 1] = f.y;
   }
 }
 
-// The MMAs of one run (stage st, first group G0) for a lane's A rows g, g + 8 and B column g, into its accumulators (C
-// rows g, g + 8 at columns 2t, 2t + 1). x pairs of column g: uint4 xb[(jx >> 5) * 128 + slot * 32 + (jx & 31)], jx its
-// 32-value chunk less xoff; a run's chunks lie in one block of 32 (runs start at multiples of GU from a block's start).
-// FULL: every group of the run is below ge.
-template <int FMT, int M, int GU, bool FULL>
-__device__ __forceinline__ void tc_run(const unsigned char* st, int G0, int ge, int g, int t, bool col_live,
-                                       const uint4* __restrict__ xb, int xoff, float (&acc)[4]) {
+// The MMAs of one run (stage st) for a lane's A rows g, g + 8 and B column g, into its accumulators (C rows g, g + 8
+// at columns 2t, 2t + 1). xr: the lane's x pairs of the run's first group (see the kernel); group u's step s at
+// xr[u * 2 + s * 32] (w8: xr[u]); col_live: the lane's column g is below M.
+// FULL: every group of the run is below the slice's end, else the first `live` are.
+template <int FMT, int GU, bool FULL>
+__device__ __forceinline__ void tc_run(const unsigned char* st, const TcLane<FMT, GU>& ln, int live, bool col_live,
+                                       const uint4* xr, float (&acc)[4]) {
   constexpr bool W8 = FMT == FMT_W8;
   constexpr int STEPS = W8 ? 1 : 2;  // MMAs (k = 32) a group, a plane
-  // this lane's x: chunk (q4-q6) 2 G + (t >> 1), slot 2 (t & 1) + s; (w8) chunk G, slot t
-  const int jx0 = (W8 ? G0 : 2 * G0 + (t >> 1)) - xoff;
-  const uint4* xr = xb + (jx0 >> 5) * 128 + (jx0 & 31) + (W8 ? t : 2 * (t & 1)) * 32;
+  // the lanes of columns past M load nothing (their sums are never stored; a warp's loads take half the L1
+  // wavefronts at 4 columns), except in q6, where the predicate's registers spill at 80: there they read column 0
   uint4 xv[GU][STEPS];
+  if (FMT == FMT_Q6 || col_live)
 #pragma unroll
-  for (int u = 0; u < GU; ++u)
+    for (int u = 0; u < GU; ++u)
 #pragma unroll
-    for (int s = 0; s < STEPS; ++s)
-      xv[u][s] = col_live && (FULL || G0 + u < ge) ? xr[u * (W8 ? 1 : 2) + s * 32] : make_uint4(0u, 0u, 0u, 0u);
+      for (int s = 0; s < STEPS; ++s) xv[u][s] = xr[u * (W8 ? 1 : 2) + s * 32];
   float s0[GU], s1[GU];
-  tc_scales<FMT, GU>(st, g, s0);
-  tc_scales<FMT, GU>(st, g + 8, s1);
+  tc_scales<GU>(st + ln.scale, s0);
+  tc_scales<GU>(st + ln.scale + 16 * GU, s1);
 #pragma unroll
   for (int u = 0; u < GU; ++u) {
-    if (!FULL && G0 + u >= ge) break;
+    if (!FULL && u >= live) break;
     uint2 q0, q1;
     unsigned h0, h1;
-    tc_read<FMT, GU>(st, g, u, t, q0, h0);
-    tc_read<FMT, GU>(st, g + 8, u, t, q1, h1);
+    tc_read<FMT, GU>(st, ln, u, q0, q1, h0, h1);
     int chi[4] = {0, 0, 0, 0}, clo[4] = {0, 0, 0, 0};
 #pragma unroll
     for (int s = 0; s < STEPS; ++s) {
@@ -242,6 +277,7 @@ __global__ void __launch_bounds__(256, GU > 2 ? 3 : 4) gemv_tc(GEMV_RS_PARAMS, i
   unsigned char* after_x = smem_raw + (pre ? 0 : (size_t)M * nloc_pad * 64);
   float* red = reinterpret_cast<float*>(after_x);  // [warp][row of the tile][column]
   unsigned char* ring = after_x + 8 * 16 * 8 * 4 + (size_t)warp * S * ST::BYTES;
+  const unsigned ring_s = (unsigned)__cvta_generic_to_shared(ring);  // (its shared-window offset, for cp.async)
 
   // row r (0..15) of a tile: the rows lane g = r & 7 multiplies as A rows g (r < 8) and g + 8: output o and o + 8
   // (SwiGLU: o's up row), clamped (duplicates are computed, never stored)
@@ -259,7 +295,7 @@ __global__ void __launch_bounds__(256, GU > 2 ? 3 : 4) gemv_tc(GEMV_RS_PARAMS, i
   if (nruns > 0 && my_turns > 0) cpy.at(gpr, g_first, tile_rows(0));
   auto issue = [&]() {
     if (nruns > 0 && p_bt < my_turns) {
-      cpy.copy(ring + p_slot * ST::BYTES, base, high, scales, p_G, ge, g_step);
+      cpy.copy(ring_s + p_slot * ST::BYTES, base, high, scales, p_G, ge, g_step);
       p_G += g_step;
       if (--p_left == 0) {
         p_left = nruns;
@@ -300,8 +336,11 @@ __global__ void __launch_bounds__(256, GU > 2 ? 3 : 4) gemv_tc(GEMV_RS_PARAMS, i
   const uint4* xb = pre ? reinterpret_cast<const uint4*>(x) : reinterpret_cast<const uint4*>(smem_raw);
   const int xrow4 = pre ? ((gpr * GV / 32 + 31) & ~31) * 4 : nloc_pad * 4;
   const int xoff = pre ? 0 : xc0;
+  // this lane's: column g, slot 2 (t & 1) (w8: t) of chunk 2 G + (t >> 1) (w8: G) less xoff
   const bool col_live = g < M;
-  xb += (size_t)(col_live ? g : 0) * xrow4;
+  xb += (size_t)(col_live ? g : 0) * xrow4 + (W8 ? t : 2 * (t & 1)) * 32;
+  TcLane<FMT, GU> ln;
+  ln.init(g, t);
 
   int c_slot = 0;
   for (int bt = 0; bt < my_turns; ++bt) {
@@ -315,8 +354,10 @@ __global__ void __launch_bounds__(256, GU > 2 ? 3 : 4) gemv_tc(GEMV_RS_PARAMS, i
       c_slot = c_slot + 1 == S ? 0 : c_slot + 1;
       // (a whole run without a bound check, so that its groups' loads and MMAs interleave; the slice's last run
       // checks each group)
-      if (G0 + GU <= ge) tc_run<FMT, M, GU, true>(st, G0, ge, g, t, col_live, xb, xoff, acc);
-      else tc_run<FMT, M, GU, false>(st, G0, ge, g, t, col_live, xb, xoff, acc);
+      const unsigned jx = (unsigned)((W8 ? G0 : 2 * G0 + (t >> 1)) - xoff);  // (a run's chunks: one block of 32)
+      const uint4* xr = xb + (jx >> 5) * 128 + (jx & 31);
+      if (G0 + GU <= ge) tc_run<FMT, GU, true>(st, ln, GU, col_live, xr, acc);
+      else tc_run<FMT, GU, false>(st, ln, ge - G0, col_live, xr, acc);
     }
 
     // the tile's wt warps: red[warp][tile row 0..15][column 0..7], then a thread an output adds them in order
