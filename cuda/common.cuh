@@ -116,17 +116,17 @@ __device__ __forceinline__ unsigned int ldw(const unsigned int* p) {
 }
 
 // Asynchronous global -> shared copies (sm_80 and newer; empty below, see NI_PRE_SM80): 16 bytes through L2 only,
-// 4 bytes through L1; a thread's copies since the last commit form one group, wait<N> leaves N groups in flight.
-__device__ __forceinline__ void ni_cp16(void* dst, const void* src) {
+// 4 bytes through L1, to dst a shared-window offset (__cvta_generic_to_shared of the destination: a caller that
+// copies into fixed stages computes it once); a thread's copies since the last commit form one group, wait<N>
+// leaves N groups in flight.
+__device__ __forceinline__ void ni_cp16(unsigned dst, const void* src) {
 #if !NI_PRE_SM80
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src)
-               : "memory");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
 #endif
 }
-__device__ __forceinline__ void ni_cp4(void* dst, const void* src) {
+__device__ __forceinline__ void ni_cp4(unsigned dst, const void* src) {
 #if !NI_PRE_SM80
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src)
-               : "memory");
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
 #endif
 }
 __device__ __forceinline__ void ni_cp_commit() {

@@ -48,18 +48,6 @@ __device__ __forceinline__ void tc_bytes(uint2 q, unsigned h, int s, unsigned& e
   }
 }
 
-// cp.async into a shared-window offset (the ring's stages are addressed as such)
-__device__ __forceinline__ void tc_cp16(unsigned dst, const void* src) {
-#if !NI_PRE_SM80
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
-#endif
-}
-__device__ __forceinline__ void tc_cp4(unsigned dst, const void* src) {
-#if !NI_PRE_SM80
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
-#endif
-}
-
 // A stage of a warp's ring: one run of GU groups of a tile of R = 16 rows, as cp.async left it. Codes: row r's
 // GU * 32 bytes at r * GU * 32, its group u at slot u ^ tc_swz(r) (so that the fragment reads below, 8 bytes a lane, a
 // half-warp reading one group of 4 rows, meet every bank once); then the high bits (row-major, GU * HB bytes a row)
@@ -138,17 +126,17 @@ struct TcCopy {
     const bool live = G + cg < ge;
 #pragma unroll
     for (int v = 0; v < CV; ++v) {
-      if (live) tc_cp16(st + cdst + 512 * v, base + co[v]);
+      if (live) ni_cp16(st + cdst + 512 * v, base + co[v]);
       co[v] += step * 32;
     }
 #pragma unroll
     for (int v = 0; v < HV; ++v) {
-      if (hrow[v] >= 0 && G + hg[v] < ge) tc_cp16(st + hdst[v], high + ho[v]);
+      if (hrow[v] >= 0 && G + hg[v] < ge) ni_cp16(st + hdst[v], high + ho[v]);
       ho[v] += step * S::HB;
     }
 #pragma unroll
     for (int v = 0; v < SV; ++v) {
-      if (srow[v] >= 0 && G + sg[v] < ge) tc_cp4(st + sdst[v], reinterpret_cast<const unsigned char*>(scales) + so[v]);
+      if (srow[v] >= 0 && G + sg[v] < ge) ni_cp4(st + sdst[v], reinterpret_cast<const unsigned char*>(scales) + so[v]);
       so[v] += step * 2;
     }
   }
