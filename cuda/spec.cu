@@ -3,41 +3,80 @@
 // A round verifies T = K + 1 columns [t, d_1..d_K] through the target in one columns step whose GDN layers
 // read the committed state and record what a replay needs (ReplaySSM): each column's conv input, and its
 // normed key, value, g and beta. The accept finds m (the columns to commit: t and the drafts that
-// match the target's picks), and the next round starts by folding those m columns into the state in place
-// and moving the position by m. The round's control words `ctl`: [0] columns to fold, [1] MTP rows to catch
-// up, [2] the verified round's first position.
+// match the target's picks); the next round's verification folds those m columns into each GDN layer's state in
+// place before it reads it (its gdn_prep_verify shifts them into the conv history, its gdn_delta_verify runs
+// them through the delta rule), and the position moves by m at the round's start. The round's control words
+// `ctl`: [0] columns to fold, [1] MTP rows to catch up, [2] the verified round's first position, [3] the half of
+// the layers' records the next verification writes (each record is [2, T, ...]: a verification writes one half
+// while its fold reads the other, the last verification's; the accept flips it).
 #include "common.cuh"
 
-// gdn_prep_cols with each token's conv inputs recorded into conv_rec [T, C], the conv state untouched.
-extern "C" __global__ void gdn_prep_verify(GDN_PREP_COLS_PARAMS, float* __restrict__ conv_rec) {
+// A record plane's half h: base + h * (T rows of `row` floats).
+__device__ __forceinline__ size_t rec_half(int h, int T, int row) { return (size_t)h * T * row; }
+
+// gdn_prep_cols with the fold's conv half first: this lane's channels' history becomes the last three inputs of
+// [history, the last verification's first ctl[0] columns]; then each column's conv inputs are recorded into half
+// ctl[3] of conv_rec [2, T, C] (and its key, value, g, beta into half ctl[3] of theirs), the history left as the
+// fold made it.
+extern "C" __global__ void gdn_prep_verify(GDN_PREP_COLS_PARAMS, float* __restrict__ conv_rec,
+                                           const int* __restrict__ ctl) {
   NI_PDL_ENTRY();
-  gdn_prep_cols_body(GDN_PREP_COLS_ARGS, conv_rec);
+  const int w = ctl[3], n = ctl[0];
+  const int head = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), nheads = 2 * Hk + Hv, C = nheads * 128;
+  if (head >= nheads) return;
+  if (n > 0) {
+    const int c0 = head * 128 + (threadIdx.x & 31) * 4;
+    const float* prev = conv_rec + rec_half(1 - w, T, C);
+    float4 h[3];
+#pragma unroll
+    for (int i = 0; i < 3; ++i) {
+      const int t = n - 3 + i;
+      h[i] = *reinterpret_cast<const float4*>(t < 0 ? conv_state + (size_t)(3 + t) * C + c0 : prev + (size_t)t * C + c0);
+    }
+#pragma unroll
+    for (int i = 0; i < 3; ++i) *reinterpret_cast<float4*>(conv_state + (size_t)i * C + c0) = h[i];
+  }
+  gdn_prep_cols_body(qk, ldqk, vv, ldv, ab, ldab, conv_state, conv_w, a_log, dt_bias, qn, kn + rec_half(w, T, Hk * 128),
+                     vo + rec_half(w, T, Hv * 128), g + rec_half(w, T, Hv), beta + rec_half(w, T, Hv), Hk, Hv, q_scale,
+                     T, conv_rec + rec_half(w, T, C));
 }
 
-// gdn_delta_cols reading the recurrent state without writing it.
-extern "C" __global__ void __launch_bounds__(256) gdn_delta_verify(GDN_DELTA_COLS_PARAMS) {
+// The fold of the last verification's first ctl[0] columns (half 1 - ctl[3] of the records) into the state row in
+// place, then gdn_delta_cols over this verification's T columns (half ctl[3]) reading that state without writing it.
+extern "C" __global__ void __launch_bounds__(256) gdn_delta_verify(GDN_DELTA_COLS_PARAMS, const int* __restrict__ ctl) {
   NI_PDL_ENTRY();
-  gdn_delta_cols_body(GDN_DELTA_COLS_ARGS, false);
+  const int w = ctl[3], n = ctl[0];
+  const float* kp = kn + rec_half(1 - w, T, Hk * 128);
+  if (n > 0)  // (the key stands in for the query: the fold's outputs are dropped)
+    gdn_delta_cols_body(kp, kp, vo + rec_half(1 - w, T, Hv * 128), g + rec_half(1 - w, T, Hv),
+                        beta + rec_half(1 - w, T, Hv), state, nullptr, Hk, Hv, tiled, n, true);
+  gdn_delta_cols_body(qn, kn + rec_half(w, T, Hk * 128), vo + rec_half(w, T, Hv * 128), g + rec_half(w, T, Hv),
+                      beta + rec_half(w, T, Hv), state, o, Hk, Hv, tiled, T, false);
 }
 
-// The fold: the delta rule over the first ctl[0] recorded columns, into the state in place (outputs dropped;
-// the key stands in for the query, which only shapes outputs). grid: Hv * 128 / 8 blocks of 256.
+// The fold alone (a consumer stopped inside a round, or the stream's end): the delta rule over the first ctl[0]
+// columns of the last verification's records (half 1 - ctl[3] of [2, T, ...]), into the state in place. grid:
+// Hv * 128 / 8 blocks of 256.
 extern "C" __global__ void __launch_bounds__(256) gdn_fold(const float* __restrict__ kn, const float* __restrict__ vo,
                                                           const float* __restrict__ g, const float* __restrict__ beta,
-                                                          float* __restrict__ state, int Hk, int Hv, int tiled,
+                                                          float* __restrict__ state, int Hk, int Hv, int tiled, int T,
                                                           const int* __restrict__ ctl) {
   NI_PDL_ENTRY();
-  gdn_delta_cols_body(kn, kn, vo, g, beta, state, nullptr, Hk, Hv, tiled, ctl[0], true);
+  const int h = 1 - ctl[3];
+  const float* kp = kn + rec_half(h, T, Hk * 128);
+  gdn_delta_cols_body(kp, kp, vo + rec_half(h, T, Hv * 128), g + rec_half(h, T, Hv), beta + rec_half(h, T, Hv), state,
+                      nullptr, Hk, Hv, tiled, ctl[0], true);
 }
 
-// The conv history after the fold: the last three inputs of [history, the first ctl[0] recorded columns].
-// One thread a channel of C.
+// The conv history after the fold alone: the last three inputs of [history, the first ctl[0] columns of the last
+// verification's conv_rec half]. One thread a channel of C.
 extern "C" __global__ void gdn_conv_fold(const float* __restrict__ conv_rec, float* __restrict__ conv_state, int C,
-                                         const int* __restrict__ ctl) {
+                                         int T, const int* __restrict__ ctl) {
   NI_PDL_ENTRY();
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   const int n = ctl[0];
   if (c >= C || n <= 0) return;
+  conv_rec += rec_half(1 - ctl[3], T, C);
   const float old[3] = {conv_state[c], conv_state[C + c], conv_state[2 * C + c]};
   float nw[3];
 #pragma unroll
@@ -50,16 +89,18 @@ extern "C" __global__ void gdn_conv_fold(const float* __restrict__ conv_rec, flo
   conv_state[2 * C + c] = nw[2];
 }
 
-// pos[0] += ctl[0] (the folded columns join the sequence).
-extern "C" __global__ void spec_advance(int* __restrict__ pos, const int* __restrict__ ctl) {
+// pos[0] += ctl[0] (the folded columns join the sequence); settle (the fold alone): ctl[0] = 0, nothing left to fold.
+extern "C" __global__ void spec_advance(int* __restrict__ pos, int* __restrict__ ctl, int settle) {
   NI_PDL_ENTRY();
-  if (threadIdx.x == 0) pos[0] += ctl[0];
+  if (threadIdx.x != 0) return;
+  pos[0] += ctl[0];
+  if (settle) ctl[0] = 0;
 }
 
 // The accept. am [T]: the target's pick after each verified column (its argmax, or its draw with the coin plain
 // decode takes at that position); ids [T]: the verified inputs. m = 1 + the leading drafts equal to the target's
 // pick before them; the tokens emitted are am[0..m) (the last: the correction, or the bonus when every draft
-// stood). out = [m, am[0..T)]; the next round verifies from am[m-1] (ids[0]); ctl = [m, m, pos[0]].
+// stood). out = [m, am[0..T)]; the next round verifies from am[m-1] (ids[0]); ctl = [m, m, pos[0], the other half].
 extern "C" __global__ void spec_accept(const int* __restrict__ am, int* __restrict__ ids, int T,
                                               int* __restrict__ out, int* __restrict__ ctl, const int* __restrict__ pos) {
   NI_PDL_ENTRY();
@@ -72,6 +113,7 @@ extern "C" __global__ void spec_accept(const int* __restrict__ am, int* __restri
   ctl[0] = m;
   ctl[1] = m;
   ctl[2] = pos[0];
+  ctl[3] ^= 1;
 }
 
 // The first round after a plain step (its final hidden row h, its argmax token): the MTP catches up one row, (h,

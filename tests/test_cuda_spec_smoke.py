@@ -40,8 +40,12 @@ def test_round_graph_holds_verify_fold_and_the_mtp_head(cp, gpu, proposal, monke
     n_gdn = sum(t != "full_attention" for t in eng.model.args.layer_types)
     assert verify.count("gdn_prep_verify") == verify.count("gdn_delta_verify") == n_gdn
     assert "gdn_delta_cols" not in verify and verify[-1] == "spec_accept"
-    fold = [op.name for op in sp.verify.fold_ops()]
-    assert fold.count("gdn_fold") == fold.count("gdn_conv_fold") == n_gdn and fold[-1] == "spec_advance"
+    # the round folds inside the verification's GDN kernels; the fold alone (a stop inside a round) settles ctl[0]
+    assert "gdn_fold" not in verify and "gdn_conv_fold" not in verify
+    fold = sp.verify.fold_ops()
+    names = [op.name for op in fold]
+    assert names.count("gdn_fold") == names.count("gdn_conv_fold") == n_gdn and names[-1] == "spec_advance"
+    assert int(fold[-1].args[-1]) == 1 and int(sp.verify.advance_op().args[-1]) == 0
 
 
 def test_the_loop_commits_what_its_consumer_takes(cp, monkeypatch):

@@ -21,15 +21,16 @@ def gdn_prep(*, qk, ld_qk: int, v, ld_v: int, ab, ld_ab: int, conv_state, conv, 
     sequence, in `slices` token slices: grid.y): the causal conv over the conv history conv_state (weights `conv`) and
     SiLU of q|k (qk [., ld_qk]) and v (v [., ld_v]), q and k l2-normed (q times q_scale) into q_out, k_out, v into v_out,
     the gates g and beta from a|b (ab [., ld_ab], a_log, dt_bias). A warp a channel group of 128. `record` (with
-    `tokens`, one slice: speculative verification's gdn_prep_verify): each token's conv inputs into record
-    [tokens, C], the conv history left as it was."""
+    `tokens`, one slice: speculative verification's gdn_prep_verify): (conv records [2, tokens, C], ctl): the fold's
+    conv half first (the last verification's ctl[0] columns shifted into the conv history), then each token's conv
+    inputs into half ctl[3] of the conv records, and k_out, v_out, g, beta [2, tokens, ...] written in that half."""
     args = (qk, ld_qk, v, ld_v, ab, ld_ab, conv_state, conv, a_log, dt_bias, q_out, k_out, v_out, g, beta, k_heads,
             v_heads, float(q_scale))
     grid_x = -(-(2 * k_heads + v_heads) // K.WARPS)
     if tokens is None:
         return K.prepared("gdn_prep", (grid_x, rows), args)
     if record is not None:
-        return K.prepared("gdn_prep_verify", (grid_x, 1), args + (tokens, record))
+        return K.prepared("gdn_prep_verify", (grid_x, 1), args + (tokens,) + tuple(record))
     return K.prepared("gdn_prep_cols", (grid_x, slices), args + (tokens,))
 
 
@@ -41,18 +42,21 @@ def gdn_conv_tail(*, qk, ld_qk: int, v, ld_v: int, conv_state, k_heads: int, v_h
 
 
 def delta_step(*, q, k, v, g, beta, state, o, k_heads: int, v_heads: int, rows: int, tokens: int | None = None,
-               rows_a_warp: int = 1, write_state: bool = True) -> K.Launch:
+               rows_a_warp: int = 1, write_state: bool = True, fold=None) -> K.Launch:
     """The delta rule from gdn_prep's outputs (q, k [., k_heads, 128], v [., v_heads, 128], g, beta [., v_heads]):
     state [., v_heads, 128, 128] updated and o [., v_heads * 128] written. gdn_delta: one token a row of `rows`; with
     `tokens`, that many consecutive tokens of one sequence, gdn_delta_cols (a state row a warp) or
-    gdn_delta_rows<rows_a_warp>; write_state False (with tokens: speculative verification's gdn_delta_verify): the
-    state read, not written."""
+    gdn_delta_rows<rows_a_warp>; write_state False (with tokens and `fold`, the round's ctl: speculative
+    verification's gdn_delta_verify): the last verification's ctl[0] columns (half 1 - ctl[3] of k, v, g, beta [2,
+    tokens, ...]) folded into the state first, then this one's (half ctl[3]) read from it, not written."""
     args = (q, k, v, g, beta, state, o, k_heads, v_heads, 0)
     if tokens is None:
         return K.prepared("gdn_delta", (-(-v_heads * GDN_HEAD_DIM // K.WARPS), rows), args)
     name = "gdn_delta_cols" if rows_a_warp == 1 else f"gdn_delta_rows<{rows_a_warp}>"
     if not write_state:
-        name = "gdn_delta_verify"
+        if fold is None or rows_a_warp != 1:
+            raise ValueError("the verification's delta rule takes the round's ctl (fold) and a state row a warp")
+        return K.prepared("gdn_delta_verify", (-(-v_heads * GDN_HEAD_DIM // K.WARPS),), args + (tokens, fold))
     return K.prepared(name, (-(-v_heads * GDN_HEAD_DIM // (K.WARPS * rows_a_warp)),), args + (tokens,))
 
 
@@ -90,10 +94,11 @@ def gdn_rows(cp, rows: int, k_heads: int, v_heads: int) -> tuple:
             cp.zeros((rows, v_heads), dtype=f32))
 
 
-def prep_bufs(ex, L, lda: int, ldb: int) -> dict:
+def prep_bufs(ex, L, lda: int, ldb: int, buf_a=None, buf_b=None) -> dict:
     """gdn_prep's buffers in `ex` (a step's StepContext, or the prefill executor: buf_a, buf_b, ab, the gdn_* rows):
-    layer L's projections in (row strides lda, ldb), its conv history, the delta rule's inputs out."""
-    return dict(qk=ex.buf_a, ld_qk=lda, v=ex.buf_b, ld_v=ldb, ab=ex.ab, ld_ab=ex.ab.shape[1], conv_state=L["conv_state"],
+    layer L's projections in (ex's buf_a and buf_b unless given, row strides lda, ldb), its conv history, the delta
+    rule's inputs out."""
+    return dict(qk=ex.buf_a if buf_a is None else buf_a, ld_qk=lda, v=ex.buf_b if buf_b is None else buf_b, ld_v=ldb, ab=ex.ab, ld_ab=ex.ab.shape[1], conv_state=L["conv_state"],
                 conv=L["conv"], a_log=L["a_log"], dt_bias=L["dt_bias"], q_out=ex.gdn_q, k_out=ex.gdn_k, v_out=ex.gdn_v,
                 g=ex.gdn_g, beta=ex.gdn_beta, k_heads=ex.Hk, v_heads=ex.Hv, q_scale=1.0 / math.sqrt(GDN_HEAD_DIM))
 
@@ -223,14 +228,19 @@ class GdnBlock:
                     ops.extend(c.concurrent([pair], ab_gemv) if ab_gemv else [pair])
                 else:
                     ops.extend(c.concurrent([vz], [qk] + ab_gemv))
+        elif "qkvz" in L and L["qk"].n == 2 * Hk * GDN_HEAD_DIM:  # (one GEMV over q|k|v|z: one format)
+            buf_a = c.merged_buf()
+            buf_b = buf_a[:, L["qk"].n:]
+            lda = ldb = buf_a.shape[1]
+            ops.extend(c.concurrent([c.gemv(L["qkvz"], c.xn, buf_a, xpre=xn)], [c.gemv(L["ab"], c.xn, c.ab)]))
         else:
             qk = c.gemv(L["qk"], c.xn, c.buf_a, xpre=xn)
             vz = c.gemv(L["vz"], c.xn, c.buf_b, xpre=xn)
             ops.extend(c.concurrent([vz], [qk, c.gemv(L["ab"], c.xn, c.ab)]))
         if fuse_prep:
             return ops, self._raw_core(L, buf_a, lda, buf_b, ldb, att_stage, chunk)
-        core = self.core_ops(L, lda, ldb)
-        core.append(self._gated_norm(L, ldb, Hv * GDN_HEAD_DIM, att_stage, chunk=chunk))
+        core = self.core_ops(L, buf_a, lda, buf_b, ldb)
+        core.append(self._gated_norm(L, ldb, Hv * GDN_HEAD_DIM, att_stage, buf_b, chunk=chunk))
         return ops, core
 
     def _gated_norm(self, L, ldb, zoff, att_stage, buf_b=None, chunk: bool = False):
@@ -247,7 +257,8 @@ class GdnBlock:
                                 ld_out=c.att.shape[1], v_heads=c.Hv, eps=c.args.rms_norm_eps, k=k, kpad=kpad,
                                 xh=xh, xinv=xinv, rows=c.M)
 
-    def core_ops(self, L, lda, ldb):
-        """Conv + SiLU + norms + gates, then the delta rule: one token per lane row."""
+    def core_ops(self, L, buf_a, lda, buf_b, ldb):
+        """Conv + SiLU + norms + gates, then the delta rule: one token per lane row; the projections' rows in buf_a
+        (q|k) and buf_b (v|z), row strides lda, ldb."""
         c = self.c
-        return [gdn_prep(**prep_bufs(c, L, lda, ldb), rows=c.M), delta_step(**delta_bufs(c, L), rows=c.M)]
+        return [gdn_prep(**prep_bufs(c, L, lda, ldb, buf_a, buf_b), rows=c.M), delta_step(**delta_bufs(c, L), rows=c.M)]

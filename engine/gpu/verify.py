@@ -2,17 +2,18 @@
 round (the semantics: spec/runtime.md §3.5-3.6; the NumPy form: engine/speculative.py, engine/models/replay_ssm.py).
 
 A round is one CUDA graph on the decode executor's stream:
-1. fold: the previous round's accepted columns replayed into the GDN state (`gdn_fold`, `gdn_conv_fold`: the
-   delta rule over the recorded key, value, g and beta; the conv history shifted), the position moved;
+1. the position moves by the previous round's accepted columns (`spec_advance`);
 2. the MTP head catches up over those columns (one columns pass: each column's final hidden state and the token
    after it), then drafts K tokens one row each by greedy argmax of its proposal head, or of the target's head
    where the weights carry none (its own one-layer KV cache);
-3. the verification: the columns step over [t, d_1..d_K] whose GDN layers read the committed state and record
-   (`gdn_prep_verify`, `gdn_delta_verify`), the head over every column, the target's own pick a column (the argmax,
-   or a device sampler's draw with the coin plain decode takes at that position), the accept (`spec_accept`: m,
-   the emitted tokens, the next round's first id), all on the device.
+3. the verification: the columns step over [t, d_1..d_K] whose GDN layers first fold the previous round's accepted
+   columns into their state and conv history in place (ReplaySSM: the delta rule over the recorded key, value, g and
+   beta), then read that state and record this round's columns (`gdn_prep_verify`, `gdn_delta_verify`; the records
+   are two halves, one written while the other is folded), the head over every column, the target's own pick a
+   column (the argmax, or a device sampler's draw with the coin plain decode takes at that position), the accept
+   (`spec_accept`: m, the emitted tokens, the next round's first id), all on the device.
 The host reads [m, picks] once a round. A consumer that stops inside a round commits the columns it took:
-the fold graph alone runs with that count. The kernels: cuda/spec.cu.
+the fold graph alone (`gdn_fold`, `gdn_conv_fold`) runs with that count. The kernels: cuda/spec.cu.
 """
 from __future__ import annotations
 
@@ -49,8 +50,9 @@ def copy_ints(src, dst, n: int):
 
 
 class VerifyGdn(GdnBlock):
-    """The GDN layers of the verified columns: they read the committed state and record, a row a column, what the
-    fold needs (conv inputs, normed key, value, g, beta), the state and conv history left as they were."""
+    """The GDN layers of the verified columns: each first folds the last verification's accepted columns (ctl[0]) into
+    its state and conv history, then reads that state and records, a row a column, what the next fold needs (conv
+    inputs, normed key, value, g, beta) into the half ctl[3] of its records, the state left as the fold made it."""
 
     FUSES_PREP = False
 
@@ -59,27 +61,29 @@ class VerifyGdn(GdnBlock):
         self.records = {}
 
     def record(self, L) -> dict:
-        """What the fold of GDN layer L needs, a row a column: conv inputs, normed key, value, g, beta."""
+        """What the fold of GDN layer L needs, a row a column, in two halves (a verification writes half ctl[3]; the
+        fold reads the other): conv inputs, normed key, value, g, beta."""
         if id(L) not in self.records:
             c = self.c
             cp, T, f32 = c.cp, c.M, c.cp.float32
             C = (2 * c.Hk + c.Hv) * GDN_HEAD_DIM
-            self.records[id(L)] = {"conv": cp.zeros((T, C), dtype=f32),
-                                   "k": cp.zeros((T, c.Hk, GDN_HEAD_DIM), dtype=f32),
-                                   "v": cp.zeros((T, c.Hv, GDN_HEAD_DIM), dtype=f32),
-                                   "g": cp.zeros((T, c.Hv), dtype=f32), "beta": cp.zeros((T, c.Hv), dtype=f32)}
+            self.records[id(L)] = {"conv": cp.zeros((2, T, C), dtype=f32),
+                                   "k": cp.zeros((2, T, c.Hk, GDN_HEAD_DIM), dtype=f32),
+                                   "v": cp.zeros((2, T, c.Hv, GDN_HEAD_DIM), dtype=f32),
+                                   "g": cp.zeros((2, T, c.Hv), dtype=f32), "beta": cp.zeros((2, T, c.Hv), dtype=f32)}
         return self.records[id(L)]
 
-    def core_ops(self, L, lda, ldb):
+    def core_ops(self, L, buf_a, lda, buf_b, ldb):
         c = self.c
         Hk, Hv, T = c.Hk, c.Hv, c.M
         r = self.record(L)
-        prep = gdn_prep(qk=c.buf_a, ld_qk=lda, v=c.buf_b, ld_v=ldb, ab=c.ab, ld_ab=c.ab.shape[1],
+        prep = gdn_prep(qk=buf_a, ld_qk=lda, v=buf_b, ld_v=ldb, ab=c.ab, ld_ab=c.ab.shape[1],
                         conv_state=L["conv_state"], conv=L["conv"], a_log=L["a_log"], dt_bias=L["dt_bias"],
                         q_out=c.gdn_q, k_out=r["k"], v_out=r["v"], g=r["g"], beta=r["beta"], k_heads=Hk,
-                        v_heads=Hv, q_scale=1.0 / math.sqrt(GDN_HEAD_DIM), rows=T, tokens=T, record=r["conv"])
+                        v_heads=Hv, q_scale=1.0 / math.sqrt(GDN_HEAD_DIM), rows=T, tokens=T,
+                        record=(r["conv"], c.spec_ctl))
         delta = delta_step(q=c.gdn_q, k=r["k"], v=r["v"], g=r["g"], beta=r["beta"], state=L["state"], o=c.att2,
-                           k_heads=Hk, v_heads=Hv, rows=T, tokens=T, write_state=False)
+                           k_heads=Hk, v_heads=Hv, rows=T, tokens=T, write_state=False, fold=c.spec_ctl)
         return [prep, delta]
 
 
@@ -97,7 +101,9 @@ class CudaVerify(CudaQwen35Columns):
         super()._alloc_state()
         cp, T, i32 = self.cp, self.M, self.cp.int32
         self.am_out = cp.zeros(T, dtype=i32)  # the target's pick after each column
-        self.ctl = cp.zeros(4, dtype=i32)  # [columns to fold, MTP rows to catch up, the round's first position]
+        # [columns to fold, MTP rows to catch up, the round's first position, the records' half the next verification
+        # writes]; the GDN layers' verification reads it (VerifyGdn)
+        self.ctl = self.ctx.spec_ctl = cp.zeros(4, dtype=i32)
         self.out = cp.zeros(1 + T, dtype=i32)  # [m, picks]: what the host reads
         self.ovr = cp.zeros(1 + self.k, dtype=i32)  # host drafts: [set, d_1..d_K]
         # each column's pick commits into rings of its own (am_out, at the column's position), not the sequence's
@@ -130,7 +136,9 @@ class CudaVerify(CudaQwen35Columns):
         return out
 
     def fold_ops(self) -> list:
-        """ctl[0] recorded columns into every GDN layer's state and conv history; the position moves by as many."""
+        """The fold alone (the round's verification folds inside its GDN layers): ctl[0] columns of the last
+        verification's records into every GDN layer's state and conv history; the position moves by as many, and
+        ctl[0] becomes 0 (nothing left for the next round to fold)."""
         Hk, Hv = self.ctx.Hk, self.ctx.Hv
         C = (2 * Hk + Hv) * GDN_HEAD_DIM
         ops = []
@@ -139,9 +147,14 @@ class CudaVerify(CudaQwen35Columns):
                 continue
             r = self.gdn.record(L)
             ops += [K.prepared("gdn_fold", (-(-Hv * GDN_HEAD_DIM // K.WARPS),),
-                               (r["k"], r["v"], r["g"], r["beta"], L["state"], Hk, Hv, 0, self.ctl)),
-                    K.prepared("gdn_conv_fold", (-(-C // 256),), (r["conv"], L["conv_state"], C, self.ctl), block=256)]
-        return ops + [K.prepared("spec_advance", (1,), (self.pos, self.ctl), block=32)]
+                               (r["k"], r["v"], r["g"], r["beta"], L["state"], Hk, Hv, 0, self.M, self.ctl)),
+                    K.prepared("gdn_conv_fold", (-(-C // 256),), (r["conv"], L["conv_state"], C, self.M, self.ctl),
+                               block=256)]
+        return ops + [self.advance_op(settle=True)]
+
+    def advance_op(self, settle: bool = False):
+        """spec_advance: the position moves by ctl[0] (settle: ctl[0] becomes 0, the fold alone having run)."""
+        return K.prepared("spec_advance", (1,), (self.pos, self.ctl, int(settle)), block=32)
 
 
 class CudaMtp(CudaQwen35):
@@ -243,11 +256,10 @@ class Speculator:
         self.mtp = CudaMtp(v, mtp_weights)
         override = K.prepared("spec_override", (1,), (v.ovr, v.tokens, k), block=32)
         self.drafted = decode.cp.zeros(k, dtype=decode.cp.int32)  # the MTP head's drafts of the last round
-        fold = v.fold_ops()
-        head = fold + self.mtp.round_ops() + [copy_ints(v.tokens[1:], self.drafted, k), override]
+        head = [v.advance_op()] + self.mtp.round_ops() + [copy_ints(v.tokens[1:], self.drafted, k), override]
         self.graphs = {kind: v._capture(head + ops) for kind, ops in v.tails().items()}
         self.graph = self.graphs["greedy"]
-        self.fold_graph = v._capture(fold)
+        self.fold_graph = v._capture(v.fold_ops())
         self.catch_up_graph = v._capture(self.mtp.catch_up_ops())
         self.prompt = mtp_prompt.MtpPrompt(self.mtp, share=prefill)
         self.cache = None  # the engine cache whose sequence the MTP's pool follows
