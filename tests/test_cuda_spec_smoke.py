@@ -139,9 +139,12 @@ def test_moe_verification_runs_every_row_through_the_routed_experts(cp, gpu, mon
     verify = flat(sp.verify.ops)
     names = _names(sp.verify.ops)
     assert names.count("moe_cols_prep") == names.count("moe_route") == n
-    assert not any(m.startswith("moe_fused") or m.startswith("moe_down") for m in names)
+    assert not any(m.startswith("moe_fused") for m in names)
     prep = [op for op in verify if getattr(op, "name", "") == "moe_cols_prep"][0]
     assert prep.grid == (4 * 2,)  # K + 1 rows, 2 experts a token
+    # the routed down: moe_down over the slots alone (the shared expert's down runs over the 4 rows beside it)
+    downs = [op for op in verify if getattr(op, "name", "").startswith("moe_down")]
+    assert len(downs) == n and all(op.grid[2] == 4 * 2 and int(op.args[-1]) == 4 * 2 for op in downs)
     assert verify[-1].name == "spec_accept"
     # the MTP head: the catch-up over the K + 1 columns in the columns form, the drafts 2..K one-token rows
     mtp = _names(sp.mtp.round_ops())

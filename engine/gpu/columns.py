@@ -32,13 +32,13 @@ class ColumnsGdn(GdnBlock):
     PREP_SPLIT = 1  # token slices of gdn_prep_cols (grid.y); more than one leaves the conv state to gdn_conv_tail
     DELTA_ROWS = 1  # GDN state rows a warp in the recurrence (gdn_delta_rows for > 1)
 
-    def core_ops(self, L, buf_a, lda, buf_b, ldb):
+    def core_ops(self, L, lda, ldb):
         c = self.c
         T = c.M
         split = max(1, min(self.PREP_SPLIT, T // 8))
-        prep = [gdn_prep(**prep_bufs(c, L, lda, ldb, buf_a, buf_b), rows=1, tokens=T, slices=split)]
+        prep = [gdn_prep(**prep_bufs(c, L, lda, ldb), rows=1, tokens=T, slices=split)]
         if split > 1:
-            prep.append(gdn_conv_tail(qk=buf_a, ld_qk=lda, v=buf_b, ld_v=ldb, conv_state=L["conv_state"],
+            prep.append(gdn_conv_tail(qk=c.buf_a, ld_qk=lda, v=c.buf_b, ld_v=ldb, conv_state=L["conv_state"],
                                       k_heads=c.Hk, v_heads=c.Hv, tokens=T))
         return prep + [delta_step(**delta_bufs(c, L), rows=1, tokens=T, rows_a_warp=self.DELTA_ROWS)]
 

@@ -94,11 +94,10 @@ def gdn_rows(cp, rows: int, k_heads: int, v_heads: int) -> tuple:
             cp.zeros((rows, v_heads), dtype=f32))
 
 
-def prep_bufs(ex, L, lda: int, ldb: int, buf_a=None, buf_b=None) -> dict:
+def prep_bufs(ex, L, lda: int, ldb: int) -> dict:
     """gdn_prep's buffers in `ex` (a step's StepContext, or the prefill executor: buf_a, buf_b, ab, the gdn_* rows):
-    layer L's projections in (ex's buf_a and buf_b unless given, row strides lda, ldb), its conv history, the delta
-    rule's inputs out."""
-    return dict(qk=ex.buf_a if buf_a is None else buf_a, ld_qk=lda, v=ex.buf_b if buf_b is None else buf_b, ld_v=ldb, ab=ex.ab, ld_ab=ex.ab.shape[1], conv_state=L["conv_state"],
+    layer L's projections in (row strides lda, ldb), its conv history, the delta rule's inputs out."""
+    return dict(qk=ex.buf_a, ld_qk=lda, v=ex.buf_b, ld_v=ldb, ab=ex.ab, ld_ab=ex.ab.shape[1], conv_state=L["conv_state"],
                 conv=L["conv"], a_log=L["a_log"], dt_bias=L["dt_bias"], q_out=ex.gdn_q, k_out=ex.gdn_k, v_out=ex.gdn_v,
                 g=ex.gdn_g, beta=ex.gdn_beta, k_heads=ex.Hk, v_heads=ex.Hv, q_scale=1.0 / math.sqrt(GDN_HEAD_DIM))
 
@@ -228,19 +227,14 @@ class GdnBlock:
                     ops.extend(c.concurrent([pair], ab_gemv) if ab_gemv else [pair])
                 else:
                     ops.extend(c.concurrent([vz], [qk] + ab_gemv))
-        elif "qkvz" in L and L["qk"].n == 2 * Hk * GDN_HEAD_DIM:  # (one GEMV over q|k|v|z: one format)
-            buf_a = c.merged_buf()
-            buf_b = buf_a[:, L["qk"].n:]
-            lda = ldb = buf_a.shape[1]
-            ops.extend(c.concurrent([c.gemv(L["qkvz"], c.xn, buf_a, xpre=xn)], [c.gemv(L["ab"], c.xn, c.ab)]))
         else:
             qk = c.gemv(L["qk"], c.xn, c.buf_a, xpre=xn)
             vz = c.gemv(L["vz"], c.xn, c.buf_b, xpre=xn)
             ops.extend(c.concurrent([vz], [qk, c.gemv(L["ab"], c.xn, c.ab)]))
         if fuse_prep:
             return ops, self._raw_core(L, buf_a, lda, buf_b, ldb, att_stage, chunk)
-        core = self.core_ops(L, buf_a, lda, buf_b, ldb)
-        core.append(self._gated_norm(L, ldb, Hv * GDN_HEAD_DIM, att_stage, buf_b, chunk=chunk))
+        core = self.core_ops(L, lda, ldb)
+        core.append(self._gated_norm(L, ldb, Hv * GDN_HEAD_DIM, att_stage, chunk=chunk))
         return ops, core
 
     def _gated_norm(self, L, ldb, zoff, att_stage, buf_b=None, chunk: bool = False):
@@ -257,8 +251,7 @@ class GdnBlock:
                                 ld_out=c.att.shape[1], v_heads=c.Hv, eps=c.args.rms_norm_eps, k=k, kpad=kpad,
                                 xh=xh, xinv=xinv, rows=c.M)
 
-    def core_ops(self, L, buf_a, lda, buf_b, ldb):
-        """Conv + SiLU + norms + gates, then the delta rule: one token per lane row; the projections' rows in buf_a
-        (q|k) and buf_b (v|z), row strides lda, ldb."""
+    def core_ops(self, L, lda, ldb):
+        """Conv + SiLU + norms + gates, then the delta rule: one token per lane row."""
         c = self.c
-        return [gdn_prep(**prep_bufs(c, L, lda, ldb, buf_a, buf_b), rows=c.M), delta_step(**delta_bufs(c, L), rows=c.M)]
+        return [gdn_prep(**prep_bufs(c, L, lda, ldb), rows=c.M), delta_step(**delta_bufs(c, L), rows=c.M)]

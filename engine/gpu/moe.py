@@ -19,18 +19,19 @@ def moe_route(*, logits, ld: int, experts: int, topk: int, eidx, ewts, ld_w: int
 
 
 def moe_down(routed, shared, *, eidx, act_routed, act_shared, planes, plane_stride: int, ewts, topk: int,
-             name: str | None = None) -> K.Launch | None:
+             name: str | None = None, with_shared: bool = True) -> K.Launch | None:
     """moe_down (cuda/moe.cu): every down-projection of an MoE block in one launch, grid.z a slot: the routed stack
     `routed` [E * H, I] for the topk slots (expert eidx [1, topk], its fp32 SwiGLU row act_routed [topk, I]) and the
     shared expert's `shared` [H, I_s] (its row the first I_s values of act_shared [1, .]), each into its partial plane
     planes[z] (plane_stride floats apart) weighted by ewts [1, topk + 1]; rows a half-warp as `name` says (the
-    compiled form for the two formats by default), or None where none is compiled."""
+    compiled form for the two formats by default), or None where none is compiled. with_shared False: the routed
+    slots only (the verified columns' shared expert runs over all their rows beside it)."""
     name = name or K.moe_down_name(K.FMT_IDS[routed.fmt], K.FMT_IDS[shared.fmt])
     if not name:
         return None
     r = int(name.split(",")[2])
     P = lambda m, a: np.uint64(m.ptr(a))  # noqa: E731
-    return K.prepared(name, (-(-shared.n // (2 * K.WARPS * r)), 1, topk + 1),
+    return K.prepared(name, (-(-shared.n // (2 * K.WARPS * r)), 1, topk + int(with_shared)),
                       (P(routed, routed.base), P(routed, routed.high), P(routed, routed.scales), routed.gpr, eidx,
                        act_routed, routed.k, P(shared, shared.base), P(shared, shared.high), P(shared, shared.scales),
                        shared.gpr, act_shared, shared.k, shared.n, routed.k, planes, plane_stride, ewts, topk))
@@ -211,8 +212,9 @@ class MoeBlock:
     def column_ops(self, L, xn) -> tuple[list, int]:
         """The block over M token rows (the verified columns): router GEMV and top-k for every row, moe_cols_prep (the
         M * k routed slots in slot order z = j * M + r, each with its row's staged x; the shared expert's rows scaled by
-        its gate), the routed gate|up and down launches over all the slots (grid.z: each expert of the rows' union is
-        read by the slots that chose it), the shared expert's down over the M rows beside them. Partials as `ops`:
+        its gate), the routed gate|up (a GEMV by slot) and down (moe_down) launches over all the slots (grid.z: each
+        expert of the rows' union is read by the slots that chose it), the shared expert's down over the M rows beside
+        them. Partials as `ops`:
         slot j of every row into part[j], the shared expert into part[k]."""
         c = self.c
         E, k, H, ie, M = c.args.num_experts, self.topk, c.H, self.inter_e, c.M
@@ -227,8 +229,14 @@ class MoeBlock:
                                                       self.xinv_rep), block=256)
         gu1, dn1 = gu.row_slice(0, 2 * ie), dn.row_slice(0, H)  # expert 0's rows (the kernel offsets by eidx)
         routed = [GemvPlan(gu1, self.xrep, H, self.act_e, ie, epi="swiglu", unroll=2, xpre=(self.xrep, self.xinv_rep),
-                           experts=(self.eidx_t, 2 * ie, W * 4, ie, None, M * k)).launch,
-                  GemvPlan(dn1, self.act_e, ie, c.part, H, epi="store", unroll=2, rows=1,
-                           experts=(self.eidx_t, H, ie * 4, H, self.ewts_t, M * k)).launch]
+                           experts=(self.eidx_t, 2 * ie, W * 4, ie, None, M * k)).launch]
+        # the routed down: moe_down over the M * k slots (a half-warp a row, the fp32 SwiGLU rows read directly: slot z
+        # into plane z // M, row z % M), else a GEMV by slot
+        down = None
+        if dn.fmt in K.FMT_IDS and sd.fmt in K.FMT_IDS and dn.k % 32 == 0:
+            down = moe_down(dn, sd, eidx=self.eidx_t, act_routed=self.act_e, act_shared=c.act, planes=c.part,
+                            plane_stride=H, ewts=self.ewts_t, topk=M * k, with_shared=False)
+        routed.append(down or GemvPlan(dn1, self.act_e, ie, c.part, H, epi="store", unroll=2, rows=1,
+                                       experts=(self.eidx_t, H, ie * 4, H, self.ewts_t, M * k)).launch)
         shared_down = GemvPlan(sd, c.act, c.act.shape[1], c.part[k], H, m=M, epi="store").launch
         return c.concurrent(route, [shared_gu]) + [prep] + c.concurrent(routed, [shared_down]), self.splits()

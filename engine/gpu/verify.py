@@ -73,11 +73,11 @@ class VerifyGdn(GdnBlock):
                                    "g": cp.zeros((2, T, c.Hv), dtype=f32), "beta": cp.zeros((2, T, c.Hv), dtype=f32)}
         return self.records[id(L)]
 
-    def core_ops(self, L, buf_a, lda, buf_b, ldb):
+    def core_ops(self, L, lda, ldb):
         c = self.c
         Hk, Hv, T = c.Hk, c.Hv, c.M
         r = self.record(L)
-        prep = gdn_prep(qk=buf_a, ld_qk=lda, v=buf_b, ld_v=ldb, ab=c.ab, ld_ab=c.ab.shape[1],
+        prep = gdn_prep(qk=c.buf_a, ld_qk=lda, v=c.buf_b, ld_v=ldb, ab=c.ab, ld_ab=c.ab.shape[1],
                         conv_state=L["conv_state"], conv=L["conv"], a_log=L["a_log"], dt_bias=L["dt_bias"],
                         q_out=c.gdn_q, k_out=r["k"], v_out=r["v"], g=r["g"], beta=r["beta"], k_heads=Hk,
                         v_heads=Hv, q_scale=1.0 / math.sqrt(GDN_HEAD_DIM), rows=T, tokens=T,
