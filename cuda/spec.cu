@@ -14,31 +14,53 @@
 // A record plane's half h: base + h * (T rows of `row` floats).
 __device__ __forceinline__ size_t rec_half(int h, int T, int row) { return (size_t)h * T * row; }
 
-// gdn_prep_cols with the fold's conv half first: this lane's channels' history becomes the last three inputs of
-// [history, the last verification's first ctl[0] columns]; then each column's conv inputs are recorded into half
-// ctl[3] of conv_rec [2, T, C] (and its key, value, g, beta into half ctl[3] of theirs), the history left as the
-// fold made it.
-extern "C" __global__ void gdn_prep_verify(GDN_PREP_COLS_PARAMS, float* __restrict__ conv_rec,
-                                           const int* __restrict__ ctl) {
+// The verification's conv, SiLU, norms and gates, a warp a (channel group of 128, column): the 8 warps of a block
+// take 8 / T groups x T columns (T <= 8), so no warp walks the columns in order (a column's conv reads only inputs).
+// The fold's conv half first: each warp's window before its column comes from the history as the fold leaves it (the
+// last three inputs of [history, the last verification's first ctl[0] columns], half 1 - ctl[3] of conv_rec [2, T,
+// C]); column t's conv inputs are recorded into half ctl[3] of conv_rec, its key, value, g and beta into half ctl[3]
+// of theirs (prep_store); after the block's warps have read the history, column 0's warps write the folded one.
+extern "C" __global__ void __launch_bounds__(256) gdn_prep_verify(GDN_PREP_COLS_PARAMS, float* __restrict__ conv_rec,
+                                                                  const int* __restrict__ ctl) {
   NI_PDL_ENTRY();
   const int w = ctl[3], n = ctl[0];
-  const int head = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), nheads = 2 * Hk + Hv, C = nheads * 128;
-  if (head >= nheads) return;
-  if (n > 0) {
-    const int c0 = head * 128 + (threadIdx.x & 31) * 4;
-    const float* prev = conv_rec + rec_half(1 - w, T, C);
-    float4 h[3];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, hpb = max(1, (blockDim.x >> 5) / T);
+  const int head = blockIdx.x * hpb + warp / T, t = warp % T, nheads = 2 * Hk + Hv, C = nheads * 128;
+  const bool live = warp / T < hpb && head < nheads;
+  const int c0 = head * 128 + lane * 4;
+  const float* prev = conv_rec + rec_half(1 - w, T, C);
+  auto ld4 = [](const float* p) { return *reinterpret_cast<const float4*>(p); };
+  // input s of this round (s >= 0), else entry 3 + s of the folded history
+  auto input = [&](int s) {
+    if (s >= 0) return ld4(conv_src(qk, ldqk, vv, ldv, Hk, s, c0));
+    const int u = n + s;  // (entry 3 + s of the folded history is element n + 3 + s of [history, prev[0..n)])
+    return ld4(u < 0 ? conv_state + (size_t)(3 + u) * C + c0 : prev + (size_t)u * C + c0);
+  };
+  float4 hist[3];
+  if (live) {
+    float4 xs[4];
 #pragma unroll
-    for (int i = 0; i < 3; ++i) {
-      const int t = n - 3 + i;
-      h[i] = *reinterpret_cast<const float4*>(t < 0 ? conv_state + (size_t)(3 + t) * C + c0 : prev + (size_t)t * C + c0);
+    for (int i = 0; i < 4; ++i) xs[i] = input(t - 3 + i);
+    if (t == 0)
+#pragma unroll
+      for (int i = 0; i < 3; ++i) hist[i] = xs[i];
+    *reinterpret_cast<float4*>(conv_rec + rec_half(w, T, C) + (size_t)t * C + c0) = xs[3];
+    float y[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float a[4] = {xs[0].x, xs[1].x, xs[2].x, xs[3].x}, b[4] = {xs[0].y, xs[1].y, xs[2].y, xs[3].y},
+                  c[4] = {xs[0].z, xs[1].z, xs[2].z, xs[3].z}, d[4] = {xs[0].w, xs[1].w, xs[2].w, xs[3].w};
+      const float* v = i == 0 ? a : i == 1 ? b : i == 2 ? c : d;
+      y[i] = silu(conv_w[c0 + i] * v[0] + conv_w[C + c0 + i] * v[1] + conv_w[2 * C + c0 + i] * v[2] +
+                  conv_w[3 * C + c0 + i] * v[3]);
     }
-#pragma unroll
-    for (int i = 0; i < 3; ++i) *reinterpret_cast<float4*>(conv_state + (size_t)i * C + c0) = h[i];
+    prep_store(y, head, t, lane, Hk, Hv, q_scale, ab, ldab, a_log, dt_bias, qn, kn + rec_half(w, T, Hk * 128),
+               vo + rec_half(w, T, Hv * 128), g + rec_half(w, T, Hv), beta + rec_half(w, T, Hv));
   }
-  gdn_prep_cols_body(qk, ldqk, vv, ldv, ab, ldab, conv_state, conv_w, a_log, dt_bias, qn, kn + rec_half(w, T, Hk * 128),
-                     vo + rec_half(w, T, Hv * 128), g + rec_half(w, T, Hv), beta + rec_half(w, T, Hv), Hk, Hv, q_scale,
-                     T, conv_rec + rec_half(w, T, C));
+  __syncthreads();  // (every warp of the block has read the history its columns need)
+  if (live && t == 0 && n > 0)
+#pragma unroll
+    for (int i = 0; i < 3; ++i) *reinterpret_cast<float4*>(conv_state + (size_t)i * C + c0) = hist[i];
 }
 
 // The fold of the last verification's first ctl[0] columns (half 1 - ctl[3] of the records) into the state row in

@@ -21,16 +21,20 @@ def gdn_prep(*, qk, ld_qk: int, v, ld_v: int, ab, ld_ab: int, conv_state, conv, 
     sequence, in `slices` token slices: grid.y): the causal conv over the conv history conv_state (weights `conv`) and
     SiLU of q|k (qk [., ld_qk]) and v (v [., ld_v]), q and k l2-normed (q times q_scale) into q_out, k_out, v into v_out,
     the gates g and beta from a|b (ab [., ld_ab], a_log, dt_bias). A warp a channel group of 128. `record` (with
-    `tokens`, one slice: speculative verification's gdn_prep_verify): (conv records [2, tokens, C], ctl): the fold's
-    conv half first (the last verification's ctl[0] columns shifted into the conv history), then each token's conv
-    inputs into half ctl[3] of the conv records, and k_out, v_out, g, beta [2, tokens, ...] written in that half."""
+    `tokens`, one slice: speculative verification's gdn_prep_verify, a warp a channel group and token): (conv records
+    [2, tokens, C], ctl): each token's conv over the history as the fold leaves it (the last verification's ctl[0]
+    columns shifted in, and written back), its conv inputs into half ctl[3] of the conv records, and k_out, v_out, g,
+    beta [2, tokens, ...] written in that half."""
     args = (qk, ld_qk, v, ld_v, ab, ld_ab, conv_state, conv, a_log, dt_bias, q_out, k_out, v_out, g, beta, k_heads,
             v_heads, float(q_scale))
     grid_x = -(-(2 * k_heads + v_heads) // K.WARPS)
     if tokens is None:
         return K.prepared("gdn_prep", (grid_x, rows), args)
-    if record is not None:
-        return K.prepared("gdn_prep_verify", (grid_x, 1), args + (tokens,) + tuple(record))
+    if record is not None:  # (a warp a channel group and column: 8 // tokens groups a block)
+        if not 1 <= tokens <= K.WARPS:
+            raise ValueError(f"gdn_prep_verify takes 1 to {K.WARPS} columns, not {tokens}")
+        hpb = K.WARPS // tokens
+        return K.prepared("gdn_prep_verify", (-(-(2 * k_heads + v_heads) // hpb),), args + (tokens,) + tuple(record))
     return K.prepared("gdn_prep_cols", (grid_x, slices), args + (tokens,))
 
 
