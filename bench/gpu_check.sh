@@ -13,7 +13,7 @@
 #              (int8 KV), 35B-A3B at depth 0
 #   spec       bench/spec_round.py (MTP speculation, mtp:3, acceptance forced to 0.88/0.77/0.67): 27B at depth 0 and
 #              at 32768 with int8 KV, 35B-A3B at depth 0 (with the rounds' breakdown at depth 0; SPEC_RUNS: a subset,
-#              e.g. "35b"), then `ninfer bench --spec off,mtp:3` of both at depth 0
+#              e.g. "35b"), then `ninfer bench -n 512 -r 3 --spec off,mtp:3` of both at depth 0
 #
 # Raw output goes to $OUT (default /tmp/gpu_check), named by what it measures and the GPU (GPU_TAG, else from
 # nvidia-smi: h200): gpu_tests_h200.txt, tg128_qwen38-27b_h200.json, ..., breakdown_tg128_qwen38-27b_h200.json; the
@@ -142,9 +142,10 @@ if want spec; then
     --kv int8
   for g in qwen3.8-27b qwen3.6-35b-a3b; do
     [[ " $runs " == *" bench "* ]] || break
-    log "ninfer bench --synthetic $g --spec off,mtp:3 --spec-accept 0.88,0.77,0.67"
-    timeout 240 python3 -m ninfer_cli.main bench --synthetic $g -p 0 -n 128 -r 2 --spec off,mtp:3 \
-      --spec-accept 0.88,0.77,0.67 -o json --out "$OUT/tg128_spec_mtp3_forced_${g//./}_$GPU.json" 2>&1 \
+    # (512 tokens 3 times: ~450 rounds, whose forced drafts stand near the asked rates; 128 tokens are ~37 rounds)
+    log "ninfer bench --synthetic $g -n 512 -r 3 --spec off,mtp:3 --spec-accept 0.88,0.77,0.67"
+    timeout 240 python3 -m ninfer_cli.main bench --synthetic $g -p 0 -n 512 -r 3 --spec off,mtp:3 \
+      --spec-accept 0.88,0.77,0.67 -o json --out "$OUT/tg512_spec_mtp3_forced_${g//./}_$GPU.json" 2>&1 \
       | grep -E "^\||rror" | tail -3
   done
 fi

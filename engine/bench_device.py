@@ -49,7 +49,10 @@ def _ninfer_version() -> str:
 
 def git_commit() -> str:
     """Short commit of the checkout this code runs from, `+dirty` when it has local changes; a copy of a checkout
-    that travels without its `.git` names its commit in a `COMMIT` file at its root."""
+    names its commit in NINFER_GIT_COMMIT (bench/gpu_check.sh sets it from the tree's `COMMIT` file: a copy's own
+    `.git` may be another commit's) or, travelling without its `.git`, in a `COMMIT` file at its root."""
+    if os.environ.get("NINFER_GIT_COMMIT", "").strip():
+        return os.environ["NINFER_GIT_COMMIT"].strip()
     root = Path(__file__).resolve().parent.parent
     if not (root / ".git").exists() and (root / "COMMIT").is_file():
         return (root / "COMMIT").read_text().strip() or "unknown"

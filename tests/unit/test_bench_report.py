@@ -102,3 +102,13 @@ def test_csv_round_trips_samples():
 def test_every_format_renders():
     for fmt in FORMATS:
         assert render(_report(baseline=True), fmt).endswith("\n")
+
+
+def test_git_commit_takes_the_named_commit_of_a_copy(monkeypatch):
+    """A copy of the checkout on another machine names its commit (NINFER_GIT_COMMIT), whatever `.git` it carries."""
+    from engine import bench_device
+
+    monkeypatch.setenv("NINFER_GIT_COMMIT", "d42ed1f")
+    assert bench_device.git_commit() == "d42ed1f"
+    monkeypatch.delenv("NINFER_GIT_COMMIT")
+    assert bench_device.git_commit() not in ("", "d42ed1f")
