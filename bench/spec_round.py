@@ -7,9 +7,9 @@ For each run: plain greedy decode through Engine.stream's path (generate_step, t
 the step time; the round alone (K drafts by the MTP head, the fold and verification of K + 1 columns, accept: one graph
 and one host read), timed over rounds whose drafts the synthetic weights reject, greedy and with the columns drawn
 by the top-k sampler (temperature 0.7, top-k 20); and speculative decode with forced
-acceptance: the drafts are the plain run's own continuation, position i kept with the probability that makes the
-per-position acceptance `--accept` (cumulative, as published: Qwen3.6-27B MTP 0.88/0.77/0.67), corrupted otherwise,
-the MTP head still run every round. Its output must equal the plain run's token for token. Last, the prefill of a
+acceptance: the drafts are the plain run's own continuation, position i kept in a share `--accept` of the rounds
+(cumulative, as published: Qwen3.6-27B MTP 0.88/0.77/0.67; engine.speculative.forced_draft, as `ninfer bench
+--spec-accept` draws them), corrupted otherwise, the MTP head still run every round. Its output must equal the plain run's token for token. Last, the prefill of a
 `--prompt`-token prompt with the MTP head's rows over it (what a speculative stream's first token waits for) and
 without.
 """
@@ -22,21 +22,6 @@ import sys
 import time
 
 import numpy as np
-
-
-def forced(prompt_len: int, cont: list[int], accept: list[float], vocab: int, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    cond = [accept[0]] + [accept[i] / accept[i - 1] for i in range(1, len(accept))]
-
-    def draft(tokens, k):
-        start = len(tokens) - prompt_len
-        out, keep = [], True
-        for i in range(k):
-            t = cont[start + i] if start + i < len(cont) else 0
-            keep = keep and rng.random() < cond[i]
-            out.append(t if keep else (t + 1) % vocab)
-        return out
-    return draft
 
 
 def round_breakdown(sp) -> dict:
@@ -77,7 +62,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     from engine.generate import generate_step
     from engine.sampling import Sampler
-    from engine.speculative import SpecStats, draft_head, speculative_generate_step
+    from engine.speculative import SpecStats, draft_head, forced_draft, speculative_generate_step
     from engine.synthetic import build_engine
 
     accept = [float(x) for x in a.accept.split(",")][: a.k]
@@ -130,7 +115,7 @@ def main(argv=None) -> int:
         fresh()
         stats = SpecStats(a.k)
         g = speculative_generate_step(eng, prompt, Sampler(temperature=0.0), k=a.k, max_tokens=a.n, stats=stats,
-                                      draft=forced(len(prompt), cont, accept, V, seed=rep), mtp=True)
+                                      draft=forced_draft(cont, len(prompt), accept, seed=rep), mtp=True)
         first = next(g)
         t = time.perf_counter()
         out = [first] + list(g)

@@ -102,34 +102,39 @@ class SpecStats:
                 **({"plain": self.plain_why} if self.plain_why else {})}
 
 
+GOLDEN = (5.0 ** 0.5 - 1.0) / 2.0  # (forced_draft's low-discrepancy step)
+
+
 def forced_draft(oracle: Sequence[int], start: int, accept: Sequence[float], seed: int = 0) -> Draft:
     """A Draft that proposes `oracle`'s tokens (oracle[j] is the token at sequence position start + j, the
     target's own greedy continuation), kept right with the cumulative per-position probabilities `accept`
     (accept[i-1]: the share of rounds whose position i stands, non-increasing) and corrupted otherwise.
 
-    Within a round, position i stays right with probability accept[i-1] / accept[i-2] while every position
-    before it did; from the first corrupted one on, each id is replaced by another. The coin of a draft is
-    keyed by (seed, its sequence position): a position is drafted in at most one round whose outcome it
-    decides, so rounds are independent, and a run reproduces. Past the oracle's end it proposes id 0.
+    A round (a call) draws one uniform u and keeps its first d drafts right, d the positions i with u < accept[i-1];
+    from the first corrupted one on, each id is replaced by another. So position i stands in a share accept[i-1] of the
+    rounds, and only while every position before it does. The n-th round's u is frac(u0 + n * 0.618...) (u0 keyed by
+    the seed): a low-discrepancy sequence, so over N rounds each share is within about 1/N of its rate, where
+    independent coins stray by about 1/sqrt(N) (over the ~37 rounds of 128 tokens: several percent). A draft replays
+    its rounds in order, so a run takes a new one; a seed reproduces the run. Past the oracle's end it proposes id 0.
     """
     probs = [float(a) for a in accept]
     if not probs or any(not 0.0 <= a <= 1.0 for a in probs) or any(b > a for a, b in zip(probs, probs[1:])):
         raise ValueError(f"accept must be non-increasing probabilities in [0, 1], not {list(accept)}")
     oracle = [int(t) for t in oracle]
+    u0 = counter_uniform(seed, start, PURPOSE_FORCED)
+    rounds = [0]
 
     def draft(tokens: list, k: int) -> list[int]:
         if k > len(probs):
             raise ValueError(f"forced_draft has {len(probs)} acceptance probabilities, the round drafts {k}")
+        u = (u0 + rounds[0] * GOLDEN) % 1.0
+        rounds[0] += 1
         base = len(tokens)  # draft i sits at sequence position base - 1 + i
-        out, right, prev = [], True, 1.0
+        out = []
         for i in range(k):
             j = base + i - start
             tok = oracle[j] if 0 <= j < len(oracle) else 0
-            if right:
-                keep = probs[i] / prev if prev > 0 else 0.0
-                right = counter_uniform(seed, base + i, PURPOSE_FORCED) < keep
-                prev = probs[i]
-            out.append(tok if right else (tok - 1 if tok > 0 else tok + 1))
+            out.append(tok if u < probs[i] else (tok - 1 if tok > 0 else tok + 1))
         return out
 
     return draft
