@@ -9,9 +9,9 @@ and one host read), timed over rounds whose drafts the synthetic weights reject,
 by the top-k sampler (temperature 0.7, top-k 20); and speculative decode with forced
 acceptance: the drafts are the plain run's own continuation, position i kept in a share `--accept` of the rounds
 (cumulative, as published: Qwen3.6-27B MTP 0.88/0.77/0.67; engine.speculative.forced_draft, as `ninfer bench
---spec-accept` draws them), corrupted otherwise, the MTP head still run every round. Its output must equal the plain run's token for token. Last, the prefill of a
-`--prompt`-token prompt with the MTP head's rows over it (what a speculative stream's first token waits for) and
-without.
+--spec-accept` draws them), corrupted otherwise, the MTP head still run every round. Its output must equal the plain
+run's token for token. Last, the prefill of a `--prompt`-token prompt with the MTP head's rows over it (what a
+speculative stream's first token waits for) and without.
 """
 from __future__ import annotations
 
@@ -56,7 +56,8 @@ def main(argv=None) -> int:
     ap.add_argument("--accept", default="0.88,0.77,0.67")
     ap.add_argument("--rounds", type=int, default=64)
     ap.add_argument("--json")
-    ap.add_argument("--breakdown", action="store_true", help="each op of the round replayed alone: MTP, verify (with the fold)")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="each op of the round replayed alone: MTP, verify (with the fold)")
     ap.add_argument("--prompt", type=int, default=2048, help="prompt tokens of the prefill timed with and without the "
                     "MTP head's rows over it")
     a = ap.parse_args(argv)

@@ -45,15 +45,12 @@ extern "C" __global__ void __launch_bounds__(256) gdn_prep_verify(GDN_PREP_COLS_
 #pragma unroll
       for (int i = 0; i < 3; ++i) hist[i] = xs[i];
     *reinterpret_cast<float4*>(conv_rec + rec_half(w, T, C) + (size_t)t * C + c0) = xs[3];
+    auto ch = [](const float4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; };
     float y[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float a[4] = {xs[0].x, xs[1].x, xs[2].x, xs[3].x}, b[4] = {xs[0].y, xs[1].y, xs[2].y, xs[3].y},
-                  c[4] = {xs[0].z, xs[1].z, xs[2].z, xs[3].z}, d[4] = {xs[0].w, xs[1].w, xs[2].w, xs[3].w};
-      const float* v = i == 0 ? a : i == 1 ? b : i == 2 ? c : d;
-      y[i] = silu(conv_w[c0 + i] * v[0] + conv_w[C + c0 + i] * v[1] + conv_w[2 * C + c0 + i] * v[2] +
-                  conv_w[3 * C + c0 + i] * v[3]);
-    }
+    for (int i = 0; i < 4; ++i)
+      y[i] = silu(conv_w[c0 + i] * ch(xs[0], i) + conv_w[C + c0 + i] * ch(xs[1], i) +
+                  conv_w[2 * C + c0 + i] * ch(xs[2], i) + conv_w[3 * C + c0 + i] * ch(xs[3], i));
     prep_store(y, head, t, lane, Hk, Hv, q_scale, ab, ldab, a_log, dt_bias, qn, kn + rec_half(w, T, Hk * 128),
                vo + rec_half(w, T, Hv * 128), g + rec_half(w, T, Hv), beta + rec_half(w, T, Hv));
   }

@@ -122,13 +122,14 @@ def forced_draft(oracle: Sequence[int], start: int, accept: Sequence[float], see
         raise ValueError(f"accept must be non-increasing probabilities in [0, 1], not {list(accept)}")
     oracle = [int(t) for t in oracle]
     u0 = counter_uniform(seed, start, PURPOSE_FORCED)
-    rounds = [0]
+    n = 0  # (rounds drawn)
 
     def draft(tokens: list, k: int) -> list[int]:
+        nonlocal n
         if k > len(probs):
             raise ValueError(f"forced_draft has {len(probs)} acceptance probabilities, the round drafts {k}")
-        u = (u0 + rounds[0] * GOLDEN) % 1.0
-        rounds[0] += 1
+        u = (u0 + n * GOLDEN) % 1.0
+        n += 1
         base = len(tokens)  # draft i sits at sequence position base - 1 + i
         out = []
         for i in range(k):
