@@ -65,6 +65,20 @@ __device__ __forceinline__ int tc_swz(int r) {
   return (r * GU / 4) & (GU - 1);
 }
 
+// cp.async of 16 and 4 bytes without a memory clobber (so that the compiler keeps the parameters and the lane's
+// offsets in registers across a run's copies): the stage a copy overwrites was read before this run's
+// ni_cp_wait (which carries the clobber), and the copies are volatile, so they stay after it.
+__device__ __forceinline__ void tc_cp16(unsigned dst, const void* src) {
+#if !NI_PRE_SM80
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
+#endif
+}
+__device__ __forceinline__ void tc_cp4(unsigned dst, const void* src) {
+#if !NI_PRE_SM80
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src));
+#endif
+}
+
 // A lane's copies of a run into its warp's stage: fixed pieces of the R x GU tile (the same for every run), each a
 // row of the tile, a byte offset in the stage and its first group in the run; the source offsets (bytes from the
 // plane's start, 32-bit: planes under 4 GiB) move on by a constant a run. Codes: 16-byte chunks, CV a lane, chunk v
@@ -93,6 +107,7 @@ struct TcCopy {
     crow0 = r;
     cg = c >> 1;
     cdst = r * GU * 32 + (((c >> 1) ^ tc_swz<GU>(r)) << 5) + (c & 1) * 16;
+    asm volatile("" : "+r"(cdst));
 #pragma unroll
     for (int v = 0; v < HV; ++v) {
       const int q = lane + 32 * v, hr = q / HCPR, hc = q % HCPR;
@@ -126,17 +141,17 @@ struct TcCopy {
     const bool live = G + cg < ge;
 #pragma unroll
     for (int v = 0; v < CV; ++v) {
-      if (live) ni_cp16(st + cdst + 512 * v, base + co[v]);
+      if (live) tc_cp16(st + cdst + 512 * v, base + co[v]);
       co[v] += step * 32;
     }
 #pragma unroll
     for (int v = 0; v < HV; ++v) {
-      if (hrow[v] >= 0 && G + hg[v] < ge) ni_cp16(st + hdst[v], high + ho[v]);
+      if (hrow[v] >= 0 && G + hg[v] < ge) tc_cp16(st + hdst[v], high + ho[v]);
       ho[v] += step * S::HB;
     }
 #pragma unroll
     for (int v = 0; v < SV; ++v) {
-      if (srow[v] >= 0 && G + sg[v] < ge) ni_cp4(st + sdst[v], reinterpret_cast<const unsigned char*>(scales) + so[v]);
+      if (srow[v] >= 0 && G + sg[v] < ge) tc_cp4(st + sdst[v], reinterpret_cast<const unsigned char*>(scales) + so[v]);
       so[v] += step * 2;
     }
   }
@@ -150,7 +165,9 @@ struct TcLane {
   unsigned code[GU], high, scale;
   __device__ __forceinline__ void init(int g, int t) {
 #pragma unroll
-    for (int u = 0; u < GU; ++u) code[u] = g * GU * 32 + ((u ^ tc_swz<GU>(g)) << 5) + 8 * t;
+    for (int u = 0; u < GU; ++u) {
+      code[u] = g * GU * 32 + ((u ^ tc_swz<GU>(g)) << 5) + 8 * t;
+    }
     high = S::CODES + g * GU * S::HB + (FMT == FMT_Q5 ? 2 * t : 4 * t);
     scale = S::CODES + S::HIGH + g * GU * 2;
   }
@@ -265,7 +282,8 @@ __global__ void __launch_bounds__(256, GU > 2 ? 3 : 4) gemv_tc(GEMV_RS_PARAMS, i
   unsigned char* after_x = smem_raw + (pre ? 0 : (size_t)M * nloc_pad * 64);
   float* red = reinterpret_cast<float*>(after_x);  // [warp][row of the tile][column]
   unsigned char* ring = after_x + 8 * 16 * 8 * 4 + (size_t)warp * S * ST::BYTES;
-  const unsigned ring_s = (unsigned)__cvta_generic_to_shared(ring);  // (its shared-window offset, for cp.async)
+  unsigned ring_s = (unsigned)__cvta_generic_to_shared(ring);  // (its shared-window offset, for cp.async)
+  asm volatile("" : "+r"(ring_s));
 
   // row r (0..15) of a tile: the rows lane g = r & 7 multiplies as A rows g (r < 8) and g + 8: output o and o + 8
   // (SwiGLU: o's up row), clamped (duplicates are computed, never stored)

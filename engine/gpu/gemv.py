@@ -82,7 +82,8 @@ class GemvPlan:
         largest |output| is folded into (`tracks_amax`, for stage_x_amax). xs: the chunk scales of the pre-staged x
         (fp32, a value a 32-value chunk), where gemv_rs_pre's chunk-scaled form is compiled (`self.xs` says whether
         the plan takes it: the caller stages accordingly). tc (2..8 columns): gemv_tc's (groups a run, ring stages) in
-        place of the tuning table's (kernel_names.gemv_tc_form)."""
+        place of the tuning table's (kernel_names.gemv_tc_form), with the warps a tile as a third item (None or left out:
+        tc_warps' rule)."""
         self.w, self.m, self.epi = w, m, EPI[epi]
         self.pre2, self.tracks_amax, self.xs = False, False, False
         ps = w.n // 2
@@ -163,14 +164,14 @@ class GemvPlan:
 
     def _tensor_cores(self, f, x, ldx, y, ldy, splits, y_offset, xpre, form):
         """gemv_tc (cuda/gemv_tc.cu): 2..8 columns, each weight read once for all of them on the int8 MMAs; the
-        arguments are gemv_rs's and the warps a 16-row tile (`tc_warps`); form: (groups a run, ring stages)."""
+        arguments are gemv_rs's; form: (groups a run, ring stages[, warps a 16-row tile, None: `tc_warps`])."""
         w, m = self.w, self.m
         u4_per_row = w.gpr * 2
         w8 = w.fmt == "q8_g32_fp16"
         if w.n * w.gpr * 32 >= 1 << 32:
             raise ValueError(f"gemv_tc addresses planes under 4 GiB, not a {w.n} x {w.k} matrix")
         red = WARPS * 128 * 4
-        gu, stages = form
+        gu, stages = form[:2]
         ring = WARPS * stages * KN.gemv_tc_stage_bytes(f, gu)
         stage = None
         if xpre is None:  # x staged in the block: whole pairs of groups (four chunks) a slice (the ring's two-group
@@ -202,7 +203,7 @@ class GemvPlan:
         pre = xpre is not None
         ps = w.n // 2 if self.epi == EPI["swiglu"] else 0
         tiles = -(-(w.n - ps) // (8 if ps else 16))
-        wt = tc_warps(tiles * splits)
+        wt = form[2] if len(form) > 2 and form[2] else tc_warps(tiles * splits)
         per_sm = max(1, min(3 if gu > 2 else 4, (220 * 1024) // self.smem))  # (its launch bounds)
         turns = -(-tiles // (WARPS // wt))
         most = max(1, sm_count() * per_sm // splits)

@@ -22,23 +22,25 @@ H200 = {
     ("q8_g32_fp16", 248320, 5120): dict(rows=2, unroll=2, splits=1, pre2=True),  # (w8 reads the pre-staged pairs)
 }
 
-# gemv_tc (2..8 columns: the verified columns of speculative decoding): (groups a run, ring stages) by (format, N, K),
-# from `python bench/gemv_columns.py --cols 4 --warps 2,8 --gu 2,4 --stages 3,4,6` on the H200
-# (bench/results/gemv_columns4_qwen38-27b_h200.json: 4 groups a run against 2 at 4 stages, in us: the head 371 against
-# 489, down 33.2 / 41.3, the GDN projections 20.6 / 26.1 and 8.2 / 9.2, o 12.0 / 14.7, gate|up 48.7 / 50.3), and of the
-# 35B-A3B's dense shapes (`--geometry qwen3.6-35b-a3b`, gemv_columns4_qwen36-35b-a3b_h200.json: the head 168.6 against
-# 190.2, o 7.3 / 8.9, the GDN query|key projection 6.1 / 7.1). Other shapes take (kernel_names.GEMV_TC_GU,
-# GEMV_TC_STAGES).
+# gemv_tc (2..8 columns: the verified columns of speculative decoding): (groups a run, ring stages, warps a 16-row
+# tile or None for gemv.tc_warps' rule) by (format, N, K), from `python bench/gemv_columns.py --cols 4 --warps 2,4,8
+# --gu 2,4 --stages 3,4` on the H200 (bench/results/gemv_columns4_qwen38-27b_h200.json, in us at 4 columns: gate|up
+# 33.7 with 4 warps a tile against 41.9 with 8, the GDN projection 12,288 x 5,120 15.7 against 18.6, the attention's
+# gate|v 11.7 against 12.3; down 29.0, the head 341.7 with 4 groups a run), and of the 35B-A3B's dense shapes
+# (`--geometry qwen3.6-35b-a3b`, gemv_columns4_qwen36-35b-a3b_h200.json, 4 groups a run against 2: the head 168.6
+# against 190.2, o 7.3 / 8.9, the GDN query|key projection 6.1 / 7.1). Other shapes take (kernel_names.GEMV_TC_GU,
+# GEMV_TC_STAGES) and the rule.
 H200_TC = {
-    ("q8_g32_fp16", 248320, 5120): (4, 3),
-    ("q4_g64_fp16", 34816, 5120): (4, 4),
-    ("q5_g64_fp16", 5120, 17408): (4, 3),
-    ("q5_g64_fp16", 12288, 5120): (4, 4),
-    ("q4_g64_fp16", 4096, 5120): (4, 4),
-    ("q5_g64_fp16", 5120, 6144): (4, 3),
-    ("q6_g64_fp16", 248320, 2048): (4, 3),
-    ("q8_g32_fp16", 2048, 4096): (4, 4),
-    ("q8_g32_fp16", 4096, 2048): (4, 4),
+    ("q8_g32_fp16", 248320, 5120): (4, 3, None),
+    ("q4_g64_fp16", 34816, 5120): (4, 3, 4),
+    ("q5_g64_fp16", 5120, 17408): (4, 3, None),
+    ("q5_g64_fp16", 12288, 5120): (4, 3, 4),
+    ("q4_g64_fp16", 4096, 5120): (4, 4, None),
+    ("q5_g64_fp16", 5120, 6144): (4, 3, None),
+    ("q5_g64_fp16", 7168, 5120): (4, 4, 4),
+    ("q6_g64_fp16", 248320, 2048): (4, 3, None),
+    ("q8_g32_fp16", 2048, 4096): (4, 4, None),
+    ("q8_g32_fp16", 4096, 2048): (4, 4, None),
 }
 
 

@@ -30,9 +30,10 @@ GEMV_TC_STAGES = 4
 FMT_IDS = {"q4_g64_fp16": 0, "q5_g64_fp16": 1, "q6_g64_fp16": 2, "q8_g32_fp16": 3}
 
 
-def gemv_tc_form(fmt: str, n: int, k: int) -> tuple[int, int]:
-    """(groups a run, ring stages) of gemv_tc for a [n, k] matrix of format `fmt`: the tuning table's, else the default."""
-    return GEMV_TC_TABLE.get((fmt, n, k), (GEMV_TC_GU, GEMV_TC_STAGES))
+def gemv_tc_form(fmt: str, n: int, k: int) -> tuple[int, int, int | None]:
+    """(groups a run, ring stages, warps a tile or None: gemv.tc_warps' rule) of gemv_tc for a [n, k] matrix of format
+    `fmt`: the tuning table's, else the default."""
+    return GEMV_TC_TABLE.get((fmt, n, k), (GEMV_TC_GU, GEMV_TC_STAGES, None))
 
 
 def gemv_tc_name(fmt: int, m: int, gu: int | None = None, stages: int | None = None) -> str:
@@ -41,7 +42,7 @@ def gemv_tc_name(fmt: int, m: int, gu: int | None = None, stages: int | None = N
 
 def gemv_tc_names(fmt: int, m: int) -> list[str]:
     """Every gemv_tc form of format id `fmt` for m columns: the default and the tuning table's."""
-    forms = [(GEMV_TC_GU, GEMV_TC_STAGES)] + [f for (name, _, _), f in GEMV_TC_TABLE.items() if FMT_IDS[name] == fmt]
+    forms = [(GEMV_TC_GU, GEMV_TC_STAGES)] + [f[:2] for (name, _, _), f in GEMV_TC_TABLE.items() if FMT_IDS[name] == fmt]
     return [gemv_tc_name(fmt, m, gu, st) for gu, st in dict.fromkeys(forms)]
 
 
