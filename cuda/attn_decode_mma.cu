@@ -147,12 +147,14 @@ __device__ __forceinline__ unsigned adm_hsub2(unsigned a, __half2 b) {
 }
 
 // The W warps' rows merged into the split's partials (as attn_decode_merge writes them: max in natural-log units):
-// sm_o [W][RS][256] fp32 rows and sm_ml [W][RS][2] (max in log2 units, sum) of each warp, rows 0..G-1 real; hs0 the
-// partials' index of query row 0 (row r at hs0 + r nsplit); thread tid of 32 W takes dims tid, tid + 32 W, ...
-template <int G, int W, int RS>
+// sm_o [W][RS][256] fp32 rows and sm_ml [W][RS][2] (max in log2 units, sum) of each warp, rows 0..C G-1 real (C
+// columns of G query heads); hs0 the partials' index of query row 0 (row r: column r / G, head r % G, at
+// hs0 + (r / G) cstride + (r % G) nsplit); thread tid of 32 W takes dims tid, tid + 32 W, ...
+template <int G, int W, int RS, int C = 1>
 __device__ __forceinline__ void adm_merge(const float* sm_o, const float* sm_ml, float* __restrict__ part_ml,
-                                          float* __restrict__ part_acc, size_t hs0, int nsplit, int tid) {
-  for (int r = 0; r < G; ++r) {
+                                          float* __restrict__ part_acc, size_t hs0, int nsplit, size_t cstride,
+                                          int tid) {
+  for (int r = 0; r < C * G; ++r) {
     float M_ = -INFINITY;
 #pragma unroll
     for (int w = 0; w < W; ++w) M_ = fmaxf(M_, sm_ml[(w * RS + r) * 2]);
@@ -163,7 +165,7 @@ __device__ __forceinline__ void adm_merge(const float* sm_o, const float* sm_ml,
       cw[w] = M_ > -INFINITY && mw > -INFINITY ? exp2f(mw - M_) : 0.f;
       Ls += sm_ml[(w * RS + r) * 2 + 1] * cw[w];
     }
-    const size_t hs = hs0 + (size_t)r * nsplit;
+    const size_t hs = C == 1 ? hs0 + (size_t)r * nsplit : hs0 + (size_t)(r / G) * cstride + (size_t)(r % G) * nsplit;
     for (int d = tid; d < 256; d += 32 * W) {
       float A = 0.f;
 #pragma unroll
@@ -213,12 +215,17 @@ __device__ __forceinline__ void adm_decode(unsigned short* tile, const unsigned 
 // 2 t4 + 8, 2 t4 + 9 (one 32-bit shared load each), paired by PRMT into fp16 1152 + code and made exact codes by
 // one HSUB2; each token's group scale goes on P instead (P's fp16 A fragment times the 4 tokens' scales of the
 // quad's 64-dim group), so that O = sum over tokens of (P x scale) x code. The merge writes the dims back in order.
-template <int G, bool KV8, int W, int NS, bool KRAW = false, bool VRAW = false>
+//
+// C > 1 (consecutive positions of one sequence: the verified columns, whose rows read one page table): a block's
+// tile holds C columns' query groups (row r: column blockIdx.z C + r / G, head r % G), so that their keys and values
+// are read once for the C columns. The split's range is the last column's; a row masks the tokens past its own
+// position, and a row that sees none of a split's tokens leaves (max -inf, sum 0) for the combine.
+template <int G, bool KV8, int W, int NS, bool KRAW = false, bool VRAW = false, int C = 1>
 __global__ void __launch_bounds__(32 * W) attn_decode_mma(ATTN_DECODE_PARAMS) {
 #if NI_PRE_SM80  // below sm_80: never launched (engine.gpu.plan refuses them)
   __trap();
 #else
-  static_assert(G >= 1 && G <= 16, "one m16 tile of query heads");
+  static_assert(G >= 1 && C >= 1 && C * G <= 16, "one m16 tile of query heads");
   static_assert(W >= 1 && W <= 8 && NS >= 1, "a form");
   constexpr int T = 32 * W, RT = 16 * W;  // threads; tokens a round
   constexpr bool BF = !KV8;  // MMA inputs: bf16 for a bf16 cache, fp16 for int8 codes x scales
@@ -232,10 +239,10 @@ __global__ void __launch_bounds__(32 * W) attn_decode_mma(ATTN_DECODE_PARAMS) {
   constexpr float LOG2E = 1.4426950408889634f;
   extern __shared__ __align__(16) unsigned short adm_smem[];
   NI_PDL_ENTRY();
-  const int kvh = blockIdx.x, split = blockIdx.y, m = blockIdx.z;
+  const int kvh = blockIdx.x, split = blockIdx.y, m = blockIdx.z * C;  // (the block's first column)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
   const int Hq = Hkv * G;
-  const int L = pos[m] + 1;
+  const int L = pos[m + C - 1] + 1;
   const int per = (((L + nsplit - 1) / nsplit + 15) / 16) * 16;  // nsplit * per >= L; rounds in one page
   const int t0 = split * per, t1 = min(t0 + per, L);
   const int* pt = page_table + (size_t)m * pt_stride;
@@ -258,7 +265,8 @@ __global__ void __launch_bounds__(32 * W) attn_decode_mma(ATTN_DECODE_PARAMS) {
   for (int i = tid; i < 16 * 64; i += T) {
     const int r = i >> 6, c = (i & 63) * 4;
     float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (r < G) v = *reinterpret_cast<const float4*>(q + ((size_t)m * Hq + kvh * G + r) * 256 + c);
+    const size_t qr = C == 1 ? (size_t)m * Hq + kvh * G + r : (size_t)(m + r / G) * Hq + kvh * G + r % G;
+    if (r < C * G) v = *reinterpret_cast<const float4*>(q + qr * 256 + c);
     uint2 p;
     p.x = fa_pack<BF>(v.x * scale, v.y * scale);
     p.y = fa_pack<BF>(v.z * scale, v.w * scale);
@@ -295,6 +303,9 @@ __global__ void __launch_bounds__(32 * W) attn_decode_mma(ATTN_DECODE_PARAMS) {
 #pragma unroll
   for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;  // rows g, g + 8 (log2 units)
+  // (C > 1: the positions rows g and g + 8 see, their column's; rows past C G the last column's)
+  const int len_a = C > 1 && g < C * G ? pos[m + g / G] + 1 : L;
+  const int len_b = C > 1 && g + 8 < C * G ? pos[m + (g + 8) / G] + 1 : L;
   // ldmatrix lane addresses: A rows of Q; B of K (tokens x dims); B of V (.trans)
   const unsigned qa = fa_smem_addr(Qs + ((lane & 7) + 8 * ((lane >> 3) & 1)) * ADM_LD + 8 * (lane >> 4));
   const unsigned ka = fa_smem_addr(Ks + ((lane & 7) + 8 * (lane >> 4)) * ADM_LD + 8 * ((lane >> 3) & 1));
@@ -366,11 +377,13 @@ __global__ void __launch_bounds__(32 * W) attn_decode_mma(ATTN_DECODE_PARAMS) {
         fa_mma<BF>(s[1], a, b[2], b[3]);
       }
     }
-    const int nv = t1 - tb;  // valid tokens of the warp's 16 (token 0 is: the maxima stay finite)
+    // valid tokens of the warp's 16 for rows g and g + 8 (C = 1: token 0 is, the maxima stay finite; C > 1: a row
+    // of an earlier column may see none, fa_softmax_tile keeps its max at -inf)
+    const int nv_a = (C > 1 ? min(t1, len_a) : t1) - tb, nv_b = (C > 1 ? min(t1, len_b) : t1) - tb;
     fa_softmax_tile(s, o, m_a, m_b, l_a, l_b, [&](int n, int e, float& sa, float& sb) {
-      const bool ok = 8 * n + 2 * t4 + e < nv;
-      sa = ok ? sa * LOG2E : -INFINITY;
-      sb = ok ? sb * LOG2E : -INFINITY;
+      const int tok = 8 * n + 2 * t4 + e;
+      sa = tok < nv_a ? sa * LOG2E : -INFINITY;
+      sb = tok < nv_b ? sb * LOG2E : -INFINITY;
     });
     unsigned p[4];
     fa_pack_p<BF>(s, 0, p);
@@ -458,6 +471,7 @@ __global__ void __launch_bounds__(32 * W) attn_decode_mma(ATTN_DECODE_PARAMS) {
     sm_ml[(warp * 16 + g + 8) * 2 + 1] = l_b;
   }
   __syncthreads();
-  adm_merge<G, W, 16>(sm_o, sm_ml, part_ml, part_acc, ((size_t)m * Hq + kvh * G) * nsplit + split, nsplit, tid);
+  adm_merge<G, W, 16, C>(sm_o, sm_ml, part_ml, part_acc, ((size_t)m * Hq + kvh * G) * nsplit + split, nsplit,
+                         (size_t)Hq * nsplit, tid);
 #endif
 }

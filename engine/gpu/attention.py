@@ -33,16 +33,19 @@ def qk_norm_rope_kv(*, q, ld_q: int, k, ld_k: int, v, ld_v: int, q_norm, k_norm,
 
 def decode_attention(name: str, *, threads: int, smem: int, q, k_cache, v_cache, pos, page_table, pt_stride: int,
                      kv_heads: int, chunk: int, scale: float, ml, acc, nsplit: int, rows: int, k_scales=None,
-                     v_scales=None) -> K.Launch:
+                     v_scales=None, cols: int = 1) -> K.Launch:
     """Split-K decode attention `name` (the plan's attn: attn_decode_mma or attn_decode_split) of `rows` token rows:
     q [rows, Hq * 256] over the paged caches (k_cache, v_cache [pages, 64, kv_heads, 256]; int8: k_scales, v_scales
     [pages, 64, kv_heads, 4] fp16), the positions `pos` [rows] and pages page_table (row r's at r * pt_stride), each
     split of `chunk` tokens into the partials ml [rows, Hq, nsplit, 2] (max, sum) and acc [rows, Hq, nsplit, 256].
-    Grid (kv_heads x the query group's blocks, nsplit, rows)."""
+    Grid (kv_heads x the query group's blocks, nsplit, rows / cols): cols consecutive rows of one sequence a block
+    (attn_decode_mma's C, kernel_names.attn_columns_name; rows a multiple of it)."""
     gs = int(name[:-1].split(",")[2]) if name.startswith("attn_decode_split<") and name.count(",") == 2 else 1
     args = (q, k_cache, v_cache, pos, page_table, pt_stride, kv_heads, chunk, float(scale), ml, acc, nsplit,
             _ptr(k_scales), _ptr(v_scales))
-    return K.prepared(name, (kv_heads * gs, nsplit, rows), args, block=threads, smem=smem)
+    if rows % cols:
+        raise ValueError(f"{rows} rows do not split into tiles of {cols} columns")
+    return K.prepared(name, (kv_heads * gs, nsplit, rows // cols), args, block=threads, smem=smem)
 
 
 def combine_stage(*, ml, acc, nsplit: int, gate, ld_gate: int, out, ld_out: int, heads: int, k: int, kpad: int, xh,
@@ -94,6 +97,10 @@ class AttentionBlock:
             return None
         return p.attn, p.attn_threads, p.attn_smem
 
+    def form(self) -> tuple[str, int]:
+        """(the attention kernel's name, consecutive rows a block): the plan's, a row a block."""
+        return self.c.plan.attn, 1
+
     def _set_nsplit(self):
         """nsplit (and chunk) for the attention form the plan takes: its resident blocks an SM's worth of splits."""
         c, mma = self.c, self.mma()
@@ -109,11 +116,12 @@ class AttentionBlock:
         columns of buf_b)."""
         self._set_nsplit()  # (the combine after this takes the same nsplit)
         c, p = self.c, self.c.plan
-        return [decode_attention(p.attn, threads=p.attn_threads, smem=p.attn_smem, q=c.qbuf, k_cache=L["kc"],
+        name, cols = self.form()
+        return [decode_attention(name, threads=p.attn_threads, smem=p.attn_smem, q=c.qbuf, k_cache=L["kc"],
                                  v_cache=L["vc"], pos=c.qpos, page_table=c.page_table, pt_stride=c.pt_stride,
                                  kv_heads=c.Hkv, chunk=self.chunk, scale=1.0 / math.sqrt(ATTN_HEAD_DIM),
                                  ml=self.attn_ml, acc=self.attn_acc, nsplit=self.nsplit, rows=c.M,
-                                 k_scales=L["ks"], v_scales=L["vs"])]
+                                 k_scales=L["ks"], v_scales=L["vs"], cols=cols)]
 
     def ops(self, L, xn, att_stage, chunk: bool = False) -> tuple[list, list]:
         """Layer L's (projection ops, core ops up to the o-projection's staged input): xn the staged normed row

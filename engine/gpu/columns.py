@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.gpu import kernel_names as KN
+from engine.gpu import launch as K
+from engine.gpu.attention import AttentionBlock
 from engine.gpu.gemv import GemvPlan
 from engine.gpu.decode import CudaQwen35
 from engine.gpu.gdn import GdnBlock, delta_bufs, delta_step, gdn_conv_tail, gdn_prep, prep_bufs
@@ -43,6 +46,21 @@ class ColumnsGdn(GdnBlock):
         return prep + [delta_step(**delta_bufs(c, L), rows=1, tokens=T, rows_a_warp=self.DELTA_ROWS)]
 
 
+class ColumnsAttention(AttentionBlock):
+    """The decode attention over T consecutive columns of one sequence (the verified columns, the MTP's catch-up):
+    attn_decode_mma with two columns' query groups in a tile (its C), so that each key and value is read once for
+    both, where a group fits twice in the m16 tile and T is even; else the decode's, a column a block."""
+
+    @staticmethod
+    def columns_form(attn: str, T: int) -> tuple[str, int]:
+        """(kernel name, columns a block) for the plan's attention `attn` over T columns."""
+        two = attn.startswith("attn_decode_mma<") and 2 * KN.attn_group(attn) <= 16 and T % 2 == 0
+        return KN.attn_columns_name(attn, 2 if two else 1), 2 if two else 1
+
+    def form(self) -> tuple[str, int]:
+        return self.columns_form(self.c.plan.attn, self.c.M)
+
+
 class CudaQwen35Columns(CudaQwen35):
     """T-token step over the sequence of `decode` (a one-lane CudaQwen35)."""
 
@@ -52,6 +70,8 @@ class CudaQwen35Columns(CudaQwen35):
         if decode.M != 1:
             raise ValueError("the columns step extends a one-lane decode executor")
         self.decode = decode
+        if self.ATTN is ColumnsAttention:  # (its two-column form, beside the plan's kernels)
+            K.require([ColumnsAttention.columns_form(decode.plan.attn, cols)[0]])
         super().__init__(decode.args, {}, max_context=decode.max_context, lanes=cols, gemv_cfg=None,
                          kv=decode.kv, plan=decode.plan)
 

@@ -51,6 +51,7 @@ class CudaQwen35:
     """
 
     GDN = GdnBlock  # the GDN layers' block (the column forms take one with their own core)
+    ATTN = AttentionBlock  # the attention layers' block (the column forms: two columns a tile)
 
     def __init__(self, args, weights: dict, *, max_context: int = 4096, lanes: int = 1,
                  gemv_cfg: dict | None = None, kv: str = "bf16", plan: gpu_plan.DecodePlan | None = None):
@@ -78,7 +79,7 @@ class CudaQwen35:
         self._alloc_state()
         self.tokens, self.logits = c.tokens, c.logits
         self.pos, self.step, self.history = c.pos, c.step, c.history
-        self.norm, self.attention, self.gdn = NormBlock(c), AttentionBlock(c), self.GDN(c)
+        self.norm, self.attention, self.gdn = NormBlock(c), self.ATTN(c), self.GDN(c)
         self.mlp, self.moe = (None, MoeBlock(c)) if a.is_moe else (MlpBlock(c), None)
         self.sampler = self._sampler()
         self.graph = None

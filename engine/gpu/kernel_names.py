@@ -104,6 +104,16 @@ def attn_mma_vraw_name(g: int) -> str:
     return f"attn_decode_mma<{g},true,{w},{ns},true,true>"
 
 
+def attn_columns_name(name: str, cols: int) -> str:
+    """The form of attn_decode_mma `name` whose tile holds `cols` consecutive columns' query groups (the template's C;
+    1: the name itself)."""
+    if cols == 1:
+        return name
+    parts = name[name.index("<") + 1:-1].split(",")
+    parts += ["false"] * (6 - len(parts))
+    return f"attn_decode_mma<{','.join(parts)},{cols}>"
+
+
 def attn_group(name: str) -> int:
     """The query heads a KV head of an attention kernel's name (attn_decode_split<G / GS, kv8, GS> covers G)."""
     parts = name[name.index("<") + 1:-1].split(",")
@@ -117,16 +127,17 @@ def attn_launch(name: str) -> tuple[int, int]:
         return 256, 0
     parts = name[name.index("<") + 1:-1].split(",")
     kv8, w, ns = parts[1] == "true", int(parts[2]), int(parts[3])
-    return 32 * w, attn_mma_smem(kv8, w, ns, vraw=len(parts) == 6)
+    return 32 * w, attn_mma_smem(kv8, w, ns, vraw=len(parts) >= 6 and parts[5] == "true")
 
 
 def attn_names() -> list[str]:
     """Every decode attention kernel a plan can pick."""
     names = [f"attn_decode_split<{g},{kv8}>" for g in ATTN_GROUPS for kv8 in ("false", "true")]
     names += [f"attn_decode_split<{g},{kv8},{gs}>" for g, gs in ATTN_GSPLIT for kv8 in ("false", "true")]
-    names += [f"attn_decode_mma<{g},{str(kv8).lower()},{w},{ns}>" for g in ATTN_MMA_G for kv8 in (False, True)
-              for w, ns in ATTN_MMA_FORMS[kv8]]
-    return names + [attn_mma_vraw_name(g) for g in ATTN_MMA_G]
+    mma = [f"attn_decode_mma<{g},{str(kv8).lower()},{w},{ns}>" for g in ATTN_MMA_G for kv8 in (False, True)
+           for w, ns in ATTN_MMA_FORMS[kv8]] + [attn_mma_vraw_name(g) for g in ATTN_MMA_G]
+    # (and their two-column tiles, the verified columns': engine.gpu.columns.ColumnsAttention)
+    return names + mma + [attn_columns_name(n, 2) for n in mma if 2 * attn_group(n) <= 16]
 
 
 def flash_smem(warps: int) -> int:

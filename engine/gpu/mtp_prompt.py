@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.gpu import launch as K
-from engine.gpu.columns import CudaQwen35Columns
+from engine.gpu.columns import ColumnsAttention, CudaQwen35Columns
 from engine.gpu.gemv import GemvPlan, embed_rows
 from engine.gpu.memory import MTP_PROMPT_ROWS
 from engine.gpu.prefill import CudaQwen35Prefill
@@ -34,6 +34,8 @@ class CudaMtpColumns(CudaQwen35Columns):
     """The MTP head over COLS consecutive target positions: row t takes the target's final hidden state at position
     pos + t (`hid`) and the token after it (`tokens`). The decode executor it extends is the MTP's (engine.gpu.verify
     CudaMtp): its layer, pool and position."""
+
+    ATTN = ColumnsAttention  # (two caught-up columns a tile)
 
     def __init__(self, mtp, cols: int = COLS, hid=None):
         """hid: the hidden rows [cols, H] to read in place (the verified columns' own, in a round); None: its own

@@ -25,7 +25,7 @@ import numpy as np
 from engine.gpu import kernel_names as KN
 from engine.gpu import launch as K
 from engine.gpu import mtp_prompt
-from engine.gpu.columns import CudaQwen35Columns
+from engine.gpu.columns import ColumnsAttention, CudaQwen35Columns
 from engine.gpu.decode import GDN_HEAD_DIM, CudaQwen35
 from engine.gpu.gdn import GdnBlock, delta_step, gdn_prep
 from engine.gpu.gemv import GemvPlan
@@ -91,6 +91,7 @@ class CudaVerify(CudaQwen35Columns):
     """The K + 1 verified columns over the decode executor's sequence, GDN state read only and recorded."""
 
     GDN = VerifyGdn
+    ATTN = ColumnsAttention  # (two verified columns a tile)
 
     def __init__(self, decode: CudaQwen35, k: int):
         self.k = k

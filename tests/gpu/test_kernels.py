@@ -237,6 +237,57 @@ def test_attention_decode(cp, g, length, kv, form):
     check(f"attention {kv}", out.get(), want, **tol)
 
 
+
+# attn_decode_mma with two consecutive columns' query groups in a tile (C = 2, the verified columns': ColumnsAttention)
+# against a column a block, over a cache shared by 4 columns at consecutive positions; lengths where an earlier
+# column sees none of a split's tokens (5, 17: its rows there are all masked)
+@pytest.mark.parametrize("form", ["mma0", "vraw"])
+@pytest.mark.parametrize("kv", ["bf16", "int8"])
+@pytest.mark.parametrize("g", [6, 8])
+@pytest.mark.parametrize("length", [5, 17, 200, 1500])
+def test_attention_two_columns_a_tile(cp, g, length, kv, form):
+    if form == "vraw" and kv != "int8":
+        pytest.skip("raw codes: int8 caches only")
+    from engine.gpu import launch as K
+    from engine.gpu.attention import decode_attention
+
+    hkv, d, page, M, nsplit = 2, 256, 64, 4, 3
+    hq, int8 = hkv * g, kv == "int8"
+    pages = -(-length // page) + 1
+    rows = pages * page
+    if int8:
+        kc = cp.asarray(RNG.integers(-127, 128, (pages, page, hkv, d)).astype(np.int8))
+        vc = cp.asarray(RNG.integers(-127, 128, (pages, page, hkv, d)).astype(np.int8))
+        ksc = cp.asarray(RNG.uniform(0.005, 0.02, (pages, page, hkv, d // 64)).astype(np.float16))
+        vsc = cp.asarray(RNG.uniform(0.005, 0.02, (pages, page, hkv, d // 64)).astype(np.float16))
+    else:
+        bits = lambda: formats.f32_to_bf16_bits(RNG.standard_normal((pages, page, hkv, d)).astype(np.float32))  # noqa: E731
+        kc, vc, ksc, vsc = cp.asarray(bits()), cp.asarray(bits()), None, None
+    pt = cp.asarray(RNG.permutation(pages).astype(np.int32)[None])
+    q = cp.asarray(RNG.standard_normal((M, hq * d)).astype(np.float32))
+    pos = cp.asarray(np.arange(length - M, length, dtype=np.int32))
+    kv8 = "true" if int8 else "false"
+    if form == "vraw":
+        w, ns = K.ATTN_MMA_VRAW_FORM
+        name, smem = K.attn_mma_vraw_name(g), K.attn_mma_smem(True, w, ns, vraw=True)
+    else:
+        w, ns = K.ATTN_MMA_FORMS[int8][0]
+        name, smem = f"attn_decode_mma<{g},{kv8},{w},{ns}>", K.attn_mma_smem(int8, w, ns)
+    outs = []
+    for cols in (1, 2):
+        ml = poisoned(cp, (M, hq, nsplit, 2))
+        acc = poisoned(cp, (M, hq, nsplit, d))
+        out = poisoned(cp, (M, hq * d))
+        decode_attention(K.attn_columns_name(name, cols), threads=32 * w, smem=smem, q=q, k_cache=kc, v_cache=vc,
+                         pos=pos, page_table=pt, pt_stride=0, kv_heads=hkv, chunk=-(-rows // nsplit), scale=1 / 16,
+                         ml=ml, acc=acc, nsplit=nsplit, rows=M, k_scales=ksc, v_scales=vsc, cols=cols)()
+        K.prepared("attn_combine", (hq, M), (ml, acc, nsplit, cp.zeros((M, hq * d), dtype=cp.float32), hq * d, out,
+                                             hq * d, hq))()
+        outs.append(out.get())
+    # (the tile's splits follow the last column's length, so a row's P rounds against other maxima: within ~1e-4;
+    # a row seeing one token more or fewer would move by 1 / length)
+    check("two columns a tile", outs[1], outs[0], atol=1e-3, rtol=1e-2, tail_frac=1e-3, worst_ratio=5, rel=2e-3)
+
 def test_argmax_step(cp):
     from engine.gpu import launch as K
     from engine.gpu.sampling import argmax_step
