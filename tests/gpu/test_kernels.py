@@ -248,6 +248,7 @@ def test_attention_decode(cp, g, length, kv, form):
 def test_attention_two_columns_a_tile(cp, g, length, kv, form):
     if form == "vraw" and kv != "int8":
         pytest.skip("raw codes: int8 caches only")
+    from engine.gpu import kernel_names as KN
     from engine.gpu import launch as K
     from engine.gpu.attention import decode_attention
 
@@ -278,7 +279,7 @@ def test_attention_two_columns_a_tile(cp, g, length, kv, form):
         ml = poisoned(cp, (M, hq, nsplit, 2))
         acc = poisoned(cp, (M, hq, nsplit, d))
         out = poisoned(cp, (M, hq * d))
-        decode_attention(K.attn_columns_name(name, cols), threads=32 * w, smem=smem, q=q, k_cache=kc, v_cache=vc,
+        decode_attention(KN.attn_columns_name(name, cols), threads=32 * w, smem=smem, q=q, k_cache=kc, v_cache=vc,
                          pos=pos, page_table=pt, pt_stride=0, kv_heads=hkv, chunk=-(-rows // nsplit), scale=1 / 16,
                          ml=ml, acc=acc, nsplit=nsplit, rows=M, k_scales=ksc, v_scales=vsc, cols=cols)()
         K.prepared("attn_combine", (hq, M), (ml, acc, nsplit, cp.zeros((M, hq * d), dtype=cp.float32), hq * d, out,
