@@ -65,20 +65,6 @@ __device__ __forceinline__ int tc_swz(int r) {
   return (r * GU / 4) & (GU - 1);
 }
 
-// cp.async of 16 and 4 bytes without a memory clobber (so that the compiler keeps the parameters and the lane's
-// offsets in registers across a run's copies): the stage a copy overwrites was read before this run's
-// ni_cp_wait (which carries the clobber), and the copies are volatile, so they stay after it.
-__device__ __forceinline__ void tc_cp16(unsigned dst, const void* src) {
-#if !NI_PRE_SM80
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
-#endif
-}
-__device__ __forceinline__ void tc_cp4(unsigned dst, const void* src) {
-#if !NI_PRE_SM80
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src));
-#endif
-}
-
 // A lane's copies of a run into its warp's stage: fixed pieces of the R x GU tile (the same for every run), each a
 // row of the tile, a byte offset in the stage and its first group in the run; the source offsets (bytes from the
 // plane's start, 32-bit: planes under 4 GiB) move on by a constant a run. Codes: 16-byte chunks, CV a lane, chunk v
@@ -141,17 +127,17 @@ struct TcCopy {
     const bool live = G + cg < ge;
 #pragma unroll
     for (int v = 0; v < CV; ++v) {
-      if (live) tc_cp16(st + cdst + 512 * v, base + co[v]);
+      if (live) ni_cp16(st + cdst + 512 * v, base + co[v]);
       co[v] += step * 32;
     }
 #pragma unroll
     for (int v = 0; v < HV; ++v) {
-      if (hrow[v] >= 0 && G + hg[v] < ge) tc_cp16(st + hdst[v], high + ho[v]);
+      if (hrow[v] >= 0 && G + hg[v] < ge) ni_cp16(st + hdst[v], high + ho[v]);
       ho[v] += step * S::HB;
     }
 #pragma unroll
     for (int v = 0; v < SV; ++v) {
-      if (srow[v] >= 0 && G + sg[v] < ge) tc_cp4(st + sdst[v], reinterpret_cast<const unsigned char*>(scales) + so[v]);
+      if (srow[v] >= 0 && G + sg[v] < ge) ni_cp4(st + sdst[v], reinterpret_cast<const unsigned char*>(scales) + so[v]);
       so[v] += step * 2;
     }
   }
