@@ -161,26 +161,42 @@ extern "C" __global__ void spec_mtp_setup(const int* __restrict__ tok_src, int* 
 }
 
 // The MTP head's input rows: [rmsnorm(e) (1 + we), rmsnorm(h) (1 + wh)] (2H values; the embedding half first), row
-// r of e [., H], h [., H] into out [., 2H]. One block of 1,024 threads a row.
+// blockIdx.y of e [., H], h [., H] into out [., 2H]; where xh != nullptr, the row also staged as the GEMVs' int16
+// pairs (xh [., kpad / 2], its inverse scale xinv [.]: stage_pairs' bits), so that the input projection reads it
+// pre-staged rather than each of its blocks staging the 2H values again. Blocks of 1,024 threads, grid (nb, rows):
+// every block of a row takes its norms and largest |value| over the whole row (from L2), then writes and stages only
+// its slice of the row's 32-value chunks.
 extern "C" __global__ void __launch_bounds__(1024) mtp_input(const float* __restrict__ e, const float* __restrict__ h,
                                                              const float* __restrict__ we, const float* __restrict__ wh,
-                                                             int H, float eps, float* __restrict__ out) {
+                                                             int H, float eps, float* __restrict__ out,
+                                                             __half2* __restrict__ xh, float* __restrict__ xinv, int kpad) {
   NI_PDL_ENTRY();
   __shared__ float red[32];
-  e += (size_t)blockIdx.x * H;
-  h += (size_t)blockIdx.x * H;
-  out += (size_t)blockIdx.x * 2 * H;
-  const float* src[2] = {e, h};
-  const float* w[2] = {we, wh};
+  const int r = blockIdx.y;
+  e += (size_t)r * H;
+  h += (size_t)r * H;
+  out += (size_t)r * 2 * H;
+  float inv[2];
   for (int half = 0; half < 2; ++half) {
-    const float* x = src[half];
+    const float* x = half ? h : e;
     float ss = 0.f;
     for (int k = threadIdx.x; k < H; k += blockDim.x) ss += x[k] * x[k];
-    ss = block_sum(ss, red);
-    const float inv = rsqrtf(ss / (float)H + eps);
-    for (int k = threadIdx.x; k < H; k += blockDim.x) out[(size_t)half * H + k] = x[k] * inv * (1.f + w[half][k]);
-    __syncthreads();
+    inv[half] = rsqrtf(block_sum(ss, red) / (float)H + eps);
   }
+  auto val = [&](int k) {
+    const bool hh = k >= H;
+    const int j = hh ? k - H : k;
+    return (hh ? h : e)[j] * inv[hh] * (1.f + (hh ? wh : we)[j]);
+  };
+  const int nch = (xh != nullptr ? kpad : 2 * H) / 32, per = (nch + gridDim.x - 1) / gridDim.x;
+  const int c0 = blockIdx.x * per, c1 = min(c0 + per, nch);
+  for (int k = c0 * 32 + threadIdx.x; k < min(c1 * 32, 2 * H); k += blockDim.x) out[k] = val(k);
+  if (xh == nullptr) return;
+  float mx = 0.f;
+  for (int k = threadIdx.x; k < 2 * H; k += blockDim.x) mx = fmaxf(mx, fabsf(val(k)));
+  const float sc = pow2_scale(block_max(mx, red));  // (its barriers also publish the slice of out written above)
+  stage_slice(out, 2 * H, c0, c1, xh + (size_t)r * (kpad / 2), sc);
+  if (blockIdx.x == 0 && threadIdx.x == 0) xinv[r] = 1.f / sc;
 }
 
 // dst = row ctl[1] - 1 of src [rows, H] (the last MTP row caught up: the first draft's hidden).

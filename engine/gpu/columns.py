@@ -15,6 +15,7 @@ from engine.gpu import launch as K
 from engine.gpu.attention import AttentionBlock
 from engine.gpu.gemv import GemvPlan
 from engine.gpu.decode import CudaQwen35
+from engine.gpu.moe import columns_kernels as moe_columns_kernels
 from engine.gpu.gdn import GdnBlock, delta_bufs, delta_step, gdn_conv_tail, gdn_prep, prep_bufs
 from engine.gpu.sampling import advance_positions, column_positions
 
@@ -61,6 +62,14 @@ class ColumnsAttention(AttentionBlock):
         return self.columns_form(self.c.plan.attn, self.c.M)
 
 
+def columns_kernels(decode: CudaQwen35, cols: int, two: bool = True) -> list[str]:
+    """The kernels a columns step of `cols` over `decode` takes beyond its plan's: the attention's two-column form
+    (two: where it takes it) and the MoE block's column form of the routed down."""
+    names = [ColumnsAttention.columns_form(decode.plan.attn, cols)[0]] if two else []
+    L = next((L for L in decode.layers if "experts_down" in L), None)
+    return names + (moe_columns_kernels(L["experts_down"].fmt, L["shared_down"].fmt) if L is not None else [])
+
+
 class CudaQwen35Columns(CudaQwen35):
     """T-token step over the sequence of `decode` (a one-lane CudaQwen35)."""
 
@@ -70,8 +79,7 @@ class CudaQwen35Columns(CudaQwen35):
         if decode.M != 1:
             raise ValueError("the columns step extends a one-lane decode executor")
         self.decode = decode
-        if self.ATTN is ColumnsAttention:  # (its two-column form, beside the plan's kernels)
-            K.require([ColumnsAttention.columns_form(decode.plan.attn, cols)[0]])
+        K.require(columns_kernels(decode, cols, two=self.ATTN is ColumnsAttention))
         super().__init__(decode.args, {}, max_context=decode.max_context, lanes=cols, gemv_cfg=None,
                          kv=decode.kv, plan=decode.plan)
 

@@ -212,6 +212,15 @@ def moe_down_name(fr: int, fs: int) -> str:
     return next((n for n in forms if n in MOE_DOWN_NAMES), "")
 
 
+MOE_DOWN_COLS_ROWS = 6  # (rows a half-warp of the columns' form)
+
+
+def moe_down_cols_name(fr: int, fs: int) -> str:
+    """The moe_down form of the verified columns' routed slots ((K + 1) x top-k, several waves where one token's
+    fill one): int16 pairs (dp2a, about a third of the fp32 products' instructions) and more rows a half-warp."""
+    return f"moe_down<{fr},{fs},{MOE_DOWN_COLS_ROWS},true>"
+
+
 def all_names() -> list[str]:
     """Every instantiation some plan can take (every format, KV format, query group, GPU class)."""
     names = gemv_names(range(4), (1, 2, 3, 4, 5, 6, 8))
@@ -219,4 +228,5 @@ def all_names() -> list[str]:
     names += attn_names() + [f"attn_prefill_fa<{w},{kv8}>" for w in (4, 8) for kv8 in ("false", "true")]
     names += ["gdn_delta_raw_rw<4>", "gdn_delta_rows<2>"] + [gdn_scan_name(rb) for rb in GDN_SCAN_TC_RB]
     names += list(MLP_FUSED_NAMES) + list(MOE_FUSED_NAMES) + list(MOE_DOWN_NAMES)
+    names += [moe_down_cols_name(fr, fs) for fr in range(4) for fs in (1, 3)]
     return list(dict.fromkeys(names))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.gpu import kernel_names as KN
 from engine.gpu import launch as K
 from engine.gpu.gemv import GemvPlan
 
@@ -35,6 +36,13 @@ def moe_down(routed, shared, *, eidx, act_routed, act_shared, planes, plane_stri
                       (P(routed, routed.base), P(routed, routed.high), P(routed, routed.scales), routed.gpr, eidx,
                        act_routed, routed.k, P(shared, shared.base), P(shared, shared.high), P(shared, shared.scales),
                        shared.gpr, act_shared, shared.k, shared.n, routed.k, planes, plane_stride, ewts, topk))
+
+
+def columns_kernels(routed_fmt: str, shared_fmt: str) -> list[str]:
+    """What column_ops launches beyond the plan's kernels, for routed and shared down formats."""
+    if routed_fmt not in K.FMT_IDS or shared_fmt not in K.FMT_IDS:
+        return []
+    return [KN.moe_down_cols_name(K.FMT_IDS[routed_fmt], K.FMT_IDS[shared_fmt])]
 
 
 def moe_fused(form, *, x_in, x_out, planes, nplanes: int, plane_stride: int, norm, eps: float, kpad: int, router,
@@ -214,7 +222,7 @@ class MoeBlock:
         M * k routed slots in slot order z = j * M + r, each with its row's staged x; the shared expert's rows scaled by
         its gate), the routed gate|up (a GEMV by slot) and down (moe_down) launches over all the slots (grid.z: each
         expert of the rows' union is read by the slots that chose it), the shared expert's down over the M rows beside
-        them. Partials as `ops`:
+        them (K.require: `columns_kernels`). Partials as `ops`:
         slot j of every row into part[j], the shared expert into part[k]."""
         c = self.c
         E, k, H, ie, M = c.args.num_experts, self.topk, c.H, self.inter_e, c.M
@@ -230,12 +238,13 @@ class MoeBlock:
         gu1, dn1 = gu.row_slice(0, 2 * ie), dn.row_slice(0, H)  # expert 0's rows (the kernel offsets by eidx)
         routed = [GemvPlan(gu1, self.xrep, H, self.act_e, ie, epi="swiglu", unroll=2, xpre=(self.xrep, self.xinv_rep),
                            experts=(self.eidx_t, 2 * ie, W * 4, ie, None, M * k)).launch]
-        # the routed down: moe_down over the M * k slots (a half-warp a row, the fp32 SwiGLU rows read directly: slot z
-        # into plane z // M, row z % M), else a GEMV by slot
+        # the routed down: moe_down over the M * k slots (a half-warp 6 rows, each lane's chunk of the fp32 SwiGLU row
+        # as int16 pairs: slot z into plane z // M, row z % M), else a GEMV by slot
         down = None
         if dn.fmt in K.FMT_IDS and sd.fmt in K.FMT_IDS and dn.k % 32 == 0:
             down = moe_down(dn, sd, eidx=self.eidx_t, act_routed=self.act_e, act_shared=c.act, planes=c.part,
-                            plane_stride=H, ewts=self.ewts_t, topk=M * k, with_shared=False)
+                            plane_stride=H, ewts=self.ewts_t, topk=M * k, with_shared=False,
+                            name=KN.moe_down_cols_name(K.FMT_IDS[dn.fmt], K.FMT_IDS[sd.fmt]))
         routed.append(down or GemvPlan(dn1, self.act_e, ie, c.part, H, epi="store", unroll=2, rows=1,
                                        experts=(self.eidx_t, H, ie * 4, H, self.ewts_t, M * k)).launch)
         shared_down = GemvPlan(sd, c.act, c.act.shape[1], c.part[k], H, m=M, epi="store").launch

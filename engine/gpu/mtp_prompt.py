@@ -22,12 +22,24 @@ from engine.gpu.prefill import CudaQwen35Prefill
 GEMM_ROWS = MTP_PROMPT_ROWS  # rows a tensor-core MTP chunk (its padding's K/V: the MTP pool's pages past the context)
 GEMM_MIN = 64  # staged rows worth a tensor-core chunk (fewer: 8-position passes)
 COLS = 8  # positions a columns pass
+INPUT_BLOCKS = 4  # mtp_input's blocks a row where it stages the row (each stages a quarter)
 
 
-def mtp_input(*, e, h, mtp, rows: int, out) -> K.Launch:
-    """mtp_input (cuda/spec.cu): rows of [rmsnorm(e) (1 + we), rmsnorm(h) (1 + wh)] into out [rows, 2H]."""
-    return K.prepared("mtp_input", (rows,), (e, h, mtp.e_norm, mtp.h_norm, mtp.H, float(mtp.args.rms_norm_eps), out),
-                      block=1024)
+def mtp_input(*, e, h, mtp, rows: int, out, staged=None) -> K.Launch:
+    """mtp_input (cuda/spec.cu): rows of [rmsnorm(e) (1 + we), rmsnorm(h) (1 + wh)] into out [rows, 2H]; staged: (xh
+    [rows, kpad / 2] uint32, xinv [rows]) where the input projection's GEMV reads the rows pre-staged (`staged_input`),
+    else None."""
+    xh, xinv = staged if staged is not None else (None, None)
+    return K.prepared("mtp_input", (INPUT_BLOCKS if xh is not None else 1, rows), (e, h, mtp.e_norm, mtp.h_norm, mtp.H, float(mtp.args.rms_norm_eps), out,
+                                             xh if xh is not None else np.uint64(0),
+                                             xinv if xinv is not None else np.uint64(0),
+                                             xh.shape[1] * 2 if xh is not None else 0), block=1024)
+
+
+def staged_input(cp, rows: int, H: int) -> tuple:
+    """Buffers for `rows` MTP input rows (2H values) staged as the GEMVs' int16 pairs: (pairs, inverse scales)."""
+    kpad = -(-2 * H // K.XPAD) * K.XPAD
+    return cp.zeros((rows, kpad // 2), dtype=cp.uint32), cp.zeros(rows, dtype=cp.float32)
 
 
 class CudaMtpColumns(CudaQwen35Columns):
@@ -48,11 +60,12 @@ class CudaMtpColumns(CudaQwen35Columns):
         cp, T, H, f32 = self.cp, self.M, self.H, self.cp.float32
         self.hid = cp.zeros((T, H), f32) if self._hid is None else self._hid
         self.e_raw, self.cat = cp.zeros((T, H), f32), cp.zeros((T, 2 * H), f32)
+        self.cat_staged = staged_input(cp, T, H)
 
     def _embed_ops(self, out=None):
-        fc = GemvPlan(self.mtp.fc, self.cat, 2 * self.H, self.ctx.x, self.H, m=self.M).launch
+        fc = GemvPlan(self.mtp.fc, self.cat, 2 * self.H, self.ctx.x, self.H, m=self.M, xpre=self.cat_staged).launch
         return super()._embed_ops(out=self.e_raw) + [
-            mtp_input(e=self.e_raw, h=self.hid, mtp=self.mtp, rows=self.M, out=self.cat), fc]
+            mtp_input(e=self.e_raw, h=self.hid, mtp=self.mtp, rows=self.M, out=self.cat, staged=self.cat_staged), fc]
 
     def _tail_ops(self):
         return []

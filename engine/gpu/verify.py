@@ -25,7 +25,8 @@ import numpy as np
 from engine.gpu import kernel_names as KN
 from engine.gpu import launch as K
 from engine.gpu import mtp_prompt
-from engine.gpu.columns import ColumnsAttention, CudaQwen35Columns
+from engine.gpu.columns import ColumnsAttention, CudaQwen35Columns, columns_kernels
+from engine.gpu.moe import columns_kernels as moe_columns_kernels
 from engine.gpu.decode import GDN_HEAD_DIM, CudaQwen35
 from engine.gpu.gdn import GdnBlock, delta_step, gdn_prep
 from engine.gpu.gemv import GemvPlan
@@ -189,6 +190,7 @@ class CudaMtp(CudaQwen35):
         super()._alloc_state()
         cp, H, f32 = self.cp, self.H, self.cp.float32
         self.e_raw, self.cat, self.g = cp.zeros((1, H), f32), cp.zeros((1, 2 * H), f32), cp.zeros((1, H), f32)
+        self.cat_staged = mtp_prompt.staged_input(cp, 1, H)  # (the input projection reads its row pre-staged)
         if self.phead is not None:
             self.plogits = cp.zeros((1, self.phead.n), f32)
             self.prow = cp.zeros(1, dtype=cp.int32)  # (the proposal head's pick: a row of its shortlist)
@@ -197,9 +199,8 @@ class CudaMtp(CudaQwen35):
         j = self._draft  # draft j >= 2: the last draft's hidden state and id, a position further
         v = self.verify
         setup = K.prepared("spec_mtp_setup", (1,), (NULL, self.tokens, v.pos, j - 2, self.pos), block=32)
-        stage = K.prepared("mtp_input", (1,), (self.e_raw, self.g, self.e_norm, self.h_norm, self.H,
-                                                float(self.args.rms_norm_eps), self.cat), block=1024)
-        fc = GemvPlan(self.fc, self.cat, 2 * self.H, self.ctx.x, self.H, m=1).launch
+        stage = mtp_prompt.mtp_input(e=self.e_raw, h=self.g, mtp=self, rows=1, out=self.cat, staged=self.cat_staged)
+        fc = GemvPlan(self.fc, self.cat, 2 * self.H, self.ctx.x, self.H, m=1, xpre=self.cat_staged).launch
         return [setup] + super()._embed_ops(out=self.e_raw) + [stage, fc]
 
     def _draft_tail(self, i: int, x, xpre) -> list:
@@ -250,9 +251,13 @@ class Speculator:
         # (every instantiation its executors take, asked for at once: one module compiled for them)
         mtp_mats = [decode.head, decode.embed] + [w for n, w in mtp_weights.items()
                                                   if hasattr(w, "fmt") and n.startswith("mtp/")]
+        moe = "mtp/layers/0/moe/"  # (the MTP layer's MoE block, where it has one: its column form's routed down)
+        mtp_moe = (moe_columns_kernels(mtp_weights[moe + "experts/0/down"].fmt, mtp_weights[moe + "shared/down"].fmt)
+                   if moe + "shared/down" in mtp_weights else [])
         K.require(row_kernel_names(list(decode._matrices()), k + 1) + row_kernel_names(mtp_mats, 1)
                   + row_kernel_names(mtp_mats, k + 1) + row_kernel_names(mtp_mats, mtp_prompt.COLS)
-                  + [f"dequant_rs<{K.FMT_IDS[m.fmt]}>" for m in mtp_mats if m.fmt in K.FMT_IDS])
+                  + [f"dequant_rs<{K.FMT_IDS[m.fmt]}>" for m in mtp_mats if m.fmt in K.FMT_IDS]
+                  + columns_kernels(decode, k + 1) + mtp_moe)
         self.verify = v = CudaVerify(decode, k)
         self.mtp = CudaMtp(v, mtp_weights)
         override = K.prepared("spec_override", (1,), (v.ovr, v.tokens, k), block=32)
