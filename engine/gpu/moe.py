@@ -42,7 +42,8 @@ def columns_kernels(routed_fmt: str, shared_fmt: str) -> list[str]:
     """What column_ops launches beyond the plan's kernels, for routed and shared down formats."""
     if routed_fmt not in K.FMT_IDS or shared_fmt not in K.FMT_IDS:
         return []
-    return [KN.moe_down_cols_name(K.FMT_IDS[routed_fmt], K.FMT_IDS[shared_fmt])]
+    name = KN.moe_down_cols_name(K.FMT_IDS[routed_fmt], K.FMT_IDS[shared_fmt])
+    return [name] if name else []
 
 
 def moe_fused(form, *, x_in, x_out, planes, nplanes: int, plane_stride: int, norm, eps: float, kpad: int, router,
@@ -238,8 +239,8 @@ class MoeBlock:
         gu1, dn1 = gu.row_slice(0, 2 * ie), dn.row_slice(0, H)  # expert 0's rows (the kernel offsets by eidx)
         routed = [GemvPlan(gu1, self.xrep, H, self.act_e, ie, epi="swiglu", unroll=2, xpre=(self.xrep, self.xinv_rep),
                            experts=(self.eidx_t, 2 * ie, W * 4, ie, None, M * k)).launch]
-        # the routed down: moe_down over the M * k slots (a half-warp 6 rows, each lane's chunk of the fp32 SwiGLU row
-        # as int16 pairs: slot z into plane z // M, row z % M), else a GEMV by slot
+        # the routed down: moe_down over the M * k slots in its columns' form (kernel_names.moe_down_cols_name; slot z
+        # into plane z // M, row z % M), else a GEMV by slot
         down = None
         if dn.fmt in K.FMT_IDS and sd.fmt in K.FMT_IDS and dn.k % 32 == 0:
             down = moe_down(dn, sd, eidx=self.eidx_t, act_routed=self.act_e, act_shared=c.act, planes=c.part,
