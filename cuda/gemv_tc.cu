@@ -240,9 +240,7 @@ __device__ __forceinline__ void tc_run(const unsigned char* st, const TcLane<FMT
 // wt warps' sums meet in shared memory (a fixed order) for the epilogue.
 template <int FMT, int M, int GU, int S>
 // (4 blocks an SM, 64 registers; 3 and 80 for runs of 4 groups, which spill at 64)
-// amax (SwiGLU, else nullptr): [M][2] uint32 words, [m][0] the largest |output| of column m folded in (atomicMax on
-// the float bits, one a block a column), for stage_x_amax's rows.
-__global__ void __launch_bounds__(256, GU > 2 ? 3 : 4) gemv_tc(GEMV_RS_PARAMS, int wt, unsigned int* __restrict__ amax) {
+__global__ void __launch_bounds__(256, GU > 2 ? 3 : 4) gemv_tc(GEMV_RS_PARAMS, int wt) {
   static_assert(M >= 1 && M <= 8, "up to 8 columns (one MMA n-tile)");
   static_assert(S >= 2, "a ring of at least two stages");
   using ST = TcStage<FMT, GU>;
@@ -337,7 +335,6 @@ __global__ void __launch_bounds__(256, GU > 2 ? 3 : 4) gemv_tc(GEMV_RS_PARAMS, i
   ln.init(g, t);
 
   int c_slot = 0;
-  float omax = 0.f;  // (SwiGLU with amax: the largest |output| of this thread's column, threadIdx.x & 7)
   for (int bt = 0; bt < my_turns; ++bt) {
     const int turn = (int)blockIdx.x + bt * (int)gridDim.x;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
@@ -369,9 +366,7 @@ __global__ void __launch_bounds__(256, GU > 2 ? 3 : 4) gemv_tc(GEMV_RS_PARAMS, i
         return v * inv_sc[m];
       };
       if (swiglu) {  // (output o's gate row o, its up row o + 8)
-        const float v = silu(sum(o)) * sum(o + 8);
-        y[(size_t)m * ldy + oo] = v;
-        omax = fmaxf(omax, fabsf(v));
+        y[(size_t)m * ldy + oo] = silu(sum(o)) * sum(o + 8);
       } else {
         const float v = sum(o);
         if (epi == EPI_STORE) y[(size_t)m * ldy + oo] = v;
@@ -380,17 +375,6 @@ __global__ void __launch_bounds__(256, GU > 2 ? 3 : 4) gemv_tc(GEMV_RS_PARAMS, i
       }
     }
     __syncthreads();
-  }
-  if (amax != nullptr) {  // (a thread's column is threadIdx.x & 7: the lanes of one column, then the warps)
-    omax = fmaxf(omax, __shfl_xor_sync(0xffffffffu, omax, 8));
-    omax = fmaxf(omax, __shfl_xor_sync(0xffffffffu, omax, 16));
-    if (lane < 8) red[warp * 8 + lane] = omax;
-    __syncthreads();
-    if (threadIdx.x < M) {
-      float mx = 0.f;
-      for (int w = 0; w < 8; ++w) mx = fmaxf(mx, red[w * 8 + threadIdx.x]);
-      atomicMax(amax + 2 * threadIdx.x, __float_as_uint(mx));
-    }
   }
   ni_cp_wait<0>();
 }

@@ -54,18 +54,13 @@ extern "C" __global__ void stage_x_mb(const float* __restrict__ x, int ldx, int 
   if (blockIdx.x == 0 && threadIdx.x == 0) xinv[m] = 1.f / sc;
 }
 
-// stage_x_mb for token rows whose largest |value| their producer folded into slot[2 m] (atomicMax on the float bits:
-// gemv_rs_pre's SwiGLU with an amax slot, one row; gemv_tc's, a column each), so no block reads the whole row for it:
-// the same scale, the same pairs. grid (blocks, rows); row m at x + m ldx, its pairs at xh + m ldh. Each block takes a
-// ticket in slot[2 m + 1] after reading slot[2 m]; the row's last resets both words.
+// stage_x_mb for one token row whose largest |value| its producer folded into slot[0] (atomicMax on the
+// float bits: gemv_rs_pre's SwiGLU with an amax slot), so no block reads the whole row for it: the same scale,
+// the same pairs. Each block takes a ticket in slot[1] after reading slot[0]; the last resets both words.
 extern "C" __global__ void stage_x_amax(const float* __restrict__ x, int K, int kpad, __half2* __restrict__ xh,
-                                        float* __restrict__ xinv, unsigned int* __restrict__ slot, int ldx, int ldh) {
+                                        float* __restrict__ xinv, unsigned int* __restrict__ slot) {
   NI_PDL_ENTRY();
   __shared__ float gmax;
-  const int m = blockIdx.y;
-  x += (size_t)m * ldx;
-  xh += (size_t)m * ldh;
-  slot += 2 * m;
   if (threadIdx.x == 0) gmax = __uint_as_float(__ldcg(slot));
   __syncthreads();
   const float sc = pow2_scale(gmax);
@@ -73,8 +68,8 @@ extern "C" __global__ void stage_x_amax(const float* __restrict__ x, int K, int 
   const int c0 = blockIdx.x * per, c1 = min(c0 + per, nch);
   stage_slice(x, K, c0, c1, xh, sc);
   if (threadIdx.x == 0) {
-    if (blockIdx.x == 0) xinv[m] = 1.f / sc;
-    if (atomicAdd(slot + 1, 1u) == gridDim.x - 1) {  // every block of the row has read slot[0] (before its ticket)
+    if (blockIdx.x == 0) *xinv = 1.f / sc;
+    if (atomicAdd(slot + 1, 1u) == gridDim.x - 1) {  // every block has read slot[0] (before its ticket)
       slot[0] = 0u;
       slot[1] = 0u;
     }

@@ -10,12 +10,11 @@ from engine.gpu import launch as K
 from engine.gpu.gemv import mlp_fused_help_words, mlp_fused_launch
 
 
-def stage_amax(*, x, k: int, kpad: int, xh, xinv, slot, blocks: int = 16, rows: int = 1) -> K.Launch:
-    """stage_x_amax: `rows` rows' first k values (x [rows, >= k]) as the GEMVs' int16 pairs (xh [rows, kpad / 2]) with
-    the scale of each row's maximum its gate|up GEMV folded into slot (2 uint32 a row: max bits, block tickets; left at
-    zero), xinv [rows] the inverses; `blocks` blocks of 1,024 a row, each its slice."""
-    ldx, ldh = (x.shape[-1], xh.shape[-1]) if rows > 1 else (0, 0)
-    return K.prepared("stage_x_amax", (blocks, rows), (x, k, kpad, xh, xinv, slot, ldx, ldh), block=1024)
+def stage_amax(*, x, k: int, kpad: int, xh, xinv, slot, blocks: int = 16) -> K.Launch:
+    """stage_x_amax: one row's first k values (x [1, >= k]) as the GEMVs' int16 pairs (xh [kpad / 2]) with the scale of
+    the row maximum the gate|up GEMV folded into slot (2 uint32: max bits, block tickets; left at zero), xinv [1] its
+    inverse; `blocks` blocks of 1,024, each its slice."""
+    return K.prepared("stage_x_amax", (blocks,), (x, k, kpad, xh, xinv, slot), block=1024)
 
 
 def swiglu_rows(*, gu, inter: int, rows: int, out16) -> None:
@@ -108,7 +107,7 @@ class MlpBlock:
         ops = [gu_plan.launch]
         if gu_plan.tracks_amax:
             ops.append(stage_amax(x=c.act, k=c.inter, kpad=c.kpad_act, xh=c.xh_act, xinv=c.xinv_act,
-                                  slot=c.stage_slot, blocks=c.NORM_BLOCKS, rows=c.M))
+                                  slot=c.stage_slot, blocks=c.NORM_BLOCKS))
         else:
             ops.append(c.stage(c.act, c.inter, c.kpad_act, c.xh_act, c.xinv_act))
         return ops + [d_plan.launch], d_plan.splits

@@ -211,22 +211,3 @@ def test_gemv_columns_epilogues(cp, fmt, m, n, k, tc):
         ys = poisoned(cp, (m, n // 2))
         GemvPlan(dm, xd, k, ys, n // 2, m=m, epi="swiglu", tc=tc).launch()
         check(f"gemv_tc swiglu {fmt}", ys.get(), ref.swiglu(h[:, : n // 2], h[:, n // 2:]), **LINEAR)
-        # each column's largest |output| folded into a slot; stage_x_amax staging the rows from it gives stage_x_mb's
-        # pairs and scales, and leaves the slots at zero
-        from engine.gpu.mlp import stage_amax
-        from engine.gpu.norm import stage_rows
-
-        slot = cp.zeros(2 * m, dtype=cp.uint32)
-        plan = GemvPlan(dm, xd, k, ys, n // 2, m=m, epi="swiglu", tc=tc, amax_out=slot)
-        assert plan.tracks_amax
-        plan.launch()
-        got = ys.get()
-        assert np.array_equal(slot.get()[0::2].view(np.float32), np.abs(got).max(axis=1))
-        kpad = -(-(n // 2) // 1024) * 1024
-        pairs = [(cp.zeros((m, kpad // 2), dtype=cp.uint32), cp.zeros(m, dtype=cp.float32)) for _ in range(2)]
-        stage_amax(x=ys, k=n // 2, kpad=kpad, xh=pairs[0][0], xinv=pairs[0][1], slot=slot, blocks=4, rows=m)()
-        stage_rows(x=ys, ld=n // 2, k=n // 2, kpad=kpad, xh=pairs[1][0], ldh=kpad // 2, xinv=pairs[1][1], rows=m,
-                   blocks=4)()
-        assert np.array_equal(pairs[0][0].get(), pairs[1][0].get())
-        assert np.array_equal(pairs[0][1].get(), pairs[1][1].get())
-        assert not slot.get().any()
