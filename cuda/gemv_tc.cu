@@ -151,9 +151,7 @@ struct TcLane {
   unsigned code[GU], high, scale;
   __device__ __forceinline__ void init(int g, int t) {
 #pragma unroll
-    for (int u = 0; u < GU; ++u) {
-      code[u] = g * GU * 32 + ((u ^ tc_swz<GU>(g)) << 5) + 8 * t;
-    }
+    for (int u = 0; u < GU; ++u) code[u] = g * GU * 32 + ((u ^ tc_swz<GU>(g)) << 5) + 8 * t;
     high = S::CODES + g * GU * S::HB + (FMT == FMT_Q5 ? 2 * t : 4 * t);
     scale = S::CODES + S::HIGH + g * GU * 2;
   }

@@ -169,7 +169,8 @@ extern "C" __global__ void spec_mtp_setup(const int* __restrict__ tok_src, int* 
 extern "C" __global__ void __launch_bounds__(1024) mtp_input(const float* __restrict__ e, const float* __restrict__ h,
                                                              const float* __restrict__ we, const float* __restrict__ wh,
                                                              int H, float eps, float* __restrict__ out,
-                                                             __half2* __restrict__ xh, float* __restrict__ xinv, int kpad) {
+                                                             __half2* __restrict__ xh, float* __restrict__ xinv,
+                                                             int kpad) {
   NI_PDL_ENTRY();
   __shared__ float red[32];
   const int r = blockIdx.y;

@@ -30,10 +30,10 @@ def mtp_input(*, e, h, mtp, rows: int, out, staged=None) -> K.Launch:
     [rows, kpad / 2] uint32, xinv [rows]) where the input projection's GEMV reads the rows pre-staged (`staged_input`),
     else None."""
     xh, xinv = staged if staged is not None else (None, None)
-    return K.prepared("mtp_input", (INPUT_BLOCKS if xh is not None else 1, rows), (e, h, mtp.e_norm, mtp.h_norm, mtp.H, float(mtp.args.rms_norm_eps), out,
-                                             xh if xh is not None else np.uint64(0),
-                                             xinv if xinv is not None else np.uint64(0),
-                                             xh.shape[1] * 2 if xh is not None else 0), block=1024)
+    null = np.uint64(0)
+    stage = (xh, xinv, xh.shape[1] * 2) if xh is not None else (null, null, 0)
+    return K.prepared("mtp_input", (INPUT_BLOCKS if xh is not None else 1, rows),
+                      (e, h, mtp.e_norm, mtp.h_norm, mtp.H, float(mtp.args.rms_norm_eps), out) + stage, block=1024)
 
 
 def staged_input(cp, rows: int, H: int) -> tuple:

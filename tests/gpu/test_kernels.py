@@ -237,7 +237,6 @@ def test_attention_decode(cp, g, length, kv, form):
     check(f"attention {kv}", out.get(), want, **tol)
 
 
-
 # attn_decode_mma with two consecutive columns' query groups in a tile (C = 2, the verified columns': ColumnsAttention)
 # against a column a block, over a cache shared by 4 columns at consecutive positions; lengths where an earlier
 # column sees none of a split's tokens (5, 17: its rows there are all masked)
@@ -288,6 +287,7 @@ def test_attention_two_columns_a_tile(cp, g, length, kv, form):
     # (the tile's splits follow the last column's length, so a row's P rounds against other maxima: within ~1e-4;
     # a row seeing one token more or fewer would move by 1 / length)
     check("two columns a tile", outs[1], outs[0], atol=1e-3, rtol=1e-2, tail_frac=1e-3, worst_ratio=5, rel=2e-3)
+
 
 def test_argmax_step(cp):
     from engine.gpu import launch as K
