@@ -83,7 +83,8 @@ class GemvPlan:
         (fp32, a value a 32-value chunk), where gemv_rs_pre's chunk-scaled form is compiled (`self.xs` says whether
         the plan takes it: the caller stages accordingly). tc (2..8 columns): gemv_tc's (groups a run, ring stages) in
         place of the tuning table's (kernel_names.gemv_tc_form), with the warps a tile as a third item (None or left out:
-        tc_warps' rule)."""
+        tc_warps' rule) and, for the split-K planes (epi "partial") of a pre-staged x, the slices as a fourth (None or
+        left out: `splits`)."""
         self.w, self.m, self.epi = w, m, EPI[epi]
         self.pre2, self.tracks_amax, self.xs = False, False, False
         ps = w.n // 2
@@ -164,7 +165,8 @@ class GemvPlan:
 
     def _tensor_cores(self, f, x, ldx, y, ldy, splits, y_offset, xpre, form):
         """gemv_tc (cuda/gemv_tc.cu): 2..8 columns, each weight read once for all of them on the int8 MMAs; the
-        arguments are gemv_rs's; form: (groups a run, ring stages[, warps a 16-row tile, None: `tc_warps`])."""
+        arguments are gemv_rs's; form: (groups a run, ring stages[, warps a 16-row tile, None: `tc_warps`[, split-K
+        slices of the planes, None: `splits`]])."""
         w, m = self.w, self.m
         u4_per_row = w.gpr * 2
         w8 = w.fmt == "q8_g32_fp16"
@@ -198,7 +200,10 @@ class GemvPlan:
             else:
                 splits = -(-u4_per_row // u4ps)
         if xpre is not None:
-            u4ps, splits = prestaged_slices(u4_per_row, splits, 64 if w8 else 32)
+            if self.epi == EPI["partial"] and len(form) > 3 and form[3]:
+                splits = form[3]
+            # (slices of whole runs: a run's x chunks then lie in one block of the slot-major pairs)
+            u4ps, splits = prestaged_slices(u4_per_row, splits, 2 * gu)
             self.smem = red + ring
         pre = xpre is not None
         ps = w.n // 2 if self.epi == EPI["swiglu"] else 0

@@ -30,9 +30,9 @@ GEMV_TC_STAGES = 4
 FMT_IDS = {"q4_g64_fp16": 0, "q5_g64_fp16": 1, "q6_g64_fp16": 2, "q8_g32_fp16": 3}
 
 
-def gemv_tc_form(fmt: str, n: int, k: int) -> tuple[int, int, int | None]:
-    """(groups a run, ring stages, warps a tile or None: gemv.tc_warps' rule) of gemv_tc for a [n, k] matrix of format
-    `fmt`: the tuning table's, else the default."""
+def gemv_tc_form(fmt: str, n: int, k: int) -> tuple:
+    """(groups a run, ring stages, warps a tile or None: gemv.tc_warps' rule[, split-K slices of its planes]) of gemv_tc
+    for a [n, k] matrix of format `fmt`: the tuning table's, else the default."""
     return GEMV_TC_TABLE.get((fmt, n, k), (GEMV_TC_GU, GEMV_TC_STAGES, None))
 
 
