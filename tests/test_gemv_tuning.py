@@ -18,9 +18,11 @@ def test_default_cfg_is_a_copy():
 
 
 def test_tc_table_entries_are_compiled_forms():
-    for (fmt, n, k), (gu, stages, wt) in gemv_tuning.H200_TC.items():
+    for (fmt, n, k), form in gemv_tuning.H200_TC.items():
+        gu, stages, wt, *slices = form
         assert fmt in kernels.FMT_IDS and n > 0 and k > 0 and gu in (2, 4) and stages >= 2 and wt in (None, 1, 2, 4, 8)
-        assert kernel_names.gemv_tc_form(fmt, n, k) == (gu, stages, wt)
+        assert len(slices) <= 1 and all(s is None or s >= 1 for s in slices)
+        assert kernel_names.gemv_tc_form(fmt, n, k) == form
         for m in (2, 4, 8):
             assert kernel_names.gemv_tc_name(kernels.FMT_IDS[fmt], m, gu, stages) in kernel_names.all_names()
     assert kernel_names.gemv_tc_form("q6_g64_fp16", 1, 1) == (kernel_names.GEMV_TC_GU, kernel_names.GEMV_TC_STAGES, None)

@@ -23,17 +23,20 @@ H200 = {
 }
 
 # gemv_tc (2..8 columns: the verified columns of speculative decoding): (groups a run, ring stages, warps a 16-row
-# tile or None for gemv.tc_warps' rule) by (format, N, K), from `python bench/gemv_columns.py --cols 4 --warps 2,4,8
-# --gu 2,4 --stages 3,4` on the H200 (bench/results/gemv_columns4_qwen38-27b_h200.json, in us at 4 columns: gate|up
-# 33.7 with 4 warps a tile against 36.7 with 8 at 3 stages, the GDN v|z 15.7 against 17.3, the attention's gate|v 11.7
-# against 12.7 at 4 stages; down 29.0, the head 341.7 with 4 groups a run), and of the 35B-A3B's dense shapes
-# (`--geometry qwen3.6-35b-a3b`, gemv_columns4_qwen36-35b-a3b_h200.json: its head, o and GDN query|key projection 4
-# groups a run, an attention projection 4,608 x 2,048 5.3 against 6.5 us with 4 groups, the shared expert's down
-# 3.6 against 4.6 with 4 warps a tile). Other shapes take (kernel_names.GEMV_TC_GU, GEMV_TC_STAGES) and the rule.
+# tile or None for gemv.tc_warps' rule[, split-K slices of the partial planes]) by (format, N, K), from `python
+# bench/gemv_columns.py --cols 4 --warps 2,4,8 --gu 2,4 --stages 3,4` on the H200
+# (bench/results/gemv_columns4_qwen38-27b_h200.json, in us at 4 columns: gate|up 33.7 with 4 warps a tile against
+# 36.7 with 8 at 3 stages, the GDN v|z 15.7 against 17.3, the attention's gate|v 11.7 against 12.7 at 4 stages; the
+# head 341.7 with 4 groups a run), and of the 35B-A3B's dense shapes (`--geometry qwen3.6-35b-a3b`,
+# gemv_columns4_qwen36-35b-a3b_h200.json: its head, o and GDN query|key projection 4 groups a run, an attention
+# projection 4,608 x 2,048 5.3 against 6.5 us with 4 groups, the shared expert's down 3.6 against 4.6 with 4 warps a
+# tile). The 27B's down takes 4 warps a tile and 2 slices (`python dev/tc_splits.py`,
+# gemv_tc_splits4_qwen38-27b_h200.json: 25.5 against 28.6-29.2 us with 8 warps; the mtp:3 round 9.76-9.81 against
+# 9.83-9.88 ms). Other shapes take (kernel_names.GEMV_TC_GU, GEMV_TC_STAGES) and the rule.
 H200_TC = {
     ("q8_g32_fp16", 248320, 5120): (4, 3, None),
     ("q4_g64_fp16", 34816, 5120): (4, 3, 4),
-    ("q5_g64_fp16", 5120, 17408): (4, 3, None),
+    ("q5_g64_fp16", 5120, 17408): (4, 3, 4, 2),
     ("q5_g64_fp16", 12288, 5120): (4, 3, 4),
     ("q4_g64_fp16", 4096, 5120): (4, 4, None),
     ("q5_g64_fp16", 5120, 6144): (4, 3, None),
