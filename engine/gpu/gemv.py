@@ -256,7 +256,8 @@ def embed_rows(table: DevMatrix, *, tokens, out, ld: int, rows: int) -> Launch:
 
 def prestaged_slices(span: int, splits: int, blk: int = 32) -> tuple[int, int]:
     """(16-byte chunks a split-K slice, slices) of a pre-staged GEMV over `span` chunks a row asked for `splits`
-    slices: each slice whole blocks of `blk` chunks of the slot-major staged pairs (w8: 64)."""
+    slices, each slice whole blocks of `blk` chunks: the slot-major blocks of the staged pairs (32 chunks, w8: 64), or
+    gemv_tc's runs of groups (a run's x then lies in one such block)."""
     per = -(-span // max(int(splits), 1))  # chunks a slice, rounded up to whole blocks
     u4ps = -(-per // blk) * blk
     return u4ps, -(-span // u4ps)

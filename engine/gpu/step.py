@@ -52,7 +52,7 @@ class StepContext:
         # split-K partial planes: those of a GEMV, or the MoE block's routed slots and shared expert
         self.max_splits = max(8, self.args.num_experts_per_tok + 1) if self.args.is_moe else 8
         if M > 1:  # (and the slices gemv_tc's table gives a matrix's planes)
-            self.max_splits = max([self.max_splits] + [f[3] for f in KN.GEMV_TC_TABLE.values() if len(f) > 3])
+            self.max_splits = max([self.max_splits] + [f[3] or 1 for f in KN.GEMV_TC_TABLE.values() if len(f) > 3])
         self.part = cp.zeros((self.max_splits, M, H), dtype=f32)
         widths = [L["qk"].n for L in layers] + [L.get("gv", L.get("vz")).n for L in layers]
         self.buf_a = cp.zeros((M, max(widths)), dtype=f32)
