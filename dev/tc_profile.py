@@ -1,6 +1,8 @@
 """One multi-column GEMV (gemv_tc) over a random packed matrix, for a profiler (GPU machine only):
 
-    ncu --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
+    ncu --clock-control none --section SpeedOfLight --section SchedulerStats --section WarpStateStats \
+        --section SourceCounters --section MemoryWorkloadAnalysis \
+        --metrics 'regex:smsp__pcsamp_warps_issue_stalled_[a-z_]*$,l1tex__t_sector_hit_rate.pct,smsp__inst_executed.sum' \
         -k regex:gemv_tc -c 1 python dev/tc_profile.py [--fmt q4_g64_fp16] [--n 34816] [--k 5120] [--cols 4]
 
 x pre-staged as the producers stage it (stage_x_mb); the launch runs --iters times after one warm-up, and the mean
