@@ -4,7 +4,9 @@
 
 For the first `--layers` layers of the verification (and the MTP's round ops): each op replayed alone
 (bench/gpu_decode.py's time_graph), a concurrent group's main and side ops each alone and in order, and the
-layer's ops as one graph against their sum (what the launches between them cost).
+layer's ops as one graph against their sum (what the launches between them cost). Then the whole verification as one
+graph, its GEMVs alone as one graph (every other op left out: what the GEMVs cost back to back) and the other ops alone
+as one graph (the inputs are stale, so these time the launches, not a result).
 """
 from __future__ import annotations
 
@@ -55,7 +57,12 @@ def main(argv=None) -> int:
         graph = time_graph(lambda: [op() for op in ops[i0:i1]])
         print(f"  sum {total * 1e3:.2f} us, as one graph {graph * 1e3:.2f} us")
     full = time_graph(lambda: [op() for op in ops], reps=3)
-    print(f"verification: {full:.3f} ms as one graph")
+    gemv = [op for op in ops if K.op_name(op).startswith(("gemv", "concurrent gemv"))]
+    rest = [op for op in ops if not K.op_name(op).startswith(("gemv", "concurrent gemv"))]
+    t_gemv = time_graph(lambda: [op() for op in gemv], reps=3)
+    t_rest = time_graph(lambda: [op() for op in rest], reps=3)
+    print(f"verification: {full:.3f} ms as one graph; its {len(gemv)} GEMV ops alone {t_gemv:.3f} ms, "
+          f"the other {len(rest)} alone {t_rest:.3f} ms")
     mtp = sp.mtp.round_ops()
     print("mtp:")
     total = sum(each(op) for op in mtp)
