@@ -57,8 +57,9 @@ def main(argv=None) -> int:
         graph = time_graph(lambda: [op() for op in ops[i0:i1]])
         print(f"  sum {total * 1e3:.2f} us, as one graph {graph * 1e3:.2f} us")
     full = time_graph(lambda: [op() for op in ops], reps=3)
-    gemv = [op for op in ops if K.op_name(op).startswith(("gemv", "concurrent gemv"))]
-    rest = [op for op in ops if not K.op_name(op).startswith(("gemv", "concurrent gemv"))]
+    is_gemv = [K.op_name(op).startswith(("gemv", "concurrent gemv")) for op in ops]
+    gemv = [op for op, g in zip(ops, is_gemv) if g]
+    rest = [op for op, g in zip(ops, is_gemv) if not g]
     t_gemv = time_graph(lambda: [op() for op in gemv], reps=3)
     t_rest = time_graph(lambda: [op() for op in rest], reps=3)
     print(f"verification: {full:.3f} ms as one graph; its {len(gemv)} GEMV ops alone {t_gemv:.3f} ms, "
