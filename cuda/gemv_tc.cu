@@ -235,10 +235,12 @@ __device__ __forceinline__ void tc_run(const unsigned char* st, const TcLane<FMT
 // A block: 8 warps over one K slice (grid.y, EPI_PARTIAL planes), looping over turns of 8 / wt tiles of 16 rows
 // (SwiGLU: 8 gate rows and their 8 up rows); a tile's wt warps take every wt-th run of GU groups of the slice. Each warp streams its runs, turn after turn, through its own ring of S stages in shared memory (cp.async: S - 1
 // runs in flight while it multiplies one, across the turns' boundaries; the first S - 1 before the PDL wait), then the
-// wt warps' sums meet in shared memory (a fixed order) for the epilogue.
+// wt warps' sums meet in shared memory (a fixed order) for the epilogue. amax (SwiGLU, or nullptr): 2 uint32 words a
+// column, the first of which each block folds the largest |output| it wrote of that column into (atomicMax on the bits;
+// stage_x_amax stages the rows from it and resets them).
 template <int FMT, int M, int GU, int S>
 // (4 blocks an SM, 64 registers; 3 and 80 for runs of 4 groups, which spill at 64)
-__global__ void __launch_bounds__(256, GU > 2 ? 3 : 4) gemv_tc(GEMV_RS_PARAMS, int wt) {
+__global__ void __launch_bounds__(256, GU > 2 ? 3 : 4) gemv_tc(GEMV_RS_PARAMS, int wt, unsigned int* __restrict__ amax) {
   static_assert(M >= 1 && M <= 8, "up to 8 columns (one MMA n-tile)");
   static_assert(S >= 2, "a ring of at least two stages");
   using ST = TcStage<FMT, GU>;
@@ -333,6 +335,7 @@ __global__ void __launch_bounds__(256, GU > 2 ? 3 : 4) gemv_tc(GEMV_RS_PARAMS, i
   ln.init(g, t);
 
   int c_slot = 0;
+  float wrote = 0.f;  // (SwiGLU: the largest |output| this thread wrote, all of column threadIdx.x & 7)
   for (int bt = 0; bt < my_turns; ++bt) {
     const int turn = (int)blockIdx.x + bt * (int)gridDim.x;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
@@ -364,7 +367,9 @@ __global__ void __launch_bounds__(256, GU > 2 ? 3 : 4) gemv_tc(GEMV_RS_PARAMS, i
         return v * inv_sc[m];
       };
       if (swiglu) {  // (output o's gate row o, its up row o + 8)
-        y[(size_t)m * ldy + oo] = silu(sum(o)) * sum(o + 8);
+        const float v = silu(sum(o)) * sum(o + 8);
+        y[(size_t)m * ldy + oo] = v;
+        wrote = fmaxf(wrote, fabsf(v));
       } else {
         const float v = sum(o);
         if (epi == EPI_STORE) y[(size_t)m * ldy + oo] = v;
@@ -373,6 +378,14 @@ __global__ void __launch_bounds__(256, GU > 2 ? 3 : 4) gemv_tc(GEMV_RS_PARAMS, i
       }
     }
     __syncthreads();
+  }
+  if (swiglu && amax != nullptr) {  // (the loop's last barrier is behind every thread's stores)
+    __shared__ unsigned int bmax[8];
+    if (threadIdx.x < 8) bmax[threadIdx.x] = 0u;
+    __syncthreads();
+    if (wrote > 0.f) atomicMax(bmax + (threadIdx.x & 7), __float_as_uint(wrote));
+    __syncthreads();
+    if (threadIdx.x < M && bmax[threadIdx.x] != 0u) atomicMax(amax + 2 * threadIdx.x, bmax[threadIdx.x]);
   }
   ni_cp_wait<0>();
 }

@@ -78,8 +78,8 @@ class GemvPlan:
         """xpre: the pre-staged x (int16 pairs, inverse scales); pre2: gemv_rs_pre (x through the read-only path, row
         pointers advanced by constants: the tuning table's choice; w8 on pre-staged pairs always takes it). conv (epi
         "conv", one K slice): (weights [4, C], history [M, 3, C], C, the channel of row 0, rows that take the conv).
-        amax_out (SwiGLU, gemv_rs_pre, one token, no split or routing): a slot of 2 zeroed uint32 words the row's
-        largest |output| is folded into (`tracks_amax`, for stage_x_amax). xs: the chunk scales of the pre-staged x
+        amax_out (SwiGLU, gemv_rs_pre for one token or gemv_tc, no split or routing): 2 zeroed uint32 words a row that
+        the row's largest |output| is folded into (`tracks_amax`, for stage_x_amax). xs: the chunk scales of the pre-staged x
         (fp32, a value a 32-value chunk), where gemv_rs_pre's chunk-scaled form is compiled (`self.xs` says whether
         the plan takes it: the caller stages accordingly). tc (2..8 columns): gemv_tc's (groups a run, ring stages) in
         place of the tuning table's (kernel_names.gemv_tc_form), with the warps a tile as a third item (None or left out:
@@ -102,7 +102,8 @@ class GemvPlan:
             return
         f = FMT_IDS[w.fmt]
         if 1 < m <= 8 and experts is None and epi in ("store", "partial", "add", "swiglu"):
-            self._tensor_cores(f, x, ldx, y, ldy, splits, y_offset, xpre, tc or KN.gemv_tc_form(w.fmt, w.n, w.k))
+            self._tensor_cores(f, x, ldx, y, ldy, splits, y_offset, xpre, tc or KN.gemv_tc_form(w.fmt, w.n, w.k),
+                               amax_out)
             return
         if rows is None or epi == "swiglu":
             rows = 2
@@ -163,10 +164,11 @@ class GemvPlan:
         self.splits = splits
         self._go = Launch(self.fn, self.grid, WARPS * 32, self.args, self.smem, name=kname)
 
-    def _tensor_cores(self, f, x, ldx, y, ldy, splits, y_offset, xpre, form):
+    def _tensor_cores(self, f, x, ldx, y, ldy, splits, y_offset, xpre, form, amax_out=None):
         """gemv_tc (cuda/gemv_tc.cu): 2..8 columns, each weight read once for all of them on the int8 MMAs; the
         arguments are gemv_rs's; form: (groups a run, ring stages[, warps a 16-row tile, None: `tc_warps`[, split-K
-        slices of the planes, None: `splits`]])."""
+        slices of the planes, None: `splits`]]); amax_out (SwiGLU): each column's largest |output| folded into its
+        slot."""
         w, m = self.w, self.m
         u4_per_row = w.gpr * 2
         w8 = w.fmt == "q8_g32_fp16"
@@ -226,6 +228,8 @@ class GemvPlan:
                      np.uint64(_p(xpre[1]) if pre else 0), np.uint64(0), np.int32(0), np.int64(0), np.int32(0),
                      np.uint64(0), np.int32(0), np.uint64(0), np.uint64(0), np.int32(0), np.int32(0), np.int32(0),
                      np.int32(wt))
+        self.tracks_amax = amax_out is not None and self.epi == EPI["swiglu"]
+        self.args += (np.uint64(_p(amax_out) if self.tracks_amax else 0),)
         go = Launch(self.fn, self.grid, WARPS * 32, self.args, self.smem, name=self.kname)
         self._go = go if stage is None else (lambda: (stage(), go()))
         self._staged = None if stage is None else xpre  # (its own staged x, kept alive)

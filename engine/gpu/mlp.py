@@ -10,11 +10,13 @@ from engine.gpu import launch as K
 from engine.gpu.gemv import mlp_fused_help_words, mlp_fused_launch
 
 
-def stage_amax(*, x, k: int, kpad: int, xh, xinv, slot, blocks: int = 16) -> K.Launch:
-    """stage_x_amax: one row's first k values (x [1, >= k]) as the GEMVs' int16 pairs (xh [kpad / 2]) with the scale of
-    the row maximum the gate|up GEMV folded into slot (2 uint32: max bits, block tickets; left at zero), xinv [1] its
-    inverse; `blocks` blocks of 1,024, each its slice."""
-    return K.prepared("stage_x_amax", (blocks,), (x, k, kpad, xh, xinv, slot), block=1024)
+def stage_amax(*, x, k: int, kpad: int, xh, xinv, slot, blocks: int = 16, rows: int = 1) -> K.Launch:
+    """stage_x_amax: the first k values of each of `rows` rows of x ([rows, >= k]) as the GEMVs' int16 pairs (xh
+    [rows, kpad / 2]) with the scale of the row maximum the gate|up GEMV folded into slot (2 uint32 a row: max bits,
+    block tickets; left at zero), xinv [rows] its inverse; `blocks` blocks of 1,024 a row, each its slice."""
+    ldx = x.strides[0] // x.itemsize if x.ndim > 1 else 0
+    ldh = xh.strides[0] // xh.itemsize if xh.ndim > 1 else 0
+    return K.prepared("stage_x_amax", (blocks, rows), (x, ldx, k, kpad, xh, ldh, xinv, slot), block=1024)
 
 
 def swiglu_rows(*, gu, inter: int, rows: int, out16) -> None:
@@ -107,7 +109,7 @@ class MlpBlock:
         ops = [gu_plan.launch]
         if gu_plan.tracks_amax:
             ops.append(stage_amax(x=c.act, k=c.inter, kpad=c.kpad_act, xh=c.xh_act, xinv=c.xinv_act,
-                                  slot=c.stage_slot, blocks=c.NORM_BLOCKS))
+                                  slot=c.stage_slot, blocks=c.NORM_BLOCKS, rows=c.M))
         else:
             ops.append(c.stage(c.act, c.inter, c.kpad_act, c.xh_act, c.xinv_act))
         return ops + [d_plan.launch], d_plan.splits

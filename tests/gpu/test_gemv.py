@@ -65,20 +65,20 @@ def test_gemv_prestaged(cp, fmt, n, k, splits, pre2, rows, m):
         GemvPlan(dm, None, k, y, n // 2, m=m, epi="swiglu", xpre=(xh, xinv), pre2=True).launch()
         h = ref.linear(x, wq)
         check(f"gemv prestaged swiglu {fmt}", y.get(), ref.swiglu(h[:, : n // 2], h[:, n // 2:]), **LINEAR)
-        # one token: the SwiGLU's largest |output| folded into a slot, stage_x_amax staging the row from it gives
-        # stage_x_mb's pairs
+        # the SwiGLU's largest |output| a row folded into a slot (one token: gemv_rs_pre; more: gemv_tc), stage_x_amax
+        # staging the rows from it gives stage_x_mb's pairs
         k2 = n // 2
         kp2 = -(-k2 // K.XPAD) * K.XPAD
-        y1 = poisoned(cp, (1, k2))
-        slot = cp.zeros(2, cp.uint32)
-        plan = GemvPlan(dm, None, k, y1, k2, m=1, epi="swiglu", xpre=(xh, xinv), pre2=True, amax_out=slot, rows=rows)
+        y1 = poisoned(cp, (m, k2))
+        slot = cp.zeros(2 * m, cp.uint32)
+        plan = GemvPlan(dm, None, k, y1, k2, m=m, epi="swiglu", xpre=(xh, xinv), pre2=True, amax_out=slot, rows=rows)
         assert plan.tracks_amax
         for _ in range(2):  # the second launch finds the slot reset by stage_x_amax
             plan.launch()
-            sh, sinv = cp.zeros((1, kp2 // 2), cp.uint32), cp.zeros(1, cp.float32)
-            stage_amax(x=y1, k=k2, kpad=kp2, xh=sh, xinv=sinv, slot=slot)()
+            sh, sinv = cp.zeros((m, kp2 // 2), cp.uint32), cp.zeros(m, cp.float32)
+            stage_amax(x=y1, k=k2, kpad=kp2, xh=sh, xinv=sinv, slot=slot, rows=m)()
             rh, rinv = cp.zeros_like(sh), cp.zeros_like(sinv)
-            stage_rows(x=y1, ld=k2, k=k2, kpad=kp2, xh=rh, ldh=kp2 // 2, xinv=rinv, rows=1, blocks=3)()
+            stage_rows(x=y1, ld=k2, k=k2, kpad=kp2, xh=rh, ldh=kp2 // 2, xinv=rinv, rows=m, blocks=3)()
             assert np.array_equal(sh.get(), rh.get()) and np.array_equal(sinv.get(), rinv.get())
             assert not slot.get().any()
 
