@@ -232,6 +232,16 @@ __device__ __forceinline__ void tc_run(const unsigned char* st, const TcLane<FMT
   }
 }
 
+// Output o (0..7) of tile stl of a SwiGLU turn, column m: silu(gate) * up from the tile's wt warps' sums (red, in order).
+__device__ __forceinline__ float swiglu_out(const float* red, int wt, int stl, int o, int m, const float* inv_sc) {
+  float gt = 0.f, up = 0.f;
+  for (int w = stl * wt; w < (stl + 1) * wt; ++w) {
+    gt += red[(w * 16 + o) * 8 + m];
+    up += red[(w * 16 + o + 8) * 8 + m];
+  }
+  return silu(gt * inv_sc[m]) * (up * inv_sc[m]);
+}
+
 // A block: 8 warps over one K slice (grid.y, EPI_PARTIAL planes), looping over turns of 8 / wt tiles of 16 rows
 // (SwiGLU: 8 gate rows and their 8 up rows); a tile's wt warps take every wt-th run of GU groups of the slice. Each warp streams its runs, turn after turn, through its own ring of S stages in shared memory (cp.async: S - 1
 // runs in flight while it multiplies one, across the turns' boundaries; the first S - 1 before the PDL wait), then the
@@ -303,6 +313,8 @@ __global__ void __launch_bounds__(256, GU > 2 ? 3 : 4) gemv_tc(GEMV_RS_PARAMS, i
   NI_PDL_ENTRY();
 
   __shared__ float inv_sc[8];  // a column's inverse staging scale, times the codes' factor
+  __shared__ unsigned int bmax[8];  // (SwiGLU with amax: the block's largest |output| a column, as float bits)
+  if (threadIdx.x < 8) bmax[threadIdx.x] = 0u;
   if (pre) {
     if (threadIdx.x < M) inv_sc[threadIdx.x] = xinv[threadIdx.x] * INV;
   } else {  // stage x[m][xc0*32 : xc1*32) as gemv_rs stages q4-q6 (slot-major blocks of 32 chunks, int16 pairs)
@@ -335,7 +347,6 @@ __global__ void __launch_bounds__(256, GU > 2 ? 3 : 4) gemv_tc(GEMV_RS_PARAMS, i
   ln.init(g, t);
 
   int c_slot = 0;
-  float wrote = 0.f;  // (SwiGLU: the largest |output| this thread wrote, all of column threadIdx.x & 7)
   for (int bt = 0; bt < my_turns; ++bt) {
     const int turn = (int)blockIdx.x + bt * (int)gridDim.x;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
@@ -360,6 +371,14 @@ __global__ void __launch_bounds__(256, GU > 2 ? 3 : 4) gemv_tc(GEMV_RS_PARAMS, i
     for (int idx = threadIdx.x; idx < per_turn * rows_tile * 8; idx += blockDim.x) {
       const int stl = idx / (rows_tile * 8), o = (idx >> 3) % rows_tile, m = idx & 7;
       const int oo = (turn * per_turn + stl) * rows_tile + o;
+      if (swiglu && amax != nullptr) {  // (whole warps take the loop: its bound is a multiple of 32)
+        const float v = m < M && oo < outs ? fabsf(y[(size_t)m * ldy + oo] = swiglu_out(red, wt, stl, o, m, inv_sc))
+                                           : 0.f;
+        const float a = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
+        const float b = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 16));  // (lanes 0..7: columns 0..7 of the warp's)
+        if ((threadIdx.x & 31) < 8 && b > 0.f) atomicMax(bmax + (threadIdx.x & 7), __float_as_uint(b));
+        continue;
+      }
       if (m >= M || oo >= outs) continue;
       auto sum = [&](int rr) {
         float v = 0.f;
@@ -367,9 +386,7 @@ __global__ void __launch_bounds__(256, GU > 2 ? 3 : 4) gemv_tc(GEMV_RS_PARAMS, i
         return v * inv_sc[m];
       };
       if (swiglu) {  // (output o's gate row o, its up row o + 8)
-        const float v = silu(sum(o)) * sum(o + 8);
-        y[(size_t)m * ldy + oo] = v;
-        wrote = fmaxf(wrote, fabsf(v));
+        y[(size_t)m * ldy + oo] = swiglu_out(red, wt, stl, o, m, inv_sc);
       } else {
         const float v = sum(o);
         if (epi == EPI_STORE) y[(size_t)m * ldy + oo] = v;
@@ -379,13 +396,9 @@ __global__ void __launch_bounds__(256, GU > 2 ? 3 : 4) gemv_tc(GEMV_RS_PARAMS, i
     }
     __syncthreads();
   }
-  if (swiglu && amax != nullptr) {  // (the loop's last barrier is behind every thread's stores)
-    __shared__ unsigned int bmax[8];
-    if (threadIdx.x < 8) bmax[threadIdx.x] = 0u;
-    __syncthreads();
-    if (wrote > 0.f) atomicMax(bmax + (threadIdx.x & 7), __float_as_uint(wrote));
-    __syncthreads();
-    if (threadIdx.x < M && bmax[threadIdx.x] != 0u) atomicMax(amax + 2 * threadIdx.x, bmax[threadIdx.x]);
-  }
+  // (the loop's last barrier is behind every thread's shared maxima; nothing stays live across the loop for them, whose
+  // registers are full)
+  if (swiglu && amax != nullptr && threadIdx.x < M && bmax[threadIdx.x] != 0u)
+    atomicMax(amax + 2 * threadIdx.x, bmax[threadIdx.x]);
   ni_cp_wait<0>();
 }

@@ -365,21 +365,21 @@ extern "C" __global__ void __launch_bounds__(256) gated_rmsnorm_chunks(
   stage_head_chunks(res, vals[warp], h, xh + (size_t)m * kpad / 2, xsc + (size_t)m * (kpad / 32));
 }
 
-// gated_rmsnorm with the o-projection's input staged with one scale a row: a warp a head (grid (ceil(Hv / 8), M), 256
-// threads); each block folds the largest |value| it wrote into amax[m] and takes a ticket in ticket[m], and the row's
-// last block stages the row [0, K) from the exact maximum (stage_row_by_last_block: stage_x_mb's scale and pairs).
-extern "C" __global__ void __launch_bounds__(256) gated_rmsnorm_stage(
-    const float* __restrict__ o, const float* __restrict__ z, int ldz, const float* __restrict__ w,
-    float* __restrict__ out, int ldo, int Hv, float eps, int K, int kpad, __half2* __restrict__ xh,
-    float* __restrict__ xinv, unsigned int* __restrict__ amax, unsigned int* __restrict__ ticket) {
+// gated_rmsnorm of every head of token row blockIdx.x (one block of up to 1024 threads, a warp per head
+// in turn), then the row [0, K) staged as the GEMV's fp16 pairs: gated_rmsnorm + stage_x in one launch.
+extern "C" __global__ void gated_rmsnorm_stage(const float* __restrict__ o, const float* __restrict__ z, int ldz,
+                                               const float* __restrict__ w, float* __restrict__ out, int ldo,
+                                               int Hv, float eps, int K, int kpad, __half2* __restrict__ xh,
+                                               float* __restrict__ xinv) {
   NI_PDL_ENTRY();
   __shared__ float red[32];
-  const int m = blockIdx.y, h = blockIdx.x * 8 + (threadIdx.x >> 5);
-  const float mx = h < Hv ? gated_head(o, z, ldz, w, out, ldo, Hv, eps, m, h) : 0.f;
-  __threadfence();  // this thread's values, before the row's ticket
-  const float bmax = block_max(mx, red);  // (its barriers order every thread's fence before the ticket)
-  stage_row_by_last_block(bmax, amax + m, ticket + m, gridDim.x, out + (size_t)m * ldo, K, kpad,
-                          reinterpret_cast<uint4*>(xh + (size_t)m * kpad / 2), xinv + m);
+  const int m = blockIdx.x;
+  float mx = 0.f;
+  for (int gw = threadIdx.x >> 5; gw < Hv; gw += blockDim.x >> 5)
+    mx = fmaxf(mx, gated_head(o, z, ldz, w, out, ldo, Hv, eps, m, gw));
+  const float sc = pow2_scale(block_max(mx, red));  // its barriers also publish the block's writes of out
+  stage_slice(out + (size_t)m * ldo, K, 0, kpad / 32, xh + (size_t)m * kpad / 2, sc);
+  if (threadIdx.x == 0) xinv[m] = 1.f / sc;
 }
 
 // ---- prefill (the tensor-core chunk path: its GEMMs read fp16 rows [M, K], not staged pairs) ----

@@ -65,14 +65,12 @@ def delta_step(*, q, k, v, g, beta, state, o, k_heads: int, v_heads: int, rows: 
 
 
 def gated_norm_stage(*, o, z, ld_z: int, weight, out, ld_out: int, v_heads: int, eps: float, k: int, kpad: int, xh,
-                     xinv, tick, rows: int) -> K.Launch:
+                     xinv, rows: int) -> K.Launch:
     """gated_rmsnorm_stage: out = rmsnorm(o) w silu(z) a head (o [rows, v_heads * 128], z [rows, ld_z]), its first k
-    values staged as the o-projection's int16 pairs with one scale a row (xh [rows, kpad / 2], xinv [rows]): a warp a
-    head, 8 a block, the row's last block staging it (tick: 2 x rows zeroed uint32, the row maxima and tickets; left
-    at zero)."""
-    return K.prepared("gated_rmsnorm_stage", (-(-v_heads // 8), rows),
-                      (o, z, ld_z, weight, out, ld_out, v_heads, float(eps), k, kpad, xh, xinv, tick[:rows],
-                       tick[rows:2 * rows]))
+    values staged as the o-projection's int16 pairs with one scale a row (xh [rows, kpad / 2], xinv [rows]): a block
+    of 1,024 a row."""
+    return K.prepared("gated_rmsnorm_stage", (rows,),
+                      (o, z, ld_z, weight, out, ld_out, v_heads, float(eps), k, kpad, xh, xinv), block=1024)
 
 
 def chunk_prep(*, q, k, v, g, beta, w, u, m, gamma, k_heads: int, v_heads: int, tokens: int) -> K.Launch:
@@ -244,7 +242,7 @@ class GdnBlock:
         return ops, core
 
     def _gated_norm(self, L, ldb, zoff, att_stage, buf_b=None, chunk: bool = False):
-        """GDN output: gated norm and the o-projection's staging in one launch (8 heads a block); z at
+        """GDN output: gated norm and the o-projection's staging in one launch (one block a token row); z at
         column zoff of buf_b (the context's buf_b unless given)."""
         c = self.c
         buf_b = c.buf_b if buf_b is None else buf_b
@@ -255,7 +253,7 @@ class GdnBlock:
                                      kpad=kpad, xh=xh, xinv=xinv, xsc=c.xsc_att, rows=c.M)
         return gated_norm_stage(o=c.att2, z=buf_b[:, zoff:], ld_z=ldb, weight=L["norm"], out=c.att,
                                 ld_out=c.att.shape[1], v_heads=c.Hv, eps=c.args.rms_norm_eps, k=k, kpad=kpad,
-                                xh=xh, xinv=xinv, tick=c.gdn_tick, rows=c.M)
+                                xh=xh, xinv=xinv, rows=c.M)
 
     def core_ops(self, L, lda, ldb):
         """Conv + SiLU + norms + gates, then the delta rule: one token per lane row."""

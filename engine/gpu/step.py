@@ -70,7 +70,6 @@ class StepContext:
         self.xh_att, self.xinv_att = cp.zeros((M, self.kpad_att // 2), dtype=cp.uint32), cp.ones(M, dtype=f32)
         self.xh_act, self.xinv_act = cp.zeros((M, self.kpad_act // 2), dtype=cp.uint32), cp.ones(M, dtype=f32)
         self.stage_slot = cp.zeros(2 * M, dtype=cp.uint32)  # the SwiGLU's fused staging: max bits, tickets a row
-        self.gdn_tick = cp.zeros(2 * M, dtype=cp.uint32)  # gated_rmsnorm_stage: row max bits, block tickets
         # gdn_prep's outputs, the delta rule's inputs (engine.gpu.gdn.prep_bufs, delta_bufs)
         self.gdn_q, self.gdn_k, self.gdn_v, self.gdn_g, self.gdn_beta = gdn_rows(cp, M, self.Hk, self.Hv)
 

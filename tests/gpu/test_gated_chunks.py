@@ -32,9 +32,8 @@ def test_gated_chunks_and_the_chunk_scaled_gemv(cp, hv, n):
         xh = cp.asarray(np.zeros((1, kpad // 2), np.uint32))
         xsc = poisoned(cp, (kpad // 32,))
         chunk = name == "gated_rmsnorm_chunks"
-        tick = cp.zeros(2, cp.uint32)  # (gated_rmsnorm_stage's row maximum and block tickets)
-        args = (o, z, k, w, out, k, hv, 1e-6, k, kpad, xh, xinv) + ((xsc,) if chunk else (tick[:1], tick[1:]))
-        K.prepared(name, (-(-hv // 8), 1), args, block=256)()
+        args = (o, z, k, w, out, k, hv, 1e-6, k, kpad, xh, xinv) + ((xsc,) if chunk else ())
+        K.prepared(name, ((-(-hv // 8)) if chunk else 1, 1), args, block=256 if chunk else 1024)()
         y = poisoned(cp, (1, n))
         plan = GemvPlan(dev, out, k, y, n, epi="store", rows=2, unroll=2, xpre=(xh, xinv), pre2=True,
                         xs=xsc if chunk else None)
