@@ -371,14 +371,6 @@ __global__ void __launch_bounds__(256, GU > 2 ? 3 : 4) gemv_tc(GEMV_RS_PARAMS, i
     for (int idx = threadIdx.x; idx < per_turn * rows_tile * 8; idx += blockDim.x) {
       const int stl = idx / (rows_tile * 8), o = (idx >> 3) % rows_tile, m = idx & 7;
       const int oo = (turn * per_turn + stl) * rows_tile + o;
-      if (swiglu && amax != nullptr) {  // (whole warps take the loop: its bound is a multiple of 32)
-        const float v = m < M && oo < outs ? fabsf(y[(size_t)m * ldy + oo] = swiglu_out(red, wt, stl, o, m, inv_sc))
-                                           : 0.f;
-        const float a = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
-        const float b = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 16));  // (lanes 0..7: columns 0..7 of the warp's)
-        if ((threadIdx.x & 31) < 8 && b > 0.f) atomicMax(bmax + (threadIdx.x & 7), __float_as_uint(b));
-        continue;
-      }
       if (m >= M || oo >= outs) continue;
       auto sum = [&](int rr) {
         float v = 0.f;
@@ -386,7 +378,9 @@ __global__ void __launch_bounds__(256, GU > 2 ? 3 : 4) gemv_tc(GEMV_RS_PARAMS, i
         return v * inv_sc[m];
       };
       if (swiglu) {  // (output o's gate row o, its up row o + 8)
-        y[(size_t)m * ldy + oo] = swiglu_out(red, wt, stl, o, m, inv_sc);
+        const float v = swiglu_out(red, wt, stl, o, m, inv_sc);
+        y[(size_t)m * ldy + oo] = v;
+        if (amax != nullptr) atomicMax(bmax + m, __float_as_uint(fabsf(v)));
       } else {
         const float v = sum(o);
         if (epi == EPI_STORE) y[(size_t)m * ldy + oo] = v;
