@@ -232,16 +232,6 @@ __device__ __forceinline__ void tc_run(const unsigned char* st, const TcLane<FMT
   }
 }
 
-// Output o (0..7) of tile stl of a SwiGLU turn, column m: silu(gate) * up from the tile's wt warps' sums (red, in order).
-__device__ __forceinline__ float swiglu_out(const float* red, int wt, int stl, int o, int m, const float* inv_sc) {
-  float gt = 0.f, up = 0.f;
-  for (int w = stl * wt; w < (stl + 1) * wt; ++w) {
-    gt += red[(w * 16 + o) * 8 + m];
-    up += red[(w * 16 + o + 8) * 8 + m];
-  }
-  return silu(gt * inv_sc[m]) * (up * inv_sc[m]);
-}
-
 // A block: 8 warps over one K slice (grid.y, EPI_PARTIAL planes), looping over turns of 8 / wt tiles of 16 rows
 // (SwiGLU: 8 gate rows and their 8 up rows); a tile's wt warps take every wt-th run of GU groups of the slice. Each warp streams its runs, turn after turn, through its own ring of S stages in shared memory (cp.async: S - 1
 // runs in flight while it multiplies one, across the turns' boundaries; the first S - 1 before the PDL wait), then the
@@ -378,7 +368,7 @@ __global__ void __launch_bounds__(256, GU > 2 ? 3 : 4) gemv_tc(GEMV_RS_PARAMS, i
         return v * inv_sc[m];
       };
       if (swiglu) {  // (output o's gate row o, its up row o + 8)
-        const float v = swiglu_out(red, wt, stl, o, m, inv_sc);
+        const float v = silu(sum(o)) * sum(o + 8);
         y[(size_t)m * ldy + oo] = v;
         if (amax != nullptr) atomicMax(bmax + m, __float_as_uint(fabsf(v)));
       } else {
