@@ -300,15 +300,14 @@ extern "C" __global__ void gdn_conv_tail(const float* __restrict__ qk, int ldqk,
       const float *__restrict__ g, const float *__restrict__ beta, float *__restrict__ state, float *__restrict__ o, \
       int Hk, int Hv, int tiled, int T
 #define GDN_DELTA_COLS_ARGS qn, kn, vo, g, beta, state, o, Hk, Hv, tiled, T
-__device__ __forceinline__ void gdn_delta_cols_body(GDN_DELTA_COLS_PARAMS, bool write_state) {
-  const int lane = threadIdx.x & 31;
-  const int rowid = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (rowid >= Hv * 128) return;
-  const int h = rowid >> 7, dv = rowid & 127;
-  const int kh = tiled ? h % Hk : h / (Hv / Hk);
-  float4* sp = reinterpret_cast<float4*>(state + ((size_t)h * 128 + dv) * 128) + lane;
-  float4 s = *sp;
-  // token t+1's inputs are loaded while token t is computed (the loop is a chain of dependent steps)
+// The delta rule of one state row over T consecutive columns, the row in registers (s: this lane's 4 of its 128
+// values; row dv of value head h, which reads qk head kh): column t's inputs are row t of qn, kn [., Hk, 128], vo
+// [., Hv, 128], g, beta [., Hv], its output goes to o (nullptr: dropped). Column t + 1's inputs are loaded while
+// column t is computed (the loop is a chain of dependent steps).
+__device__ __forceinline__ void gdn_delta_cols_row(float4& s, const float* __restrict__ qn, const float* __restrict__ kn,
+                                                   const float* __restrict__ vo, const float* __restrict__ g,
+                                                   const float* __restrict__ beta, float* __restrict__ o, int Hk,
+                                                   int Hv, int h, int dv, int kh, int lane, int T) {
   auto ld = [&](int t, float4& q, float4& k, float& gt, float& bt, float& vt) {
     q = reinterpret_cast<const float4*>(qn + ((size_t)t * Hk + kh) * 128)[lane];
     k = reinterpret_cast<const float4*>(kn + ((size_t)t * Hk + kh) * 128)[lane];
@@ -327,6 +326,19 @@ __device__ __forceinline__ void gdn_delta_cols_body(GDN_DELTA_COLS_PARAMS, bool 
     if (lane == 0 && o != nullptr) o[((size_t)t * Hv + h) * 128 + dv] = ov;
     q = q2; k = k2; gt = g2; bt = b2; vt = v2;
   }
+}
+
+// A state row a warp: row dv of value head h of state [Hv, 128, 128] through T columns (gdn_delta_cols_row), written
+// back where write_state.
+__device__ __forceinline__ void gdn_delta_cols_body(GDN_DELTA_COLS_PARAMS, bool write_state) {
+  const int lane = threadIdx.x & 31;
+  const int rowid = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (rowid >= Hv * 128) return;
+  const int h = rowid >> 7, dv = rowid & 127;
+  const int kh = tiled ? h % Hk : h / (Hv / Hk);
+  float4* sp = reinterpret_cast<float4*>(state + ((size_t)h * 128 + dv) * 128) + lane;
+  float4 s = *sp;
+  gdn_delta_cols_row(s, qn, kn, vo, g, beta, o, Hk, Hv, h, dv, kh, lane, T);
   if (write_state) *sp = s;
 }
 

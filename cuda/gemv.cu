@@ -265,33 +265,53 @@ __global__ void __launch_bounds__(256, (M == 1 && U == 2) ? (ROWS == 1 ? 5 : (RO
   }
 }
 
-// bf16 weights [N, K] (row-major, K % 8 == 0), fp32 x [M, K], fp32 math. kw warps share a row (1 or 8):
-// with few rows (the 96-row GDN a|b projection) one warp per row would leave most SMs idle and walk
-// the whole row in dependent rounds, so the 8 warps of a block split K and reduce in shared memory.
-// (The body is a device function: router_route in moe.cu runs it before its routing tail.)
+// bf16 weights [N, K] (row-major, K % 8 == 0), fp32 x [M, K], fp32 math. kw warps share a row (1 or 8): with few
+// rows (the 96-row GDN a|b projection) one warp per row would leave most SMs idle and walk the whole row in dependent
+// rounds, so the 8 warps of a block split K and reduce in shared memory. A lane takes chunks of 8 values j = lane +
+// 32 part + 32 kw i, BF16_CH of them a batch: the batch's weight loads are issued together (the first batch's before
+// the PDL wait: weights depend on no kernel), then its x loads and sums, so that a batch costs one round trip where a
+// chunk at a time cost one a chunk (the verified columns' a|b: K = 5,120 is one batch). The sums are added a chunk
+// at a time in j's order, as before.
+constexpr int BF16_CH = 4;
 template <int M>
-__device__ __forceinline__ void gemv_bf16_body(const unsigned short* __restrict__ w, int N, int K,
-                                               const float* __restrict__ x, int ldx, float* __restrict__ y, int ldy,
-                                               int epi, int kw) {
+__global__ void __launch_bounds__(256) gemv_bf16(const unsigned short* __restrict__ w, int N, int K,
+                                                 const float* __restrict__ x, int ldx,
+                                                 float* __restrict__ y, int ldy, int epi, int kw) {
   __shared__ float red[8][M];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int row = blockIdx.x * (8 / kw) + warp / kw, part = warp % kw;
   const bool live = row < N;
   const uint4* wr = reinterpret_cast<const uint4*>(w + (size_t)(live ? row : 0) * K);
+  const int nj = live ? K / 8 : 0, step = 32 * kw;
+  uint4 wv[BF16_CH];
+  auto load = [&](int j0) {
+#pragma unroll
+    for (int i = 0; i < BF16_CH; ++i)
+      if (j0 + i * step < nj) wv[i] = ldw(wr + j0 + i * step);
+  };
+  int j0 = lane + 32 * part;
+  load(j0);
+  NI_PDL_ENTRY();
   float acc[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) acc[m] = 0.f;
-  for (int j = lane + 32 * part; live && j < K / 8; j += 32 * kw) {
-    const uint4 v = ldw(wr + j);
-    const float wf[8] = {bf16_lo(v.x), bf16_hi(v.x), bf16_lo(v.y), bf16_hi(v.y),
-                         bf16_lo(v.z), bf16_hi(v.z), bf16_lo(v.w), bf16_hi(v.w)};
+  for (; j0 < nj; j0 += BF16_CH * step) {
 #pragma unroll
-    for (int m = 0; m < M; ++m) {
-      const float4* xp = reinterpret_cast<const float4*>(x + (size_t)m * ldx + j * 8);
-      const float4 a = xp[0], b = xp[1];
-      acc[m] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y +
-                wf[6] * b.z + wf[7] * b.w;
+    for (int i = 0; i < BF16_CH; ++i) {
+      const int j = j0 + i * step;
+      if (j >= nj) break;
+      const uint4 v = wv[i];
+      const float wf[8] = {bf16_lo(v.x), bf16_hi(v.x), bf16_lo(v.y), bf16_hi(v.y),
+                           bf16_lo(v.z), bf16_hi(v.z), bf16_lo(v.w), bf16_hi(v.w)};
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        const float4* xp = reinterpret_cast<const float4*>(x + (size_t)m * ldx + j * 8);
+        const float4 a = xp[0], b = xp[1];
+        acc[m] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y +
+                  wf[6] * b.z + wf[7] * b.w;
+      }
     }
+    if (j0 + BF16_CH * step < nj) load(j0 + BF16_CH * step);
   }
 #pragma unroll
   for (int m = 0; m < M; ++m) acc[m] = warp_sum(acc[m]);
@@ -317,12 +337,4 @@ __device__ __forceinline__ void gemv_bf16_body(const unsigned short* __restrict_
       else y[(size_t)m * ldy + row] = acc[m];
     }
   }
-}
-
-template <int M>
-__global__ void __launch_bounds__(256) gemv_bf16(const unsigned short* __restrict__ w, int N, int K,
-                                                 const float* __restrict__ x, int ldx,
-                                                 float* __restrict__ y, int ldy, int epi, int kw) {
-  NI_PDL_ENTRY();
-  gemv_bf16_body<M>(w, N, K, x, ldx, y, ldy, epi, kw);
 }

@@ -61,16 +61,29 @@ extern "C" __global__ void __launch_bounds__(256) gdn_prep_verify(GDN_PREP_COLS_
 }
 
 // The fold of the last verification's first ctl[0] columns (half 1 - ctl[3] of the records) into the state row in
-// place, then gdn_delta_cols over this verification's T columns (half ctl[3]) reading that state without writing it.
-extern "C" __global__ void __launch_bounds__(256) gdn_delta_verify(GDN_DELTA_COLS_PARAMS, const int* __restrict__ ctl) {
-  NI_PDL_ENTRY();
+// place, then this verification's T columns (half ctl[3]) from that state, which they do not write. A state row a
+// warp, in registers throughout. The fold runs before the PDL wait: what it reads (the state, the last verification's
+// records, ctl) was written by earlier graph launches, and this kernel is the only one of a round that writes the
+// layer's state, so the fold and its write overlap the kernels ahead of it (gdn_prep_verify writes the other half of
+// the records). At most 40 registers, so that the warps of all Hv x 128 rows are resident at once (6 blocks an SM).
+extern "C" __global__ void __launch_bounds__(256, 6) gdn_delta_verify(GDN_DELTA_COLS_PARAMS, const int* __restrict__ ctl) {
+  NI_PDL_TRIGGER();
+  const int lane = threadIdx.x & 31;
+  const int rowid = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (rowid >= Hv * 128) return;
+  const int h = rowid >> 7, dv = rowid & 127, kh = tiled ? h % Hk : h / (Hv / Hk);
   const int w = ctl[3], n = ctl[0];
-  const float* kp = kn + rec_half(1 - w, T, Hk * 128);
-  if (n > 0)  // (the key stands in for the query: the fold's outputs are dropped)
-    gdn_delta_cols_body(kp, kp, vo + rec_half(1 - w, T, Hv * 128), g + rec_half(1 - w, T, Hv),
-                        beta + rec_half(1 - w, T, Hv), state, nullptr, Hk, Hv, tiled, n, true);
-  gdn_delta_cols_body(qn, kn + rec_half(w, T, Hk * 128), vo + rec_half(w, T, Hv * 128), g + rec_half(w, T, Hv),
-                      beta + rec_half(w, T, Hv), state, o, Hk, Hv, tiled, T, false);
+  float4* sp = reinterpret_cast<float4*>(state + ((size_t)h * 128 + dv) * 128) + lane;
+  float4 s = *sp;
+  if (n > 0) {  // (the key stands in for the query: the fold's outputs are dropped)
+    const float* kp = kn + rec_half(1 - w, T, Hk * 128);
+    gdn_delta_cols_row(s, kp, kp, vo + rec_half(1 - w, T, Hv * 128), g + rec_half(1 - w, T, Hv),
+                       beta + rec_half(1 - w, T, Hv), nullptr, Hk, Hv, h, dv, kh, lane, n);
+    *sp = s;
+  }
+  NI_PDL_WAIT();
+  gdn_delta_cols_row(s, qn, kn + rec_half(w, T, Hk * 128), vo + rec_half(w, T, Hv * 128), g + rec_half(w, T, Hv),
+                     beta + rec_half(w, T, Hv), o, Hk, Hv, h, dv, kh, lane, T);
 }
 
 // The fold alone (a consumer stopped inside a round, or the stream's end): the delta rule over the first ctl[0]

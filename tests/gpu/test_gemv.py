@@ -132,15 +132,17 @@ def test_gemv_swiglu_and_bf16(cp):
     h = ref.linear(x, wq)
     check("swiglu", y.get(), ref.swiglu(h[:, : n2 // 2], h[:, n2 // 2:]), **LINEAR)
 
-    for nb in (96, 5000):  # few rows: 8 warps split each row's K; many rows: a warp per row
-        wb = (RNG.standard_normal((nb, k)) / np.sqrt(k)).astype(np.float32)
+    # few rows: 8 warps split each row's K; many rows: a warp per row; K of one batch of a lane's chunks and of
+    # several (gemv_bf16 loads BF16_CH chunks a lane at a time), a row count not a multiple of the block's rows
+    for nb, kb in ((96, k), (96, 5120), (96, 12288), (5000, k), (1001, 5120)):
+        wb = (RNG.standard_normal((nb, kb)) / np.sqrt(kb)).astype(np.float32)
         db = upload_matrix(cp, "bf16", wb)
         wbq = formats.bf16_bits_to_f32(formats.f32_to_bf16_bits(wb))
-        for mb in (1, 2):
-            xb = RNG.standard_normal((mb, k)).astype(np.float32)
+        for mb in (1, 2, 4):
+            xb = RNG.standard_normal((mb, kb)).astype(np.float32)
             yb = poisoned(cp, (mb, nb))
-            GemvPlan(db, cp.asarray(xb), k, yb, nb, m=mb).launch()
-            check(f"gemv bf16 {nb}x{k} m={mb}", yb.get(), ref.linear(xb, wbq), **LINEAR)
+            GemvPlan(db, cp.asarray(xb), kb, yb, nb, m=mb).launch()
+            check(f"gemv bf16 {nb}x{kb} m={mb}", yb.get(), ref.linear(xb, wbq), **LINEAR)
 
 
 def test_gemv_pair_matches_the_two_launches(cp):
