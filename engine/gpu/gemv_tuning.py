@@ -46,6 +46,13 @@ H200_TC = {
     ("q8_g32_fp16", 4096, 2048): (4, 4, None),
     ("q8_g32_fp16", 4608, 2048): (4, 3, None),
     ("q8_g32_fp16", 2048, 512): (2, 3, 4),
+    # the 27B's MTP layer over the verified columns (the catch-up; `python bench/gemv_columns.py --mtp`,
+    # gemv_columns4_mtp_qwen38-27b_h200.json, in us at 4 columns against the default form): input projection 20.5
+    # against 28.8, o 12.1 against 17.2, gate|up 54.9 against 72.5 (4 warps a tile), down 30.9 against 46.4
+    ("q8_g32_fp16", 5120, 10240): (4, 3, None),
+    ("q8_g32_fp16", 5120, 6144): (4, 3, None),
+    ("q8_g32_fp16", 34816, 5120): (4, 3, 4),
+    ("q8_g32_fp16", 5120, 17408): (4, 3, None),
 }
 
 
