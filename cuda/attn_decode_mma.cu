@@ -217,7 +217,7 @@ __device__ __forceinline__ void adm_decode(unsigned short* tile, const unsigned 
 // quad's 64-dim group), so that O = sum over tokens of (P x scale) x code. The merge writes the dims back in order.
 //
 // C > 1 (consecutive positions of one sequence: the verified columns, whose rows read one page table): a block's
-// tile holds C columns' query groups (row r: column blockIdx.z C + r / G, head r % G), so that their keys and values
+// tile holds C columns' query groups (row r: column (blockIdx.x / Hkv) C + r / G, head r % G), so that their keys and values
 // are read once for the C columns. The split's range is the last column's; a row masks the tokens past its own
 // position, and a row that sees none of a split's tokens leaves (max -inf, sum 0) for the combine.
 template <int G, bool KV8, int W, int NS, bool KRAW = false, bool VRAW = false, int C = 1>
@@ -239,7 +239,11 @@ __global__ void __launch_bounds__(32 * W) attn_decode_mma(ATTN_DECODE_PARAMS) {
   constexpr float LOG2E = 1.4426950408889634f;
   extern __shared__ __align__(16) unsigned short adm_smem[];
   NI_PDL_ENTRY();
-  const int kvh = blockIdx.x, split = blockIdx.y, m = blockIdx.z * C;  // (the block's first column)
+  // (C > 1: grid (Hkv x tiles, nsplit, 1), the tiles varying fastest with the KV head, so that the first wave of
+  // resident blocks holds the first splits of every tile: at a short context the splits past the last token are
+  // the ones left for a later wave, where grid.z = tiles queued every split of the second tile behind the first's)
+  const int kvh = C > 1 ? (int)blockIdx.x % Hkv : (int)blockIdx.x, split = blockIdx.y;
+  const int m = (C > 1 ? (int)blockIdx.x / Hkv : (int)blockIdx.z) * C;  // (the block's first column)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
   const int Hq = Hkv * G;
   const int L = pos[m + C - 1] + 1;

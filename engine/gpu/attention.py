@@ -38,14 +38,16 @@ def decode_attention(name: str, *, threads: int, smem: int, q, k_cache, v_cache,
     q [rows, Hq * 256] over the paged caches (k_cache, v_cache [pages, 64, kv_heads, 256]; int8: k_scales, v_scales
     [pages, 64, kv_heads, 4] fp16), the positions `pos` [rows] and pages page_table (row r's at r * pt_stride), each
     split of `chunk` tokens into the partials ml [rows, Hq, nsplit, 2] (max, sum) and acc [rows, Hq, nsplit, 256].
-    Grid (kv_heads x the query group's blocks, nsplit, rows / cols): cols consecutive rows of one sequence a block
-    (attn_decode_mma's C, kernel_names.attn_columns_name; rows a multiple of it)."""
+    Grid (kv_heads x the query group's blocks, nsplit, rows), or with cols > 1 (cols consecutive rows of one sequence
+    a block: attn_decode_mma's C, kernel_names.attn_columns_name; rows a multiple of it) (kv_heads x rows / cols,
+    nsplit, 1): the tiles beside the KV heads, so that every tile's first splits run in the first wave."""
     gs = int(name[:-1].split(",")[2]) if name.startswith("attn_decode_split<") and name.count(",") == 2 else 1
     args = (q, k_cache, v_cache, pos, page_table, pt_stride, kv_heads, chunk, float(scale), ml, acc, nsplit,
             _ptr(k_scales), _ptr(v_scales))
     if rows % cols:
         raise ValueError(f"{rows} rows do not split into tiles of {cols} columns")
-    return K.prepared(name, (kv_heads * gs, nsplit, rows // cols), args, block=threads, smem=smem)
+    grid = (kv_heads * (rows // cols), nsplit, 1) if cols > 1 else (kv_heads * gs, nsplit, rows)
+    return K.prepared(name, grid, args, block=threads, smem=smem)
 
 
 def combine_stage(*, ml, acc, nsplit: int, gate, ld_gate: int, out, ld_out: int, heads: int, k: int, kpad: int, xh,

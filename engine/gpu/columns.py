@@ -61,15 +61,6 @@ class ColumnsAttention(AttentionBlock):
     def form(self) -> tuple[str, int]:
         return self.columns_form(self.c.plan.attn, self.c.M)
 
-    def _set_nsplit(self):
-        """The decode's splits shared among the column tiles (M / C of them): the grid (KV heads x splits x tiles)
-        fills the SMs' resident blocks once, where the decode's splits for every tile would take M / C waves."""
-        super()._set_nsplit()
-        tiles = self.c.M // self.form()[1]
-        if tiles > 1:
-            self.nsplit = max(1, self.nsplit // tiles)
-            self.chunk = -(-self.c.max_context // self.nsplit)
-
 
 def columns_kernels(decode: CudaQwen35, cols: int, two: bool = True) -> list[str]:
     """The kernels a columns step of `cols` over `decode` takes beyond its plan's: the attention's two-column form
