@@ -1,13 +1,13 @@
 """Measured GEMV launch choices for the shapes of the published geometries (rows per warp, 16-byte
 loads in flight per lane, split-K slices), keyed by (format, N, K).
 
-From `python bench/gpu_decode.py --sweep` on the H200 (bench/results/gemv_sweep_h200_20261129c.json,
-the kernels of this commit). Shapes not listed take GemvPlan's defaults (2 rows, unroll 2) and the
-executor's split-K rule. `gemv_cfg=` on the executor overrides the table (the sweep passes its own).
+From sweeps of the GEMV forms on the H200 (the one-token table below; the columns' from
+`python bench/gemv_columns.py`). Shapes not listed take GemvPlan's defaults (2 rows, unroll 2) and the
+executor's split-K rule. `gemv_cfg=` on the executor overrides the table.
 """
 from __future__ import annotations
 
-# The int16-pair dp2a decode, from a sweep on the H200 (bench/results/sweep_xi16_h200_20261130k.json):
+# The int16-pair dp2a decode, from a sweep on the H200:
 # gemv_rs_pre wins on v|z (14.3 against 15.1 us), down (17.9 against 19.5), gate|v (rows 2: 10.2 against
 # 11.0) and GDN q|k (rows 2: 4.75 against 5.07); gate|up 25.9 us (85% of the copy bandwidth). The W8 head
 # reads the pre-staged pairs too (gemv_rs_pre's w8 form).
