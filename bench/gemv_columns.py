@@ -117,11 +117,11 @@ def main(argv=None) -> int:
         tot1, totm, nbytes = tot1 + n * t1, totm + n * tm, nbytes + n * w.nbytes
         rows.append({"fmt": key[0], "n": key[1], "k": key[2], "count": n, "bytes": w.nbytes, "one_ms": t1,
                      "cols_ms": tm, "one_gb_s": w.nbytes / t1 / 1e6, "cols_gb_s": w.nbytes / tm / 1e6,
-                     "kernel": many.kname, "warps": many.args[-2].item(), "by_warps_ms": other,
+                     "kernel": many.kname, "warps": many.warps, "by_warps_ms": other,
                      "variant_rel_diff": diff, "one_forms_ms": ones})
         best = min(other, key=other.get) if other else ""
         print(f"{key[0]:12s} {key[1]:>7d} x {key[2]:>6d} x{n:<3d} 1 col {t1 * 1e3:8.1f} us ({w.nbytes / t1 / 1e6:6.0f} GB/s)"
-              f"   {M} cols {tm * 1e3:8.1f} us ({w.nbytes / tm / 1e6:6.0f} GB/s) = {tm / t1:.2f}x (wt {int(many.args[-2])}) "
+              f"   {M} cols {tm * 1e3:8.1f} us ({w.nbytes / tm / 1e6:6.0f} GB/s) = {tm / t1:.2f}x (wt {many.warps}) "
               + " ".join(f"{k}: {v * 1e3:.1f}" for k, v in other.items()) + (f" best {best}" if best else "")
               + ("   one row " + " ".join(f"{k}: {v * 1e3:.1f}" for k, v in ones.items()) if ones else ""),
               file=sys.stderr)

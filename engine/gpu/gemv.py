@@ -218,7 +218,7 @@ class GemvPlan:
         # otherwise run alone)
         self.grid = (-(-turns // -(-turns // most)), splits, 1)
         self.kname = KN.gemv_tc_name(f, m, gu, stages)
-        self.f, self.rows, self.unroll, self.splits = f, 16, 1, splits
+        self.f, self.rows, self.unroll, self.splits, self.warps = f, 16, 1, splits, wt
         self.fn = kernel(self.kname)
         _allow_smem(self.fn, self.kname, self.smem)
         self.args = (np.uint64(w.ptr(w.base)), np.uint64(w.ptr(w.high)), np.uint64(w.ptr(w.scales)),
