@@ -48,6 +48,23 @@ def test_round_graph_holds_verify_fold_and_the_mtp_head(cp, gpu, proposal, monke
     assert int(fold[-1].args[-1]) == 1 and int(sp.verify.advance_op().args[-1]) == 0
 
 
+def test_the_drafts_take_the_tables_forms_for_the_mtp_layers_shapes(cp, monkeypatch):
+    """The one-token table's entries for the MTP layer's shapes reach its one-row drafts (input projection and the
+    layer's GEMVs); the target's plan keeps only its own shapes."""
+    from engine.gpu import kernel_names as KN
+
+    fc = _engine("sm_90", monkeypatch).speculator(3).mtp.fc
+    key = (fc.fmt, fc.n, fc.k)
+    assert key not in KN.GEMV_TABLE
+    monkeypatch.setitem(KN.GEMV_TABLE, key, dict(rows=1, unroll=2, splits=1, pre2=True))
+    eng = _engine("sm_90", monkeypatch)
+    mtp = eng.speculator(3).mtp
+    assert mtp.ctx.gemv_cfg[key] == KN.GEMV_TABLE[key] and key not in eng.model.executor.plan.gemv_cfg()
+    fcs = [op.__self__ for op in flat(mtp.round_ops()) if getattr(getattr(op, "__self__", None), "w", None) is mtp.fc]
+    rows = [p for p in fcs if p.m == 1]  # (the catch-up's is the 4-column pass)
+    assert len(rows) == 2 and all(p.rows == 1 and p.kname.startswith("gemv_rs_pre") for p in rows)
+
+
 def test_the_loop_commits_what_its_consumer_takes(cp, monkeypatch):
     from engine.sampling import Sampler
     from engine.speculative import SpecStats, speculative_generate_step

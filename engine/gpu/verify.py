@@ -179,9 +179,14 @@ class CudaMtp(CudaQwen35):
         w.update({"text/token_embedding": d.embed, "text/output_head": d.head, "text/final_norm": weights["mtp/final_norm"]})
         args = dataclasses.replace(d.args, num_hidden_layers=1, layer_types=("full_attention",))
         K.require(row_kernel_names([self.fc], 1))
+        # the drafts' GEMV forms: the plan's table (the target's shapes) and the one-token table's entries for the
+        # MTP layer's own shapes (q8 in the published 27B; `bench/gemv_columns.py --mtp --one-rows`)
+        mine = {(m.fmt, m.n, m.k) for m in [self.fc] + [v for v in w.values() if hasattr(v, "fmt")]}
+        cfg = {**{key: dict(c) for key, c in KN.GEMV_TABLE.items() if key in mine}, **d.plan.gemv_cfg()}
         # (pages past the target's context: rows past the last real one, the prompt passes' padding and the catch-up
         # rows past ctl[1], write their K/V there at most)
-        super().__init__(args, w, max_context=d.max_context + mtp_prompt.GEMM_ROWS, lanes=1, kv=d.kv, plan=d.plan)
+        super().__init__(args, w, max_context=d.max_context + mtp_prompt.GEMM_ROWS, lanes=1, kv=d.kv, plan=d.plan,
+                         gemv_cfg=cfg)
         self.ctx.stream = d.stream
         # the catch-up: the verified columns' final hidden rows (read in place) and the target's pick after each
         self.cols = mtp_prompt.CudaMtpColumns(self, cols=self.T, hid=verify.ctx.xn)
@@ -200,7 +205,7 @@ class CudaMtp(CudaQwen35):
         v = self.verify
         setup = K.prepared("spec_mtp_setup", (1,), (NULL, self.tokens, v.pos, j - 2, self.pos), block=32)
         stage = mtp_prompt.mtp_input(e=self.e_raw, h=self.g, mtp=self, rows=1, out=self.cat, staged=self.cat_staged)
-        fc = GemvPlan(self.fc, self.cat, 2 * self.H, self.ctx.x, self.H, m=1, xpre=self.cat_staged).launch
+        fc = self.ctx.gemv(self.fc, self.cat, self.ctx.x, xpre=self.cat_staged)
         return [setup] + super()._embed_ops(out=self.e_raw) + [stage, fc]
 
     def _draft_tail(self, i: int, x, xpre) -> list:
