@@ -22,6 +22,7 @@ import math
 
 import numpy as np
 
+from engine.gpu import gemv_tuning
 from engine.gpu import kernel_names as KN
 from engine.gpu import launch as K
 from engine.gpu import mtp_prompt
@@ -179,10 +180,9 @@ class CudaMtp(CudaQwen35):
         w.update({"text/token_embedding": d.embed, "text/output_head": d.head, "text/final_norm": weights["mtp/final_norm"]})
         args = dataclasses.replace(d.args, num_hidden_layers=1, layer_types=("full_attention",))
         K.require(row_kernel_names([self.fc], 1))
-        # the drafts' GEMV forms: the plan's table (the target's shapes) and the one-token table's entries for the
-        # MTP layer's own shapes (q8 in the published 27B; `bench/gemv_columns.py --mtp --one-rows`)
-        mine = {(m.fmt, m.n, m.k) for m in [self.fc] + [v for v in w.values() if hasattr(v, "fmt")]}
-        cfg = {**{key: dict(c) for key, c in KN.GEMV_TABLE.items() if key in mine}, **d.plan.gemv_cfg()}
+        # the drafts' GEMV forms: the one-token table, whose entries cover the MTP layer's own shapes too (q8 in the
+        # published 27B; `bench/gemv_columns.py --mtp --one-rows`), under the plan's (the target's shapes)
+        cfg = {**gemv_tuning.default_cfg(), **d.plan.gemv_cfg()}
         # (pages past the target's context: rows past the last real one, the prompt passes' padding and the catch-up
         # rows past ctl[1], write their K/V there at most)
         super().__init__(args, w, max_context=d.max_context + mtp_prompt.GEMM_ROWS, lanes=1, kv=d.kv, plan=d.plan,
