@@ -107,7 +107,8 @@ extern "C" __global__ void attn_combine_stage(const float* __restrict__ part_ml,
                                               int nsplit, const float* __restrict__ gate, int ldg,
                                               float* __restrict__ out, int ldo, int Hq, int K, int kpad,
                                               __half2* __restrict__ xh, float* __restrict__ xinv,
-                                              unsigned int* __restrict__ amax, unsigned int* __restrict__ ticket) {
+                                              unsigned int* __restrict__ amax, unsigned int* __restrict__ ticket,
+                                              unsigned char* __restrict__ xpk) {
   NI_PDL_ENTRY();
   __shared__ float red[32];
   const int m = blockIdx.y;
@@ -115,7 +116,7 @@ extern "C" __global__ void attn_combine_stage(const float* __restrict__ part_ml,
   __threadfence();  // this thread's value, before the row's ticket
   const float bmax = block_max(fabsf(v), red);  // (its barriers order every thread's fence before the ticket)
   stage_row_by_last_block(bmax, amax + m, ticket + m, gridDim.x, out + (size_t)m * ldo, K, kpad,
-                          reinterpret_cast<uint4*>(xh + (size_t)m * kpad / 2), xinv + m);
+                          reinterpret_cast<uint4*>(xh + (size_t)m * kpad / 2), xinv + m, xpk, m);
 }
 
 // attn_combine with the o-projection's input staged a 32-value chunk at a time: block (head h, token row m) of 256

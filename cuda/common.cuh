@@ -61,9 +61,10 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
 }
 
 // The staged GEMV input of the q4/q5/q6 formats (x "pairs", written once by the producing kernel, see gemv.cu):
-// int16 pairs (x0, x2), (x4, x6), (x1, x3), (x5, x7) of each 8 values, scaled so that |x| <= 32767, for the dp2a
-// decode (gemv_decode.cu dot_i16).
-#define STAGE_MAX 32767.f
+// int16 pairs (x0, x2), (x4, x6), (x1, x3), (x5, x7) of each 8 values, scaled so that |x| <= STAGE_MAX, for the dp2a
+// decode (gemv_decode.cu dot_i16). STAGE_MAX = 127 x 256 + 127: every x is 256 hi + lo with both signed bytes (the
+// packed twin below).
+#define STAGE_MAX 32639.f
 // Values (a, a + STAGE_GAP) of pair jp (0..3) among the 8 values of a slot: a = stage_a(jp).
 #define STAGE_GAP 2
 __device__ __forceinline__ int stage_a(int jp) { return ((jp & 1) << 2) | (jp >> 1); }
@@ -71,6 +72,33 @@ __device__ __forceinline__ int stage_a(int jp) { return ((jp & 1) << 2) | (jp >>
 // One staged pair from two scaled values.
 __device__ __forceinline__ unsigned int stage_pack(float a, float b) {
   return ((unsigned int)__float2int_rn(a) & 0xffffu) | ((unsigned int)__float2int_rn(b) << 16);
+}
+
+// The packed twin of up to 4 staged rows (gemv_tc's one-MMA form for q4-q6, tc_run_pk): for each 64-value group G,
+// 32 lanes x 16 bytes at (32 G + lane) x 16, lane 4 g + t holding the B fragment of its two MMA steps: column g's
+// signed high bytes (g < 4) or column g - 4's signed low bytes (x = 256 hi + lo, lo in -128..127). Value p (0..7) of
+// slot c of chunk j, as the pairs hold them (words x, y, z, w, two values each), is byte 8 (c & 1) + p of lane
+// t = 2 (j & 1) + (c >> 1) of group j >> 1. Columns past the rows staged stay zero; so do the groups past kpad.
+// pk_word: pair word jp of slot c of chunk j of row m, in the twin pk (nullptr: none).
+__device__ __forceinline__ unsigned int pk_hi2(unsigned int w) {  // the high bytes of the word's two values
+  const int a = (int)(w << 16) >> 16, b = (int)w >> 16;
+  return (((a + 128) >> 8) & 0xffu) | ((((b + 128) >> 8) & 0xffu) << 8);
+}
+__device__ __forceinline__ size_t pk_at(int m, int j, int c) {  // byte 0 of slot c of chunk j, row m's high lane
+  return ((size_t)(j >> 1) * 32 + 4 * m + 2 * (j & 1) + (c >> 1)) * 16 + (c & 1) * 8;
+}
+__device__ __forceinline__ void pk_word(unsigned char* pk, int m, int j, int c, int jp, unsigned int w) {
+  if (pk == nullptr) return;
+  unsigned char* p = pk + pk_at(m, j, c) + 2 * jp;
+  *reinterpret_cast<unsigned short*>(p) = (unsigned short)pk_hi2(w);
+  *reinterpret_cast<unsigned short*>(p + 256) = (unsigned short)__byte_perm(w, 0u, 0x0020u);  // (lane 4 (m + 4) + t)
+}
+// pk_word for a whole slot (the uint4 of words x, y, z, w)
+__device__ __forceinline__ void pk_slot(unsigned char* pk, int m, int j, int c, uint4 w) {
+  if (pk == nullptr) return;
+  unsigned char* p = pk + pk_at(m, j, c);
+  *reinterpret_cast<uint2*>(p) = make_uint2(pk_hi2(w.x) | (pk_hi2(w.y) << 16), pk_hi2(w.z) | (pk_hi2(w.w) << 16));
+  *reinterpret_cast<uint2*>(p + 256) = make_uint2(__byte_perm(w.x, w.y, 0x6420u), __byte_perm(w.z, w.w, 0x6420u));
 }
 
 // The power of two that scales a row whose largest |value| is mx to at most `target` (STAGE_MAX: the
@@ -155,7 +183,7 @@ __device__ __forceinline__ unsigned int half2_as_u32(__half2 h) {
 // one 16-byte store at uint4 (j >> 5) * 128 + c * 32 + (j & 31). Four octets' loads in flight a thread
 // (a single block walking the row one dependent L2 round per pair took ~20 us for 17,408 values).
 __device__ __forceinline__ void stage_row_cg(const float* __restrict__ y, int K, int kpad, uint4* __restrict__ dst,
-                                             float sc) {
+                                             float sc, unsigned char* pk = nullptr, int pm = 0) {
   const int nocts = kpad / 8;
   const bool vec = ((size_t)y & 15) == 0;
   for (int o0 = threadIdx.x; o0 < nocts; o0 += 4 * blockDim.x) {
@@ -184,6 +212,7 @@ __device__ __forceinline__ void stage_row_cg(const float* __restrict__ y, int K,
         w.z = stage_pack(v[i][stage_a(2)] * sc, v[i][stage_a(2) + STAGE_GAP] * sc);
         w.w = stage_pack(v[i][stage_a(3)] * sc, v[i][stage_a(3) + STAGE_GAP] * sc);
         dst[(j >> 5) * 128 + c * 32 + (j & 31)] = w;
+        pk_slot(pk, pm, j, c, w);
       }
     }
   }
@@ -196,7 +225,8 @@ __device__ __forceinline__ void stage_row_cg(const float* __restrict__ y, int K,
 // and resets both words for the next use. Called by every thread of every block.
 __device__ __forceinline__ void stage_row_by_last_block(float mx, unsigned int* amax, unsigned int* ticket,
                                                         unsigned int nblocks, const float* row, int K, int kpad,
-                                                        uint4* dst, float* xinv) {
+                                                        uint4* dst, float* xinv, unsigned char* pk = nullptr,
+                                                        int pm = 0) {
   __shared__ int last;
   __shared__ float gmax;
   if (threadIdx.x == 0) {
@@ -210,7 +240,7 @@ __device__ __forceinline__ void stage_row_by_last_block(float mx, unsigned int* 
   if (threadIdx.x == 0) gmax = __uint_as_float(atomicAdd(amax, 0u));
   __syncthreads();
   const float sc = pow2_scale(gmax);
-  stage_row_cg(row, K, kpad, dst, sc);
+  stage_row_cg(row, K, kpad, dst, sc, pk, pm);
   if (threadIdx.x == 0) {
     *xinv = 1.f / sc;
     *amax = 0u;

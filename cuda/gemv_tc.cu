@@ -7,7 +7,9 @@
 // by all 8 columns at once. x is the same int16 pairs the other GEMVs read (pre-staged by the producer or staged
 // here), split into a signed high byte and an unsigned low byte (x = 256 hi + lo): two MMAs a step, whose int32 sums
 // combine exactly. A group's int32 sum times its scale is accumulated in fp32 (the order differs from gemv_rs's
-// lane-strided one; the integer part is exact).
+// lane-strided one; the integer part is exact). Up to 4 columns of q4-q6 read x from its packed twin instead
+// (PK, tc_run_pk): the producer has split it into signed high and low bytes, so one MMA a step takes both, the
+// high ones in B columns 0-3 and the low ones in 4-7.
 //
 // Fragments (m16n8k32, row.col): lane = 4 g + t holds A rows g and g + 8 at MMA k 4t..4t+3 (a0, a1) and
 // 16+4t..16+4t+3 (a2, a3), B column g at the same k (b0, b1), C rows g and g + 8 at columns 2t, 2t+1. The MMA's k is
@@ -16,7 +18,7 @@
 // that word (rows g, g + 8), a2/a3 the odd ones, and b0/b1 the matching staged pairs (x0, x2, x4, x6) and
 // (x1, x3, x5, x7) of that word's slot.
 //
-// gemv_tc<FMT, M, GU, S>: GU groups a run, S stages a warp's ring (see the kernel).
+// gemv_tc<FMT, M, GU, S, PK>: GU groups a run, S stages a warp's ring (see the kernel), PK: x from the packed twin.
 #include "common.cuh"
 
 template <bool U8>
@@ -232,17 +234,51 @@ __device__ __forceinline__ void tc_run(const unsigned char* st, const TcLane<FMT
   }
 }
 
+// The MMAs of one run with x read from the packed twin (PK; q4-q6, up to 4 columns): one MMA a step, B columns 0-3
+// the columns' high bytes, 4-7 their low bytes, both signed (common.cuh pk_word); xr: the lane's 16 bytes of the run's
+// first group (a group's 32 lanes 512 bytes apart). C's columns 2t, 2t + 1 are then high sums (t < 2) or low ones
+// (t >= 2), each added into acc times its row's scale; the epilogue takes 256 x high + low. Against tc_run: no split
+// of x in the warp (8 PRMT a group), half the MMAs, half the x registers.
+template <int FMT, int GU, bool FULL>
+__device__ __forceinline__ void tc_run_pk(const unsigned char* st, const TcLane<FMT, GU>& ln, int live,
+                                          const unsigned char* xr, float (&acc)[4]) {
+  static_assert(FMT != FMT_W8, "the twin holds 64-value groups");
+  uint4 xv[GU];
+#pragma unroll
+  for (int u = 0; u < GU; ++u) xv[u] = reinterpret_cast<const uint4*>(xr)[u * 32];
+  float s0[GU], s1[GU];
+  tc_scales<GU>(st + ln.scale, s0);
+  tc_scales<GU>(st + ln.scale + 16 * GU, s1);
+#pragma unroll
+  for (int u = 0; u < GU; ++u) {
+    if (!FULL && u >= live) break;
+    uint2 q0, q1;
+    unsigned h0, h1, e0, o0, e1, o1;
+    tc_read<FMT, GU>(st, ln, u, q0, q1, h0, h1);
+    int c4[4] = {0, 0, 0, 0};
+    tc_bytes<FMT>(q0, h0, 0, e0, o0);
+    tc_bytes<FMT>(q1, h1, 0, e1, o1);
+    imma<false>(c4, e0, e1, o0, o1, xv[u].x, xv[u].y);
+    tc_bytes<FMT>(q0, h0, 1, e0, o0);
+    tc_bytes<FMT>(q1, h1, 1, e1, o1);
+    imma<false>(c4, e0, e1, o0, o1, xv[u].z, xv[u].w);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[c] = fmaf(c < 2 ? s0[u] : s1[u], (float)c4[c], acc[c]);
+  }
+}
+
 // A block: 8 warps over one K slice (grid.y, EPI_PARTIAL planes), looping over turns of 8 / wt tiles of 16 rows
 // (SwiGLU: 8 gate rows and their 8 up rows); a tile's wt warps take every wt-th run of GU groups of the slice. Each warp streams its runs, turn after turn, through its own ring of S stages in shared memory (cp.async: S - 1
 // runs in flight while it multiplies one, across the turns' boundaries; the first S - 1 before the PDL wait), then the
 // wt warps' sums meet in shared memory (a fixed order) for the epilogue. amax (SwiGLU, or nullptr): 2 uint32 words a
 // column, the first of which each block folds the largest |output| it wrote of that column into (atomicMax on the bits;
 // stage_x_amax stages the rows from it and resets them).
-template <int FMT, int M, int GU, int S>
+template <int FMT, int M, int GU, int S, bool PK = false>
 // (4 blocks an SM, 64 registers; 3 and 80 for runs of 4 groups, which spill at 64)
 __global__ void __launch_bounds__(256, GU > 2 ? 3 : 4) gemv_tc(GEMV_RS_PARAMS, int wt, unsigned int* __restrict__ amax) {
   static_assert(M >= 1 && M <= 8, "up to 8 columns (one MMA n-tile)");
   static_assert(S >= 2, "a ring of at least two stages");
+  static_assert(!PK || (M <= 4 && FMT != FMT_W8), "the packed twin: up to 4 columns, q4-q6");
   using ST = TcStage<FMT, GU>;
   constexpr bool W8 = FMT == FMT_W8;
   constexpr int GV = W8 ? 32 : 64;           // values a group
@@ -350,8 +386,14 @@ __global__ void __launch_bounds__(256, GU > 2 ? 3 : 4) gemv_tc(GEMV_RS_PARAMS, i
       // checks each group)
       const unsigned jx = (unsigned)((W8 ? G0 : 2 * G0 + (t >> 1)) - xoff);  // (a run's chunks: one block of 32)
       const uint4* xr = xb + (jx >> 5) * 128 + (jx & 31);
-      if (G0 + GU <= ge) tc_run<FMT, GU, true>(st, ln, GU, col_live, xr, acc);
-      else tc_run<FMT, GU, false>(st, ln, ge - G0, col_live, xr, acc);
+      if constexpr (PK) {
+        const unsigned char* xp = reinterpret_cast<const unsigned char*>(x) + ((size_t)G0 * 32 + lane) * 16;
+        if (G0 + GU <= ge) tc_run_pk<FMT, GU, true>(st, ln, GU, xp, acc);
+        else tc_run_pk<FMT, GU, false>(st, ln, ge - G0, xp, acc);
+      } else {
+        if (G0 + GU <= ge) tc_run<FMT, GU, true>(st, ln, GU, col_live, xr, acc);
+        else tc_run<FMT, GU, false>(st, ln, ge - G0, col_live, xr, acc);
+      }
     }
 
     // the tile's wt warps: red[warp][tile row 0..15][column 0..7], then a thread an output adds them in order
@@ -365,6 +407,11 @@ __global__ void __launch_bounds__(256, GU > 2 ? 3 : 4) gemv_tc(GEMV_RS_PARAMS, i
       auto sum = [&](int rr) {
         float v = 0.f;
         for (int w = stl * wt; w < (stl + 1) * wt; ++w) v += red[(w * 16 + rr) * 8 + m];
+        if constexpr (PK) {  // (the high sums in columns 0-3, the low ones in 4-7)
+          float lo = 0.f;
+          for (int w = stl * wt; w < (stl + 1) * wt; ++w) lo += red[(w * 16 + rr) * 8 + m + 4];
+          v = fmaf(v, 256.f, lo);
+        }
         return v * inv_sc[m];
       };
       if (swiglu) {  // (output o's gate row o, its up row o + 8)

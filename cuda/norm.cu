@@ -10,14 +10,17 @@
 
 // The pairs of chunk range [c0, c1) (32 values a chunk) of a row, given its scale. CG: loads through L2
 // only (a row other blocks of the same kernel wrote).
+// pk, pm: the packed twin (common.cuh pk_word) and the row's index in it, or nullptr.
 template <bool CG = false>
-__device__ __forceinline__ void stage_slice(const float* xm, int K, int c0, int c1, __half2* dst, float sc) {
+__device__ __forceinline__ void stage_slice(const float* xm, int K, int c0, int c1, __half2* dst, float sc,
+                                            unsigned char* pk = nullptr, int pm = 0) {
   auto at = [&](int k) { return CG ? __ldcg(xm + k) : xm[k]; };
   for (int p = c0 * 16 + threadIdx.x; p < c1 * 16; p += blockDim.x) {
     const int jl = p >> 4, pi = p & 15, c = pi >> 2, jp = pi & 3;
     const int ka = jl * 32 + 8 * c + stage_a(jp), kb = ka + STAGE_GAP;
-    reinterpret_cast<unsigned int*>(dst)[(jl >> 5) * 512 + c * 128 + (jl & 31) * 4 + jp] =
-        stage_pack(ka < K ? at(ka) * sc : 0.f, kb < K ? at(kb) * sc : 0.f);
+    const unsigned int word = stage_pack(ka < K ? at(ka) * sc : 0.f, kb < K ? at(kb) * sc : 0.f);
+    reinterpret_cast<unsigned int*>(dst)[(jl >> 5) * 512 + c * 128 + (jl & 31) * 4 + jp] = word;
+    pk_word(pk, pm, jl, c, jp, word);
   }
 }
 
@@ -39,7 +42,8 @@ __device__ void stage_pairs(const float* xm, int K, int kpad, __half2* dst, floa
 // kpad: the values staged (K rounded up to whole blocks of 1024); ldh: half2 pairs per row of xh (kpad / 2,
 // or the whole row's when x is a slice of a row staged into the matching part of the row's pairs).
 extern "C" __global__ void stage_x_mb(const float* __restrict__ x, int ldx, int K, int kpad,
-                                      __half2* __restrict__ xh, int ldh, float* __restrict__ xinv) {
+                                      __half2* __restrict__ xh, int ldh, float* __restrict__ xinv,
+                                      unsigned char* __restrict__ xpk) {
   NI_PDL_ENTRY();
   __shared__ float red[32];
   const int m = blockIdx.y;
@@ -50,7 +54,7 @@ extern "C" __global__ void stage_x_mb(const float* __restrict__ x, int ldx, int 
   const float sc = pow2_scale(block_max(mx, red));
   const int nch = kpad / 32, per = (nch + gridDim.x - 1) / gridDim.x;
   const int c0 = blockIdx.x * per, c1 = min(c0 + per, nch);
-  stage_slice(xm, K, c0, c1, xh + (size_t)m * ldh, sc);
+  stage_slice(xm, K, c0, c1, xh + (size_t)m * ldh, sc, xpk, m);
   if (blockIdx.x == 0 && threadIdx.x == 0) xinv[m] = 1.f / sc;
 }
 
@@ -59,7 +63,8 @@ extern "C" __global__ void stage_x_mb(const float* __restrict__ x, int ldx, int 
 // scale, the same pairs. Grid (blocks, rows): each block of row m takes a ticket in slot[2 m + 1] after reading
 // slot[2 m]; the last resets both words. ldx: floats a row of x; ldh: pairs a row of xh.
 extern "C" __global__ void stage_x_amax(const float* __restrict__ x, int ldx, int K, int kpad, __half2* __restrict__ xh,
-                                        int ldh, float* __restrict__ xinv, unsigned int* __restrict__ slot) {
+                                        int ldh, float* __restrict__ xinv, unsigned int* __restrict__ slot,
+                                        unsigned char* __restrict__ xpk) {
   NI_PDL_ENTRY();
   const int m = blockIdx.y;
   x += (size_t)m * ldx;
@@ -72,7 +77,7 @@ extern "C" __global__ void stage_x_amax(const float* __restrict__ x, int ldx, in
   const float sc = pow2_scale(gmax);
   const int nch = kpad / 32, per = (nch + gridDim.x - 1) / gridDim.x;
   const int c0 = blockIdx.x * per, c1 = min(c0 + per, nch);
-  stage_slice(x, K, c0, c1, xh, sc);
+  stage_slice(x, K, c0, c1, xh, sc, xpk, m);
   if (threadIdx.x == 0) {
     if (blockIdx.x == 0) *xinv = 1.f / sc;
     if (atomicAdd(slot + 1, 1u) == gridDim.x - 1) {  // every block has read slot[0] (before its ticket)
@@ -96,7 +101,7 @@ extern "C" __global__ void stage_x_amax(const float* __restrict__ x, int ldx, in
 #define RESIDUAL_RMSNORM_PARAMS                                                                               \
   const float* __restrict__ x_in, float* __restrict__ x_out, const float* __restrict__ part, int S,           \
       int part_stride, const float* __restrict__ w, float* __restrict__ out, int H, float eps, int offset,    \
-      __half2* __restrict__ xh, float* __restrict__ xinv, int kpad
+      __half2* __restrict__ xh, float* __restrict__ xinv, int kpad, unsigned char* __restrict__ xpk
 // The block's sum of v^2 and largest |v w| over the VPT values each thread holds (red: 64 floats of shared memory;
 // every thread gets both), in one barrier: the norms' reduction (residual_rmsnorm_mb, mlp_fused), one operation order.
 template <int VPT>
@@ -136,12 +141,13 @@ __device__ __forceinline__ void norm_emit(float v, float wv, float r, int k, int
 // Chunks [c0, c1) of a row's staged pairs at dst from the block's slice of values (value k at slice[k - k0], k0 = c0 x
 // 32), with scale sc; the block's bd threads stride the chunks' 16 words each.
 __device__ __forceinline__ void stage_chunks(const float* slice, int k0, int c0, int c1, __half2* dst, float sc,
-                                             int bd) {
+                                             int bd, unsigned char* pk = nullptr, int pm = 0) {
   for (int p = c0 * 16 + threadIdx.x; p < c1 * 16; p += bd) {
     const int jl = p >> 4, pi = p & 15, c = pi >> 2, jp = pi & 3;
     const int ka = jl * 32 + 8 * c + stage_a(jp);
-    reinterpret_cast<unsigned int*>(dst)[(jl >> 5) * 512 + c * 128 + (jl & 31) * 4 + jp] =
-        stage_pack(slice[ka - k0] * sc, slice[ka + STAGE_GAP - k0] * sc);
+    const unsigned int word = stage_pack(slice[ka - k0] * sc, slice[ka + STAGE_GAP - k0] * sc);
+    reinterpret_cast<unsigned int*>(dst)[(jl >> 5) * 512 + c * 128 + (jl & 31) * 4 + jp] = word;
+    pk_word(pk, pm, jl, c, jp, word);
   }
 }
 
@@ -222,18 +228,18 @@ __device__ __forceinline__ void residual_rmsnorm_body(RESIDUAL_RMSNORM_PARAMS) {
   }
   for (int k = max(k0, VPT * bd) + threadIdx.x; k < k1; k += bd) slice[k - k0] = 0.f;  // padding past the registers
   __syncthreads();
-  stage_chunks(slice, k0, c0, c1, xh + (size_t)m * kpad / 2, sc, bd);
+  stage_chunks(slice, k0, c0, c1, xh + (size_t)m * kpad / 2, sc, bd, xpk, m);
   if (blockIdx.x == 0 && threadIdx.x == 0) xinv[m] = 1.f / sc;
 }
 
 extern "C" __global__ void __launch_bounds__(1024) residual_rmsnorm_mb(RESIDUAL_RMSNORM_PARAMS) {
   NI_PDL_ENTRY();
-  residual_rmsnorm_body<NORM_VPT, 2>(x_in, x_out, part, S, part_stride, w, out, H, eps, offset, xh, xinv, kpad);
+  residual_rmsnorm_body<NORM_VPT, 2>(x_in, x_out, part, S, part_stride, w, out, H, eps, offset, xh, xinv, kpad, xpk);
 }
 
 extern "C" __global__ void __launch_bounds__(1024) residual_rmsnorm_mb2(RESIDUAL_RMSNORM_PARAMS) {
   NI_PDL_ENTRY();
-  residual_rmsnorm_body<2, 8>(x_in, x_out, part, S, part_stride, w, out, H, eps, offset, xh, xinv, kpad);
+  residual_rmsnorm_body<2, 8>(x_in, x_out, part, S, part_stride, w, out, H, eps, offset, xh, xinv, kpad, xpk);
 }
 
 // <5, 4, one round>: rows up to 5,120 values (the 27B), every partial plane (the fused MLP's 3 down planes) in the first
@@ -241,7 +247,7 @@ extern "C" __global__ void __launch_bounds__(1024) residual_rmsnorm_mb2(RESIDUAL
 // reads 9 planes of the row, bandwidth-bound.)
 extern "C" __global__ void __launch_bounds__(1024) residual_rmsnorm_mb5_1r(RESIDUAL_RMSNORM_PARAMS) {
   NI_PDL_ENTRY();
-  residual_rmsnorm_body<5, 4, true>(x_in, x_out, part, S, part_stride, w, out, H, eps, offset, xh, xinv, kpad);
+  residual_rmsnorm_body<5, 4, true>(x_in, x_out, part, S, part_stride, w, out, H, eps, offset, xh, xinv, kpad, xpk);
 }
 
 // One block per token: stage fp32 x [M, ldx] for pre-staged GEMV input.
@@ -370,7 +376,7 @@ extern "C" __global__ void __launch_bounds__(256) gated_rmsnorm_chunks(
 extern "C" __global__ void gated_rmsnorm_stage(const float* __restrict__ o, const float* __restrict__ z, int ldz,
                                                const float* __restrict__ w, float* __restrict__ out, int ldo,
                                                int Hv, float eps, int K, int kpad, __half2* __restrict__ xh,
-                                               float* __restrict__ xinv) {
+                                               float* __restrict__ xinv, unsigned char* __restrict__ xpk) {
   NI_PDL_ENTRY();
   __shared__ float red[32];
   const int m = blockIdx.x;
@@ -378,7 +384,7 @@ extern "C" __global__ void gated_rmsnorm_stage(const float* __restrict__ o, cons
   for (int gw = threadIdx.x >> 5; gw < Hv; gw += blockDim.x >> 5)
     mx = fmaxf(mx, gated_head(o, z, ldz, w, out, ldo, Hv, eps, m, gw));
   const float sc = pow2_scale(block_max(mx, red));  // its barriers also publish the block's writes of out
-  stage_slice(out + (size_t)m * ldo, K, 0, kpad / 32, xh + (size_t)m * kpad / 2, sc);
+  stage_slice(out + (size_t)m * ldo, K, 0, kpad / 32, xh + (size_t)m * kpad / 2, sc, xpk, m);
   if (threadIdx.x == 0) xinv[m] = 1.f / sc;
 }
 

@@ -70,7 +70,7 @@ extern "C" __global__ void __cluster_dims__(NORM_CL, 1, 1) __launch_bounds__(256
     if (k < k1) norm_emit(v[i], wv[i], r, k, k0, H, x_out + (size_t)m * H, o, slice);
   }
   __syncthreads();
-  stage_chunks(slice, k0, c0, c1, xh + (size_t)m * kpad / 2, sc, 256);
+  stage_chunks(slice, k0, c0, c1, xh + (size_t)m * kpad / 2, sc, 256, xpk, m);
   if (b == 0 && tid == 0) xinv[m] = 1.f / sc;
 }
 #endif

@@ -32,4 +32,4 @@ def test_norm_launch_plumbing(cp, monkeypatch, gpu):
         1 for op in _flat(ex.ops) if getattr(op, "name", "").startswith("mlp_fused"))
     assert {op.name for op in norms} == {ex.plan.norm}
     grid, block = ((8, 1), 256) if gpu == "sm_90" else ((16, 1), 1024)
-    assert all(op.grid == grid and op.block == block and len(op.args) == 13 for op in norms)
+    assert all(op.grid == grid and op.block == block and len(op.args) == 14 for op in norms)

@@ -51,12 +51,14 @@ def decode_attention(name: str, *, threads: int, smem: int, q, k_cache, v_cache,
 
 
 def combine_stage(*, ml, acc, nsplit: int, gate, ld_gate: int, out, ld_out: int, heads: int, k: int, kpad: int, xh,
-                  xinv, amax, tickets, rows: int) -> K.Launch:
+                  xinv, amax, tickets, rows: int, xpk=None) -> K.Launch:
     """attn_combine_stage: the splits' partials combined, times sigmoid(gate) (its first heads * 256 columns), into out
     [rows, ld_out]; the row's last head stages its first k values as the o-projection's int16 pairs with one scale
-    (xh [rows, kpad / 2], xinv [rows]) from the row maximum in amax [rows] (tickets [rows]; both left at zero)."""
+    (xh [rows, kpad / 2], xinv [rows]) from the row maximum in amax [rows] (tickets [rows]; both left at zero); xpk:
+    the pairs' packed twin, or None."""
     return K.prepared("attn_combine_stage", (heads, rows),
-                      (ml, acc, nsplit, gate, ld_gate, out, ld_out, heads, k, kpad, xh, xinv, amax, tickets))
+                      (ml, acc, nsplit, gate, ld_gate, out, ld_out, heads, k, kpad, xh, xinv, amax, tickets,
+                       K.or_null(xpk)))
 
 
 def combine_chunks(*, ml, acc, nsplit: int, gate, ld_gate: int, out, ld_out: int, heads: int, k: int, kpad: int, xh,
@@ -158,5 +160,5 @@ class AttentionBlock:
         if chunk:
             core.append(combine_chunks(**comb, xsc=c.xsc_att, pos=c.qpos, round_to=16 if self.mma() else 1))
         else:
-            core.append(combine_stage(**comb, amax=self.attn_tick[:M], tickets=self.attn_tick[M:]))
+            core.append(combine_stage(**comb, amax=self.attn_tick[:M], tickets=self.attn_tick[M:], xpk=c.twin(xh)))
         return proj, core

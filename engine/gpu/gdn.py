@@ -65,12 +65,13 @@ def delta_step(*, q, k, v, g, beta, state, o, k_heads: int, v_heads: int, rows: 
 
 
 def gated_norm_stage(*, o, z, ld_z: int, weight, out, ld_out: int, v_heads: int, eps: float, k: int, kpad: int, xh,
-                     xinv, rows: int) -> K.Launch:
+                     xinv, rows: int, xpk=None) -> K.Launch:
     """gated_rmsnorm_stage: out = rmsnorm(o) w silu(z) a head (o [rows, v_heads * 128], z [rows, ld_z]), its first k
     values staged as the o-projection's int16 pairs with one scale a row (xh [rows, kpad / 2], xinv [rows]): a block
-    of 1,024 a row."""
+    of 1,024 a row; xpk: the pairs' packed twin, or None."""
     return K.prepared("gated_rmsnorm_stage", (rows,),
-                      (o, z, ld_z, weight, out, ld_out, v_heads, float(eps), k, kpad, xh, xinv), block=1024)
+                      (o, z, ld_z, weight, out, ld_out, v_heads, float(eps), k, kpad, xh, xinv, K.or_null(xpk)),
+                      block=1024)
 
 
 def chunk_prep(*, q, k, v, g, beta, w, u, m, gamma, k_heads: int, v_heads: int, tokens: int) -> K.Launch:
@@ -253,7 +254,7 @@ class GdnBlock:
                                      kpad=kpad, xh=xh, xinv=xinv, xsc=c.xsc_att, rows=c.M)
         return gated_norm_stage(o=c.att2, z=buf_b[:, zoff:], ld_z=ldb, weight=L["norm"], out=c.att,
                                 ld_out=c.att.shape[1], v_heads=c.Hv, eps=c.args.rms_norm_eps, k=k, kpad=kpad,
-                                xh=xh, xinv=xinv, rows=c.M)
+                                xh=xh, xinv=xinv, rows=c.M, xpk=c.twin(xh))
 
     def core_ops(self, L, lda, ldb):
         """Conv + SiLU + norms + gates, then the delta rule: one token per lane row."""

@@ -75,7 +75,8 @@ class GemvPlan:
     def __init__(self, w: DevMatrix, x, ldx: int, y, ldy: int, m: int = 1, epi: str = "store",
                  splits: int = 1, rows: int | None = None, unroll: int = 2, y_offset: int = 0, xpre=None,
                  experts=None, pre2: bool = False, conv=None, amax_out=None, xs=None, tc=None):
-        """xpre: the pre-staged x (int16 pairs, inverse scales); pre2: gemv_rs_pre (x through the read-only path, row
+        """xpre: the pre-staged x (int16 pairs, inverse scales[, their packed twin or None: gemv_tc takes it for up to
+        4 columns of q4-q6, `self.packed`]); pre2: gemv_rs_pre (x through the read-only path, row
         pointers advanced by constants: the tuning table's choice; w8 on pre-staged pairs always takes it). conv (epi
         "conv", one K slice): (weights [4, C], history [M, 3, C], C, the channel of row 0, rows that take the conv).
         amax_out (SwiGLU, gemv_rs_pre for one token or gemv_tc, no split or routing): 2 zeroed uint32 words a row that
@@ -86,7 +87,7 @@ class GemvPlan:
         tc_warps' rule) and, for the split-K planes (epi "partial") of a pre-staged x, the slices as a fourth (None or
         left out: `splits`)."""
         self.w, self.m, self.epi = w, m, EPI[epi]
-        self.pre2, self.tracks_amax, self.xs = False, False, False
+        self.pre2, self.tracks_amax, self.xs, self.packed = False, False, False, False
         ps = w.n // 2
         if epi == "conv" and w.fmt not in FMT_IDS:
             raise ValueError(f"the conv epilogue is compiled into the row-split GEMVs only, not {w.fmt}")
@@ -208,6 +209,8 @@ class GemvPlan:
             u4ps, splits = prestaged_slices(u4_per_row, splits, 2 * gu)
             self.smem = red + ring
         pre = xpre is not None
+        # (x from the producer's packed twin, xpre's third item, where this format and column count take one)
+        self.packed = pre and len(xpre) > 2 and xpre[2] is not None and KN.gemv_tc_packs(f, m)
         ps = w.n // 2 if self.epi == EPI["swiglu"] else 0
         tiles = -(-(w.n - ps) // (8 if ps else 16))
         wt = form[2] if len(form) > 2 and form[2] else tc_warps(tiles * splits)
@@ -217,14 +220,14 @@ class GemvPlan:
         # as many turns for every block: the blocks of one wave end together (the last wave's blocks would
         # otherwise run alone)
         self.grid = (-(-turns // -(-turns // most)), splits, 1)
-        self.kname = KN.gemv_tc_name(f, m, gu, stages)
+        self.kname = KN.gemv_tc_name(f, m, gu, stages, self.packed)
         self.f, self.rows, self.unroll, self.splits, self.warps = f, 16, 1, splits, wt
         self.fn = kernel(self.kname)
         _allow_smem(self.fn, self.kname, self.smem)
         self.args = (np.uint64(w.ptr(w.base)), np.uint64(w.ptr(w.high)), np.uint64(w.ptr(w.scales)),
                      np.int32(w.n), np.int32(w.gpr), np.int32(ps),
-                     np.uint64(_p(xpre[0]) if pre else _p(x)), np.int32(ldx), np.int32(w.k), np.int32(u4ps),
-                     np.uint64(_p(y) + 4 * y_offset), np.int32(ldy), np.int32(self.epi),
+                     np.uint64(_p(xpre[2 if self.packed else 0]) if pre else _p(x)), np.int32(ldx), np.int32(w.k),
+                     np.int32(u4ps), np.uint64(_p(y) + 4 * y_offset), np.int32(ldy), np.int32(self.epi),
                      np.uint64(_p(xpre[1]) if pre else 0), np.uint64(0), np.int32(0), np.int64(0), np.int32(0),
                      np.uint64(0), np.int32(0), np.uint64(0), np.uint64(0), np.int32(0), np.int32(0), np.int32(0),
                      np.int32(wt))

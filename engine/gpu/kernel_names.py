@@ -20,10 +20,12 @@ GEMV_PAIR_NAMES = ("gemv_rs_pre_pair<1,1,0,2,true,4>", "gemv_rs_pre_pair<1,1,0,1
 GEMV_PRE_XS_NAMES = tuple(f"gemv_rs_pre<{f},{r},1,{u},false,true>" for f in range(3) for r, u in GEMV_PRE_MAIN)
 
 
-# gemv_tc<FMT, M, GU, S> (cuda/gemv_tc.cu): M = 2..8 token columns on the int8 tensor cores, GU groups a warp's run
-# of copies, S runs a warp's ring of shared memory holds (S - 1 in flight)
+# gemv_tc<FMT, M, GU, S[, PK]> (cuda/gemv_tc.cu): M = 2..8 token columns on the int8 tensor cores, GU groups a warp's
+# run of copies, S runs a warp's ring of shared memory holds (S - 1 in flight); PK: x from its packed twin (q4-q6, up
+# to GEMV_TC_PK_COLS columns: one MMA a step, the producers having split x into its high and low bytes)
 GEMV_TC_GU = 2
 GEMV_TC_STAGES = 4
+GEMV_TC_PK_COLS = 4
 
 
 # the row-split formats' ids in the kernels' FMT template argument (gemv_decode.cu FMT_Q4..FMT_W8)
@@ -36,14 +38,21 @@ def gemv_tc_form(fmt: str, n: int, k: int) -> tuple:
     return GEMV_TC_TABLE.get((fmt, n, k), (GEMV_TC_GU, GEMV_TC_STAGES, None))
 
 
-def gemv_tc_name(fmt: int, m: int, gu: int | None = None, stages: int | None = None) -> str:
-    return f"gemv_tc<{fmt},{m},{gu or GEMV_TC_GU},{stages or GEMV_TC_STAGES}>"
+def gemv_tc_name(fmt: int, m: int, gu: int | None = None, stages: int | None = None, pk: bool = False) -> str:
+    return f"gemv_tc<{fmt},{m},{gu or GEMV_TC_GU},{stages or GEMV_TC_STAGES}{',true' if pk else ''}>"
+
+
+def gemv_tc_packs(fmt: int, m: int) -> bool:
+    """Whether gemv_tc reads x from the packed twin for format id `fmt` at m columns (where the producers write one)."""
+    return fmt != FMT_IDS["q8_g32_fp16"] and 1 < m <= GEMV_TC_PK_COLS
 
 
 def gemv_tc_names(fmt: int, m: int) -> list[str]:
-    """Every gemv_tc form of format id `fmt` for m columns: the default and the tuning table's."""
+    """Every gemv_tc form of format id `fmt` for m columns: the default and the tuning table's, each also on the packed
+    twin where it takes one."""
     forms = [(GEMV_TC_GU, GEMV_TC_STAGES)] + [f[:2] for (name, _, _), f in GEMV_TC_TABLE.items() if FMT_IDS[name] == fmt]
-    return [gemv_tc_name(fmt, m, gu, st) for gu, st in dict.fromkeys(forms)]
+    packs = (False, True) if gemv_tc_packs(fmt, m) else (False,)
+    return [gemv_tc_name(fmt, m, gu, st, pk) for gu, st in dict.fromkeys(forms) for pk in packs]
 
 
 def gemv_tc_stage_bytes(fmt: int, gu: int) -> int:

@@ -405,6 +405,11 @@ def _allow_smem(fn, name: str, smem: int) -> None:
         _SMEM_SET[name] = smem
 
 
+def or_null(a):
+    """A device array, or the null pointer for None (an optional kernel argument)."""
+    return np.uint64(0) if a is None else a
+
+
 def _arg(a):
     """A kernel argument: arrays become device pointers, Python floats fp32, Python ints int32."""
     if isinstance(a, np.generic):

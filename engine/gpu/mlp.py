@@ -10,13 +10,15 @@ from engine.gpu import launch as K
 from engine.gpu.gemv import mlp_fused_help_words, mlp_fused_launch
 
 
-def stage_amax(*, x, k: int, kpad: int, xh, xinv, slot, blocks: int = 16, rows: int = 1) -> K.Launch:
+def stage_amax(*, x, k: int, kpad: int, xh, xinv, slot, blocks: int = 16, rows: int = 1, xpk=None) -> K.Launch:
     """stage_x_amax: the first k values of each of `rows` rows of x ([rows, >= k]) as the GEMVs' int16 pairs (xh
     [rows, kpad / 2]) with the scale of the row maximum the gate|up GEMV folded into slot (2 uint32 a row: max bits,
-    block tickets; left at zero), xinv [rows] its inverse; `blocks` blocks of 1,024 a row, each its slice."""
+    block tickets; left at zero), xinv [rows] its inverse; `blocks` blocks of 1,024 a row, each its slice; xpk: the
+    pairs' packed twin, or None."""
     ldx = x.strides[0] // x.itemsize if x.ndim > 1 else 0
     ldh = xh.strides[0] // xh.itemsize if xh.ndim > 1 else 0
-    return K.prepared("stage_x_amax", (blocks, rows), (x, ldx, k, kpad, xh, ldh, xinv, slot), block=1024)
+    return K.prepared("stage_x_amax", (blocks, rows), (x, ldx, k, kpad, xh, ldh, xinv, slot, K.or_null(xpk)),
+                      block=1024)
 
 
 def swiglu_rows(*, gu, inter: int, rows: int, out16) -> None:
@@ -105,11 +107,11 @@ class MlpBlock:
         c = self.c
         gu, dn = L["gate_up"], L["down"]
         gu_plan = c.plan_gemv(gu, c.xn, c.act, "swiglu", 1, xn, amax_out=c.stage_slot)
-        d_plan = c.plan_gemv(dn, c.act, c.part, "partial", c.splits(dn), (c.xh_act, c.xinv_act))
+        d_plan = c.plan_gemv(dn, c.act, c.part, "partial", c.splits(dn), (c.xh_act, c.xinv_act, c.xpk_act))
         ops = [gu_plan.launch]
         if gu_plan.tracks_amax:
             ops.append(stage_amax(x=c.act, k=c.inter, kpad=c.kpad_act, xh=c.xh_act, xinv=c.xinv_act,
-                                  slot=c.stage_slot, blocks=c.NORM_BLOCKS, rows=c.M))
+                                  slot=c.stage_slot, blocks=c.NORM_BLOCKS, rows=c.M, xpk=c.xpk_act))
         else:
             ops.append(c.stage(c.act, c.inter, c.kpad_act, c.xh_act, c.xinv_act))
         return ops + [d_plan.launch], d_plan.splits

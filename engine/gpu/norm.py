@@ -15,23 +15,26 @@ NORM_CL = 8  # (cuda/norm_cluster.cu NORM_CL: blocks a cluster)
 
 
 def residual_norm(name: str, *, x_in, x_out, planes, nplanes: int, plane_stride: int, weight, out, hidden: int,
-                  eps: float, xh, xinv, kpad: int, rows: int, blocks: int = 16, offset: int = 1) -> K.Launch:
+                  eps: float, xh, xinv, kpad: int, rows: int, blocks: int = 16, offset: int = 1,
+                  xpk=None) -> K.Launch:
     """One residual norm launch of form `name` (engine.gpu.plan.NORMS) over `rows` token rows:
     x_out = x_in + the first `nplanes` split-K planes (planes [S, rows, hidden], `plane_stride` floats apart),
     out = rmsnorm(x_out) (offset + weight), also staged as the GEMVs' int16 pairs (xh [rows, kpad / 2], xinv [rows]).
     x_in and x_out differ (other blocks still read x_in). The cluster form runs NORM_CL blocks of 256 threads a row,
-    the multi-block forms `blocks` of 1,024."""
-    args = (x_in, x_out, planes, nplanes, plane_stride, weight, out, hidden, float(eps), offset, xh, xinv, kpad)
+    the multi-block forms `blocks` of 1,024. xpk: the pairs' packed twin (StepContext.twin) also written, or None."""
+    args = (x_in, x_out, planes, nplanes, plane_stride, weight, out, hidden, float(eps), offset, xh, xinv, kpad,
+            K.or_null(xpk))
     if name == "residual_rmsnorm_cl":
         return K.prepared(name, (NORM_CL, rows), args, block=256)
     return K.prepared(name, (blocks, rows), args, block=1024)
 
 
-def stage_rows(*, x, ld: int, k: int, kpad: int, xh, ldh: int, xinv, rows: int, blocks: int = 16) -> K.Launch:
+def stage_rows(*, x, ld: int, k: int, kpad: int, xh, ldh: int, xinv, rows: int, blocks: int = 16,
+               xpk=None) -> K.Launch:
     """stage_x_mb: the first k values of each of `rows` rows of x (row stride ld) as the GEMVs' int16 pairs, kpad values
     a row (xh [rows, ldh] pairs, zero past k), one inverse scale a row (xinv [rows]); `blocks` blocks of 1,024 a row,
-    each reducing the whole row and staging its slice."""
-    return K.prepared("stage_x_mb", (blocks, rows), (x, ld, k, kpad, xh, ldh, xinv), block=1024)
+    each reducing the whole row and staging its slice; xpk: the pairs' packed twin (whole rows only), or None."""
+    return K.prepared("stage_x_mb", (blocks, rows), (x, ld, k, kpad, xh, ldh, xinv, K.or_null(xpk)), block=1024)
 
 
 class NormBlock:
@@ -52,4 +55,4 @@ class NormBlock:
         x_in, x_out = c.swap_residual()
         return residual_norm(c.plan.norm, x_in=x_in, x_out=x_out, planes=c.part, nplanes=splits,
                              plane_stride=c.M * c.H, weight=w, out=c.xn, hidden=c.H, eps=c.args.rms_norm_eps,
-                             xh=c.xh_n, xinv=c.xinv_n, kpad=c.kpad_h, rows=c.M, blocks=c.NORM_BLOCKS)
+                             xh=c.xh_n, xinv=c.xinv_n, kpad=c.kpad_h, rows=c.M, blocks=c.NORM_BLOCKS, xpk=c.xpk_n)

@@ -69,9 +69,26 @@ class StepContext:
         self.xh_n, self.xinv_n = cp.zeros((M, self.kpad_h // 2), dtype=cp.uint32), cp.ones(M, dtype=f32)
         self.xh_att, self.xinv_att = cp.zeros((M, self.kpad_att // 2), dtype=cp.uint32), cp.ones(M, dtype=f32)
         self.xh_act, self.xinv_act = cp.zeros((M, self.kpad_act // 2), dtype=cp.uint32), cp.ones(M, dtype=f32)
+        # their packed twins where gemv_tc reads one (2..4 rows, kernel_names.gemv_tc_packs): each producer of the
+        # pairs also writes the twin (common.cuh pk_word), the q4-q6 GEMVs read it
+        self.xpk_n, self.xpk_att, self.xpk_act = (self._twin(k) for k in (self.kpad_h, self.kpad_att, self.kpad_act))
         self.stage_slot = cp.zeros(2 * M, dtype=cp.uint32)  # the SwiGLU's fused staging: max bits, tickets a row
         # gdn_prep's outputs, the delta rule's inputs (engine.gpu.gdn.prep_bufs, delta_bufs)
         self.gdn_q, self.gdn_k, self.gdn_v, self.gdn_g, self.gdn_beta = gdn_rows(cp, M, self.Hk, self.Hv)
+
+    def _twin(self, kpad: int):
+        """The packed twin of M rows of kpad staged values (groups of 64 values, 512 bytes each, and the 4 past the
+        last that a run of gemv_tc may read), or None where no gemv_tc reads one."""
+        if not KN.gemv_tc_packs(0, self.M):
+            return None
+        return self.cp.zeros((kpad // 64 + 4) * 512, dtype=self.cp.uint8)
+
+    def twin(self, xh):
+        """The packed twin of the staged pairs xh (xh_n, xh_att, xh_act), or None."""
+        for h, t in ((self.xh_n, self.xpk_n), (self.xh_att, self.xpk_att), (self.xh_act, self.xpk_act)):
+            if xh is h:
+                return t
+        return None
 
     # ---- the residual pair -----------------------------------------------------------------------
     def swap_residual(self) -> tuple:
@@ -114,7 +131,8 @@ class StepContext:
     def stage(self, x, k, kpad, xh, xinv, ldh=None):
         """x[:, :k] as the int16 pairs of kpad values (ldh pairs a row of xh: kpad / 2 unless a slice)."""
         return stage_rows(x=x, ld=x.strides[0] // x.itemsize, k=k, kpad=kpad, xh=xh,
-                          ldh=kpad // 2 if ldh is None else ldh, xinv=xinv, rows=self.M, blocks=self.NORM_BLOCKS)
+                          ldh=kpad // 2 if ldh is None else ldh, xinv=xinv, rows=self.M, blocks=self.NORM_BLOCKS,
+                          xpk=self.twin(xh) if ldh is None else None)
 
     def concurrent(self, main: list, side: list) -> list:
         """The ops of `main` (the larger work) and `side` as one Concurrent op (on two streams), or in order where the

@@ -118,7 +118,7 @@ class CudaVerify(CudaQwen35Columns):
     def _tail_ops(self):
         """The head over every column, the greedy pick a column, the accept."""
         T, c = self.M, self.ctx
-        head = GemvPlan(self.head, c.xn, self.H, self.logits, self.V, m=T, unroll=2, xpre=(c.xh_n, c.xinv_n))
+        head = GemvPlan(self.head, c.xn, self.H, self.logits, self.V, m=T, unroll=2, xpre=(c.xh_n, c.xinv_n, c.xpk_n))
         self._accept = K.prepared("spec_accept", (1,), (self.am_out, self.tokens, T, self.out, self.ctl, self.pos),
                                   block=32)
         self._greedy_tail = [self.sampler.argmax_op(), self._accept]
