@@ -5,7 +5,7 @@ pays for its projections against one decode token.
                                  [--mtp [--one-rows 1,2 --one-splits 1,2,4]] [--json OUT]
 
 For every distinct packed matrix of the decode executor (format, rows, K: the merged projections, the head), x
-pre-staged as the producers stage it: the time of GemvPlan for one column (gemv_rs_pre, the decode's form without
+pre-staged as the producers stage it (with its packed twin, which gemv_tc reads for up to 4 columns of q4-q6): the time of GemvPlan for one column (gemv_rs_pre, the decode's form without
 its tuning table) and for M columns (gemv_tc), GB/s of its weight bytes, and the per-token total over the model
 (each matrix times its count). --mtp: the MTP head's matrices instead (its input projection, its layer's, the
 proposal head), the ones a round reads once over the verified columns (the catch-up, M columns) and K - 1 times
@@ -57,7 +57,8 @@ def main(argv=None) -> int:
     gus = [int(v) for v in a.gu.split(",") if v] or [KN.GEMV_TC_GU]
     K.require(KN.gemv_names(range(4), (a.cols,), pair=False, bf16=False, conv=[], xs=[]))  # (in the plan's module)
     stages = [int(v) for v in a.stages.split(",") if v] or [KN.GEMV_TC_STAGES]
-    K.require(f"gemv_tc<{f},{a.cols},{gu},{st}>" for f in range(4) for gu in gus for st in stages)
+    K.require(KN.gemv_tc_name(f, a.cols, gu, st, pk) for f in range(4) for gu in gus for st in stages
+              for pk in ((False, True) if KN.gemv_tc_packs(f, a.cols) else (False,)))
     eng = build_engine(a.geometry, max_context=1024)
     ex = eng.model.executor
     if a.mtp:
@@ -80,10 +81,12 @@ def main(argv=None) -> int:
         kpad = -(-w.k // K.XPAD) * K.XPAD
         x = cp.random.default_rng(0).standard_normal((M, w.k), dtype=cp.float32)
         xh, xinv = cp.zeros((M, kpad // 2), dtype=cp.uint32), cp.zeros(M, dtype=cp.float32)
-        stage_rows(x=x, ld=w.k, k=w.k, kpad=kpad, xh=xh, ldh=kpad // 2, xinv=xinv, rows=M, blocks=3)()
+        # (and the packed twin the producers write where gemv_tc reads one: StepContext._twin)
+        pk = cp.zeros((kpad // 64 + 4) * 512, dtype=cp.uint8) if KN.gemv_tc_packs(0, M) else None
+        stage_rows(x=x, ld=w.k, k=w.k, kpad=kpad, xh=xh, ldh=kpad // 2, xinv=xinv, rows=M, blocks=3, xpk=pk)()
         y = cp.zeros((M, w.n), dtype=cp.float32)
         one = GemvPlan(w, None, w.k, y[:1], w.n, m=1, xpre=(xh[:1], xinv[:1]), pre2=True)
-        many = GemvPlan(w, None, w.k, y, w.n, m=M, xpre=(xh, xinv))
+        many = GemvPlan(w, None, w.k, y, w.n, m=M, xpre=(xh, xinv, pk))
         t1, tm = time_ms(cp, one.launch, a.iters), time_ms(cp, many.launch, a.iters)
         ones = {}
         for r in one_rows:
@@ -101,7 +104,7 @@ def main(argv=None) -> int:
                     gemv.tc_warps = lambda tiles, wt=wt: wt
                     name = f"gu{gu}s{st}wt{wt}"
                     try:
-                        plan = GemvPlan(w, None, w.k, y, w.n, m=M, xpre=(xh, xinv), tc=(gu, st))
+                        plan = GemvPlan(w, None, w.k, y, w.n, m=M, xpre=(xh, xinv, pk), tc=(gu, st))
                     except Exception as e:  # noqa: BLE001 (a ring too large for shared memory)
                         print(f"  {name}: {str(e).splitlines()[-1][:100]}", file=sys.stderr)
                         continue
