@@ -32,7 +32,7 @@ def test_gated_chunks_and_the_chunk_scaled_gemv(cp, hv, n):
         xh = cp.asarray(np.zeros((1, kpad // 2), np.uint32))
         xsc = poisoned(cp, (kpad // 32,))
         chunk = name == "gated_rmsnorm_chunks"
-        args = (o, z, k, w, out, k, hv, 1e-6, k, kpad, xh, xinv) + ((xsc,) if chunk else ())
+        args = (o, z, k, w, out, k, hv, 1e-6, k, kpad, xh, xinv) + ((xsc,) if chunk else (np.uint64(0),))  # (no twin)
         K.prepared(name, ((-(-hv // 8)) if chunk else 1, 1), args, block=256 if chunk else 1024)()
         y = poisoned(cp, (1, n))
         plan = GemvPlan(dev, out, k, y, n, epi="store", rows=2, unroll=2, xpre=(xh, xinv), pre2=True,
