@@ -79,7 +79,8 @@ __device__ __forceinline__ unsigned int stage_pack(float a, float b) {
 // signed high bytes (g < 4) or column g - 4's signed low bytes (x = 256 hi + lo, lo in -128..127). Value p (0..7) of
 // slot c of chunk j, as the pairs hold them (words x, y, z, w, two values each), is byte 8 (c & 1) + p of lane
 // t = 2 (j & 1) + (c >> 1) of group j >> 1. Columns past the rows staged stay zero; so do the groups past kpad.
-// pk_word: pair word jp of slot c of chunk j of row m, in the twin pk (nullptr: none).
+// pk_word: pair word jp of slot c of chunk j of row m, in the twin pk (its caller skips a null twin); pk_slot: a whole
+// slot, nothing for a null twin.
 __device__ __forceinline__ unsigned int pk_hi2(unsigned int w) {  // the high bytes of the word's two values
   const int a = (int)(w << 16) >> 16, b = (int)w >> 16;
   return (((a + 128) >> 8) & 0xffu) | ((((b + 128) >> 8) & 0xffu) << 8);
@@ -88,12 +89,11 @@ __device__ __forceinline__ size_t pk_at(int m, int j, int c) {  // byte 0 of slo
   return ((size_t)(j >> 1) * 32 + 4 * m + 2 * (j & 1) + (c >> 1)) * 16 + (c & 1) * 8;
 }
 __device__ __forceinline__ void pk_word(unsigned char* pk, int m, int j, int c, int jp, unsigned int w) {
-  if (pk == nullptr) return;
   unsigned char* p = pk + pk_at(m, j, c) + 2 * jp;
   *reinterpret_cast<unsigned short*>(p) = (unsigned short)pk_hi2(w);
   *reinterpret_cast<unsigned short*>(p + 256) = (unsigned short)__byte_perm(w, 0u, 0x0020u);  // (lane 4 (m + 4) + t)
 }
-// pk_word for a whole slot (the uint4 of words x, y, z, w)
+// (the uint4 of words x, y, z, w)
 __device__ __forceinline__ void pk_slot(unsigned char* pk, int m, int j, int c, uint4 w) {
   if (pk == nullptr) return;
   unsigned char* p = pk + pk_at(m, j, c);

@@ -8,8 +8,6 @@
 // Multi-block forms (grid (nb, M)): every block reduces over the whole row (redundantly, from L2) and
 // then writes only its own slice, so a 5120-wide norm is not left to a single multiprocessor.
 
-// The pairs of chunk range [c0, c1) (32 values a chunk) of a row, given its scale. CG: loads through L2
-// only (a row other blocks of the same kernel wrote).
 // The packed twin (common.cuh pk_word) of the pairs of chunks [c0, c1) this thread just wrote to dst (each thread
 // reads back its own words, as the staging loops with stride bd left them), for row pm of pk; nothing where pk is
 // nullptr. (A pass of its own, so that the staging loops of the one-token step, which write no twin, keep their
@@ -18,11 +16,13 @@ __device__ __forceinline__ void stage_twin(const __half2* dst, int c0, int c1, i
   if (pk == nullptr) return;
   for (int p = c0 * 16 + threadIdx.x; p < c1 * 16; p += bd) {
     const int jl = p >> 4, pi = p & 15, c = pi >> 2, jp = pi & 3;
-    pk_word(pk, pm, jl, c, jp, reinterpret_cast<const unsigned int*>(dst)[(jl >> 5) * 512 + c * 128 + (jl & 31) * 4 + jp]);
+    const unsigned int w = reinterpret_cast<const unsigned int*>(dst)[(jl >> 5) * 512 + c * 128 + (jl & 31) * 4 + jp];
+    pk_word(pk, pm, jl, c, jp, w);
   }
 }
 
-// pk, pm: the packed twin and the row's index in it, or nullptr.
+// The pairs of chunk range [c0, c1) (32 values a chunk) of a row, given its scale. CG: loads through L2
+// only (a row other blocks of the same kernel wrote). pk, pm: the packed twin and the row's index in it, or nullptr.
 template <bool CG = false>
 __device__ __forceinline__ void stage_slice(const float* xm, int K, int c0, int c1, __half2* dst, float sc,
                                             unsigned char* pk = nullptr, int pm = 0) {

@@ -218,8 +218,8 @@ class CudaQwen35:
             att_stage = (att_k, padded(att_k), c.xh_att, c.xinv_att)  # (per layer: the o-projection's K)
             # the o-projection reads its input staged a 32-value chunk at a time where its GEMV (or the fused MoE
             # block's o-phase) takes chunk scales
-            o_plan = c.plan_gemv(L["o"], c.att, c.part, "partial", c.splits(L["o"]), (c.xh_att, c.xinv_att, c.xpk_att),
-                                 xs=c.gated_chunk_scales())
+            o_pairs = (c.xh_att, c.xinv_att, c.xpk_att)
+            o_plan = c.plan_gemv(L["o"], c.att, c.part, "partial", c.splits(L["o"]), o_pairs, xs=c.gated_chunk_scales())
             staged_chunks = bool(o_plan.xs or (self.moe is not None and self.moe.o_chunked(L)))
             block = self.attention if L["kind"] == "full_attention" else self.gdn
             proj, core = block.ops(L, xn, att_stage, chunk=staged_chunks)

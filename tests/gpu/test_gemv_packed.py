@@ -157,4 +157,4 @@ def test_the_verifications_twins_are_those_of_its_pairs(cp):
             assert np.array_equal(pk.get(), twin_of(xh.get())), name
             seen.add(key)
     assert seen == set(pairs)
-    assert any(getattr(op, "__self__", None) is not None and getattr(op.__self__, "packed", False) for op in flat(v.ops))
+    assert any(getattr(getattr(op, "__self__", None), "packed", False) for op in flat(v.ops))
